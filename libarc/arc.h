@@ -1,0 +1,195 @@
+/* arc.h -- the public C ABI of libarc, a batch-1 decode engine for Llama-family models.
+ *
+ * Rules of this ABI:
+ *   - Every entry point returns an arc_status (0 is success) except the three that only
+ *     read host memory (arc_status_string, arc_last_error, arc_abi_version).
+ *   - On failure the detail (which call, which argument, CUDA error name and string) is kept
+ *     per thread; arc_last_error() returns it until the next failing call on that thread.
+ *   - No entry point blocks the host on the GPU. Completion is observed by polling
+ *     arc_stream_query() or the host-mapped ring (arc_ring_poll); there is no synchronize.
+ *   - Handles are opaque. Device pointers are plain pointers owned by the caller's handles.
+ *
+ * The declarations between the cdef markers are also the cffi cdef of arcpy/_lib.py; a test
+ * keeps the two identical, so no macros appear between them.
+ */
+#ifndef ARC_H
+#define ARC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* arc-cdef-begin */
+typedef enum arc_status {
+    ARC_OK = 0,
+    ARC_NOT_READY = 1,         /* arc_stream_query: work is still running; not an error */
+    ARC_INVALID_ARGUMENT = 2,  /* a null handle, a size out of range, a shape the kernel can't do */
+    ARC_NO_DEVICE = 3,         /* no driver, no GPU, or the device index does not exist */
+    ARC_CUDA_ERROR = 4,        /* a CUDA call failed; the detail names it */
+    ARC_DEVICE_FAULT = 5,      /* a sticky asynchronous fault: the context is unusable */
+    ARC_OUT_OF_MEMORY = 6,
+    ARC_CAPTURE_ERROR = 7,     /* graph capture or instantiation failed */
+    ARC_BUSY = 8               /* the operation needs the stream idle and it is not */
+} arc_status;
+
+typedef struct arc_context arc_context;
+typedef struct arc_graph arc_graph;
+typedef struct arc_loop arc_loop;
+typedef struct arc_model arc_model;
+
+/* Library */
+int arc_abi_version(void);
+const char *arc_status_string(int status);
+const char *arc_last_error(void);
+int arc_device_count(int *count);
+
+/* Context: one device, one non-blocking stream. */
+int arc_context_create(int device, arc_context **out);
+int arc_context_destroy(arc_context *ctx);
+int arc_context_device_name(arc_context *ctx, char *buf, size_t len);
+int arc_stream_query(arc_context *ctx);
+
+/* Memory. Host buffers are pinned and mapped: the GPU writes them, the host reads them with
+ * plain loads. Copies are asynchronous on the context's stream; a device-to-host copy must
+ * target a pinned buffer so that it can never block. */
+int arc_device_alloc(arc_context *ctx, uint64_t bytes, void **out);
+int arc_device_free(arc_context *ctx, void *ptr);
+int arc_host_alloc(arc_context *ctx, uint64_t bytes, void **host_out, void **device_out);
+int arc_host_free(arc_context *ctx, void *host_ptr);
+int arc_copy_to_device_async(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
+int arc_copy_to_host_async(arc_context *ctx, void *pinned_dst, const void *src, uint64_t bytes);
+
+/* Graphs: capture what is enqueued on the context's stream between begin and end. */
+int arc_graph_capture_begin(arc_context *ctx);
+int arc_graph_capture_end(arc_context *ctx, const float *logits, int32_t vocab, arc_graph **out);
+int arc_graph_launch(arc_graph *graph);
+int arc_graph_logits(arc_graph *graph, const float **logits, int32_t *vocab);
+int arc_graph_destroy(arc_graph *graph);
+
+/* Counters the context keeps of its own CUDA work, for per-token accounting. */
+typedef struct arc_counters {
+    uint64_t cuda_calls;     /* every CUDA runtime call made on this context's behalf */
+    uint64_t kernel_launches;
+    uint64_t graph_launches;
+    uint64_t stream_queries;
+} arc_counters;
+
+int arc_context_counters(arc_context *ctx, arc_counters *out);
+
+/* The decode loop's state: the pinned token input the forward reads, the device position,
+ * the sampled token, the host-mapped ring the commit kernel publishes into, and the fault word.
+ * vocab is the range of valid token ids; a graph's logits may be wider (a padded lm_head), and
+ * an argmax that lands in the padding is a fault, not a token. */
+typedef struct arc_ring_state {
+    uint32_t published;    /* tokens published since the ring was reset */
+    uint32_t fault;        /* 0, or an arc_fault code latched by the commit kernel */
+    int32_t fault_token;   /* the offending token, when fault != 0 */
+    int32_t fault_pos;     /* the position it was to be written at */
+    uint32_t stopped;      /* id of the last burst a stop id ended, 0 if none */
+} arc_ring_state;
+
+typedef enum arc_fault {
+    ARC_FAULT_NONE = 0,
+    ARC_FAULT_TOKEN_RANGE = 1,     /* sampled token outside [0, vocab) */
+    ARC_FAULT_POSITION_RANGE = 2   /* the next position would reach max_seq */
+} arc_fault;
+
+int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity,
+                    arc_loop **out);
+int arc_loop_destroy(arc_loop *loop);
+int arc_loop_token_input(arc_loop *loop, const uint32_t **token, const int32_t **position);
+int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
+int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
+int arc_loop_reset_ring(arc_loop *loop);
+int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t burst_id);
+int arc_loop_enqueue_argmax(arc_loop *loop, arc_graph *graph);
+int arc_loop_sampled_token(arc_loop *loop, int32_t *token);
+int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
+int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
+
+/* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above
+ * everything, as NumPy's argmax. out may be device memory or a mapped host pointer. */
+int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out);
+
+/* The scripted model: a stand-in forward for testing the loop. It reads the token and the
+ * position the way the real forward does and writes logits[vocab] whose argmax is
+ * (token * mul + position * add + bias) mod vocab. mode selects a misbehaviour at position
+ * at_pos. */
+typedef enum arc_script_mode {
+    ARC_SCRIPT_NORMAL = 0,
+    ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */
+    ARC_SCRIPT_SPIN = 2,            /* spin until *flag != 0 (flag: host-mapped memory) */
+    ARC_SCRIPT_TOKEN = 3            /* the argmax is `bias`, whatever the input */
+} arc_script_mode;
+
+typedef struct arc_script {
+    int32_t vocab;
+    int32_t mul;
+    int32_t add;
+    int32_t bias;
+    int32_t mode;
+    int32_t at_pos;
+    const uint32_t *flag;
+} arc_script;
+
+int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
+
+/* Fault injection for tests: the commit of the n-th step enqueued from now (0: the next) is
+ * not enqueued, as if its launch had silently been lost. n < 0 disarms. */
+int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
+
+/* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
+ * (raw 16-bit words), except the RoPE inverse frequencies (float32); the KV cache is bf16; every
+ * activation is float32. The forward reads the token and the position from an arc_loop, so a
+ * graph captured once replays unchanged at every position. */
+typedef enum arc_tensor {
+    ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
+    ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
+    ARC_TENSOR_WQ = 2,              /* per layer (n_heads * head_dim, dim) */
+    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim) */
+    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim) */
+    ARC_TENSOR_BQ = 5,              /* per layer (n_heads * head_dim), only with qkv_bias */
+    ARC_TENSOR_BK = 6,              /* per layer (n_kv_heads * head_dim), only with qkv_bias */
+    ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias */
+    ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim) */
+    ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
+    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim) */
+    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim) */
+    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim) */
+    ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
+    ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
+    ARC_TENSOR_ROPE_INV_FREQ = 15   /* (head_dim / 2) float32 */
+} arc_tensor;
+
+typedef struct arc_model_config {
+    int32_t dim;
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t ffn_dim;
+    int32_t vocab;
+    int32_t max_seq;
+    float rms_eps;
+    int32_t tied_embeddings;
+    int32_t qkv_bias;
+} arc_model_config;
+
+int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+int arc_model_destroy(arc_model *model);
+int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host,
+                     uint64_t bytes);
+int arc_model_forward(arc_model *model, arc_loop *loop);
+int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
+
+/* Kernels, one entry point each (the forward launches the same launchers). */
+/* arc-cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARC_H */

@@ -1,0 +1,343 @@
+// decode_loop.cu -- the per-step primitives of the device loop: the CudaSampler (argmax), the
+// commit kernel, the pinned host-mapped ring it publishes into, and the fault word.
+//
+// One step, all on the context's stream: graph launch (the forward reads token_in and the
+// position), argmax into DeviceState::sampled, commit. The host enqueues a burst of steps and
+// watches the ring with plain loads; it never waits on the stream to learn a token.
+#include <float.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "internal.cuh"
+
+enum { ARGMAX_THREADS = 256, ARGMAX_MAX_BLOCKS = 264, ARGMAX_PER_THREAD = 8 };
+
+// --- CudaSampler -------------------------------------------------------------------------
+
+// True when (va, ia) should win over (vb, ib) under NumPy's argmax rule: NaN beats every
+// number, the larger value wins, and equal values go to the lower index. ib == INT_MAX marks
+// "no candidate yet".
+__device__ __forceinline__ bool argmax_prefer(float va, int ia, float vb, int ib) {
+    if (ib == INT_MAX) return ia != INT_MAX;
+    if (ia == INT_MAX) return false;
+    bool na = va != va, nb = vb != vb;
+    if (na || nb) return na && (!nb || ia < ib);
+    return va > vb || (va == vb && ia < ib);
+}
+
+__device__ __forceinline__ void argmax_block(float &v, int &i) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, v, off);
+        int oi = __shfl_down_sync(0xffffffffu, i, off);
+        if (argmax_prefer(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < ARGMAX_THREADS / 32 ? sv[lane] : 0.0f;
+        i = lane < ARGMAX_THREADS / 32 ? si[lane] : INT_MAX;
+        for (int off = 16; off > 0; off >>= 1) {
+            float ov = __shfl_down_sync(0xffffffffu, v, off);
+            int oi = __shfl_down_sync(0xffffffffu, i, off);
+            if (argmax_prefer(ov, oi, v, i)) { v = ov; i = oi; }
+        }
+    }
+}
+
+// argmax(x[n]) -> *out. Grid: up to ARGMAX_MAX_BLOCKS blocks of ARGMAX_THREADS, each reducing
+// a strided share to one partial; the last block to finish (done-counter ticket) reduces the
+// partials and resets the counter, so one launch does both stages.
+__global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v, int *part_i,
+                              unsigned *done, int32_t *out) {
+    float v = 0.0f;
+    int i = INT_MAX;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+        float xj = x[j];
+        if (argmax_prefer(xj, j, v, i)) { v = xj; i = j; }
+    }
+    argmax_block(v, i);
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        part_v[blockIdx.x] = v;
+        part_i[blockIdx.x] = i;
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    v = 0.0f;
+    i = INT_MAX;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+        float bv = ((volatile float *)part_v)[b];
+        int bi = ((volatile int *)part_i)[b];
+        if (argmax_prefer(bv, bi, v, i)) { v = bv; i = bi; }
+    }
+    argmax_block(v, i);
+    if (threadIdx.x == 0) {
+        *(volatile int32_t *)out = i;
+        __threadfence_system();
+        *done = 0;
+    }
+}
+
+int arc_launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out) {
+    ARC_REQUIRE(logits && out, "null pointer");
+    ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
+    int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
+    if (blocks > ARGMAX_MAX_BLOCKS) blocks = ARGMAX_MAX_BLOCKS;
+    argmax_kernel<<<blocks, ARGMAX_THREADS, 0, ctx->stream>>>(logits, n, ctx->argmax_vals,
+                                                              ctx->argmax_idx, ctx->argmax_done, out);
+    ARC_LAUNCHED(ctx, "argmax_kernel");
+    return ARC_OK;
+}
+
+extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    return arc_launch_argmax(ctx, logits, n, out);
+}
+
+// --- Commit ------------------------------------------------------------------------------
+
+struct StopIds {
+    int32_t n;
+    int32_t ids[ARC_MAX_STOP_IDS];
+};
+
+// One thread. Range-checks the sampled token and the next position before writing anything;
+// on a violation latches the fault word (sticky: later steps publish nothing). Otherwise feeds
+// the token to the next forward, bumps the position, and publishes the token: slot first, then
+// a system-wide fence, then the count, so a host that sees the count sees the slot. A stop id
+// ends the burst: later steps of the same burst publish nothing.
+__global__ void commit_kernel(DeviceState *st, RingHeader *ring, volatile int32_t *slots,
+                              volatile uint32_t *token_in, int vocab, int max_seq, int capacity,
+                              StopIds stops, uint32_t burst) {
+    if (st->fault != 0 || st->stopped == burst) return;
+    int tok = st->sampled;
+    int next = st->position + 1;
+    uint32_t code = ARC_FAULT_NONE;
+    if (tok < 0 || tok >= vocab) code = ARC_FAULT_TOKEN_RANGE;
+    else if (next >= max_seq) code = ARC_FAULT_POSITION_RANGE;
+    if (code != ARC_FAULT_NONE) {
+        st->fault = code;
+        ring->fault_token = tok;
+        ring->fault_pos = next;
+        __threadfence_system();
+        ring->fault = code;
+        return;
+    }
+    *token_in = (uint32_t)tok;
+    st->position = next;
+    uint32_t n = st->published;
+    slots[n % (uint32_t)capacity] = tok;
+    for (int k = 0; k < stops.n; ++k) {
+        if (stops.ids[k] == tok) {
+            st->stopped = burst;
+            ring->stopped = burst;
+            break;
+        }
+    }
+    __threadfence_system();
+    ring->published = n + 1;
+    st->published = n + 1;
+}
+
+__global__ void set_input_kernel(DeviceState *st, volatile uint32_t *token_in, int token, int pos) {
+    *token_in = (uint32_t)token;
+    st->position = pos;
+}
+
+// --- The loop handle ---------------------------------------------------------------------
+
+// Pinned layout: the ring header on its own cache line, the host-path sampled token, the
+// token input, then the slots.
+enum { PINNED_HEADER = 64 };
+
+static void loop_release(arc_loop *loop) {
+    if (loop->ring_host) cudaFreeHost(loop->ring_host);
+    if (loop->state) cudaFree(loop->state);
+    free(loop);
+}
+
+static int loop_init(arc_loop *loop) {
+    arc_context *ctx = loop->ctx;
+    size_t bytes = PINNED_HEADER + 2 * sizeof(int32_t) + (size_t)loop->capacity * sizeof(int32_t);
+    void *h = nullptr;
+    ARC_CUDA(ctx, cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
+    memset(h, 0, bytes);
+    void *d = nullptr;
+    loop->ring_host = (RingHeader *)h;
+    ARC_CUDA(ctx, cudaHostGetDevicePointer(&d, h, 0));
+    char *hc = (char *)h, *dc = (char *)d;
+    loop->ring_dev = (RingHeader *)dc;
+    loop->sampled_host = (int32_t *)(hc + PINNED_HEADER);
+    loop->sampled_dev = (int32_t *)(dc + PINNED_HEADER);
+    loop->token_in_host = (uint32_t *)(hc + PINNED_HEADER + sizeof(int32_t));
+    loop->token_in_dev = (uint32_t *)(dc + PINNED_HEADER + sizeof(int32_t));
+    loop->slots_host = (int32_t *)(hc + PINNED_HEADER + 2 * sizeof(int32_t));
+    loop->slots_dev = (int32_t *)(dc + PINNED_HEADER + 2 * sizeof(int32_t));
+    ARC_CUDA(ctx, cudaMalloc(&loop->state, sizeof(DeviceState)));
+    ARC_CUDA(ctx, cudaMemsetAsync(loop->state, 0, sizeof(DeviceState), ctx->stream));
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq,
+                               int32_t ring_capacity, arc_loop **out) {
+    ARC_REQUIRE(ctx && out, "null argument");
+    *out = nullptr;
+    ARC_REQUIRE(vocab > 0, "vocab must be positive, got %d", vocab);
+    ARC_REQUIRE(max_seq > 0, "max_seq must be positive, got %d", max_seq);
+    ARC_REQUIRE(ring_capacity > 0 && ring_capacity <= (1 << 20),
+                "ring_capacity must be in [1, 1048576], got %d", ring_capacity);
+    arc_loop *loop = (arc_loop *)calloc(1, sizeof *loop);
+    if (!loop) return arc_fail(ARC_OUT_OF_MEMORY, __func__, "host allocation failed");
+    loop->ctx = ctx;
+    loop->vocab = vocab;
+    loop->max_seq = max_seq;
+    loop->capacity = ring_capacity;
+    loop->lose_step_in = -1;
+    int st = loop_init(loop);
+    if (st != ARC_OK) {
+        loop_release(loop);
+        return st;
+    }
+    *out = loop;
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_destroy(arc_loop *loop) {
+    ARC_REQUIRE(loop, "loop is null");
+    loop_release(loop);
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_token_input(arc_loop *loop, const uint32_t **token,
+                                    const int32_t **position) {
+    ARC_REQUIRE(loop && token && position, "null argument");
+    *token = loop->token_in_dev;
+    *position = &loop->state->position;
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count) {
+    ARC_REQUIRE(loop, "loop is null");
+    ARC_REQUIRE(count >= 0 && count <= ARC_MAX_STOP_IDS, "at most %d stop ids, got %d",
+                ARC_MAX_STOP_IDS, count);
+    ARC_REQUIRE(count == 0 || ids, "ids is null");
+    for (int k = 0; k < count; ++k)
+        ARC_REQUIRE(ids[k] >= 0 && ids[k] < loop->vocab, "stop id %d is outside [0, %d)", ids[k],
+                    loop->vocab);
+    for (int k = 0; k < count; ++k) loop->stop_ids[k] = ids[k];
+    loop->n_stop_ids = count;
+    return ARC_OK;
+}
+
+// Stream-ordered: the token and position take effect for the next forward enqueued after it.
+extern "C" int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position) {
+    ARC_REQUIRE(loop, "loop is null");
+    ARC_REQUIRE(token >= 0 && token < loop->vocab, "token %d is outside [0, %d)", token, loop->vocab);
+    ARC_REQUIRE(position >= 0 && position < loop->max_seq, "position %d is outside [0, %d)",
+                position, loop->max_seq);
+    arc_context *ctx = loop->ctx;
+    set_input_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, loop->token_in_dev, token, position);
+    ARC_LAUNCHED(ctx, "set_input_kernel");
+    return ARC_OK;
+}
+
+// Starts a new sequence's ring: count, fault word and stop mark back to zero. The host writes
+// the header directly, so no commit may be in flight: refused with ARC_BUSY unless idle.
+extern "C" int arc_loop_reset_ring(arc_loop *loop) {
+    ARC_REQUIRE(loop, "loop is null");
+    int st = arc_stream_query(loop->ctx);
+    if (st == ARC_NOT_READY)
+        return arc_fail(ARC_BUSY, __func__, "steps are still in flight; reset once the stream is idle");
+    if (st != ARC_OK) return st;
+    arc_context *ctx = loop->ctx;
+    ARC_CUDA(ctx, cudaMemsetAsync(&loop->state->published, 0, 3 * sizeof(uint32_t), ctx->stream));
+    RingHeader *r = loop->ring_host;
+    r->published = 0;
+    r->fault = 0;
+    r->fault_token = 0;
+    r->fault_pos = 0;
+    r->stopped = 0;
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t burst_id) {
+    ARC_REQUIRE(loop && graph, "null argument");
+    ARC_REQUIRE(graph->ctx == loop->ctx, "graph and loop belong to different contexts");
+    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
+    ARC_REQUIRE(loop->vocab <= graph->vocab, "loop vocab %d exceeds the graph's logits (%d)",
+                loop->vocab, graph->vocab);
+    arc_context *ctx = loop->ctx;
+    int st = arc_graph_launch(graph);
+    if (st != ARC_OK) return st;
+    st = arc_launch_argmax(ctx, graph->logits, graph->vocab, &loop->state->sampled);
+    if (st != ARC_OK) return st;
+    if (loop->lose_step_in == 0) {
+        loop->lose_step_in = -1;
+        return ARC_OK;
+    }
+    if (loop->lose_step_in > 0) loop->lose_step_in--;
+    StopIds stops;
+    stops.n = loop->n_stop_ids;
+    memcpy(stops.ids, loop->stop_ids, sizeof stops.ids);
+    commit_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, loop->ring_dev, loop->slots_dev,
+                                            loop->token_in_dev, loop->vocab, loop->max_seq,
+                                            loop->capacity, stops, burst_id);
+    ARC_LAUNCHED(ctx, "commit_kernel");
+    return ARC_OK;
+}
+
+// Host path: argmax of the graph's logits straight into pinned memory; read it with
+// arc_loop_sampled_token once arc_stream_query reports the stream idle.
+extern "C" int arc_loop_enqueue_argmax(arc_loop *loop, arc_graph *graph) {
+    ARC_REQUIRE(loop && graph, "null argument");
+    *(volatile int32_t *)loop->sampled_host = -1;
+    return arc_launch_argmax(loop->ctx, graph->logits, graph->vocab, loop->sampled_dev);
+}
+
+extern "C" int arc_loop_sampled_token(arc_loop *loop, int32_t *token) {
+    ARC_REQUIRE(loop && token, "null argument");
+    *token = *(volatile int32_t *)loop->sampled_host;
+    return ARC_OK;
+}
+
+// Plain loads, no CUDA call. The count is read first and fenced, so every slot below it is
+// visible; the fault fields are written before the fault code, so they are read after it.
+extern "C" int arc_ring_poll(arc_loop *loop, arc_ring_state *state) {
+    ARC_REQUIRE(loop && state, "null argument");
+    const RingHeader *r = loop->ring_host;
+    state->published = r->published;
+    state->fault = r->fault;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    state->fault_token = r->fault_token;
+    state->fault_pos = r->fault_pos;
+    state->stopped = r->stopped;
+    return ARC_OK;
+}
+
+extern "C" int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens) {
+    ARC_REQUIRE(loop && (tokens || count == 0), "null argument");
+    uint32_t published = loop->ring_host->published;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    ARC_REQUIRE((uint64_t)first + count <= published, "tokens [%u, %u) are not published yet (%u)",
+                first, first + count, published);
+    ARC_REQUIRE(published - first <= (uint32_t)loop->capacity,
+                "token %u was overwritten (ring capacity %d)", first, loop->capacity);
+    const volatile int32_t *slots = loop->slots_host;
+    for (uint32_t k = 0; k < count; ++k) tokens[k] = slots[(first + k) % (uint32_t)loop->capacity];
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_inject_lost_step(arc_loop *loop, int32_t n) {
+    ARC_REQUIRE(loop, "loop is null");
+    loop->lose_step_in = n < 0 ? -1 : n;
+    return ARC_OK;
+}

@@ -1,0 +1,74 @@
+// graph.cu -- capture what is enqueued on a context's stream into a CUDA graph, instantiate it
+// once, and replay it per step. The graph remembers where its forward writes the logits: that
+// storage is overwritten by the next launch, so it may only be read by work enqueued on the
+// same stream before that launch (the sampler), never by the host while steps are in flight.
+#include <stdlib.h>
+
+#include "internal.cuh"
+
+extern "C" int arc_graph_capture_begin(arc_context *ctx) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE(!ctx->capturing, "a capture is already in progress on this context");
+    // Thread-local mode: a stray CUDA call from another thread cannot invalidate the capture.
+    ARC_CUDA(ctx, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
+    ctx->capturing = true;
+    return ARC_OK;
+}
+
+extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int32_t vocab,
+                                     arc_graph **out) {
+    ARC_REQUIRE(ctx && out, "null argument");
+    ARC_REQUIRE(ctx->capturing, "no capture in progress");
+    *out = nullptr;
+    ctx->capturing = false;
+    cudaGraph_t graph = nullptr;
+    ARC_CUDA(ctx, cudaStreamEndCapture(ctx->stream, &graph));
+    ARC_REQUIRE(logits && vocab > 0, "the captured forward must name its logits and vocab");
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    ctx->counters.cuda_calls += 2;
+    cudaGraphDestroy(graph);
+    if (err != cudaSuccess) return arc_fail_cuda(err, "cudaGraphInstantiate", __func__);
+    // Upload now so that the first replay does not pay for it.
+    err = cudaGraphUpload(exec, ctx->stream);
+    ctx->counters.cuda_calls++;
+    if (err != cudaSuccess) {
+        cudaGraphExecDestroy(exec);
+        return arc_fail_cuda(err, "cudaGraphUpload", __func__);
+    }
+    arc_graph *g = (arc_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        cudaGraphExecDestroy(exec);
+        return arc_fail(ARC_OUT_OF_MEMORY, __func__, "host allocation failed");
+    }
+    g->ctx = ctx;
+    g->exec = exec;
+    g->logits = logits;
+    g->vocab = vocab;
+    *out = g;
+    return ARC_OK;
+}
+
+extern "C" int arc_graph_launch(arc_graph *graph) {
+    ARC_REQUIRE(graph, "graph is null");
+    arc_context *ctx = graph->ctx;
+    ARC_CUDA(ctx, cudaGraphLaunch(graph->exec, ctx->stream));
+    ctx->counters.graph_launches++;
+    return ARC_OK;
+}
+
+extern "C" int arc_graph_logits(arc_graph *graph, const float **logits, int32_t *vocab) {
+    ARC_REQUIRE(graph && logits && vocab, "null argument");
+    *logits = graph->logits;
+    *vocab = graph->vocab;
+    return ARC_OK;
+}
+
+extern "C" int arc_graph_destroy(arc_graph *graph) {
+    ARC_REQUIRE(graph, "graph is null");
+    arc_context *ctx = graph->ctx;
+    cudaGraphExec_t exec = graph->exec;
+    free(graph);
+    ARC_CUDA(ctx, cudaGraphExecDestroy(exec));
+    return ARC_OK;
+}

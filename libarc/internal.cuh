@@ -1,0 +1,102 @@
+// internal.cuh -- what libarc's sources share and users never see: the handle structs, the
+// per-thread error record, and the macros that check every CUDA call and every launch.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "arc.h"
+
+// Records a failure for arc_last_error() and returns its status. `what` names the entry point
+// or call; the message says what was wrong. Never exits, never throws.
+int arc_fail(int status, const char *what, const char *fmt, ...);
+// Records a failed CUDA call (its error name and string) and maps it to a status.
+int arc_fail_cuda(cudaError_t err, const char *call, const char *where);
+
+struct arc_context {
+    int device;
+    cudaStream_t stream;
+    arc_counters counters;
+    bool capturing;
+    // Scratch for the two-stage argmax: per-block partial results and a done-counter.
+    float *argmax_vals;
+    int32_t *argmax_idx;
+    uint32_t *argmax_done;
+};
+
+struct arc_graph {
+    arc_context *ctx;
+    cudaGraphExec_t exec;
+    const float *logits;
+    int32_t vocab;
+};
+
+// The fields the commit kernel publishes and the host polls. Lives in pinned host memory that
+// is mapped into the device; the device keeps its own copy of the counters (DeviceState) so
+// that it never reads host memory across the bus on the step path.
+struct RingHeader {
+    volatile uint32_t published;
+    volatile uint32_t fault;
+    volatile int32_t fault_token;
+    volatile int32_t fault_pos;
+    volatile uint32_t stopped;
+};
+
+enum { ARC_MAX_STOP_IDS = 8 };
+
+struct DeviceState {
+    int32_t position;     // the position the next forward runs at
+    int32_t sampled;      // the sampler's output
+    uint32_t published;   // device copy of RingHeader::published
+    uint32_t fault;       // device copy of RingHeader::fault (sticky)
+    uint32_t stopped;     // burst id a stop id ended
+};
+
+struct arc_loop {
+    arc_context *ctx;
+    int32_t vocab;
+    int32_t max_seq;
+    int32_t capacity;
+    // Pinned, mapped: the token the next forward reads (host view and device view).
+    uint32_t *token_in_host;
+    uint32_t *token_in_dev;
+    // Pinned, mapped: the host path's sampled token.
+    int32_t *sampled_host;
+    int32_t *sampled_dev;
+    // Pinned, mapped: the ring header followed by `capacity` token slots.
+    RingHeader *ring_host;
+    RingHeader *ring_dev;
+    int32_t *slots_host;
+    int32_t *slots_dev;
+    DeviceState *state;   // device memory
+    int32_t stop_ids[ARC_MAX_STOP_IDS];
+    int32_t n_stop_ids;
+    int32_t lose_step_in; // fault injection: steps until a lost commit, -1 when disarmed
+};
+
+// Every CUDA call on a context goes through one of these: counted, checked, and on failure
+// recorded with the call's text and the entry point, then returned as a status.
+#define ARC_CUDA(ctx, call)                                                        \
+    do {                                                                           \
+        if (ctx) (ctx)->counters.cuda_calls++;                                     \
+        cudaError_t arc_err_ = (call);                                             \
+        if (arc_err_ != cudaSuccess) return arc_fail_cuda(arc_err_, #call, __func__); \
+    } while (0)
+
+// After each kernel launch: the launch itself may have failed (bad configuration, a sticky
+// error from earlier work). cudaGetLastError is what reports it.
+#define ARC_LAUNCHED(ctx, name)                                                    \
+    do {                                                                           \
+        (ctx)->counters.kernel_launches++;                                         \
+        (ctx)->counters.cuda_calls++;                                              \
+        cudaError_t arc_err_ = cudaGetLastError();                                 \
+        if (arc_err_ != cudaSuccess) return arc_fail_cuda(arc_err_, name, __func__); \
+    } while (0)
+
+#define ARC_REQUIRE(cond, ...)                                                     \
+    do {                                                                           \
+        if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, __func__, __VA_ARGS__); \
+    } while (0)
+
+// Argmax launcher shared by arc_argmax and the decode loop.
+int arc_launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out);

@@ -1,0 +1,106 @@
+"""Build: compile libarc/*.cu and libarc/model/*.cu into arcpy/libarc.so with the nvcc of the
+CUDA 13.0 wheels (nvidia-cuda-nvcc and friends, build requirements in pyproject.toml).
+
+Never a system CUDA: nvcc is looked up only inside the installed `nvidia` wheels, and cudart is
+linked statically, so the library needs only the driver (libcuda.so.1) at run time.
+ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_ARCHS = "80;90"
+
+
+def fail(message):
+    sys.exit(f"error: arcpy build: {message}")
+
+
+def find_cuda_wheels():
+    """The cu13 folder of the nvidia wheels (bin/nvcc, include, lib), from sys.path only."""
+    for entry in sys.path:
+        top = Path(entry or ".") / "nvidia" / "cu13"
+        if (top / "bin" / "nvcc").is_file():
+            return top
+    fail("nvcc not found: install the build requirements (pip does this for `pip install .`; "
+         "by hand: pip install 'nvidia-cuda-nvcc==13.0.*' 'nvidia-cuda-runtime==13.0.*' "
+         "'nvidia-cuda-crt==13.0.*' 'nvidia-nvvm==13.0.*' 'nvidia-cuda-cccl==13.0.*')")
+
+
+def arch_flags():
+    raw = os.environ.get("ARC_CUDA_ARCHS", DEFAULT_ARCHS)
+    archs = [a.strip() for a in re.split(r"[;,\s]+", raw) if a.strip()]
+    if not archs or not all(re.fullmatch(r"[1-9][0-9]a?", a) for a in archs):
+        fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90'")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    last = archs[-1]
+    flags.append(f"-gencode=arch=compute_{last},code=compute_{last}")
+    return flags
+
+
+def compile_libarc(target: Path):
+    cuda = find_cuda_wheels()
+    host = shutil.which("g++")
+    if host is None:
+        fail("no C++ host compiler: nvcc needs g++ on PATH (e.g. apt-get install g++)")
+    sources = sorted((ROOT / "libarc").glob("*.cu")) + sorted((ROOT / "libarc" / "model").glob("*.cu"))
+    nvcc = str(cuda / "bin" / "nvcc")
+    common = ["-std=c++17", "-O3", "-ccbin", host, "-Xcompiler=-fPIC,-fvisibility=hidden",
+              "--expt-relaxed-constexpr", f"-I{ROOT / 'libarc'}", *arch_flags()]
+    # nvcc finds its own headers next to itself; a stray CUDA_HOME must not redirect it.
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CPATH")}
+    objdir = target.parent / ".libarc-build"
+    objdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def compile_one(src):
+        obj = objdir / (src.stem + ".o")
+        run([nvcc, *common, "-c", str(src), "-o", str(obj)], env)
+        return obj
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        objects = list(pool.map(compile_one, sources))
+    run([nvcc, *common, "-shared", "-cudart=static", f"-L{cuda / 'lib'}",
+         f"-Xlinker=--version-script={ROOT / 'libarc' / 'exports.map'}",
+         "-Xcompiler=-static-libstdc++,-static-libgcc",
+         *map(str, objects), "-o", str(target)], env)
+    shutil.rmtree(objdir, ignore_errors=True)
+    print(f"arcpy build: {target} from {len(sources)} sources in {time.monotonic() - started:.1f}s")
+
+
+def run(cmd, env):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        fail(f"nvcc failed on {cmd[-3] if '-c' in cmd else 'the link'}")
+
+
+class BuildPyWithLibarc(build_py):
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            target = ROOT / "arcpy" / "libarc.so"
+        else:
+            target = Path(self.build_lib) / "arcpy" / "libarc.so"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        compile_libarc(target)
+
+
+class BinaryDistribution(Distribution):
+    """libarc.so is machine code: the wheel is tagged for this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithLibarc}, distclass=BinaryDistribution)
