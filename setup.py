@@ -55,7 +55,7 @@ def compile_libarc(target: Path):
         fail("no C++ host compiler: nvcc needs g++ on PATH (e.g. apt-get install g++)")
     sources = sorted((ROOT / "libarc").glob("*.cu")) + sorted((ROOT / "libarc" / "model").glob("*.cu"))
     nvcc = str(cuda / "bin" / "nvcc")
-    common = ["-std=c++17", "-O3", "-ccbin", host, "-Xcompiler=-fPIC,-fvisibility=hidden",
+    common = ["-std=c++17", "-O3", "-ccbin", host, "-Xcompiler=-fPIC",
               "--expt-relaxed-constexpr", f"-I{ROOT / 'libarc'}", *arch_flags()]
     # nvcc finds its own headers next to itself; a stray CUDA_HOME must not redirect it.
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CPATH")}
@@ -75,6 +75,9 @@ def compile_libarc(target: Path):
          "-Xcompiler=-static-libstdc++,-static-libgcc",
          *map(str, objects), "-o", str(target)], env)
     shutil.rmtree(objdir, ignore_errors=True)
+    # The header ships beside the library: C users include it, and arcpy/_lib.py takes its cffi
+    # cdef from it, so the binding cannot drift from the ABI.
+    shutil.copyfile(ROOT / "libarc" / "arc.h", target.parent / "arc.h")
     print(f"arcpy build: {target} from {len(sources)} sources in {time.monotonic() - started:.1f}s")
 
 

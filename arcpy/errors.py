@@ -23,3 +23,7 @@ class ModelFileError(ArcError):
 
 class DeviceFaultError(ArcError):
     """The GPU reported a fault: a sticky CUDA error, a latched fault word, a short or hung burst."""
+
+
+class ContextLostError(DeviceFaultError):
+    """A sticky asynchronous fault: the CUDA context is unusable; the process must restart."""

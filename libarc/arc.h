@@ -105,8 +105,6 @@ int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
 int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
 int arc_loop_reset_ring(arc_loop *loop);
 int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t burst_id);
-int arc_loop_enqueue_argmax(arc_loop *loop, arc_graph *graph);
-int arc_loop_sampled_token(arc_loop *loop, int32_t *token);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 

@@ -136,16 +136,18 @@ __global__ void commit_kernel(DeviceState *st, RingHeader *ring, volatile int32_
     st->position = next;
     uint32_t n = st->published;
     slots[n % (uint32_t)capacity] = tok;
+    __threadfence_system();
+    ring->published = n + 1;
+    st->published = n + 1;
     for (int k = 0; k < stops.n; ++k) {
         if (stops.ids[k] == tok) {
+            // After the count: a host that sees the stop mark also sees the stop token.
             st->stopped = burst;
+            __threadfence_system();
             ring->stopped = burst;
             break;
         }
     }
-    __threadfence_system();
-    ring->published = n + 1;
-    st->published = n + 1;
 }
 
 __global__ void set_input_kernel(DeviceState *st, volatile uint32_t *token_in, int token, int pos) {
@@ -155,8 +157,7 @@ __global__ void set_input_kernel(DeviceState *st, volatile uint32_t *token_in, i
 
 // --- The loop handle ---------------------------------------------------------------------
 
-// Pinned layout: the ring header on its own cache line, the host-path sampled token, the
-// token input, then the slots.
+// Pinned layout: the ring header on its own cache line, the token input, then the slots.
 enum { PINNED_HEADER = 64 };
 
 static void loop_release(arc_loop *loop) {
@@ -167,7 +168,7 @@ static void loop_release(arc_loop *loop) {
 
 static int loop_init(arc_loop *loop) {
     arc_context *ctx = loop->ctx;
-    size_t bytes = PINNED_HEADER + 2 * sizeof(int32_t) + (size_t)loop->capacity * sizeof(int32_t);
+    size_t bytes = PINNED_HEADER + sizeof(int32_t) + (size_t)loop->capacity * sizeof(int32_t);
     void *h = nullptr;
     ARC_CUDA(ctx, cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
     memset(h, 0, bytes);
@@ -176,12 +177,9 @@ static int loop_init(arc_loop *loop) {
     ARC_CUDA(ctx, cudaHostGetDevicePointer(&d, h, 0));
     char *hc = (char *)h, *dc = (char *)d;
     loop->ring_dev = (RingHeader *)dc;
-    loop->sampled_host = (int32_t *)(hc + PINNED_HEADER);
-    loop->sampled_dev = (int32_t *)(dc + PINNED_HEADER);
-    loop->token_in_host = (uint32_t *)(hc + PINNED_HEADER + sizeof(int32_t));
-    loop->token_in_dev = (uint32_t *)(dc + PINNED_HEADER + sizeof(int32_t));
-    loop->slots_host = (int32_t *)(hc + PINNED_HEADER + 2 * sizeof(int32_t));
-    loop->slots_dev = (int32_t *)(dc + PINNED_HEADER + 2 * sizeof(int32_t));
+    loop->token_in_dev = (uint32_t *)(dc + PINNED_HEADER);
+    loop->slots_host = (int32_t *)(hc + PINNED_HEADER + sizeof(int32_t));
+    loop->slots_dev = (int32_t *)(dc + PINNED_HEADER + sizeof(int32_t));
     ARC_CUDA(ctx, cudaMalloc(&loop->state, sizeof(DeviceState)));
     ARC_CUDA(ctx, cudaMemsetAsync(loop->state, 0, sizeof(DeviceState), ctx->stream));
     return ARC_OK;
@@ -295,31 +293,19 @@ extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t 
     return ARC_OK;
 }
 
-// Host path: argmax of the graph's logits straight into pinned memory; read it with
-// arc_loop_sampled_token once arc_stream_query reports the stream idle.
-extern "C" int arc_loop_enqueue_argmax(arc_loop *loop, arc_graph *graph) {
-    ARC_REQUIRE(loop && graph, "null argument");
-    *(volatile int32_t *)loop->sampled_host = -1;
-    return arc_launch_argmax(loop->ctx, graph->logits, graph->vocab, loop->sampled_dev);
-}
-
-extern "C" int arc_loop_sampled_token(arc_loop *loop, int32_t *token) {
-    ARC_REQUIRE(loop && token, "null argument");
-    *token = *(volatile int32_t *)loop->sampled_host;
-    return ARC_OK;
-}
-
-// Plain loads, no CUDA call. The count is read first and fenced, so every slot below it is
-// visible; the fault fields are written before the fault code, so they are read after it.
+// Plain loads, no CUDA call. Read in the reverse of the order the device writes them, with an
+// acquire fence between: the stop mark and the fault code first, then the count, then what the
+// count and the code cover (the slots, the fault detail).
 extern "C" int arc_ring_poll(arc_loop *loop, arc_ring_state *state) {
     ARC_REQUIRE(loop && state, "null argument");
     const RingHeader *r = loop->ring_host;
-    state->published = r->published;
+    state->stopped = r->stopped;
     state->fault = r->fault;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    state->published = r->published;
     std::atomic_thread_fence(std::memory_order_acquire);
     state->fault_token = r->fault_token;
     state->fault_pos = r->fault_pos;
-    state->stopped = r->stopped;
     return ARC_OK;
 }
 

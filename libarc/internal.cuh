@@ -57,12 +57,8 @@ struct arc_loop {
     int32_t vocab;
     int32_t max_seq;
     int32_t capacity;
-    // Pinned, mapped: the token the next forward reads (host view and device view).
-    uint32_t *token_in_host;
+    // Pinned, mapped: the token the next forward reads (device view).
     uint32_t *token_in_dev;
-    // Pinned, mapped: the host path's sampled token.
-    int32_t *sampled_host;
-    int32_t *sampled_dev;
     // Pinned, mapped: the ring header followed by `capacity` token slots.
     RingHeader *ring_host;
     RingHeader *ring_dev;

@@ -1,0 +1,115 @@
+"""BurstDriver: enqueue a burst of device-loop steps, then watch the ring as tokens land.
+
+The host never waits for the stream: every step of the burst is enqueued up front (graph launch,
+argmax, commit), and tokens are read from the pinned, host-mapped ring with plain loads. A
+fault inside the graph is asynchronous, so three non-blocking signals stand in for the sync
+(DESIGN section 5), checked while draining:
+
+- the fault word the commit kernel latches (read with the ring, every poll);
+- stream_query(), which also reports errors of earlier asynchronous work (a sticky fault);
+- idle-but-short: the stream is idle, so every enqueued step retired, yet fewer tokens than
+  steps reached the ring and no stop id explains it.
+
+max_spins is only a liveness backstop for a kernel that hangs without ever erroring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .device import FAULT_NAMES, DeviceOps
+from .errors import DeviceFaultError
+
+
+class LoopFault(DeviceFaultError):
+    """The device loop failed but the context is still usable: the engine may fall back."""
+
+
+class FaultWordError(LoopFault):
+    def __init__(self, code: int, token: int, position: int):
+        what = FAULT_NAMES.get(code, f"fault code {code}")
+        super().__init__(f"device loop: {what}: token {token} at position {position}")
+        self.code, self.token, self.position = code, token, position
+
+
+class ShortBurstError(LoopFault):
+    """idle-but-short: the work retired without doing what it was asked."""
+
+
+class HangError(DeviceFaultError):
+    """No progress and no error within max_spins polls; the stream still holds the work."""
+
+
+@dataclass
+class BurstResult:
+    tokens: list[int]
+    stopped: bool
+
+
+class BurstDriver:
+    """Drives bursts on one DeviceOps. The ring's count is tracked across bursts of a sequence;
+    `begin_sequence()` resets it (and the device's ring) when the stream is idle."""
+
+    def __init__(self, device: DeviceOps, max_spins: int = 20_000_000, query_every: int = 4096):
+        if max_spins < 1 or query_every < 1:
+            raise ValueError("max_spins and query_every must be positive")
+        self.device = device
+        self.max_spins = max_spins
+        self.query_every = query_every
+        self.published = 0
+        self.burst_id = 0
+        self.host_waits = 0
+
+    def begin_sequence(self, stop_ids: tuple[int, ...]) -> None:
+        """Reset the ring for a new sequence. The ring may only be reset once no step is in
+        flight (the tail of a burst a stop id ended may still be retiring): that wait is a
+        host wait, counted, once per sequence, never per token."""
+        spins = 0
+        while not self.device.reset_ring():
+            self.host_waits += 1 if spins == 0 else 0
+            spins += 1
+            if spins > self.max_spins:
+                raise HangError(f"the stream did not go idle within {self.max_spins} polls")
+        self.published = 0
+        self.device.set_stop_ids(tuple(stop_ids))
+
+    def run(self, steps: int) -> Iterator[int]:
+        """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
+        burst ends after `steps` tokens, or early when the device reports that a stop id ended
+        it (the stop token itself is published and yielded). Stop ids are honoured by the
+        commit kernel; the caller still checks what it hands out."""
+        if steps < 1:
+            raise ValueError("a burst has at least one step")
+        self.burst_id = self.burst_id % 0xFFFFFFFF + 1
+        for _ in range(steps):
+            self.device.enqueue_step(self.burst_id)
+        base = self.published
+        want = base + steps
+        idle_seen = False
+        spins = 0
+        while self.published < want:
+            state = self.device.poll_ring()
+            if state.fault:
+                raise FaultWordError(state.fault, state.fault_token, state.fault_pos)
+            if state.published > self.published:
+                tokens = self.device.read_ring(self.published, state.published - self.published)
+                self.published = state.published
+                yield from tokens
+                spins = 0
+                continue
+            if state.stopped == self.burst_id:
+                return
+            if idle_seen:
+                # The stream was idle before this poll, so nothing more can land.
+                raise ShortBurstError(
+                    f"device loop: the stream is idle but only {self.published - base} of {steps} "
+                    f"steps published a token (burst {self.burst_id})")
+            spins += 1
+            if spins % self.query_every == 0:
+                # Query, then poll once more before judging: a token may land between the two.
+                idle_seen = self.device.stream_query()
+            if spins >= self.max_spins:
+                raise HangError(
+                    f"device loop: no token and no error in {self.max_spins} polls "
+                    f"({self.published - base} of {steps} steps published)")

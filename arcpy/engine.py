@@ -1,0 +1,304 @@
+"""Engine: admit (batch 1), prefill, generate (streaming) and step(), over one DeviceOps.
+
+Two paths produce tokens (DESIGN section 3):
+- the device loop: bursts of graph launch, argmax and commit, drained from the ring by
+  BurstDriver with no host wait per token (greedy only, admitted by gate.py);
+- the host path: one forward, then the argmax (or the logits) to pinned memory, a poll until
+  the stream is idle, and the token chosen on the host. It is the fallback and the only path
+  for sampling and verification.
+
+A burst may produce tokens the consumer of step() has not asked for yet: they are parked and
+handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
+and they are cleared whenever a sequence finishes, is preempted, or falls back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from . import gate
+from .burst import BurstDriver, HangError, LoopFault
+from .device import Counters, DeviceOps, MAX_STOP_IDS
+from .errors import ArcError, ContextLostError, DeviceFaultError, InvalidArgumentError
+from .sampling import Sampler, Sampling
+
+DEVICE_LOOP = "device-loop"
+HOST = "host"
+
+
+@dataclass
+class GenerationStats:
+    backend: str
+    path: str
+    prompt_tokens: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    graph_launches: int = 0
+    cuda_calls: int = 0
+    host_waits: int = 0     # waits for the stream to go idle while producing tokens
+    setup_waits: int = 0    # waits at sequence start (the ring reset needs an idle stream)
+    fallback: str | None = None
+    finish_reason: str = ""
+
+    def per_token(self, value: int) -> float:
+        return value / self.tokens if self.tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"{self.tokens} tokens in {self.seconds:.3f} s ({self.tokens_per_second:.1f} tok/s), "
+                f"path {self.path}, backend {self.backend}; per token: "
+                f"{self.per_token(self.graph_launches):.2f} graph launches, "
+                f"{self.per_token(self.cuda_calls):.2f} CUDA calls, "
+                f"{self.per_token(self.host_waits):.2f} host waits")
+
+
+@dataclass
+class _Sequence:
+    last_token: int
+    position: int            # position of last_token
+    max_new: int
+    stop_ids: frozenset
+    sampler: Sampler
+    loop: bool
+    produced: int = 0        # tokens handed out
+    finished: bool = False
+
+
+class Engine:
+    def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
+                 burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
+                 environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH):
+        if not (isinstance(burst, int) and 1 <= burst <= 1024):
+            raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
+        self.device = device
+        self.backend = backend
+        self.burst = burst
+        self.environ = environ
+        self.latch = latch
+        self.device_loop = device_loop
+        self.verify = gate.read_flag(gate.VERIFY_ALWAYS, False, environ) if verify is None else verify
+        # Read now so that a bad value is reported at start-up, not at the first sequence.
+        gate.read_flag(gate.DEVICE_LOOP, False, environ)
+        self.max_spins = max_spins
+        self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
+        self.parked: deque[int] = deque()
+        self.seq: _Sequence | None = None
+        self.stats: GenerationStats | None = None
+        self.poisoned: str | None = None
+        self.path_reason = ""
+        self._t0 = 0.0
+        self._c0 = Counters()
+
+    # -- admission and start ---------------------------------------------------------------
+
+    def admit(self, batch_size: int) -> None:
+        """Batch 1 only: a burst straddling sequences with different stop conditions is a
+        problem this engine does not take on."""
+        if batch_size != 1:
+            raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
+
+    def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
+              sampling: Sampling | None = None, batch_size: int = 1) -> None:
+        """Begin a sequence; a sequence still running is preempted. The prompt is fed through
+        the same step as decoding, one token per step, with no host wait between its steps."""
+        if self.poisoned:
+            raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
+        self.admit(batch_size)
+        self._finish("preempted")
+        dev = self.device
+        prompt = [int(t) for t in prompt_ids]
+        stops = tuple(dict.fromkeys(int(t) for t in stop_ids))
+        if not prompt:
+            raise InvalidArgumentError("the prompt is empty: give at least one token id")
+        for t in prompt + list(stops):
+            if not 0 <= t < dev.vocab:
+                raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {dev.vocab})")
+        if len(prompt) >= dev.max_seq:
+            raise InvalidArgumentError(
+                f"the prompt has {len(prompt)} tokens; max_seq {dev.max_seq} leaves no room to generate")
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+            raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        sampler = Sampler(sampling or Sampling())
+        admitted, reason = gate.device_loop_admission(
+            self.device_loop, sampler.greedy, self.driver is not None, len(stops), self.environ, self.latch)
+        admitted = admitted and self.driver is not None and len(stops) <= MAX_STOP_IDS
+        self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt))
+        self.path_reason = reason
+        self._t0, self._c0 = time.perf_counter(), dev.counters()
+        try:
+            if admitted:
+                self.driver.host_waits = 0
+                self.driver.begin_sequence(stops)
+                self.stats.setup_waits = self.driver.host_waits
+            for i, tok in enumerate(prompt[:-1]):
+                dev.set_input(tok, i)
+                dev.enqueue_forward()
+            if admitted:
+                dev.set_input(prompt[-1], len(prompt) - 1)
+        except DeviceFaultError as exc:
+            self._poison(str(exc))
+            raise
+        self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, dev.max_seq - len(prompt)),
+                             frozenset(stops), sampler, admitted)
+        if self.seq.max_new == 0:
+            self._finish("length")
+
+    # -- the two ways to consume -----------------------------------------------------------
+
+    def generate(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
+                 sampling: Sampling | None = None) -> Iterator[int]:
+        """Yield tokens as they are produced: on the device loop, as each lands in the ring,
+        while the rest of its burst is still running."""
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling)
+        seq = self.seq
+        reason = "cancelled"
+        try:
+            while not seq.finished:
+                for tok in self._produce():
+                    self._hand_out(tok)
+                    yield tok
+                    if seq.finished:
+                        break
+        except ArcError:
+            reason = "fault"
+            raise
+        finally:
+            if self.seq is seq:
+                self._finish(reason)
+
+    def step(self) -> int | None:
+        """The next token of the current sequence, or None once it has finished."""
+        seq = self.seq
+        if seq is None or seq.finished:
+            return None
+        if not self.parked:
+            try:
+                for tok in self._produce():
+                    self.parked.append(tok)
+            except ArcError:
+                self._finish("fault")
+                raise
+        tok = self.parked.popleft()
+        self._hand_out(tok)
+        return tok
+
+    def finish(self) -> None:
+        """End the current sequence early (preemption by the caller)."""
+        self._finish("cancelled")
+
+    # -- producing tokens --------------------------------------------------------------------
+
+    def _produce(self) -> Iterator[int]:
+        """The tokens that follow the last handed-out one: one burst, or one host step. A loop
+        failure with the context intact falls back to the host path; a lost context or a hang
+        poisons the engine."""
+        seq = self.seq
+        try:
+            if seq.loop:
+                steps = min(self.burst, seq.max_new - seq.produced)
+                try:
+                    yield from self.driver.run(steps)
+                    return
+                except LoopFault as exc:
+                    self._fall_back(str(exc))
+            yield self._host_step()
+        except (ContextLostError, HangError) as exc:
+            self._poison(str(exc))
+            raise
+
+    def _host_step(self) -> int:
+        seq, dev = self.seq, self.device
+        dev.set_input(seq.last_token, seq.position)
+        dev.enqueue_forward()
+        if self.verify:
+            return self._verified_token()
+        if seq.sampler.greedy:
+            dev.enqueue_argmax()
+            self._wait_idle()
+            tok = dev.sampled_token()
+        else:
+            dev.enqueue_logits_to_host()
+            self._wait_idle()
+            tok = seq.sampler.sample(dev.host_logits())
+        return self._checked(tok)
+
+    def _verified_token(self) -> int:
+        """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
+        same logits, bit for bit, at every step."""
+        seq, dev = self.seq, self.device
+        dev.enqueue_logits_to_host()
+        self._wait_idle()
+        replayed = dev.host_logits()
+        dev.set_input(seq.last_token, seq.position)
+        dev.enqueue_forward(eager=True)
+        dev.enqueue_logits_to_host()
+        self._wait_idle()
+        eager = dev.host_logits()
+        if not np.array_equal(replayed, eager, equal_nan=True):
+            diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
+            raise DeviceFaultError(
+                f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
+        return self._checked(seq.sampler.sample(replayed))
+
+    def _checked(self, tok: int) -> int:
+        if not 0 <= tok < self.device.vocab:
+            raise DeviceFaultError(
+                f"host path: token {tok} at position {self.seq.position + 1} is outside the vocabulary "
+                f"[0, {self.device.vocab})")
+        return tok
+
+    def _wait_idle(self) -> None:
+        self.stats.host_waits += 1
+        for _ in range(self.max_spins):
+            if self.device.stream_query():
+                return
+        raise HangError(f"host path: the stream did not go idle within {self.max_spins} queries")
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _hand_out(self, tok: int) -> None:
+        seq = self.seq
+        seq.last_token, seq.position = tok, seq.position + 1
+        seq.produced += 1
+        if tok in seq.stop_ids:
+            self._finish("stop")
+        elif seq.produced >= seq.max_new:
+            self._finish("length")
+
+    def _fall_back(self, reason: str) -> None:
+        """The device loop failed with the context intact: latch it off for the process, drop
+        what was parked (the host path recomputes from the last handed-out token)."""
+        self.latch.trip(reason)
+        self.parked.clear()
+        self.seq.loop = False
+        self.stats.fallback = reason
+        self.stats.path = f"{DEVICE_LOOP}+{HOST}"
+
+    def _poison(self, reason: str) -> None:
+        self.poisoned = reason
+        self.latch.trip(reason)
+        self._finish("fault")
+
+    def _finish(self, reason: str) -> None:
+        seq = self.seq
+        self.parked.clear()
+        if seq is None or seq.finished:
+            return
+        seq.finished = True
+        st = self.stats
+        st.finish_reason = reason
+        st.tokens = seq.produced
+        st.seconds = time.perf_counter() - self._t0
+        try:
+            c = self.device.counters() - self._c0
+        except ArcError:
+            c = Counters()
+        st.graph_launches, st.cuda_calls = c.graph_launches, c.cuda_calls

@@ -1,0 +1,87 @@
+"""Environment gates, read by value, and the process-wide fallback latch (DESIGN section 6).
+
+A flag is read by value, not by presence: 1/true/on/yes enable; 0/false/off/no and the empty
+string are explicit refusals (so an operator can pin a gate off where something upstream sets
+it); anything else is an error that names the variable, never a guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Mapping
+
+from .errors import InvalidArgumentError
+
+log = logging.getLogger("arcpy")
+
+DEVICE_LOOP = "ARC_GRAPH_DEVICE_LOOP"
+GRAPH = "ARC_GRAPH"
+VERIFY_ALWAYS = "ARC_GRAPH_VERIFY_ALWAYS"
+
+_ON = {"1", "true", "on", "yes"}
+_OFF = {"0", "false", "off", "no", ""}
+
+
+def read_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    if name not in env:
+        return default
+    value = env[name].strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise InvalidArgumentError(
+        f"{name}={env[name]!r} is not understood: use 1/true/on/yes to enable, 0/false/off/no or empty to disable"
+    )
+
+
+class FallbackLatch:
+    """Once the device loop fails, it stays off for the process; the reason is logged once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+
+    @property
+    def latched(self) -> bool:
+        return self.reason is not None
+
+    def trip(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+        log.warning("arcpy: device loop disabled for this process: %s", reason)
+
+    def clear(self) -> None:
+        """For tests: a new process would start with the latch open."""
+        with self._lock:
+            self.reason = None
+
+
+LATCH = FallbackLatch()
+
+
+def device_loop_admission(requested: bool | None, greedy: bool, supports_loop: bool,
+                          n_stop_ids: int, environ: Mapping[str, str] | None = None,
+                          latch: FallbackLatch = LATCH) -> tuple[bool, str]:
+    """(admitted, reason). `requested` is an explicit API/CLI choice; None defers to the
+    environment (unset means off). The reason names the first gate that refused."""
+    verify = read_flag(VERIFY_ALWAYS, False, environ)
+    wanted = read_flag(DEVICE_LOOP, False, environ) if requested is None else requested
+    if not wanted:
+        return False, f"{DEVICE_LOOP} is off"
+    if verify:
+        return False, f"{VERIFY_ALWAYS} is on: the host path verifies every step"
+    if not greedy:
+        return False, "the sampler is not greedy"
+    if not supports_loop:
+        return False, "the backend has no captured graph (eager forward or CPU)"
+    if n_stop_ids > 8:
+        return False, f"{n_stop_ids} stop ids; the commit kernel holds at most 8"
+    if latch.latched:
+        return False, f"latched off earlier in this process: {latch.reason}"
+    return True, "admitted"
