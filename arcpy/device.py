@@ -304,6 +304,7 @@ class FakeScript:
     honor_stop_ids: bool = True
     next_token: Callable[[int, int], int] | None = None
     supports_loop: bool = True
+    eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
 
 
 @dataclass
@@ -325,6 +326,8 @@ class FakeDevice:
         self.busy_ticks = 0
         self.token, self.position = 0, 0
         self.sampled = -1
+        self.sampled_pending = -1
+        self.queries = 0
         self.logits = np.zeros(self.vocab, np.float32)
         self.stop_ids: tuple[int, ...] = ()
         self.ring: list[int] = []
@@ -371,6 +374,8 @@ class FakeDevice:
             self.logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
             if 0 <= nxt < self.vocab:
                 self.logits[nxt] = 1.0
+            if op.arg:
+                self.logits += np.float32(s.eager_offset)
             self.sampled_pending = nxt
         elif op.kind == "argmax":
             self.sampled = self.sampled_pending
@@ -408,6 +413,7 @@ class FakeDevice:
 
     def stream_query(self) -> bool:
         self._count()
+        self.queries += 1
         self._tick()
         if self.sticky:
             raise ContextLostError("device fault: cudaErrorIllegalAddress (an illegal memory access was encountered)")
@@ -418,7 +424,7 @@ class FakeDevice:
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._count(1, 0 if eager else 1)
-        self._enqueue(_Op("forward"))
+        self._enqueue(_Op("forward", eager))
 
     def enqueue_argmax(self) -> None:
         self._count()
@@ -435,7 +441,6 @@ class FakeDevice:
         return self.logits.copy()
 
     def reset_ring(self) -> bool:
-        self._count()
         if not self.stream_query():
             return False
         self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0

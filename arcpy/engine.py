@@ -128,7 +128,8 @@ class Engine:
             raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         sampler = Sampler(sampling or Sampling())
         admitted, reason = gate.device_loop_admission(
-            self.device_loop, sampler.greedy, self.driver is not None, len(stops), self.environ, self.latch)
+            self.device_loop, sampler.greedy, self.driver is not None, len(stops), self.environ, self.latch,
+            self.verify)
         admitted = admitted and self.driver is not None and len(stops) <= MAX_STOP_IDS
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt))
         self.path_reason = reason

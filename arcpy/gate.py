@@ -67,10 +67,11 @@ LATCH = FallbackLatch()
 
 def device_loop_admission(requested: bool | None, greedy: bool, supports_loop: bool,
                           n_stop_ids: int, environ: Mapping[str, str] | None = None,
-                          latch: FallbackLatch = LATCH) -> tuple[bool, str]:
-    """(admitted, reason). `requested` is an explicit API/CLI choice; None defers to the
-    environment (unset means off). The reason names the first gate that refused."""
-    verify = read_flag(VERIFY_ALWAYS, False, environ)
+                          latch: FallbackLatch = LATCH, verify: bool | None = None) -> tuple[bool, str]:
+    """(admitted, reason). `requested` and `verify` are explicit API/CLI choices; None defers
+    to the environment (unset means off). The reason names the first gate that refused."""
+    if verify is None:
+        verify = read_flag(VERIFY_ALWAYS, False, environ)
     wanted = read_flag(DEVICE_LOOP, False, environ) if requested is None else requested
     if not wanted:
         return False, f"{DEVICE_LOOP} is off"

@@ -1,0 +1,179 @@
+"""The NumPy float32 forward: the oracle the CUDA kernels are tested against, and the CPU backend.
+
+Numerics contract (libarc's kernels follow the same rules; differences are only summation order
+and the last ulp of cos/sin/exp):
+- Weights are bf16, converted exactly to float32. Activations stay float32: the residual stream,
+  the normed input, q/k/v, scores and probabilities, the MLP and the logits.
+- The KV cache is bf16: k (after RoPE) and v are rounded to nearest even when stored and read back
+  exactly as float32. Here it is held as float32 arrays of bf16-representable values.
+- RMSNorm: y = x * (1 / sqrt(mean(x*x) + eps)) * w.
+- RoPE, rotate-half convention (as Hugging Face Llama): element i of a head pairs with element
+  i + head_dim/2, both rotated by angle = float32(pos) * inv_freq[i], cos and sin in float32.
+- Attention: scores = q.k / sqrt(head_dim) over positions 0..pos inclusive, softmax (max
+  subtracted), then the weighted sum of v. Query head h reads kv head h // (n_heads // n_kv_heads).
+- Optional q/k/v biases are added after the projection, before RoPE.
+- MLP: down(silu(gate(x)) * up(x)), silu(g) = g / (1 + exp(-g)).
+- logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16, layer_prefix, rope_inv_freq
+
+F32 = np.float32
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x (dim,) f32, w (dim,) f32 -> (dim,) f32: x * (1/sqrt(mean(x^2) + eps)) * w."""
+    inv = F32(1.0) / np.sqrt(np.mean(x * x, dtype=F32) + F32(eps))
+    return (x * inv * w).astype(F32, copy=False)
+
+
+def gemv(W: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """W (out, in) f32 @ x (in,) f32 [+ bias (out,)] -> (out,) f32."""
+    y = W @ x
+    return y + bias if bias is not None else y
+
+
+def rope(x_heads: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
+    """x_heads (n, head_dim) f32 rotated for position `pos` -> new (n, head_dim) f32 array.
+
+    Rotate-half pairing: (x[i], x[i + head_dim/2]) for i < head_dim/2, angle pos * inv_freq[i].
+    """
+    half = x_heads.shape[-1] // 2
+    angle = F32(pos) * inv_freq.astype(F32, copy=False)
+    cos, sin = np.cos(angle), np.sin(angle)
+    x1, x2 = x_heads[:, :half], x_heads[:, half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1)
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_kv_heads: int) -> np.ndarray:
+    """One token's attention over cached positions 0..pos.
+
+    q (n_heads, head_dim) f32; k_cache, v_cache (n_kv_heads, >pos, head_dim) f32 -> (n_heads, head_dim) f32.
+    """
+    n_heads, head_dim = q.shape
+    group = n_heads // n_kv_heads
+    # Query heads sharing a kv head are consecutive, so a reshape groups them without copying k/v.
+    qg = q.reshape(n_kv_heads, group, head_dim)
+    k = k_cache[:, : pos + 1]
+    v = v_cache[:, : pos + 1]
+    scores = np.matmul(qg, k.transpose(0, 2, 1)) * F32(1.0 / math.sqrt(head_dim))  # (kv, group, pos+1)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    return np.matmul(probs, v).reshape(n_heads, head_dim)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gate, up (ffn,) f32 -> silu(gate) * up (ffn,) f32."""
+    with np.errstate(over="ignore"):  # exp(-g) overflows to inf for very negative g; g/inf -> 0 is right
+        return gate / (F32(1.0) + np.exp(-gate)) * up
+
+
+def embedding(table: np.ndarray, token: int) -> np.ndarray:
+    """table (vocab, dim) f32, token id -> a copy of row `token` (dim,) f32."""
+    return table[token].copy()
+
+
+def argmax(logits: np.ndarray) -> int:
+    """Index of the largest logit; ties go to the lowest index (as the device sampler)."""
+    return int(np.argmax(logits))
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values -> the nearest bf16 values (ties to even), as float32: what the KV cache holds."""
+    return bf16_to_f32(f32_to_bf16(x))
+
+
+class _Layer:
+    """One decoder layer's weights as float32 (converted once)."""
+
+    def __init__(self, model: Model, i: int):
+        t = lambda n: bf16_to_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
+        bias = model.config.qkv_bias
+        self.attn_norm = t("input_layernorm.weight")
+        self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
+        self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
+        self.wo = t("self_attn.o_proj.weight")
+        self.mlp_norm = t("post_attention_layernorm.weight")
+        self.w_gate = t("mlp.gate_proj.weight")
+        self.w_up = t("mlp.up_proj.weight")
+        self.w_down = t("mlp.down_proj.weight")
+
+
+class ReferenceModel:
+    """A Model ready to run on the CPU: float32 weights, a preallocated bf16-valued KV cache.
+
+    `max_seq` may shorten the cache below the config's context; positions must stay below it.
+    """
+
+    def __init__(self, model: Model, max_seq: int | None = None):
+        cfg = model.config
+        if max_seq is not None and not (isinstance(max_seq, (int, np.integer)) and not isinstance(max_seq, bool)
+                                        and 0 < max_seq <= cfg.max_seq):
+            raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq}, got {max_seq!r}")
+        self.config = cfg
+        self.max_seq = int(max_seq or cfg.max_seq)
+        self.embed = bf16_to_f32(model.tensor(EMBED))
+        # A tied head is the same table: share the array rather than convert it twice.
+        self.lm_head = self.embed if cfg.tied_embeddings else bf16_to_f32(model.lm_head())
+        self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
+        self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
+        self.inv_freq = rope_inv_freq(cfg)
+        shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
+        self.k_cache = np.zeros(shape, dtype=F32)
+        self.v_cache = np.zeros(shape, dtype=F32)
+
+    def reset(self) -> None:
+        """Forget every cached position."""
+        self.k_cache.fill(0.0)
+        self.v_cache.fill(0.0)
+
+    def forward(self, token: int, pos: int) -> np.ndarray:
+        """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos."""
+        cfg = self.config
+        if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or not 0 <= token < cfg.vocab:
+            raise InvalidArgumentError(f"token {token!r} out of range 0..{cfg.vocab - 1}")
+        if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool) or not 0 <= pos < self.max_seq:
+            raise InvalidArgumentError(f"position {pos!r} out of range 0..{self.max_seq - 1}")
+        token, pos = int(token), int(pos)
+        hd = cfg.head_dim
+        x = embedding(self.embed, token)  # residual stream (dim,)
+        for li, L in enumerate(self.layers):
+            # attention block: norm, project, rotate, cache (rounded to bf16), attend, project back
+            h = rmsnorm(x, L.attn_norm, cfg.rms_eps)
+            q = rope(gemv(L.wq, h, L.bq).reshape(cfg.n_heads, hd), pos, self.inv_freq)
+            k = rope(gemv(L.wk, h, L.bk).reshape(cfg.n_kv_heads, hd), pos, self.inv_freq)
+            v = gemv(L.wv, h, L.bv).reshape(cfg.n_kv_heads, hd)
+            self.k_cache[li, :, pos] = round_bf16(k)
+            self.v_cache[li, :, pos] = round_bf16(v)
+            att = attention(q, self.k_cache[li], self.v_cache[li], pos, cfg.n_kv_heads)
+            x = x + gemv(L.wo, att.reshape(-1))
+            # MLP block
+            h = rmsnorm(x, L.mlp_norm, cfg.rms_eps)
+            x = x + gemv(L.w_down, swiglu(gemv(L.w_gate, h), gemv(L.w_up, h)))
+        return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
+
+    def greedy(self, prompt: list[int], n_new: int, start_pos: int = 0) -> list[int]:
+        """Feed `prompt` from `start_pos`, then pick `n_new` tokens greedily; returns the new tokens."""
+        if not prompt:
+            raise InvalidArgumentError("prompt must hold at least one token")
+        if n_new < 0 or start_pos + len(prompt) + max(n_new - 1, 0) > self.max_seq:
+            raise InvalidArgumentError(f"prompt of {len(prompt)} + {n_new} new tokens from position "
+                                       f"{start_pos} exceeds max_seq {self.max_seq}")
+        pos = start_pos
+        for tok in prompt:
+            logits = self.forward(tok, pos)
+            pos += 1
+        out: list[int] = []
+        for _ in range(n_new):
+            out.append(argmax(logits))
+            if len(out) < n_new:
+                logits = self.forward(out[-1], pos)
+                pos += 1
+        return out

@@ -1,0 +1,224 @@
+"""Engine control logic against FakeDevice: both paths, parked tokens, fallback, poisoning."""
+
+import logging
+
+import pytest
+
+from arcpy import gate
+from arcpy.device import FAULT_TOKEN_RANGE, FakeDevice, FakeScript, scripted_next
+from arcpy.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
+from arcpy.sampling import Sampling
+
+PROMPT = [1, 2, 3]
+
+
+def reference(n, prompt=PROMPT, vocab=64):
+    tok, pos, out = prompt[-1], len(prompt) - 1, []
+    for _ in range(n):
+        tok = scripted_next(tok, pos, vocab)
+        pos += 1
+        out.append(tok)
+    return out
+
+
+@pytest.fixture
+def latch():
+    return gate.FallbackLatch()
+
+
+def engine(latch, script=None, loop=True, **kw):
+    return Engine(FakeDevice(script), "fake", device_loop=loop, environ={}, latch=latch, **kw)
+
+
+@pytest.mark.parametrize("burst", [1, 4, 16])
+def test_device_loop_tokens_equal_host_path_tokens(latch, burst):
+    loop = engine(latch, burst=burst)
+    host = engine(latch, loop=False)
+    got = list(loop.generate(PROMPT, 40))
+    assert loop.stats.path == DEVICE_LOOP
+    assert got == list(host.generate(PROMPT, 40)) == reference(40)
+    assert host.stats.path == HOST
+
+
+def test_generate_streams_tokens_while_the_burst_is_still_running(latch):
+    eng = engine(latch, burst=16)
+    gen = eng.generate(PROMPT, 16)
+    next(gen)
+    assert len(eng.device.queue) > 1  # later steps of the burst have not retired yet
+    gen.close()
+
+
+def test_device_loop_makes_zero_host_waits_per_token(latch):
+    eng = engine(latch, burst=8)
+    list(eng.generate(PROMPT, 64))
+    assert eng.stats.host_waits == 0
+    assert eng.stats.graph_launches == 64 + len(PROMPT) - 1
+
+
+def test_host_path_waits_once_per_token(latch):
+    eng = engine(latch, loop=False)
+    list(eng.generate(PROMPT, 20))
+    assert eng.stats.host_waits == 20
+
+
+def test_burst_is_clipped_to_the_remaining_budget(latch):
+    eng = engine(latch, burst=4)
+    assert len(list(eng.generate(PROMPT, 10))) == 10
+    assert eng.device.steps_enqueued == 10
+
+
+def test_prefill_enqueues_the_prompt_without_host_waits(latch):
+    eng = engine(latch, loop=False)
+    prompt = list(range(1, 30))
+    list(eng.generate(prompt, 1))
+    assert eng.stats.host_waits == 1
+    assert eng.stats.graph_launches == len(prompt)
+
+
+def test_step_hands_out_parked_tokens_in_order(latch):
+    eng = engine(latch, burst=4)
+    eng.start(PROMPT, 8)
+    first = eng.step()
+    assert list(eng.parked) == reference(4)[1:]
+    rest = [eng.step() for _ in range(7)]
+    assert [first] + rest == reference(8)
+    assert eng.step() is None
+
+
+def test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence(latch):
+    # The predecessor's leak: a device that publishes past a stop id leaves tokens parked when
+    # the sequence stops mid-burst; the next sequence's first step must not take one of them.
+    toks = reference(8)
+    eng = engine(latch, FakeScript(honor_stop_ids=False), burst=8)
+    eng.start(PROMPT, 8, stop_ids=[toks[1]])
+    assert [eng.step(), eng.step()] == toks[:2]
+    assert eng.step() is None and not eng.parked
+    other = [7, 9]
+    eng.start(other, 3)
+    assert [eng.step() for _ in range(3)] == reference(3, other)
+
+
+def test_parked_tokens_cleared_on_preemption(latch):
+    eng = engine(latch, burst=8)
+    eng.start(PROMPT, 8)
+    eng.step()
+    assert eng.parked
+    other = [11]
+    eng.start(other, 2)
+    assert not eng.parked
+    assert [eng.step(), eng.step()] == reference(2, other)
+
+
+def test_parked_tokens_cleared_on_fallback(latch):
+    eng = engine(latch, FakeScript(fault_word_at=2), burst=4)
+    eng.start(PROMPT, 6)
+    got = [eng.step() for _ in range(6)]
+    assert got == reference(6)
+    assert eng.stats.fallback is not None
+
+
+def test_finish_clears_parked_tokens(latch):
+    eng = engine(latch, burst=8)
+    eng.start(PROMPT, 8)
+    eng.step()
+    eng.finish()
+    assert not eng.parked and eng.step() is None
+
+
+def test_fault_word_falls_back_to_host_path_and_latches_off(latch, caplog):
+    eng = engine(latch, FakeScript(fault_word_at=3), burst=4)
+    with caplog.at_level(logging.WARNING, logger="arcpy"):
+        got = list(eng.generate(PROMPT, 12))
+    assert got == reference(12)
+    assert eng.stats.path == f"{DEVICE_LOOP}+{HOST}"
+    assert latch.latched and "token out of range" in latch.reason
+    list(eng.generate(PROMPT, 4))
+    assert eng.stats.path == HOST
+    assert sum("disabled for this process" in r.message for r in caplog.records) == 1
+
+
+def test_out_of_range_token_error_names_token_and_position(latch):
+    # A padded lm_head: the argmax lands outside the vocabulary on both paths.
+    script = FakeScript(next_token=lambda t, p: 70 if p == 4 else (t + 1) % 64)
+    eng = engine(latch, script, burst=4)
+    with pytest.raises(DeviceFaultError, match="token 70 at position 5"):
+        list(eng.generate(PROMPT, 8))
+    assert latch.latched and "token 70 at position 5" in latch.reason
+
+
+def test_short_burst_falls_back_with_identical_tokens(latch):
+    eng = engine(latch, FakeScript(lost_steps=frozenset({2})), burst=4)
+    eng.max_spins = eng.driver.max_spins = 100_000
+    eng.driver.query_every = 8
+    assert list(eng.generate(PROMPT, 10)) == reference(10)
+    assert "idle" in eng.stats.fallback
+
+
+def test_sticky_fault_poisons_the_engine_and_refuses_further_work(latch):
+    eng = engine(latch, FakeScript(sticky_fault_at=2), burst=4)
+    eng.driver.query_every = 8
+    with pytest.raises(ContextLostError):
+        list(eng.generate(PROMPT, 8))
+    with pytest.raises(DeviceFaultError, match="unusable"):
+        eng.start(PROMPT, 2)
+
+
+def test_hang_raises_and_poisons(latch):
+    eng = engine(latch, FakeScript(hang_at=1), burst=4)
+    eng.driver.max_spins = 2_000
+    with pytest.raises(DeviceFaultError, match="no token and no error"):
+        list(eng.generate(PROMPT, 8))
+    assert eng.poisoned
+
+
+def test_stop_id_ends_generation_on_both_paths(latch):
+    toks = reference(10)
+    for loop in (True, False):
+        eng = engine(latch, loop=loop, burst=4)
+        assert list(eng.generate(PROMPT, 10, stop_ids=[toks[5]])) == toks[:6]
+        assert eng.stats.finish_reason == "stop"
+
+
+def test_verify_always_compares_replay_and_eager(latch):
+    eng = engine(latch, verify=True)
+    assert list(eng.generate(PROMPT, 4)) == reference(4)
+    assert eng.stats.path == HOST
+    bad = engine(latch, FakeScript(eager_offset=1e-3), verify=True)
+    with pytest.raises(DeviceFaultError, match="disagree"):
+        list(bad.generate(PROMPT, 4))
+
+
+def test_sampling_uses_the_host_path_with_seeded_reproducibility(latch):
+    s = Sampling(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
+    a = engine(latch)
+    b = engine(latch)
+    ta, tb = list(a.generate(PROMPT, 16, sampling=s)), list(b.generate(PROMPT, 16, sampling=s))
+    assert ta == tb and a.stats.path == HOST
+    c = engine(latch)
+    assert list(c.generate(PROMPT, 16, sampling=Sampling(temperature=0.9, seed=99))) != ta
+
+
+def test_batch_size_other_than_one_is_refused(latch):
+    eng = engine(latch)
+    with pytest.raises(InvalidArgumentError, match="batch size 2"):
+        eng.start(PROMPT, 4, batch_size=2)
+
+
+@pytest.mark.parametrize("prompt, stops, message", [
+    ([], (), "empty"),
+    ([1, 64], (), "token id 64"),
+    ([1, -1], (), "token id -1"),
+    ([1], (99,), "token id 99"),
+])
+def test_bad_prompts_and_stop_ids_are_refused(latch, prompt, stops, message):
+    eng = engine(latch)
+    with pytest.raises(InvalidArgumentError, match=message):
+        eng.start(prompt, 4, stop_ids=stops)
+
+
+def test_prompt_longer_than_max_seq_is_refused_and_budget_clipped(latch):
+    eng = engine(latch, FakeScript(max_seq=8))
+    with pytest.raises(InvalidArgumentError, match="max_seq 8"):
+        eng.start(list(range(8)), 1)
+    assert len(list(eng.generate(list(range(5)), 100))) == 3

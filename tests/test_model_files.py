@@ -1,0 +1,624 @@
+"""Model files: bf16 words, config.json parsing, RoPE frequencies, and the safetensors reader/writer.
+
+Every bad-file case must raise ModelFileError with one line that names the file and the tensor.
+Corrupt files are written byte by byte here, independently of arcpy's writer.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.model import (
+    EMBED,
+    FINAL_NORM,
+    LM_HEAD,
+    SHAPES,
+    Model,
+    ModelConfig,
+    RopeScaling,
+    bf16_to_f32,
+    config_from_hf,
+    config_to_hf,
+    expected_tensors,
+    f32_to_bf16,
+    load_model,
+    random_model,
+    rope_inv_freq,
+    save_model,
+    save_safetensors,
+)
+
+TINY = ModelConfig(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, ffn_dim=24, vocab=40, max_seq=32)
+EMBED_BYTES = TINY.vocab * TINY.dim * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def raw_safetensors(path: Path, header: dict, data: bytes, header_len: int | None = None) -> None:
+    """Write a safetensors file by hand: u64 LE header length, header bytes, data."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if header_len is None else header_len) + raw + data)
+
+
+def bf16_header_and_data(tensors: dict[str, np.ndarray]) -> tuple[dict, bytes]:
+    header, chunks, off = {}, [], 0
+    for name, words in tensors.items():
+        b = words.astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(words.shape), "data_offsets": [off, off + len(b)]}
+        chunks.append(b)
+        off += len(b)
+    return header, b"".join(chunks)
+
+
+def write_config(directory: Path, cfg: ModelConfig = TINY, **overrides) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    d = config_to_hf(cfg)
+    d.update(overrides)
+    (directory / "config.json").write_text(json.dumps(d))
+
+
+def write_tiny_dir(directory: Path, tensors: dict[str, np.ndarray] | None = None, cfg: ModelConfig = TINY) -> dict:
+    """A model directory written by hand (not by save_model); returns the tensors written."""
+    if tensors is None:
+        tensors = random_model(cfg, seed=3).tensors
+    write_config(directory, cfg)
+    header, data = bf16_header_and_data(tensors)
+    raw_safetensors(directory / "model.safetensors", header, data)
+    return tensors
+
+
+def load_error(path) -> str:
+    with pytest.raises(ModelFileError) as ei:
+        load_model(path)
+    msg = str(ei.value)
+    assert "\n" not in msg, "error messages are one line"
+    return msg
+
+
+def llama3_8b_config() -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
+        "attention_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16 words
+
+
+def word_of(f: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", f))[0]
+
+
+def independent_bf16(f: float) -> int:
+    """Nearest bf16 word to the float32 `f` by comparing both neighbours; ties to the even word."""
+    bits = word_of(f)
+    lo = bits >> 16
+    down = struct.unpack("<f", struct.pack("<I", lo << 16))[0]
+    up_bits = ((lo + 1) & 0xFFFF) << 16
+    up = struct.unpack("<f", struct.pack("<I", up_bits))[0]
+    dd, du = abs(f - down), abs(up - f)
+    if dd < du or (dd == du and lo % 2 == 0):
+        return lo
+    return (lo + 1) & 0xFFFF
+
+
+def test_every_bf16_word_round_trips_exactly_through_f32():
+    words = np.arange(1 << 16, dtype=np.uint16)
+    values = bf16_to_f32(words)
+    back = f32_to_bf16(values)
+    finite = ~np.isnan(values)
+    assert np.array_equal(back[finite], words[finite])
+    assert np.isnan(bf16_to_f32(back[~finite])).all()
+    assert values[0x3F80] == 1.0 and values[0xC000] == -2.0
+
+
+def test_f32_to_bf16_rounds_half_way_cases_to_the_even_word():
+    # 1 + 2^-8 lies half way between 0x3F80 (even) and 0x3F81: stays at 0x3F80.
+    # 1 + 3*2^-8 lies half way between 0x3F81 and 0x3F82 (even): goes up.
+    ties = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)], dtype=np.float32)
+    assert f32_to_bf16(ties).tolist() == [0x3F80, 0x3F82, 0xBF80]
+    # Just past the half-way point rounds up, just before rounds down.
+    near = np.array([1 + 2**-8 + 2**-20, 1 + 2**-8 - 2**-20], dtype=np.float32)
+    assert f32_to_bf16(near).tolist() == [0x3F81, 0x3F80]
+
+
+def test_f32_to_bf16_matches_an_independent_nearest_neighbour_rounding():
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(2000).astype(np.float32),
+                        rng.uniform(-1e30, 1e30, 500).astype(np.float32),
+                        (rng.standard_normal(500) * 1e-40).astype(np.float32)])  # subnormals
+    expected = [independent_bf16(float(v)) for v in x]
+    assert f32_to_bf16(x).tolist() == expected
+
+
+def test_f32_to_bf16_keeps_nan_a_nan_and_overflows_to_infinity():
+    # A NaN whose payload sits only in the dropped low bits would become inf if merely truncated.
+    low_payload_nan = np.array([0x7F800001, 0xFF800001, 0x7FC00000], dtype=np.uint32).view(np.float32)
+    out = bf16_to_f32(f32_to_bf16(low_payload_nan))
+    assert np.isnan(out).all()
+    big = np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, np.inf], dtype=np.float32)
+    assert bf16_to_f32(f32_to_bf16(big)).tolist() == [np.inf, -np.inf, np.inf]
+    assert f32_to_bf16(np.float32(-0.0)).tolist() == 0x8000
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+
+def test_llama3_config_parses_with_rope_scaling_and_gqa():
+    cfg = config_from_hf(llama3_8b_config(), "cfg.json")
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (4096, 32, 32, 8, 128)
+    assert (cfg.ffn_dim, cfg.vocab, cfg.max_seq) == (14336, 128256, 131072)
+    assert cfg.rope_theta == 500000.0 and cfg.rms_eps == 1e-5
+    assert cfg.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
+    assert not cfg.tied_embeddings and not cfg.qkv_bias
+    assert cfg.q_dim == 4096 and cfg.kv_dim == 1024
+
+
+def test_qwen2_config_turns_on_qkv_bias_and_expects_bias_tensors():
+    d = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+         "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+         "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+         "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 32768}
+    cfg = config_from_hf(d, "qwen.json")
+    assert cfg.qkv_bias and cfg.tied_embeddings and cfg.head_dim == 64
+    names = expected_tensors(cfg)
+    assert names["model.layers.0.self_attn.k_proj.bias"] == (128,)
+    assert LM_HEAD not in names
+
+
+def test_head_dim_comes_from_config_when_given_else_dim_over_heads():
+    d = llama3_8b_config()
+    assert config_from_hf(d, "c").head_dim == 128
+    d["head_dim"] = 256
+    cfg = config_from_hf(d, "c")
+    assert cfg.head_dim == 256 and cfg.q_dim == 8192
+    assert expected_tensors(cfg)["model.layers.0.self_attn.o_proj.weight"] == (4096, 8192)
+
+
+def test_model_type_is_used_when_architectures_is_absent():
+    d = llama3_8b_config()
+    del d["architectures"]
+    d["model_type"] = "mistral"
+    assert config_from_hf(d, "c").dim == 4096
+
+
+def test_missing_config_key_is_named():
+    d = llama3_8b_config()
+    del d["intermediate_size"]
+    with pytest.raises(ModelFileError, match=r"cfg\.json: missing key 'intermediate_size'"):
+        config_from_hf(d, "cfg.json")
+
+
+@pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "GemmaForCausalLM"])
+def test_unsupported_architecture_is_refused_by_name(arch):
+    d = llama3_8b_config()
+    d["architectures"] = [arch]
+    with pytest.raises(ModelFileError, match=f"cfg.json: unsupported architecture {arch}"):
+        config_from_hf(d, "cfg.json")
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "yarn", "dynamic", "longrope"])
+def test_unsupported_rope_scaling_type_is_refused(rope_type):
+    d = llama3_8b_config()
+    d["rope_scaling"] = {"rope_type": rope_type, "factor": 4.0}
+    with pytest.raises(ModelFileError, match=f"cfg.json: unsupported rope scaling type '{rope_type}'"):
+        config_from_hf(d, "cfg.json")
+
+
+def test_legacy_rope_scaling_type_key_is_read():
+    d = llama3_8b_config()
+    d["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    with pytest.raises(ModelFileError, match="unsupported rope scaling type 'linear'"):
+        config_from_hf(d, "c")
+
+
+def test_active_qwen2_sliding_window_is_refused():
+    d = llama3_8b_config()
+    d.update(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=4096)
+    with pytest.raises(ModelFileError, match="unsupported active sliding window"):
+        config_from_hf(d, "c")
+
+
+def test_mistral_sliding_window_caps_the_context_at_the_window():
+    d = llama3_8b_config()
+    d.update(architectures=["MistralForCausalLM"], rope_scaling=None, sliding_window=4096,
+             max_position_embeddings=32768)
+    assert config_from_hf(d, "c").max_seq == 4096
+    d["sliding_window"] = None
+    assert config_from_hf(d, "c").max_seq == 32768
+
+
+@pytest.mark.parametrize("key,value", [("attention_bias", True), ("mlp_bias", True), ("hidden_act", "gelu")])
+def test_llama_variants_this_engine_cannot_run_are_refused(key, value):
+    d = llama3_8b_config()
+    d[key] = value
+    with pytest.raises(ModelFileError, match=f"c: unsupported {key}"):
+        config_from_hf(d, "c")
+
+
+@pytest.mark.parametrize("kw", [dict(n_kv_heads=3), dict(head_dim=5), dict(dim=0), dict(vocab=-1),
+                                dict(rms_eps=0.0), dict(n_layers=2.0)])
+def test_model_config_rejects_inconsistent_shapes(kw):
+    base = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, ffn_dim=24, vocab=40, max_seq=32)
+    with pytest.raises(InvalidArgumentError):
+        ModelConfig(**{**base, **kw})
+
+
+def test_rope_scaling_rejects_equal_frequency_factors():
+    with pytest.raises(InvalidArgumentError, match="high_freq_factor"):
+        RopeScaling(8.0, 2.0, 2.0, 8192)
+
+
+def test_param_count_and_streamed_bytes_follow_the_tensor_table():
+    per_layer = 2 * 16 + 16 * 16 + 2 * 8 * 16 + 16 * 16 + 3 * 24 * 16
+    assert TINY.n_params == 40 * 16 + 2 * per_layer + 16 + 40 * 16  # untied: embedding and head
+    # Per token only one embedding row is read, but the whole untied head is.
+    assert TINY.weight_bytes == 2 * (2 * per_layer + 16 + 40 * 16 + 16)
+    tied = ModelConfig(**{**TINY.__dict__, "tied_embeddings": True})
+    assert tied.n_params == 40 * 16 + 2 * per_layer + 16
+    assert tied.weight_bytes == 2 * tied.n_params
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE frequencies
+
+
+def independent_inv_freq(theta, head_dim, scaling=None):
+    out = []
+    for i in range(head_dim // 2):
+        f = 1.0 / math.pow(theta, 2 * i / head_dim)
+        if scaling is not None:
+            factor, low, high, orig = scaling
+            wl = 2 * math.pi / f
+            if wl < orig / high:
+                pass
+            elif wl > orig / low:
+                f = f / factor
+            else:
+                s = (orig / wl - low) / (high - low)
+                f = (1 - s) * (f / factor) + s * f
+        out.append(f)
+    return np.array(out, dtype=np.float32)
+
+
+def test_rope_inv_freq_without_scaling_is_the_theta_power_series():
+    cfg = SHAPES["stories15M"]
+    got = rope_inv_freq(cfg)
+    assert got.dtype == np.float32 and got.shape == (24,)
+    np.testing.assert_array_equal(got, independent_inv_freq(10000.0, 48))
+    assert got[0] == 1.0
+
+
+def test_rope_inv_freq_applies_llama3_scaling_in_all_three_bands():
+    cfg = config_from_hf(llama3_8b_config(), "c")
+    got = rope_inv_freq(cfg)
+    expected = independent_inv_freq(500000.0, 128, (8.0, 1.0, 4.0, 8192))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
+    plain = independent_inv_freq(500000.0, 128)
+    assert got[0] == plain[0]  # high frequencies untouched
+    np.testing.assert_allclose(got[-1], plain[-1] / 8, rtol=1e-6)  # low frequencies slowed by factor
+    mid = (got != plain) & ~np.isclose(got, plain / 8, rtol=1e-6)
+    assert mid.any()  # some frequencies fall in the blended band
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and writing
+
+
+def assert_same_model(a: Model, b: Model) -> None:
+    assert a.config == b.config
+    assert set(a.tensors) == set(b.tensors)
+    for name in a.tensors:
+        assert np.array_equal(a.tensors[name], b.tensors[name]), name
+
+
+@pytest.mark.parametrize("cfg", [
+    TINY,
+    ModelConfig(**{**TINY.__dict__, "tied_embeddings": True}),
+    ModelConfig(**{**TINY.__dict__, "qkv_bias": True, "rope_theta": 1e6}),
+    ModelConfig(**{**TINY.__dict__, "rope_scaling": RopeScaling(32.0, 1.0, 4.0, 8192), "rope_theta": 5e5}),
+], ids=["untied", "tied", "qwen-bias", "llama3-rope"])
+def test_save_model_then_load_model_reproduces_config_and_every_word(tmp_path, cfg):
+    m = random_model(cfg, seed=1)
+    save_model(m, tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    assert_same_model(m, loaded)
+    assert loaded.name == "m"
+    for t in loaded.tensors.values():
+        assert t.dtype == np.uint16 and t.flags.c_contiguous
+
+
+def test_tied_model_has_no_lm_head_tensor_and_serves_the_embedding():
+    m = random_model(ModelConfig(**{**TINY.__dict__, "tied_embeddings": True}), seed=0)
+    assert LM_HEAD not in m.tensors
+    assert m.lm_head() is m.tensor(EMBED)
+    untied = random_model(TINY, seed=0)
+    assert untied.lm_head() is untied.tensor(LM_HEAD)
+    with pytest.raises(InvalidArgumentError, match="no tensor named nope"):
+        untied.tensor("nope")
+
+
+def test_writer_output_follows_the_safetensors_layout(tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    save_safetensors(tmp_path / "a.safetensors", {"x": x, "y": np.ones(3, np.float32)}, "F32")
+    raw = (tmp_path / "a.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    assert (8 + n) % 8 == 0
+    header = json.loads(raw[8:8 + n])
+    b, e = header["x"]["data_offsets"]
+    assert header["x"]["dtype"] == "F32" and header["x"]["shape"] == [2, 3]
+    assert np.array_equal(np.frombuffer(raw[8 + n + b:8 + n + e], "<f4").reshape(2, 3), x)
+    with pytest.raises(InvalidArgumentError):
+        save_safetensors(tmp_path / "b.safetensors", {"x": x}, "F64")
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+def test_each_float_dtype_is_read_back_as_bf16_words(tmp_path, dtype):
+    m = random_model(TINY, seed=2)
+    write_config(tmp_path)
+    save_safetensors(tmp_path / "model.safetensors", m.tensors, dtype)
+    loaded = load_model(tmp_path)
+    for name, words in m.tensors.items():
+        expected = words
+        if dtype == "F16":  # what bf16 -> f16 -> bf16 keeps (f16 has fewer exponent bits)
+            expected = f32_to_bf16(bf16_to_f32(words).astype(np.float16).astype(np.float32))
+        assert np.array_equal(loaded.tensors[name], expected), name
+
+
+def test_f32_weights_are_rounded_to_nearest_bf16_on_load(tmp_path):
+    m = random_model(TINY, seed=2)
+    values = {n: bf16_to_f32(w) for n, w in m.tensors.items()}
+    values[FINAL_NORM] = np.full(16, 1 + 2**-8 + 2**-20, dtype=np.float32)  # just above a tie
+    write_config(tmp_path)
+    save_safetensors(tmp_path / "model.safetensors", values, "F32")
+    assert (load_model(tmp_path).tensor(FINAL_NORM) == 0x3F81).all()
+
+
+def test_sharded_checkpoint_is_assembled_from_its_index(tmp_path):
+    m = random_model(TINY, seed=4)
+    write_config(tmp_path)
+    names = list(m.tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:7], "model-00002-of-00002.safetensors": names[7:]}
+    weight_map = {}
+    for shard, part in shards.items():
+        save_safetensors(tmp_path / shard, {n: m.tensors[n] for n in part}, "BF16")
+        weight_map.update({n: shard for n in part})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_same_model(m, load_model(tmp_path))
+
+
+def test_index_naming_a_missing_shard_is_refused(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {EMBED: "model-00009.safetensors"}}))
+    assert "model-00009.safetensors" in load_error(tmp_path)
+
+
+def test_index_pointing_outside_the_model_directory_is_refused(tmp_path):
+    write_config(tmp_path / "m")
+    save_safetensors(tmp_path / "evil.safetensors", random_model(TINY).tensors)
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {EMBED: "../evil.safetensors"}}))
+    assert "invalid shard name" in load_error(tmp_path / "m")
+
+
+# ---------------------------------------------------------------------------------------------
+# corrupt and unsupported files
+
+
+def test_truncated_file_is_refused_naming_the_tensor_past_the_end(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-10])
+    last = list(tensors)[-1]
+    msg = load_error(tmp_path)
+    assert str(f) in msg and f"tensor {last}" in msg and "truncated" in msg
+
+
+def test_data_offsets_outside_the_file_are_refused(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    header[EMBED]["data_offsets"] = [10**9, 10**9 + EMBED_BYTES]
+    raw_safetensors(tmp_path / "model.safetensors", header, data)
+    msg = load_error(tmp_path)
+    assert "model.safetensors" in msg and EMBED in msg and "past the end" in msg
+
+
+def test_offsets_spanning_the_wrong_byte_count_are_refused(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    header[EMBED]["data_offsets"] = [0, EMBED_BYTES - 2]
+    raw_safetensors(tmp_path / "model.safetensors", header, data)
+    msg = load_error(tmp_path)
+    assert EMBED in msg and f"needs {EMBED_BYTES}" in msg
+
+
+@pytest.mark.parametrize("header_len", [2**40, 10_000_000])
+def test_header_length_beyond_cap_or_file_is_an_oversized_header(tmp_path, header_len):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    raw_safetensors(tmp_path / "model.safetensors", header, data, header_len=header_len)
+    msg = load_error(tmp_path)
+    assert "model.safetensors: oversized header" in msg
+
+
+def test_file_shorter_than_the_length_word_is_refused(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x01\x02")
+    assert "model.safetensors: too short" in load_error(tmp_path)
+
+
+def test_header_that_is_not_json_is_refused(tmp_path):
+    write_config(tmp_path)
+    junk = b"{not json at all"
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(junk)) + junk)
+    assert "model.safetensors: header is not valid JSON" in load_error(tmp_path)
+
+
+def test_tensor_shape_not_matching_the_config_is_refused(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = np.zeros((24, 16), np.uint16)  # transposed
+    write_tiny_dir(tmp_path, tensors)
+    msg = load_error(tmp_path)
+    assert f"tensor {name} has shape [24, 16], config expects [16, 24]" in msg
+
+
+@pytest.mark.parametrize("dtype,size", [("I32", 4), ("F64", 8), ("F8_E4M3", 1)])
+def test_tensor_of_an_unsupported_dtype_is_refused(tmp_path, dtype, size):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    header.pop(FINAL_NORM)
+    header[FINAL_NORM] = {"dtype": dtype, "shape": [16], "data_offsets": [len(data), len(data) + 16 * size]}
+    raw_safetensors(tmp_path / "model.safetensors", header, data + bytes(16 * size))
+    msg = load_error(tmp_path)
+    assert f"tensor {FINAL_NORM} has unsupported dtype {dtype}" in msg
+
+
+def test_missing_tensor_is_named(tmp_path):
+    tensors = random_model(TINY).tensors
+    del tensors["model.layers.1.self_attn.v_proj.weight"]
+    write_tiny_dir(tmp_path, tensors)
+    assert "missing tensor model.layers.1.self_attn.v_proj.weight" in load_error(tmp_path)
+
+
+def test_unexpected_tensor_is_refused_but_rotary_buffers_are_ignored(tmp_path):
+    tensors = random_model(TINY).tensors
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.zeros(2, np.uint16)
+    write_tiny_dir(tmp_path / "ok", tensors)
+    assert load_model(tmp_path / "ok").config == TINY
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(16, np.uint16)
+    write_tiny_dir(tmp_path / "bad", tensors)
+    assert "unexpected tensor model.layers.0.self_attn.o_proj.bias" in load_error(tmp_path / "bad")
+
+
+def test_missing_directory_config_and_weights_are_each_named(tmp_path):
+    assert "no such model directory" in load_error(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    assert "config.json: missing config.json" in load_error(tmp_path / "empty")
+    write_config(tmp_path / "noweights")
+    assert "no model.safetensors" in load_error(tmp_path / "noweights")
+
+
+def test_config_that_is_not_json_is_refused(tmp_path):
+    write_tiny_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{'hidden_size': 16,")
+    assert "config.json: not valid JSON" in load_error(tmp_path)
+
+
+def test_unsupported_architecture_in_a_directory_names_the_config_file(tmp_path):
+    write_tiny_dir(tmp_path)
+    write_config(tmp_path, architectures=["FalconForCausalLM"])
+    msg = load_error(tmp_path)
+    assert str(tmp_path / "config.json") in msg and "FalconForCausalLM" in msg
+
+
+def test_unsupported_rope_type_in_a_directory_is_refused(tmp_path):
+    write_tiny_dir(tmp_path)
+    write_config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert "unsupported rope scaling type 'yarn'" in load_error(tmp_path)
+
+
+@pytest.fixture
+def opened_paths(monkeypatch):
+    """Records every file opened through open()/io.open/Path.open during the test."""
+    seen: list[str] = []
+    real_open = builtins.open
+
+    def spy(file, *a, **kw):
+        seen.append(str(file))
+        return real_open(file, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(io, "open", spy)
+    return seen
+
+
+def test_pickle_only_directory_is_refused_without_opening_it(tmp_path, opened_paths):
+    write_config(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04 not really a pickle")
+    opened_paths.clear()
+    msg = load_error(tmp_path)
+    assert "refusing pickle checkpoint pytorch_model.bin" in msg
+    assert not [p for p in opened_paths if p.endswith(".bin")]
+
+
+def test_pickle_file_given_as_the_path_is_refused(tmp_path, opened_paths):
+    f = tmp_path / "model.pt"
+    f.write_bytes(b"junk")
+    opened_paths.clear()
+    assert "refusing pickle checkpoint" in load_error(f)
+    assert str(f) not in opened_paths
+
+
+def test_pickle_next_to_safetensors_is_ignored_and_never_opened(tmp_path, opened_paths):
+    tensors = write_tiny_dir(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"junk")
+    opened_paths.clear()
+    m = load_model(tmp_path)
+    assert np.array_equal(m.tensor(EMBED), tensors[EMBED])
+    assert any(p.endswith("model.safetensors") for p in opened_paths)  # the spy does see reads
+    assert not [p for p in opened_paths if p.endswith(".bin")]
+
+
+def test_load_model_can_cap_the_context(tmp_path):
+    write_tiny_dir(tmp_path)
+    assert load_model(tmp_path, max_seq=8).config.max_seq == 8
+    assert load_model(tmp_path, max_seq=10_000).config.max_seq == TINY.max_seq
+
+
+def test_bf16_data_at_an_odd_offset_is_read_correctly(tmp_path):
+    tensors = random_model(TINY, seed=6).tensors
+    write_config(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    raw = json.dumps(header).encode()
+    raw += b" " * (1 - len(raw) % 2)  # odd header length: the data starts at an odd address
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    m = load_model(tmp_path)
+    for name, words in tensors.items():
+        assert np.array_equal(m.tensors[name], words) and m.tensors[name].flags.aligned
+
+
+def test_saving_over_the_files_a_model_was_loaded_from_is_safe(tmp_path):
+    original = random_model(TINY, seed=7)
+    save_model(original, tmp_path)
+    loaded = load_model(tmp_path)  # memory-mapped from tmp_path/model.safetensors
+    save_model(random_model(TINY, seed=8), tmp_path)
+    assert_same_model(original, loaded)
+    assert not np.array_equal(load_model(tmp_path).tensor(EMBED), loaded.tensor(EMBED))
+
+
+@pytest.mark.parametrize("header", [
+    b"[" * 100_000 + b"]" * 100_000,
+    json.dumps({EMBED: {"dtype": ["BF16"], "shape": [40, 16], "data_offsets": [0, 1280]}}).encode(),
+    json.dumps({EMBED: {"dtype": "BF16", "shape": [40, 16]}}).encode(),
+    json.dumps({EMBED: {"dtype": "BF16", "shape": [40, -16], "data_offsets": [0, 1280]}}).encode(),
+    json.dumps({EMBED: {"dtype": "BF16", "shape": [40, 16], "data_offsets": [8, 4]}}).encode(),
+], ids=["deep-nesting", "dtype-not-a-string", "no-offsets", "negative-dim", "end-before-begin"])
+def test_malformed_header_entries_are_refused_as_model_file_errors(tmp_path, header):
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(1280))
+    assert "model.safetensors" in load_error(tmp_path)
+
+
+def test_writer_refuses_values_that_would_overflow_f16(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="tensor big"):
+        save_safetensors(tmp_path / "x.safetensors", {"big": np.array([1e6], np.float32)}, "F16")
