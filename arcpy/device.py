@@ -117,10 +117,10 @@ class Context:
 
     def upload_async(self, dst, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)
-        _lib.check(self.lib.arc_copy_to_device_async(self.ptr, dst, self.ffi.from_buffer(array), array.nbytes))
+        _lib.check(self.lib.arc_enqueue_copy_to_device(self.ptr, dst, self.ffi.from_buffer(array), array.nbytes))
 
     def download_async(self, pinned_dst: np.ndarray, src) -> None:
-        _lib.check(self.lib.arc_copy_to_host_async(self.ptr, self.ffi.from_buffer(pinned_dst), src, pinned_dst.nbytes))
+        _lib.check(self.lib.arc_enqueue_copy_to_host(self.ptr, self.ffi.from_buffer(pinned_dst), src, pinned_dst.nbytes))
 
     def wait_idle(self, max_spins: int = 50_000_000) -> None:
         """Poll the stream until it is idle: a host wait, used outside the device loop only."""

@@ -59,8 +59,8 @@ int arc_device_alloc(arc_context *ctx, uint64_t bytes, void **out);
 int arc_device_free(arc_context *ctx, void *ptr);
 int arc_host_alloc(arc_context *ctx, uint64_t bytes, void **host_out, void **device_out);
 int arc_host_free(arc_context *ctx, void *host_ptr);
-int arc_copy_to_device_async(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
-int arc_copy_to_host_async(arc_context *ctx, void *pinned_dst, const void *src, uint64_t bytes);
+int arc_enqueue_copy_to_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
+int arc_enqueue_copy_to_host(arc_context *ctx, void *pinned_dst, const void *src, uint64_t bytes);
 
 /* Graphs: capture what is enqueued on the context's stream between begin and end. */
 int arc_graph_capture_begin(arc_context *ctx);

@@ -1,5 +1,6 @@
 // core.cu -- status strings, the per-thread error record, the context (one device, one
 // non-blocking stream), memory, and the non-blocking stream query.
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,16 @@ extern "C" int arc_device_count(int *count) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err == cudaErrorNoDevice) return ARC_OK;  // a driver without devices: zero, not an error
+    if (err == cudaErrorInsufficientDriver) {
+        // The runtime says the same when there is no driver at all; tell the two apart.
+        void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!driver)
+            return arc_fail(ARC_NO_DEVICE, __func__,
+                            "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
+        dlclose(driver);
+        return arc_fail(ARC_NO_DEVICE, __func__,
+                        "the NVIDIA driver is older than CUDA 13 needs (driver 580 or newer)");
+    }
     if (err != cudaSuccess) return arc_fail_cuda(err, "cudaGetDeviceCount", __func__);
     *count = n;
     return ARC_OK;
@@ -215,7 +226,7 @@ extern "C" int arc_host_free(arc_context *ctx, void *host_ptr) {
     return ARC_OK;
 }
 
-extern "C" int arc_copy_to_device_async(arc_context *ctx, void *dst, const void *src,
+extern "C" int arc_enqueue_copy_to_device(arc_context *ctx, void *dst, const void *src,
                                         uint64_t bytes) {
     ARC_REQUIRE(ctx && dst && src, "null argument");
     ARC_REQUIRE(!ctx->capturing, "copies are not captured into graphs");
@@ -225,7 +236,7 @@ extern "C" int arc_copy_to_device_async(arc_context *ctx, void *dst, const void 
 
 // A device-to-host copy into pageable memory would block until it completed; only pinned
 // destinations are accepted, so the call always returns at once.
-extern "C" int arc_copy_to_host_async(arc_context *ctx, void *pinned_dst, const void *src,
+extern "C" int arc_enqueue_copy_to_host(arc_context *ctx, void *pinned_dst, const void *src,
                                       uint64_t bytes) {
     ARC_REQUIRE(ctx && pinned_dst && src, "null argument");
     cudaPointerAttributes attr;

@@ -84,7 +84,7 @@ def test_sticky_fault_surfaces_through_stream_query():
 
 
 def test_lost_launch_is_detected_as_idle_but_short():
-    dev, drv = driver_for(FakeScript(lost_steps=frozenset({1})), query_every=8)
+    dev, drv = driver_for(FakeScript(lost_steps=frozenset({1})), query_every=8, max_spins=100_000)
     with pytest.raises(ShortBurstError, match="3 of 4"):
         list(drv.run(4))
 

@@ -1,0 +1,151 @@
+"""Prove that the control-logic tests can fail: break the driver and the engine on purpose, one
+named mutation at a time, and require the tests that name the behaviour to fail.
+
+Each mutation is applied to a copy of the package in a temporary folder (the working tree is
+never touched), the named tests run there against the copy, and the check fails if any named
+test still passes (the mutation survived) or if a mutation no longer applies (its text moved).
+Exit status: 0 when every mutation is killed.
+
+    python scripts/mutation_check.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    Mutation(
+        "drop the fault-word read",
+        "arcpy/burst.py",
+        "            if state.fault:\n",
+        "            if False:\n",
+        ("tests/test_burst.py::test_fault_word_raises_naming_token_and_position",
+         "tests/test_burst.py::test_fault_word_is_read_even_when_the_stream_never_goes_idle",
+         "tests/test_engine_control.py::test_fault_word_falls_back_to_host_path_and_latches_off"),
+    ),
+    Mutation(
+        "skip one launch per burst",
+        "arcpy/burst.py",
+        "        for _ in range(steps):\n            self.device.enqueue_step(self.burst_id)\n",
+        "        for _ in range(steps - 1):\n            self.device.enqueue_step(self.burst_id)\n",
+        ("tests/test_burst.py::test_burst_yields_the_scripted_tokens_in_order",
+         "tests/test_burst.py::test_burst_enqueues_every_step_before_the_first_token_is_read",
+         "tests/test_engine_control.py::test_burst_is_clipped_to_the_remaining_budget"),
+    ),
+    Mutation(
+        "ignore stream-query errors",
+        "arcpy/burst.py",
+        "                idle_seen = self.device.stream_query()\n",
+        "                try:\n                    idle_seen = self.device.stream_query()\n"
+        "                except Exception:\n                    idle_seen = False\n",
+        ("tests/test_burst.py::test_sticky_fault_surfaces_through_stream_query",
+         "tests/test_engine_control.py::test_sticky_fault_poisons_the_engine_and_refuses_further_work"),
+    ),
+    Mutation(
+        "ignore idle-but-short",
+        "arcpy/burst.py",
+        "            if idle_seen:\n",
+        "            if False:\n",
+        ("tests/test_burst.py::test_lost_launch_is_detected_as_idle_but_short",
+         "tests/test_engine_control.py::test_short_burst_falls_back_with_identical_tokens"),
+    ),
+    Mutation(
+        "do not clear parked tokens on completion",
+        "arcpy/engine.py",
+        "        seq = self.seq\n        self.parked.clear()\n        if seq is None or seq.finished:\n",
+        "        seq = self.seq\n        if seq is None or seq.finished:\n",
+        ("tests/test_engine_control.py::test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence",
+         "tests/test_engine_control.py::test_parked_tokens_cleared_on_preemption"),
+    ),
+    Mutation(
+        "do not clear parked tokens on fallback",
+        "arcpy/engine.py",
+        "        self.latch.trip(reason)\n        self.parked.clear()\n",
+        "        self.latch.trip(reason)\n",
+        ("tests/test_engine_control.py::test_parked_tokens_cleared_on_fallback",),
+    ),
+    Mutation(
+        "admit the device loop for non-greedy sampling",
+        "arcpy/gate.py",
+        "    if not greedy:\n",
+        "    if False:\n",
+        ("tests/test_gate.py::test_non_greedy_sampling_is_refused_and_greedy_mirrors_the_sampler",
+         "tests/test_engine_control.py::test_sampling_uses_the_host_path_with_seeded_reproducibility"),
+    ),
+]
+
+
+def copy_tree(dst: Path) -> None:
+    for name in ("arcpy", "tests"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
+
+
+def run_tests(where: Path, tests: tuple[str, ...]) -> tuple[set[str], str]:
+    """Run the tests in `where` (its arcpy first on the path); return the failed ones."""
+    env = dict(os.environ, PYTHONPATH=str(where), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests],
+        cwd=where, env=env, capture_output=True, text=True, timeout=600)
+    failed = set(re.findall(r"^FAILED (\S+?)(?: - |$)", proc.stdout, flags=re.M))
+    return failed, proc.stdout + proc.stderr
+
+
+def main() -> int:
+    survived = 0
+    with tempfile.TemporaryDirectory(prefix="arc-mutation-") as tmp:
+        base = Path(tmp) / "base"
+        copy_tree(base)
+        probe = subprocess.run([sys.executable, "-c", "import arcpy; print(arcpy.__file__)"],
+                               cwd=base, env=dict(os.environ, PYTHONPATH=str(base)),
+                               capture_output=True, text=True)
+        if not probe.stdout.startswith(str(base)):
+            print(f"mutation check: the copy is not the arcpy that imports ({probe.stdout.strip()})")
+            return 2
+        all_tests = tuple(sorted({t for m in MUTATIONS for t in m.tests}))
+        failed, log = run_tests(base, all_tests)
+        if failed or "passed" not in log:
+            print(f"mutation check: the unmutated tests do not pass:\n{log}")
+            return 2
+        for m in MUTATIONS:
+            work = Path(tmp) / re.sub(r"\W+", "-", m.name)
+            copy_tree(work)
+            target = work / m.path
+            text = target.read_text()
+            if text.count(m.old) != 1:
+                print(f"ERROR   {m.name}: its text is not found exactly once in {m.path}")
+                survived += 1
+                continue
+            target.write_text(text.replace(m.old, m.new))
+            failed, log = run_tests(work, m.tests)
+            alive = [t for t in m.tests if t not in failed]
+            if alive:
+                survived += 1
+                print(f"SURVIVED {m.name}: still passing: {', '.join(alive)}")
+            else:
+                print(f"killed   {m.name}: {len(m.tests)} named test(s) failed")
+    print(f"mutation check: {len(MUTATIONS) - survived} of {len(MUTATIONS)} mutations killed")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
