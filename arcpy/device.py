@@ -157,6 +157,7 @@ class CudaDevice:
         _lib.check(self.lib.arc_loop_create(ctx.ptr, vocab, max_seq, ring_capacity, pp))
         self.loop = pp[0]
         self.graph = None
+        self.model = None  # the owner of the forward's storage, closed with this device
         self._host_logits, _ = ctx.pinned((logits_width,), np.float32)
         self._tokens = self.ffi.new("int32_t[]", ring_capacity)
         self._state = self.ffi.new("arc_ring_state *")
@@ -235,9 +236,42 @@ class CudaDevice:
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None
+        if self.model is not None:
+            self.model.close()
+            self.model = None
 
 
 _BUSY = 8
+
+
+def scripted_device(ctx: Context, vocab: int = 32000, loop_vocab: int | None = None, max_seq: int = 4096,
+                    mode: str = "ARC_SCRIPT_NORMAL", at_pos: int = -1, bias: int = 3, flag=None) -> CudaDevice:
+    """A CudaDevice whose forward is libarc's scripted model: argmax = scripted_next(token,
+    position, vocab) with bias `bias`, or a misbehaviour (`mode`, an arc_script_mode name) at
+    position `at_pos`. The device loop's fixture on a real GPU, without a transformer."""
+    ffi, lib = ctx.ffi, ctx.lib
+    logits = ctx.device_alloc(vocab * 4)
+    script = ffi.new("arc_script *")
+    script.vocab, script.mul, script.add, script.bias = vocab, SCRIPT_MUL, SCRIPT_ADD, bias
+    script.mode, script.at_pos = getattr(lib, mode), at_pos
+    script.flag = flag if flag is not None else ffi.NULL
+
+    def forward(loop):
+        _lib.check(lib.arc_script_forward(loop, script, logits))
+
+    dev = CudaDevice(ctx, loop_vocab or vocab, max_seq, forward, logits, vocab)
+    dev.model = _ScriptStorage(ctx, logits, script)
+    return dev
+
+
+class _ScriptStorage:
+    def __init__(self, ctx, logits, script):
+        self.ctx, self.logits, self.script = ctx, logits, script
+
+    def close(self) -> None:
+        if self.logits is not None:
+            self.ctx.device_free(self.logits)
+            self.logits = None
 
 
 # --- The CPU backend -------------------------------------------------------------------------
@@ -284,9 +318,12 @@ class NumpyDevice:
 # --- The scripted GPU -----------------------------------------------------------------------
 
 
-def scripted_next(token: int, position: int, vocab: int, mul: int = 31, add: int = 7, bias: int = 3) -> int:
+SCRIPT_MUL, SCRIPT_ADD = 31, 7
+
+
+def scripted_next(token: int, position: int, vocab: int, bias: int = 3) -> int:
     """The scripted model's next token: the same rule as libarc's script kernel."""
-    return (token * mul + position * add + bias) % vocab
+    return (token * SCRIPT_MUL + position * SCRIPT_ADD + bias) % vocab
 
 
 @dataclass

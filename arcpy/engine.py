@@ -97,6 +97,35 @@ class Engine:
         self._t0 = 0.0
         self._c0 = Counters()
 
+    @classmethod
+    def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
+             environ: Mapping[str, str] | None = None, **kw) -> "Engine":
+        """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
+        usable). `graph` None reads ARC_GRAPH (default on); off means the eager forward."""
+        from . import _lib
+        if backend == "auto":
+            backend = "cuda" if _lib.cuda_available()[0] else "numpy"
+        if backend == "cuda":
+            from .cuda_model import cuda_device
+            use_graph = gate.read_flag(gate.GRAPH, True, environ) if graph is None else graph
+            device = cuda_device(model, max_seq, use_graph)
+        elif backend == "numpy":
+            from .device import NumpyDevice
+            from .reference import ReferenceModel
+            device = NumpyDevice(ReferenceModel(model, max_seq))
+        else:
+            raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
+        return cls(device, backend, environ=environ, **kw)
+
+    def close(self) -> None:
+        self._finish("cancelled")
+        close = getattr(self.device, "close", None)
+        if close is not None:
+            close()
+            ctx = getattr(self.device, "ctx", None)
+            if ctx is not None:
+                ctx.close()
+
     # -- admission and start ---------------------------------------------------------------
 
     def admit(self, batch_size: int) -> None:

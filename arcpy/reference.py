@@ -134,8 +134,9 @@ class ReferenceModel:
         self.k_cache.fill(0.0)
         self.v_cache.fill(0.0)
 
-    def forward(self, token: int, pos: int) -> np.ndarray:
-        """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos."""
+    def forward(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:
+        """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos.
+        With logits=False only the KV cache is filled (a prompt position nobody samples)."""
         cfg = self.config
         if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or not 0 <= token < cfg.vocab:
             raise InvalidArgumentError(f"token {token!r} out of range 0..{cfg.vocab - 1}")
@@ -157,6 +158,8 @@ class ReferenceModel:
             # MLP block
             h = rmsnorm(x, L.mlp_norm, cfg.rms_eps)
             x = x + gemv(L.w_down, swiglu(gemv(L.w_gate, h), gemv(L.w_up, h)))
+        if not logits:
+            return None
         return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
 
     def greedy(self, prompt: list[int], n_new: int, start_pos: int = 0) -> list[int]:

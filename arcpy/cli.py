@@ -1,0 +1,85 @@
+"""`arcpy`: a small CLI for smoke tests. info, smoke, generate (the main job), bench."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import __version__, _lib
+from .decode import decode_options, run_decode
+from .errors import ArcError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="arcpy")
+def main():
+    """arcpy: batch-1 decode without a host wait per token."""
+
+
+@main.command()
+def info():
+    """The library, its ABI version and the GPU it sees."""
+    click.echo(f"arcpy {__version__}")
+    click.echo(f"library: {_lib.library_path()}")
+    try:
+        _, lib = _lib.load()
+        click.echo(f"ABI version: {lib.arc_abi_version()}")
+    except ArcError as exc:
+        click.echo(f"library not loadable: {exc}")
+    ok, why = _lib.cuda_available()
+    click.echo(f"GPU: {why}" if ok else f"GPU: none ({why})")
+    if ok:
+        from .device import Context
+        ctx = Context(0)
+        try:
+            click.echo(f"device 0: {ctx.name()}")
+        finally:
+            ctx.close()
+
+
+@main.command()
+@click.option("-n", "--tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
+def smoke(tokens):
+    """Decode from the embedded model on every available path and check they agree with the
+    NumPy reference (greedy). Exits non-zero on a mismatch."""
+    from .engine import Engine
+    from .model import synthetic_model
+    from .reference import ReferenceModel
+
+    model = synthetic_model("stories15M")
+    prompt = [1, 2, 3]
+    want = ReferenceModel(model).greedy(prompt, tokens)
+    runs = [("numpy", None)]
+    if _lib.cuda_available()[0]:
+        runs += [("cuda", False), ("cuda", True)]
+    failed = 0
+    for backend, loop in runs:
+        try:
+            engine = Engine.load(model, backend, device_loop=loop, burst=4)
+            try:
+                got = list(engine.generate(prompt, tokens))
+                st = engine.stats
+            finally:
+                engine.close()
+        except ArcError as exc:
+            click.echo(f"FAIL {backend}: {exc}")
+            failed += 1
+            continue
+        same = sum(a == b for a, b in zip(got, want))
+        verdict = "ok  " if got == want else "FAIL"
+        failed += got != want
+        click.echo(f"{verdict} {backend:5s} {st.path:18s} {same}/{tokens} tokens equal the reference; "
+                   f"{st.tokens_per_second:.0f} tok/s")
+    sys.exit(1 if failed else 0)
+
+
+@main.command()
+@decode_options
+def generate(**options):
+    """The main job (same as python -m arcpy.decode)."""
+    sys.exit(run_decode(**options))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""GPU tier: the device loop over the scripted model on a real GPU (marker `gpu`).
+
+The scripted model's argmax is (token * 31 + position * 7 + 3) mod vocab, the rule of
+arcpy.device.scripted_next, so every token the ring shows can be checked exactly. Tests that
+provoke a sticky fault or a hang run in a subprocess: a sticky fault poisons the process.
+"""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arcpy import _lib
+from arcpy.burst import BurstDriver, FaultWordError, ShortBurstError
+from arcpy.device import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, Context, scripted_device, scripted_next
+from arcpy.engine import Engine
+from arcpy.gate import FallbackLatch
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+def expected(token, position, n, vocab=32000):
+    out = []
+    for _ in range(n):
+        token = scripted_next(token, position, vocab)
+        position += 1
+        out.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = Context(0)
+    yield c
+    c.close()
+
+
+def drain_idle(dev):
+    while not dev.stream_query():
+        pass
+
+
+def test_burst_tokens_land_in_the_ring_in_order(ctx):
+    dev = scripted_device(ctx)
+    drv = BurstDriver(dev)
+    drv.begin_sequence(())
+    dev.set_input(5, 0)
+    before = ctx.counters()
+    got = []
+    for _ in range(8):
+        got += list(drv.run(16))
+    used = ctx.counters() - before
+    assert got == expected(5, 0, 128)
+    # Three launches per step (graph, argmax, commit); stream queries only as a backstop.
+    assert used.graph_launches == 128
+    assert used.cuda_calls < 128 * 3 + 40, used
+    dev.close()
+
+
+def test_host_path_and_device_loop_agree_on_the_scripted_model(ctx):
+    dev = scripted_device(ctx)
+    latch = FallbackLatch()
+    host = Engine(dev, "cuda", device_loop=False, environ={}, latch=latch)
+    loop = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=latch)
+    a = list(host.generate([5], 64))
+    b = list(loop.generate([5], 64))
+    assert a == b == expected(5, 0, 64)
+    assert loop.stats.path == "device-loop" and loop.stats.host_waits == 0
+    assert host.stats.host_waits == 64
+    dev.close()
+
+
+@pytest.mark.parametrize("vocab", [32000, 128256, 151936])
+def test_sampler_matches_numpy_argmax_with_ties(ctx, vocab):
+    rng = np.random.default_rng(vocab)
+    d_logits = ctx.device_alloc(vocab * 4)
+    out, out_dev = ctx.pinned((1,), np.int32)
+    cases = []
+    for trial in range(6):
+        x = rng.standard_normal(vocab).astype(np.float32)
+        top = x.max() + 1.0
+        if trial >= 1:  # ties: the lowest index must win
+            idx = np.sort(rng.choice(vocab, size=2 + trial, replace=False))
+            x[idx] = top
+        cases.append(x)
+    cases.append(np.full(vocab, 0.25, np.float32))                 # all equal
+    cases.append(np.full(vocab, -np.inf, np.float32))              # all -inf
+    neg = -np.abs(rng.standard_normal(vocab)).astype(np.float32)
+    neg[vocab - 1] = 0.0
+    cases.append(neg)                                              # max at the last index
+    nan = rng.standard_normal(vocab).astype(np.float32)
+    nan[[vocab // 3, vocab // 2]] = np.nan
+    cases.append(nan)                                              # NaN wins, first one
+    for x in cases:
+        out[0] = -7
+        ctx.upload_async(d_logits, x)
+        _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, vocab, out_dev))
+        ctx.wait_idle()
+        assert int(out[0]) == int(np.argmax(x))
+    ctx.device_free(d_logits)
+
+
+def test_out_of_range_token_latches_the_fault_word_and_publishes_nothing(ctx):
+    # lm_head padded to 32064, vocabulary 32000: the step at position 2 emits token 32010.
+    dev = scripted_device(ctx, vocab=32064, loop_vocab=32000, mode="ARC_SCRIPT_TOKEN", at_pos=2, bias=32010)
+    drv = BurstDriver(dev)
+    drv.begin_sequence(())
+    dev.set_input(5, 0)
+    got = []
+    with pytest.raises(FaultWordError) as info:
+        for tok in drv.run(6):
+            got.append(tok)
+    assert got == expected(5, 0, 2, 32064)
+    assert (info.value.code, info.value.token, info.value.position) == (FAULT_TOKEN_RANGE, 32010, 3)
+    drain_idle(dev)
+    state = dev.poll_ring()
+    assert state.published == 2 and state.fault == FAULT_TOKEN_RANGE
+    dev.close()
+
+
+def test_position_past_max_seq_latches_the_fault_word(ctx):
+    dev = scripted_device(ctx, max_seq=4)
+    drv = BurstDriver(dev)
+    drv.begin_sequence(())
+    dev.set_input(5, 0)
+    with pytest.raises(FaultWordError) as info:
+        list(drv.run(6))
+    assert info.value.code == FAULT_POSITION_RANGE and info.value.position == 4
+    drain_idle(dev)
+    assert dev.poll_ring().published == 3
+    dev.close()
+
+
+def test_stop_id_ends_the_burst_on_the_device(ctx):
+    toks = expected(5, 0, 8)
+    dev = scripted_device(ctx)
+    drv = BurstDriver(dev)
+    drv.begin_sequence((toks[2],))
+    dev.set_input(5, 0)
+    assert list(drv.run(8)) == toks[:3]
+    drain_idle(dev)
+    assert dev.poll_ring().published == 3
+    dev.close()
+
+
+def test_lost_step_is_detected_as_idle_but_short(ctx):
+    dev = scripted_device(ctx)
+    drv = BurstDriver(dev, query_every=64)
+    drv.begin_sequence(())
+    dev.set_input(5, 0)
+    dev.inject_lost_step(1)
+    with pytest.raises(ShortBurstError, match="3 of 4"):
+        list(drv.run(4))
+    dev.close()
+
+
+def run_child(body: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    code = "from arcpy.device import Context, scripted_device\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_sticky_fault_is_surfaced_by_stream_query_in_a_subprocess():
+    out = run_child('''
+        from arcpy.burst import BurstDriver
+        from arcpy.errors import ContextLostError
+        ctx = Context(0)
+        dev = scripted_device(ctx, mode="ARC_SCRIPT_ILLEGAL_ADDRESS", at_pos=2)
+        drv = BurstDriver(dev, query_every=64)
+        drv.begin_sequence(())
+        dev.set_input(5, 0)
+        got = []
+        try:
+            for tok in drv.run(6):
+                got.append(tok)
+        except ContextLostError as exc:
+            print("surfaced", len(got), exc)
+        try:
+            ctx.query()
+        except ContextLostError:
+            print("still poisoned")
+    ''')
+    assert out.returncode == 0, out.stderr
+    assert "surfaced 2 " in out.stdout and "arc_stream_query" in out.stdout
+    assert "cudaErrorIllegalAddress" in out.stdout and "still poisoned" in out.stdout
