@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -600,6 +601,10 @@ SHAPES: dict[str, ModelConfig] = {
     "gqa": ModelConfig(dim=2048, n_layers=2, n_heads=32, n_kv_heads=8, head_dim=64, ffn_dim=5632,
                        vocab=32000, max_seq=4096, rope_theta=500000.0,
                        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192)),
+    # The Llama-3.2-1B shape (16 layers, GQA 32/8, vocab 128256, tied), for benchmarks.
+    "llama1B": ModelConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, ffn_dim=8192,
+                           vocab=128256, max_seq=4096, rope_theta=500000.0,
+                           rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), tied_embeddings=True),
     # Qwen2 style: q/k/v biases, large theta; small enough for fast tests.
     "qwen-tiny": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=384,
                              vocab=512, max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qkv_bias=True),
@@ -611,27 +616,34 @@ _EMBED_STD = 0.5
 _QK_GAIN = 2.0
 
 
-def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random") -> Model:
-    """Deterministic random weights for `cfg` (same seed, same words), scaled to keep activations O(1)."""
+def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSequence) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    tensors = {}
-    for tname, shape in expected_tensors(cfg).items():
-        x = rng.standard_normal(shape, dtype=np.float32)
-        if tname.endswith("norm.weight"):
-            x = np.float32(1.0) + np.float32(0.05) * x
-            if tname == FINAL_NORM:
-                # With a tied head the residual still holds the current token's embedding, whose
-                # logit e.(e*w) would win every step and repeat the token forever. Random signs
-                # in the final norm make that self-score zero-mean; magnitudes stay near 1.
-                x *= np.where(rng.random(shape) < 0.5, np.float32(-1.0), np.float32(1.0))
-        elif tname.endswith(".bias"):
-            x *= np.float32(0.1)
-        elif tname == EMBED:
-            x *= np.float32(_EMBED_STD)
-        else:
-            gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
-            x *= np.float32(gain / math.sqrt(shape[1]))  # 1/sqrt(fan_in): unit-variance outputs
-        tensors[tname] = f32_to_bf16(x)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    if tname.endswith("norm.weight"):
+        x = np.float32(1.0) + np.float32(0.05) * x
+        if tname == FINAL_NORM:
+            # With a tied head the residual still holds the current token's embedding, whose
+            # logit e.(e*w) would win every step and repeat the token forever. Random signs
+            # in the final norm make that self-score zero-mean; magnitudes stay near 1.
+            x *= np.where(rng.random(shape) < 0.5, np.float32(-1.0), np.float32(1.0))
+    elif tname.endswith(".bias"):
+        x *= np.float32(0.1)
+    elif tname == EMBED:
+        x *= np.float32(_EMBED_STD)
+    else:
+        gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+        x *= np.float32(gain / math.sqrt(shape[1]))  # 1/sqrt(fan_in): unit-variance outputs
+    return f32_to_bf16(x)
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random") -> Model:
+    """Deterministic random weights for `cfg` (same seed, same words), scaled to keep activations O(1).
+    Each tensor has its own child seed, so the tensors are made in parallel threads."""
+    shapes = expected_tensors(cfg)
+    seeds = np.random.SeedSequence(seed).spawn(len(shapes))
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds)
+        tensors = dict(zip(shapes.keys(), arrays))
     return Model(cfg, tensors, name=name, source=f"random:{name}:seed={seed}")
 
 

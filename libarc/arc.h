@@ -61,6 +61,7 @@ int arc_host_alloc(arc_context *ctx, uint64_t bytes, void **host_out, void **dev
 int arc_host_free(arc_context *ctx, void *host_ptr);
 int arc_enqueue_copy_to_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
 int arc_enqueue_copy_to_host(arc_context *ctx, void *pinned_dst, const void *src, uint64_t bytes);
+int arc_enqueue_copy_on_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
 
 /* Graphs: capture what is enqueued on the context's stream between begin and end. */
 int arc_graph_capture_begin(arc_context *ctx);
@@ -184,6 +185,50 @@ int arc_model_forward(arc_model *model, arc_loop *loop);
 int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
 
 /* Kernels, one entry point each (the forward launches the same launchers). */
+/* Each enqueues on the context's stream and returns at once; pointers are device pointers
+ * (token may be a mapped host pointer). bf16 arguments are raw 16-bit words. Token and position
+ * are read on the device, as in the forward. */
+
+/* x[dim] = float(table[*token, :]); table (vocab, dim). dim % 8 == 0, table and x 16-byte
+ * aligned. A token outside [0, vocab) writes NaN into x. */
+int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
+                     const uint32_t *token, float *x);
+
+/* y[rows] = W[rows, cols] @ n(x) (+ bias[rows]) (+ y if accumulate != 0), where n(x) = x, or
+ * x * rsqrt(mean(x^2) + eps) * norm_weight[cols] when norm_weight is not NULL. bias and
+ * norm_weight are optional (NULL). cols % 8 == 0, cols <= 49152, W, x and norm_weight 16-byte
+ * aligned, y distinct from x. */
+int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
+                float *y);
+
+/* y[rows] = silu(Wg @ n(x)) * (Wu @ n(x)), with w_gate_up = [Wg; Wu] (2 * rows, cols) and n as
+ * in arc_op_gemv. Same limits. */
+int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+
+/* qkv = [q (n_heads, head_dim) | k (n_kv_heads, head_dim) | v (n_kv_heads, head_dim)] float32.
+ * Rotates q and k in place (rotate-half RoPE, angle = float(*pos) * inv_freq[i], inv_freq
+ * float32 (head_dim / 2)) and stores k and v rounded to bf16 at position *pos of k_cache and
+ * v_cache, each (n_kv_heads, max_seq, head_dim). head_dim even and <= 128. A position outside
+ * [0, max_seq) stores nothing and writes NaN into q and k. */
+int arc_op_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
+                   int32_t head_dim, const float *inv_freq, const int32_t *pos, int32_t max_seq,
+                   uint16_t *k_cache, uint16_t *v_cache);
+
+/* The scratch arc_op_attention needs, in bytes. */
+int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
+                                   uint64_t *bytes);
+
+/* out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over positions 0..*pos of
+ * k_cache and v_cache (n_kv_heads, max_seq, head_dim) bf16; query head h reads kv head
+ * h / (n_heads / n_kv_heads). q float32 (n_heads, head_dim). head_dim even and <= 128,
+ * max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position
+ * outside [0, max_seq) writes NaN. */
+int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
+                     const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
+                     int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
+                     float *out);
 /* arc-cdef-end */
 
 #ifdef __cplusplus

@@ -246,3 +246,10 @@ extern "C" int arc_enqueue_copy_to_host(arc_context *ctx, void *pinned_dst, cons
     ARC_CUDA(ctx, cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
     return ARC_OK;
 }
+
+// Device to device; used to measure the copy bandwidth that bounds a memory-bound forward.
+extern "C" int arc_enqueue_copy_on_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes) {
+    ARC_REQUIRE(ctx && dst && src, "null argument");
+    ARC_CUDA(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+    return ARC_OK;
+}
