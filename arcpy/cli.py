@@ -75,6 +75,21 @@ def smoke(tokens):
 
 
 @main.command()
+@click.option("--shapes", default="stories15M", show_default=True, help="Comma-separated synthetic shapes.")
+@click.option("--tokens", type=click.IntRange(2, 4096), default=128, show_default=True)
+@click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True)
+def bench(shapes, tokens, runs):
+    """Microseconds per token, host path against device loop (needs a GPU; scripts/bench.py
+    is the full benchmark)."""
+    from . import bench as measure
+    try:
+        click.echo(measure.format_table(measure.run([s for s in shapes.split(",") if s], tokens, runs)))
+    except ArcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@main.command()
 @decode_options
 def generate(**options):
     """The main job (same as python -m arcpy.decode)."""
