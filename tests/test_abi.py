@@ -129,3 +129,26 @@ def test_a_missing_library_is_a_clear_no_device_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("False libarc.so not found at")
+
+
+def build_c_example(tmp_path):
+    exe = tmp_path / "device_loop"
+    lib = _lib.library_path()
+    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{lib.parent}",
+                    str(ROOT / "examples" / "c" / "device_loop.c"), str(lib), f"-Wl,-rpath,{lib.parent}",
+                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    return exe
+
+
+def test_a_c_program_builds_against_the_header_and_links_the_library(tmp_path):
+    exe = build_c_example(tmp_path)
+    if not arcpy.cuda_available():
+        out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and out.stderr.startswith("no CUDA device")
+
+
+@pytest.mark.gpu
+def test_the_c_program_runs_the_device_loop(tmp_path):
+    out = subprocess.run([str(build_c_example(tmp_path))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ok: 16 tokens, as scripted" in out.stdout
