@@ -1,0 +1,52 @@
+// embedding.cu -- the first step of the forward: the token's row of the embedding table.
+#include "kernels.cuh"
+
+enum { EMBED_THREADS = 256 };
+
+// x[dim] = float(table[*token, :]), table bf16 (vocab, dim). One block of EMBED_THREADS: the
+// token lives in pinned host memory, so one thread reads it once (one trip over the bus) and
+// shares it. A token outside [0, vocab) fills x with NaN instead of reading out of bounds (the
+// commit kernel and arc_loop_set_input never let one through). Limits: dim % 8 == 0, table
+// 16-byte aligned, x 16-byte aligned.
+__global__ void __launch_bounds__(EMBED_THREADS)
+embedding_kernel(const uint16_t *__restrict__ table, int vocab, int dim,
+                 const volatile uint32_t *token, float *__restrict__ x) {
+    __shared__ uint32_t tok;
+    pdl_launch_dependents();
+    pdl_wait();  // the token may have been written by the kernel before
+    if (threadIdx.x == 0) tok = *token;
+    __syncthreads();
+    const int nvec = dim / 8;
+    float4 *x4 = reinterpret_cast<float4 *>(x);
+    if (tok >= (uint32_t)vocab) {
+        const float nan = __uint_as_float(0x7fc00000u);
+        for (int v = threadIdx.x; v < nvec; v += EMBED_THREADS) {
+            x4[2 * v] = make_float4(nan, nan, nan, nan);
+            x4[2 * v + 1] = make_float4(nan, nan, nan, nan);
+        }
+        return;
+    }
+    const uint4 *row = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
+    for (int v = threadIdx.x; v < nvec; v += EMBED_THREADS) {
+        uint4 g = row[v];
+        x4[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
+        x4[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
+    }
+}
+
+int arc_launch_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
+                         const uint32_t *token, float *x) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE(table && token && x, "null pointer (table, token and x are required)");
+    ARC_REQUIRE(vocab > 0, "vocab must be positive, got %d", vocab);
+    ARC_REQUIRE(dim > 0 && dim % 8 == 0, "dim must be a positive multiple of 8, got %d", dim);
+    ARC_REQUIRE((uintptr_t)table % 16 == 0, "table must be 16-byte aligned");
+    ARC_REQUIRE((uintptr_t)x % 16 == 0, "x must be 16-byte aligned");
+    return arc_launch_pdl(ctx, "embedding_kernel", embedding_kernel, dim3(1), dim3(EMBED_THREADS), 0, table, vocab,
+                          dim, (const volatile uint32_t *)token, x);
+}
+
+extern "C" int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
+                                const uint32_t *token, float *x) {
+    return arc_launch_embedding(ctx, table, vocab, dim, token, x);
+}

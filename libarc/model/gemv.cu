@@ -1,0 +1,313 @@
+// gemv.cu -- the matrix-vector products of the forward, where nearly all of a token's time goes:
+// every weight is read once per token, so the kernel is a stream of bf16 weights through the
+// SMs, and its speed is the bandwidth it reaches.
+//
+// How it keeps the memory system busy: each thread has 8 independent 16-byte weight loads in
+// flight (8 bf16 each; NR rows x U column steps, NR * U = 8), loaded with a no-L1-allocate hint
+// since no weight is read twice. The input vector is staged once per block in shared memory
+// (normalized on the way in when an RMSNorm is fused) and read from there; blocks loop over the
+// rows (grid-stride), so staging is paid once per block, not once per row group.
+#include "kernels.cuh"
+
+enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_LOADS = 8, GEMV_STAGE = 4 };
+
+// A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
+// the staged input and to other blocks.
+__device__ __forceinline__ uint4 load_weights(const uint4 *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// acc + dot(8 bf16 weights, 8 floats a.xyzw b.xyzw); element 0 is the low half of w.x.
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+    acc = fmaf(bf16_lo(w.x), a.x, acc);
+    acc = fmaf(bf16_hi(w.x), a.y, acc);
+    acc = fmaf(bf16_lo(w.y), a.z, acc);
+    acc = fmaf(bf16_hi(w.y), a.w, acc);
+    acc = fmaf(bf16_lo(w.z), b.x, acc);
+    acc = fmaf(bf16_hi(w.z), b.y, acc);
+    acc = fmaf(bf16_lo(w.w), b.z, acc);
+    acc = fmaf(bf16_hi(w.w), b.w, acc);
+    return acc;
+}
+
+// The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
+// rows). A partial last task re-reads the last row; its result is never written.
+template <int R, bool GATED>
+__device__ __forceinline__ void task_rows(const uint4 *w, int task, int rows, int nvec,
+                                          const uint4 *(&wr)[GATED ? 2 * R : R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(task * R + r, rows - 1);
+        wr[r] = w + (size_t)row * nvec;
+        if constexpr (GATED) wr[R + r] = w + ((size_t)rows + row) * nvec;
+    }
+}
+
+// One batch: U vectors (stride `step`) of each of the NR rows, all loads issued before any use.
+template <int NR, int U>
+__device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int base, int step, int nvec,
+                                           uint4 (&wt)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + step * u;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_weights(wr[r] + v) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), where n(x) = x, or with
+// norm_w: x * rsqrtf(mean(x^2) + eps) * norm_w (each block recomputes the sum of squares).
+// GATED: W is [gate; up] (2 * rows, cols) and y[r] = silu(gate_r . n(x)) * (up_r . n(x)).
+// Launch: GEMV_THREADS threads; a row task is R rows shared by KS warps, each summing every
+// KS-th run of 32 vectors (split-K, for matrices with few rows and long ones); blocks stride
+// over groups of GEMV_WARPS / KS row tasks. Dynamic shared memory cols * 4 bytes.
+// Limits: cols % 8 == 0, cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned, y not x.
+template <int R, int KS, bool GATED>
+__global__ void __launch_bounds__(GEMV_THREADS, 4)
+gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
+            const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
+            int accumulate, float *__restrict__ y) {
+    constexpr int NR = GATED ? 2 * R : R;  // weight rows a warp reads together
+    constexpr int U = NR >= GEMV_LOADS ? 1 : GEMV_LOADS / NR;
+    constexpr int GROUPS = GEMV_WARPS / KS;  // row tasks per block step
+    constexpr int STEP = 32 * KS;            // between a lane's consecutive vectors
+    extern __shared__ float4 xs[];  // [2 * nvec]: x[8v..8v+3] at v, x[8v+4..8v+7] at nvec + v
+    __shared__ float red[GEMV_WARPS];
+    __shared__ float part[GEMV_WARPS][NR];
+    const int nvec = cols / 8;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int group = warp / KS, first = (warp % KS) * 32 + lane;
+    const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    const uint4 *nw = reinterpret_cast<const uint4 *>(norm_w);
+
+    pdl_launch_dependents();
+    pdl_wait();
+
+    // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
+    // cost one L2 round trip per GEMV_THREADS vectors); the split into low and high halves
+    // keeps the float4 reads of a warp on distinct banks.
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float ss = 0.0f;
+    for (int v0 = tid; v0 < nvec; v0 += GEMV_THREADS * GEMV_STAGE) {
+        float4 a[GEMV_STAGE], b[GEMV_STAGE];
+#pragma unroll
+        for (int k = 0; k < GEMV_STAGE; ++k) {
+            const int v = v0 + k * GEMV_THREADS;
+            if (v < nvec) {
+                a[k] = x4[2 * v];
+                b[k] = x4[2 * v + 1];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GEMV_STAGE; ++k) {
+            const int v = v0 + k * GEMV_THREADS;
+            if (v < nvec) {
+                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+                ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
+                xs[v] = a[k];
+                xs[nvec + v] = b[k];
+            }
+        }
+    }
+    if (norm_w != nullptr) {  // uniform over the block
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / (float)cols + eps);
+        for (int v0 = tid; v0 < nvec; v0 += GEMV_THREADS * GEMV_STAGE) {
+            uint4 g[GEMV_STAGE];
+#pragma unroll
+            for (int k = 0; k < GEMV_STAGE; ++k) {
+                const int v = v0 + k * GEMV_THREADS;
+                if (v < nvec) g[k] = nw[v];
+            }
+#pragma unroll
+            for (int k = 0; k < GEMV_STAGE; ++k) {
+                const int v = v0 + k * GEMV_THREADS;
+                if (v < nvec) {
+                    float4 a = xs[v], b = xs[nvec + v];
+                    a.x = a.x * inv * bf16_lo(g[k].x); a.y = a.y * inv * bf16_hi(g[k].x);
+                    a.z = a.z * inv * bf16_lo(g[k].y); a.w = a.w * inv * bf16_hi(g[k].y);
+                    b.x = b.x * inv * bf16_lo(g[k].z); b.y = b.y * inv * bf16_hi(g[k].z);
+                    b.z = b.z * inv * bf16_lo(g[k].w); b.w = b.w * inv * bf16_hi(g[k].w);
+                    xs[v] = a;
+                    xs[nvec + v] = b;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    // The loop bound is uniform over the block: every warp reaches the barriers below.
+    for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
+        const int task = bt * GROUPS + group;
+        const uint4 *wr[NR];
+        task_rows<R, GATED>(wv, task, rows, nvec, wr);
+        float acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+        for (int base = first; base < nvec; base += STEP * U) {
+            uint4 wt[NR][U];
+            load_batch<NR, U>(wr, base, STEP, nvec, wt);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int v = base + STEP * u;
+                if (v < nvec) {
+                    const float4 a = xs[v], b = xs[nvec + v];
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r] = dot8(wt[r][u], a, b, acc[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
+        if constexpr (KS > 1) {
+            // Sum the KS warps' partial dots in a fixed order: the result does not depend on timing.
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < NR; ++r) part[warp][r] = acc[r];
+            }
+            __syncthreads();
+            if (lane == 0 && warp % KS == 0) {
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    acc[r] = part[warp][r];
+#pragma unroll
+                    for (int k = 1; k < KS; ++k) acc[r] += part[warp + k][r];
+                }
+            }
+            __syncthreads();  // part is reused by the next task
+        }
+        if (lane == 0 && warp % KS == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = task * R + r;
+                if (row >= rows) break;
+                float out;
+                if constexpr (GATED) {
+                    out = silu(acc[r]) * acc[R + r];
+                } else {
+                    out = acc[r];
+                    if (bias != nullptr) out += bf16_to_f32(bias[row]);
+                    if (accumulate) out += y[row];
+                }
+                y[row] = out;
+            }
+        }
+    }
+}
+
+// Enough blocks to keep every SM at its occupancy limit, but no more than there is work.
+template <int R, int KS, bool GATED>
+static int launch_gemv_shape(arc_context *ctx, const uint16_t *w, const float *x, int rows, int cols,
+                             const uint16_t *bias, const uint16_t *norm_w, float eps, int accumulate,
+                             float *y) {
+    auto kernel = gemv_kernel<R, KS, GATED>;
+    const size_t smem = (size_t)cols * sizeof(float);
+    if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int sms = 0, per_sm = 0;
+    ARC_CUDA(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
+    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
+    if (per_sm < 1) per_sm = 1;
+    const long long groups = GEMV_WARPS / KS;
+    const long long needed = ((rows + R - 1) / R + groups - 1) / groups;
+    const long long most = (long long)sms * per_sm;
+    const int blocks = (int)(needed < most ? needed : most);
+    return arc_launch_pdl(ctx, GATED ? "gemv_kernel<swiglu>" : "gemv_kernel", kernel, dim3(blocks),
+                          dim3(GEMV_THREADS), smem, w, x, rows, cols, bias, norm_w, eps, accumulate, y);
+}
+
+// The limits both GEMV launchers share; `who` names the launcher in the message.
+#define GEMV_REQUIRE(cond, ...) \
+    do { \
+        if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, who, __VA_ARGS__); \
+    } while (0)
+
+static int check_gemv(const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                      const uint16_t *norm_w, float eps, const float *y) {
+    GEMV_REQUIRE(w && x && y, "null pointer (w, x and y are required)");
+    GEMV_REQUIRE(rows > 0, "rows must be positive, got %d", rows);
+    GEMV_REQUIRE(cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
+    GEMV_REQUIRE(cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", cols, GEMV_MAX_COLS);
+    GEMV_REQUIRE((uintptr_t)w % 16 == 0, "weights must be 16-byte aligned");
+    GEMV_REQUIRE((uintptr_t)x % 16 == 0, "x must be 16-byte aligned");
+    GEMV_REQUIRE(norm_w == nullptr || (uintptr_t)norm_w % 16 == 0, "norm weights must be 16-byte aligned");
+    GEMV_REQUIRE(norm_w == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
+    GEMV_REQUIRE((const void *)y != (const void *)x, "y must not alias x");
+    return ARC_OK;
+}
+
+// The work split, by shape; only speed depends on it (tuned on an H200: 132 SMs, 32 resident
+// warps each at this kernel's occupancy). Rows per task R: the most that still leaves a task for
+// every other warp slot, so large matrices pay little per-row overhead. Split-K KS: when one row
+// per task still leaves warp slots idle, split the columns, as long as each warp keeps at least
+// one full batch of loads.
+enum { GEMV_WARP_SLOTS = 132 * 32, GEMV_R_SLOTS = 132 * 16 };
+
+static int gemv_split(int32_t rows, int32_t cols, int max_r, bool gated, int *ks_out) {
+    int r = max_r;
+    while (r > 1 && rows / r < GEMV_R_SLOTS) r /= 2;
+    const int nr = gated ? 2 * r : r;
+    const int u = nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr;
+    const long long tasks = (rows + r - 1) / r;
+    int ks = 1;
+    if (r == 1)
+        while (ks < 8 && tasks * ks < GEMV_WARP_SLOTS && cols / 8 >= 32 * u * ks * 2) ks *= 2;
+    *ks_out = ks;
+    return r;
+}
+
+int arc_launch_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                    const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
+                    float *y) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    int st = check_gemv(__func__, w, x, rows, cols, norm_weight, eps, y);
+    if (st != ARC_OK) return st;
+    int ks = 1;
+    const int r = gemv_split(rows, cols, 4, false, &ks);
+#define GEMV_ARGS ctx, w, x, rows, cols, bias, norm_weight, eps, accumulate, y
+    if (r == 4) return launch_gemv_shape<4, 1, false>(GEMV_ARGS);
+    if (r == 2) return launch_gemv_shape<2, 1, false>(GEMV_ARGS);
+    switch (ks) {
+    case 8: return launch_gemv_shape<1, 8, false>(GEMV_ARGS);
+    case 4: return launch_gemv_shape<1, 4, false>(GEMV_ARGS);
+    case 2: return launch_gemv_shape<1, 2, false>(GEMV_ARGS);
+    default: return launch_gemv_shape<1, 1, false>(GEMV_ARGS);
+    }
+#undef GEMV_ARGS
+}
+
+int arc_launch_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
+                           int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    int st = check_gemv(__func__, w_gate_up, x, rows, cols, norm_weight, eps, y);
+    if (st != ARC_OK) return st;
+    ARC_REQUIRE(rows <= INT32_MAX / 2, "rows %d too large", rows);
+    int ks = 1;
+    const int r = gemv_split(rows, cols, 2, true, &ks);
+#define GEMV_ARGS ctx, w_gate_up, x, rows, cols, nullptr, norm_weight, eps, 0, y
+    if (r == 2) return launch_gemv_shape<2, 1, true>(GEMV_ARGS);
+    switch (ks) {
+    case 8: return launch_gemv_shape<1, 8, true>(GEMV_ARGS);
+    case 4: return launch_gemv_shape<1, 4, true>(GEMV_ARGS);
+    case 2: return launch_gemv_shape<1, 2, true>(GEMV_ARGS);
+    default: return launch_gemv_shape<1, 1, true>(GEMV_ARGS);
+    }
+#undef GEMV_ARGS
+}
+
+extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows,
+                           int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
+                           int32_t accumulate, float *y) {
+    return arc_launch_gemv(ctx, w, x, rows, cols, bias, norm_weight, eps, accumulate, y);
+}
+
+extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x,
+                                  int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps,
+                                  float *y) {
+    return arc_launch_gemv_swiglu(ctx, w_gate_up, x, rows, cols, norm_weight, eps, y);
+}
