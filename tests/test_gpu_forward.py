@@ -84,4 +84,4 @@ def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
             agreed += int(np.argmax(got)) == int(np.argmax(want))
         token = int(np.argmax(got))  # both sides follow the GPU's choice
     print(f"{model.name}: {agreed}/{checked} decided steps agree")
-    assert checked >= 48 and agreed == checked
+    assert checked >= 16 and agreed == checked
