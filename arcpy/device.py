@@ -162,19 +162,26 @@ class CudaDevice:
         self._tokens = self.ffi.new("int32_t[]", ring_capacity)
         self._state = self.ffi.new("arc_ring_state *")
         self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
+        self.step_graph = None
         if use_graph:
             self.set_input(0, 0)
             forward(self.loop)  # warm-up: first launches load modules outside the capture
             ctx.wait_idle()
-            _lib.check(self.lib.arc_graph_capture_begin(ctx.ptr))
-            try:
-                forward(self.loop)
-            finally:
-                gp = self.ffi.new("arc_graph **")
-                status = self.lib.arc_graph_capture_end(ctx.ptr, logits, logits_width, gp)
-            _lib.check(status)
-            self.graph = gp[0]
-        self.supports_loop = self.graph is not None
+            # The host path replays the forward; the device loop replays forward + sample-and-commit.
+            self.graph = self._capture(lambda: forward(self.loop))
+            self.step_graph = self._capture(lambda: (forward(self.loop), _lib.check(
+                self.lib.arc_loop_enqueue_sample_commit(self.loop, logits, logits_width))))
+        self.supports_loop = self.step_graph is not None
+
+    def _capture(self, enqueue: Callable[[], None]):
+        _lib.check(self.lib.arc_graph_capture_begin(self.ctx.ptr))
+        try:
+            enqueue()
+        finally:
+            gp = self.ffi.new("arc_graph **")
+            status = self.lib.arc_graph_capture_end(self.ctx.ptr, self._logits, self._width, gp)
+        _lib.check(status)
+        return gp[0]
 
     def set_input(self, token: int, position: int) -> None:
         _lib.check(self.lib.arc_loop_set_input(self.loop, token, position))
@@ -215,7 +222,7 @@ class CudaDevice:
         _lib.check(self.lib.arc_loop_set_stop_ids(self.loop, arr, len(ids)))
 
     def enqueue_step(self, burst_id: int) -> None:
-        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.graph, burst_id))
+        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.step_graph, burst_id))
 
     def poll_ring(self) -> RingState:
         s = self._state
@@ -230,9 +237,10 @@ class CudaDevice:
         _lib.check(self.lib.arc_loop_inject_lost_step(self.loop, n))
 
     def close(self) -> None:
-        if self.graph is not None:
-            self.lib.arc_graph_destroy(self.graph)
-            self.graph = None
+        for g in (self.graph, self.step_graph):
+            if g is not None:
+                self.lib.arc_graph_destroy(g)
+        self.graph = self.step_graph = None
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None

@@ -80,10 +80,12 @@ typedef struct arc_counters {
 
 int arc_context_counters(arc_context *ctx, arc_counters *out);
 
-/* The decode loop's state: the pinned token input the forward reads, the device position,
- * the sampled token, the host-mapped ring the commit kernel publishes into, and the fault word.
- * vocab is the range of valid token ids; a graph's logits may be wider (a padded lm_head), and
- * an argmax that lands in the padding is a fault, not a token. */
+/* The decode loop's state: the token and position the forward reads (device memory), the
+ * stop ids, the host-mapped ring the commit publishes into, and the fault word. A step graph is
+ * captured once: the forward, then arc_loop_enqueue_sample_commit (the argmax, whose last block
+ * commits); arc_loop_enqueue_step replays it. vocab is the range of valid token ids; the logits
+ * may be wider (a padded lm_head), and an argmax that lands in the padding is a fault, not a
+ * token. */
 typedef struct arc_ring_state {
     uint32_t published;    /* tokens published since the ring was reset */
     uint32_t fault;        /* 0, or an arc_fault code latched by the commit kernel */
@@ -105,7 +107,8 @@ int arc_loop_token_input(arc_loop *loop, const uint32_t **token, const int32_t *
 int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
 int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
 int arc_loop_reset_ring(arc_loop *loop);
-int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t burst_id);
+int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width);
+int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 
@@ -136,8 +139,8 @@ typedef struct arc_script {
 
 int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
 
-/* Fault injection for tests: the commit of the n-th step enqueued from now (0: the next) is
- * not enqueued, as if its launch had silently been lost. n < 0 disarms. */
+/* Fault injection for tests: the n-th commit executed from now (0: the next) does nothing, as
+ * if its launch had silently been lost. n < 0 disarms. Stream-ordered. */
 int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
 
 /* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16

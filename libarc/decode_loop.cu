@@ -1,9 +1,11 @@
 // decode_loop.cu -- the per-step primitives of the device loop: the CudaSampler (argmax), the
-// commit kernel, the pinned host-mapped ring it publishes into, and the fault word.
+// commit, the pinned host-mapped ring the commit publishes into, and the fault word.
 //
-// One step, all on the context's stream: graph launch (the forward reads token_in and the
-// position), argmax into DeviceState::sampled, commit. The host enqueues a burst of steps and
-// watches the ring with plain loads; it never waits on the stream to learn a token.
+// One step is one launch of a step graph: the forward (reading DeviceState::token and
+// ::position), then the sampler, whose last block commits. The commit's per-sequence and
+// per-burst inputs (stop ids, burst id) live in DeviceState, written by small stream-ordered
+// kernels, so the graph is captured once and replayed unchanged. The host enqueues a burst of
+// steps and watches the ring with plain loads; it never waits on the stream to learn a token.
 #include <float.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -50,11 +52,23 @@ __device__ __forceinline__ void argmax_block(float &v, int &i) {
     }
 }
 
-// argmax(x[n]) -> *out. Grid: up to ARGMAX_MAX_BLOCKS blocks of ARGMAX_THREADS, each reducing
-// a strided share to one partial; the last block to finish (done-counter ticket) reduces the
-// partials and resets the counter, so one launch does both stages.
+__device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
+                             int vocab, int max_seq, int capacity);
+
+// argmax(x[n]) -> *out, or with commit, -> commit_token. Grid: up to ARGMAX_MAX_BLOCKS blocks of
+// ARGMAX_THREADS, each reducing a strided share to one partial; the last block to finish
+// (done-counter ticket) reduces the partials and resets the counter, so one launch does both
+// stages, and in the loop the commit too.
+struct CommitArgs {
+    DeviceState *st;
+    RingHeader *ring;
+    int32_t *slots;
+    int vocab, max_seq, capacity;
+};
+
+template <bool COMMIT>
 __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v, int *part_i,
-                              unsigned *done, int32_t *out) {
+                              unsigned *done, int32_t *out, CommitArgs c) {
     float v = 0.0f;
     int i = INT_MAX;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
@@ -81,45 +95,44 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
     }
     argmax_block(v, i);
     if (threadIdx.x == 0) {
-        *(volatile int32_t *)out = i;
-        __threadfence_system();
         *done = 0;
+        if (COMMIT) {
+            commit_token(c.st, c.ring, c.slots, i, c.vocab, c.max_seq, c.capacity);
+        } else {
+            *(volatile int32_t *)out = i;
+            __threadfence_system();
+        }
     }
 }
 
-int arc_launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out) {
-    ARC_REQUIRE(logits && out, "null pointer");
+template <bool COMMIT>
+static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, CommitArgs c) {
+    ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
     if (blocks > ARGMAX_MAX_BLOCKS) blocks = ARGMAX_MAX_BLOCKS;
-    argmax_kernel<<<blocks, ARGMAX_THREADS, 0, ctx->stream>>>(logits, n, ctx->argmax_vals,
-                                                              ctx->argmax_idx, ctx->argmax_done, out);
-    ARC_LAUNCHED(ctx, "argmax_kernel");
+    argmax_kernel<COMMIT><<<blocks, ARGMAX_THREADS, 0, ctx->stream>>>(
+        logits, n, ctx->argmax_vals, ctx->argmax_idx, ctx->argmax_done, out, c);
+    ARC_LAUNCHED(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel");
     return ARC_OK;
 }
 
 extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out) {
-    ARC_REQUIRE(ctx, "ctx is null");
-    return arc_launch_argmax(ctx, logits, n, out);
+    ARC_REQUIRE(ctx && out, "null argument");
+    return launch_argmax<false>(ctx, logits, n, out, CommitArgs{});
 }
 
 // --- Commit ------------------------------------------------------------------------------
-
-struct StopIds {
-    int32_t n;
-    int32_t ids[ARC_MAX_STOP_IDS];
-};
 
 // One thread. Range-checks the sampled token and the next position before writing anything;
 // on a violation latches the fault word (sticky: later steps publish nothing). Otherwise feeds
 // the token to the next forward, bumps the position, and publishes the token: slot first, then
 // a system-wide fence, then the count, so a host that sees the count sees the slot. A stop id
 // ends the burst: later steps of the same burst publish nothing.
-__global__ void commit_kernel(DeviceState *st, RingHeader *ring, volatile int32_t *slots,
-                              volatile uint32_t *token_in, int vocab, int max_seq, int capacity,
-                              StopIds stops, uint32_t burst) {
-    if (st->fault != 0 || st->stopped == burst) return;
-    int tok = st->sampled;
+__device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
+                             int vocab, int max_seq, int capacity) {
+    if (st->lose_in >= 0 && st->lose_in-- == 0) return;  // injected: as if never launched
+    if (st->fault != 0 || st->stopped == st->burst) return;
     int next = st->position + 1;
     uint32_t code = ARC_FAULT_NONE;
     if (tok < 0 || tok >= vocab) code = ARC_FAULT_TOKEN_RANGE;
@@ -132,32 +145,53 @@ __global__ void commit_kernel(DeviceState *st, RingHeader *ring, volatile int32_
         ring->fault = code;
         return;
     }
-    *token_in = (uint32_t)tok;
+    st->token = (uint32_t)tok;
     st->position = next;
     uint32_t n = st->published;
     slots[n % (uint32_t)capacity] = tok;
     __threadfence_system();
     ring->published = n + 1;
     st->published = n + 1;
-    for (int k = 0; k < stops.n; ++k) {
-        if (stops.ids[k] == tok) {
+    for (int k = 0; k < st->n_stop_ids; ++k) {
+        if (st->stop_ids[k] == tok) {
             // After the count: a host that sees the stop mark also sees the stop token.
-            st->stopped = burst;
+            st->stopped = st->burst;
             __threadfence_system();
-            ring->stopped = burst;
+            ring->stopped = st->burst;
             break;
         }
     }
 }
 
-__global__ void set_input_kernel(DeviceState *st, volatile uint32_t *token_in, int token, int pos) {
-    *token_in = (uint32_t)token;
+// Small stream-ordered writes of DeviceState: they take effect for the work enqueued after them.
+struct StopIds {
+    int32_t n;
+    int32_t ids[ARC_MAX_STOP_IDS];
+};
+
+__global__ void set_input_kernel(DeviceState *st, uint32_t token, int pos) {
+    st->token = token;
     st->position = pos;
 }
 
+__global__ void set_stop_ids_kernel(DeviceState *st, StopIds stops) {
+    st->n_stop_ids = stops.n;
+    for (int k = 0; k < ARC_MAX_STOP_IDS; ++k) st->stop_ids[k] = stops.ids[k];
+}
+
+__global__ void begin_burst_kernel(DeviceState *st, uint32_t burst) { st->burst = burst; }
+
+__global__ void reset_ring_kernel(DeviceState *st) {
+    st->published = 0;
+    st->fault = 0;
+    st->stopped = 0;
+}
+
+__global__ void inject_kernel(DeviceState *st, int32_t n) { st->lose_in = n; }
+
 // --- The loop handle ---------------------------------------------------------------------
 
-// Pinned layout: the ring header on its own cache line, the token input, then the slots.
+// Pinned layout: the ring header on its own cache line, then the slots.
 enum { PINNED_HEADER = 64 };
 
 static void loop_release(arc_loop *loop) {
@@ -168,20 +202,20 @@ static void loop_release(arc_loop *loop) {
 
 static int loop_init(arc_loop *loop) {
     arc_context *ctx = loop->ctx;
-    size_t bytes = PINNED_HEADER + sizeof(int32_t) + (size_t)loop->capacity * sizeof(int32_t);
+    size_t bytes = PINNED_HEADER + (size_t)loop->capacity * sizeof(int32_t);
     void *h = nullptr;
     ARC_CUDA(ctx, cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
     memset(h, 0, bytes);
-    void *d = nullptr;
     loop->ring_host = (RingHeader *)h;
+    void *d = nullptr;
     ARC_CUDA(ctx, cudaHostGetDevicePointer(&d, h, 0));
-    char *hc = (char *)h, *dc = (char *)d;
-    loop->ring_dev = (RingHeader *)dc;
-    loop->token_in_dev = (uint32_t *)(dc + PINNED_HEADER);
-    loop->slots_host = (int32_t *)(hc + PINNED_HEADER + sizeof(int32_t));
-    loop->slots_dev = (int32_t *)(dc + PINNED_HEADER + sizeof(int32_t));
+    loop->ring_dev = (RingHeader *)d;
+    loop->slots_host = (int32_t *)((char *)h + PINNED_HEADER);
+    loop->slots_dev = (int32_t *)((char *)d + PINNED_HEADER);
     ARC_CUDA(ctx, cudaMalloc(&loop->state, sizeof(DeviceState)));
     ARC_CUDA(ctx, cudaMemsetAsync(loop->state, 0, sizeof(DeviceState), ctx->stream));
+    inject_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, -1);
+    ARC_LAUNCHED(ctx, "inject_kernel");
     return ARC_OK;
 }
 
@@ -199,7 +233,6 @@ extern "C" int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq,
     loop->vocab = vocab;
     loop->max_seq = max_seq;
     loop->capacity = ring_capacity;
-    loop->lose_step_in = -1;
     int st = loop_init(loop);
     if (st != ARC_OK) {
         loop_release(loop);
@@ -215,10 +248,12 @@ extern "C" int arc_loop_destroy(arc_loop *loop) {
     return ARC_OK;
 }
 
+// Where the forward reads its input: both in device memory, written only by stream-ordered
+// kernels (set_input, the commit), so a forward never reads across the bus.
 extern "C" int arc_loop_token_input(arc_loop *loop, const uint32_t **token,
                                     const int32_t **position) {
     ARC_REQUIRE(loop && token && position, "null argument");
-    *token = loop->token_in_dev;
+    *token = &loop->state->token;
     *position = &loop->state->position;
     return ARC_OK;
 }
@@ -228,22 +263,26 @@ extern "C" int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t
     ARC_REQUIRE(count >= 0 && count <= ARC_MAX_STOP_IDS, "at most %d stop ids, got %d",
                 ARC_MAX_STOP_IDS, count);
     ARC_REQUIRE(count == 0 || ids, "ids is null");
-    for (int k = 0; k < count; ++k)
+    StopIds stops = {};
+    stops.n = count;
+    for (int k = 0; k < count; ++k) {
         ARC_REQUIRE(ids[k] >= 0 && ids[k] < loop->vocab, "stop id %d is outside [0, %d)", ids[k],
                     loop->vocab);
-    for (int k = 0; k < count; ++k) loop->stop_ids[k] = ids[k];
-    loop->n_stop_ids = count;
+        stops.ids[k] = ids[k];
+    }
+    arc_context *ctx = loop->ctx;
+    set_stop_ids_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, stops);
+    ARC_LAUNCHED(ctx, "set_stop_ids_kernel");
     return ARC_OK;
 }
 
-// Stream-ordered: the token and position take effect for the next forward enqueued after it.
 extern "C" int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position) {
     ARC_REQUIRE(loop, "loop is null");
     ARC_REQUIRE(token >= 0 && token < loop->vocab, "token %d is outside [0, %d)", token, loop->vocab);
     ARC_REQUIRE(position >= 0 && position < loop->max_seq, "position %d is outside [0, %d)",
                 position, loop->max_seq);
     arc_context *ctx = loop->ctx;
-    set_input_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, loop->token_in_dev, token, position);
+    set_input_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, (uint32_t)token, position);
     ARC_LAUNCHED(ctx, "set_input_kernel");
     return ARC_OK;
 }
@@ -257,7 +296,8 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
         return arc_fail(ARC_BUSY, __func__, "steps are still in flight; reset once the stream is idle");
     if (st != ARC_OK) return st;
     arc_context *ctx = loop->ctx;
-    ARC_CUDA(ctx, cudaMemsetAsync(&loop->state->published, 0, 3 * sizeof(uint32_t), ctx->stream));
+    reset_ring_kernel<<<1, 1, 0, ctx->stream>>>(loop->state);
+    ARC_LAUNCHED(ctx, "reset_ring_kernel");
     RingHeader *r = loop->ring_host;
     r->published = 0;
     r->fault = 0;
@@ -267,30 +307,33 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     return ARC_OK;
 }
 
-extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *graph, uint32_t burst_id) {
-    ARC_REQUIRE(loop && graph, "null argument");
-    ARC_REQUIRE(graph->ctx == loop->ctx, "graph and loop belong to different contexts");
-    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
-    ARC_REQUIRE(loop->vocab <= graph->vocab, "loop vocab %d exceeds the graph's logits (%d)",
-                loop->vocab, graph->vocab);
+// Enqueues the sampler with the commit in its last block, reading logits[width]. Captured after
+// the forward, it makes the step graph that arc_loop_enqueue_step replays.
+extern "C" int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width) {
+    ARC_REQUIRE(loop, "loop is null");
+    ARC_REQUIRE(loop->vocab <= width, "loop vocab %d exceeds the logits' width %d", loop->vocab, width);
     arc_context *ctx = loop->ctx;
-    int st = arc_graph_launch(graph);
-    if (st != ARC_OK) return st;
-    st = arc_launch_argmax(ctx, graph->logits, graph->vocab, &loop->state->sampled);
-    if (st != ARC_OK) return st;
-    if (loop->lose_step_in == 0) {
-        loop->lose_step_in = -1;
-        return ARC_OK;
+    CommitArgs c = {loop->state, loop->ring_dev, loop->slots_dev, loop->vocab, loop->max_seq,
+                    loop->capacity};
+    int st = launch_argmax<true>(ctx, logits, width, nullptr, c);
+    if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
+    return st;
+}
+
+// One step of burst `burst_id`: a launch of the step graph. The burst id is written to the
+// device once, at the burst's first step.
+extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id) {
+    ARC_REQUIRE(loop && step_graph, "null argument");
+    ARC_REQUIRE(step_graph->commits == loop,
+                "the graph was not captured with this loop's sample-and-commit");
+    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
+    arc_context *ctx = loop->ctx;
+    if (burst_id != loop->burst) {
+        begin_burst_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, burst_id);
+        ARC_LAUNCHED(ctx, "begin_burst_kernel");
+        loop->burst = burst_id;
     }
-    if (loop->lose_step_in > 0) loop->lose_step_in--;
-    StopIds stops;
-    stops.n = loop->n_stop_ids;
-    memcpy(stops.ids, loop->stop_ids, sizeof stops.ids);
-    commit_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, loop->ring_dev, loop->slots_dev,
-                                            loop->token_in_dev, loop->vocab, loop->max_seq,
-                                            loop->capacity, stops, burst_id);
-    ARC_LAUNCHED(ctx, "commit_kernel");
-    return ARC_OK;
+    return arc_graph_launch(step_graph);
 }
 
 // Plain loads, no CUDA call. Read in the reverse of the order the device writes them, with an
@@ -322,8 +365,11 @@ extern "C" int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int
     return ARC_OK;
 }
 
+// Fault injection for tests: the n-th commit from now (0: the next) does nothing.
 extern "C" int arc_loop_inject_lost_step(arc_loop *loop, int32_t n) {
     ARC_REQUIRE(loop, "loop is null");
-    loop->lose_step_in = n < 0 ? -1 : n;
+    arc_context *ctx = loop->ctx;
+    inject_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, n < 0 ? -1 : n);
+    ARC_LAUNCHED(ctx, "inject_kernel");
     return ARC_OK;
 }

@@ -12,6 +12,7 @@ extern "C" int arc_graph_capture_begin(arc_context *ctx) {
     // Thread-local mode: a stray CUDA call from another thread cannot invalidate the capture.
     ARC_CUDA(ctx, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
     ctx->capturing = true;
+    ctx->capture_commits = nullptr;
     return ARC_OK;
 }
 
@@ -21,6 +22,8 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int3
     ARC_REQUIRE(ctx->capturing, "no capture in progress");
     *out = nullptr;
     ctx->capturing = false;
+    arc_loop *commits = ctx->capture_commits;
+    ctx->capture_commits = nullptr;
     cudaGraph_t graph = nullptr;
     ARC_CUDA(ctx, cudaStreamEndCapture(ctx->stream, &graph));
     ARC_REQUIRE(logits && vocab > 0, "the captured forward must name its logits and vocab");
@@ -45,6 +48,7 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int3
     g->exec = exec;
     g->logits = logits;
     g->vocab = vocab;
+    g->commits = commits;
     *out = g;
     return ARC_OK;
 }

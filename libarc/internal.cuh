@@ -18,6 +18,7 @@ struct arc_context {
     cudaStream_t stream;
     arc_counters counters;
     bool capturing;
+    arc_loop *capture_commits;  // the loop whose commit the capture in progress holds, if any
     // Scratch for the two-stage argmax: per-block partial results and a done-counter.
     float *argmax_vals;
     int32_t *argmax_idx;
@@ -29,6 +30,7 @@ struct arc_graph {
     cudaGraphExec_t exec;
     const float *logits;
     int32_t vocab;
+    arc_loop *commits;  // a step graph: the loop its sample-and-commit belongs to
 };
 
 // The fields the commit kernel publishes and the host polls. Lives in pinned host memory that
@@ -46,10 +48,14 @@ enum { ARC_MAX_STOP_IDS = 8 };
 
 struct DeviceState {
     int32_t position;     // the position the next forward runs at
-    int32_t sampled;      // the sampler's output
+    uint32_t token;       // the token the next forward reads
     uint32_t published;   // device copy of RingHeader::published
     uint32_t fault;       // device copy of RingHeader::fault (sticky)
     uint32_t stopped;     // burst id a stop id ended
+    uint32_t burst;       // the burst the next commits belong to
+    int32_t lose_in;      // fault injection: commits until a lost one, -1 when disarmed
+    int32_t n_stop_ids;
+    int32_t stop_ids[ARC_MAX_STOP_IDS];
 };
 
 struct arc_loop {
@@ -57,17 +63,13 @@ struct arc_loop {
     int32_t vocab;
     int32_t max_seq;
     int32_t capacity;
-    // Pinned, mapped: the token the next forward reads (device view).
-    uint32_t *token_in_dev;
+    uint32_t burst;       // the burst id last enqueued
     // Pinned, mapped: the ring header followed by `capacity` token slots.
     RingHeader *ring_host;
     RingHeader *ring_dev;
     int32_t *slots_host;
     int32_t *slots_dev;
     DeviceState *state;   // device memory
-    int32_t stop_ids[ARC_MAX_STOP_IDS];
-    int32_t n_stop_ids;
-    int32_t lose_step_in; // fault injection: steps until a lost commit, -1 when disarmed
 };
 
 // Every CUDA call on a context goes through one of these: counted, checked, and on failure
@@ -94,5 +96,3 @@ struct arc_loop {
         if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, __func__, __VA_ARGS__); \
     } while (0)
 
-// Argmax launcher shared by arc_argmax and the decode loop.
-int arc_launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out);

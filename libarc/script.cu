@@ -1,12 +1,12 @@
 // script.cu -- the scripted model: a stand-in forward whose argmax is a known function of
-// (token, position). It reads both exactly as the real forward does (the token from the loop's
-// pinned input, the position from device memory), so the device loop can be tested, captured
-// and replayed without a transformer; its modes inject the faults the loop must detect.
+// (token, position). It reads both exactly as the real forward does (from the loop's device
+// state), so the device loop can be tested, captured and replayed without a transformer; its
+// modes inject the faults the loop must detect.
 #include "internal.cuh"
 
 // logits[vocab]: a deterministic value in [0, 1) per index, and 2.0 at the target.
 // Grid: ceil(vocab / 256) blocks of 256 threads.
-__global__ void script_kernel(const volatile uint32_t *token_in, const int32_t *position,
+__global__ void script_kernel(const uint32_t *token_in, const int32_t *position,
                               arc_script s, float *logits) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     long long tok = (long long)*token_in;
@@ -39,7 +39,7 @@ extern "C" int arc_script_forward(arc_loop *loop, const arc_script *script, floa
                 "token mode needs bias in [0, vocab)");
     arc_context *ctx = loop->ctx;
     int blocks = (script->vocab + 255) / 256;
-    script_kernel<<<blocks, 256, 0, ctx->stream>>>(loop->token_in_dev, &loop->state->position,
+    script_kernel<<<blocks, 256, 0, ctx->stream>>>(&loop->state->token, &loop->state->position,
                                                    *script, logits);
     ARC_LAUNCHED(ctx, "script_kernel");
     return ARC_OK;

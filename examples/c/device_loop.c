@@ -3,8 +3,9 @@
  * Build (from the repository root, after pip install -e .):
  *   cc -O2 -Iarcpy examples/c/device_loop.c arcpy/libarc.so -Wl,-rpath,$PWD/arcpy -o device_loop
  *
- * Captures the scripted forward into a graph, enqueues one burst of 16 steps, and prints each
- * token as it lands in the ring: no synchronize, no copy, one poll loop.
+ * Captures one step (the scripted forward, then the sampler with its commit) into a graph,
+ * enqueues a burst of 16 steps, and prints each token as it lands in the ring: no synchronize,
+ * no copy, one poll loop.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@ int main(void) {
 
     CHECK(arc_graph_capture_begin(ctx));
     int st = arc_script_forward(loop, &script, logits);
+    if (st == ARC_OK) st = arc_loop_enqueue_sample_commit(loop, logits, VOCAB);
     int end = arc_graph_capture_end(ctx, logits, VOCAB, &graph);
     CHECK(st);
     CHECK(end);

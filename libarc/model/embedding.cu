@@ -3,9 +3,8 @@
 
 enum { EMBED_THREADS = 256 };
 
-// x[dim] = float(table[*token, :]), table bf16 (vocab, dim). One block of EMBED_THREADS: the
-// token lives in pinned host memory, so one thread reads it once (one trip over the bus) and
-// shares it. A token outside [0, vocab) fills x with NaN instead of reading out of bounds (the
+// x[dim] = float(table[*token, :]), table bf16 (vocab, dim). One block of EMBED_THREADS; one
+// thread reads the token (written by the kernel before) and shares it. A token outside [0, vocab) fills x with NaN instead of reading out of bounds (the
 // commit kernel and arc_loop_set_input never let one through). Limits: dim % 8 == 0, table
 // 16-byte aligned, x 16-byte aligned.
 __global__ void __launch_bounds__(EMBED_THREADS)
