@@ -23,6 +23,28 @@ __device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
     }
 }
 
+// ATTN_UNROLL cache rows of a chunk, rows tb + pg * u + pw (u < ATTN_UNROLL), this lane's NV
+// vectors of each (vector j = sub + lp * i of the row); rows at or past n, and vectors past
+// the row's nvh, read as zeros.
+template <int VEC, int NV>
+__device__ __forceinline__ void load_tile(const uint16_t *rows, int hd, int nvh, int n, int tb, int pg,
+                                          int pw, int lp, int sub, float (&f)[ATTN_UNROLL][NV * VEC]) {
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) {
+        const int t = tb + pg * u + pw;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const int j = sub + lp * i;
+            if (t < n && j < nvh) {
+                load_row<VEC>(rows + (size_t)t * hd + j * VEC, &f[u][i * VEC]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) f[u][i * VEC + e] = 0.0f;
+            }
+        }
+    }
+}
+
 // Partial attention of query heads [G * blockIdx.x, +G) (they share one kv head) over the
 // positions [ATTN_CHUNK * blockIdx.y, +ATTN_CHUNK) that are <= *pos.
 // q (n_heads, hd) f32; k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's.
@@ -73,20 +95,7 @@ attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__
     // Scores. The loop bound is uniform over the warp, so the shuffles below see every lane.
     for (int tb = warp * PPW; tb < n; tb += PG * ATTN_UNROLL) {
         float kf[ATTN_UNROLL][E];
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int t = tb + PG * u + pw;
-#pragma unroll
-            for (int i = 0; i < NV; ++i) {
-                const int j = sub + LP * i;
-                if (t < n && j < nvh) {
-                    load_row<VEC>(kb + (size_t)t * hd + j * VEC, &kf[u][i * VEC]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) kf[u][i * VEC + e] = 0.0f;
-                }
-            }
-        }
+        load_tile<VEC, NV>(kb, hd, nvh, n, tb, PG, pw, LP, sub, kf);
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
             const int t = tb + PG * u + pw;
@@ -132,20 +141,7 @@ attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__
         for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
     for (int tb = warp * PPW; tb < n; tb += PG * ATTN_UNROLL) {
         float vf[ATTN_UNROLL][E];
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int t = tb + PG * u + pw;
-#pragma unroll
-            for (int i = 0; i < NV; ++i) {
-                const int j = sub + LP * i;
-                if (t < n && j < nvh) {
-                    load_row<VEC>(vb + (size_t)t * hd + j * VEC, &vf[u][i * VEC]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) vf[u][i * VEC + e] = 0.0f;
-                }
-            }
-        }
+        load_tile<VEC, NV>(vb, hd, nvh, n, tb, PG, pw, LP, sub, vf);
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
             const int t = tb + PG * u + pw;
