@@ -15,7 +15,6 @@ max_spins is only a liveness backstop for a kernel that hangs without ever error
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 from .device import FAULT_NAMES, DeviceOps
@@ -39,12 +38,6 @@ class ShortBurstError(LoopFault):
 
 class HangError(DeviceFaultError):
     """No progress and no error within max_spins polls; the stream still holds the work."""
-
-
-@dataclass
-class BurstResult:
-    tokens: list[int]
-    stopped: bool
 
 
 class BurstDriver:

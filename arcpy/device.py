@@ -12,7 +12,7 @@ is learnt by polling: `stream_query()` (never blocks) and the ring (`poll_ring()
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -158,6 +158,7 @@ class CudaDevice:
         self.loop = pp[0]
         self.graph = None
         self.model = None  # the owner of the forward's storage, closed with this device
+        self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._host_logits, _ = ctx.pinned((logits_width,), np.float32)
         self._tokens = self.ffi.new("int32_t[]", ring_capacity)
         self._state = self.ffi.new("arc_ring_state *")
@@ -184,30 +185,46 @@ class CudaDevice:
         return gp[0]
 
     def set_input(self, token: int, position: int) -> None:
+        self._idle = False
         _lib.check(self.lib.arc_loop_set_input(self.loop, token, position))
 
     def stream_query(self) -> bool:
-        return self.ctx.query()
+        idle = self.ctx.query()
+        if idle:
+            self._idle = True
+        return idle
+
+    def _require_idle(self, what: str) -> None:
+        # The forward's logits are overwritten by the next launch: what the host reads must come
+        # from work that has retired, never from steps still in flight.
+        if not self._idle:
+            raise InvalidArgumentError(
+                f"{what} is read only once stream_query() reports the stream idle; work is in flight")
 
     def counters(self) -> Counters:
         return self.ctx.counters()
 
     def enqueue_forward(self, eager: bool = False) -> None:
+        self._idle = False
         if self.graph is not None and not eager:
             _lib.check(self.lib.arc_graph_launch(self.graph))
         else:
             self._forward(self.loop)
 
     def enqueue_argmax(self) -> None:
+        self._idle = False
         _lib.check(self.lib.arc_argmax(self.ctx.ptr, self._logits, self._width, self._sampled_dev))
 
     def sampled_token(self) -> int:
+        self._require_idle("the sampled token")
         return int(self._sampled[0])
 
     def enqueue_logits_to_host(self) -> None:
+        self._idle = False
         self.ctx.download_async(self._host_logits, self._logits)
 
     def host_logits(self) -> np.ndarray:
+        self._require_idle("the logits")
         return self._host_logits.copy()
 
     def reset_ring(self) -> bool:
@@ -215,13 +232,16 @@ class CudaDevice:
         if status == _BUSY:
             return False
         _lib.check(status)
+        self._idle = False
         return True
 
     def set_stop_ids(self, ids: tuple[int, ...]) -> None:
+        self._idle = False
         arr = self.ffi.new("int32_t[]", list(ids) or [0])
         _lib.check(self.lib.arc_loop_set_stop_ids(self.loop, arr, len(ids)))
 
     def enqueue_step(self, burst_id: int) -> None:
+        self._idle = False
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.step_graph, burst_id))
 
     def poll_ring(self) -> RingState:
@@ -234,6 +254,7 @@ class CudaDevice:
         return list(self._tokens[0:count])
 
     def inject_lost_step(self, n: int) -> None:
+        self._idle = False
         _lib.check(self.lib.arc_loop_inject_lost_step(self.loop, n))
 
     def close(self) -> None:

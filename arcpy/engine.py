@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
 from . import gate
 from .burst import BurstDriver, HangError, LoopFault
-from .device import Counters, DeviceOps, MAX_STOP_IDS
+from .device import Counters, DeviceOps
 from .errors import ArcError, ContextLostError, DeviceFaultError, InvalidArgumentError
 from .sampling import Sampler, Sampling
 
@@ -159,7 +159,6 @@ class Engine:
         admitted, reason = gate.device_loop_admission(
             self.device_loop, sampler.greedy, self.driver is not None, len(stops), self.environ, self.latch,
             self.verify)
-        admitted = admitted and self.driver is not None and len(stops) <= MAX_STOP_IDS
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt))
         self.path_reason = reason
         self._t0, self._c0 = time.perf_counter(), dev.counters()

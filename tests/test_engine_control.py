@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from arcpy import gate
-from arcpy.device import FAULT_TOKEN_RANGE, FakeDevice, FakeScript, scripted_next
+from arcpy.device import FakeDevice, FakeScript, scripted_next
 from arcpy.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
 from arcpy.sampling import Sampling

@@ -34,7 +34,8 @@ def gpu_logits(dev, token, pos, eager=False):
     dev.set_input(token, pos)
     dev.enqueue_forward(eager=eager)
     dev.enqueue_logits_to_host()
-    dev.ctx.wait_idle()
+    while not dev.stream_query():
+        pass
     return dev.host_logits()
 
 

@@ -17,6 +17,7 @@ from arcpy import _lib
 from arcpy.burst import BurstDriver, FaultWordError, ShortBurstError
 from arcpy.device import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, Context, scripted_device, scripted_next
 from arcpy.engine import Engine
+from arcpy.errors import InvalidArgumentError
 from arcpy.gate import FallbackLatch
 
 pytestmark = pytest.mark.gpu
@@ -59,6 +60,20 @@ def test_burst_tokens_land_in_the_ring_in_order(ctx):
     # One graph launch per step, one burst-id write per burst; stream queries only as a backstop.
     assert used.graph_launches == 128
     assert used.cuda_calls < 128 + 2 * 8 + 20, used
+    dev.close()
+
+
+def test_logits_are_not_handed_to_the_host_while_work_is_in_flight(ctx):
+    dev = scripted_device(ctx)
+    dev.set_input(5, 0)
+    dev.enqueue_forward()
+    dev.enqueue_logits_to_host()
+    with pytest.raises(InvalidArgumentError, match="work is in flight"):
+        dev.host_logits()
+    with pytest.raises(InvalidArgumentError, match="work is in flight"):
+        dev.sampled_token()
+    drain_idle(dev)
+    assert int(np.argmax(dev.host_logits())) == scripted_next(5, 0, 32000)
     dev.close()
 
 

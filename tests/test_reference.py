@@ -100,7 +100,7 @@ class NaiveModel:
         x = list(w[EMBED][token])
         for layer in range(cfg.n_layers):
             p = f"model.layers.{layer}."
-            bias = (lambda n: w.get(p + f"self_attn.{n}_proj.bias"))
+            bias = (lambda n, p=p: w.get(p + f"self_attn.{n}_proj.bias"))
             h = self.norm(x, w[p + "input_layernorm.weight"])
             q = self.matvec(w[p + "self_attn.q_proj.weight"], h, bias("q"))
             k = self.matvec(w[p + "self_attn.k_proj.weight"], h, bias("k"))
@@ -338,3 +338,13 @@ def test_greedy_decoding_of_stories15m_does_not_collapse_to_one_token():
     tokens = ReferenceModel(synthetic_model("stories15M", seed=0), max_seq=64).greedy([1], 32)
     assert len(tokens) == 32
     assert len(set(tokens)) >= 16, tokens
+
+
+def test_forward_without_logits_fills_the_same_cache():
+    model = synthetic_model("qwen-tiny", seed=2)
+    a, b = ReferenceModel(model), ReferenceModel(model)
+    for pos, tok in enumerate([3, 1, 4, 1]):
+        a.forward(tok, pos)
+        assert b.forward(tok, pos, logits=False) is None
+    assert np.array_equal(a.k_cache, b.k_cache) and np.array_equal(a.v_cache, b.v_cache)
+    assert np.array_equal(a.forward(5, 4), b.forward(5, 4))
