@@ -41,8 +41,10 @@ def info():
 @main.command()
 @click.option("-n", "--tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
 def smoke(tokens):
-    """Decode from the embedded model on every available path and check they agree with the
-    NumPy reference (greedy). Exits non-zero on a mismatch."""
+    """Decode from the embedded model on every available path. Fails when two GPU paths disagree
+    (they run the same kernels, so they must agree exactly) or when a path's first token differs
+    from the NumPy reference; reports how many tokens equal the reference's (float32 on the CPU,
+    bf16 weights read in float32 on the GPU: a near tie may go either way later on)."""
     from .engine import Engine
     from .model import synthetic_model
     from .reference import ReferenceModel
@@ -53,7 +55,7 @@ def smoke(tokens):
     runs = [("numpy", None)]
     if _lib.cuda_available()[0]:
         runs += [("cuda", False), ("cuda", True)]
-    failed = 0
+    failed, gpu_tokens = 0, None
     for backend, loop in runs:
         try:
             engine = Engine.load(model, backend, device_loop=loop, burst=4)
@@ -67,10 +69,12 @@ def smoke(tokens):
             failed += 1
             continue
         same = sum(a == b for a, b in zip(got, want))
-        verdict = "ok  " if got == want else "FAIL"
-        failed += got != want
-        click.echo(f"{verdict} {backend:5s} {st.path:18s} {same}/{tokens} tokens equal the reference; "
-                   f"{st.tokens_per_second:.0f} tok/s")
+        bad = got[:1] != want[:1] or (backend == "cuda" and gpu_tokens not in (None, got))
+        if backend == "cuda" and gpu_tokens is None:
+            gpu_tokens = got
+        failed += bad
+        click.echo(f"{'FAIL' if bad else 'ok  '} {backend:5s} {st.path:18s} {same}/{tokens} tokens equal the "
+                   f"reference; {st.tokens_per_second:.0f} tok/s")
     sys.exit(1 if failed else 0)
 
 

@@ -180,7 +180,7 @@ class CudaDevice:
             enqueue()
         finally:
             gp = self.ffi.new("arc_graph **")
-            status = self.lib.arc_graph_capture_end(self.ctx.ptr, self._logits, self._width, gp)
+            status = self.lib.arc_graph_capture_end(self.ctx.ptr, gp)
         _lib.check(status)
         return gp[0]
 

@@ -65,9 +65,8 @@ int arc_enqueue_copy_on_device(arc_context *ctx, void *dst, const void *src, uin
 
 /* Graphs: capture what is enqueued on the context's stream between begin and end. */
 int arc_graph_capture_begin(arc_context *ctx);
-int arc_graph_capture_end(arc_context *ctx, const float *logits, int32_t vocab, arc_graph **out);
+int arc_graph_capture_end(arc_context *ctx, arc_graph **out);
 int arc_graph_launch(arc_graph *graph);
-int arc_graph_logits(arc_graph *graph, const float **logits, int32_t *vocab);
 int arc_graph_destroy(arc_graph *graph);
 
 /* Counters the context keeps of its own CUDA work, for per-token accounting. */

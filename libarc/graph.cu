@@ -1,7 +1,7 @@
 // graph.cu -- capture what is enqueued on a context's stream into a CUDA graph, instantiate it
-// once, and replay it per step. The graph remembers where its forward writes the logits: that
-// storage is overwritten by the next launch, so it may only be read by work enqueued on the
-// same stream before that launch (the sampler), never by the host while steps are in flight.
+// once, and replay it per step. A captured forward writes its logits to storage the next launch
+// overwrites: only work enqueued on the same stream before that launch may read them (the
+// sampler, a copy to pinned memory), never the host while steps are in flight.
 #include <stdlib.h>
 
 #include "internal.cuh"
@@ -16,8 +16,7 @@ extern "C" int arc_graph_capture_begin(arc_context *ctx) {
     return ARC_OK;
 }
 
-extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int32_t vocab,
-                                     arc_graph **out) {
+extern "C" int arc_graph_capture_end(arc_context *ctx, arc_graph **out) {
     ARC_REQUIRE(ctx && out, "null argument");
     ARC_REQUIRE(ctx->capturing, "no capture in progress");
     *out = nullptr;
@@ -26,7 +25,6 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int3
     ctx->capture_commits = nullptr;
     cudaGraph_t graph = nullptr;
     ARC_CUDA(ctx, cudaStreamEndCapture(ctx->stream, &graph));
-    ARC_REQUIRE(logits && vocab > 0, "the captured forward must name its logits and vocab");
     cudaGraphExec_t exec = nullptr;
     cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     ctx->counters.cuda_calls += 2;
@@ -46,8 +44,6 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, const float *logits, int3
     }
     g->ctx = ctx;
     g->exec = exec;
-    g->logits = logits;
-    g->vocab = vocab;
     g->commits = commits;
     *out = g;
     return ARC_OK;
@@ -58,13 +54,6 @@ extern "C" int arc_graph_launch(arc_graph *graph) {
     arc_context *ctx = graph->ctx;
     ARC_CUDA(ctx, cudaGraphLaunch(graph->exec, ctx->stream));
     ctx->counters.graph_launches++;
-    return ARC_OK;
-}
-
-extern "C" int arc_graph_logits(arc_graph *graph, const float **logits, int32_t *vocab) {
-    ARC_REQUIRE(graph && logits && vocab, "null argument");
-    *logits = graph->logits;
-    *vocab = graph->vocab;
     return ARC_OK;
 }
 

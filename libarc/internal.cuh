@@ -28,8 +28,6 @@ struct arc_context {
 struct arc_graph {
     arc_context *ctx;
     cudaGraphExec_t exec;
-    const float *logits;
-    int32_t vocab;
     arc_loop *commits;  // a step graph: the loop its sample-and-commit belongs to
 };
 

@@ -26,6 +26,7 @@ PROMPT = [1, 306, 4966, 304]
 @pytest.fixture(scope="module", params=["stories15M", "gqa"])
 def device(request):
     dev = cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
+    dev.name_of_shape = request.param
     yield dev
     dev.close()
     dev.ctx.close()
@@ -78,6 +79,36 @@ def test_step_api_hands_out_the_same_tokens_and_parks_the_rest(device, host_toke
     while (t := eng.step()) is not None:
         got.append(t)
     assert got == host_tokens[:40] and not eng.parked
+
+
+def test_verify_always_checks_replay_against_eager_on_the_host_path(device, host_tokens):
+    eng = Engine(device, "cuda", device_loop=True, environ={"ARC_GRAPH_VERIFY_ALWAYS": "1"},
+                 latch=FallbackLatch())
+    assert list(eng.generate(PROMPT, 24)) == host_tokens[:24]
+    assert eng.stats.path == HOST
+
+
+def test_eager_forward_decodes_the_same_tokens_and_the_loop_stands_aside(device, host_tokens):
+    model = synthetic_model(device.name_of_shape, seed=3)
+    eager = cuda_device(model, max_seq=1024, use_graph=False)
+    try:
+        eng = engine(eager, True)
+        assert list(eng.generate(PROMPT, 24)) == host_tokens[:24]
+        assert eng.stats.path == HOST and eng.stats.graph_launches == 0
+    finally:
+        eager.close()
+        eager.ctx.close()
+
+
+def test_main_job_and_smoke_on_the_gpu():
+    run = [sys.executable, "-m", "arcpy.decode", "--device-loop", "-n", "32", "--burst", "8"]
+    out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "path device-loop, backend cuda" in out.stdout and "0.00 host waits" in out.stdout
+    smoke = subprocess.run([sys.executable, "-m", "arcpy.cli", "smoke", "-n", "32"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert smoke.stdout.count("ok   cuda") == 2, smoke.stdout
 
 
 CHILD_PRELUDE = '''

@@ -629,7 +629,7 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
         _lib.check(lib.arc_model_forward(rig.model, rig.loop))
     finally:
         gp = ffi.new("arc_graph **")
-        _lib.check(lib.arc_graph_capture_end(gpu.ctx, logits, vocab, gp))
+        _lib.check(lib.arc_graph_capture_end(gpu.ctx, gp))
     graph = gp[0]
     try:
         for pos, tok in enumerate(tokens):

@@ -35,7 +35,7 @@ int main(void) {
     CHECK(arc_graph_capture_begin(ctx));
     int st = arc_script_forward(loop, &script, logits);
     if (st == ARC_OK) st = arc_loop_enqueue_sample_commit(loop, logits, VOCAB);
-    int end = arc_graph_capture_end(ctx, logits, VOCAB, &graph);
+    int end = arc_graph_capture_end(ctx, &graph);
     CHECK(st);
     CHECK(end);
 
