@@ -64,7 +64,6 @@ def run_decode(model_dir, shape, prompt, max_new_tokens, stop_ids, backend, devi
             model = load_model(model_dir)
         else:
             model = synthetic_model(shape, max_seq=max(max_seq or 0, SHAPES[shape].max_seq))
-        max_seq = max_seq or min(model.config.max_seq, 4096)
         if backend == "auto" and not _lib.cuda_available()[0]:
             backend = "numpy"
         if backend == "numpy":

@@ -29,6 +29,7 @@ from .sampling import Sampler, Sampling
 
 DEVICE_LOOP = "device-loop"
 HOST = "host"
+DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
 
 
 @dataclass
@@ -101,8 +102,10 @@ class Engine:
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
              environ: Mapping[str, str] | None = None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
-        usable). `graph` None reads ARC_GRAPH (default on); off means the eager forward."""
+        usable). `max_seq` is the context to allocate, by default the model's, at most
+        DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward."""
         from . import _lib
+        max_seq = max_seq or min(model.config.max_seq, DEFAULT_MAX_SEQ)
         if backend == "auto":
             backend = "cuda" if _lib.cuda_available()[0] else "numpy"
         if backend == "cuda":
