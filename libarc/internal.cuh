@@ -23,6 +23,8 @@ struct arc_context {
     float *argmax_vals;
     int32_t *argmax_idx;
     uint32_t *argmax_done;
+    // Tickets of the attention kernel's head groups: the last block of a group combines.
+    uint32_t *attn_done;
 };
 
 struct arc_graph {
@@ -42,7 +44,7 @@ struct RingHeader {
     volatile uint32_t stopped;
 };
 
-enum { ARC_MAX_STOP_IDS = 8 };
+enum { ARC_MAX_STOP_IDS = 8, ARC_ATTN_MAX_GROUPS = 1024 };
 
 struct DeviceState {
     int32_t position;     // the position the next forward runs at

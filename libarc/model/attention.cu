@@ -1,14 +1,14 @@
 // attention.cu -- one token's attention over the bf16 KV cache, split across blocks
 // (flash-decoding): each block scores one chunk of positions for a few query heads and writes a
-// partial result (its max, its sum of exponentials, its unnormalized output); a second small
-// kernel combines the partials. The grid covers max_seq, fixed when a graph is captured; the
-// position is read on the device and chunks past it exit at once, so there is no cliff at any
-// context length and no host decision per position.
+// partial result (its max, its sum of exponentials, its unnormalized output); the last block of
+// a head group to finish combines the group's partials, so one kernel does both. The grid
+// covers max_seq, fixed when a graph is captured; the position is read on the device and chunks
+// past it exit at once, so there is no host decision per position.
 #include <math.h>
 
 #include "kernels.cuh"
 
-enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8, COMBINE_THREADS = 256 };
+enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8 };
 
 // VEC bf16 values of a cache row as floats: 16-byte loads when head_dim % 8 == 0, else 4-byte.
 template <int VEC>
@@ -49,7 +49,10 @@ __device__ __forceinline__ void load_tile(const uint16_t *rows, int hd, int nvh,
 // positions [ATTN_CHUNK * blockIdx.y, +ATTN_CHUNK) that are <= *pos.
 // q (n_heads, hd) f32; k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's.
 // Writes o_part[head][split][hd] = sum_t exp(s_t - m) v_t and ml_part[head][split] = (m, sum_t
-// exp(s_t - m)), where s_t = (q . k_t) / sqrt(hd) and m is the chunk's max score.
+// exp(s_t - m)), where s_t = (q . k_t) / sqrt(hd) and m is the chunk's max score. The last of
+// the group's ns = pos / ATTN_CHUNK + 1 blocks to finish (a ticket on done[blockIdx.x], which it
+// resets) writes out[head][d] = sum_s exp(m_s - M) o_s[d] / sum_s exp(m_s - M) l_s, M = max_s
+// m_s, summing the chunks in order. A position outside [0, max_seq) makes out NaN.
 // Launch: grid (n_heads / G, ceil(max_seq / ATTN_CHUNK)), ATTN_THREADS threads. LP lanes share a
 // position, each holding NV vectors of VEC elements of the head row; a warp holds 32 / LP
 // positions. Limits: hd even and <= 128 (VEC = 8 needs hd % 8 == 0), G <= ATTN_WARPS.
@@ -58,7 +61,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__ k_cache,
                        const uint16_t *__restrict__ v_cache, int group, int hd, int max_seq,
                        int splits, const int32_t *__restrict__ pos_ptr, float scale,
-                       float *__restrict__ o_part, float2 *__restrict__ ml_part) {
+                       float *__restrict__ o_part, float2 *__restrict__ ml_part, unsigned *done,
+                       float *__restrict__ out) {
     constexpr int NV = VEC == 8 ? 1 : 2;  // VEC == 2 runs with LP == 32: hd / 2 <= 64 = 32 * NV
     constexpr int E = NV * VEC;           // elements of a head row per lane
     constexpr int PPW = 32 / LP;          // positions per warp
@@ -70,7 +74,12 @@ attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__
     pdl_launch_dependents();
     pdl_wait();
     const int pos = *pos_ptr;
-    if (pos < 0 || pos >= max_seq) return;  // the combine kernel reports it as NaN
+    if (pos < 0 || pos >= max_seq) {
+        if (blockIdx.y == 0)
+            for (int idx = threadIdx.x; idx < G * hd; idx += ATTN_THREADS)
+                out[(size_t)blockIdx.x * G * hd + idx] = __uint_as_float(0x7fc00000u);
+        return;
+    }
     const int split = blockIdx.y, start = split * ATTN_CHUNK;
     if (start > pos) return;
     const int n = min(ATTN_CHUNK, pos + 1 - start);
@@ -182,54 +191,32 @@ attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__
         o_part[((size_t)(head0 + g) * splits + split) * hd + d] = o;
     }
     if (tid < G) ml_part[(size_t)(head0 + tid) * splits + split] = stat[tid];
-}
 
-// out[head][:] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s over the chunks s that hold
-// positions <= *pos, M = max_s m_s. Launch: one block of COMBINE_THREADS per head; the threads
-// form COMBINE_THREADS / hd groups that each sum every such-th chunk, then the groups are added
-// in a fixed order. Dynamic shared memory `splits` floats. A position outside [0, max_seq)
-// makes the output NaN.
-__global__ void __launch_bounds__(COMBINE_THREADS)
-attention_combine_kernel(const float *__restrict__ o_part, const float2 *__restrict__ ml_part, int hd,
-                         int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
-                         float *__restrict__ out) {
-    extern __shared__ float weight[];  // [splits]
-    __shared__ float red[COMBINE_THREADS / 32];
-    __shared__ float partial[COMBINE_THREADS];
-    pdl_launch_dependents();
-    pdl_wait();
-    const int head = blockIdx.x, tid = threadIdx.x;
-    const int pos = *pos_ptr;
-    if (pos < 0 || pos >= max_seq) {
-        for (int d = tid; d < hd; d += COMBINE_THREADS) out[(size_t)head * hd + d] = __uint_as_float(0x7fc00000u);
-        return;
-    }
-    const int ns = pos / ATTN_CHUNK + 1;
-    const float2 *ml = ml_part + (size_t)head * splits;
-    float m = -INFINITY;
-    for (int s = tid; s < ns; s += COMBINE_THREADS) m = fmaxf(m, ml[s].x);
-    m = block_max(m, red);
-    float l = 0.0f;
-    for (int s = tid; s < ns; s += COMBINE_THREADS) {
-        const float2 st = ml[s];
-        const float w = expf(st.x - m);
-        weight[s] = w;
-        l += w * st.y;
-    }
-    l = block_sum(l, red);  // its barrier also publishes `weight`
-    const int groups = COMBINE_THREADS / hd, g = tid / hd, d = tid % hd;
-    const float *op = o_part + (size_t)head * splits * hd;
-    if (g < groups) {
-        float o = 0.0f;
-        for (int s = g; s < ns; s += groups) o = fmaf(weight[s], op[(size_t)s * hd + d], o);
-        partial[tid] = o;
-    }
+    // Every thread's partials are visible device-wide before the block takes its ticket.
+    __shared__ bool last;
+    __threadfence();
     __syncthreads();
-    if (tid < hd) {
-        float o = 0.0f;
-        for (int k = 0; k < groups; ++k) o += partial[k * hd + tid];
-        out[(size_t)head * hd + tid] = o / l;
+    const int ns = pos / ATTN_CHUNK + 1;
+    if (tid == 0) last = atomicAdd(&done[blockIdx.x], 1u) == (unsigned)(ns - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = tid; idx < G * hd; idx += ATTN_THREADS) {
+        const int head = head0 + idx / hd, d = idx % hd;
+        const float2 *ml = ml_part + (size_t)head * splits;
+        const float *op = o_part + (size_t)head * splits * hd + d;
+        float m = -INFINITY;
+        for (int c = 0; c < ns; ++c) m = fmaxf(m, __ldcg(&ml[c].x));
+        float l = 0.0f, o = 0.0f;
+        for (int c = 0; c < ns; ++c) {
+            const float2 st = __ldcg(&ml[c]);
+            const float w = expf(st.x - m);
+            l = fmaf(w, st.y, l);
+            o = fmaf(w, __ldcg(op + (size_t)c * hd), o);
+        }
+        out[(size_t)head * hd + d] = o / l;
     }
+    if (tid == 0) done[blockIdx.x] = 0;
 }
 
 static int attention_splits(int32_t max_seq) { return (max_seq + ATTN_CHUNK - 1) / ATTN_CHUNK; }
@@ -240,22 +227,33 @@ uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t 
     return parts * head_dim * sizeof(float) + parts * sizeof(float2);
 }
 
+// What every variant of the split kernel is launched with.
+struct SplitArgs {
+    dim3 grid;
+    const float *q;
+    const uint16_t *k, *v;
+    int group, hd, max_seq, splits;
+    const int32_t *pos;
+    float scale;
+    float *o_part;
+    float2 *ml_part;
+    unsigned *done;
+    float *out;
+};
+
 template <int VEC, int LP, int G>
-static int launch_split(arc_context *ctx, dim3 grid, const float *q, const uint16_t *k, const uint16_t *v,
-                        int group, int hd, int max_seq, int splits, const int32_t *pos, float scale,
-                        float *o_part, float2 *ml_part) {
-    return arc_launch_pdl(ctx, "attention_split_kernel", attention_split_kernel<VEC, LP, G>, grid,
-                          dim3(ATTN_THREADS), 0, q, k, v, group, hd, max_seq, splits, pos, scale, o_part, ml_part);
+static int launch_split(arc_context *ctx, const SplitArgs &a) {
+    return arc_launch_pdl(ctx, "attention_split_kernel", attention_split_kernel<VEC, LP, G>, a.grid,
+                          dim3(ATTN_THREADS), 0, a.q, a.k, a.v, a.group, a.hd, a.max_seq, a.splits, a.pos,
+                          a.scale, a.o_part, a.ml_part, a.done, a.out);
 }
 
 template <int VEC, int LP>
-static int launch_split_g(arc_context *ctx, int G, dim3 grid, const float *q, const uint16_t *k,
-                          const uint16_t *v, int group, int hd, int max_seq, int splits,
-                          const int32_t *pos, float scale, float *o_part, float2 *ml_part) {
+static int launch_split_g(arc_context *ctx, int G, const SplitArgs &a) {
     switch (G) {
-    case 4: return launch_split<VEC, LP, 4>(ctx, grid, q, k, v, group, hd, max_seq, splits, pos, scale, o_part, ml_part);
-    case 2: return launch_split<VEC, LP, 2>(ctx, grid, q, k, v, group, hd, max_seq, splits, pos, scale, o_part, ml_part);
-    default: return launch_split<VEC, LP, 1>(ctx, grid, q, k, v, group, hd, max_seq, splits, pos, scale, o_part, ml_part);
+    case 4: return launch_split<VEC, LP, 4>(ctx, a);
+    case 2: return launch_split<VEC, LP, 2>(ctx, a);
+    default: return launch_split<VEC, LP, 1>(ctx, a);
     }
 }
 
@@ -278,29 +276,28 @@ int arc_launch_attention(arc_context *ctx, const float *q, const uint16_t *k_cac
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
     const int group = n_heads / n_kv_heads;
     const int G = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    ARC_REQUIRE(n_heads / G <= ARC_ATTN_MAX_GROUPS, "at most %d head groups, got %d", ARC_ATTN_MAX_GROUPS,
+                n_heads / G);
     const int splits = attention_splits(max_seq);
-    const dim3 grid(n_heads / G, splits);
-    float *o_part = scratch;
-    float2 *ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim);
-    const float scale = (float)(1.0 / sqrt((double)head_dim));
-    int st;
-    if (!wide) {
-        st = launch_split_g<2, 32>(ctx, G, grid, q, k_cache, v_cache, group, head_dim, max_seq, splits, pos,
-                                   scale, o_part, ml_part);
-    } else if (head_dim <= 32) {
-        st = launch_split_g<8, 4>(ctx, G, grid, q, k_cache, v_cache, group, head_dim, max_seq, splits, pos,
-                                  scale, o_part, ml_part);
-    } else if (head_dim <= 64) {
-        st = launch_split_g<8, 8>(ctx, G, grid, q, k_cache, v_cache, group, head_dim, max_seq, splits, pos,
-                                  scale, o_part, ml_part);
-    } else {
-        st = launch_split_g<8, 16>(ctx, G, grid, q, k_cache, v_cache, group, head_dim, max_seq, splits, pos,
-                                   scale, o_part, ml_part);
-    }
-    if (st != ARC_OK) return st;
-    return arc_launch_pdl(ctx, "attention_combine_kernel", attention_combine_kernel, dim3(n_heads),
-                          dim3(COMBINE_THREADS), splits * sizeof(float), (const float *)o_part,
-                          (const float2 *)ml_part, head_dim, max_seq, splits, pos, out);
+    SplitArgs a;
+    a.grid = dim3(n_heads / G, splits);
+    a.q = q;
+    a.k = k_cache;
+    a.v = v_cache;
+    a.group = group;
+    a.hd = head_dim;
+    a.max_seq = max_seq;
+    a.splits = splits;
+    a.pos = pos;
+    a.scale = (float)(1.0 / sqrt((double)head_dim));
+    a.o_part = scratch;
+    a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim);
+    a.done = ctx->attn_done;
+    a.out = out;
+    if (!wide) return launch_split_g<2, 32>(ctx, G, a);
+    if (head_dim <= 32) return launch_split_g<8, 4>(ctx, G, a);
+    if (head_dim <= 64) return launch_split_g<8, 8>(ctx, G, a);
+    return launch_split_g<8, 16>(ctx, G, a);
 }
 
 extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,

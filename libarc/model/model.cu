@@ -3,13 +3,13 @@
 // forward, enqueued on the context's stream with no allocation, no host wait and no host
 // decision on device data, so that it can be captured into a graph once and replayed.
 //
-// Per layer the forward launches 7 kernels:
+// Per layer the forward launches 6 kernels:
 //   1 gemv         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
 //   2 rope_kv      rotate q, k in place; k, v -> KV cache at pos (bf16)
-//   3-4 attention  split over chunks of positions, then combine -> att
-//   5 gemv         x += Wo @ att
-//   6 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-//   7 gemv         x += Wdown @ h
+//   3 attention    split over chunks of positions, the last block combines -> att
+//   4 gemv         x += Wo @ att
+//   5 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
+//   6 gemv         x += Wdown @ h
 // plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after.
 // Every kernel is launched with programmatic dependent launch (kernels.cuh: pdl_wait): the next
 // one is scheduled while the previous one finishes, and waits on the device for its data. Work
