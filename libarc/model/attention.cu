@@ -257,7 +257,7 @@ static int launch_split_g(arc_context *ctx, int G, const SplitArgs &a) {
     }
 }
 
-int arc_launch_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
+extern "C" int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
                          const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
                          int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
                          float *out) {
@@ -310,10 +310,3 @@ extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim,
     return ARC_OK;
 }
 
-extern "C" int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
-                                const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
-                                int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
-                                float *out) {
-    return arc_launch_attention(ctx, q, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos,
-                                scratch, out);
-}

@@ -33,7 +33,7 @@ embedding_kernel(const uint16_t *__restrict__ table, int vocab, int dim,
     }
 }
 
-int arc_launch_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
+extern "C" int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
                          const uint32_t *token, float *x) {
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(table && token && x, "null pointer (table, token and x are required)");
@@ -45,7 +45,3 @@ int arc_launch_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab,
                           dim, (const volatile uint32_t *)token, x);
 }
 
-extern "C" int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
-                                const uint32_t *token, float *x) {
-    return arc_launch_embedding(ctx, table, vocab, dim, token, x);
-}

@@ -261,7 +261,7 @@ static int gemv_split(int32_t rows, int32_t cols, int max_r, bool gated, int *ks
     return r;
 }
 
-int arc_launch_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                     const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                     float *y) {
     ARC_REQUIRE(ctx, "ctx is null");
@@ -281,7 +281,7 @@ int arc_launch_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t
 #undef GEMV_ARGS
 }
 
-int arc_launch_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
+extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                            int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
     ARC_REQUIRE(ctx, "ctx is null");
     int st = check_gemv(__func__, w_gate_up, x, rows, cols, norm_weight, eps, y);
@@ -300,14 +300,4 @@ int arc_launch_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const fl
 #undef GEMV_ARGS
 }
 
-extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows,
-                           int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
-                           int32_t accumulate, float *y) {
-    return arc_launch_gemv(ctx, w, x, rows, cols, bias, norm_weight, eps, accumulate, y);
-}
 
-extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x,
-                                  int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps,
-                                  float *y) {
-    return arc_launch_gemv_swiglu(ctx, w_gate_up, x, rows, cols, norm_weight, eps, y);
-}

@@ -1,6 +1,6 @@
 // kernels.cuh -- what the forward's kernels share: bf16 conversions, warp and block reductions,
-// and the launchers (one per kernel concept). The arc_op_* entry points and arc_model_forward
-// call the same launchers, so the kernel tests exercise exactly what the forward runs.
+// and the launch helper. Each kernel's launcher is its arc_op_* entry point, which
+// arc_model_forward calls too, so the kernel tests exercise exactly what the forward runs.
 //
 // Every launcher takes the context (it enqueues on ctx->stream), checks its limits with
 // ARC_REQUIRE, launches, and checks the launch with ARC_LAUNCHED. Token and position are read
@@ -117,20 +117,6 @@ enum { GEMV_MAX_COLS = 49152 };
 // Attention works on chunks of this many positions (one block per head group and chunk).
 enum { ATTN_CHUNK = 128, ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
 
-// Launchers. Shapes and limits are documented at each kernel.
-int arc_launch_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
-                         const uint32_t *token, float *x);
-int arc_launch_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
-                    const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
-                    float *y);
-int arc_launch_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
-                           int32_t cols, const uint16_t *norm_weight, float eps, float *y);
-int arc_launch_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
-                       int32_t head_dim, const float *inv_freq, const int32_t *pos, int32_t max_seq,
-                       uint16_t *k_cache, uint16_t *v_cache);
-// Bytes of scratch arc_launch_attention needs for these shapes (0 if the shapes are invalid).
+// The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
+// each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq);
-int arc_launch_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
-                         const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
-                         int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
-                         float *out);

@@ -285,28 +285,28 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
 
     const uint16_t *embed = bf16_at(model, ARC_TENSOR_EMBED, 0);
     const float *inv_freq = reinterpret_cast<const float *>(tensor_at(model, ARC_TENSOR_ROPE_INV_FREQ, 0));
-    ARC_TRY(arc_launch_embedding(ctx, embed, c.vocab, c.dim, token, model->x));
+    ARC_TRY(arc_op_embedding(ctx, embed, c.vocab, c.dim, token, model->x));
     for (int l = 0; l < c.n_layers; ++l) {
         uint16_t *k_cache = model->kv + (uint64_t)l * model->kv_layer_elems;
         uint16_t *v_cache = model->kv + (uint64_t)(c.n_layers + l) * model->kv_layer_elems;
         const uint16_t *bias = c.qkv_bias ? bf16_at(model, ARC_TENSOR_BQ, l) : nullptr;
         // attention block
-        ARC_TRY(arc_launch_gemv(ctx, bf16_at(model, ARC_TENSOR_WQ, l), model->x, model->qkv_rows, c.dim, bias,
+        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_WQ, l), model->x, model->qkv_rows, c.dim, bias,
                                 bf16_at(model, ARC_TENSOR_ATTN_NORM, l), c.rms_eps, 0, model->qkv));
-        ARC_TRY(arc_launch_rope_kv(ctx, model->qkv, c.n_heads, c.n_kv_heads, c.head_dim, inv_freq, pos, c.max_seq,
+        ARC_TRY(arc_op_rope_kv(ctx, model->qkv, c.n_heads, c.n_kv_heads, c.head_dim, inv_freq, pos, c.max_seq,
                                    k_cache, v_cache));
-        ARC_TRY(arc_launch_attention(ctx, model->qkv, k_cache, v_cache, c.n_heads, c.n_kv_heads, c.head_dim,
+        ARC_TRY(arc_op_attention(ctx, model->qkv, k_cache, v_cache, c.n_heads, c.n_kv_heads, c.head_dim,
                                      c.max_seq, pos, model->scratch, model->att));
-        ARC_TRY(arc_launch_gemv(ctx, bf16_at(model, ARC_TENSOR_WO, l), model->att, c.dim, model->q_dim, nullptr,
+        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_WO, l), model->att, c.dim, model->q_dim, nullptr,
                                 nullptr, 0.0f, 1, model->x));
         // MLP block
-        ARC_TRY(arc_launch_gemv_swiglu(ctx, bf16_at(model, ARC_TENSOR_W_GATE, l), model->x, c.ffn_dim, c.dim,
+        ARC_TRY(arc_op_gemv_swiglu(ctx, bf16_at(model, ARC_TENSOR_W_GATE, l), model->x, c.ffn_dim, c.dim,
                                        bf16_at(model, ARC_TENSOR_MLP_NORM, l), c.rms_eps, model->h));
-        ARC_TRY(arc_launch_gemv(ctx, bf16_at(model, ARC_TENSOR_W_DOWN, l), model->h, c.dim, c.ffn_dim, nullptr,
+        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_W_DOWN, l), model->h, c.dim, c.ffn_dim, nullptr,
                                 nullptr, 0.0f, 1, model->x));
     }
     const uint16_t *head = bf16_at(model, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
-    ARC_TRY(arc_launch_gemv(ctx, head, model->x, c.vocab, c.dim, nullptr, bf16_at(model, ARC_TENSOR_FINAL_NORM, 0),
+    ARC_TRY(arc_op_gemv(ctx, head, model->x, c.vocab, c.dim, nullptr, bf16_at(model, ARC_TENSOR_FINAL_NORM, 0),
                             c.rms_eps, 0, model->logits));
     return ARC_OK;
 }

@@ -47,7 +47,7 @@ rope_kv_kernel(float *__restrict__ qkv, int n_heads, int n_kv_heads, int hd,
     v_cache[at + i + half] = f32_to_bf16(v[i + half]);
 }
 
-int arc_launch_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
+extern "C" int arc_op_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
                        int32_t head_dim, const float *inv_freq, const int32_t *pos, int32_t max_seq,
                        uint16_t *k_cache, uint16_t *v_cache) {
     ARC_REQUIRE(ctx, "ctx is null");
@@ -65,9 +65,3 @@ int arc_launch_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_
                           n_kv_heads, head_dim, inv_freq, pos, max_seq, k_cache, v_cache);
 }
 
-extern "C" int arc_op_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t head_dim, const float *inv_freq, const int32_t *pos,
-                              int32_t max_seq, uint16_t *k_cache, uint16_t *v_cache) {
-    return arc_launch_rope_kv(ctx, qkv, n_heads, n_kv_heads, head_dim, inv_freq, pos, max_seq,
-                              k_cache, v_cache);
-}
