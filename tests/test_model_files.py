@@ -10,6 +10,7 @@ import builtins
 import io
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -211,7 +212,7 @@ def test_missing_config_key_is_named():
 def test_unsupported_architecture_is_refused_by_name(arch):
     d = llama3_8b_config()
     d["architectures"] = [arch]
-    with pytest.raises(ModelFileError, match=f"cfg.json: unsupported architecture {arch}"):
+    with pytest.raises(ModelFileError, match=f"cfg.json: unsupported architecture '{arch}'"):
         config_from_hf(d, "cfg.json")
 
 
@@ -430,7 +431,7 @@ def test_truncated_file_is_refused_naming_the_tensor_past_the_end(tmp_path):
     f.write_bytes(f.read_bytes()[:-10])
     last = list(tensors)[-1]
     msg = load_error(tmp_path)
-    assert str(f) in msg and f"tensor {last}" in msg and "truncated" in msg
+    assert str(f) in msg and f"tensor '{last}'" in msg and "truncated" in msg
 
 
 def test_data_offsets_outside_the_file_are_refused(tmp_path):
@@ -452,25 +453,26 @@ def test_offsets_spanning_the_wrong_byte_count_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("header_len", [2**40, 10_000_000])
-def test_header_length_beyond_cap_or_file_is_an_oversized_header(tmp_path, header_len):
+def test_header_length_beyond_cap_or_file_is_not_a_safetensors_file(tmp_path, header_len):
     tensors = write_tiny_dir(tmp_path)
     header, data = bf16_header_and_data(tensors)
     raw_safetensors(tmp_path / "model.safetensors", header, data, header_len=header_len)
     msg = load_error(tmp_path)
-    assert "model.safetensors: oversized header" in msg
+    assert "model.safetensors: not a safetensors file" in msg
+    assert str(header_len) not in msg  # the length word is not echoed
 
 
 def test_file_shorter_than_the_length_word_is_refused(tmp_path):
     write_config(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x01\x02")
-    assert "model.safetensors: too short" in load_error(tmp_path)
+    assert "model.safetensors: not a safetensors file (too short" in load_error(tmp_path)
 
 
 def test_header_that_is_not_json_is_refused(tmp_path):
     write_config(tmp_path)
     junk = b"{not json at all"
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(junk)) + junk)
-    assert "model.safetensors: header is not valid JSON" in load_error(tmp_path)
+    assert "model.safetensors: not a safetensors file (header is not valid JSON" in load_error(tmp_path)
 
 
 def test_tensor_shape_not_matching_the_config_is_refused(tmp_path):
@@ -479,25 +481,24 @@ def test_tensor_shape_not_matching_the_config_is_refused(tmp_path):
     tensors[name] = np.zeros((24, 16), np.uint16)  # transposed
     write_tiny_dir(tmp_path, tensors)
     msg = load_error(tmp_path)
-    assert f"tensor {name} has shape [24, 16], config expects [16, 24]" in msg
+    assert f"tensor '{name}' has shape [24, 16], config expects [16, 24]" in msg
 
 
 @pytest.mark.parametrize("dtype,size", [("I32", 4), ("F64", 8), ("F8_E4M3", 1)])
 def test_tensor_of_an_unsupported_dtype_is_refused(tmp_path, dtype, size):
     tensors = write_tiny_dir(tmp_path)
-    header, data = bf16_header_and_data(tensors)
-    header.pop(FINAL_NORM)
+    header, data = bf16_header_and_data({n: t for n, t in tensors.items() if n != FINAL_NORM})
     header[FINAL_NORM] = {"dtype": dtype, "shape": [16], "data_offsets": [len(data), len(data) + 16 * size]}
     raw_safetensors(tmp_path / "model.safetensors", header, data + bytes(16 * size))
     msg = load_error(tmp_path)
-    assert f"tensor {FINAL_NORM} has unsupported dtype {dtype}" in msg
+    assert f"tensor '{FINAL_NORM}' has unsupported dtype '{dtype}'" in msg
 
 
 def test_missing_tensor_is_named(tmp_path):
     tensors = random_model(TINY).tensors
     del tensors["model.layers.1.self_attn.v_proj.weight"]
     write_tiny_dir(tmp_path, tensors)
-    assert "missing tensor model.layers.1.self_attn.v_proj.weight" in load_error(tmp_path)
+    assert "missing tensor 'model.layers.1.self_attn.v_proj.weight'" in load_error(tmp_path)
 
 
 def test_unexpected_tensor_is_refused_but_rotary_buffers_are_ignored(tmp_path):
@@ -507,7 +508,7 @@ def test_unexpected_tensor_is_refused_but_rotary_buffers_are_ignored(tmp_path):
     assert load_model(tmp_path / "ok").config == TINY
     tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(16, np.uint16)
     write_tiny_dir(tmp_path / "bad", tensors)
-    assert "unexpected tensor model.layers.0.self_attn.o_proj.bias" in load_error(tmp_path / "bad")
+    assert "unexpected tensor 'model.layers.0.self_attn.o_proj.bias'" in load_error(tmp_path / "bad")
 
 
 def test_missing_directory_config_and_weights_are_each_named(tmp_path):
@@ -521,7 +522,7 @@ def test_missing_directory_config_and_weights_are_each_named(tmp_path):
 def test_config_that_is_not_json_is_refused(tmp_path):
     write_tiny_dir(tmp_path)
     (tmp_path / "config.json").write_text("{'hidden_size': 16,")
-    assert "config.json: not valid JSON" in load_error(tmp_path)
+    assert "config.json: config is not valid JSON" in load_error(tmp_path)
 
 
 def test_unsupported_architecture_in_a_directory_names_the_config_file(tmp_path):
@@ -539,16 +540,21 @@ def test_unsupported_rope_type_in_a_directory_is_refused(tmp_path):
 
 @pytest.fixture
 def opened_paths(monkeypatch):
-    """Records every file opened through open()/io.open/Path.open during the test."""
+    """Records every file opened through open()/io.open/Path.open/os.open during the test."""
     seen: list[str] = []
-    real_open = builtins.open
+    real_open, real_os_open = builtins.open, os.open
 
     def spy(file, *a, **kw):
         seen.append(str(file))
         return real_open(file, *a, **kw)
 
+    def os_spy(file, *a, **kw):
+        seen.append(str(file))
+        return real_os_open(file, *a, **kw)
+
     monkeypatch.setattr(builtins, "open", spy)
     monkeypatch.setattr(io, "open", spy)
+    monkeypatch.setattr(os, "open", os_spy)
     return seen
 
 
@@ -557,7 +563,7 @@ def test_pickle_only_directory_is_refused_without_opening_it(tmp_path, opened_pa
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04 not really a pickle")
     opened_paths.clear()
     msg = load_error(tmp_path)
-    assert "refusing pickle checkpoint pytorch_model.bin" in msg
+    assert "refusing pickle checkpoint 'pytorch_model.bin'" in msg
     assert not [p for p in opened_paths if p.endswith(".bin")]
 
 

@@ -1,0 +1,28 @@
+"""Model description and weights.
+
+A model is a `ModelConfig` plus a dict of tensors under their Hugging Face names, every tensor held
+as raw bf16 words (`uint16`, C-contiguous). One concept per module:
+
+    bf16         bf16 words <-> float32
+    config       ModelConfig, RopeScaling, RoPE frequencies
+    tensors      the tensor table of a config, and Model
+    hf           Hugging Face config.json <-> ModelConfig
+    safetensors  the safetensors reader and writer
+    checkpoint   model directories: load_model, save_model
+    presets      named shapes with deterministic random weights
+"""
+
+from .bf16 import bf16_to_f32, f32_to_bf16
+from .checkpoint import PICKLE_SUFFIXES, load_model, save_model
+from .config import ModelConfig, RopeScaling, rope_inv_freq
+from .hf import config_from_hf, config_to_hf
+from .presets import SHAPES, random_model, synthetic_model
+from .safetensors import MAX_HEADER_BYTES, save_safetensors
+from .tensors import EMBED, FINAL_NORM, LM_HEAD, Model, expected_tensors, iter_tensors, layer_prefix
+
+__all__ = [
+    "EMBED", "FINAL_NORM", "LM_HEAD", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "SHAPES", "Model", "ModelConfig",
+    "RopeScaling", "bf16_to_f32", "config_from_hf", "config_to_hf", "expected_tensors", "f32_to_bf16",
+    "iter_tensors", "layer_prefix", "load_model", "random_model", "rope_inv_freq", "save_model",
+    "save_safetensors", "synthetic_model",
+]

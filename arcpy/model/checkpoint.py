@@ -1,0 +1,136 @@
+"""Model directories: config.json plus safetensors weights (one file, or shards named by an index).
+
+Every check on the files happens before `load_model` returns, and every failure is one
+ModelFileError line naming the file and tensor. Nothing a file claims is iterated over or
+allocated for before it is bounded by what the files hold. Pickle checkpoints are never opened:
+loading one runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from arcpy.errors import ModelFileError
+
+from .checks import is_int, quoted, require
+from .config import ModelConfig
+from .files import read_json_file
+from .hf import config_from_hf, config_to_hf
+from .safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
+from .tensors import LM_HEAD, Model, expected_tensors, iter_tensors
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+# Buffers some exporters save next to the weights; they are recomputed from the config.
+_HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _read_index(directory: Path, index: Path) -> dict[str, TensorEntry]:
+    doc = read_json_file(index, "safetensors index")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ModelFileError(f"{index}: not a safetensors index (no 'weight_map' object)")
+    headers: dict[str, dict[str, TensorEntry]] = {}
+    entries = {}
+    for name, shard in weight_map.items():
+        # A shard must sit in the model directory: no paths, so an index cannot point elsewhere.
+        if (not isinstance(shard, str) or "\0" in shard or Path(shard).name != shard
+                or not shard.endswith(".safetensors")):
+            raise ModelFileError(f"{index}: tensor {quoted(name)} maps to invalid shard name {quoted(shard)}")
+        if shard not in headers:
+            if not os.path.lexists(directory / shard):
+                raise ModelFileError(f"{directory}: shard {quoted(shard)} listed in the index is missing")
+            headers[shard] = read_header(directory / shard)
+        if name not in headers[shard]:
+            raise ModelFileError(f"{directory / shard}: tensor {quoted(name)} listed in the index is absent")
+        entries[name] = headers[shard][name]
+    return entries
+
+
+def _weight_files(directory: Path) -> dict[str, TensorEntry]:
+    """Locate the safetensors file(s) in a model directory and return the tensor index."""
+    # lexists: a dangling link is reported as unreadable, not as absent.
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if os.path.lexists(single):
+        return read_header(single)
+    if os.path.lexists(index):
+        return _read_index(directory, index)
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelFileError(f"{directory}: refusing pickle checkpoint {quoted(pickles[0])} (pickle runs code on "
+                             "load); convert it to safetensors")
+    raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory: Path) -> dict[str, tuple]:
+    """Match the files' tensors against the config -> the expected table, name -> shape."""
+    # iter_tensors stops at the first tensor the files lack, so a config claiming far more
+    # layers than the files hold costs at most one step per stored tensor.
+    for name, shape in iter_tensors(cfg):
+        e = entries.get(name)
+        if e is None:
+            raise ModelFileError(f"{directory}: missing tensor {quoted(name)}")
+        if e.dtype not in READABLE:
+            raise ModelFileError(f"{e.file}: tensor {quoted(name)} has unsupported dtype {quoted(e.dtype)} "
+                                 "(BF16, F16, F32)")
+        if e.shape != shape:
+            raise ModelFileError(f"{e.file}: tensor {quoted(name)} has shape {quoted(list(e.shape))}, "
+                                 f"config expects {list(shape)}")
+    expected = expected_tensors(cfg)
+    for name, e in entries.items():
+        harmless = name.endswith(_HARMLESS_SUFFIXES) or (name == LM_HEAD and cfg.tied_embeddings)
+        if name not in expected and not harmless:
+            raise ModelFileError(f"{e.file}: unexpected tensor {quoted(name)} (not part of this config)")
+    return expected
+
+
+def load_model(path, max_seq: int | None = None) -> Model:
+    """Read a Hugging Face style directory (config.json + safetensors) into a Model.
+
+    BF16 tensors stay memory-mapped words; F16/F32 are rounded to bf16. `max_seq` caps the context
+    (a 128k context's KV cache may not fit where the model does). Tensors the config does not
+    expect are an error, except buffers that are recomputed anyway (rotary inv_freq) and an
+    lm_head.weight next to tied embeddings (tying means the embedding is used).
+    """
+    if "\0" in os.fspath(path):
+        raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
+    try:
+        return _load_model(Path(path), max_seq)
+    except OSError as e:  # unreadable file, I/O error: still one line naming the file
+        raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
+
+
+def _load_model(directory: Path, max_seq: int | None) -> Model:
+    if not directory.exists():
+        raise ModelFileError(f"{directory}: no such model directory")
+    if not directory.is_dir():
+        if directory.suffix in PICKLE_SUFFIXES:
+            raise ModelFileError(f"{directory}: refusing pickle checkpoint (pickle runs code on load); "
+                                 "convert it to safetensors")
+        raise ModelFileError(f"{directory}: expected a model directory with config.json and safetensors")
+    cfg_path = directory / "config.json"
+    if not os.path.lexists(cfg_path):
+        raise ModelFileError(f"{cfg_path}: missing config.json")
+    cfg = config_from_hf(read_json_file(cfg_path, "config"), str(cfg_path))
+    if max_seq is not None:
+        require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
+        cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
+
+    entries = _weight_files(directory)
+    expected = _check_tensors(cfg, entries, directory)
+    maps: dict[Path, np.ndarray] = {}
+    tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
+    return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
+
+
+def save_model(model: Model, directory) -> None:
+    """Write config.json and model.safetensors (BF16) so that `load_model(directory)` reads it back."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
+    save_safetensors(directory / "model.safetensors", model.tensors, "BF16")

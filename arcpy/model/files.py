@@ -1,0 +1,70 @@
+"""Opening model files and parsing their JSON, trusting nothing about either.
+
+Symbolic links are followed (the Hugging Face cache lays out each snapshot as links into its blob
+store), but what a name reaches must be a regular file: a FIFO would block the open, a device
+never end. JSON failures become one line that says what is wrong without repeating file bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from arcpy.errors import ModelFileError
+
+# Real config.json, index and safetensors headers are kilobytes to a few megabytes.
+MAX_JSON_BYTES = 100 * 1024 * 1024
+
+
+def open_regular(path: Path) -> tuple[BinaryIO, int]:
+    """Open `path` for binary reading -> (file, size). Refuses anything but a regular file."""
+    # O_NONBLOCK lets a FIFO open return at once, so it can be refused below instead of hanging.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFileError(f"{path}: not a regular file")
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def is_regular(path: Path) -> bool:
+    """True when `path` (links followed) is a regular file; never opens it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def parse_json(raw: bytes) -> tuple[object, str | None]:
+    """bytes -> (value, None), or (None, why the bytes are not JSON). `why` holds no file bytes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "is not UTF-8 text"
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "is nested too deeply"
+    except json.JSONDecodeError as e:
+        return None, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    except ValueError:  # Python refuses to convert integers of more than 4300 digits
+        return None, "holds a number too long to read"
+
+
+def read_json_file(path: Path, what: str) -> object:
+    """Parse a small JSON file (config.json, the shard index). `what` names it in messages."""
+    fh, size = open_regular(path)
+    with fh:
+        if size > MAX_JSON_BYTES:
+            raise ModelFileError(f"{path}: {size} bytes is too large for a {what}")
+        raw = fh.read(MAX_JSON_BYTES + 1)
+    value, problem = parse_json(raw)
+    if problem is not None:
+        raise ModelFileError(f"{path}: {what} {problem}")
+    return value
