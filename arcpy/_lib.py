@@ -2,10 +2,14 @@
 
 The cdef is read from arc.h itself (the copy the build places beside libarc.so): the region
 between its `arc-cdef-begin` and `arc-cdef-end` markers, so the binding cannot drift from the
-ABI. The library is found in this order: $ARC_LIBRARY (a path to a libarc.so; its arc.h is
-expected beside it), then the libarc.so built into this package. A missing library, a missing
-driver or no GPU all end in NoDeviceError on the first GPU call: `import arcpy` never fails for
-want of a GPU, and nothing here can crash the interpreter on a machine without one.
+ABI. The library is found in this order:
+1. $ARC_LIBRARY, a path to a libarc.so (its arc.h beside it). Set, it is the only candidate: a
+   missing or unloadable file is an error naming the variable, never a silent fallback.
+2. The libarc.so built into this package.
+3. When this package is a source checkout without a build (run from the project's folder after
+   `pip install .`), the libarc.so of the installed distribution.
+A missing library, a missing driver or no GPU all end in NoDeviceError on the first GPU call:
+`import arcpy` never fails for want of a GPU, and nothing here can crash the interpreter.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ from pathlib import Path
 
 import cffi
 
+from .codes import ABI_VERSION, ARC_NOT_READY, ARC_OK
 from .errors import ArcError, ContextLostError, InvalidArgumentError, NoDeviceError
 
-ABI_VERSION = 1
-ARC_OK = 0
-ARC_NOT_READY = 1
-
+LIBRARY_ENV = "ARC_LIBRARY"
 _MARKERS = re.compile(r"/\* arc-cdef-begin \*/(.*)/\* arc-cdef-end \*/", re.S)
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def cdef_from_header(text: str) -> str:
@@ -33,13 +36,38 @@ def cdef_from_header(text: str) -> str:
     return m.group(1)
 
 
+def _installed_library() -> Path | None:
+    """libarc.so of the installed arcpy distribution, when it is not this package's folder."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        path = Path(str(distribution("arcpy").locate_file("arcpy/libarc.so"))).resolve()
+    except (ImportError, PackageNotFoundError, OSError, ValueError):
+        return None
+    return path if path.is_file() and path.parent != _PACKAGE else None
+
+
 def library_path() -> Path:
-    env = os.environ.get("ARC_LIBRARY")
+    """Where libarc.so is loaded from (see the module's docstring); raises NoDeviceError when
+    ARC_LIBRARY is set to nothing usable, naming the variable."""
+    env = os.environ.get(LIBRARY_ENV)
     if env is not None:
         if not env.strip():
-            raise InvalidArgumentError("ARC_LIBRARY is set but empty: unset it or name a libarc.so")
-        return Path(env)
-    return Path(__file__).resolve().parent / "libarc.so"
+            raise NoDeviceError(f"{LIBRARY_ENV} is set but empty: unset it or name a libarc.so")
+        path = Path(env)
+        if not path.is_file():
+            raise NoDeviceError(f"{LIBRARY_ENV}={env!r}: no such file")
+        return path
+    here = _PACKAGE / "libarc.so"
+    if here.is_file():
+        return here
+    installed = _installed_library()
+    if installed is not None:
+        return installed
+    if (_PACKAGE.parent / "libarc" / "arc.h").is_file():
+        raise NoDeviceError(
+            f"arcpy is imported from the source tree at {_PACKAGE.parent}, which has no built libarc.so: "
+            "build it there (pip install -e .) or run from another folder to use the installed arcpy")
+    raise NoDeviceError(f"libarc.so not found at {here}: reinstall arcpy (pip install .) to build it")
 
 
 class _Binding:
@@ -58,8 +86,6 @@ class _Binding:
         try:
             path = library_path()
             header = path.with_name("arc.h")
-            if not path.is_file():
-                raise OSError(f"libarc.so not found at {path}: reinstall arcpy (pip install .) to build it")
             if not header.is_file():
                 raise OSError(f"arc.h not found beside {path}: reinstall arcpy")
             ffi = cffi.FFI()
@@ -71,7 +97,7 @@ class _Binding:
             version = lib.arc_abi_version()
             if version != ABI_VERSION:
                 raise OSError(f"{path} has ABI version {version}, this arcpy needs {ABI_VERSION}")
-        except OSError as exc:
+        except (OSError, NoDeviceError) as exc:
             self.error = str(exc)
             raise NoDeviceError(self.error) from None
         self.ffi, self.lib = ffi, lib
@@ -127,3 +153,15 @@ def cuda_available() -> tuple[bool, str]:
     if n == 0:
         return False, "no CUDA device is visible"
     return True, f"{n} CUDA device(s)"
+
+
+def auto_backend() -> str:
+    """The backend "auto" stands for: "cuda" when a GPU is usable, else "numpy". When
+    ARC_LIBRARY names a library that cannot be loaded, that is an error (NoDeviceError naming
+    the variable), not a quiet fallback to the CPU."""
+    ok, _ = cuda_available()
+    if ok:
+        return "cuda"
+    if LIBRARY_ENV in os.environ and _binding.error is not None:
+        raise NoDeviceError(_binding.error)
+    return "numpy"

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import _lib
-from .cuda_model import cuda_device
-from .device import Context, scripted_device
+from .cuda import Context, open_cuda_device
+from .scripted import scripted_device
 from .engine import Engine
 from .gate import FallbackLatch
 from .model import synthetic_model
@@ -88,13 +88,12 @@ class ShapeResult:
 
 def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int) -> ShapeResult:
     model = synthetic_model(shape, seed=0)
-    device = cuda_device(model, max_seq=min(model.config.max_seq, 2048))
+    device = open_cuda_device(model, max_seq=min(model.config.max_seq, 2048))
     try:
         floor_us = model.config.weight_bytes / bandwidth * 1e6
         return ShapeResult(shape, model.config.weight_bytes, floor_us, bench_paths(device, tokens, runs))
     finally:
         device.close()
-        device.ctx.close()
 
 
 def bench_scripted(tokens: int, runs: int) -> ShapeResult:

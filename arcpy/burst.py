@@ -17,27 +17,17 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .device import FAULT_NAMES, DeviceOps
-from .errors import DeviceFaultError
+from .codes import FAULT_NONFINITE
+from .device import DeviceOps, RingState, spin_until
+from .errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
 
 
-class LoopFault(DeviceFaultError):
-    """The device loop failed but the context is still usable: the engine may fall back."""
-
-
-class FaultWordError(LoopFault):
-    def __init__(self, code: int, token: int, position: int):
-        what = FAULT_NAMES.get(code, f"fault code {code}")
-        super().__init__(f"device loop: {what}: token {token} at position {position}")
-        self.code, self.token, self.position = code, token, position
-
-
-class ShortBurstError(LoopFault):
-    """idle-but-short: the work retired without doing what it was asked."""
-
-
-class HangError(DeviceFaultError):
-    """No progress and no error within max_spins polls; the stream still holds the work."""
+def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:
+    """The error a latched fault word stands for. Non-finite logits are the model's, not the
+    loop's: the host path would meet them too, so they are not a reason to fall back."""
+    if state.fault == FAULT_NONFINITE:
+        return NonFiniteLogitsError(state.fault_pos - 1, "device loop")
+    return FaultWordError(state.fault, state.fault_token, state.fault_pos)
 
 
 class BurstDriver:
@@ -58,12 +48,8 @@ class BurstDriver:
         """Reset the ring for a new sequence. The ring may only be reset once no step is in
         flight (the tail of a burst a stop id ended may still be retiring): that wait is a
         host wait, counted, once per sequence, never per token."""
-        spins = 0
-        while not self.device.reset_ring():
-            self.host_waits += 1 if spins == 0 else 0
-            spins += 1
-            if spins > self.max_spins:
-                raise HangError(f"the stream did not go idle within {self.max_spins} polls")
+        if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
+            self.host_waits += 1
         self.published = 0
         self.device.set_stop_ids(tuple(stop_ids))
 
@@ -71,7 +57,10 @@ class BurstDriver:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
         burst ends after `steps` tokens, or early when the device reports that a stop id ended
         it (the stop token itself is published and yielded). Stop ids are honoured by the
-        commit kernel; the caller still checks what it hands out."""
+        commit kernel; the caller still checks what it hands out.
+
+        Tokens published before a fault are valid: every fault signal is raised only after the
+        tokens the ring shows have been yielded, in order."""
         if steps < 1:
             raise ValueError("a burst has at least one step")
         self.burst_id = self.burst_id % 0xFFFFFFFF + 1
@@ -83,14 +72,12 @@ class BurstDriver:
         spins = 0
         while self.published < want:
             state = self.device.poll_ring()
-            if state.fault:
-                raise FaultWordError(state.fault, state.fault_token, state.fault_pos)
             if state.published > self.published:
-                tokens = self.device.read_ring(self.published, state.published - self.published)
-                self.published = state.published
-                yield from tokens
+                yield from self._take(state.published)
                 spins = 0
                 continue
+            if state.fault:
+                raise fault_error(state)
             if state.stopped == self.burst_id:
                 return
             if idle_seen:
@@ -101,8 +88,20 @@ class BurstDriver:
             spins += 1
             if spins % self.query_every == 0:
                 # Query, then poll once more before judging: a token may land between the two.
-                idle_seen = self.device.stream_query()
+                try:
+                    idle_seen = self.device.stream_query()
+                except DeviceFaultError:
+                    yield from self._take(self.device.poll_ring().published)
+                    raise
             if spins >= self.max_spins:
+                yield from self._take(self.device.poll_ring().published)
                 raise HangError(
                     f"device loop: no token and no error in {self.max_spins} polls "
                     f"({self.published - base} of {steps} steps published)")
+
+    def _take(self, published: int) -> Iterator[int]:
+        """Yield the tokens the ring holds beyond those already taken."""
+        if published > self.published:
+            tokens = self.device.read_ring(self.published, published - self.published)
+            self.published = published
+            yield from tokens

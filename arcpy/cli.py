@@ -21,25 +21,26 @@ def main():
 def info():
     """The library, its ABI version and the GPU it sees."""
     click.echo(f"arcpy {__version__}")
-    click.echo(f"library: {_lib.library_path()}")
     try:
+        click.echo(f"library: {_lib.library_path()}")
         _, lib = _lib.load()
         click.echo(f"ABI version: {lib.arc_abi_version()}")
     except ArcError as exc:
-        click.echo(f"library not loadable: {exc}")
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
     ok, why = _lib.cuda_available()
     click.echo(f"GPU: {why}" if ok else f"GPU: none ({why})")
     if ok:
-        from .device import Context
-        ctx = Context(0)
-        try:
+        from .cuda import Context
+        with Context(0) as ctx:
             click.echo(f"device 0: {ctx.name()}")
-        finally:
-            ctx.close()
+
+
+SMOKE_PROMPT = [1, 2, 3]
 
 
 @main.command()
-@click.option("-n", "--tokens", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option("-n", "--tokens", type=click.IntRange(1, 1024 - len(SMOKE_PROMPT)), default=32, show_default=True)
 def smoke(tokens):
     """Decode from the embedded model on every available path. Fails when two GPU paths disagree
     (they run the same kernels, so they must agree exactly) or when a path's first token differs
@@ -50,20 +51,16 @@ def smoke(tokens):
     from .reference import ReferenceModel
 
     model = synthetic_model("stories15M")
-    prompt = [1, 2, 3]
-    want = ReferenceModel(model).greedy(prompt, tokens)
+    want = ReferenceModel(model).greedy(SMOKE_PROMPT, tokens)
     runs = [("numpy", None)]
     if _lib.cuda_available()[0]:
         runs += [("cuda", False), ("cuda", True)]
     failed, gpu_tokens = 0, None
     for backend, loop in runs:
         try:
-            engine = Engine.load(model, backend, device_loop=loop, burst=4)
-            try:
-                got = list(engine.generate(prompt, tokens))
+            with Engine.load(model, backend, device_loop=loop, burst=4) as engine:
+                got = list(engine.generate(SMOKE_PROMPT, tokens))
                 st = engine.stats
-            finally:
-                engine.close()
         except ArcError as exc:
             click.echo(f"FAIL {backend}: {exc}")
             failed += 1

@@ -22,9 +22,10 @@ from typing import Iterable, Iterator, Mapping
 import numpy as np
 
 from . import gate
-from .burst import BurstDriver, HangError, LoopFault
-from .device import Counters, DeviceOps
-from .errors import ArcError, ContextLostError, DeviceFaultError, InvalidArgumentError
+from .burst import BurstDriver
+from .device import Counters, DeviceOps, spin_until
+from .errors import (ArcError, ContextLostError, DeviceFaultError, HangError, InvalidArgumentError, LoopFault,
+                     NonFiniteLogitsError)
 from .sampling import Sampler, Sampling
 
 DEVICE_LOOP = "device-loop"
@@ -85,9 +86,9 @@ class Engine:
         self.environ = environ
         self.latch = latch
         self.device_loop = device_loop
+        # Every gate is read now, on every backend: a bad value is reported at start-up.
+        gate.read_all(environ)
         self.verify = gate.read_flag(gate.VERIFY_ALWAYS, False, environ) if verify is None else verify
-        # Read now so that a bad value is reported at start-up, not at the first sequence.
-        gate.read_flag(gate.DEVICE_LOOP, False, environ)
         self.max_spins = max_spins
         self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
@@ -103,31 +104,43 @@ class Engine:
              environ: Mapping[str, str] | None = None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
-        DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward."""
+        DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
+        The engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from . import _lib
-        max_seq = max_seq or min(model.config.max_seq, DEFAULT_MAX_SEQ)
+        gate.read_all(environ)
+        if max_seq is None:
+            max_seq = min(model.config.max_seq, DEFAULT_MAX_SEQ)
+        if not (isinstance(max_seq, int) and 0 < max_seq <= model.config.max_seq):
+            raise InvalidArgumentError(
+                f"max_seq must be in 1..{model.config.max_seq} (the model's context), got {max_seq}")
         if backend == "auto":
-            backend = "cuda" if _lib.cuda_available()[0] else "numpy"
+            backend = _lib.auto_backend()
+        use_graph = gate.read_flag(gate.GRAPH, True, environ) if graph is None else graph
         if backend == "cuda":
-            from .cuda_model import cuda_device
-            use_graph = gate.read_flag(gate.GRAPH, True, environ) if graph is None else graph
-            device = cuda_device(model, max_seq, use_graph)
+            from .cuda import open_cuda_device
+            device = open_cuda_device(model, max_seq, use_graph)
         elif backend == "numpy":
-            from .device import NumpyDevice
+            from .numpy_device import NumpyDevice
             from .reference import ReferenceModel
             device = NumpyDevice(ReferenceModel(model, max_seq))
         else:
             raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
-        return cls(device, backend, environ=environ, **kw)
+        try:
+            return cls(device, backend, environ=environ, **kw)
+        except BaseException:
+            device.close()
+            raise
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
+        """End the sequence and free the device (its GPU memory, its context)."""
         self._finish("cancelled")
-        close = getattr(self.device, "close", None)
-        if close is not None:
-            close()
-            ctx = getattr(self.device, "ctx", None)
-            if ctx is not None:
-                ctx.close()
+        self.device.close()
 
     # -- admission and start ---------------------------------------------------------------
 
@@ -255,12 +268,20 @@ class Engine:
         if seq.sampler.greedy:
             dev.enqueue_argmax()
             self._wait_idle()
-            tok = dev.sampled_token()
+            tok, value = dev.sampled()
+            self._require_finite(value)
         else:
             dev.enqueue_logits_to_host()
             self._wait_idle()
-            tok = seq.sampler.sample(dev.host_logits())
+            logits = dev.host_logits()
+            self._require_finite(logits.max())
+            tok = seq.sampler.sample(logits)
         return self._checked(tok)
+
+    def _require_finite(self, top_logit) -> None:
+        # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
+        if not np.isfinite(top_logit):
+            raise NonFiniteLogitsError(self.seq.position, "host path")
 
     def _verified_token(self) -> int:
         """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
@@ -278,6 +299,7 @@ class Engine:
             diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
             raise DeviceFaultError(
                 f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
+        self._require_finite(replayed.max())
         return self._checked(seq.sampler.sample(replayed))
 
     def _checked(self, tok: int) -> int:
@@ -289,10 +311,7 @@ class Engine:
 
     def _wait_idle(self) -> None:
         self.stats.host_waits += 1
-        for _ in range(self.max_spins):
-            if self.device.stream_query():
-                return
-        raise HangError(f"host path: the stream did not go idle within {self.max_spins} queries")
+        spin_until(self.device.stream_query, self.max_spins, "host path: waiting for the forward")
 
     # -- bookkeeping -------------------------------------------------------------------------
 

@@ -1,4 +1,21 @@
-"""The exceptions arcpy raises. One base class; a few subclasses people catch."""
+"""The exceptions arcpy raises: one base class, and the few subclasses people catch.
+
+    ArcError
+    ├── NoDeviceError          no driver, no GPU, or libarc.so cannot be loaded
+    ├── InvalidArgumentError   an argument out of range or inconsistent (also a ValueError)
+    ├── ModelFileError         a model directory, config or weight file missing, corrupt, unsupported
+    ├── NonFiniteLogitsError   the forward produced NaN or infinite logits (bad weights, overflow)
+    └── DeviceFaultError       the GPU did not do what it was asked
+        ├── ContextLostError   a sticky asynchronous fault: the CUDA context is unusable
+        ├── HangError          no progress and no error within the polling budget
+        └── LoopFault          the device loop failed, the context is intact: fall back
+            ├── FaultWordError     the commit kernel latched a range fault
+            └── ShortBurstError    idle-but-short: steps retired without publishing
+"""
+
+from __future__ import annotations
+
+from . import codes
 
 
 class ArcError(Exception):
@@ -21,9 +38,39 @@ class ModelFileError(ArcError):
     """A model directory, config or weight file is missing, corrupt or unsupported."""
 
 
+class NonFiniteLogitsError(ArcError):
+    """The forward's largest logit is NaN or infinite: no token can be chosen from it."""
+
+    def __init__(self, position: int, where: str):
+        super().__init__(f"{where}: the forward at position {position} gave non-finite logits (NaN or inf): "
+                         "the weights hold NaN or inf, or the activations overflowed")
+        self.position = position
+
+
 class DeviceFaultError(ArcError):
     """The GPU reported a fault: a sticky CUDA error, a latched fault word, a short or hung burst."""
 
 
 class ContextLostError(DeviceFaultError):
     """A sticky asynchronous fault: the CUDA context is unusable; the process must restart."""
+
+
+class HangError(DeviceFaultError):
+    """No progress and no error within the polling budget; the stream still holds the work."""
+
+
+class LoopFault(DeviceFaultError):
+    """The device loop failed but the context is still usable: the engine may fall back."""
+
+
+class FaultWordError(LoopFault):
+    """The commit kernel latched a range fault: nothing was published at or after it."""
+
+    def __init__(self, code: int, token: int, position: int):
+        what = codes.FAULT_NAMES.get(code, f"fault code {code}")
+        super().__init__(f"device loop: {what}: token {token} at position {position}")
+        self.code, self.token, self.position = code, token, position
+
+
+class ShortBurstError(LoopFault):
+    """idle-but-short: the work retired without doing what it was asked."""

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Mapping
 
+from .codes import MAX_STOP_IDS
 from .errors import InvalidArgumentError
 
 log = logging.getLogger("arcpy")
@@ -36,6 +37,12 @@ def read_flag(name: str, default: bool, environ: Mapping[str, str] | None = None
     raise InvalidArgumentError(
         f"{name}={env[name]!r} is not understood: use 1/true/on/yes to enable, 0/false/off/no or empty to disable"
     )
+
+
+def read_all(environ: Mapping[str, str] | None = None) -> None:
+    """Read every gate once, so that a bad value is an error on every backend, at start-up."""
+    for name, default in ((DEVICE_LOOP, False), (GRAPH, True), (VERIFY_ALWAYS, False)):
+        read_flag(name, default, environ)
 
 
 class FallbackLatch:
@@ -81,8 +88,8 @@ def device_loop_admission(requested: bool | None, greedy: bool, supports_loop: b
         return False, "the sampler is not greedy"
     if not supports_loop:
         return False, "the backend has no captured graph (eager forward or CPU)"
-    if n_stop_ids > 8:
-        return False, f"{n_stop_ids} stop ids; the commit kernel holds at most 8"
+    if n_stop_ids > MAX_STOP_IDS:
+        return False, f"{n_stop_ids} stop ids; the commit kernel holds at most {MAX_STOP_IDS}"
     if latch.latched:
         return False, f"latched off earlier in this process: {latch.reason}"
     return True, "admitted"

@@ -14,6 +14,11 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 
+# Below MIN_TEMPERATURE sampling is greedy in all but name, and far below it logits / t overflow
+# (1e-320 is a valid float); above MAX_TEMPERATURE every distribution is uniform to float32 precision.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0   # 0: greedy
@@ -22,8 +27,12 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        t = self.temperature
+        if not (np.isfinite(t) and (t == 0.0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE)):
+            raise InvalidArgumentError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                                       f"{MAX_TEMPERATURE:g}], got {t!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
+            raise InvalidArgumentError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

@@ -91,6 +91,32 @@ MUTATIONS = [
         ("tests/test_gate.py::test_non_greedy_sampling_is_refused_and_greedy_mirrors_the_sampler",
          "tests/test_engine_control.py::test_sampling_uses_the_host_path_with_seeded_reproducibility"),
     ),
+    Mutation(
+        "raise the fault word before the tokens the same poll shows",
+        "arcpy/burst.py",
+        "            if state.published > self.published:\n"
+        "                yield from self._take(state.published)\n"
+        "                spins = 0\n"
+        "                continue\n"
+        "            if state.fault:\n"
+        "                raise fault_error(state)\n",
+        "            if state.fault:\n"
+        "                raise fault_error(state)\n"
+        "            if state.published > self.published:\n"
+        "                yield from self._take(state.published)\n"
+        "                spins = 0\n"
+        "                continue\n",
+        ("tests/test_burst.py::test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first",
+         "tests/test_burst.py::test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_back"),
+    ),
+    Mutation(
+        "drop the tokens that landed before a sticky fault",
+        "arcpy/burst.py",
+        "                except DeviceFaultError:\n"
+        "                    yield from self._take(self.device.poll_ring().published)\n",
+        "                except DeviceFaultError:\n",
+        ("tests/test_burst.py::test_tokens_that_land_before_a_sticky_fault_are_yielded_before_it",),
+    ),
 ]
 
 

@@ -1,22 +1,28 @@
-"""BurstDriver against the scripted FakeDevice: ordering, the three fault signals, max_spins."""
+"""BurstDriver against the scripted FakeDevice: ordering, the three fault signals, max_spins.
+
+The fake's tokens come from TOKENS, a table written here: what a test expects is what it wrote,
+not what the fake computes.
+"""
 
 import pytest
 
-from arcpy.burst import BurstDriver, FaultWordError, HangError, ShortBurstError
-from arcpy.device import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, FakeDevice, FakeScript, scripted_next
-from arcpy.errors import ContextLostError
+from arcpy.burst import BurstDriver
+from arcpy.codes import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
+from arcpy.device import RingState
+from arcpy.errors import ContextLostError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
+from arcpy.fake import FakeDevice, FakeScript
+
+# The token the forward at position p produces, whatever the input token.
+TOKENS = [11, 42, 7, 63, 0, 19, 5, 33, 60, 2, 48, 27, 9, 51, 14, 38]
 
 
-def expected_tokens(token, position, n, vocab=64):
-    out = []
-    for _ in range(n):
-        token = scripted_next(token, position, vocab)
-        position += 1
-        out.append(token)
-    return out
+def expected_tokens(n):
+    return TOKENS[:n]
 
 
 def driver_for(script=None, stop_ids=(), **kw):
+    script = script or FakeScript()
+    script.next_token = lambda token, position: TOKENS[position % len(TOKENS)]
     dev = FakeDevice(script)
     drv = BurstDriver(dev, **kw)
     drv.begin_sequence(tuple(stop_ids))
@@ -26,7 +32,7 @@ def driver_for(script=None, stop_ids=(), **kw):
 
 def test_burst_yields_the_scripted_tokens_in_order():
     dev, drv = driver_for()
-    assert list(drv.run(8)) == expected_tokens(5, 0, 8)
+    assert list(drv.run(8)) == expected_tokens(8)
 
 
 def test_burst_enqueues_every_step_before_the_first_token_is_read():
@@ -39,7 +45,7 @@ def test_burst_enqueues_every_step_before_the_first_token_is_read():
 def test_ring_count_continues_across_bursts_of_one_sequence():
     dev, drv = driver_for()
     tokens = list(drv.run(3)) + list(drv.run(4))
-    assert tokens == expected_tokens(5, 0, 7)
+    assert tokens == expected_tokens(7)
     assert drv.published == 7
 
 
@@ -56,7 +62,7 @@ def test_fault_word_raises_naming_token_and_position():
     with pytest.raises(FaultWordError) as info:
         for tok in drv.run(4):
             got.append(tok)
-    assert got == expected_tokens(5, 0, 2)
+    assert got == expected_tokens(2)
     err = info.value
     assert (err.code, err.position) == (FAULT_TOKEN_RANGE, 3)
     assert f"token {err.token} at position 3" in str(err)
@@ -90,22 +96,22 @@ def test_lost_launch_is_detected_as_idle_but_short():
 
 
 def test_short_burst_explained_by_a_stop_id_is_not_a_fault():
-    stop = expected_tokens(5, 0, 2)[1]
+    stop = expected_tokens(2)[1]
     dev, drv = driver_for(stop_ids=(stop,), query_every=8)
-    assert list(drv.run(6)) == expected_tokens(5, 0, 2)
+    assert list(drv.run(6)) == expected_tokens(2)
 
 
 def test_tokens_after_a_stop_id_are_not_published():
-    stop = expected_tokens(5, 0, 3)[2]
+    stop = expected_tokens(3)[2]
     dev, drv = driver_for(stop_ids=(stop,))
     list(drv.run(8))
     while not dev.stream_query():
         pass
-    assert dev.ring == expected_tokens(5, 0, 3)
+    assert dev.ring == expected_tokens(3)
 
 
 def test_stop_of_an_earlier_burst_does_not_end_the_next_one():
-    toks = expected_tokens(5, 0, 6)
+    toks = expected_tokens(6)
     dev, drv = driver_for(stop_ids=(toks[1],))
     assert list(drv.run(4)) == toks[:2]
     # The sequence continues past the stop (the caller decided to): a new burst id.
@@ -118,11 +124,11 @@ def test_hang_trips_max_spins():
     with pytest.raises(HangError, match="5000 polls"):
         for tok in drv.run(4):
             got.append(tok)
-    assert got == expected_tokens(5, 0, 2)
+    assert got == expected_tokens(2)
 
 
 def test_begin_sequence_waits_for_the_tail_of_a_stopped_burst():
-    toks = expected_tokens(5, 0, 2)
+    toks = expected_tokens(2)
     dev, drv = driver_for(FakeScript(latency=4), stop_ids=(toks[0],))
     assert list(drv.run(8)) == toks[:1]
     assert dev.queue  # the no-op tail of the burst is still in flight
@@ -135,3 +141,78 @@ def test_burst_needs_at_least_one_step():
     dev, drv = driver_for()
     with pytest.raises(ValueError):
         list(drv.run(0))
+
+
+# --- Tokens published before a fault reach the caller, in order, before the error -------------
+
+
+def test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first():
+    # Every operation completes at the first poll: it shows two new tokens and the fault at once.
+    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, fault_word_at=2))
+    got = []
+    with pytest.raises(FaultWordError) as info:
+        for tok in drv.run(4):
+            got.append(tok)
+    assert got == expected_tokens(2)
+    assert info.value.position == 3
+
+
+def test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_back():
+    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, nan_at_position=3))
+    got = []
+    with pytest.raises(NonFiniteLogitsError, match="position 3") as info:
+        for tok in drv.run(6):
+            got.append(tok)
+    assert got == expected_tokens(3)
+    assert not isinstance(info.value, FaultWordError)
+
+
+class RingThenSticky:
+    """Just enough DeviceOps for one burst: the ring shows nothing until the driver queries the
+    stream; the query publishes two tokens and then reports a sticky fault."""
+
+    def __init__(self):
+        self.published = 0
+        self.queried = False
+
+    def enqueue_step(self, burst_id):
+        pass
+
+    def poll_ring(self):
+        return RingState(self.published)
+
+    def read_ring(self, first, count):
+        return [100 + i for i in range(first, first + count)]
+
+    def stream_query(self):
+        self.published = 2
+        raise ContextLostError("device fault: cudaErrorIllegalAddress")
+
+
+def test_tokens_that_land_before_a_sticky_fault_are_yielded_before_it():
+    drv = BurstDriver(RingThenSticky(), query_every=1)
+    got = []
+    with pytest.raises(ContextLostError):
+        for tok in drv.run(4):
+            got.append(tok)
+    assert got == [100, 101]
+
+
+def test_tokens_that_land_before_a_hang_is_declared_are_yielded_before_it():
+    class LateRing(RingThenSticky):
+        def stream_query(self):
+            return False
+
+        def poll_ring(self):
+            state = RingState(self.published)
+            self.published = 1  # lands right after the poll that saw nothing
+            return state
+
+    dev = LateRing()
+    drv = BurstDriver(dev, max_spins=1, query_every=1000)
+    dev.published = 0
+    got = []
+    with pytest.raises(HangError):
+        for tok in drv.run(2):
+            got.append(tok)
+    assert got == [100]

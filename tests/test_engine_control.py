@@ -5,7 +5,8 @@ import logging
 import pytest
 
 from arcpy import gate
-from arcpy.device import FakeDevice, FakeScript, scripted_next
+from arcpy.fake import FakeDevice, FakeScript
+from arcpy.scripted import scripted_next
 from arcpy.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
 from arcpy.sampling import Sampling

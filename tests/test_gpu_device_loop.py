@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arcpy.cuda_model import cuda_device
+from arcpy.cuda import open_cuda_device
 from arcpy.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.gate import FallbackLatch
 from arcpy.model import synthetic_model
@@ -25,11 +25,10 @@ PROMPT = [1, 306, 4966, 304]
 
 @pytest.fixture(scope="module", params=["stories15M", "gqa"])
 def device(request):
-    dev = cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
+    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
     dev.name_of_shape = request.param
     yield dev
     dev.close()
-    dev.ctx.close()
 
 
 def engine(dev, loop, burst=4):
@@ -90,14 +89,13 @@ def test_verify_always_checks_replay_against_eager_on_the_host_path(device, host
 
 def test_eager_forward_decodes_the_same_tokens_and_the_loop_stands_aside(device, host_tokens):
     model = synthetic_model(device.name_of_shape, seed=3)
-    eager = cuda_device(model, max_seq=1024, use_graph=False)
+    eager = open_cuda_device(model, max_seq=1024, use_graph=False)
     try:
         eng = engine(eager, True)
         assert list(eng.generate(PROMPT, 24)) == host_tokens[:24]
         assert eng.stats.path == HOST and eng.stats.graph_launches == 0
     finally:
         eager.close()
-        eager.ctx.close()
 
 
 def test_main_job_and_smoke_on_the_gpu():
@@ -113,12 +111,13 @@ def test_main_job_and_smoke_on_the_gpu():
 
 CHILD_PRELUDE = '''
 import sys
-from arcpy.cuda_model import cuda_device
+from arcpy.cuda import open_cuda_device
 from arcpy.engine import Engine
 from arcpy.gate import FallbackLatch
 from arcpy.model import synthetic_model
 from arcpy.errors import ArcError, ContextLostError, DeviceFaultError
-from arcpy.device import Context, scripted_device
+from arcpy.cuda import Context
+from arcpy.scripted import scripted_device
 '''
 
 
@@ -134,7 +133,7 @@ def test_injected_out_of_range_token_falls_back_latches_and_names_token_and_posi
     # argmax that lands in the padding latches the fault word.
     out = run_child('''
         model = synthetic_model("stories15M", seed=3)
-        dev = cuda_device(model, max_seq=512, vocab_limit=16000)
+        dev = open_cuda_device(model, max_seq=512, vocab_limit=16000)
         latch = FallbackLatch()
         eng = Engine(dev, "cuda", device_loop=True, burst=4, environ={}, latch=latch)
         got = []
@@ -204,7 +203,7 @@ def test_injected_spin_trips_max_spins_then_is_released():
 def test_injected_lost_step_is_detected_as_idle_but_short_and_falls_back():
     out = run_child('''
         model = synthetic_model("stories15M", seed=3)
-        dev = cuda_device(model, max_seq=512)
+        dev = open_cuda_device(model, max_seq=512)
         host = list(Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch()).generate([1], 48))
         latch = FallbackLatch()
         eng = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=latch)

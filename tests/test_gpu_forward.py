@@ -10,7 +10,7 @@ top-two margin exceeds the error measured at that step.
 import numpy as np
 import pytest
 
-from arcpy.cuda_model import cuda_device
+from arcpy.cuda import open_cuda_device
 from arcpy.model import synthetic_model
 from arcpy.reference import ReferenceModel
 
@@ -24,10 +24,9 @@ MAX_SEQ = 2048
 @pytest.fixture(scope="module", params=SHAPES)
 def pair(request):
     model = synthetic_model(request.param, seed=7, max_seq=4096)
-    dev = cuda_device(model, max_seq=MAX_SEQ)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
     yield model, dev
     dev.close()
-    dev.ctx.close()
 
 
 def gpu_logits(dev, token, pos, eager=False):

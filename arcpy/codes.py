@@ -1,0 +1,26 @@
+"""The numbers arcpy shares with libarc/arc.h: ABI version, statuses, fault codes, limits.
+
+arc.h is their home; these copies exist so that the control logic runs where no libarc.so was
+built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
+"""
+
+ABI_VERSION = 2
+
+# arc_status
+ARC_OK = 0
+ARC_NOT_READY = 1
+ARC_BUSY = 8
+
+# arc_fault: what the commit kernel latches into the fault word
+FAULT_NONE = 0
+FAULT_TOKEN_RANGE = 1
+FAULT_POSITION_RANGE = 2
+FAULT_NONFINITE = 3
+FAULT_NAMES = {
+    FAULT_TOKEN_RANGE: "token out of range",
+    FAULT_POSITION_RANGE: "position out of range",
+    FAULT_NONFINITE: "non-finite logits",
+}
+
+# The commit kernel compares each token against at most this many stop ids.
+MAX_STOP_IDS = 8

@@ -1,0 +1,364 @@
+"""The GPU device: libarc through cffi.
+
+Start-up is one sequence, `open_cuda_device`: a context, the weights validated and uploaded, the
+loop's state, one warm-up forward, the graphs captured. What it creates has one owner: the
+CudaDevice frees the graphs, the loop, the forward and (when it created it) the context on
+`close()`, and is a context manager.
+
+- Context: one device, one non-blocking stream (arc_context).
+- CudaModel: a forward on a context: the weights, KV cache and activations of one model.
+- CudaDevice: DeviceOps over a forward, with the host path and the device loop.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+
+from . import _lib
+from .codes import ARC_BUSY, ARC_OK
+from .device import Counters, RingState, spin_until
+from .errors import InvalidArgumentError
+from .model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_freq
+
+# Polls of the stream at start-up and teardown before a hang is declared.
+IDLE_SPINS = 50_000_000
+
+
+class Context:
+    """One device, one non-blocking stream. Closed by whoever created it."""
+
+    def __init__(self, device: int = 0):
+        self.ffi, self.lib = _lib.load()
+        pp = self.ffi.new("arc_context **")
+        _lib.check(self.lib.arc_context_create(device, pp))
+        self.ptr = pp[0]
+        self._pinned = []
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def name(self) -> str:
+        buf = self.ffi.new("char[256]")
+        _lib.check(self.lib.arc_context_device_name(self.ptr, buf, 256))
+        return self.ffi.string(buf).decode()
+
+    def query(self) -> bool:
+        """True when every enqueued operation has completed. Never blocks."""
+        return _lib.check(self.lib.arc_stream_query(self.ptr)) == ARC_OK
+
+    def wait_idle(self) -> None:
+        """Poll until the stream is idle: start-up and teardown only."""
+        spin_until(self.query, IDLE_SPINS, "waiting for the GPU to go idle")
+
+    def counters(self) -> Counters:
+        c = self.ffi.new("arc_counters *")
+        _lib.check(self.lib.arc_context_counters(self.ptr, c))
+        return Counters(int(c.cuda_calls), int(c.graph_launches))
+
+    def device_alloc(self, nbytes: int):
+        pp = self.ffi.new("void **")
+        _lib.check(self.lib.arc_device_alloc(self.ptr, nbytes, pp))
+        return pp[0]
+
+    def device_free(self, ptr) -> None:
+        _lib.check(self.lib.arc_device_free(self.ptr, ptr))
+
+    def pinned(self, shape, dtype) -> tuple[np.ndarray, object]:
+        """A pinned, mapped host array and its device pointer. Freed with the context."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        host, dev = self.ffi.new("void **"), self.ffi.new("void **")
+        _lib.check(self.lib.arc_host_alloc(self.ptr, nbytes, host, dev))
+        self._pinned.append(host[0])
+        array = np.frombuffer(self.ffi.buffer(host[0], nbytes), dtype=dtype).reshape(shape)
+        return array, dev[0]
+
+    def upload_async(self, dst, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        _lib.check(self.lib.arc_enqueue_copy_to_device(self.ptr, dst, self.ffi.from_buffer(array), array.nbytes))
+
+    def download_async(self, pinned_dst: np.ndarray, src) -> None:
+        _lib.check(self.lib.arc_enqueue_copy_to_host(self.ptr, self.ffi.from_buffer(pinned_dst), src, pinned_dst.nbytes))
+
+    def close(self) -> None:
+        if self.ptr is None:
+            return
+        for host in self._pinned:
+            self.lib.arc_host_free(self.ptr, host)
+        self._pinned = []
+        self.lib.arc_context_destroy(self.ptr)
+        self.ptr = None
+
+
+class Forward(Protocol):
+    """What CudaDevice needs of a forward: enqueue it, and where its logits are."""
+
+    logits: object   # device pointer to float32 logits[width]
+    width: int
+    max_seq: int
+
+    def enqueue(self, loop) -> None: ...  # one forward reading the loop's token and position
+    def close(self) -> None: ...
+
+
+# Tensor ids of arc.h's arc_tensor, by the name suffix of the Hugging Face layout.
+_LAYER_TENSORS = {
+    "input_layernorm.weight": "ARC_TENSOR_ATTN_NORM",
+    "self_attn.q_proj.weight": "ARC_TENSOR_WQ",
+    "self_attn.k_proj.weight": "ARC_TENSOR_WK",
+    "self_attn.v_proj.weight": "ARC_TENSOR_WV",
+    "self_attn.q_proj.bias": "ARC_TENSOR_BQ",
+    "self_attn.k_proj.bias": "ARC_TENSOR_BK",
+    "self_attn.v_proj.bias": "ARC_TENSOR_BV",
+    "self_attn.o_proj.weight": "ARC_TENSOR_WO",
+    "post_attention_layernorm.weight": "ARC_TENSOR_MLP_NORM",
+    "mlp.gate_proj.weight": "ARC_TENSOR_W_GATE",
+    "mlp.up_proj.weight": "ARC_TENSOR_W_UP",
+    "mlp.down_proj.weight": "ARC_TENSOR_W_DOWN",
+}
+_GLOBAL_TENSORS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
+
+
+class CudaModel:
+    """An arc_model: libarc's Llama-family forward, its weights, KV cache and activations."""
+
+    def __init__(self, ctx: Context, model: Model, max_seq: int):
+        cfg = model.config
+        if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
+            raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
+        self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
+        c = self.ffi.new("arc_model_config *")
+        c.dim, c.n_layers, c.n_heads, c.n_kv_heads = cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads
+        c.head_dim, c.ffn_dim, c.vocab, c.max_seq = cfg.head_dim, cfg.ffn_dim, cfg.vocab, max_seq
+        c.rms_eps = cfg.rms_eps
+        c.tied_embeddings, c.qkv_bias = int(cfg.tied_embeddings), int(cfg.qkv_bias)
+        pp = self.ffi.new("arc_model **")
+        _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
+        self.ptr = pp[0]
+        self.max_seq = max_seq
+        try:
+            self._upload(model)
+            lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
+            _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
+            self.logits, self.width = lp[0], int(wp[0])
+        except BaseException:
+            self.close()
+            raise
+
+    def _upload(self, model: Model) -> None:
+        for name, array in model.tensors.items():
+            if name in _GLOBAL_TENSORS:
+                tensor, layer = _GLOBAL_TENSORS[name], 0
+            else:
+                layer_s, _, suffix = name[len("model.layers."):].partition(".")
+                if not name.startswith("model.layers.") or suffix not in _LAYER_TENSORS:
+                    raise InvalidArgumentError(f"tensor {name} has no place in the model")
+                tensor, layer = _LAYER_TENSORS[suffix], int(layer_s)
+                assert name == layer_prefix(layer) + suffix
+            self._put(tensor, layer, array)
+        self._put("ARC_TENSOR_ROPE_INV_FREQ", 0, rope_inv_freq(model.config))
+        # The copies read pageable memory the arrays own: wait for them once, here.
+        self.ctx.wait_idle()
+
+    def _put(self, tensor: str, layer: int, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        _lib.check(self.lib.arc_model_upload(self.ptr, getattr(self.lib, tensor), layer,
+                                             self.ffi.from_buffer(array), array.nbytes))
+
+    def enqueue(self, loop) -> None:
+        _lib.check(self.lib.arc_model_forward(self.ptr, loop))
+
+    def close(self) -> None:
+        if self.ptr is not None:
+            self.lib.arc_model_destroy(self.ptr)
+            self.ptr = None
+
+
+class CudaDevice:
+    """DeviceOps over a forward on a context. The host path replays the forward's graph (or
+    enqueues it eagerly); the device loop replays the step graph: the forward, then the argmax
+    whose last block commits. The device owns the forward, and the context when `owns_context`."""
+
+    def __init__(self, ctx: Context, forward: Forward, vocab: int | None = None,
+                 ring_capacity: int = 1024, owns_context: bool = False):
+        self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
+        self.forward = forward
+        self.owns_context = owns_context
+        self.loop = self.graph = self.step_graph = None
+        self.supports_loop = False
+        self._idle = False  # stream_query() saw the stream idle after the last enqueue
+        try:
+            vocab = forward.width if vocab is None else vocab
+            if not 0 < vocab <= forward.width:
+                raise InvalidArgumentError(f"vocab {vocab} must be in 1..{forward.width} (the logits' width)")
+            self.vocab, self.max_seq = vocab, forward.max_seq
+            pp = self.ffi.new("arc_loop **")
+            _lib.check(self.lib.arc_loop_create(ctx.ptr, vocab, self.max_seq, ring_capacity, pp))
+            self.loop = pp[0]
+            self._host_logits, _ = ctx.pinned((forward.width,), np.float32)
+            self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
+            self._sampled_value, self._sampled_value_dev = ctx.pinned((1,), np.float32)
+            self._tokens = self.ffi.new("int32_t[]", ring_capacity)
+            self._state = self.ffi.new("arc_ring_state *")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "CudaDevice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """One forward outside any capture: the first launches load the kernels' modules."""
+        self.set_input(0, 0)
+        self.forward.enqueue(self.loop)
+        self.ctx.wait_idle()
+
+    def capture(self) -> None:
+        """The host path's graph (the forward) and the device loop's (forward + sample-and-commit)."""
+        fwd = self.forward
+        self.graph = self._capture(lambda: fwd.enqueue(self.loop))
+        self.step_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
+            self.lib.arc_loop_enqueue_sample_commit(self.loop, fwd.logits, fwd.width))))
+        self.supports_loop = True
+
+    def _capture(self, enqueue: Callable[[], None]):
+        _lib.check(self.lib.arc_graph_capture_begin(self.ctx.ptr))
+        try:
+            enqueue()
+        finally:
+            gp = self.ffi.new("arc_graph **")
+            status = self.lib.arc_graph_capture_end(self.ctx.ptr, gp)
+        _lib.check(status)
+        return gp[0]
+
+    # -- both paths ---------------------------------------------------------------------------
+
+    def set_input(self, token: int, position: int) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_loop_set_input(self.loop, token, position))
+
+    def stream_query(self) -> bool:
+        idle = self.ctx.query()
+        if idle:
+            self._idle = True
+        return idle
+
+    def counters(self) -> Counters:
+        return self.ctx.counters()
+
+    # -- host path ----------------------------------------------------------------------------
+
+    def _require_idle(self, what: str) -> None:
+        # The forward's logits are overwritten by the next launch: what the host reads must come
+        # from work that has retired, never from steps still in flight.
+        if not self._idle:
+            raise InvalidArgumentError(
+                f"{what} is read only once stream_query() reports the stream idle; work is in flight")
+
+    def enqueue_forward(self, eager: bool = False) -> None:
+        self._idle = False
+        if self.graph is not None and not eager:
+            _lib.check(self.lib.arc_graph_launch(self.graph))
+        else:
+            self.forward.enqueue(self.loop)
+
+    def enqueue_argmax(self) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_argmax(self.ctx.ptr, self.forward.logits, self.forward.width,
+                                       self._sampled_dev, self._sampled_value_dev))
+
+    def sampled(self) -> tuple[int, float]:
+        self._require_idle("the sampled token")
+        return int(self._sampled[0]), float(self._sampled_value[0])
+
+    def enqueue_logits_to_host(self) -> None:
+        self._idle = False
+        self.ctx.download_async(self._host_logits, self.forward.logits)
+
+    def host_logits(self) -> np.ndarray:
+        self._require_idle("the logits")
+        return self._host_logits.copy()
+
+    # -- device loop --------------------------------------------------------------------------
+
+    def reset_ring(self) -> bool:
+        status = self.lib.arc_loop_reset_ring(self.loop)
+        if status == ARC_BUSY:
+            return False
+        _lib.check(status)
+        self._idle = False
+        return True
+
+    def set_stop_ids(self, ids: tuple[int, ...]) -> None:
+        self._idle = False
+        arr = self.ffi.new("int32_t[]", list(ids) or [0])
+        _lib.check(self.lib.arc_loop_set_stop_ids(self.loop, arr, len(ids)))
+
+    def enqueue_step(self, burst_id: int) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.step_graph, burst_id))
+
+    def poll_ring(self) -> RingState:
+        s = self._state
+        self.lib.arc_ring_poll(self.loop, s)
+        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped)
+
+    def read_ring(self, first: int, count: int) -> list[int]:
+        _lib.check(self.lib.arc_ring_read(self.loop, first, count, self._tokens))
+        return list(self._tokens[0:count])
+
+    def inject_lost_step(self, n: int) -> None:
+        """Test hook: the n-th commit from now does nothing, as if its launch were lost."""
+        self._idle = False
+        _lib.check(self.lib.arc_loop_inject_lost_step(self.loop, n))
+
+    # -- teardown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free everything the device owns; safe to call twice, and on a half-built device."""
+        for g in (self.graph, self.step_graph):
+            if g is not None:
+                self.lib.arc_graph_destroy(g)
+        self.graph = self.step_graph = None
+        self.supports_loop = False
+        if self.loop is not None:
+            self.lib.arc_loop_destroy(self.loop)
+            self.loop = None
+        if self.forward is not None:
+            self.forward.close()
+            self.forward = None
+        if self.owns_context:
+            self.ctx.close()
+
+
+def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool = True,
+                     vocab_limit: int | None = None) -> CudaDevice:
+    """Load `model` onto GPU 0, in order: a context; the config validated and the weights uploaded;
+    the loop's state; one warm-up forward; the graphs captured (unless `use_graph` is off: the
+    eager forward, no device loop). `vocab_limit` narrows the valid token ids below the lm_head's
+    width, as a padded head does. The device owns all of it: close it, or use it in a `with`."""
+    ctx = Context(0)
+    try:
+        forward = CudaModel(ctx, model, max_seq or model.config.max_seq)
+    except BaseException:
+        ctx.close()
+        raise
+    device = CudaDevice(ctx, forward, vocab_limit, owns_context=True)
+    try:
+        device.warm_up()
+        if use_graph:
+            device.capture()
+    except BaseException:
+        device.close()
+        raise
+    return device

@@ -1,0 +1,210 @@
+"""FakeDevice: a scripted GPU for the control-logic tests, on a simulated clock.
+
+Enqueued operations complete in order, `latency` ticks each (or several per tick); a tick passes
+at every poll_ring or stream_query, so the host's polling drives the clock. A FakeScript says how
+it misbehaves: lost launches, sticky faults, fault-word codes, hangs, non-finite logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
+from .device import Counters, RingState
+from .errors import ContextLostError, InvalidArgumentError
+from .scripted import scripted_next
+
+
+@dataclass
+class FakeScript:
+    """How the fake GPU misbehaves. Step indices count enqueue_step calls from 0."""
+
+    vocab: int = 64
+    max_seq: int = 4096
+    latency: int = 3                      # polls (simulated ticks) per enqueued operation
+    ops_per_tick: int = 1                 # operations that may complete in one tick
+    lost_steps: frozenset = frozenset()   # commits that silently never happen
+    sticky_fault_at: int | None = None    # step at which a sticky CUDA error poisons the stream
+    fault_word_at: int | None = None      # step whose commit latches the fault word
+    fault_code: int = FAULT_TOKEN_RANGE
+    hang_at: int | None = None            # step that never completes
+    honor_stop_ids: bool = True
+    next_token: Callable[[int, int], int] | None = None
+    supports_loop: bool = True
+    eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
+    nan_at_position: int | None = None    # the forward at this position yields NaN logits
+
+
+@dataclass
+class _Op:
+    kind: str
+    arg: object = None
+    step: int = -1
+
+
+class FakeDevice:
+    """A scripted GPU; see the module's docstring."""
+
+    def __init__(self, script: FakeScript | None = None):
+        self.script = script or FakeScript()
+        self.vocab, self.max_seq = self.script.vocab, self.script.max_seq
+        self.supports_loop = self.script.supports_loop
+        self.queue: deque[_Op] = deque()
+        self.busy_ticks = 0
+        self.token, self.position = 0, 0
+        self.argmax = (-1, 0.0)
+        self.argmax_pending = (-1, 0.0)
+        self.queries = 0
+        self.logits = np.zeros(self.vocab, np.float32)
+        self.stop_ids: tuple[int, ...] = ()
+        self.ring: list[int] = []
+        self.fault = RingState(0)
+        self.stopped = 0
+        self.dev_fault = FAULT_NONE
+        self.sticky = False
+        self.steps_enqueued = 0
+        self.calls = Counters()
+        self.log: list[str] = []
+
+    def _next(self, token: int, position: int) -> int:
+        if self.script.next_token is not None:
+            return self.script.next_token(token, position)
+        return scripted_next(token, position, self.vocab)
+
+    def _count(self, calls: int = 1, graphs: int = 0) -> None:
+        self.calls = Counters(self.calls.cuda_calls + calls, self.calls.graph_launches + graphs)
+
+    def _enqueue(self, op: _Op) -> None:
+        if self.sticky:
+            raise ContextLostError("device fault: an earlier asynchronous fault poisoned the context")
+        self.queue.append(op)
+
+    def _tick(self) -> None:
+        for _ in range(self.script.ops_per_tick):
+            if not self.queue or self.sticky:
+                return
+            op = self.queue[0]
+            if op.kind == "step" and op.step == self.script.hang_at:
+                return
+            self.busy_ticks += 1
+            if self.busy_ticks < self.script.latency:
+                return
+            self.busy_ticks = 0
+            self.queue.popleft()
+            self._run(op)
+
+    def _run(self, op: _Op) -> None:
+        s = self.script
+        if op.kind == "input":
+            self.token, self.position = op.arg
+        elif op.kind == "forward":
+            nxt = self._next(self.token, self.position)
+            self.logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
+            if 0 <= nxt < self.vocab:
+                self.logits[nxt] = 1.0
+            if op.arg:
+                self.logits += np.float32(s.eager_offset)
+            if self.position == s.nan_at_position:
+                self.logits[:] = np.nan
+                nxt = 0  # NaN wins the argmax, first index first
+            self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
+        elif op.kind == "argmax":
+            self.argmax = self.argmax_pending
+        elif op.kind == "step":
+            if op.step == s.sticky_fault_at:
+                self.sticky = True
+                self.queue.clear()
+                return
+            tok = self._next(self.token, self.position)
+            if op.step in s.lost_steps or self.dev_fault or self.stopped == op.arg:
+                return
+            nxt_pos = self.position + 1
+            code = FAULT_NONE
+            if op.step == s.fault_word_at:
+                code = s.fault_code
+            elif self.position == s.nan_at_position:
+                code = FAULT_NONFINITE
+            elif not 0 <= tok < self.vocab:
+                code = FAULT_TOKEN_RANGE
+            elif nxt_pos >= self.max_seq:
+                code = FAULT_POSITION_RANGE
+            if code:
+                self.dev_fault = code
+                self.fault = RingState(0, code, tok, nxt_pos)
+                return
+            self.token, self.position = tok, nxt_pos
+            self.ring.append(tok)
+            if s.honor_stop_ids and tok in self.stop_ids:
+                self.stopped = op.arg
+
+    # DeviceOps
+    def set_input(self, token: int, position: int) -> None:
+        if not (0 <= token < self.vocab and 0 <= position < self.max_seq):
+            raise InvalidArgumentError(f"input ({token}, {position}) out of range")
+        self._count()
+        self._enqueue(_Op("input", (token, position)))
+
+    def stream_query(self) -> bool:
+        self._count()
+        self.queries += 1
+        self._tick()
+        if self.sticky:
+            raise ContextLostError("device fault: cudaErrorIllegalAddress (an illegal memory access was encountered)")
+        return not self.queue
+
+    def counters(self) -> Counters:
+        return self.calls
+
+    def close(self) -> None:
+        self.queue.clear()
+
+    def enqueue_forward(self, eager: bool = False) -> None:
+        self._count(1, 0 if eager else 1)
+        self._enqueue(_Op("forward", eager))
+
+    def enqueue_argmax(self) -> None:
+        self._count()
+        self._enqueue(_Op("argmax"))
+
+    def enqueue_logits_to_host(self) -> None:
+        self._count()
+        self._enqueue(_Op("argmax"))
+
+    def sampled(self) -> tuple[int, float]:
+        return self.argmax
+
+    def host_logits(self) -> np.ndarray:
+        return self.logits.copy()
+
+    def reset_ring(self) -> bool:
+        if not self.stream_query():
+            return False
+        self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0
+        return True
+
+    def set_stop_ids(self, ids: tuple[int, ...]) -> None:
+        if len(ids) > MAX_STOP_IDS:
+            raise InvalidArgumentError(f"at most {MAX_STOP_IDS} stop ids")
+        self.stop_ids = tuple(ids)
+
+    def enqueue_step(self, burst_id: int) -> None:
+        self._count(3, 1)
+        step = self.steps_enqueued
+        self.steps_enqueued += 1
+        self.log.append(f"step {step} burst {burst_id}")
+        # A forward, argmax and commit; the fake folds them into one operation.
+        self._enqueue(_Op("step", burst_id, step))
+
+    def poll_ring(self) -> RingState:
+        self._tick()
+        f = self.fault
+        return RingState(len(self.ring), f.fault, f.fault_token, f.fault_pos, self.stopped)
+
+    def read_ring(self, first: int, count: int) -> list[int]:
+        if first + count > len(self.ring):
+            raise InvalidArgumentError("tokens not published yet")
+        return self.ring[first:first + count]
