@@ -69,6 +69,7 @@ class FakeDevice:
         self.steps_enqueued = 0
         self.calls = Counters()
         self.log: list[str] = []
+        self.closed = False
 
     def _next(self, token: int, position: int) -> int:
         if self.script.next_token is not None:
@@ -161,6 +162,7 @@ class FakeDevice:
 
     def close(self) -> None:
         self.queue.clear()
+        self.closed = True
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._count(1, 0 if eager else 1)

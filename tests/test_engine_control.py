@@ -8,7 +8,7 @@ from arcpy import gate
 from arcpy.fake import FakeDevice, FakeScript
 from arcpy.scripted import scripted_next
 from arcpy.engine import DEVICE_LOOP, HOST, Engine
-from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
+from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError, NonFiniteLogitsError
 from arcpy.sampling import Sampling
 
 PROMPT = [1, 2, 3]
@@ -223,3 +223,26 @@ def test_prompt_longer_than_max_seq_is_refused_and_budget_clipped(latch):
     with pytest.raises(InvalidArgumentError, match="max_seq 8"):
         eng.start(list(range(8)), 1)
     assert len(list(eng.generate(list(range(5)), 100))) == 3
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["host-path", "device-loop"])
+def test_non_finite_logits_are_an_error_on_both_paths_without_fallback(latch, loop):
+    eng = engine(latch, FakeScript(nan_at_position=5), loop=loop, burst=4)
+    got = []
+    with pytest.raises(NonFiniteLogitsError, match="position 5"):
+        for tok in eng.generate(PROMPT, 16):
+            got.append(tok)
+    assert got == reference(3)  # the tokens of positions 2, 3 and 4 came first
+    assert not latch.latched and eng.poisoned is None
+    assert eng.stats.finish_reason == "fault"
+
+
+def test_engine_is_a_context_manager_that_frees_its_device(latch):
+    with engine(latch) as eng:
+        list(eng.generate(PROMPT, 4))
+    assert eng.device.closed
+
+
+def test_every_gate_is_read_on_every_backend(latch):
+    with pytest.raises(InvalidArgumentError, match="ARC_GRAPH='2'"):
+        Engine(FakeDevice(), "fake", environ={"ARC_GRAPH": "2"}, latch=latch)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 import arcpy
 from arcpy.cli import main as cli
+from arcpy.codes import ABI_VERSION
 from arcpy.engine import HOST, Engine
 from arcpy.model import random_model, save_model, SHAPES, synthetic_model
 from arcpy.reference import ReferenceModel
@@ -56,6 +57,15 @@ def test_help_lists_the_options():
     (["--prompt", "1 32000"], {}, "token id 32000 is outside the vocabulary"),
     (["--prompt", "1 x"], {}, "expected token ids"),
     (["--max-seq", "4", "--prompt", "1 2 3 4 5"], {}, "max_seq 4 leaves no room"),
+    (["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
+    (["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
+    (["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),
+    (["-n", "2"], {"ARC_LIBRARY": "/nonexistent/libarc.so"}, "ARC_LIBRARY='/nonexistent/libarc.so': no such file"),
+    (["--temperature", "1e-320", "-n", "2"], {}, "temperature must be 0 (greedy) or in"),
+    (["--max-seq", "100000000"], {}, "--max-seq 100000000 exceeds the model's context of 1024"),
+    (["--prompt", "1_0"], {}, "expected token ids"),
+    (["--prompt", "\u0661\u0662"], {}, "expected token ids"),
+    (["--model", ""], {}, "--model is empty"),
 ])
 def test_bad_input_is_one_clear_line_and_no_traceback(args, env, message):
     out = decode(*args, env=env)
@@ -63,6 +73,37 @@ def test_bad_input_is_one_clear_line_and_no_traceback(args, env, message):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1", "--temperature", "1"], ["--top-p", "0"], ["-n", "-3"]])
+def test_option_values_out_of_range_are_a_usage_error_not_a_traceback(args):
+    out = decode(*args)
+    assert out.returncode == 2 and "Error: Invalid value" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_smoke_refuses_more_tokens_than_the_model_holds():
+    result = CliRunner().invoke(cli, ["smoke", "-n", "2000"])
+    assert result.exit_code == 2 and "2000 is not in the range" in result.output
+
+
+def test_info_with_a_bad_arc_library_is_one_line_and_fails():
+    result = CliRunner().invoke(cli, ["info"], env={"ARC_LIBRARY": "/nonexistent/libarc.so"})
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == ["error: ARC_LIBRARY='/nonexistent/libarc.so': no such file"]
+
+
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--seed", "7"]], ids=["greedy", "sampled"])
+def test_a_nan_weight_is_one_error_line_not_tokens(tmp_path, sampling):
+    model = random_model(SHAPES["qwen-tiny"], seed=5, name="tiny")
+    model.tensors["model.layers.1.mlp.down_proj.weight"] = model.tensors["model.layers.1.mlp.down_proj.weight"].copy()
+    model.tensors["model.layers.1.mlp.down_proj.weight"][3, 7] = 0x7FC0  # a bf16 NaN
+    save_model(model, tmp_path)
+    out = decode("--model", str(tmp_path), "--backend", "numpy", "--prompt", "1 2", "-n", "4", *sampling)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "position 1 gave non-finite logits" in errors[0], out.stderr
 
 
 @CPU_ONLY
@@ -108,7 +149,7 @@ def test_engine_sampling_is_seeded_on_the_numpy_backend(stories):
 def test_cli_info_and_smoke():
     runner = CliRunner()
     info = runner.invoke(cli, ["info"])
-    assert info.exit_code == 0 and "ABI version: 1" in info.output
+    assert info.exit_code == 0 and f"ABI version: {ABI_VERSION}" in info.output
     smoke = runner.invoke(cli, ["smoke", "-n", "6"])
     assert smoke.exit_code == 0, smoke.output
     assert "ok   numpy" in smoke.output and "6/6 tokens equal the reference" in smoke.output
