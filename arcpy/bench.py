@@ -1,5 +1,6 @@
-"""Measurements on the GPU: the copy bandwidth that bounds a memory-bound forward, and the
-per-token time of the device loop and of the host path on the same model, in the same run.
+"""Measurements on the GPU: the copy bandwidth that bounds a memory-bound forward, the per-token
+time of the device loop and of the host path on the same model, each kernel of the step alone
+(kernel_bench), and Hugging Face `generate` on the same shape, all in the same run.
 
 Per-token time is taken in steady state: the wall time between the first and the last token a
 generation yields, divided by the tokens between them, so prefill and start-up are excluded.
@@ -9,18 +10,26 @@ model is (weight bytes read per token) / (copy bandwidth): no decode can be fast
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from . import _lib
+from . import _lib, kernel_bench
 from .cuda import Context, open_cuda_device
-from .scripted import scripted_device
 from .engine import Engine
+from .errors import ArcError, InvalidArgumentError
 from .gate import FallbackLatch
-from .model import synthetic_model
+from .model import SHAPES, ModelConfig, synthetic_model
+from .scripted import scripted_device
+
+PROMPT = [1, 2, 3, 4]
+BENCH_MAX_SEQ = 2048           # the KV cache every shape is benchmarked with (or its own, if smaller)
+GUARD_TOLERANCE = 0.15         # the regression guard fails below (1 - this) of the recorded tok/s
 
 
 def copy_bandwidth(ctx: Context, nbytes: int = 1 << 30, reps: int = 10, trials: int = 5) -> float:
@@ -41,6 +50,41 @@ def copy_bandwidth(ctx: Context, nbytes: int = 1 << 30, reps: int = 10, trials: 
         ctx.device_free(a)
         ctx.device_free(b)
 
+
+# --- figures computed from the config ---------------------------------------------------------
+
+def bench_max_seq(cfg: ModelConfig) -> int:
+    return min(cfg.max_seq, BENCH_MAX_SEQ)
+
+
+def generation_positions(prompt_len: int, tokens: int, max_seq: int) -> tuple[int, int]:
+    """(first, last) position a forward runs at while the engine generates `tokens` after a
+    prompt: the first token comes from the prompt's last position, and the engine stops short of
+    max_seq."""
+    new = max(1, min(tokens, max_seq - prompt_len))
+    return prompt_len - 1, prompt_len - 2 + new
+
+
+def device_memory(cfg: ModelConfig, max_seq: int, scratch_bytes: int = 0) -> dict:
+    """Bytes of device memory a model of `cfg` takes, from the config (not measured): every
+    stored weight in bf16 and the RoPE table, the bf16 KV cache for max_seq positions, and the
+    float32 activations with the attention's scratch."""
+    weights = 2 * cfg.n_params + 4 * (cfg.head_dim // 2)
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_seq * cfg.head_dim * 2
+    qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
+    act = 4 * (cfg.dim + qkv_rows + cfg.q_dim + cfg.ffn_dim + cfg.vocab) + scratch_bytes
+    return {"max_seq": max_seq, "weights": weights, "kv_cache": kv, "activations": act,
+            "total": weights + kv + act}
+
+
+def attention_scratch_bytes(cfg: ModelConfig, max_seq: int) -> int:
+    ffi, lib = _lib.load()
+    sb = ffi.new("uint64_t *")
+    _lib.check(lib.arc_op_attention_scratch_bytes(cfg.n_heads, cfg.head_dim, max_seq, sb))
+    return int(sb[0])
+
+
+# --- host path and device loop ----------------------------------------------------------------
 
 @dataclass
 class PathResult:
@@ -65,76 +109,315 @@ def time_generation(engine: Engine, prompt: list[int], tokens: int, runs: int) -
 
 
 def bench_paths(device, tokens: int, runs: int, bursts=(4, 16)) -> list[PathResult]:
-    prompt = [1, 2, 3, 4]
     results = []
     configs = [("host", False, 1)] + [("device-loop", True, b) for b in bursts]
     for name, loop, burst in configs:
         eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
-        us, st = time_generation(eng, prompt, tokens, runs)
-        assert st.path == ("device-loop" if loop else "host"), st.path
+        us, st = time_generation(eng, PROMPT, tokens, runs)
+        if st.path != name:
+            raise ArcError(f"asked for the {name} path, the engine took {st.path}")
         results.append(PathResult(name, burst, statistics.median(us), [round(u, 2) for u in us],
                                   st.per_token(st.graph_launches), st.per_token(st.cuda_calls),
                                   st.per_token(st.host_waits)))
     return results
 
 
-@dataclass
-class ShapeResult:
-    shape: str
-    weight_bytes: int
-    floor_us: float
-    paths: list
+def graph_nodes(device) -> int | None:
+    """Nodes of the device loop's step graph, when this libarc can say."""
+    lib = device.lib
+    if device.step_graph is None or not hasattr(lib, "arc_graph_node_count"):
+        return None
+    n = device.ffi.new("uint64_t *")
+    _lib.check(lib.arc_graph_node_count(device.step_graph, n))
+    return int(n[0])
 
 
-def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int) -> ShapeResult:
+def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: bool) -> dict:
+    """One shape: paths, step graph, memory, and (when asked) the per-kernel table."""
+    t0 = time.perf_counter()
     model = synthetic_model(shape, seed=0)
-    device = open_cuda_device(model, max_seq=min(model.config.max_seq, 2048))
+    cfg, max_seq = model.config, bench_max_seq(model.config)
+    seconds = {"make_weights": round(time.perf_counter() - t0, 1)}
+    out = {"shape": shape, "weight_bytes": cfg.weight_bytes, "floor_us": cfg.weight_bytes / bandwidth * 1e6,
+           "memory_from_config": device_memory(cfg, max_seq, attention_scratch_bytes(cfg, max_seq)),
+           "seconds": seconds}
+    t0 = time.perf_counter()
+    with open_cuda_device(model, max_seq=max_seq) as device:
+        del model  # the device holds the weights now; a large model's host copy can go
+        seconds["load"] = round(time.perf_counter() - t0, 1)
+        out["step_graph_nodes"] = graph_nodes(device)
+        t0 = time.perf_counter()
+        out["paths"] = [asdict(p) for p in bench_paths(device, tokens, runs)]
+        seconds["paths"] = round(time.perf_counter() - t0, 1)
+    if kernels:
+        t0 = time.perf_counter()
+        out["kernels"] = kernel_report(cfg, max_seq, tokens, runs, out["paths"])
+        seconds["kernels"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def kernel_report(cfg: ModelConfig, max_seq: int, tokens: int, runs: int, paths: list) -> dict:
+    """The per-kernel timings of one shape beside its step; a libarc error is recorded, not raised."""
+    first, last = generation_positions(len(PROMPT), tokens, max_seq)
+    positions = kernel_bench.attention_positions((first + last) // 2, last, max_seq)
     try:
-        floor_us = model.config.weight_bytes / bandwidth * 1e6
-        return ShapeResult(shape, model.config.weight_bytes, floor_us, bench_paths(device, tokens, runs))
-    finally:
-        device.close()
+        timings = [asdict(t) for t in kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs)]
+    except ArcError as exc:
+        return {"error": str(exc)}
+    loop16 = [p["us_per_token"] for p in paths if p["path"] == "device-loop" and p["burst"] == 16]
+    return {"graph_launches": cfg.n_layers, "replays": runs, "positions": positions,
+            "generation_positions": [first, last], "timings": timings,
+            "sum_us": kernel_bench.step_sum_us(timings), "step_us": loop16[0] if loop16 else None}
 
 
-def bench_scripted(tokens: int, runs: int) -> ShapeResult:
+def bench_scripted(tokens: int, runs: int) -> dict:
     """The loop's own cost: the scripted model's forward is one tiny kernel."""
-    ctx = Context(0)
-    device = scripted_device(ctx)
+    with Context(0) as ctx:
+        device = scripted_device(ctx)
+        try:
+            return {"shape": "scripted", "weight_bytes": 0, "floor_us": 0.0, "step_graph_nodes": graph_nodes(device),
+                    "paths": [asdict(p) for p in bench_paths(device, tokens, runs)]}
+        finally:
+            device.close()
+
+
+# --- Hugging Face generate on the same shape --------------------------------------------------
+
+def hf_available() -> tuple[bool, str]:
+    """(True, versions) when torch and transformers import and torch sees a GPU, else (False, why)."""
     try:
-        return ShapeResult("scripted", 0, 0.0, bench_paths(device, tokens, runs))
+        import torch
+        import transformers
+    except Exception as exc:  # a broken install raises more than ImportError
+        return False, f"{type(exc).__name__}: {exc}"
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} sees no CUDA device"
+    return True, f"torch {torch.__version__}, transformers {transformers.__version__}"
+
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict:
+    """LlamaConfig arguments of the same shape. RoPE base and scaling keep their defaults: they
+    change the angles, not the work. No end-of-sequence id, so a generation runs its full length."""
+    return {"vocab_size": cfg.vocab, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+            "max_position_embeddings": cfg.max_seq, "rms_norm_eps": cfg.rms_eps,
+            "tie_word_embeddings": cfg.tied_embeddings, "attention_bias": cfg.qkv_bias,
+            "bos_token_id": 1, "eos_token_id": None, "pad_token_id": 0}
+
+
+def steady_us_per_token(t_n: list[float], t_1: list[float], n: int) -> tuple[float, list[float]]:
+    """Steady-state µs per token from paired wall times (s) of generate(n new) and generate(1 new):
+    their difference is n - 1 decode steps; prefill and set-up cancel. Returns (median, per pair)."""
+    if n < 2 or not t_n or len(t_n) != len(t_1):
+        raise InvalidArgumentError(f"need n >= 2 and as many generate(n) as generate(1) times; got n={n}, "
+                                   f"{len(t_n)} and {len(t_1)} times")
+    per_pair = [(a - b) / (n - 1) * 1e6 for a, b in zip(t_n, t_1)]
+    return statistics.median(per_pair), per_pair
+
+
+def time_hf_generate(generate: Callable[[int], None], n: int, runs: int,
+                     clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[float], float]:
+    """Time `generate(k)`, a complete generation of k new tokens that returns once the GPU is
+    done: one warm-up of each length, then `runs` pairs. Returns (median µs/token, per pair,
+    seconds of the warm-up, which holds any compilation)."""
+    t0 = clock()
+    generate(n)
+    generate(1)
+    warm = clock() - t0
+    t_n, t_1 = [], []
+    for _ in range(runs):
+        t0 = clock()
+        generate(1)
+        t_1.append(clock() - t0)
+        t0 = clock()
+        generate(n)
+        t_n.append(clock() - t0)
+    med, per_pair = steady_us_per_token(t_n, t_1, n)
+    return med, per_pair, warm
+
+
+def bench_hf(cfg: ModelConfig, n: int, runs: int, compile: bool) -> dict:
+    """LlamaForCausalLM of cfg's shape with random bf16 weights on the GPU: greedy `generate`
+    with a static cache. transformers compiles a static-cache generate by itself unless told not
+    to: `compile` decides."""
+    import torch
+    import transformers
+
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    hcfg = transformers.LlamaConfig(**hf_config_kwargs(cfg))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # made in bf16 on the GPU: no float32 copy of 8B weights
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(hcfg)
     finally:
-        device.close()
-        ctx.close()
-
-
-def run(shapes, tokens: int = 256, runs: int = 5) -> dict:
-    ctx = Context(0)
+        torch.set_default_dtype(default)
     try:
+        model = model.to(dtype=torch.bfloat16).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:  # matrices random; the norms stay ones
+                    p.normal_(0.0, kernel_bench.WEIGHT_STD)
+        ids = torch.tensor([PROMPT], device="cuda")
+        mask = torch.ones_like(ids)
+        torch.cuda.synchronize()
+        setup = time.perf_counter() - t0
+
+        def generate(k: int) -> None:
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=k, do_sample=False,
+                                     cache_implementation="static", disable_compile=not compile,
+                                     pad_token_id=0, eos_token_id=None)
+            torch.cuda.synchronize()
+            made = out.shape[1] - ids.shape[1]
+            if made != k:
+                raise RuntimeError(f"generate made {made} new tokens, asked for {k}")
+
+        med, per_pair, warm = time_hf_generate(generate, n, runs)
+        return {"us_per_token": med, "runs_us": [round(u, 2) for u in per_pair], "tokens": n, "runs": runs,
+                "compile": compile, "cache": "static",
+                "attn_implementation": str(getattr(model.config, "_attn_implementation", None)),
+                "setup_s": round(setup, 1), "warmup_s": round(warm, 1)}
+    finally:
+        del model
+        torch.cuda.empty_cache()
+
+
+def hf_report(shapes: list[str], n: int, runs: int, compile: bool,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """bench_hf for each shape; a failure is recorded in its row, never raised."""
+    ok, versions = hf_available()
+    out = {"available": ok, "versions": versions, "compile": compile, "shapes": {}}
+    for shape in shapes if ok else []:
+        t0 = time.perf_counter()
+        try:
+            row = bench_hf(SHAPES[shape], n, runs, compile)
+        except Exception as exc:  # torch and transformers raise all kinds; the row says which
+            row = {"error": (f"{type(exc).__name__}: {exc}".splitlines() or ["?"])[0]}
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        out["shapes"][shape] = row
+        if progress:
+            progress(f"hf {shape}: {row}")
+    return out
+
+
+# --- the whole run ----------------------------------------------------------------------------
+
+def run(shapes, tokens: int = 256, runs: int = 5, *, kernels: bool = False, hf: bool = False,
+        hf_tokens: int = 64, hf_runs: int = 3, hf_compile: bool = False,
+        on_update: Callable[[dict], None] | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """The benchmark. `on_update(report)` is called after each part, so a run cut short keeps
+    what it measured; `progress(line)` hears what was done and how long it took."""
+    shapes = list(shapes)
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise InvalidArgumentError(f"unknown shape(s) {', '.join(unknown)} (choose from {', '.join(SHAPES)})")
+    if tokens < 2 or runs < 1 or (hf and (hf_tokens < 2 or hf_runs < 1)):
+        raise InvalidArgumentError("tokens and hf_tokens must be >= 2, runs and hf_runs >= 1")
+    say = progress or (lambda line: None)
+    update = on_update or (lambda report: None)
+    with Context(0) as ctx:
         name = ctx.name()
         bandwidth = copy_bandwidth(ctx)
-    finally:
-        ctx.close()
-    results = [bench_scripted(tokens, runs)] + [bench_shape(s, bandwidth, tokens, runs) for s in shapes]
-    return {
-        "device": name,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "copy_bandwidth_GBps": bandwidth / 1e9,
-        "tokens": tokens,
-        "runs": runs,
-        "shapes": [asdict(r) for r in results],
-    }
+    report = {"device": name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "copy_bandwidth_GBps": bandwidth / 1e9, "tokens": tokens, "runs": runs, "shapes": []}
+    say(f"{name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    report["shapes"].append(bench_scripted(tokens, runs))
+    update(report)
+    for shape in shapes:
+        report["shapes"].append(bench_shape(shape, bandwidth, tokens, runs, kernels))
+        say(f"{shape}: seconds {report['shapes'][-1]['seconds']}")
+        update(report)
+    if hf:
+        report["hf"] = hf_report(shapes, hf_tokens, hf_runs, hf_compile, say)
+        update(report)
+    return report
 
+
+# --- the report as text -----------------------------------------------------------------------
 
 def format_table(report: dict) -> str:
-    lines = [f"{report['device']}, {report['date']}: copy bandwidth {report['copy_bandwidth_GBps']:.0f} GB/s; "
+    """The report as text: one row per shape and path (and Hugging Face), then per shape its
+    memory, step graph and kernels. Reports of earlier versions, without those parts, print too."""
+    bw = report["copy_bandwidth_GBps"]
+    hf = report.get("hf") or {}
+    lines = [f"{report['device']}, {report['date']}: copy bandwidth {bw:.0f} GB/s; "
              f"{report['tokens']} tokens per generation, median of {report['runs']}",
              f"{'shape':12s} {'path':12s} {'burst':>5s} {'us/token':>9s} {'tok/s':>8s} {'floor us':>9s} "
              f"{'floor/us':>8s} {'launch/t':>8s} {'cuda/t':>7s} {'wait/t':>6s}"]
     for s in report["shapes"]:
         for p in s["paths"]:
-            ratio = s["floor_us"] / p["us_per_token"] if s["floor_us"] else 0.0
-            lines.append(f"{s['shape']:12s} {p['path']:12s} {p['burst']:5d} {p['us_per_token']:9.2f} "
-                         f"{1e6 / p['us_per_token']:8.0f} {s['floor_us']:9.2f} {ratio:8.1%} "
+            lines.append(f"{s['shape']:12s} {p['path']:12s} {p['burst']:5d} {_speed(p['us_per_token'], s['floor_us'])} "
                          f"{p['graph_launches_per_token']:8.2f} {p['cuda_calls_per_token']:7.2f} "
                          f"{p['host_waits_per_token']:6.2f}")
+        row = hf.get("shapes", {}).get(s["shape"])
+        if row is not None:
+            what = _speed(row["us_per_token"], s["floor_us"]) if "us_per_token" in row else f"FAILED: {row.get('error')}"
+            lines.append(f"{s['shape']:12s} {'hf generate':12s} {'':5s} {what}")
+    if hf:
+        lines.append(_hf_note(hf))
+    for s in report["shapes"]:
+        notes = _shape_notes(s) + kernel_bench.format_kernels(s, bw)
+        lines += [""] + notes if notes else []
     return "\n".join(lines)
+
+
+def _speed(us: float, floor_us: float) -> str:
+    """us/token, tok/s, floor us and the share of the floor reached (blank without a floor)."""
+    if not floor_us:
+        return f"{us:9.2f} {1e6 / us:8.0f} {'':9s} {'':8s}"
+    return f"{us:9.2f} {1e6 / us:8.0f} {floor_us:9.2f} {floor_us / us:8.1%}"
+
+
+def _hf_note(hf: dict) -> str:
+    if not hf.get("available"):
+        return f"hf generate: not run ({hf.get('versions')})"
+    note = (f"hf generate: {hf['versions']}; LlamaForCausalLM of the same shape, random bf16 weights, greedy, "
+            f"static cache, torch.compile {'ON' if hf.get('compile') else 'off'}")
+    done = [r for r in hf.get("shapes", {}).values() if "us_per_token" in r]
+    if done:
+        r = done[0]
+        note += (f", attention {r['attn_implementation']}; us/token = (t(generate {r['tokens']} new) - "
+                 f"t(generate 1 new)) / {r['tokens'] - 1}, median of {r['runs']} pairs after a warm-up")
+        note += "; warm-up s: " + ", ".join(f"{k} {v['warmup_s']}" for k, v in hf["shapes"].items() if "warmup_s" in v)
+    return note
+
+
+def _shape_notes(s: dict) -> list[str]:
+    lines = []
+    mem = s.get("memory_from_config")
+    if mem:
+        lines.append(f"{s['shape']}: device memory computed from the config, max_seq {mem['max_seq']}: weights "
+                     f"{mem['weights'] / 1e9:.3f} GB + KV cache {mem['kv_cache'] / 1e9:.3f} GB + activations "
+                     f"{mem['activations'] / 1e6:.2f} MB = {mem['total'] / 1e9:.3f} GB")
+    if s.get("step_graph_nodes") is not None:
+        lines.append(f"{s['shape']}: the device loop's step graph has {s['step_graph_nodes']} nodes")
+    return lines
+
+
+# --- the regression guard ---------------------------------------------------------------------
+
+def read_baseline(path: str | Path) -> dict[str, dict[str, float]]:
+    """{card name: {shape: tok/s}} from a baseline file; a malformed one is one clear error."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgumentError(f"{path}: cannot read the baseline: {exc}") from None
+    ok = isinstance(data, dict) and all(
+        isinstance(card, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                       for v in card.values())
+        for card in data.values())
+    if not ok:
+        raise InvalidArgumentError(f"{path}: expected {{card name: {{shape: tok/s > 0}}}}")
+    return data
+
+
+def guard_verdict(measured_tps: float, recorded_tps: float,
+                  tolerance: float = GUARD_TOLERANCE) -> tuple[bool, float]:
+    """(passes, the lowest tok/s that passes): a measurement may fall at most `tolerance` below
+    the recorded figure."""
+    lowest = recorded_tps * (1.0 - tolerance)
+    return measured_tps >= lowest, lowest
+

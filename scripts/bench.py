@@ -1,7 +1,14 @@
-"""Benchmark on the GPU: copy bandwidth, then microseconds per token of the host path and the
-device loop on the scripted model and on synthetic models, all in one run.
+"""Benchmark on the GPU, in one run: the copy bandwidth; per shape the host path and the device
+loop (bursts 4 and 16) on synthetic models, the bandwidth floor and the share of it reached, the
+device memory the shape takes (computed from its config), the step graph's size, each kernel of
+the step alone (--kernels), and Hugging Face `generate` on the same shape (--hf, where torch and
+transformers import).
 
-    python scripts/bench.py --json bench.json [--shapes stories15M,stories110M,llama1B]
+    python scripts/bench.py --json bench.json
+    python scripts/bench.py --shapes stories15M,llama1B --runs 3 --no-hf --json bench.json
+
+The JSON report is rewritten after each shape, so a run cut short keeps what it measured;
+progress and the time each part took go to stderr.
 """
 
 import argparse
@@ -11,23 +18,67 @@ import sys
 from arcpy import bench
 from arcpy.errors import ArcError
 
+DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
 
-def main() -> int:
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2 (steady state needs two tokens), got {value}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="stories15M,stories110M,llama1B")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated (default {DEFAULT_SHAPES})")
+    ap.add_argument("--tokens", type=at_least_two, default=256, help="tokens per generation (default 256)")
+    ap.add_argument("--runs", type=positive, default=5,
+                    help="timed generations per path, and timed replays per kernel (default 5)")
+    ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
+                    help="the per-kernel table (default on)")
+    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                    help="Hugging Face generate on each shape (default: on where torch and transformers import)")
+    ap.add_argument("--hf-tokens", type=at_least_two, default=64, help="new tokens of the long generate (default 64)")
+    ap.add_argument("--hf-runs", type=positive, default=3, help="timed generate pairs per shape (default 3)")
+    ap.add_argument("--hf-compile", action="store_true",
+                    help="let transformers torch.compile the static-cache generate (off by default: it "
+                         "compiles per shape, and the warm-up time is reported)")
     ap.add_argument("--json", help="write the report here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def progress(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    hf = args.hf
+    if hf is None:
+        hf, why = bench.hf_available()
+        if not hf:
+            progress(f"Hugging Face comparison skipped: {why}")
+
+    def save(report: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+
     try:
-        report = bench.run([s for s in args.shapes.split(",") if s], args.tokens, args.runs)
+        report = bench.run(shapes, args.tokens, args.runs, kernels=args.kernels, hf=hf, hf_tokens=args.hf_tokens,
+                           hf_runs=args.hf_runs, hf_compile=args.hf_compile, on_update=save, progress=progress)
     except ArcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bench.format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
     return 0
 
 

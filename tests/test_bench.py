@@ -1,0 +1,281 @@
+"""CPU tier: the benchmark's pure logic. Table formatting against canned reports, the figures
+computed from a config, the Hugging Face timing arithmetic against a fake generate and a fake
+clock, the regression guard's arithmetic and its baseline file, and the script's options."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from arcpy import bench, kernel_bench
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import SHAPES
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = ROOT / "docs" / "perf-baseline.json"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- figures from the config ------------------------------------------------------------------
+
+def test_device_memory_of_the_8b_shape_is_its_published_weights_plus_kv_and_activations():
+    cfg = SHAPES["llama8B"]
+    mem = bench.device_memory(cfg, 2048, scratch_bytes=1000)
+    assert mem["weights"] == 2 * 8_030_261_248 + 4 * 64  # Llama-3-8B's parameter count, in bf16, + RoPE table
+    assert mem["kv_cache"] == 2 * 32 * 8 * 2048 * 128 * 2  # k and v, every layer, bf16
+    assert mem["activations"] == 4 * (4096 + 6144 + 4096 + 14336 + 128256) + 1000
+    assert mem["total"] == mem["weights"] + mem["kv_cache"] + mem["activations"]
+
+
+def test_generation_positions_run_from_the_prompts_last_to_before_max_seq():
+    assert bench.generation_positions(4, 256, 2048) == (3, 258)
+    assert bench.generation_positions(4, 5000, 1024) == (3, 1022)  # the engine stops short of max_seq
+    assert bench.generation_positions(4, 2, 2048) == (3, 4)
+
+
+def test_attention_positions_keep_mean_first_drop_repeats_and_positions_past_the_cache():
+    assert kernel_bench.attention_positions(130, 258, 1024) == [130, 258, 512]
+    assert kernel_bench.attention_positions(130, 258, 300) == [130, 258]
+    assert kernel_bench.attention_positions(512, 512, 1024) == [512]
+
+
+@pytest.mark.parametrize("shape", ["stories15M", "smollm2-135M", "llama8B", "qwen-tiny"])
+def test_kernel_specs_read_every_weight_of_the_step_once(shape):
+    cfg = SHAPES[shape]
+    specs = kernel_bench.kernel_specs(cfg, [100, 200])
+    gemvs = [s for s in specs if s.kind in ("qkv", "o", "gate_up", "down", "lm_head")]
+    # weight_bytes counts an untied embedding as the one row the step reads; no GEMV reads it.
+    embedding_row = 0 if cfg.tied_embeddings else 2 * cfg.dim
+    assert sum(s.per_step * s.read_bytes for s in gemvs) == cfg.weight_bytes - embedding_row
+
+
+def test_kernel_specs_count_the_forwards_launches_and_one_attention_position():
+    cfg = SHAPES["stories110M"]
+    specs = kernel_bench.kernel_specs(cfg, [130, 258, 512])
+    counted = [s for s in specs if s.in_step_sum]
+    assert sum(s.per_step for s in counted) == 6 * cfg.n_layers + 3  # 6 per layer, embedding, lm_head, argmax
+    attn = [s for s in specs if s.kind == "attention"]
+    assert [(s.position, s.in_step_sum) for s in attn] == [(130, True), (258, False), (512, False)]
+    # k and v of 12 heads x 64 over positions 0..130, bf16
+    assert attn[0].read_bytes == 2 * 12 * 131 * 64 * 2
+
+
+def test_step_sum_weights_each_counted_kernel_by_its_launches_per_step():
+    rows = [{"per_step": 1, "us": 2.0, "in_step_sum": True},
+            {"per_step": 6, "us": 3.0, "in_step_sum": True},
+            {"per_step": 6, "us": 100.0, "in_step_sum": False}]
+    assert kernel_bench.step_sum_us(rows) == pytest.approx(20.0)
+
+
+def test_launches_per_replay_aims_at_the_target_within_bounds():
+    assert kernel_bench.launches_per_replay(0.02, 0.001) == 20
+    assert kernel_bench.launches_per_replay(0.02, 0.5) == 1
+    assert kernel_bench.launches_per_replay(0.02, 1e-9, cap=4000) == 4000
+    assert kernel_bench.launches_per_replay(0.02, 0.0, cap=77) == 77
+
+
+# --- Hugging Face timing ------------------------------------------------------------------------
+
+class FakeGenerate:
+    """generate(k) on a fake clock: set-up + prefill, then `step` seconds per token after the first."""
+
+    def __init__(self, setup: float, step: float, jitter=()):
+        self.now, self.setup, self.step, self.calls = 0.0, setup, step, []
+        self.jitter = list(jitter)
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, k: int) -> None:
+        self.calls.append(k)
+        self.now += self.setup + (k - 1) * self.step + (self.jitter.pop(0) if self.jitter else 0.0)
+
+
+def test_hf_timing_cancels_prefill_and_reports_the_per_token_step():
+    fake = FakeGenerate(setup=0.25, step=0.004)
+    med, per_pair, warm = bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
+    assert med == pytest.approx(4000.0)
+    assert per_pair == pytest.approx([4000.0] * 3)
+    assert warm == pytest.approx(2 * 0.25 + 63 * 0.004)
+    assert fake.calls == [64, 1, 1, 64, 1, 64, 1, 64]  # a warm-up of each length first
+
+
+def test_hf_timing_takes_the_median_pair():
+    # the n-token generate of the second pair runs 63 ms slow: its pair reads 1 ms/token more
+    fake = FakeGenerate(setup=0.1, step=0.002, jitter=[0, 0, 0, 0, 0, 0.063, 0, 0])
+    med, per_pair, _ = bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
+    assert per_pair == pytest.approx([2000.0, 3000.0, 2000.0])
+    assert med == pytest.approx(2000.0)
+
+
+@pytest.mark.parametrize("t_n,t_1,n", [([1.0], [0.5], 1), ([], [], 8), ([1.0, 2.0], [0.5], 8)])
+def test_steady_state_refuses_what_it_cannot_compute(t_n, t_1, n):
+    with pytest.raises(InvalidArgumentError):
+        bench.steady_us_per_token(t_n, t_1, n)
+
+
+def test_hf_config_has_the_shape_and_no_end_of_sequence():
+    kw = bench.hf_config_kwargs(SHAPES["smollm2-135M"])
+    assert (kw["hidden_size"], kw["num_hidden_layers"], kw["num_attention_heads"], kw["num_key_value_heads"],
+            kw["head_dim"], kw["intermediate_size"], kw["vocab_size"]) == (576, 30, 9, 3, 64, 1536, 49152)
+    assert kw["tie_word_embeddings"] is True and kw["eos_token_id"] is None
+    assert bench.hf_config_kwargs(SHAPES["llama8B"])["tie_word_embeddings"] is False
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+def test_the_recorded_h200_report_still_formats():
+    report = json.loads((ROOT / "docs" / "bench-h200-2026-11-30.json").read_text())
+    text = bench.format_table(report)
+    row = next(line for line in text.splitlines() if line.startswith("stories15M") and line.split()[2] == "16")
+    # 112.40 us/token is 8,897 tok/s; the floor 7.13 us is 6.3% of it
+    assert row.split()[3:7] == ["112.40", "8897", "7.13", "6.3%"]
+    assert "hf generate" not in text and "per-kernel" not in text
+
+
+def canned_report(hf: dict | None) -> dict:
+    path = {"path": "device-loop", "burst": 16, "us_per_token": 200.0, "runs_us": [200.0],
+            "graph_launches_per_token": 1.01, "cuda_calls_per_token": 1.1, "host_waits_per_token": 0.0}
+    timings = [
+        {"name": "qkv gemv (norm)", "per_step": 2, "us": 10.0, "runs_us": [10.0], "read_bytes": 20_000_000,
+         "replay_bytes": 40_000_000, "in_step_sum": True, "position": None},
+        {"name": "attention @130", "per_step": 2, "us": 5.0, "runs_us": [5.0], "read_bytes": 0,
+         "replay_bytes": 0, "in_step_sum": True, "position": 130},
+        {"name": "attention @512", "per_step": 2, "us": 9.0, "runs_us": [9.0], "read_bytes": 0,
+         "replay_bytes": 0, "in_step_sum": False, "position": 512},
+    ]
+    shape = {"shape": "tiny", "weight_bytes": 10**8, "floor_us": 50.0, "paths": [path], "step_graph_nodes": 15,
+             "memory_from_config": {"max_seq": 2048, "weights": 10**8, "kv_cache": 2 * 10**7,
+                                    "activations": 3 * 10**6, "total": 123_000_000},
+             "kernels": {"graph_launches": 2, "replays": 5, "positions": [130, 512], "timings": timings,
+                         "sum_us": 30.0, "step_us": 200.0}}
+    report = {"device": "NVIDIA H200", "date": "2026-12-01 10:00:00 UTC", "copy_bandwidth_GBps": 4000.0,
+              "tokens": 256, "runs": 5, "shapes": [shape]}
+    if hf is not None:
+        report["hf"] = hf
+    return report
+
+
+def test_the_table_shows_hf_memory_graph_and_kernels():
+    hf = {"available": True, "versions": "torch 2.11, transformers 5.0", "compile": False,
+          "shapes": {"tiny": {"us_per_token": 1000.0, "runs_us": [1000.0], "tokens": 64, "runs": 3,
+                              "compile": False, "cache": "static", "attn_implementation": "sdpa",
+                              "setup_s": 1.0, "warmup_s": 2.5}}}
+    text = bench.format_table(canned_report(hf))
+    lines = text.splitlines()
+    hf_row = next(line for line in lines if line.startswith("tiny") and "hf generate" in line)
+    assert hf_row.split()[3:7] == ["1000.00", "1000", "50.00", "5.0%"]
+    assert "torch.compile off" in text and "(t(generate 64 new) - t(generate 1 new)) / 63" in text
+    assert "weights 0.100 GB + KV cache 0.020 GB + activations 3.00 MB = 0.123 GB" in text
+    assert "15 nodes" in text
+    qkv = next(line for line in lines if line.strip().startswith("qkv gemv"))
+    # 20 MB in 10 us is 2,000 GB/s, half the copy bandwidth; 2 launches per step, 20 us
+    assert qkv.split()[-6:] == ["10.00", "20.0", "20.00", "2000", "50.0%", "40.0"]
+    assert any(line.strip().startswith("attention @512 *") for line in lines)
+    assert "sum of kernels per step: 30.0 us" in text and "200.0 us, kernels alone = 15% of it" in text
+
+
+def test_the_table_says_why_hf_is_missing_or_failed():
+    text = bench.format_table(canned_report({"available": False, "versions": "ModuleNotFoundError: no torch",
+                                             "compile": False, "shapes": {}}))
+    assert "hf generate: not run (ModuleNotFoundError: no torch)" in text
+    failed = {"available": True, "versions": "torch 2.11", "compile": False,
+              "shapes": {"tiny": {"error": "RuntimeError: out of memory", "seconds": 1.0}}}
+    assert "hf generate  " in bench.format_table(canned_report(failed))
+    assert "FAILED: RuntimeError: out of memory" in bench.format_table(canned_report(failed))
+
+
+def test_a_failed_kernel_bench_is_one_line():
+    report = canned_report(None)
+    report["shapes"][0]["kernels"] = {"error": "invalid argument: config.dim"}
+    assert "per-kernel, tiny: FAILED: invalid argument: config.dim" in bench.format_table(report)
+
+
+# --- the regression guard ---------------------------------------------------------------------
+
+def test_the_baseline_file_parses_with_the_recorded_h200_figures():
+    baseline = bench.read_baseline(BASELINE)
+    assert baseline["NVIDIA H200"] == {"stories15M": 8897, "stories110M": 3721, "llama1B": 1048}
+    assert all(shape in SHAPES for card in baseline.values() for shape in card)
+
+
+def test_the_guard_allows_15_percent_below_the_record_and_no_more():
+    ok, lowest = bench.guard_verdict(890.8, 1048)
+    assert lowest == pytest.approx(890.8) and ok
+    assert not bench.guard_verdict(890.7, 1048)[0]
+    assert bench.guard_verdict(2000, 1048)[0]
+    assert not bench.guard_verdict(94, 100, tolerance=0.05)[0]
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"card": [1]}', '{"card": {"s": -1}}', '{"card": {"s": true}}',
+                                  '{"card": {"s": "fast"}}'])
+def test_a_malformed_baseline_is_one_clear_error(tmp_path, text):
+    path = tmp_path / "baseline.json"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError, match="baseline|expected"):
+        bench.read_baseline(path)
+
+
+def test_a_missing_baseline_is_one_clear_error(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        bench.read_baseline(tmp_path / "none.json")
+
+
+# --- the script -------------------------------------------------------------------------------
+
+def test_the_script_defaults_to_every_benchmark_shape_kernels_and_hf_where_importable():
+    script = load_script()
+    args = script.parse_args([])
+    assert args.shapes.split(",") == ["stories15M", "stories110M", "smollm2-135M", "llama1B", "llama8B"]
+    assert all(s in SHAPES for s in args.shapes.split(","))
+    assert args.kernels is True and args.hf is None and args.hf_compile is False
+    trimmed = script.parse_args(["--shapes", "llama1B", "--tokens", "32", "--runs", "2", "--no-hf", "--no-kernels"])
+    assert (trimmed.tokens, trimmed.runs, trimmed.hf, trimmed.kernels) == (32, 2, False, False)
+
+
+@pytest.mark.parametrize("argv", [["--tokens", "1"], ["--runs", "0"], ["--hf-tokens", "1"]])
+def test_the_script_refuses_counts_it_cannot_time(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        load_script().parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_an_unknown_shape_is_refused_before_any_gpu_work():
+    with pytest.raises(InvalidArgumentError, match="unknown shape"):
+        bench.run(["stories15M", "llama9000B"])
+
+
+def test_run_saves_the_report_after_each_part(monkeypatch):
+    class FakeContext:
+        def __init__(self, device):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def name(self):
+            return "Fake GPU"
+
+    monkeypatch.setattr(bench, "Context", FakeContext)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda ctx: 4e12)
+    monkeypatch.setattr(bench, "bench_scripted", lambda tokens, runs: {"shape": "scripted"})
+    monkeypatch.setattr(bench, "bench_shape", lambda s, bw, tokens, runs, kernels: {"shape": s, "seconds": {}})
+    monkeypatch.setattr(bench, "hf_report", lambda shapes, n, runs, compile, say: {"shapes": list(shapes)})
+    seen = []
+    report = bench.run(["stories15M", "llama1B"], 16, 2, hf=True,
+                       on_update=lambda r: seen.append([s["shape"] for s in r["shapes"]] + (["hf"] if "hf" in r else [])))
+    assert seen == [["scripted"], ["scripted", "stories15M"], ["scripted", "stories15M", "llama1B"],
+                    ["scripted", "stories15M", "llama1B", "hf"]]
+    assert report["device"] == "Fake GPU" and report["copy_bandwidth_GBps"] == pytest.approx(4000.0)
