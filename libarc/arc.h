@@ -35,6 +35,9 @@ typedef enum arc_status {
     ARC_BUSY = 8               /* the operation needs the stream idle and it is not */
 } arc_status;
 
+/* Limits a caller sizes its arrays by. */
+enum { ARC_MAX_STOP_IDS = 8 };  /* arc_loop_set_stop_ids takes at most this many ids */
+
 typedef struct arc_context arc_context;
 typedef struct arc_graph arc_graph;
 typedef struct arc_loop arc_loop;
@@ -68,6 +71,9 @@ int arc_graph_capture_begin(arc_context *ctx);
 int arc_graph_capture_end(arc_context *ctx, arc_graph **out);
 int arc_graph_launch(arc_graph *graph);
 int arc_graph_destroy(arc_graph *graph);
+/* The number of nodes (kernels, copies, memsets) the captured graph holds, counted at capture
+ * end: what one launch replays, for benchmarks. */
+int arc_graph_node_count(arc_graph *graph, uint64_t *count);
 
 /* Counters the context keeps of its own CUDA work, for per-token accounting. */
 typedef struct arc_counters {
@@ -96,7 +102,8 @@ typedef struct arc_ring_state {
 typedef enum arc_fault {
     ARC_FAULT_NONE = 0,
     ARC_FAULT_TOKEN_RANGE = 1,     /* sampled token outside [0, vocab) */
-    ARC_FAULT_POSITION_RANGE = 2   /* the next position would reach max_seq */
+    ARC_FAULT_POSITION_RANGE = 2,  /* the next position would reach max_seq */
+    ARC_FAULT_NONFINITE = 3        /* the winning logit is NaN or infinite: the forward broke */
 } arc_fault;
 
 int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity,
@@ -112,35 +119,9 @@ int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 
 /* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above
- * everything, as NumPy's argmax. out may be device memory or a mapped host pointer. */
-int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out);
-
-/* The scripted model: a stand-in forward for testing the loop. It reads the token and the
- * position the way the real forward does and writes logits[vocab] whose argmax is
- * (token * mul + position * add + bias) mod vocab. mode selects a misbehaviour at position
- * at_pos. */
-typedef enum arc_script_mode {
-    ARC_SCRIPT_NORMAL = 0,
-    ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */
-    ARC_SCRIPT_SPIN = 2,            /* spin until *flag != 0 (flag: host-mapped memory) */
-    ARC_SCRIPT_TOKEN = 3            /* the argmax is `bias`, whatever the input */
-} arc_script_mode;
-
-typedef struct arc_script {
-    int32_t vocab;
-    int32_t mul;
-    int32_t add;
-    int32_t bias;
-    int32_t mode;
-    int32_t at_pos;
-    const uint32_t *flag;
-} arc_script;
-
-int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
-
-/* Fault injection for tests: the n-th commit executed from now (0: the next) does nothing, as
- * if its launch had silently been lost. n < 0 disarms. Stream-ordered. */
-int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
+ * everything, as NumPy's argmax; the winning value into *value_out unless value_out is NULL.
+ * out and value_out may be device memory or mapped host pointers. */
+int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out);
 
 /* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
  * (raw 16-bit words), except the RoPE inverse frequencies (float32); the KV cache is bf16; every
@@ -231,6 +212,37 @@ int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
                      const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
                      int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
                      float *out);
+
+/* ---- Test hooks: the scripted model and fault injection. Not part of the decode API: they
+ * exist so that the loop and its fault detection can be tested on a GPU without a model. ---- */
+
+/* The scripted model: a stand-in forward for testing the loop. It reads the token and the
+ * position the way the real forward does and writes logits[vocab] whose argmax is
+ * (token * mul + position * add + bias) mod vocab. mode selects a misbehaviour at position
+ * at_pos. */
+typedef enum arc_script_mode {
+    ARC_SCRIPT_NORMAL = 0,
+    ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */
+    ARC_SCRIPT_SPIN = 2,            /* spin until *flag != 0 (flag: host-mapped memory) */
+    ARC_SCRIPT_TOKEN = 3            /* the argmax is `bias`, whatever the input */
+} arc_script_mode;
+
+typedef struct arc_script {
+    int32_t vocab;
+    int32_t mul;
+    int32_t add;
+    int32_t bias;
+    int32_t mode;
+    int32_t at_pos;
+    const uint32_t *flag;
+} arc_script;
+
+int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
+
+/* Fault injection: the n-th commit executed from now (0: the next) does nothing, as if its
+ * launch had silently been lost. n < 0 disarms. Stream-ordered. */
+int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
+
 /* arc-cdef-end */
 
 #ifdef __cplusplus

@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 1, ARGMAX_MAX_BLOCKS = 264 };
+enum { ARC_ABI_VERSION = 2 };
 
 static thread_local char t_last_error[1024];
 
@@ -125,6 +125,8 @@ static void context_release(arc_context *ctx) {
 // Allocates what a context owns; on failure the caller releases the partial context.
 static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaSetDevice(device));
+    ARC_CUDA(ctx, cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device));
+    ARC_CUDA(ctx, cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, device));
     ARC_CUDA(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_vals, ARGMAX_MAX_BLOCKS * sizeof(float)));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_idx, ARGMAX_MAX_BLOCKS * sizeof(int32_t)));

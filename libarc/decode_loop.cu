@@ -15,7 +15,7 @@
 
 #include "internal.cuh"
 
-enum { ARGMAX_THREADS = 256, ARGMAX_MAX_BLOCKS = 264, ARGMAX_PER_THREAD = 8 };
+enum { ARGMAX_THREADS = 256, ARGMAX_PER_THREAD = 8 };
 
 // --- CudaSampler -------------------------------------------------------------------------
 
@@ -53,12 +53,12 @@ __device__ __forceinline__ void argmax_block(float &v, int &i) {
 }
 
 __device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
-                             int vocab, int max_seq, int capacity);
+                             float value, int vocab, int max_seq, int capacity);
 
-// argmax(x[n]) -> *out, or with commit, -> commit_token. Grid: up to ARGMAX_MAX_BLOCKS blocks of
-// ARGMAX_THREADS, each reducing a strided share to one partial; the last block to finish
-// (done-counter ticket) reduces the partials and resets the counter, so one launch does both
-// stages, and in the loop the commit too.
+// argmax(x[n]) -> *out and its value -> *value_out (when not null), or with commit, both ->
+// commit_token. Grid: up to ARGMAX_MAX_BLOCKS blocks of ARGMAX_THREADS, each reducing a strided
+// share to one partial; the last block to finish (done-counter ticket) reduces the partials and
+// resets the counter, so one launch does both stages, and in the loop the commit too.
 struct CommitArgs {
     DeviceState *st;
     RingHeader *ring;
@@ -68,7 +68,7 @@ struct CommitArgs {
 
 template <bool COMMIT>
 __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v, int *part_i,
-                              unsigned *done, int32_t *out, CommitArgs c) {
+                              unsigned *done, int32_t *out, float *value_out, CommitArgs c) {
     float v = 0.0f;
     int i = INT_MAX;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
@@ -97,8 +97,9 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
     if (threadIdx.x == 0) {
         *done = 0;
         if (COMMIT) {
-            commit_token(c.st, c.ring, c.slots, i, c.vocab, c.max_seq, c.capacity);
+            commit_token(c.st, c.ring, c.slots, i, v, c.vocab, c.max_seq, c.capacity);
         } else {
+            if (value_out) *(volatile float *)value_out = v;
             *(volatile int32_t *)out = i;
             __threadfence_system();
         }
@@ -106,36 +107,45 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
 }
 
 template <bool COMMIT>
-static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, CommitArgs c) {
+static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out,
+                         CommitArgs c) {
     ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
     if (blocks > ARGMAX_MAX_BLOCKS) blocks = ARGMAX_MAX_BLOCKS;
     argmax_kernel<COMMIT><<<blocks, ARGMAX_THREADS, 0, ctx->stream>>>(
-        logits, n, ctx->argmax_vals, ctx->argmax_idx, ctx->argmax_done, out, c);
+        logits, n, ctx->argmax_vals, ctx->argmax_idx, ctx->argmax_done, out, value_out, c);
     ARC_LAUNCHED(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel");
     return ARC_OK;
 }
 
-extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out) {
+extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out) {
     ARC_REQUIRE(ctx && out, "null argument");
-    return launch_argmax<false>(ctx, logits, n, out, CommitArgs{});
+    return launch_argmax<false>(ctx, logits, n, out, value_out, CommitArgs{});
 }
 
 // --- Commit ------------------------------------------------------------------------------
 
-// One thread. Range-checks the sampled token and the next position before writing anything;
-// on a violation latches the fault word (sticky: later steps publish nothing). Otherwise feeds
-// the token to the next forward, bumps the position, and publishes the token: slot first, then
-// a system-wide fence, then the count, so a host that sees the count sees the slot. A stop id
-// ends the burst: later steps of the same burst publish nothing.
+// True for NaN and +-inf: the exponent bits all set. A bit test, so no compiler flag can fold it.
+__device__ __forceinline__ bool nonfinite(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// One thread. Checks the sampled token, the logit it won with, and the next position before
+// writing anything; on a violation latches the fault word (sticky: later steps publish nothing).
+// A non-finite winner is checked first: NaN wins the argmax wherever it lies, so a broken forward
+// is reported as broken, not as a token out of range. Otherwise feeds the token to the next
+// forward, bumps the position, and publishes the token: slot first, then a system-wide fence,
+// then the count, so a host that sees the count sees the slot. A stop id ends the burst: later
+// steps of the same burst publish nothing.
 __device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
-                             int vocab, int max_seq, int capacity) {
+                             float value, int vocab, int max_seq, int capacity) {
     if (st->lose_in >= 0 && st->lose_in-- == 0) return;  // injected: as if never launched
     if (st->fault != 0 || st->stopped == st->burst) return;
     int next = st->position + 1;
     uint32_t code = ARC_FAULT_NONE;
-    if (tok < 0 || tok >= vocab) code = ARC_FAULT_TOKEN_RANGE;
+    if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
+    else if (tok < 0 || tok >= vocab) code = ARC_FAULT_TOKEN_RANGE;
     else if (next >= max_seq) code = ARC_FAULT_POSITION_RANGE;
     if (code != ARC_FAULT_NONE) {
         st->fault = code;
@@ -315,7 +325,7 @@ extern "C" int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logit
     arc_context *ctx = loop->ctx;
     CommitArgs c = {loop->state, loop->ring_dev, loop->slots_dev, loop->vocab, loop->max_seq,
                     loop->capacity};
-    int st = launch_argmax<true>(ctx, logits, width, nullptr, c);
+    int st = launch_argmax<true>(ctx, logits, width, nullptr, nullptr, c);
     if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
     return st;
 }

@@ -25,8 +25,16 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, arc_graph **out) {
     ctx->capture_commits = nullptr;
     cudaGraph_t graph = nullptr;
     ARC_CUDA(ctx, cudaStreamEndCapture(ctx->stream, &graph));
+    // Counted here: the graph itself is destroyed once instantiated.
+    size_t nodes = 0;
+    cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
+    ctx->counters.cuda_calls++;
+    if (err != cudaSuccess) {
+        cudaGraphDestroy(graph);
+        return arc_fail_cuda(err, "cudaGraphGetNodes", __func__);
+    }
     cudaGraphExec_t exec = nullptr;
-    cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    err = cudaGraphInstantiate(&exec, graph, 0);
     ctx->counters.cuda_calls += 2;
     cudaGraphDestroy(graph);
     if (err != cudaSuccess) return arc_fail_cuda(err, "cudaGraphInstantiate", __func__);
@@ -45,6 +53,7 @@ extern "C" int arc_graph_capture_end(arc_context *ctx, arc_graph **out) {
     g->ctx = ctx;
     g->exec = exec;
     g->commits = commits;
+    g->node_count = nodes;
     *out = g;
     return ARC_OK;
 }
@@ -63,5 +72,11 @@ extern "C" int arc_graph_destroy(arc_graph *graph) {
     cudaGraphExec_t exec = graph->exec;
     free(graph);
     ARC_CUDA(ctx, cudaGraphExecDestroy(exec));
+    return ARC_OK;
+}
+
+extern "C" int arc_graph_node_count(arc_graph *graph, uint64_t *count) {
+    ARC_REQUIRE(graph && count, "null argument");
+    *count = graph->node_count;
     return ARC_OK;
 }

@@ -13,8 +13,16 @@ int arc_fail(int status, const char *what, const char *fmt, ...);
 // Records a failed CUDA call (its error name and string) and maps it to a status.
 int arc_fail_cuda(cudaError_t err, const char *call, const char *where);
 
+// Sizes of the context's scratch: partials of the two-stage argmax (one per block), and the
+// attention kernel's tickets (one per head group).
+enum { ARGMAX_MAX_BLOCKS = 264, ARC_ATTN_MAX_GROUPS = 1024 };
+
 struct arc_context {
     int device;
+    // Read once, in context_init: launchers size their grids by the multiprocessor count, and
+    // compute capability 9.0 or more launches the forward with programmatic dependence.
+    int sm_count;
+    int cc_major;
     cudaStream_t stream;
     arc_counters counters;
     bool capturing;
@@ -31,6 +39,7 @@ struct arc_graph {
     arc_context *ctx;
     cudaGraphExec_t exec;
     arc_loop *commits;  // a step graph: the loop its sample-and-commit belongs to
+    uint64_t node_count;
 };
 
 // The fields the commit kernel publishes and the host polls. Lives in pinned host memory that
@@ -43,8 +52,6 @@ struct RingHeader {
     volatile int32_t fault_pos;
     volatile uint32_t stopped;
 };
-
-enum { ARC_MAX_STOP_IDS = 8, ARC_ATTN_MAX_GROUPS = 1024 };
 
 struct DeviceState {
     int32_t position;     // the position the next forward runs at

@@ -632,6 +632,10 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
         _lib.check(lib.arc_graph_capture_end(gpu.ctx, gp))
     graph = gp[0]
     try:
+        # One kernel node per operation: the embedding, 6 per layer, the lm_head GEMV.
+        nodes = ffi.new("uint64_t *")
+        _lib.check(lib.arc_graph_node_count(graph, nodes))
+        assert nodes[0] == 2 + 6 * rig.cfg["n_layers"]
         for pos, tok in enumerate(tokens):
             _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
             _lib.check(lib.arc_graph_launch(graph))

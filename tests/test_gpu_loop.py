@@ -1,7 +1,7 @@
 """GPU tier: the device loop over the scripted model on a real GPU (marker `gpu`).
 
 The scripted model's argmax is (token * 31 + position * 7 + 3) mod vocab, the rule of
-arcpy.device.scripted_next, so every token the ring shows can be checked exactly. Tests that
+arcpy.scripted.scripted_next, so every token the ring shows can be checked exactly. Tests that
 provoke a sticky fault or a hang run in a subprocess: a sticky fault poisons the process.
 """
 
@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.burst import BurstDriver, FaultWordError, ShortBurstError
-from arcpy.device import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, Context, scripted_device, scripted_next
+from arcpy.burst import BurstDriver
+from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
+from arcpy.cuda import Context
 from arcpy.engine import Engine
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
 from arcpy.gate import FallbackLatch
+from arcpy.scripted import scripted_device, scripted_next
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
-
 
 
 def expected(token, position, n, vocab=32000, bias=3):
@@ -71,7 +72,7 @@ def test_logits_are_not_handed_to_the_host_while_work_is_in_flight(ctx):
     with pytest.raises(InvalidArgumentError, match="work is in flight"):
         dev.host_logits()
     with pytest.raises(InvalidArgumentError, match="work is in flight"):
-        dev.sampled_token()
+        dev.sampled()
     drain_idle(dev)
     assert int(np.argmax(dev.host_logits())) == scripted_next(5, 0, 32000)
     dev.close()
@@ -90,11 +91,17 @@ def test_host_path_and_device_loop_agree_on_the_scripted_model(ctx):
     dev.close()
 
 
+def same_float(a, b) -> bool:
+    """Bit-equal float32s: a NaN equals the NaN it was copied from, and nothing else."""
+    return np.float32(a).tobytes() == np.float32(b).tobytes()
+
+
 @pytest.mark.parametrize("vocab", [32000, 128256, 151936])
-def test_sampler_matches_numpy_argmax_with_ties(ctx, vocab):
+def test_sampler_matches_numpy_argmax_with_ties_and_returns_the_winning_value(ctx, vocab):
     rng = np.random.default_rng(vocab)
     d_logits = ctx.device_alloc(vocab * 4)
     out, out_dev = ctx.pinned((1,), np.int32)
+    value, value_dev = ctx.pinned((1,), np.float32)
     cases = []
     for trial in range(6):
         x = rng.standard_normal(vocab).astype(np.float32)
@@ -110,14 +117,113 @@ def test_sampler_matches_numpy_argmax_with_ties(ctx, vocab):
     cases.append(neg)                                              # max at the last index
     nan = rng.standard_normal(vocab).astype(np.float32)
     nan[[vocab // 3, vocab // 2]] = np.nan
-    cases.append(nan)                                              # NaN wins, first one
+    nan[vocab // 4] = np.inf
+    cases.append(nan)                                              # NaN wins, first one, over +inf
+    inf = rng.standard_normal(vocab).astype(np.float32)
+    inf[[vocab // 5, vocab - 2]] = np.inf
+    cases.append(inf)                                              # +inf wins, first one
     for x in cases:
-        out[0] = -7
+        out[0], value[0] = -7, 12345.0
         ctx.upload_async(d_logits, x)
-        _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, vocab, out_dev))
+        _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, vocab, out_dev, value_dev))
         ctx.wait_idle()
-        assert int(out[0]) == int(np.argmax(x))
+        want = int(np.argmax(x))
+        assert int(out[0]) == want
+        assert same_float(value[0], x[want]), (value[0], x[want])
     ctx.device_free(d_logits)
+
+
+def test_sampler_value_output_is_optional(ctx):
+    x = np.linspace(-1.0, 1.0, 5000, dtype=np.float32)[::-1].copy()
+    d_logits = ctx.device_alloc(x.nbytes)
+    out, out_dev = ctx.pinned((1,), np.int32)
+    out[0] = -7
+    ctx.upload_async(d_logits, x)
+    _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, x.size, out_dev, ctx.ffi.NULL))
+    ctx.wait_idle()
+    assert int(out[0]) == 0
+    ctx.device_free(d_logits)
+
+
+class CopyStep:
+    """A step graph whose forward copies prepared logits (a capturable device-to-device copy),
+    then samples and commits: the commit's checks on logits the test chooses."""
+
+    def __init__(self, ctx, x: np.ndarray, loop_vocab: int, max_seq: int = 64):
+        self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
+        width = x.size
+        self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
+        ctx.upload_async(self.src, x)
+        lp = ffi.new("arc_loop **")
+        _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, 16, lp))
+        self.loop = lp[0]
+        _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
+        try:
+            _lib.check(lib.arc_enqueue_copy_on_device(ctx.ptr, self.logits, self.src, x.nbytes))
+            _lib.check(lib.arc_loop_enqueue_sample_commit(self.loop, self.logits, width))
+        finally:
+            gp = ffi.new("arc_graph **")
+            status = lib.arc_graph_capture_end(ctx.ptr, gp)
+        _lib.check(status)
+        self.graph = gp[0]
+        ctx.wait_idle()
+
+    def run(self, token: int, position: int, steps: int):
+        ffi, lib = self.ctx.ffi, self.ctx.lib
+        _lib.check(lib.arc_loop_reset_ring(self.loop))
+        _lib.check(lib.arc_loop_set_input(self.loop, token, position))
+        for _ in range(steps):
+            _lib.check(lib.arc_loop_enqueue_step(self.loop, self.graph, 1))
+        self.ctx.wait_idle()
+        state = ffi.new("arc_ring_state *")
+        _lib.check(lib.arc_ring_poll(self.loop, state))
+        return state
+
+    def close(self):
+        self.ctx.wait_idle()
+        self.ctx.lib.arc_graph_destroy(self.graph)
+        self.ctx.lib.arc_loop_destroy(self.loop)
+        self.ctx.device_free(self.src)
+        self.ctx.device_free(self.logits)
+
+
+def logits_case(case: str, width: int) -> np.ndarray:
+    x = np.random.default_rng(11).standard_normal(width).astype(np.float32)
+    if case == "finite":
+        x[321] = 9.0
+    elif case == "nan":
+        x[100] = 50.0                  # the largest number; the NaN still wins the argmax
+        x[width // 2] = np.nan
+    elif case == "+inf":
+        x[777] = np.inf
+    elif case == "all -inf":
+        x[:] = -np.inf
+    elif case == "nan in the padding":
+        x[width - 1] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("case", ["finite", "nan", "+inf", "all -inf", "nan in the padding"])
+def test_nonfinite_winning_logit_latches_the_fault_word_and_publishes_nothing(ctx, case):
+    width = 32000
+    x = logits_case(case, width)
+    want = int(np.argmax(x))
+    # A padded head (loop vocab below the width) for the padding case: a NaN there is reported
+    # as non-finite logits, not as a token out of range.
+    step = CopyStep(ctx, x, loop_vocab=width - 64 if case == "nan in the padding" else width)
+    try:
+        state = step.run(token=5, position=7, steps=3)
+        if case == "finite":
+            assert (state.fault, state.published) == (FAULT_NONE, 3)
+            tokens = ctx.ffi.new("int32_t[3]")
+            _lib.check(ctx.lib.arc_ring_read(step.loop, 0, 3, tokens))
+            assert list(tokens) == [want] * 3
+        else:
+            # The first step latches; the fault is sticky, so the next two publish nothing either.
+            assert (state.fault, state.fault_token, state.fault_pos, state.published) == \
+                (FAULT_NONFINITE, want, 8, 0)
+    finally:
+        step.close()
 
 
 def test_out_of_range_token_latches_the_fault_word_and_publishes_nothing(ctx):
@@ -175,7 +281,7 @@ def test_lost_step_is_detected_as_idle_but_short(ctx):
 
 
 def run_child(body: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    code = "from arcpy.device import Context, scripted_device\n" + textwrap.dedent(body)
+    code = "from arcpy.cuda import Context\nfrom arcpy.scripted import scripted_device\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 

@@ -9,7 +9,9 @@
 // rows (grid-stride), so staging is paid once per block, not once per row group.
 #include "kernels.cuh"
 
-enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_LOADS = 8, GEMV_STAGE = 4 };
+// GEMV_MIN_BLOCKS: blocks per SM the kernel is compiled to fit (its register budget), and so the
+// occupancy the work split below plans for.
+enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 4, GEMV_LOADS = 8, GEMV_STAGE = 4 };
 
 // A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
 // the staged input and to other blocks.
@@ -67,7 +69,7 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
 // over groups of GEMV_WARPS / KS row tasks. Dynamic shared memory cols * 4 bytes.
 // Limits: cols % 8 == 0, cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned, y not x.
 template <int R, int KS, bool GATED>
-__global__ void __launch_bounds__(GEMV_THREADS, 4)
+__global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
             int accumulate, float *__restrict__ y) {
@@ -200,104 +202,106 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     }
 }
 
+// What one GEMV launch computes, whatever its shape.
+struct GemvArgs {
+    const uint16_t *w;
+    const float *x;
+    int rows, cols;
+    const uint16_t *bias, *norm_w;
+    float eps;
+    int accumulate;
+    float *y;
+};
+
 // Enough blocks to keep every SM at its occupancy limit, but no more than there is work.
 template <int R, int KS, bool GATED>
-static int launch_gemv_shape(arc_context *ctx, const uint16_t *w, const float *x, int rows, int cols,
-                             const uint16_t *bias, const uint16_t *norm_w, float eps, int accumulate,
-                             float *y) {
+static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
     auto kernel = gemv_kernel<R, KS, GATED>;
-    const size_t smem = (size_t)cols * sizeof(float);
+    const size_t smem = (size_t)a.cols * sizeof(float);
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int sms = 0, per_sm = 0;
-    ARC_CUDA(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
+    int per_sm = 0;
     ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
     if (per_sm < 1) per_sm = 1;
     const long long groups = GEMV_WARPS / KS;
-    const long long needed = ((rows + R - 1) / R + groups - 1) / groups;
-    const long long most = (long long)sms * per_sm;
+    const long long needed = ((a.rows + R - 1) / R + groups - 1) / groups;
+    const long long most = (long long)ctx->sm_count * per_sm;
     const int blocks = (int)(needed < most ? needed : most);
     return arc_launch_pdl(ctx, GATED ? "gemv_kernel<swiglu>" : "gemv_kernel", kernel, dim3(blocks),
-                          dim3(GEMV_THREADS), smem, w, x, rows, cols, bias, norm_w, eps, accumulate, y);
+                          dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols, a.bias, a.norm_w, a.eps,
+                          a.accumulate, a.y);
 }
 
-// The limits both GEMV launchers share; `who` names the launcher in the message.
+// The limits both GEMV entry points share; `who` names the entry point in the message.
 #define GEMV_REQUIRE(cond, ...) \
     do { \
         if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, who, __VA_ARGS__); \
     } while (0)
 
-static int check_gemv(const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
-                      const uint16_t *norm_w, float eps, const float *y) {
-    GEMV_REQUIRE(w && x && y, "null pointer (w, x and y are required)");
-    GEMV_REQUIRE(rows > 0, "rows must be positive, got %d", rows);
-    GEMV_REQUIRE(cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
-    GEMV_REQUIRE(cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", cols, GEMV_MAX_COLS);
-    GEMV_REQUIRE((uintptr_t)w % 16 == 0, "weights must be 16-byte aligned");
-    GEMV_REQUIRE((uintptr_t)x % 16 == 0, "x must be 16-byte aligned");
-    GEMV_REQUIRE(norm_w == nullptr || (uintptr_t)norm_w % 16 == 0, "norm weights must be 16-byte aligned");
-    GEMV_REQUIRE(norm_w == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
-    GEMV_REQUIRE((const void *)y != (const void *)x, "y must not alias x");
+static int check_gemv(const char *who, const GemvArgs &a) {
+    GEMV_REQUIRE(a.w && a.x && a.y, "null pointer (w, x and y are required)");
+    GEMV_REQUIRE(a.rows > 0, "rows must be positive, got %d", a.rows);
+    GEMV_REQUIRE(a.cols > 0 && a.cols % 8 == 0, "cols must be a positive multiple of 8, got %d", a.cols);
+    GEMV_REQUIRE(a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
+    GEMV_REQUIRE((uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
+    GEMV_REQUIRE((uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
+    GEMV_REQUIRE(a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
+    GEMV_REQUIRE(a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
+    GEMV_REQUIRE((const void *)a.y != (const void *)a.x, "y must not alias x");
     return ARC_OK;
 }
 
-// The work split, by shape; only speed depends on it (tuned on an H200: 132 SMs, 32 resident
-// warps each at this kernel's occupancy). Rows per task R: the most that still leaves a task for
-// every other warp slot, so large matrices pay little per-row overhead. Split-K KS: when one row
-// per task still leaves warp slots idle, split the columns, as long as each warp keeps at least
-// one full batch of loads.
-enum { GEMV_WARP_SLOTS = 132 * 32, GEMV_R_SLOTS = 132 * 16 };
-
-static int gemv_split(int32_t rows, int32_t cols, int max_r, bool gated, int *ks_out) {
+// The work split, by shape; only speed depends on it. Warp slots: the warps the GPU holds at
+// this kernel's occupancy (GEMV_MIN_BLOCKS blocks per SM; 132 * 32 on an H200, where it was
+// tuned). Rows per task R: the most that still leaves a task for every other warp slot, so large
+// matrices pay little per-row overhead. Split-K KS: when one row per task still leaves warp
+// slots idle, split the columns, as long as each warp keeps at least one full batch of loads.
+static int gemv_split(const arc_context *ctx, int32_t rows, int32_t cols, int max_r, bool gated, int *ks_out) {
+    const int warp_slots = ctx->sm_count * GEMV_WARPS * GEMV_MIN_BLOCKS;
+    const int r_slots = warp_slots / 2;
     int r = max_r;
-    while (r > 1 && rows / r < GEMV_R_SLOTS) r /= 2;
+    while (r > 1 && rows / r < r_slots) r /= 2;
     const int nr = gated ? 2 * r : r;
     const int u = nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr;
     const long long tasks = (rows + r - 1) / r;
     int ks = 1;
     if (r == 1)
-        while (ks < 8 && tasks * ks < GEMV_WARP_SLOTS && cols / 8 >= 32 * u * ks * 2) ks *= 2;
+        while (ks < 8 && tasks * ks < warp_slots && cols / 8 >= 32 * u * ks * 2) ks *= 2;
     *ks_out = ks;
     return r;
 }
 
-extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
-                    const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
-                    float *y) {
-    ARC_REQUIRE(ctx, "ctx is null");
-    int st = check_gemv(__func__, w, x, rows, cols, norm_weight, eps, y);
+// Checks the limits, picks (R, KS) for the shape and launches that instance. GATED reads two
+// weight rows per output row, so it takes at most R = 2 (the same 4 rows in flight as R = 4).
+template <bool GATED>
+static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
+    GEMV_REQUIRE(ctx, "ctx is null");
+    int st = check_gemv(who, a);
     if (st != ARC_OK) return st;
+    if constexpr (GATED) GEMV_REQUIRE(a.rows <= INT32_MAX / 2, "rows %d too large", a.rows);
+    constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
-    const int r = gemv_split(rows, cols, 4, false, &ks);
-#define GEMV_ARGS ctx, w, x, rows, cols, bias, norm_weight, eps, accumulate, y
-    if (r == 4) return launch_gemv_shape<4, 1, false>(GEMV_ARGS);
-    if (r == 2) return launch_gemv_shape<2, 1, false>(GEMV_ARGS);
-    switch (ks) {
-    case 8: return launch_gemv_shape<1, 8, false>(GEMV_ARGS);
-    case 4: return launch_gemv_shape<1, 4, false>(GEMV_ARGS);
-    case 2: return launch_gemv_shape<1, 2, false>(GEMV_ARGS);
-    default: return launch_gemv_shape<1, 1, false>(GEMV_ARGS);
+    const int r = gemv_split(ctx, a.rows, a.cols, MAX_R, GATED, &ks);
+    if constexpr (MAX_R == 4) {
+        if (r == 4) return launch_gemv_shape<4, 1, GATED>(ctx, a);
     }
-#undef GEMV_ARGS
+    if (r == 2) return launch_gemv_shape<2, 1, GATED>(ctx, a);
+    switch (ks) {
+    case 8: return launch_gemv_shape<1, 8, GATED>(ctx, a);
+    case 4: return launch_gemv_shape<1, 4, GATED>(ctx, a);
+    case 2: return launch_gemv_shape<1, 2, GATED>(ctx, a);
+    default: return launch_gemv_shape<1, 1, GATED>(ctx, a);
+    }
+}
+
+extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                           const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
+                           float *y) {
+    return launch_gemv<false>(ctx, __func__, GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y});
 }
 
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
-                           int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    ARC_REQUIRE(ctx, "ctx is null");
-    int st = check_gemv(__func__, w_gate_up, x, rows, cols, norm_weight, eps, y);
-    if (st != ARC_OK) return st;
-    ARC_REQUIRE(rows <= INT32_MAX / 2, "rows %d too large", rows);
-    int ks = 1;
-    const int r = gemv_split(rows, cols, 2, true, &ks);
-#define GEMV_ARGS ctx, w_gate_up, x, rows, cols, nullptr, norm_weight, eps, 0, y
-    if (r == 2) return launch_gemv_shape<2, 1, true>(GEMV_ARGS);
-    switch (ks) {
-    case 8: return launch_gemv_shape<1, 8, true>(GEMV_ARGS);
-    case 4: return launch_gemv_shape<1, 4, true>(GEMV_ARGS);
-    case 2: return launch_gemv_shape<1, 2, true>(GEMV_ARGS);
-    default: return launch_gemv_shape<1, 1, true>(GEMV_ARGS);
-    }
-#undef GEMV_ARGS
+                                  int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
+    return launch_gemv<true>(ctx, __func__,
+                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, /*accumulate=*/0, y});
 }
-
-

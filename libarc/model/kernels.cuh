@@ -86,8 +86,6 @@ __device__ __forceinline__ void pdl_wait() {
 template <typename... Params, typename... Args>
 int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...), dim3 grid, dim3 block,
                    size_t smem, Args... args) {
-    int major = 0;
-    ARC_CUDA(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device));
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -97,7 +95,7 @@ int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...)
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ctx->stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = major >= 9 ? 1 : 0;
+    cfg.numAttrs = ctx->cc_major >= 9 ? 1 : 0;
     cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
     if (err != cudaSuccess) {
         ctx->counters.kernel_launches++;

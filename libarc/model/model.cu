@@ -264,9 +264,10 @@ static int check_uploaded(const arc_model *m) {
     return ARC_OK;
 }
 
-#define ARC_TRY(call)                     \
-    do {                                  \
-        int arc_st_ = (call);             \
+// Returns the status of a failed launcher: the forward stops at the first error.
+#define ARC_TRY(call)                          \
+    do {                                       \
+        int arc_st_ = (call);                  \
         if (arc_st_ != ARC_OK) return arc_st_; \
     } while (0)
 
@@ -283,31 +284,49 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
 
+    // Shapes, activations and the global weights, named as the calls below use them.
+    const int32_t dim = c.dim, ffn_dim = c.ffn_dim, vocab = c.vocab, max_seq = c.max_seq;
+    const int32_t n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, hd = c.head_dim;
+    const int32_t q_dim = model->q_dim, qkv_rows = model->qkv_rows;
+    const float eps = c.rms_eps;
+    float *x = model->x, *qkv = model->qkv, *att = model->att, *h = model->h;
+    float *scratch = model->scratch, *logits = model->logits;
     const uint16_t *embed = bf16_at(model, ARC_TENSOR_EMBED, 0);
+    const uint16_t *final_norm = bf16_at(model, ARC_TENSOR_FINAL_NORM, 0);
+    const uint16_t *lm_head = bf16_at(model, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
     const float *inv_freq = reinterpret_cast<const float *>(tensor_at(model, ARC_TENSOR_ROPE_INV_FREQ, 0));
-    ARC_TRY(arc_op_embedding(ctx, embed, c.vocab, c.dim, token, model->x));
+    const uint16_t *no_bias = nullptr, *no_norm = nullptr;
+
+    // x = embed[token]
+    ARC_TRY(arc_op_embedding(ctx, embed, vocab, dim, token, x));
     for (int l = 0; l < c.n_layers; ++l) {
+        // This layer's weights. The size table keeps Wq Wk Wv (and bq bk bv, and Wgate Wup)
+        // adjacent, so each group is read as one matrix from its first member.
+        const uint16_t *attn_norm = bf16_at(model, ARC_TENSOR_ATTN_NORM, l);
+        const uint16_t *wqkv = bf16_at(model, ARC_TENSOR_WQ, l);
+        const uint16_t *bqkv = c.qkv_bias ? bf16_at(model, ARC_TENSOR_BQ, l) : no_bias;
+        const uint16_t *wo = bf16_at(model, ARC_TENSOR_WO, l);
+        const uint16_t *mlp_norm = bf16_at(model, ARC_TENSOR_MLP_NORM, l);
+        const uint16_t *w_gate_up = bf16_at(model, ARC_TENSOR_W_GATE, l);
+        const uint16_t *w_down = bf16_at(model, ARC_TENSOR_W_DOWN, l);
         uint16_t *k_cache = model->kv + (uint64_t)l * model->kv_layer_elems;
         uint16_t *v_cache = model->kv + (uint64_t)(c.n_layers + l) * model->kv_layer_elems;
-        const uint16_t *bias = c.qkv_bias ? bf16_at(model, ARC_TENSOR_BQ, l) : nullptr;
-        // attention block
-        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_WQ, l), model->x, model->qkv_rows, c.dim, bias,
-                                bf16_at(model, ARC_TENSOR_ATTN_NORM, l), c.rms_eps, 0, model->qkv));
-        ARC_TRY(arc_op_rope_kv(ctx, model->qkv, c.n_heads, c.n_kv_heads, c.head_dim, inv_freq, pos, c.max_seq,
-                                   k_cache, v_cache));
-        ARC_TRY(arc_op_attention(ctx, model->qkv, k_cache, v_cache, c.n_heads, c.n_kv_heads, c.head_dim,
-                                     c.max_seq, pos, model->scratch, model->att));
-        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_WO, l), model->att, c.dim, model->q_dim, nullptr,
-                                nullptr, 0.0f, 1, model->x));
-        // MLP block
-        ARC_TRY(arc_op_gemv_swiglu(ctx, bf16_at(model, ARC_TENSOR_W_GATE, l), model->x, c.ffn_dim, c.dim,
-                                       bf16_at(model, ARC_TENSOR_MLP_NORM, l), c.rms_eps, model->h));
-        ARC_TRY(arc_op_gemv(ctx, bf16_at(model, ARC_TENSOR_W_DOWN, l), model->h, c.dim, c.ffn_dim, nullptr,
-                                nullptr, 0.0f, 1, model->x));
+
+        // qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
+        ARC_TRY(arc_op_gemv(ctx, wqkv, x, qkv_rows, dim, bqkv, attn_norm, eps, /*accumulate=*/0, qkv));
+        // rotate q and k at pos; k and v into the cache at pos
+        ARC_TRY(arc_op_rope_kv(ctx, qkv, n_heads, n_kv_heads, hd, inv_freq, pos, max_seq, k_cache, v_cache));
+        // att = softmax(q k^T / sqrt(hd)) v over positions 0..pos; q is the head of qkv
+        ARC_TRY(arc_op_attention(ctx, qkv, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, pos, scratch, att));
+        // x += Wo @ att
+        ARC_TRY(arc_op_gemv(ctx, wo, att, dim, q_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
+        // h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
+        ARC_TRY(arc_op_gemv_swiglu(ctx, w_gate_up, x, ffn_dim, dim, mlp_norm, eps, h));
+        // x += Wdown @ h
+        ARC_TRY(arc_op_gemv(ctx, w_down, h, dim, ffn_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
     }
-    const uint16_t *head = bf16_at(model, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
-    ARC_TRY(arc_op_gemv(ctx, head, model->x, c.vocab, c.dim, nullptr, bf16_at(model, ARC_TENSOR_FINAL_NORM, 0),
-                            c.rms_eps, 0, model->logits));
+    // logits = lm_head @ rmsnorm(x, final_norm)
+    ARC_TRY(arc_op_gemv(ctx, lm_head, x, vocab, dim, no_bias, final_norm, eps, /*accumulate=*/0, logits));
     return ARC_OK;
 }
 
