@@ -7,11 +7,13 @@ Corrupt files are written byte by byte here, independently of arcpy's writer.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import io
 import json
 import math
 import os
 import struct
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -628,3 +630,361 @@ def test_malformed_header_entries_are_refused_as_model_file_errors(tmp_path, hea
 def test_writer_refuses_values_that_would_overflow_f16(tmp_path):
     with pytest.raises(InvalidArgumentError, match="tensor big"):
         save_safetensors(tmp_path / "x.safetensors", {"big": np.array([1e6], np.float32)}, "F16")
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile files: each is one printable ModelFileError line, refused before any large work
+
+FORGED = "silu\nerror: \x1b[2K\x1b[1Gforged second line"
+LONG_INT = "1" + "0" * 4400  # more digits than Python converts from text
+
+
+def hostile_error(path) -> str:
+    msg = load_error(path)
+    assert msg.isascii() and msg.isprintable(), f"message carries raw file bytes: {msg!r}"
+    assert len(msg) < 600, "file text in messages is cut short"
+    return msg
+
+
+def write_config_text(directory: Path, text: str) -> None:
+    (directory / "config.json").write_text(text)
+
+
+def config_text_with(key: str, literal: str, cfg: ModelConfig = TINY) -> str:
+    """config.json text for `cfg` with `key` set to a raw JSON literal json.dumps cannot write."""
+    return json.dumps({**config_to_hf(cfg), key: "@value@"}).replace('"@value@"', literal)
+
+
+def shard_dir(directory: Path, tensors: dict[str, np.ndarray]) -> dict:
+    """A two-shard checkpoint with an index; returns the index document."""
+    write_config(directory)
+    names = list(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[:5], names[5:])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        header, data = bf16_header_and_data({n: tensors[n] for n in part})
+        raw_safetensors(directory / shard, header, data)
+        weight_map.update({n: shard for n in part})
+    return {"metadata": {"total_size": 0}, "weight_map": weight_map}
+
+
+@pytest.mark.parametrize("where", ["config", "header", "index"])
+def test_integer_with_more_digits_than_python_converts_is_a_model_file_error(tmp_path, where):
+    tensors = write_tiny_dir(tmp_path)
+    if where == "config":
+        write_config_text(tmp_path, config_text_with("vocab_size", LONG_INT))
+    elif where == "header":
+        header, data = bf16_header_and_data(tensors)
+        text = json.dumps(header).replace("[0, ", f"[{LONG_INT}, ", 1).encode()
+        (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data)
+    else:
+        (tmp_path / "model.safetensors").unlink()
+        index = json.dumps(shard_dir(tmp_path, tensors)).replace('"total_size": 0', f'"total_size": {LONG_INT}')
+        (tmp_path / "model.safetensors.index.json").write_text(index)
+    assert "number too long" in hostile_error(tmp_path)
+
+
+@pytest.mark.parametrize("key,literal", [
+    ("rms_norm_eps", "1" + "0" * 400),
+    ("rms_norm_eps", "1e400"),
+    ("rope_theta", "1" + "0" * 400),
+    ("rope_scaling", '{"rope_type": "llama3", "factor": 1%s, "low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                     '"original_max_position_embeddings": 8192}' % ("0" * 400)),
+], ids=["eps-int-beyond-float", "eps-inf", "theta-int-beyond-float", "rope-factor-int-beyond-float"])
+def test_numbers_beyond_the_float_range_are_refused(tmp_path, key, literal):
+    write_tiny_dir(tmp_path)
+    write_config_text(tmp_path, config_text_with(key, literal))
+    assert "must be a finite number" in hostile_error(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("rms_norm_eps", 1e39, "rms_eps"),     # infinite in float32
+    ("rms_norm_eps", 1e-50, "rms_eps"),    # zero in float32
+    ("rms_norm_eps", 1.5, "rms_eps"),
+    ("rope_theta", 1e-30, "rope_theta"),
+    ("rope_theta", 1.0, "rope_theta"),
+    ("rope_theta", 1e300, "rope_theta"),   # the last pair's frequency underflows float32
+])
+def test_numerics_float32_cannot_hold_are_refused(tmp_path, key, value, named):
+    write_tiny_dir(tmp_path)
+    write_config(tmp_path, **{key: value})
+    assert named in hostile_error(tmp_path)
+
+
+def test_rope_scaling_factor_that_underflows_the_frequencies_is_refused():
+    d = llama3_8b_config()
+    d["rope_scaling"]["factor"] = 1e300
+    with pytest.raises(ModelFileError, match="float32 cannot hold"):
+        config_from_hf(d, "c")
+
+
+@pytest.mark.parametrize("value", ["false", 1, 0, [False], float("nan")], ids=repr)
+def test_tie_word_embeddings_must_be_a_json_bool(tmp_path, value):
+    write_tiny_dir(tmp_path)  # untied: the file holds lm_head.weight, which a guessed tie would drop
+    write_config(tmp_path, tie_word_embeddings=value)
+    assert "key 'tie_word_embeddings' must be true or false" in hostile_error(tmp_path)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("architectures", [[1]]),
+    ("architectures", "LlamaForCausalLM"),
+    ("hidden_size", "16"),
+    ("num_hidden_layers", 2.0),
+    ("num_key_value_heads", [2]),
+    ("head_dim", True),
+    ("rms_norm_eps", "1e-5"),
+    ("rope_theta", {"value": 10000}),
+    ("rope_parameters", ["rope_theta", 10000.0]),
+    ("rope_scaling", "llama3"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": "8", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}),
+    ("rope_scaling", {"rope_type": ["llama3"]}),
+    ("attention_bias", "no"),
+    ("mlp_bias", 0),
+    ("use_sliding_window", "true"),
+    ("hidden_act", ["silu"]),
+], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_config_keys_of_the_wrong_type_are_one_model_file_error(key, value):
+    d = llama3_8b_config()
+    d[key] = value
+    with pytest.raises(ModelFileError) as ei:
+        config_from_hf(d, "cfg.json")
+    msg = str(ei.value)
+    assert msg.startswith("cfg.json: ") and "\n" not in msg
+
+
+def test_model_type_of_the_wrong_type_is_refused_when_architectures_is_absent():
+    d = llama3_8b_config()
+    del d["architectures"]
+    d["model_type"] = ["llama"]
+    with pytest.raises(ModelFileError, match="key 'model_type' must be a string"):
+        config_from_hf(d, "c")
+
+
+def test_config_claiming_a_billion_layers_stops_at_the_first_layer_the_file_lacks(tmp_path):
+    write_tiny_dir(tmp_path)
+    write_config(tmp_path, num_hidden_layers=10**9)
+    assert "missing tensor 'model.layers.2.input_layernorm.weight'" in hostile_error(tmp_path)
+
+
+@pytest.mark.parametrize("shape", [[2] * 200_000, [1] * 9], ids=["200000-dims", "9-dims"])
+def test_shape_with_more_dims_than_a_weight_has_is_refused(tmp_path, shape):
+    write_config(tmp_path)
+    header = json.dumps({EMBED: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 2]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
+    assert "malformed shape" in hostile_error(tmp_path)
+
+
+def test_shape_whose_size_dwarfs_the_file_is_refused_without_computing_it(tmp_path):
+    write_config(tmp_path)
+    header = json.dumps({EMBED: {"dtype": "BF16", "shape": [10**300] * 8, "data_offsets": [0, 2]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
+    assert "needs more than the file's 2 data bytes" in hostile_error(tmp_path)
+
+
+def shifted(name: str, by: int):
+    def corrupt(header: dict) -> None:
+        header[name]["data_offsets"] = [o + by for o in header[name]["data_offsets"]]
+    return corrupt
+
+
+def widened(name: str, by: int):
+    """Moves the begin of `name` down by `by` bytes, into its neighbour, keeping the byte count valid."""
+    def corrupt(header: dict) -> None:
+        begin, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = [begin - by, end - by]
+    return corrupt
+
+
+@pytest.mark.parametrize("corrupt,extra", [
+    (shifted("model.layers.0.self_attn.q_proj.weight", -2), b""),   # reads the end of its neighbour
+    (shifted("model.layers.0.self_attn.q_proj.weight", 2), b""),    # leaves a hole, overlaps the next
+    (shifted(LM_HEAD, -2), b"\0\0"),                                 # overlap, file padded to fit
+    (widened(EMBED, -4), b"\0\0\0\0"),                                # the first region not at 0
+    (None, b"\0\0"),                                                 # data nobody owns at the end
+], ids=["into-previous", "into-next", "last-overlaps", "hole-at-start", "trailing-bytes"])
+def test_data_regions_that_do_not_tile_the_data_section_are_refused(tmp_path, corrupt, extra):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    if corrupt is not None:
+        corrupt(header)
+    raw_safetensors(tmp_path / "model.safetensors", header, data + extra)
+    msg = hostile_error(tmp_path)
+    assert "overlaps" in msg or "belong to no tensor" in msg
+
+
+def test_header_length_one_short_is_refused_instead_of_reading_every_tensor_a_byte_early(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    raw = json.dumps(header).encode() + b"        "  # space padding keeps the shorter header valid JSON
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw) - 1) + raw + data)
+    assert "the last 1 data bytes belong to no tensor" in hostile_error(tmp_path)
+
+
+def test_empty_tensors_between_others_still_tile(tmp_path):
+    tensors = random_model(TINY, seed=5).tensors
+    names = list(tensors)
+    with_empty = {**{n: tensors[n] for n in names[:3]},
+                  "model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(0, np.uint16),
+                  **{n: tensors[n] for n in names[3:]}}
+    write_tiny_dir(tmp_path, with_empty)
+    assert np.array_equal(load_model(tmp_path).tensor(EMBED), tensors[EMBED])
+
+
+def test_running_out_of_memory_copying_an_unaligned_tensor_names_the_tensor(tmp_path, monkeypatch):
+    import arcpy.model.safetensors as st
+
+    tensors = random_model(TINY, seed=6).tensors
+    write_config(tmp_path)
+    header, data = bf16_header_and_data(tensors)
+    raw = json.dumps(header).encode()
+    raw += b" " * (1 - len(raw) % 2)  # odd header length: every BF16 tensor needs a copy
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    real = st._as_bf16_words
+
+    def no_memory_for_big_tensors(view, dtype):
+        if view.nbytes >= EMBED_BYTES:
+            raise MemoryError
+        return real(view, dtype)
+
+    monkeypatch.setattr(st, "_as_bf16_words", no_memory_for_big_tensors)
+    msg = hostile_error(tmp_path)
+    assert f"not enough memory to read tensor '{EMBED}'" in msg
+
+
+def forge_hidden_act(d: Path) -> None:
+    write_tiny_dir(d)
+    write_config(d, hidden_act=FORGED)
+
+
+def forge_architecture(d: Path) -> None:
+    write_tiny_dir(d)
+    write_config(d, architectures=[FORGED])
+
+
+def forge_rope_type(d: Path) -> None:
+    write_tiny_dir(d)
+    write_config(d, rope_scaling={"rope_type": FORGED})
+
+
+def forge_tensor_name(d: Path) -> None:
+    tensors = random_model(TINY).tensors
+    write_tiny_dir(d, {**tensors, FORGED: np.zeros(2, np.uint16)})
+
+
+def forge_dtype(d: Path) -> None:
+    tensors = write_tiny_dir(d)
+    header, data = bf16_header_and_data(tensors)
+    header[FINAL_NORM]["dtype"] = FORGED
+    raw_safetensors(d / "model.safetensors", header, data)
+
+
+def forge_shard_name(d: Path) -> None:
+    write_config(d)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {EMBED: FORGED + ".safetensors"}}))
+
+
+def forge_index_tensor_name(d: Path) -> None:
+    index = shard_dir(d, random_model(TINY).tensors)
+    index["weight_map"][FORGED] = "model-00001-of-00002.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("forge", [forge_hidden_act, forge_architecture, forge_rope_type, forge_tensor_name,
+                                   forge_dtype, forge_shard_name, forge_index_tensor_name],
+                         ids=lambda f: f.__name__.removeprefix("forge_"))
+def test_text_from_a_file_is_escaped_in_messages(tmp_path, forge):
+    forge(tmp_path)
+    msg = hostile_error(tmp_path)  # one printable line: no raw newline or escape code
+    assert ascii(FORGED)[1:-1] in msg  # the text is still there to read, escaped
+
+
+def test_long_text_from_a_file_is_cut_in_messages(tmp_path):
+    write_tiny_dir(tmp_path)
+    write_config(tmp_path, hidden_act="x" * 100_000)
+    msg = hostile_error(tmp_path)
+    assert "xxxx'..." in msg and "x" * 100 not in msg
+
+
+def test_link_to_a_file_that_is_not_safetensors_never_echoes_its_bytes(tmp_path):
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    write_config(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").symlink_to(secret)
+    msg = hostile_error(tmp_path / "m")
+    assert "not a safetensors file" in msg
+    assert "root" not in msg.replace(str(tmp_path), "")
+    assert str(int.from_bytes(b"root:x:0", "little")) not in msg
+
+
+def test_binary_file_with_a_small_length_word_is_not_a_safetensors_file(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 6) + b"\xff\xfesecret" + bytes(8))
+    msg = hostile_error(tmp_path)
+    assert "not a safetensors file" in msg and "secret" not in msg and "0xff" not in msg
+
+
+def test_hugging_face_cache_layout_of_relative_links_loads(tmp_path):
+    """Snapshots in the Hugging Face cache are directories of links into ../../blobs."""
+    src = tmp_path / "src"
+    original = random_model(TINY, seed=9)
+    save_model(original, src)
+    (tmp_path / "blobs").mkdir()
+    snapshot = tmp_path / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for i, name in enumerate(["config.json", "model.safetensors"]):
+        (src / name).rename(tmp_path / "blobs" / f"blob{i}")
+        (snapshot / name).symlink_to(Path("..") / ".." / "blobs" / f"blob{i}")
+    assert_same_model(original, load_model(snapshot))
+
+
+@pytest.mark.parametrize("target", ["fifo", "directory"])
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "model.safetensors.index.json"])
+def test_link_to_something_other_than_a_regular_file_is_refused(tmp_path, target, name):
+    write_tiny_dir(tmp_path / "m")
+    if name != "config.json":
+        (tmp_path / "m" / "model.safetensors").unlink()
+    thing = tmp_path / target
+    os.mkfifo(thing) if target == "fifo" else thing.mkdir()
+    (tmp_path / "m" / name).unlink(missing_ok=True)
+    (tmp_path / "m" / name).symlink_to(thing)
+    assert f"{name}: not a regular file" in hostile_error(tmp_path / "m")
+
+
+def test_index_that_is_not_an_object_with_a_weight_map_is_refused(tmp_path):
+    write_config(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps([{"weight_map": {}}]))
+    assert "not a safetensors index" in hostile_error(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# presets
+
+
+def test_benchmark_presets_have_the_published_shapes_and_parameter_counts():
+    smol, l8 = SHAPES["smollm2-135M"], SHAPES["llama8B"]
+    assert (smol.dim, smol.n_layers, smol.n_heads, smol.n_kv_heads, smol.head_dim, smol.ffn_dim, smol.vocab) == \
+        (576, 30, 9, 3, 64, 1536, 49152)
+    assert smol.tied_embeddings and smol.rope_theta == 100000.0 and smol.rms_eps == 1e-5 and smol.max_seq == 2048
+    assert smol.n_params == 134_515_008  # as published for SmolLM2-135M
+    assert (l8.dim, l8.n_layers, l8.n_heads, l8.n_kv_heads, l8.head_dim, l8.ffn_dim, l8.vocab) == \
+        (4096, 32, 32, 8, 128, 14336, 128256)
+    assert not l8.tied_embeddings and l8.rope_theta == 500000.0 and l8.max_seq == 8192
+    assert l8.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
+    assert l8.n_params == 8_030_261_248  # as published for Meta-Llama-3-8B
+    assert config_from_hf(llama3_8b_config(), "c") == dataclasses.replace(l8, max_seq=131072)
+
+
+def test_random_model_host_memory_peaks_under_twice_its_bf16_bytes():
+    # The llama8B layout at a sixteenth of the width: 32 layers, GQA 32/8, untied.
+    cfg = dataclasses.replace(SHAPES["llama8B"], dim=256, head_dim=8, ffn_dim=896, vocab=8016)
+    bf16_bytes = 2 * cfg.n_params
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        model = random_model(cfg, seed=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(t.nbytes for t in model.tensors.values()) == bf16_bytes
+    assert peak < 2 * bf16_bytes, f"peak {peak / 1e6:.1f} MB for {bf16_bytes / 1e6:.1f} MB of bf16"

@@ -137,7 +137,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
         raise ModelFileError(f"{source}: key 'num_attention_heads' must be a positive int")
     max_seq = _int(d, "max_position_embeddings", source)
     window = d.get("sliding_window")
-    if window is not None and _flag(d, "use_sliding_window", source, family == "mistral"):
+    if _flag(d, "use_sliding_window", source, family == "mistral") and window is not None:
         if family != "mistral":
             raise ModelFileError(f"{source}: unsupported active sliding window (use_sliding_window=true)")
         if not is_int(window) or window <= 0:
