@@ -10,6 +10,8 @@ as raw bf16 words (`uint16`, C-contiguous). One concept per module:
     safetensors  the safetensors reader and writer
     checkpoint   model directories: load_model, save_model
     presets      named shapes with deterministic random weights
+    files        opening files and parsing JSON that may be hostile
+    checks       argument checks, and quoting file text for messages
 """
 
 from .bf16 import bf16_to_f32, f32_to_bf16

@@ -38,7 +38,8 @@ def _read_index(directory: Path, index: Path) -> dict[str, TensorEntry]:
     entries = {}
     for name, shard in weight_map.items():
         # A shard must sit in the model directory: no paths, so an index cannot point elsewhere.
-        if (not isinstance(shard, str) or "\0" in shard or Path(shard).name != shard
+        # Printable, so the path can appear in messages as it is.
+        if (not isinstance(shard, str) or not shard.isprintable() or Path(shard).name != shard
                 or not shard.endswith(".safetensors")):
             raise ModelFileError(f"{index}: tensor {quoted(name)} maps to invalid shard name {quoted(shard)}")
         if shard not in headers:

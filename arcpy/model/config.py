@@ -74,7 +74,8 @@ class ModelConfig:
         require(is_finite_real(theta) and theta > 1,
                 f"rope_theta must be a finite number > 1, got {quoted(theta)}")
         require(_rope_in_float32_range(float(theta), self.head_dim, self.rope_scaling),
-                f"rope_theta {theta} with this head_dim and scaling gives frequencies float32 cannot hold")
+                f"rope_theta {quoted(theta)} with head_dim {self.head_dim} and this scaling gives "
+                "frequencies float32 cannot hold")
         require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool),
                 "tied_embeddings and qkv_bias must be bool")
 
