@@ -33,14 +33,6 @@ def open_regular(path: Path) -> tuple[BinaryIO, int]:
         raise
 
 
-def is_regular(path: Path) -> bool:
-    """True when `path` (links followed) is a regular file; never opens it."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
 def parse_json(raw: bytes) -> tuple[object, str | None]:
     """bytes -> (value, None), or (None, why the bytes are not JSON). `why` holds no file bytes."""
     try:
