@@ -161,7 +161,7 @@ def kernel_report(cfg: ModelConfig, max_seq: int, tokens: int, runs: int, paths:
     first, last = generation_positions(len(PROMPT), tokens, max_seq)
     positions = kernel_bench.attention_positions((first + last) // 2, last, max_seq)
     try:
-        timings = [asdict(t) for t in kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs)]
+        timings = kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs)
     except ArcError as exc:
         return {"error": str(exc)}
     loop16 = [p["us_per_token"] for p in paths if p["path"] == "device-loop" and p["burst"] == 16]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -43,18 +43,6 @@ class KernelSpec:
     read_bytes: int = 0        # weights (GEMVs) or KV cache (attention) one launch reads; 0: not a bandwidth figure
     replay_bytes: int = 0      # distinct bytes of weights/KV one replay of its graph reads
     in_step_sum: bool = True   # counted in the sum compared with the step's time
-    position: int | None = None
-
-
-@dataclass
-class KernelTiming:
-    name: str
-    per_step: int
-    us: float                  # median µs per launch
-    runs_us: list = field(default_factory=list)
-    read_bytes: int = 0
-    replay_bytes: int = 0
-    in_step_sum: bool = True
     position: int | None = None
 
 
@@ -131,8 +119,8 @@ class _Buffers:
         w = np.float32(1.0) + np.float32(0.05) * self.rng.standard_normal((count, dim), dtype=np.float32)
         return self.upload(f32_to_bf16(w))
 
-    def floats(self, n: int, scale: float = 1.0):
-        return self.upload(self.rng.standard_normal(n, dtype=np.float32) * np.float32(scale))
+    def floats(self, n: int):
+        return self.upload(self.rng.standard_normal(n, dtype=np.float32))
 
     def scalar(self, value: int, dtype):
         return self.upload(np.array([value], dtype=dtype))
@@ -148,12 +136,10 @@ class _Shape:
     """Weights for every layer, KV cache, activations: what the step's kernels read and write."""
 
     def __init__(self, buf: _Buffers, cfg: ModelConfig, max_seq: int, positions: list[int]):
-        ffi, lib = buf.ffi, buf.lib
-        self.cfg, self.max_seq, self.buf = cfg, max_seq, buf
+        ffi, lib, f32 = buf.ffi, buf.lib, self.f32
+        self.cfg, self.max_seq, self.buf, self.ffi = cfg, max_seq, buf, ffi
         L, d, f, v, hd = cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.vocab, cfg.head_dim
         self.qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
-        u16 = lambda p: ffi.cast("uint16_t *", p)
-        f32 = lambda p: ffi.cast("float *", p)
         # Per-layer tensors, one buffer per kind: layer l's slice at l * (its bytes).
         self.wqkv, self.wo = buf.random_bf16(L * self.qkv_rows * d * 2), buf.random_bf16(L * d * cfg.q_dim * 2)
         self.wgu, self.wdown = buf.random_bf16(L * 2 * f * d * 2), buf.random_bf16(L * d * f * 2)
@@ -166,7 +152,7 @@ class _Shape:
         self.embed = buf.random_bf16(v * d * 2)
         self.head = self.embed if cfg.tied_embeddings else buf.random_bf16(v * d * 2)
         self.final_norm = buf.norms(1, d)
-        self.inv_freq = buf.upload(rope_inv_freq(cfg))
+        self.inv_freq = f32(buf.upload(rope_inv_freq(cfg)))
         # Activations and the step's device inputs.
         self.x, self.qkv, self.att = f32(buf.floats(d)), f32(buf.floats(self.qkv_rows)), f32(buf.floats(cfg.q_dim))
         self.h, self.logits = f32(buf.floats(f)), f32(buf.floats(v))
@@ -176,14 +162,20 @@ class _Shape:
         self.token = ffi.cast("uint32_t *", buf.scalar(int(buf.rng.integers(v)), np.uint32))
         self.pos = {p: ffi.cast("int32_t *", buf.scalar(p, np.int32)) for p in positions}
         self.out, self.out_value = ffi.cast("int32_t *", buf.alloc(4)), f32(buf.alloc(4))
-        self.u16 = u16
+
+    def u16(self, p):
+        return self.ffi.cast("uint16_t *", p)
+
+    def f32(self, p):
+        return self.ffi.cast("float *", p)
 
     def layer(self, base, l: int, nbytes: int):
-        return self.u16(self.buf.ffi.cast("char *", base) + l * nbytes)
+        """Layer l's slice of a per-layer buffer whose slices are nbytes each, as bf16 words."""
+        return self.u16(self.ffi.cast("char *", base) + l * nbytes)
 
     def launches(self, spec: KernelSpec) -> list:
         """The graph's launches for `spec`: one per layer, or n_layers of a global kernel."""
-        c, lib, ctx, NULL = self.cfg, self.buf.lib, self.buf.ctx.ptr, self.buf.ffi.NULL
+        c, lib, ctx, NULL = self.cfg, self.buf.lib, self.buf.ctx.ptr, self.ffi.NULL
         L, d, f, v, eps, ms = c.n_layers, c.dim, c.ffn_dim, c.vocab, c.rms_eps, self.max_seq
         r = self.qkv_rows
         kind = spec.kind
@@ -197,7 +189,7 @@ class _Shape:
         elif kind == "rope_kv":
             pos = self.pos[spec.position]
             op = lambda l: lib.arc_op_rope_kv(ctx, self.qkv, c.n_heads, c.n_kv_heads, c.head_dim,
-                                              self.buf.ffi.cast("float *", self.inv_freq), pos, ms,
+                                              self.inv_freq, pos, ms,
                                               self.layer(self.k, l, self.kv_layer_bytes),
                                               self.layer(self.v, l, self.kv_layer_bytes))
         elif kind == "attention":
@@ -255,25 +247,24 @@ def time_graph(ctx: Context, graph, launches: int, replays: int) -> list[float]:
     return [replay(k) / (k * launches) * 1e6 for _ in range(replays)]
 
 
-def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays: int = 5) -> list[KernelTiming]:
-    """Time every kernel of the step for `cfg` on a context of its own (see the module's docstring)."""
-    specs = kernel_specs(cfg, positions)
+def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays: int = 5) -> list[dict]:
+    """Time every kernel of the step for `cfg` on a context of its own (see the module's
+    docstring): each row is its KernelSpec with `us` (median µs per launch) and `runs_us`."""
     with Context(0) as ctx:
         buf = _Buffers(ctx)
         try:
             shape = _Shape(buf, cfg, max_seq, positions)
             ctx.wait_idle()
-            out = []
-            for spec in specs:
+            rows = []
+            for spec in kernel_specs(cfg, positions):
                 graph = _capture(ctx, shape.launches(spec))
                 try:
                     us = time_graph(ctx, graph, cfg.n_layers, replays)
                 finally:
                     ctx.wait_idle()
                     _lib.check(ctx.lib.arc_graph_destroy(graph))
-                out.append(KernelTiming(spec.name, spec.per_step, statistics.median(us), [round(u, 3) for u in us],
-                                        spec.read_bytes, spec.replay_bytes, spec.in_step_sum, spec.position))
-            return out
+                rows.append({**asdict(spec), "us": statistics.median(us), "runs_us": [round(u, 3) for u in us]})
+            return rows
         finally:
             buf.free()
 
