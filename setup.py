@@ -21,11 +21,10 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCHS = "80;90"
 # The sources whose device code takes longest to compile start first, so that none of them
-# begins last and runs alone (measured on 2 cores: attention.cu ~14 s, gemv.cu ~6 s, every
-# other source under 3 s).
+# begins last and runs alone (measured one at a time: attention.cu 13 s, gemv.cu 5 s, every
+# other source under 2.1 s).
 SLOW_FIRST = ("model/attention.cu", "model/gemv.cu")
-# Sources with no device code: compiled as C++, which skips nvcc's device passes (about 1.5 s
-# of a 2-core machine's time each).
+# Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu")
 
 
@@ -71,10 +70,12 @@ def compile_libarc(target: Path):
     sources = libarc_sources()
     nvcc = str(cuda / "bin" / "nvcc")
     targets = arch_flags()
-    # --threads: the targets of one source compile in parallel, so the slowest source takes
-    # about the time of its slowest target rather than the sum.
     common = ["-std=c++17", "-O3", "-ccbin", host, "-Xcompiler=-fPIC", "--expt-relaxed-constexpr",
-              f"--threads={len(targets)}", f"-I{ROOT / 'libarc'}", *targets]
+              f"-I{ROOT / 'libarc'}", *targets]
+    # With cores to spare, a slow source compiles its targets in parallel (attention.cu: 13 s
+    # becomes 7 s). On two cores the slow source and the others already keep both busy, and the
+    # threads would only add their own start-up work.
+    slow_threads = [f"--threads={len(targets)}"] if (os.cpu_count() or 1) > 2 else []
     # nvcc finds its own headers next to itself; a stray CUDA_HOME must not redirect it.
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CPATH")}
     objdir = target.parent / ".libarc-build"
@@ -83,8 +84,9 @@ def compile_libarc(target: Path):
 
     def compile_one(src):
         obj = objdir / (src.stem + ".o")
-        language = ["-x", "c++"] if src.relative_to(ROOT / "libarc").as_posix() in HOST_ONLY else []
-        run([nvcc, *common, *language, "-c", str(src), "-o", str(obj)], env)
+        name = src.relative_to(ROOT / "libarc").as_posix()
+        extra = ["-x", "c++"] if name in HOST_ONLY else slow_threads if name in SLOW_FIRST else []
+        run([nvcc, *common, *extra, "-c", str(src), "-o", str(obj)], env)
         return obj
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:

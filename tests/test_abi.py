@@ -149,6 +149,14 @@ def test_device_attributes_are_read_once_per_context_not_per_launch():
     assert not re.search(r"\b132\b", strip_comments((LIBARC / "model" / "gemv.cu").read_text()))
 
 
+def test_test_hooks_sit_in_their_own_section_at_the_end_of_the_cdef():
+    decode_api, marker, hooks = CDEF.partition("Test hooks:")
+    assert marker and "Not part of the decode API" in hooks
+    hook_functions = set(re.findall(r"\b(arc_\w+)\s*\(", strip_comments(hooks)))
+    assert hook_functions == {"arc_script_forward", "arc_loop_inject_lost_step"}
+    assert "arc_script" not in strip_comments(decode_api)
+
+
 def test_graph_node_count_is_exported():
     assert "arc_graph_node_count" in exported_symbols()
 
