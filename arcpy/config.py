@@ -38,6 +38,9 @@ def flags(cflags: bool, libs: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args in (["--help"], ["-h"]):
+        print(USAGE)
+        return 0
     unknown = [a for a in args if a not in OPTIONS]
     if unknown or not args:
         what = f"unknown option {unknown[0]!r}" if unknown else "no option given"

@@ -52,6 +52,11 @@ def test_usage_errors_are_one_line(tmp_path, args, message):
     assert out.stderr.count("\n") == 1 and message in out.stderr and "usage:" in out.stderr
 
 
+def test_help_prints_the_usage(tmp_path):
+    out = config("--help", cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (0, "") and out.stdout.startswith("usage: python -m arcpy.config")
+
+
 def test_a_missing_library_is_one_line(tmp_path):
     out = config("--libs", cwd=tmp_path, ARC_LIBRARY=str(tmp_path / "libarc.so"))
     assert (out.returncode, out.stdout) == (1, "")
