@@ -37,7 +37,7 @@ FIXED_POSITION = 512           # attention is also timed here, whatever the gene
 class KernelSpec:
     """One row of the table: a kernel, how often the step runs it, what one launch reads."""
 
-    kind: str                  # which launcher: embedding, qkv, rope_kv, attention, o, gate_up, down, lm_head, argmax
+    kind: str                  # which launcher: embedding, qkv, attention, o, gate_up, down, lm_head, argmax
     name: str
     per_step: int              # launches in one decode step
     read_bytes: int = 0        # weights (GEMVs) or KV cache (attention) one launch reads; 0: not a bandwidth figure
@@ -60,8 +60,7 @@ def kernel_specs(cfg: ModelConfig, positions: list[int]) -> list[KernelSpec]:
     qkv = qkv_rows * d * 2 + d * 2 + (qkv_rows * 2 if cfg.qkv_bias else 0)
     o, gate_up, down, head = d * cfg.q_dim * 2, 2 * f * d * 2 + d * 2, d * f * 2, v * d * 2 + d * 2
     specs = [KernelSpec("embedding", "embedding", 1),
-             KernelSpec("qkv", "qkv gemv (norm" + (", bias)" if cfg.qkv_bias else ")"), L, qkv, L * qkv),
-             KernelSpec("rope_kv", f"rope_kv @{positions[0]}", L, position=positions[0])]
+             KernelSpec("qkv", "qkv gemv (norm" + (", bias)" if cfg.qkv_bias else ")"), L, qkv, L * qkv)]
     for i, pos in enumerate(positions):
         kv = 2 * cfg.n_kv_heads * (pos + 1) * cfg.head_dim * 2
         specs.append(KernelSpec("attention", f"attention @{pos}", L, kv, L * kv, in_step_sum=i == 0, position=pos))
@@ -186,15 +185,9 @@ class _Shape:
                 ctx, self.layer(self.wqkv, l, r * d * 2), self.x, r, d,
                 self.layer(self.bqkv, l, r * 2) if self.bqkv is not None else NULL,
                 self.layer(self.attn_norm, l, d * 2), eps, 0, self.qkv)
-        elif kind == "rope_kv":
-            pos = self.pos[spec.position]
-            op = lambda l: lib.arc_op_rope_kv(ctx, self.qkv, c.n_heads, c.n_kv_heads, c.head_dim,
-                                              self.inv_freq, pos, ms,
-                                              self.layer(self.k, l, self.kv_layer_bytes),
-                                              self.layer(self.v, l, self.kv_layer_bytes))
         elif kind == "attention":
             pos = self.pos[spec.position]
-            op = lambda l: lib.arc_op_attention(ctx, self.qkv, self.layer(self.k, l, self.kv_layer_bytes),
+            op = lambda l: lib.arc_op_attention(ctx, self.qkv, self.inv_freq, self.layer(self.k, l, self.kv_layer_bytes),
                                                 self.layer(self.v, l, self.kv_layer_bytes), c.n_heads,
                                                 c.n_kv_heads, c.head_dim, ms, pos, self.scratch, self.att)
         elif kind == "o":

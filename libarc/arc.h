@@ -190,28 +190,23 @@ int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t row
 int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                        int32_t cols, const uint16_t *norm_weight, float eps, float *y);
 
-/* qkv = [q (n_heads, head_dim) | k (n_kv_heads, head_dim) | v (n_kv_heads, head_dim)] float32.
- * Rotates q and k in place (rotate-half RoPE, angle = float(*pos) * inv_freq[i], inv_freq
- * float32 (head_dim / 2)) and stores k and v rounded to bf16 at position *pos of k_cache and
- * v_cache, each (n_kv_heads, max_seq, head_dim). head_dim even and <= 128. A position outside
- * [0, max_seq) stores nothing and writes NaN into q and k. */
-int arc_op_rope_kv(arc_context *ctx, float *qkv, int32_t n_heads, int32_t n_kv_heads,
-                   int32_t head_dim, const float *inv_freq, const int32_t *pos, int32_t max_seq,
-                   uint16_t *k_cache, uint16_t *v_cache);
-
 /* The scratch arc_op_attention needs, in bytes. */
 int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
                                    uint64_t *bytes);
 
-/* out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over positions 0..*pos of
- * k_cache and v_cache (n_kv_heads, max_seq, head_dim) bf16; query head h reads kv head
- * h / (n_heads / n_kv_heads). q float32 (n_heads, head_dim). head_dim even and <= 128,
- * max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position
- * outside [0, max_seq) writes NaN. */
-int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
-                     const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
-                     int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
-                     float *out);
+/* One token's attention with its rotary embedding and KV-cache write:
+ * qkv = [q (n_heads, head_dim) | k (n_kv_heads, head_dim) | v (n_kv_heads, head_dim)] float32,
+ * unrotated, as the QKV projection writes it. q and k are rotated for position *pos
+ * (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],
+ * inv_freq float32 (head_dim / 2)); k and v, rounded to bf16, are stored at row *pos of k_cache
+ * and v_cache, each (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) =
+ * softmax(q k^T / sqrt(head_dim)) v over rows 0..*pos, query head h reading kv head
+ * h / (n_heads / n_kv_heads). qkv is not written. head_dim even and <= 128, n_heads <= 1024,
+ * max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside
+ * [0, max_seq) writes NaN to out and nothing to the caches. */
+int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                     uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                     int32_t max_seq, const int32_t *pos, float *scratch, float *out);
 
 /* ---- Test hooks: the scripted model and fault injection. Not part of the decode API: they
  * exist so that the loop and its fault detection can be tested on a GPU without a model. ---- */

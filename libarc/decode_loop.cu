@@ -14,6 +14,7 @@
 #include <atomic>
 
 #include "internal.cuh"
+#include "model/kernels.cuh"
 
 enum { ARGMAX_THREADS = 256, ARGMAX_PER_THREAD = 8 };
 
@@ -71,9 +72,17 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
                               unsigned *done, int32_t *out, float *value_out, CommitArgs c) {
     float v = 0.0f;
     int i = INT_MAX;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-        float xj = x[j];
-        if (argmax_prefer(xj, j, v, i)) { v = xj; i = j; }
+    pdl_wait();  // the logits come from the kernel before
+    // ARGMAX_PER_THREAD consecutive values per thread, all loaded before any is compared: one
+    // memory round trip for a vocabulary of up to ARGMAX_MAX_BLOCKS * ARGMAX_THREADS * 8.
+    const int stride = gridDim.x * blockDim.x * ARGMAX_PER_THREAD;
+    for (int base = (blockIdx.x * blockDim.x + threadIdx.x) * ARGMAX_PER_THREAD; base < n; base += stride) {
+        float xs[ARGMAX_PER_THREAD];
+#pragma unroll
+        for (int k = 0; k < ARGMAX_PER_THREAD; ++k) xs[k] = base + k < n ? x[base + k] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ARGMAX_PER_THREAD; ++k)
+            if (base + k < n && argmax_prefer(xs[k], base + k, v, i)) { v = xs[k]; i = base + k; }
     }
     argmax_block(v, i);
     __shared__ bool last;
@@ -113,10 +122,10 @@ static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
     if (blocks > ARGMAX_MAX_BLOCKS) blocks = ARGMAX_MAX_BLOCKS;
-    argmax_kernel<COMMIT><<<blocks, ARGMAX_THREADS, 0, ctx->stream>>>(
-        logits, n, ctx->argmax_vals, ctx->argmax_idx, ctx->argmax_done, out, value_out, c);
-    ARC_LAUNCHED(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel");
-    return ARC_OK;
+    // With programmatic dependence the sampler is scheduled while the lm_head finishes.
+    return arc_launch_pdl(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel", argmax_kernel<COMMIT>,
+                          dim3(blocks), dim3(ARGMAX_THREADS), 0, logits, n, ctx->argmax_vals, ctx->argmax_idx,
+                          ctx->argmax_done, out, value_out, c);
 }
 
 extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out) {

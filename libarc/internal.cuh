@@ -14,7 +14,7 @@ int arc_fail(int status, const char *what, const char *fmt, ...);
 int arc_fail_cuda(cudaError_t err, const char *call, const char *where);
 
 // Sizes of the context's scratch: partials of the two-stage argmax (one per block), and the
-// attention kernel's tickets (one per head group).
+// attention kernel's tickets (one per query head).
 enum { ARGMAX_MAX_BLOCKS = 264, ARC_ATTN_MAX_GROUPS = 1024 };
 
 struct arc_context {
@@ -31,7 +31,7 @@ struct arc_context {
     float *argmax_vals;
     int32_t *argmax_idx;
     uint32_t *argmax_done;
-    // Tickets of the attention kernel's head groups: the last block of a group combines.
+    // Tickets of the attention kernel's heads: the last block of a head combines its partials.
     uint32_t *attn_done;
 };
 

@@ -298,85 +298,76 @@ def test_gemv_swiglu_matches_numpy(gpu, rows, cols, use_norm):
     assert_close(f"gemv_swiglu {rows}x{cols} norm={use_norm}", got, want, atol, 1e-5)
 
 
-# --- RoPE and the KV cache write ----------------------------------------------------------------
+# --- attention, with RoPE and the KV-cache write of the new position ------------------------------
 
-@pytest.mark.parametrize("n_heads,n_kv,hd", [(6, 6, 48), (32, 8, 64), (8, 2, 128), (4, 2, 30)])
-@pytest.mark.parametrize("pos", [0, 1, 100, 8191])
-def test_rope_kv_rotates_and_writes_only_this_position(gpu, n_heads, n_kv, hd, pos):
-    rng = np.random.default_rng(n_heads * 1000 + hd + pos)
-    max_seq = 8192
+ATTN_CASES = [(hd, n_heads, n_kv, pos, 4096)
+              for hd, n_heads, n_kv in [(48, 6, 6), (48, 8, 2), (64, 8, 8), (64, 32, 8), (128, 4, 4), (128, 16, 4),
+                                        (64, 9, 3)]
+              for pos in (0, 1, 63, 64, 100, 127, 128, 2000)]
+ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 8191, 8192),
+               (64, 8, 8, 16383, 16384), (64, 8, 4, 5000, 8192),  # group 2
+               (32, 4, 4, 255, 512), (32, 4, 2, 256, 512),  # 256-position chunks
+               (30, 4, 2, 300, 512), (30, 4, 4, 0, 512), (30, 4, 4, 31, 512), (30, 4, 4, 32, 512)]  # narrow rows
+
+
+@pytest.mark.parametrize("hd,n_heads,n_kv,pos,max_seq", ATTN_CASES)
+def test_attention_rotates_stores_the_new_row_and_attends(gpu, hd, n_heads, n_kv, pos, max_seq):
+    rng = np.random.default_rng(hd * 100_000 + n_heads * 1000 + n_kv * 100 + pos)
     theta = 500000.0 if hd == 64 else 10000.0
     inv_freq = inv_freq_table(hd, theta)
     q_dim, kv_dim = n_heads * hd, n_kv * hd
     qkv = rng.standard_normal(q_dim + 2 * kv_dim, dtype=F32) * F32(2.0)
-    cache_words = n_kv * max_seq * hd
-    sentinel = np.full(cache_words, 0x3F80, dtype=np.uint16)  # 1.0 everywhere else
-    d_qkv, d_f = gpu.upload(qkv), gpu.upload(inv_freq)
-    d_k, d_v = gpu.upload(sentinel), gpu.upload(sentinel)
-    _lib.check(gpu.lib.arc_op_rope_kv(gpu.ctx, f32p(gpu, d_qkv), n_heads, n_kv, hd, f32p(gpu, d_f),
-                                      gpu.position(pos), max_seq, u16p(gpu, d_k), u16p(gpu, d_v)))
-    got_qkv = gpu.read(d_qkv, F32, qkv.size)
-    k_cache = gpu.read(d_k, np.uint16, cache_words).reshape(n_kv, max_seq, hd)
-    v_cache = gpu.read(d_v, np.uint16, cache_words).reshape(n_kv, max_seq, hd)
-
-    q_want = np_rope(qkv[:q_dim].reshape(n_heads, hd), pos, inv_freq)
-    k_want = np_rope(qkv[q_dim:q_dim + kv_dim].reshape(n_kv, hd), pos, inv_freq)
-    v = qkv[q_dim + kv_dim:].reshape(n_kv, hd)
-    assert_close("rotated q", got_qkv[:q_dim], q_want, 1e-5, 1e-5)
-    assert_close("rotated k", got_qkv[q_dim:q_dim + kv_dim], k_want, 1e-5, 1e-5)
-    assert_close("v left as is", got_qkv[q_dim + kv_dim:], v, 0.0, 0.0)
-    # bf16 rounding of a value that differs in its last float32 bit may land one bf16 step away.
-    assert_close("k cache at pos", from_bf16(k_cache[:, pos]), from_bf16(to_bf16(k_want)), 1e-6, 2 ** -7)
-    assert np.array_equal(v_cache[:, pos], to_bf16(v)), "v cache at pos is not v rounded to nearest even"
-    others = np.ones(max_seq, dtype=bool)
-    others[pos] = False
-    assert (k_cache[:, others] == 0x3F80).all(), "k cache changed at another position"
-    assert (v_cache[:, others] == 0x3F80).all(), "v cache changed at another position"
-
-
-# --- attention ----------------------------------------------------------------------------------
-
-ATTN_CASES = [(hd, n_heads, n_kv, pos, 4096)
-              for hd, n_heads, n_kv in [(48, 6, 6), (48, 8, 2), (64, 8, 8), (64, 32, 8), (128, 4, 4), (128, 16, 4)]
-              for pos in (0, 1, 100, 2000)]
-ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 8191, 8192),
-               (64, 8, 8, 16383, 16384), (64, 8, 4, 5000, 8192),  # group 2
-               (30, 4, 2, 300, 512), (30, 4, 4, 0, 512)]  # head_dim % 8 != 0: the narrow path
-
-
-@pytest.mark.parametrize("hd,n_heads,n_kv,pos,max_seq", ATTN_CASES)
-def test_attention_matches_numpy(gpu, hd, n_heads, n_kv, pos, max_seq):
-    rng = np.random.default_rng(hd * 100_000 + n_heads * 1000 + n_kv * 100 + pos)
-    q = rng.standard_normal((n_heads, hd), dtype=F32) * F32(2.0)
     k = random_bf16(rng, (n_kv, max_seq, hd))
     v = random_bf16(rng, (n_kv, max_seq, hd))
-    # Positions after pos hold NaN: a kernel that reads them poisons its output.
-    k[:, pos + 1:] = 0xFFFF
-    v[:, pos + 1:] = 0xFFFF
+    # The new row and every row after it hold NaN: a kernel that reads them from the cache, rather
+    # than taking the new row from qkv, poisons its output.
+    k[:, pos:] = 0xFFFF
+    v[:, pos:] = 0xFFFF
     sb = gpu.ffi.new("uint64_t *")
     _lib.check(gpu.lib.arc_op_attention_scratch_bytes(n_heads, hd, max_seq, sb))
-    d_q, d_k, d_v = gpu.upload(q), gpu.upload(k), gpu.upload(v)
-    d_s, d_o = gpu.alloc(sb[0]), gpu.alloc(q.nbytes)
+    d_qkv, d_f, d_k, d_v = gpu.upload(qkv), gpu.upload(inv_freq), gpu.upload(k), gpu.upload(v)
+    d_s, d_o = gpu.alloc(sb[0]), gpu.alloc(q_dim * 4)
     gpu.poison(d_s, sb[0])
-    gpu.poison(d_o, q.nbytes)
-    _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_q), u16p(gpu, d_k), u16p(gpu, d_v), n_heads, n_kv,
-                                        hd, max_seq, gpu.position(pos), f32p(gpu, d_s), f32p(gpu, d_o)))
-    got = gpu.read(d_o, F32, q.size)
-    want = np_attention(q, from_bf16(k[:, : pos + 1]), from_bf16(v[:, : pos + 1]), pos, n_kv)
+    gpu.poison(d_o, q_dim * 4)
+    _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k), u16p(gpu, d_v),
+                                        n_heads, n_kv, hd, max_seq, gpu.position(pos), f32p(gpu, d_s),
+                                        f32p(gpu, d_o)))
+    got = gpu.read(d_o, F32, q_dim)
+    k_cache = gpu.read(d_k, np.uint16, k.size).reshape(k.shape)
+    v_cache = gpu.read(d_v, np.uint16, v.size).reshape(v.shape)
+    assert np.array_equal(gpu.read(d_qkv, F32, qkv.size), qkv), "qkv was written"
+
+    q_rot = np_rope(qkv[:q_dim].reshape(n_heads, hd), pos, inv_freq)
+    k_rot = np_rope(qkv[q_dim:q_dim + kv_dim].reshape(n_kv, hd), pos, inv_freq)
+    v_new = qkv[q_dim + kv_dim:].reshape(n_kv, hd)
+    # bf16 rounding of a value that differs in its last float32 bit may land one bf16 step away.
+    assert_close("k cache at pos", from_bf16(k_cache[:, pos]), from_bf16(to_bf16(k_rot)), 1e-6, 2 ** -7)
+    assert np.array_equal(v_cache[:, pos], to_bf16(v_new)), "v cache at pos is not v rounded to nearest even"
+    others = np.ones(max_seq, dtype=bool)
+    others[pos] = False
+    assert np.array_equal(k_cache[:, others], k[:, others]), "k cache changed at another position"
+    assert np.array_equal(v_cache[:, others], v[:, others]), "v cache changed at another position"
+    # The scores use the new row as the cache now holds it.
+    want = np_attention(q_rot, from_bf16(k_cache[:, : pos + 1]), from_bf16(v_cache[:, : pos + 1]), pos, n_kv)
     assert_close(f"attention hd={hd} heads={n_heads}/{n_kv} pos={pos}", got, want, 2e-5, 1e-4)
 
 
-def test_attention_at_a_position_outside_the_cache_is_nan(gpu):
+def test_attention_at_a_position_outside_the_cache_is_nan_and_stores_nothing(gpu):
     n_heads, hd, max_seq = 4, 64, 256
     sb = gpu.ffi.new("uint64_t *")
     _lib.check(gpu.lib.arc_op_attention_scratch_bytes(n_heads, hd, max_seq, sb))
-    d_q = gpu.upload(np.ones((n_heads, hd), F32))
-    d_kv = gpu.upload(np.zeros(n_heads * max_seq * hd, np.uint16))
+    d_qkv = gpu.upload(np.ones(3 * n_heads * hd, F32))
+    d_f = gpu.upload(inv_freq_table(hd))
+    cache = np.full(n_heads * max_seq * hd, 0x3F80, np.uint16)
+    d_k, d_v = gpu.upload(cache), gpu.upload(cache)
     d_s, d_o = gpu.alloc(sb[0]), gpu.alloc(n_heads * hd * 4)
     for pos in (max_seq, -1):
-        _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_q), u16p(gpu, d_kv), u16p(gpu, d_kv), n_heads,
-                                            n_heads, hd, max_seq, gpu.position(pos), f32p(gpu, d_s), f32p(gpu, d_o)))
+        _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k),
+                                            u16p(gpu, d_v), n_heads, n_heads, hd, max_seq, gpu.position(pos),
+                                            f32p(gpu, d_s), f32p(gpu, d_o)))
         assert np.isnan(gpu.read(d_o, F32, n_heads * hd)).all()
+        assert np.array_equal(gpu.read(d_k, np.uint16, cache.size), cache)
+        assert np.array_equal(gpu.read(d_v, np.uint16, cache.size), cache)
 
 
 # --- launcher limits ----------------------------------------------------------------------------
@@ -398,14 +389,18 @@ def test_launchers_refuse_shapes_they_cannot_do(gpu):
         ("multiple of 8", lambda: lib.arc_op_gemv_swiglu(ctx, w, x, 8, 20, NULL, 1e-5, y)),
         ("multiple of 8", lambda: lib.arc_op_embedding(ctx, w, 10, 12, ffi.cast("uint32_t *", buf), x)),
         ("vocab must be positive", lambda: lib.arc_op_embedding(ctx, w, 0, 16, ffi.cast("uint32_t *", buf), x)),
-        ("even", lambda: lib.arc_op_rope_kv(ctx, x, 4, 4, 63, x, ffi.cast("int32_t *", buf), 16, w, w)),
-        ("even", lambda: lib.arc_op_rope_kv(ctx, x, 4, 4, 130, x, ffi.cast("int32_t *", buf), 16, w, w)),
-        ("multiple of n_kv_heads", lambda: lib.arc_op_attention(ctx, x, w, w, 6, 4, 64, 16,
-                                                               ffi.cast("int32_t *", buf), x, y)),
-        ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, w, w, 4, 4, 256, 16,
+        ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 63, 16,
                                                               ffi.cast("int32_t *", buf), x, y)),
-        ("max_seq must be in", lambda: lib.arc_op_attention(ctx, x, w, w, 4, 4, 64, 0,
+        ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 130, 16,
+                                                              ffi.cast("int32_t *", buf), x, y)),
+        ("multiple of n_kv_heads", lambda: lib.arc_op_attention(ctx, x, x, w, w, 6, 4, 64, 16,
+                                                               ffi.cast("int32_t *", buf), x, y)),
+        ("at most 1024 heads", lambda: lib.arc_op_attention(ctx, x, x, w, w, 1028, 4, 64, 16,
                                                            ffi.cast("int32_t *", buf), x, y)),
+        ("max_seq must be in", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 64, 0,
+                                                           ffi.cast("int32_t *", buf), x, y)),
+        ("null pointer", lambda: lib.arc_op_attention(ctx, x, NULL, w, w, 4, 4, 64, 16,
+                                                     ffi.cast("int32_t *", buf), x, y)),
         ("ctx is null", lambda: lib.arc_op_gemv(NULL, w, x, 8, 16, NULL, NULL, 1e-5, 0, y)),
     ]
     for message, call in cases:
@@ -632,10 +627,10 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
         _lib.check(lib.arc_graph_capture_end(gpu.ctx, gp))
     graph = gp[0]
     try:
-        # One kernel node per operation: the embedding, 6 per layer, the lm_head GEMV.
+        # One kernel node per operation: the embedding, 5 per layer, the lm_head GEMV.
         nodes = ffi.new("uint64_t *")
         _lib.check(lib.arc_graph_node_count(graph, nodes))
-        assert nodes[0] == 2 + 6 * rig.cfg["n_layers"]
+        assert nodes[0] == 2 + 5 * rig.cfg["n_layers"]
         for pos, tok in enumerate(tokens):
             _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
             _lib.check(lib.arc_graph_launch(graph))

@@ -1,9 +1,18 @@
-// attention.cu -- one token's attention over the bf16 KV cache, split across blocks
-// (flash-decoding): each block scores one chunk of positions for a few query heads and writes a
-// partial result (its max, its sum of exponentials, its unnormalized output); the last block of
-// a head group to finish combines the group's partials, so one kernel does both. The grid
-// covers max_seq, fixed when a graph is captured; the position is read on the device and chunks
-// past it exit at once, so there is no host decision per position.
+// attention.cu -- one token's attention at batch 1, with the rotary embedding and the KV-cache
+// write of the new position fused in: q and the new k are rotated (rotate-half RoPE) as they are
+// read from the QKV GEMV's output, the new k and v are stored to the bf16 cache, and the scores
+// run over the cached positions and the new one.
+//
+// Split across blocks (flash-decoding): a block takes one query head and one chunk of positions
+// and writes a partial result (its max, its sum of exponentials, its unnormalized output); the
+// last block of a head to finish combines the head's partials, so one kernel does all of it.
+// When the position fits in one chunk, that one block writes the output directly.
+//
+// At batch 1 the kernel is latency-bound, not bandwidth-bound, so it is laid out around its
+// chain of memory round trips: the cached rows of earlier positions were written by earlier
+// steps, which completed before this step began, so a block loads its whole chunk of k and v
+// before the dependency wait, while the GEMV before it still runs; after the wait only q and the
+// new position's row are read.
 #include <math.h>
 
 #include "kernels.cuh"
@@ -23,20 +32,51 @@ __device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
     }
 }
 
-// ATTN_UNROLL cache rows of a chunk, rows tb + pg * u + pw (u < ATTN_UNROLL), this lane's NV
-// vectors of each (vector j = sub + lp * i of the row); rows at or past n, and vectors past
-// the row's nvh, read as zeros.
-template <int VEC, int NV>
-__device__ __forceinline__ void load_tile(const uint16_t *rows, int hd, int nvh, int n, int tb, int pg,
-                                          int pw, int lp, int sub, float (&f)[ATTN_UNROLL][NV * VEC]) {
+// Rotate-half RoPE of element d of a head, given its partner (d +- head_dim / 2), with explicit
+// roundings (no fused multiply-add), exactly as the reference computes it.
+__device__ __forceinline__ float rotate(float self, float partner, bool first_half, float c, float s) {
+    return first_half ? __fsub_rn(__fmul_rn(self, c), __fmul_rn(partner, s))
+                      : __fadd_rn(__fmul_rn(self, c), __fmul_rn(partner, s));
+}
+
+// Element d of head row `x` (float32, hd wide) rotated for position pos.
+__device__ __forceinline__ float rotated(const float *x, int d, int hd, float pos_f, const float *inv_freq) {
+    const int half = hd / 2;
+    const bool first = d < half;
+    float s, c;
+    sincosf(__fmul_rn(pos_f, inv_freq[first ? d : d - half]), &s, &c);
+    return rotate(x[d], x[first ? d + half : d - half], first, c, s);
+}
+
+// A float rounded to bf16 (nearest even) and back: the value the cache holds.
+__device__ __forceinline__ float as_cached(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// How the threads of a block share a chunk. LP lanes hold one position (each NV vectors of VEC
+// elements of its row; vector j = sub + LP * i of the row); a warp holds 32 / LP positions, a block
+// step ATTN_THREADS / LP, and a block ATTN_UNROLL steps: CHUNK positions, all loaded at once.
+template <int VEC, int LP>
+struct AttnLayout {
+    static constexpr int NV = VEC == 8 ? 1 : 2;  // VEC == 2 runs with LP == 32: hd / 2 <= 64 = 32 * NV
+    static constexpr int E = NV * VEC;           // elements of a head row per lane
+    static constexpr int PPW = 32 / LP;          // positions per warp
+    static constexpr int PG = ATTN_THREADS / LP; // positions per block step
+    static constexpr int CHUNK = PG * ATTN_UNROLL;
+};
+
+// The ATTN_UNROLL rows of the chunk this lane helps hold (row t = warp * PPW + PG * u + pw), its
+// vectors of each; rows at or past `rows`, and vectors past the row's nvh, read as zeros.
+template <int VEC, int LP>
+__device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh, int rows, int warp, int pw,
+                                           int sub, float (&f)[ATTN_UNROLL][AttnLayout<VEC, LP>::E]) {
+    using L = AttnLayout<VEC, LP>;
 #pragma unroll
     for (int u = 0; u < ATTN_UNROLL; ++u) {
-        const int t = tb + pg * u + pw;
+        const int t = warp * L::PPW + L::PG * u + pw;
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-            const int j = sub + lp * i;
-            if (t < n && j < nvh) {
-                load_row<VEC>(rows + (size_t)t * hd + j * VEC, &f[u][i * VEC]);
+        for (int i = 0; i < L::NV; ++i) {
+            const int j = sub + LP * i;
+            if (t < rows && j < nvh) {
+                load_row<VEC>(base + (size_t)t * hd + j * VEC, &f[u][i * VEC]);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) f[u][i * VEC + e] = 0.0f;
@@ -45,194 +85,228 @@ __device__ __forceinline__ void load_tile(const uint16_t *rows, int hd, int nvh,
     }
 }
 
-// Partial attention of query heads [G * blockIdx.x, +G) (they share one kv head) over the
-// positions [ATTN_CHUNK * blockIdx.y, +ATTN_CHUNK) that are <= *pos.
-// q (n_heads, hd) f32; k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's.
-// Writes o_part[head][split][hd] = sum_t exp(s_t - m) v_t and ml_part[head][split] = (m, sum_t
-// exp(s_t - m)), where s_t = (q . k_t) / sqrt(hd) and m is the chunk's max score. The last of
-// the group's ns = pos / ATTN_CHUNK + 1 blocks to finish (a ticket on done[blockIdx.x], which it
-// resets) writes out[head][d] = sum_s exp(m_s - M) o_s[d] / sum_s exp(m_s - M) l_s, M = max_s
-// m_s, summing the chunks in order. A position outside [0, max_seq) makes out NaN.
-// Launch: grid (n_heads / G, ceil(max_seq / ATTN_CHUNK)), ATTN_THREADS threads. LP lanes share a
-// position, each holding NV vectors of VEC elements of the head row; a warp holds 32 / LP
-// positions. Limits: hd even and <= 128 (VEC = 8 needs hd % 8 == 0), G <= ATTN_WARPS.
-template <int VEC, int LP, int G>
-__global__ void __launch_bounds__(ATTN_THREADS)
-attention_split_kernel(const float *__restrict__ q, const uint16_t *__restrict__ k_cache,
-                       const uint16_t *__restrict__ v_cache, int group, int hd, int max_seq,
-                       int splits, const int32_t *__restrict__ pos_ptr, float scale,
-                       float *__restrict__ o_part, float2 *__restrict__ ml_part, unsigned *done,
-                       float *__restrict__ out) {
-    constexpr int NV = VEC == 8 ? 1 : 2;  // VEC == 2 runs with LP == 32: hd / 2 <= 64 = 32 * NV
-    constexpr int E = NV * VEC;           // elements of a head row per lane
-    constexpr int PPW = 32 / LP;          // positions per warp
-    constexpr int PG = ATTN_THREADS / LP; // positions per block step
-    __shared__ float sc[G][ATTN_CHUNK];
-    __shared__ float red[ATTN_WARPS][G][ATTN_MAX_HEAD_DIM];
-    __shared__ float2 stat[G];
+// Attention of query head blockIdx.x over the positions [CHUNK * blockIdx.y, +CHUNK) that are
+// <= *pos, the position being decoded.
+// qkv = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, unrotated, as the
+// QKV GEMV writes it; head h reads kv head h / group. k_cache, v_cache (n_kv_heads, max_seq, hd)
+// bf16, this layer's; the rows before *pos are read, row *pos is written (rotated k and v, rounded
+// to nearest even) by the first query head of each kv head, and the scores use those rounded
+// values, as the reference does. RoPE: element i pairs with i + hd/2, angle float(pos) * inv_freq[i].
+// A chunk writes o_part[head][split][hd] = sum_t exp(s_t - m) v_t and ml_part[head][split] =
+// (m, sum_t exp(s_t - m)), s_t = (q . k_t) * scale, m the chunk's max; the last of the head's
+// ns = pos / CHUNK + 1 blocks to finish (a ticket on done[head], which it resets) writes
+// out[head][:] = the partials merged in chunk order. With ns == 1 the block writes out at once.
+// A position outside [0, max_seq) writes NaN to out and nothing to the cache.
+// Launch: grid (n_heads, ceil(max_seq / CHUNK)), ATTN_THREADS threads.
+// Limits: hd even and <= 128 (VEC == 8 needs hd % 8 == 0, and LP * VEC >= hd).
+template <int VEC, int LP>
+__global__ void __launch_bounds__(ATTN_THREADS, 1)
+attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_freq, uint16_t *k_cache,
+                 uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
+                 const int32_t *__restrict__ pos_ptr, float scale, float *__restrict__ o_part,
+                 float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
+    using L = AttnLayout<VEC, LP>;
+    constexpr int E = L::E, CHUNK = L::CHUNK;
+    __shared__ float sc[CHUNK];
+    __shared__ float red[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
+    __shared__ float2 stat;
+    __shared__ bool last;
 
     pdl_launch_dependents();
-    pdl_wait();
-    const int pos = *pos_ptr;
-    if (pos < 0 || pos >= max_seq) {
-        if (blockIdx.y == 0)
-            for (int idx = threadIdx.x; idx < G * hd; idx += ATTN_THREADS)
-                out[(size_t)blockIdx.x * G * hd + idx] = __uint_as_float(0x7fc00000u);
-        return;
-    }
-    const int split = blockIdx.y, start = split * ATTN_CHUNK;
-    if (start > pos) return;
-    const int n = min(ATTN_CHUNK, pos + 1 - start);
-    const int head0 = blockIdx.x * G, kvh = head0 / group;
+    const int head = blockIdx.x, group = n_heads / n_kv_heads, kvh = head / group;
+    const int split = blockIdx.y, start = split * CHUNK;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % LP, pw = lane / LP;
     const int nvh = hd / VEC;  // vectors per head row
 
-    float qf[G][E];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-            const int j = sub + LP * i;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e)
-                qf[g][i * VEC + e] = j < nvh ? q[(size_t)(head0 + g) * hd + j * VEC + e] : 0.0f;
-        }
+    // Before the wait: the position (written before this step began) and the cached rows of
+    // earlier positions; nothing that the kernels of this step write.
+    const int pos = *pos_ptr;
+    if (pos < 0 || pos >= max_seq) {
+        pdl_wait();
+        if (split == 0)
+            for (int d = tid; d < hd; d += ATTN_THREADS) out[(size_t)head * hd + d] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    if (start > pos) return;
+    const int n = min(CHUNK, pos + 1 - start);  // positions of this chunk, the new one included
+    const int tp = pos - start;                 // the new position's row, when < CHUNK
     const size_t base = ((size_t)kvh * max_seq + start) * hd;
-    const uint16_t *kb = k_cache + base, *vb = v_cache + base;
+    float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
+    load_chunk<VEC, LP>(k_cache + base, hd, nvh, min(n, tp), warp, pw, sub, kf);
+    load_chunk<VEC, LP>(v_cache + base, hd, nvh, min(n, tp), warp, pw, sub, vf);
+    const float pos_f = (float)pos;
 
-    // Scores. The loop bound is uniform over the warp, so the shuffles below see every lane.
-    for (int tb = warp * PPW; tb < n; tb += PG * ATTN_UNROLL) {
-        float kf[ATTN_UNROLL][E];
-        load_tile<VEC, NV>(kb, hd, nvh, n, tb, PG, pw, LP, sub, kf);
+    pdl_wait();
+    const float *q_row = qkv + (size_t)head * hd;
+    const float *k_row = qkv + (size_t)(n_heads + kvh) * hd;
+    const float *v_row = qkv + (size_t)(n_heads + n_kv_heads + kvh) * hd;
+    float qf[E];
+#pragma unroll
+    for (int i = 0; i < L::NV; ++i) {
+        const int j = sub + LP * i;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rotated(q_row, j * VEC + e, hd, pos_f, inv_freq) : 0.0f;
+    }
+    if (tp < CHUNK) {
+        // This chunk holds the new position: the lanes of its row take it from qkv as the cache
+        // will hold it, and the first query head of the kv head stores it for later steps.
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int t = tb + PG * u + pw;
-            float d[G];
+            if (warp * L::PPW + L::PG * u + pw != tp) continue;
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                d[g] = 0.0f;
+            for (int i = 0; i < L::NV; ++i) {
+                const int j = sub + LP * i;
 #pragma unroll
-                for (int e = 0; e < E; ++e) d[g] = fmaf(qf[g][e], kf[u][e], d[g]);
-#pragma unroll
-                for (int off = LP / 2; off > 0; off >>= 1) d[g] += __shfl_xor_sync(0xffffffffu, d[g], off);
-            }
-            if (sub == 0 && t < n) {
-#pragma unroll
-                for (int g = 0; g < G; ++g) sc[g][t] = d[g] * scale;
-            }
-        }
-    }
-    __syncthreads();
-
-    // Softmax statistics of the chunk: warp g takes head g.
-    if (warp < G) {
-        float m = -INFINITY;
-        for (int t = lane; t < n; t += 32) m = fmaxf(m, sc[warp][t]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < n; t += 32) {
-            const float p = expf(sc[warp][t] - m);
-            sc[warp][t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) stat[warp] = make_float2(m, l);
-    }
-    __syncthreads();
-
-    // Weighted sum of v: each lane accumulates its share of positions, then lanes and warps that
-    // hold the same elements are summed.
-    float acc[G][E];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
-    for (int tb = warp * PPW; tb < n; tb += PG * ATTN_UNROLL) {
-        float vf[ATTN_UNROLL][E];
-        load_tile<VEC, NV>(vb, hd, nvh, n, tb, PG, pw, LP, sub, vf);
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int t = tb + PG * u + pw;
-            if (t < n) {
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float p = sc[g][t];
-#pragma unroll
-                    for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, vf[u][e], acc[g][e]);
+                for (int e = 0; e < VEC; ++e) {
+                    if (j < nvh) {
+                        kf[u][i * VEC + e] = as_cached(rotated(k_row, j * VEC + e, hd, pos_f, inv_freq));
+                        vf[u][i * VEC + e] = as_cached(v_row[j * VEC + e]);
+                    }
                 }
             }
         }
+        if (head % group == 0) {
+            const size_t at = ((size_t)kvh * max_seq + pos) * hd;
+            for (int d = tid; d < hd; d += ATTN_THREADS) {
+                k_cache[at + d] = f32_to_bf16(rotated(k_row, d, hd, pos_f, inv_freq));
+                v_cache[at + d] = f32_to_bf16(v_row[d]);
+            }
+        }
+    }
+
+    // Scores of the chunk's rows.
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) {
+        const int t = warp * L::PPW + L::PG * u + pw;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(qf[e], kf[u][e], d);
+#pragma unroll
+        for (int off = LP / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+        if (sub == 0 && t < n) sc[t] = d * scale;
+    }
+    __syncthreads();
+
+    // Softmax statistics of the chunk (warp 0).
+    if (warp == 0) {
+        float m = -INFINITY;
+        for (int t = lane; t < n; t += 32) m = fmaxf(m, sc[t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < n; t += 32) {
+            const float p = expf(sc[t] - m);
+            sc[t] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) stat = make_float2(m, l);
+    }
+    __syncthreads();
+
+    // Weighted sum of v: each lane its rows, then lanes and warps holding the same elements summed.
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) {
+        const int t = warp * L::PPW + L::PG * u + pw;
+        if (t < n) {
+            const float p = sc[t];
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = fmaf(p, vf[u][e], acc[e]);
+        }
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g)
+    for (int e = 0; e < E; ++e)
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-#pragma unroll
-            for (int off = LP; off < 32; off <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+        for (int off = LP; off < 32; off <<= 1) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
     if (pw == 0) {
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
+        for (int i = 0; i < L::NV; ++i) {
             const int j = sub + LP * i;
             if (j < nvh) {
 #pragma unroll
-                for (int g = 0; g < G; ++g)
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) red[warp][g][j * VEC + e] = acc[g][i * VEC + e];
+                for (int e = 0; e < VEC; ++e) red[warp][j * VEC + e] = acc[i * VEC + e];
             }
         }
     }
     __syncthreads();
-    for (int idx = tid; idx < G * hd; idx += ATTN_THREADS) {
-        const int g = idx / hd, d = idx % hd;
+    const int ns = pos / CHUNK + 1;
+    if (ns == 1) {
+        for (int d = tid; d < hd; d += ATTN_THREADS) {
+            float o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; ++w) o += red[w][d];
+            out[(size_t)head * hd + d] = o / stat.y;
+        }
+        return;
+    }
+    for (int d = tid; d < hd; d += ATTN_THREADS) {
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) o += red[w][g][d];
-        o_part[((size_t)(head0 + g) * splits + split) * hd + d] = o;
+        for (int w = 0; w < ATTN_WARPS; ++w) o += red[w][d];
+        o_part[((size_t)head * splits + split) * hd + d] = o;
     }
-    if (tid < G) ml_part[(size_t)(head0 + tid) * splits + split] = stat[tid];
+    if (tid == 0) ml_part[(size_t)head * splits + split] = stat;
 
     // Every thread's partials are visible device-wide before the block takes its ticket.
-    __shared__ bool last;
     __threadfence();
     __syncthreads();
-    const int ns = pos / ATTN_CHUNK + 1;
-    if (tid == 0) last = atomicAdd(&done[blockIdx.x], 1u) == (unsigned)(ns - 1);
+    if (tid == 0) last = atomicAdd(&done[head], 1u) == (unsigned)(ns - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int idx = tid; idx < G * hd; idx += ATTN_THREADS) {
-        const int head = head0 + idx / hd, d = idx % hd;
-        const float2 *ml = ml_part + (size_t)head * splits;
+    // Merge the chunks in order, rescaling the running sums whenever the maximum grows.
+    const float2 *ml = ml_part + (size_t)head * splits;
+    for (int d = tid; d < hd; d += ATTN_THREADS) {
         const float *op = o_part + (size_t)head * splits * hd + d;
-        float m = -INFINITY;
-        for (int c = 0; c < ns; ++c) m = fmaxf(m, __ldcg(&ml[c].x));
-        float l = 0.0f, o = 0.0f;
+        float m = -INFINITY, l = 0.0f, o = 0.0f;
         for (int c = 0; c < ns; ++c) {
             const float2 st = __ldcg(&ml[c]);
-            const float w = expf(st.x - m);
-            l = fmaf(w, st.y, l);
-            o = fmaf(w, __ldcg(op + (size_t)c * hd), o);
+            const float oc = __ldcg(op + (size_t)c * hd);
+            const float mn = fmaxf(m, st.x);
+            const float r = expf(m - mn), w = expf(st.x - mn);
+            l = fmaf(l, r, w * st.y);
+            o = fmaf(o, r, w * oc);
+            m = mn;
         }
         out[(size_t)head * hd + d] = o / l;
     }
-    if (tid == 0) done[blockIdx.x] = 0;
+    if (tid == 0) done[head] = 0;
 }
 
-static int attention_splits(int32_t max_seq) { return (max_seq + ATTN_CHUNK - 1) / ATTN_CHUNK; }
+// The layout of a head size: 16-byte rows where head_dim % 8 == 0 (lanes per row by width),
+// 4-byte ones otherwise. Chunk sizes follow: 256, 128, 64 and 32 positions.
+struct AttnVariant {
+    int vec, lp;
+};
+
+static AttnVariant attn_variant(int32_t hd) {
+    if (hd % 8 != 0) return {2, 32};
+    if (hd <= 32) return {8, 4};
+    if (hd <= 64) return {8, 8};
+    return {8, 16};
+}
+
+static int attn_chunk(int32_t hd) { return ATTN_THREADS / attn_variant(hd).lp * ATTN_UNROLL; }
+
+static int attention_splits(int32_t hd, int32_t max_seq) {
+    const int chunk = attn_chunk(hd);
+    return (max_seq + chunk - 1) / chunk;
+}
 
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq) {
     if (n_heads <= 0 || head_dim <= 0 || max_seq <= 0) return 0;
-    const uint64_t parts = (uint64_t)n_heads * attention_splits(max_seq);
+    const uint64_t parts = (uint64_t)n_heads * attention_splits(head_dim, max_seq);
     return parts * head_dim * sizeof(float) + parts * sizeof(float2);
 }
 
-// What every variant of the split kernel is launched with.
-struct SplitArgs {
-    dim3 grid;
-    const float *q;
-    const uint16_t *k, *v;
-    int group, hd, max_seq, splits;
+// What every variant is launched with.
+struct AttnArgs {
+    const float *qkv, *inv_freq;
+    uint16_t *k, *v;
+    int n_heads, n_kv_heads, hd, max_seq, splits;
     const int32_t *pos;
     float scale;
     float *o_part;
@@ -241,63 +315,51 @@ struct SplitArgs {
     float *out;
 };
 
-template <int VEC, int LP, int G>
-static int launch_split(arc_context *ctx, const SplitArgs &a) {
-    return arc_launch_pdl(ctx, "attention_split_kernel", attention_split_kernel<VEC, LP, G>, a.grid,
-                          dim3(ATTN_THREADS), 0, a.q, a.k, a.v, a.group, a.hd, a.max_seq, a.splits, a.pos,
-                          a.scale, a.o_part, a.ml_part, a.done, a.out);
-}
-
 template <int VEC, int LP>
-static int launch_split_g(arc_context *ctx, int G, const SplitArgs &a) {
-    switch (G) {
-    case 4: return launch_split<VEC, LP, 4>(ctx, a);
-    case 2: return launch_split<VEC, LP, 2>(ctx, a);
-    default: return launch_split<VEC, LP, 1>(ctx, a);
-    }
+static int launch_attention(arc_context *ctx, const AttnArgs &a) {
+    const dim3 grid(a.n_heads, a.splits);
+    return arc_launch_pdl(ctx, "attention_kernel", attention_kernel<VEC, LP>, grid, dim3(ATTN_THREADS), 0, a.qkv,
+                          a.inv_freq, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale,
+                          a.o_part, a.ml_part, a.done, a.out);
 }
 
-extern "C" int arc_op_attention(arc_context *ctx, const float *q, const uint16_t *k_cache,
-                         const uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
-                         int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
-                         float *out) {
+extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
     ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(q && k_cache && v_cache && pos && scratch && out,
-                "null pointer (q, k_cache, v_cache, pos, scratch and out are required)");
+    ARC_REQUIRE(qkv && inv_freq && k_cache && v_cache && pos && scratch && out,
+                "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
+    ARC_REQUIRE(n_heads <= ARC_ATTN_MAX_GROUPS, "at most %d heads, got %d", ARC_ATTN_MAX_GROUPS, n_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM,
                 "head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, head_dim);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
                 ATTN_MAX_SEQ, max_seq);
-    const bool wide = head_dim % 8 == 0;
-    ARC_REQUIRE((uintptr_t)k_cache % (wide ? 16 : 4) == 0 && (uintptr_t)v_cache % (wide ? 16 : 4) == 0,
-                "the caches must be %d-byte aligned", wide ? 16 : 4);
+    const AttnVariant variant = attn_variant(head_dim);
+    ARC_REQUIRE((uintptr_t)k_cache % (variant.vec * 2) == 0 && (uintptr_t)v_cache % (variant.vec * 2) == 0,
+                "the caches must be %d-byte aligned", variant.vec * 2);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
-    const int group = n_heads / n_kv_heads;
-    const int G = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    ARC_REQUIRE(n_heads / G <= ARC_ATTN_MAX_GROUPS, "at most %d head groups, got %d", ARC_ATTN_MAX_GROUPS,
-                n_heads / G);
-    const int splits = attention_splits(max_seq);
-    SplitArgs a;
-    a.grid = dim3(n_heads / G, splits);
-    a.q = q;
+    AttnArgs a;
+    a.qkv = qkv;
+    a.inv_freq = inv_freq;
     a.k = k_cache;
     a.v = v_cache;
-    a.group = group;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
     a.hd = head_dim;
     a.max_seq = max_seq;
-    a.splits = splits;
+    a.splits = attention_splits(head_dim, max_seq);
     a.pos = pos;
     a.scale = (float)(1.0 / sqrt((double)head_dim));
     a.o_part = scratch;
-    a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim);
+    a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * a.splits * head_dim);
     a.done = ctx->attn_done;
     a.out = out;
-    if (!wide) return launch_split_g<2, 32>(ctx, G, a);
-    if (head_dim <= 32) return launch_split_g<8, 4>(ctx, G, a);
-    if (head_dim <= 64) return launch_split_g<8, 8>(ctx, G, a);
-    return launch_split_g<8, 16>(ctx, G, a);
+    if (variant.vec == 2) return launch_attention<2, 32>(ctx, a);
+    if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
+    if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);
+    return launch_attention<8, 16>(ctx, a);
 }
 
 extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
@@ -309,4 +371,3 @@ extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim,
     *bytes = arc_attention_scratch_bytes(n_heads, head_dim, max_seq);
     return ARC_OK;
 }
-

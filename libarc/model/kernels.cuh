@@ -63,8 +63,10 @@ __device__ __forceinline__ float block_max(float v, float *scratch) {
 
 // Programmatic dependent launch (sm_90+). The forward's kernels are launched so that the next
 // one may start while this one finishes; each kernel therefore follows one rule: before
-// pdl_wait() it reads only weights (memory no kernel writes) and writes nothing; everything
-// that reads or writes activations, the KV cache, the token or the position comes after it.
+// pdl_wait() it reads only what no kernel of the current step writes (weights; and, in the
+// attention kernel, the position and the cache rows of earlier positions, written before the
+// step began) and writes nothing; everything else that reads or writes activations, the KV
+// cache, the token or the position comes after it.
 // pdl_wait() returns once every earlier kernel has completed and its writes are visible (at
 // once when the kernel was launched without the attribute). pdl_launch_dependents() lets the
 // next kernel be scheduled; it grants nothing else.
@@ -112,8 +114,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // The GEMV stages its input as float32 in shared memory: 192 KiB of it at most.
 enum { GEMV_MAX_COLS = 49152 };
-// Attention works on chunks of this many positions (one block per head group and chunk).
-enum { ATTN_CHUNK = 128, ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
+// Attention's limits (its chunk of positions per block depends on head_dim: attention.cu).
+enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
 
 // The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
 // each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).

@@ -3,13 +3,13 @@
 // forward, enqueued on the context's stream with no allocation, no host wait and no host
 // decision on device data, so that it can be captured into a graph once and replayed.
 //
-// Per layer the forward launches 6 kernels:
+// Per layer the forward launches 5 kernels:
 //   1 gemv         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
-//   2 rope_kv      rotate q, k in place; k, v -> KV cache at pos (bf16)
-//   3 attention    split over chunks of positions, the last block combines -> att
-//   4 gemv         x += Wo @ att
-//   5 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-//   6 gemv         x += Wdown @ h
+//   2 attention    rotate q and k (RoPE), k and v -> KV cache at pos (bf16), then attention over
+//                  chunks of positions, the last block of a head combining them -> att
+//   3 gemv         x += Wo @ att
+//   4 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
+//   5 gemv         x += Wdown @ h
 // plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after.
 // Every kernel is launched with programmatic dependent launch (kernels.cuh: pdl_wait): the next
 // one is scheduled while the previous one finishes, and waits on the device for its data. Work
@@ -314,10 +314,9 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
 
         // qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
         ARC_TRY(arc_op_gemv(ctx, wqkv, x, qkv_rows, dim, bqkv, attn_norm, eps, /*accumulate=*/0, qkv));
-        // rotate q and k at pos; k and v into the cache at pos
-        ARC_TRY(arc_op_rope_kv(ctx, qkv, n_heads, n_kv_heads, hd, inv_freq, pos, max_seq, k_cache, v_cache));
-        // att = softmax(q k^T / sqrt(hd)) v over positions 0..pos; q is the head of qkv
-        ARC_TRY(arc_op_attention(ctx, qkv, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, pos, scratch, att));
+        // q, k rotated at pos; k, v -> cache at pos; att = softmax(q k^T / sqrt(hd)) v over 0..pos
+        ARC_TRY(arc_op_attention(ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, pos,
+                                 scratch, att));
         // x += Wo @ att
         ARC_TRY(arc_op_gemv(ctx, wo, att, dim, q_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
         // h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
