@@ -19,7 +19,8 @@ EXIT_NO_DEVICE = 2  # device_loop.c's documented status on a machine without a G
 
 def config(*args, cwd, **env):
     """Run the module as a user would, from `cwd`, importing the arcpy these tests import."""
-    environ = dict(os.environ, PYTHONPATH=str(Path(arcpy.__file__).parent.parent), **env)
+    path = os.pathsep.join(filter(None, [str(Path(arcpy.__file__).parent.parent), os.environ.get("PYTHONPATH")]))
+    environ = dict(os.environ, PYTHONPATH=path, **env)
     return subprocess.run([sys.executable, "-m", "arcpy.config", *args], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=60)
 

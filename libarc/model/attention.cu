@@ -32,20 +32,13 @@ __device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
     }
 }
 
-// Rotate-half RoPE of element d of a head, given its partner (d +- head_dim / 2), with explicit
-// roundings (no fused multiply-add), exactly as the reference computes it.
-__device__ __forceinline__ float rotate(float self, float partner, bool first_half, float c, float s) {
-    return first_half ? __fsub_rn(__fmul_rn(self, c), __fmul_rn(partner, s))
-                      : __fadd_rn(__fmul_rn(self, c), __fmul_rn(partner, s));
-}
-
-// Element d of head row `x` (float32, hd wide) rotated for position pos.
-__device__ __forceinline__ float rotated(const float *x, int d, int hd, float pos_f, const float *inv_freq) {
-    const int half = hd / 2;
-    const bool first = d < half;
-    float s, c;
-    sincosf(__fmul_rn(pos_f, inv_freq[first ? d : d - half]), &s, &c);
-    return rotate(x[d], x[first ? d + half : d - half], first, c, s);
+// Element d of a head row `x` rotated by rotate-half RoPE: d pairs with d +- hd/2, by the angle
+// whose cosine and sine are c[i], s[i], i = d mod hd/2. Explicit roundings (no fused
+// multiply-add), exactly as the reference computes it.
+__device__ __forceinline__ float rotated(const float *x, int d, int half, const float *c, const float *s) {
+    if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
+    const int i = d - half;
+    return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
 }
 
 // A float rounded to bf16 (nearest even) and back: the value the cache holds.
@@ -109,6 +102,8 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     constexpr int E = L::E, CHUNK = L::CHUNK;
     __shared__ float sc[CHUNK];
     __shared__ float red[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
+    __shared__ float qs[ATTN_MAX_HEAD_DIM], ks[ATTN_MAX_HEAD_DIM], vs[ATTN_MAX_HEAD_DIM];
+    __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
     __shared__ float2 stat;
     __shared__ bool last;
 
@@ -117,10 +112,10 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     const int split = blockIdx.y, start = split * CHUNK;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % LP, pw = lane / LP;
-    const int nvh = hd / VEC;  // vectors per head row
+    const int nvh = hd / VEC, half = hd / 2;
 
-    // Before the wait: the position (written before this step began) and the cached rows of
-    // earlier positions; nothing that the kernels of this step write.
+    // Before the wait: the position (written before this step began), the rotation's angles, and
+    // the cached rows of earlier positions; nothing that the kernels of this step write.
     const int pos = *pos_ptr;
     if (pos < 0 || pos >= max_seq) {
         pdl_wait();
@@ -131,26 +126,36 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     if (start > pos) return;
     const int n = min(CHUNK, pos + 1 - start);  // positions of this chunk, the new one included
     const int tp = pos - start;                 // the new position's row, when < CHUNK
+    const bool holds_new = tp < CHUNK;
+    for (int i = tid; i < half; i += ATTN_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[i]), &sin_t[i], &cos_t[i]);
     const size_t base = ((size_t)kvh * max_seq + start) * hd;
     float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
     load_chunk<VEC, LP>(k_cache + base, hd, nvh, min(n, tp), warp, pw, sub, kf);
     load_chunk<VEC, LP>(v_cache + base, hd, nvh, min(n, tp), warp, pw, sub, vf);
-    const float pos_f = (float)pos;
 
+    // After it: this head's q, and where this chunk holds the new position, its k and v.
     pdl_wait();
     const float *q_row = qkv + (size_t)head * hd;
     const float *k_row = qkv + (size_t)(n_heads + kvh) * hd;
     const float *v_row = qkv + (size_t)(n_heads + n_kv_heads + kvh) * hd;
+    for (int d = tid; d < hd; d += ATTN_THREADS) {
+        qs[d] = q_row[d];
+        if (holds_new) {
+            ks[d] = k_row[d];
+            vs[d] = v_row[d];
+        }
+    }
+    __syncthreads();
     float qf[E];
 #pragma unroll
     for (int i = 0; i < L::NV; ++i) {
         const int j = sub + LP * i;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rotated(q_row, j * VEC + e, hd, pos_f, inv_freq) : 0.0f;
+        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rotated(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
     }
-    if (tp < CHUNK) {
-        // This chunk holds the new position: the lanes of its row take it from qkv as the cache
-        // will hold it, and the first query head of the kv head stores it for later steps.
+    if (holds_new) {
+        // The lanes of the new row take it as the cache will hold it; the first query head of the
+        // kv head stores it for later steps.
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; ++u) {
             if (warp * L::PPW + L::PG * u + pw != tp) continue;
@@ -160,8 +165,8 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     if (j < nvh) {
-                        kf[u][i * VEC + e] = as_cached(rotated(k_row, j * VEC + e, hd, pos_f, inv_freq));
-                        vf[u][i * VEC + e] = as_cached(v_row[j * VEC + e]);
+                        kf[u][i * VEC + e] = as_cached(rotated(ks, j * VEC + e, half, cos_t, sin_t));
+                        vf[u][i * VEC + e] = as_cached(vs[j * VEC + e]);
                     }
                 }
             }
@@ -169,8 +174,8 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
         if (head % group == 0) {
             const size_t at = ((size_t)kvh * max_seq + pos) * hd;
             for (int d = tid; d < hd; d += ATTN_THREADS) {
-                k_cache[at + d] = f32_to_bf16(rotated(k_row, d, hd, pos_f, inv_freq));
-                v_cache[at + d] = f32_to_bf16(v_row[d]);
+                k_cache[at + d] = f32_to_bf16(rotated(ks, d, half, cos_t, sin_t));
+                v_cache[at + d] = f32_to_bf16(vs[d]);
             }
         }
     }
