@@ -10,8 +10,10 @@
 #include "kernels.cuh"
 
 // GEMV_MIN_BLOCKS: blocks per SM the kernel is compiled to fit (its register budget), and so the
-// occupancy the work split below plans for.
-enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 4, GEMV_LOADS = 8, GEMV_STAGE = 4 };
+// occupancy the work split below plans for. Two leave room for the first batch of weights to be
+// held in registers from before the dependency wait (at four it spills); measured on the H200,
+// two with that early batch beat four without it on every benchmark shape (docs/PERF.md).
+enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, GEMV_LOADS = 8, GEMV_STAGE = 4 };
 
 // A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
 // the staged input and to other blocks.
@@ -88,6 +90,14 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     const uint4 *nw = reinterpret_cast<const uint4 *>(norm_w);
 
     pdl_launch_dependents();
+    // Before the wait: the first batch of weights of the block's first task. Weights are written
+    // by no kernel, so their DRAM latency overlaps the end of the kernel before.
+    uint4 first_batch[NR][U];
+    if (blockIdx.x < block_tasks) {
+        const uint4 *wr[NR];
+        task_rows<R, GATED>(wv, blockIdx.x * GROUPS + group, rows, nvec, wr);
+        load_batch<NR, U>(wr, first, STEP, nvec, first_batch);
+    }
     pdl_wait();
 
     // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
@@ -153,7 +163,14 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
         for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
         for (int base = first; base < nvec; base += STEP * U) {
             uint4 wt[NR][U];
-            load_batch<NR, U>(wr, base, STEP, nvec, wt);
+            if (bt == blockIdx.x && base == first) {
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+#pragma unroll
+                    for (int u = 0; u < U; ++u) wt[r][u] = first_batch[r][u];
+            } else {
+                load_batch<NR, U>(wr, base, STEP, nvec, wt);
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int v = base + STEP * u;
@@ -252,8 +269,8 @@ static int check_gemv(const char *who, const GemvArgs &a) {
 }
 
 // The work split, by shape; only speed depends on it. Warp slots: the warps the GPU holds at
-// this kernel's occupancy (GEMV_MIN_BLOCKS blocks per SM; 132 * 32 on an H200, where it was
-// tuned). Rows per task R: the most that still leaves a task for every other warp slot, so large
+// this kernel's occupancy (GEMV_MIN_BLOCKS blocks per SM: 132 * 16 on an H200, where it was
+// measured). Rows per task R: the most that still leaves a task for every other warp slot, so large
 // matrices pay little per-row overhead. Split-K KS: when one row per task still leaves warp
 // slots idle, split the columns, as long as each warp keeps at least one full batch of loads.
 static int gemv_split(const arc_context *ctx, int32_t rows, int32_t cols, int max_r, bool gated, int *ks_out) {
