@@ -54,9 +54,11 @@ MUTATIONS = [
     Mutation(
         "ignore stream-query errors",
         "arcpy/burst.py",
-        "                idle_seen = self.device.stream_query()\n",
-        "                try:\n                    idle_seen = self.device.stream_query()\n"
-        "                except Exception:\n                    idle_seen = False\n",
+        "                except DeviceFaultError:\n"
+        "                    yield from self._take(self.device.poll_ring().published)\n"
+        "                    raise\n",
+        "                except DeviceFaultError:\n"
+        "                    idle_seen = False\n",
         ("tests/test_burst.py::test_sticky_fault_surfaces_through_stream_query",
          "tests/test_engine_control.py::test_sticky_fault_poisons_the_engine_and_refuses_further_work"),
     ),
