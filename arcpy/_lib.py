@@ -37,13 +37,17 @@ def cdef_from_header(text: str) -> str:
 
 
 def _installed_library() -> Path | None:
-    """libarc.so of the installed arcpy distribution, when it is not this package's folder."""
+    """libarc.so of an installed arcpy distribution other than this package's folder. Several
+    can be found: a source tree that was built from holds the metadata of its own build."""
     try:
-        from importlib.metadata import PackageNotFoundError, distribution
-        path = Path(str(distribution("arcpy").locate_file("arcpy/libarc.so"))).resolve()
-    except (ImportError, PackageNotFoundError, OSError, ValueError):
+        from importlib.metadata import distributions
+        for dist in distributions(name="arcpy"):
+            path = Path(str(dist.locate_file("arcpy/libarc.so"))).resolve()
+            if path.is_file() and path.parent != _PACKAGE:
+                return path
+    except (ImportError, OSError, ValueError):
         return None
-    return path if path.is_file() and path.parent != _PACKAGE else None
+    return None
 
 
 def library_path() -> Path:

@@ -57,3 +57,24 @@ def test_the_installed_library_is_not_this_package_again(monkeypatch, tmp_path):
     monkeypatch.setattr(_lib, "_PACKAGE", Path(_lib.__file__).resolve().parent)
     found = _lib._installed_library()
     assert found is None or found.parent != _lib._PACKAGE
+
+
+def test_the_installed_library_is_found_past_a_source_tree_s_own_build_metadata(monkeypatch, tmp_path):
+    # Run from a source tree that `pip install .` built: its arcpy.egg-info is found first, and
+    # locates a libarc.so that does not exist; the installed distribution's comes next.
+    import importlib.metadata
+
+    class Dist:
+        def __init__(self, root):
+            self.root = root
+
+        def locate_file(self, name):
+            return self.root / name
+
+    installed = tmp_path / "site-packages"
+    (installed / "arcpy").mkdir(parents=True)
+    (installed / "arcpy" / "libarc.so").write_bytes(b"")
+    monkeypatch.setattr(_lib, "_PACKAGE", source_checkout(tmp_path / "src"))
+    monkeypatch.setattr(importlib.metadata, "distributions",
+                        lambda name: [Dist(tmp_path / "src"), Dist(installed)])
+    assert _lib._installed_library() == (installed / "arcpy" / "libarc.so").resolve()
