@@ -4,7 +4,8 @@
 """
 
 from . import _lib
-from .errors import ArcError, DeviceFaultError, InvalidArgumentError, ModelFileError, NoDeviceError
+from .errors import (ArcError, ContextLostError, DeviceFaultError, FaultWordError, HangError, InvalidArgumentError,
+                     LoopFault, ModelFileError, NoDeviceError, NonFiniteLogitsError, ShortBurstError)
 
 __version__ = "0.1.0"
 
@@ -21,10 +22,16 @@ def cuda_status() -> str:
 
 __all__ = [
     "ArcError",
+    "ContextLostError",
     "DeviceFaultError",
+    "FaultWordError",
+    "HangError",
     "InvalidArgumentError",
+    "LoopFault",
     "ModelFileError",
     "NoDeviceError",
+    "NonFiniteLogitsError",
+    "ShortBurstError",
     "cuda_available",
     "cuda_status",
 ]

@@ -78,3 +78,15 @@ def test_the_installed_library_is_found_past_a_source_tree_s_own_build_metadata(
     monkeypatch.setattr(importlib.metadata, "distributions",
                         lambda name: [Dist(tmp_path / "src"), Dist(installed)])
     assert _lib._installed_library() == (installed / "arcpy" / "libarc.so").resolve()
+
+
+def test_every_exception_of_errors_py_is_exported_by_the_package():
+    import inspect
+
+    import arcpy
+    from arcpy import errors
+
+    defined = {name for name, obj in vars(errors).items()
+               if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == errors.__name__}
+    assert defined <= set(arcpy.__all__)
+    assert all(getattr(arcpy, name) is getattr(errors, name) for name in defined)
