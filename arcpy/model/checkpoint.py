@@ -20,6 +20,7 @@ from arcpy.errors import ModelFileError
 from .checks import is_int, quoted, require
 from .config import ModelConfig
 from .files import read_json_file
+from .gguf import GGUF_SUFFIX, load_gguf_model
 from .hf import config_from_hf, config_to_hf
 from .safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
 from .tensors import LM_HEAD, Model, expected_tensors, iter_tensors
@@ -91,7 +92,7 @@ def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory:
 
 
 def load_model(path, max_seq: int | None = None) -> Model:
-    """Read a Hugging Face style directory (config.json + safetensors) into a Model.
+    """Read a Hugging Face style directory (config.json + safetensors), or a .gguf file, into a Model.
 
     BF16 tensors stay memory-mapped words; F16/F32 are rounded to bf16. `max_seq` caps the context
     (a 128k context's KV cache may not fit where the model does). Tensors the config does not
@@ -110,6 +111,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     if not directory.exists():
         raise ModelFileError(f"{directory}: no such model directory")
     if not directory.is_dir():
+        if directory.suffix == GGUF_SUFFIX:
+            return load_gguf_model(directory, max_seq)
         if directory.suffix in PICKLE_SUFFIXES:
             raise ModelFileError(f"{directory}: refusing pickle checkpoint (pickle runs code on load); "
                                  "convert it to safetensors")

@@ -1,0 +1,226 @@
+"""GGUF checkpoints (llama.cpp's one-file format): a Llama-family model and its text, from one file.
+
+    gguf_file   the container: header, metadata, tensor table, dequantization
+    gguf_text   the tokenizer and special tokens
+    gguf        (here) the config, the tensors under Hugging Face names, load_gguf
+
+Every tensor is dequantized to float32 and rounded to bf16 words. Two things differ from a Hugging
+Face checkpoint. llama.cpp's converter reorders the rows of each q and k head so that interleaved
+RoPE (pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does;
+the loader puts them back. Llama 3 frequency scaling travels as a tensor of per-pair divisors
+(rope_freqs), from which the RopeScaling parameters are recovered and checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from arcpy.errors import InvalidArgumentError, ModelFileError
+
+from .bf16 import f32_to_bf16
+from .checks import is_int, quoted, require
+from .config import ModelConfig, RopeScaling, rope_inv_freq
+from .gguf_file import GGUFFile, TensorInfo, read_gguf
+from .gguf_text import text_spec
+from .tensors import EMBED, FINAL_NORM, LM_HEAD, Model, iter_tensors
+
+if TYPE_CHECKING:
+    from arcpy.text import TextSpec
+
+GGUF_SUFFIX = ".gguf"
+# Hugging Face names (arcpy.model) -> GGUF names.
+_GLOBAL_NAMES = {EMBED: "token_embd.weight", FINAL_NORM: "output_norm.weight", LM_HEAD: "output.weight"}
+_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+_ROPE_FREQS = "rope_freqs.weight"
+_LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
+
+
+def load_gguf(path, max_seq: int | None = None) -> tuple[Model, TextSpec]:
+    """Read a Llama-family GGUF file -> (Model of bf16 weights, TextSpec from its metadata).
+
+    Every failure is one ModelFileError line naming the file; nothing is returned half-read.
+    `max_seq` caps the context, as in `load_model`.
+    """
+    def read(f: GGUFFile, cfg: ModelConfig):
+        text = text_spec(f.meta, cfg.vocab)  # before the weights: a bad vocabulary fails in milliseconds
+        return _model(f, cfg), text
+    return _load(path, max_seq, read)
+
+
+def load_gguf_model(path, max_seq: int | None = None) -> Model:
+    """The model of a GGUF file, without building its tokenizer (what `load_model` returns for one)."""
+    return _load(path, max_seq, _model)
+
+
+def _load(path, max_seq, read):
+    if "\0" in os.fspath(path):
+        raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
+    if max_seq is not None:
+        require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
+    path = Path(path)
+    try:
+        if not path.exists():
+            raise ModelFileError(f"{path}: no such GGUF file")
+        f = read_gguf(path)
+        cfg = _config(f)
+        if max_seq is not None:
+            cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
+        return read(f, cfg)
+    except OSError as e:  # unreadable file, I/O error: still one line naming the file
+        raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the config
+
+
+def _config(f: GGUFFile) -> ModelConfig:
+    m, path = f.meta, f.path
+    arch = m.text("general.architecture")
+    if arch != "llama":
+        raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} (supported: llama)")
+    if m.integer("llama.expert_count", 0) > 0:
+        raise ModelFileError(f"{path}: mixture-of-experts models are not supported")
+    dim = m.integer("llama.embedding_length")
+    n_heads = m.integer("llama.attention.head_count")
+    if n_heads <= 0:
+        raise ModelFileError(f"{path}: metadata 'llama.attention.head_count' must be positive, got {n_heads}")
+    head_dim = m.integer("llama.attention.key_length", dim // n_heads)
+    value_dim = m.integer("llama.attention.value_length", head_dim)
+    rope_dim = m.integer("llama.rope.dimension_count", head_dim)
+    if value_dim != head_dim or rope_dim != head_dim:
+        raise ModelFileError(f"{path}: heads with key size {head_dim}, value size {value_dim} and {rope_dim} "
+                             "rotated dims are not supported (all three must match)")
+    tokens = m.values.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if isinstance(tokens, list) else m.integer("llama.vocab_size")
+    stated = m.integer("llama.vocab_size", vocab)
+    if stated != vocab:
+        raise ModelFileError(f"{path}: llama.vocab_size {stated} differs from the {vocab} tokens listed")
+    scaling = m.text("llama.rope.scaling.type", "none")
+    if scaling == "linear" and m.number("llama.rope.scaling.factor", 1.0) == 1.0:
+        scaling = "none"  # a factor of 1 scales nothing
+    if scaling != "none":
+        raise ModelFileError(f"{path}: unsupported rope scaling type {quoted(scaling)} "
+                             "(supported: Llama 3 scaling, stored as rope_freqs)")
+    try:
+        cfg = ModelConfig(
+            dim=dim, n_layers=m.integer("llama.block_count"), n_heads=n_heads,
+            n_kv_heads=m.integer("llama.attention.head_count_kv", n_heads), head_dim=head_dim,
+            ffn_dim=m.integer("llama.feed_forward_length"), vocab=vocab,
+            max_seq=m.integer("llama.context_length"),
+            rms_eps=m.number("llama.attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=m.number("llama.rope.freq_base", 10000.0),
+            tied_embeddings=_GLOBAL_NAMES[LM_HEAD] not in f.tensors,
+        )
+        if _ROPE_FREQS in f.tensors:
+            orig = m.integer("llama.rope.scaling.original_context_length", _LLAMA3_CONTEXT)
+            cfg = _with_rope_freqs(cfg, f, orig)
+    except InvalidArgumentError as e:
+        raise ModelFileError(f"{path}: {e}") from None
+    return cfg
+
+
+def _with_rope_freqs(cfg: ModelConfig, f: GGUFFile, orig: int) -> ModelConfig:
+    """The config with the Llama 3 scaling whose per-pair frequency divisors rope_freqs holds.
+
+    The converter stores, per pair, 1 for short wavelengths, the scale factor F for long ones and
+    1 / ((1 - s)/F + s) between, where s = (orig/wavelength - low) / (high - low) is linear in
+    orig/wavelength. Two pairs in the blend fix low and high; with fewer, the band's edges do. The
+    result must reproduce every divisor, else the table is not Llama 3 scaling and is refused.
+    """
+    info = f.tensors[_ROPE_FREQS]
+    where = f"{f.path}: tensor {quoted(info.name)}"
+    if info.shape != (cfg.head_dim // 2,):
+        raise ModelFileError(f"{where} has shape {quoted(list(info.shape))}, config expects [{cfg.head_dim // 2}]")
+    f.check_types([info])
+    div = f.values(info).astype(np.float64)
+    if not (np.all(np.isfinite(div)) and div.min() >= 1.0 - 1e-6):
+        raise ModelFileError(f"{where}: rope frequency divisors must be finite and at least 1")
+    top = div.max()
+    if top <= 1.0 + 1e-6:
+        return cfg
+    freq = float(cfg.rope_theta) ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    x = orig * freq / (2.0 * math.pi)  # orig / wavelength, falling along the head
+    one, full = np.isclose(div, 1.0, rtol=1e-5), np.isclose(div, top, rtol=1e-5)
+    mid = np.flatnonzero(~(one | full))
+    s = (1.0 / div - 1.0 / top) / (1.0 - 1.0 / top)
+    low = high = math.nan
+    if len(mid) >= 2 and s[mid[0]] != s[mid[-1]]:
+        i, j = mid[0], mid[-1]
+        span = (x[i] - x[j]) / (s[i] - s[j])
+        low = x[i] - s[i] * span
+        high = low + span
+    elif len(mid) < 2 and full.any() and one.any():
+        low, high = x[full].max(), x[one].min()
+        if len(mid) == 1:
+            high = low + (x[mid[0]] - low) / s[mid[0]]
+    try:
+        scaled = dataclasses.replace(cfg, rope_scaling=RopeScaling(float(top), float(low), float(high), orig))
+        ok = np.allclose(rope_inv_freq(scaled), freq / div, rtol=1e-4, atol=0)
+    except InvalidArgumentError:
+        ok = False
+    if not ok:
+        raise ModelFileError(f"{where} does not hold a Llama 3 frequency scaling (the only kind supported)")
+    return scaled
+
+
+# ---------------------------------------------------------------------------------------------
+# the tensors
+
+
+def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order: (n_heads*head_dim, ...) rows back to rotate-half order.
+
+    Within each head the converter moved row j*head_dim/2 + i (j = 0, 1) to row 2i + j, so that
+    interleaved RoPE pairs the rows rotate-half RoPE pairs. Returns a C-contiguous copy.
+    """
+    rows = w.shape[0]
+    require(n_heads > 0 and rows % (2 * n_heads) == 0,
+            f"unpermute_rotary_rows: {rows} rows do not split into {n_heads} heads of even size")
+    return np.ascontiguousarray(w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+                                .swapaxes(1, 2).reshape(w.shape))
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight
+    return f"blk.{layer}.{_LAYER_NAMES[rest.removesuffix('.weight')]}.weight"
+
+
+def _model(f: GGUFFile, cfg: ModelConfig) -> Model:
+    """Match the file's tensors to the config, then read each as bf16 words under its HF name."""
+    wanted: dict[str, TensorInfo] = {}
+    # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
+    for hf_name, shape in iter_tensors(cfg):
+        name = _gguf_name(hf_name)
+        info = f.tensors.get(name)
+        if info is None:
+            raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}")
+        if info.shape != shape:
+            raise ModelFileError(f"{f.path}: tensor {quoted(name)} has shape {quoted(list(info.shape))}, "
+                                 f"config expects {list(shape)}")
+        wanted[hf_name] = info
+    extra = sorted(set(f.tensors) - {info.name for info in wanted.values()} - {_ROPE_FREQS})
+    if extra:
+        raise ModelFileError(f"{f.path}: unexpected tensor {quoted(extra[0])} (not part of this config)")
+    f.check_types(wanted.values())
+    tensors = {}
+    for hf_name, info in wanted.items():
+        words = f32_to_bf16(f.values(info))
+        if hf_name.endswith("q_proj.weight"):
+            words = unpermute_rotary_rows(words, cfg.n_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            words = unpermute_rotary_rows(words, cfg.n_kv_heads)
+        tensors[hf_name] = words
+    return Model(cfg, tensors, name=f.path.stem, source=str(f.path))

