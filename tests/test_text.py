@@ -51,7 +51,8 @@ def unigram_byte_fallback() -> Tokenizer:
     pieces = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)] + [(f"<0x{b:02X}>", 0.0) for b in range(256)]
     words = {w for line in CORPUS for w in line.replace(",", " ").replace(".", " ").split()}
     pieces += [("▁" + w, -2.0) for w in sorted(words)] + [("▁", -3.0)]
-    pieces += [(c, -5.0) for c in sorted({c for line in CORPUS for c in line if c != " "} - set("😀👍🎉日本語"))]
+    chars = {c for line in CORPUS for c in line if c != " "} - set("😀👍🎉日本語")  # these become bytes
+    pieces += [(c, -5.0) for c in sorted(chars)]
     tok = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -317,11 +318,11 @@ def test_load_reads_tokens_flags_and_template(tmp_path):
     assert encode(spec, SAMPLE) == tok.encode(SAMPLE).ids
 
 
-def test_load_falls_back_to_config_json_for_ids(tmp_path):
+def test_load_takes_eos_from_config_json_only_when_generation_config_has_none(tmp_path):
     tok = byte_level()
     eot, eof = tok.token_to_id("<|eot_id|>"), tok.token_to_id("<|endoftext|>")
-    d = write_model_dir(tmp_path / "m", tok, config__json={"eos_token_id": [eot, eof], "bos_token_id": 3},
-                        generation_config__json={"temperature": 0.6})
+    d = write_model_dir(tmp_path / "m", tok, config__json={"eos_token_id": [eot, eof], "bos_token_id": 5},
+                        generation_config__json={"temperature": 0.6, "bos_token_id": 3})
     spec = load_text_spec(d)
     assert spec.eos_ids == (eot, eof) and spec.bos_id == 3
     assert spec.add_bos is False and spec.chat_template is None
@@ -439,7 +440,8 @@ CHATML_TEMPLATE = (
 
 LLAMA3_TEMPLATE = """{{ bos_token }}
 {%- for message in messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
+    {{- message['content'] | trim + '<|eot_id|>' }}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
@@ -479,6 +481,16 @@ def test_template_helpers_behave_as_hugging_face_templates_expect():
     assert render_chat(spec, msgs) == f'<|im_end|>|False|{{"role": "user", "content": "é"}}|{year}|user'
 
 
+def test_block_tags_on_their_own_lines_leave_no_whitespace_as_in_transformers():
+    template = ("{% for message in messages %}\n"
+                "    {% if message['role'] == 'user' %}\n"
+                "U: {{ message['content'] }}\n"
+                "    {% endif %}\n"
+                "{% endfor %}\n")
+    spec = spec_of(byte_level(), template=template)
+    assert render_chat(spec, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]) == "U: a\n"
+
+
 def test_raise_exception_in_a_template_is_one_invalid_argument_line():
     spec = spec_of(byte_level(), template=(
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Roles must start\\nwith user') }}{% endif %}ok"))
@@ -493,10 +505,13 @@ def test_raise_exception_in_a_template_is_one_invalid_argument_line():
     "{{ ''.__class__.__mro__ }}",
     "{{ messages.__class__.__base__.__subclasses__() }}",
     "{{ cycler.__init__.__globals__ }}",
+    "{{ '{0.__class__}'.format('a') }}",
+    "{{ '' | attr('__class__') }}",
     "{{ messages.append(1) }}",
     "{% set x = 'a' * 100000000 %}",
     "{{ 2 ** 100000 }}",
     "{% for i in range(10 ** 9) %}{% endfor %}",
+    "{% for i in range(100000) %}{{ 'a' * 1000 }}{% endfor %}",
 ])
 def test_a_template_escaping_the_sandbox_is_one_model_file_error(template):
     spec = spec_of(byte_level(), template=template)
@@ -593,7 +608,7 @@ def test_no_stop_strings_pass_text_through():
     assert s.push("anything") == ("anything", False) and s.flush() == ""
 
 
-@pytest.mark.parametrize("stops", ["STOP", [""], [None], ["a", 3]])
+@pytest.mark.parametrize("stops", ["STOP", 5, None, [""], [None], ["a", 3]])
 def test_bad_stop_strings_are_one_invalid_argument_line(stops):
     with pytest.raises(InvalidArgumentError) as e:
         StopStrings(stops)

@@ -5,7 +5,7 @@
                              chat_template (a string, or a list of named templates: "default")
     chat_template.jinja      the chat template; wins over tokenizer_config.json's
     generation_config.json   eos_token_id (an int or a list), bos_token_id
-    config.json              eos_token_id and bos_token_id, where generation_config.json has none
+    config.json              eos_token_id, where generation_config.json has none
 
 Every file is optional but tokenizer.json, and each is read through the project's guarded opener:
 links are followed, but only to regular files. Anything wrong is one ModelFileError naming the file.
@@ -53,8 +53,6 @@ def _load(directory: Path) -> TextSpec | None:
     bos_id = _named_token(tokenizer, tcfg, "bos_token", tsrc)
     if bos_id is None:
         bos_id = _single_id(tokenizer, gen, "bos_token_id", gsrc)
-    if bos_id is None:
-        bos_id = _single_id(tokenizer, mcfg, "bos_token_id", msrc)
 
     # The tokenizer's own EOS comes first (templates call it eos_token), then what generation
     # stops on; the union, since instruct models end a turn with a token the base model lacks.
@@ -120,7 +118,7 @@ def _optional_json(path: Path, what: str) -> tuple[dict, str]:
 
 def _checked_id(tokenizer: Tokenizer, v, key: str, src: str) -> int:
     if not is_int(v):
-        raise ModelFileError(f"{src}: key '{key}' must hold token ids, got {quoted(v)}")
+        raise ModelFileError(f"{src}: key '{key}' must be a token id, got {quoted(v)}")
     if not 0 <= v < 2**32 or tokenizer.id_to_token(v) is None:
         raise ModelFileError(f"{src}: key '{key}': {quoted(v)} is not a token id of tokenizer.json")
     return int(v)

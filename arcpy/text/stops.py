@@ -27,13 +27,14 @@ class StopStrings:
     tail that could begin one waits for the next push. `hit` is True once a stop string is
     complete: the text before it is released, the stop string and everything after are dropped,
     and later pushes release nothing. Where stop strings overlap, the first one to complete in
-    the text wins, so the cut does not depend on how the text was split into pushes. `flush()` releases the waiting tail at the end of a stream
-    that hit nothing. With no stop strings every push passes through whole.
+    the text wins, so the cut does not depend on how the text was split into pushes.
+    `flush()` releases the waiting tail at the end of a stream that hit nothing. With no stop
+    strings every push passes through whole.
     """
 
     def __init__(self, stops=()):
-        if isinstance(stops, str):
-            raise InvalidArgumentError("stop strings must be a list of strings, got a single string")
+        if isinstance(stops, str) or not hasattr(stops, "__iter__"):
+            raise InvalidArgumentError(f"stop strings must be a list of strings, got {type(stops).__name__}")
         stops = tuple(stops)
         for s in stops:
             if not isinstance(s, str) or not s:
