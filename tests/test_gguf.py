@@ -282,13 +282,12 @@ def test_load_model_reads_a_gguf_file_and_caps_the_context(tmp_path):
 
 def llama3_divisors(cfg: ModelConfig, rs: RopeScaling) -> np.ndarray:
     """The rope_freqs table llama.cpp's converter writes for Llama 3 scaling."""
-    freqs = cfg.rope_theta ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
-    wl = 2 * math.pi / freqs
-    lo_wl = rs.original_max_position_embeddings / rs.low_freq_factor
-    hi_wl = rs.original_max_position_embeddings / rs.high_freq_factor
-    smooth = (rs.original_max_position_embeddings / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    wl = 2 * math.pi / cfg.rope_theta ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+    orig = rs.original_max_position_embeddings
+    smooth = (orig / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
     mid = 1 / ((1 - smooth) / rs.factor + smooth)
-    return np.where(wl < hi_wl, 1.0, np.where(wl > lo_wl, rs.factor, mid)).astype(np.float32)
+    return np.where(wl < orig / rs.high_freq_factor, 1.0,
+                    np.where(wl > orig / rs.low_freq_factor, rs.factor, mid)).astype(np.float32)
 
 
 @pytest.mark.parametrize("head_dim", [16, 64])  # one pair in the blend band, several

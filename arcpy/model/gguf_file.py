@@ -12,8 +12,8 @@ import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Iterable
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
