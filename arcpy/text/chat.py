@@ -113,7 +113,7 @@ def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True) ->
     if spec.chat_template is None:
         raise InvalidArgumentError("this model has no chat template: give it a plain-text prompt")
     if not isinstance(add_generation_prompt, bool):
-        raise InvalidArgumentError(f"add_generation_prompt must be True or False, got {add_generation_prompt!r}")
+        raise InvalidArgumentError(f"add_generation_prompt must be True or False, got {quoted(add_generation_prompt)}")
     context = {"messages": _check_messages(messages), "add_generation_prompt": add_generation_prompt}
     # A token the model lacks stays undefined, as in transformers: `bos_token is defined` holds.
     if spec.bos_id is not None:

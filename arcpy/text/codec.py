@@ -38,7 +38,7 @@ def encode(spec: TextSpec, text: str, add_bos: bool | None = None) -> list[int]:
     if add_bos is None:
         add_bos = spec.add_bos
     elif not isinstance(add_bos, bool):
-        raise InvalidArgumentError(f"encode: add_bos must be True, False or None, got {add_bos!r}")
+        raise InvalidArgumentError(f"encode: add_bos must be True, False or None, got {quoted(add_bos)}")
     if add_bos and spec.bos_id is None:
         raise InvalidArgumentError("encode: add_bos=True, but the model has no BOS token")
     try:
