@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arcpy.errors import InvalidArgumentError
+from arcpy.model.checks import quoted
 
 
 def _is_id(v) -> bool:
@@ -28,11 +29,13 @@ class TextSpec:
 
     def __post_init__(self):
         if self.bos_id is not None and not _is_id(self.bos_id):
-            raise InvalidArgumentError(f"TextSpec: bos_id must be a non-negative int or None, got {self.bos_id!r}")
+            raise InvalidArgumentError(f"TextSpec: bos_id must be a non-negative int or None, "
+                                       f"got {quoted(self.bos_id)}")
         if not isinstance(self.eos_ids, tuple) or not all(_is_id(i) for i in self.eos_ids):
-            raise InvalidArgumentError(f"TextSpec: eos_ids must be a tuple of non-negative ints, got {self.eos_ids!r}")
+            shown = list(self.eos_ids) if isinstance(self.eos_ids, tuple) else self.eos_ids
+            raise InvalidArgumentError(f"TextSpec: eos_ids must be a tuple of non-negative ints, got {quoted(shown)}")
         if not isinstance(self.add_bos, bool):
-            raise InvalidArgumentError(f"TextSpec: add_bos must be True or False, got {self.add_bos!r}")
+            raise InvalidArgumentError(f"TextSpec: add_bos must be True or False, got {quoted(self.add_bos)}")
         if self.add_bos and self.bos_id is None:
             raise InvalidArgumentError("TextSpec: add_bos is True but there is no bos_id")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
