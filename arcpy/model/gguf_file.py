@@ -40,7 +40,7 @@ _NUMBERS = {
     GGUFValueType.FLOAT32: np.dtype("<f4"), GGUFValueType.FLOAT64: np.dtype("<f8"),
     GGUFValueType.BOOL: np.dtype("<u1"),
 }
-REQUIRED = object()
+_REQUIRED = object()
 
 
 @dataclass(frozen=True)
@@ -63,37 +63,34 @@ class Metadata:
     def __init__(self, values: dict[str, object], path: Path):
         self.values, self.path = values, path
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.values
-
-    def get(self, key: str, kind: str, ok, default=REQUIRED):
-        v = self.values.get(key, REQUIRED)
-        if v is REQUIRED:
-            if default is REQUIRED:
+    def get(self, key: str, kind: str, ok, default=_REQUIRED):
+        v = self.values.get(key, _REQUIRED)
+        if v is _REQUIRED:
+            if default is _REQUIRED:
                 raise ModelFileError(f"{self.path}: missing metadata {quoted(key)}")
             return default
         if not ok(v):
             raise ModelFileError(f"{self.path}: metadata {quoted(key)} must be {kind}, got {quoted(v)}")
         return v
 
-    def integer(self, key: str, default=REQUIRED) -> int:
+    def integer(self, key: str, default=_REQUIRED) -> int:
         return self.get(key, "an integer", is_int, default)
 
-    def number(self, key: str, default=REQUIRED) -> float:
+    def number(self, key: str, default=_REQUIRED) -> float:
         return float(self.get(key, "a finite number", is_finite_real, default))
 
-    def text(self, key: str, default=REQUIRED) -> str:
+    def text(self, key: str, default=_REQUIRED) -> str:
         return self.get(key, "text", lambda v: isinstance(v, str), default)
 
-    def flag(self, key: str, default=REQUIRED) -> bool:
+    def flag(self, key: str, default=_REQUIRED) -> bool:
         return self.get(key, "true or false", lambda v: isinstance(v, bool), default)
 
-    def strings(self, key: str, count: int | None = None, default=REQUIRED) -> list[str]:
+    def strings(self, key: str, count: int | None = None, default=_REQUIRED) -> list[str]:
         def ok(v):
             return isinstance(v, list) and all(isinstance(s, str) for s in v) and count in (None, len(v))
         return self.get(key, "a list of strings" if count is None else f"a list of {count} strings", ok, default)
 
-    def numbers(self, key: str, count: int, kinds: str, default=REQUIRED) -> np.ndarray:
+    def numbers(self, key: str, count: int, kinds: str, default=_REQUIRED) -> np.ndarray:
         """An array of `count` numbers whose NumPy kind is one of `kinds` ('iu' integers, 'f' floats)."""
         what = "integers" if "f" not in kinds else "numbers"
         return self.get(key, f"a list of {count} {what}",
@@ -115,7 +112,7 @@ class GGUFFile:
                                      "which cannot be dequantized")
 
     def values(self, info: TensorInfo) -> np.ndarray:
-        """One tensor dequantized to float32, in its row-major shape (its type checked first)."""
+        """One tensor dequantized to float32, in its row-major shape (its type passed check_types)."""
         raw = self.data[info.start:info.start + info.nbytes]
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         rows = raw.reshape(*info.shape[:-1], info.dims[0] // block * type_size)
