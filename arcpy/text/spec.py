@@ -32,7 +32,8 @@ class TextSpec:
             raise InvalidArgumentError(f"TextSpec: bos_id must be a non-negative int or None, "
                                        f"got {quoted(self.bos_id)}")
         if not isinstance(self.eos_ids, tuple) or not all(_is_id(i) for i in self.eos_ids):
-            shown = quoted(list(self.eos_ids)) if isinstance(self.eos_ids, tuple) else f"a {type(self.eos_ids).__name__}"
+            tup = isinstance(self.eos_ids, tuple)
+            shown = quoted(list(self.eos_ids)) if tup else f"a {type(self.eos_ids).__name__}"
             raise InvalidArgumentError(f"TextSpec: eos_ids must be a tuple of non-negative ints, got {shown}")
         if not isinstance(self.add_bos, bool):
             raise InvalidArgumentError(f"TextSpec: add_bos must be True or False, got {quoted(self.add_bos)}")
