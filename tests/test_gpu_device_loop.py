@@ -99,10 +99,11 @@ def test_eager_forward_decodes_the_same_tokens_and_the_loop_stands_aside(device,
 
 
 def test_main_job_and_smoke_on_the_gpu():
-    run = [sys.executable, "-m", "arcpy.decode", "--device-loop", "-n", "32", "--burst", "8"]
+    run = [sys.executable, "-m", "arcpy.decode", "--shape", "stories15M", "--device-loop", "-n", "32", "--burst", "8"]
     out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "path device-loop, backend cuda" in out.stdout and "0.00 host waits" in out.stdout
+    assert len(out.stdout.split()) == 32  # the ids, and nothing else, on stdout
+    assert "path device-loop, backend cuda" in out.stderr and "0.00 host waits" in out.stderr
     smoke = subprocess.run([sys.executable, "-m", "arcpy.cli", "smoke", "-n", "32"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr

@@ -25,7 +25,7 @@ def decode(*args, env=None):
 
 
 def token_line(stdout):
-    return [int(t) for t in stdout.splitlines()[1].split()]
+    return [int(t) for t in stdout.split()]
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +35,45 @@ def stories():
 
 @CPU_ONLY
 def test_main_job_decodes_on_a_cpu_only_machine(stories):
-    out = decode("-n", "12", "--prompt", "1 2 3")
+    out = decode("--shape", "stories15M", "-n", "12", "--prompt-ids", "1 2 3")
     assert out.returncode == 0, out.stderr
     assert token_line(out.stdout) == ReferenceModel(stories).greedy([1, 2, 3], 12)
-    assert "path host, backend numpy" in out.stdout
+    assert "finished: token_budget; 12 tokens" in out.stderr and "path host, backend numpy" in out.stderr
     assert "NumPy reference backend, which is slow" in out.stderr
 
 
 def test_help_lists_the_options():
     out = decode("--help")
     assert out.returncode == 0
-    for option in ("--model", "--prompt", "--max-new-tokens", "--device-loop", "--burst", "--backend",
-                   "--temperature", "--top-k", "--top-p", "--seed", "--stop-id", "--max-seq"):
+    for option in ("--model", "--shape", "--prompt", "--prompt-ids", "--chat", "--system", "--max-new-tokens",
+                   "--device-loop", "--burst", "--backend", "--temperature", "--top-k", "--top-p", "--seed",
+                   "--stop-id", "--stop", "--max-seq", "--version"):
         assert option in out.stdout
 
 
+S = ["--shape", "stories15M"]
+
+
 @pytest.mark.parametrize("args, env, message", [
-    (["-n", "2"], {"ARC_GRAPH_DEVICE_LOOP": "maybe"}, "ARC_GRAPH_DEVICE_LOOP='maybe' is not understood"),
-    (["-n", "2"], {"ARC_GRAPH_VERIFY_ALWAYS": "2"}, "ARC_GRAPH_VERIFY_ALWAYS='2' is not understood"),
+    (S + ["-n", "2"], {"ARC_GRAPH_DEVICE_LOOP": "maybe"}, "ARC_GRAPH_DEVICE_LOOP='maybe' is not understood"),
+    (S + ["-n", "2"], {"ARC_GRAPH_VERIFY_ALWAYS": "2"}, "ARC_GRAPH_VERIFY_ALWAYS='2' is not understood"),
     (["--model", "/nonexistent/model"], {}, "/nonexistent/model"),
-    (["--prompt", "1 32000"], {}, "token id 32000 is outside the vocabulary"),
-    (["--prompt", "1 x"], {}, "expected token ids"),
-    (["--max-seq", "4", "--prompt", "1 2 3 4 5"], {}, "max_seq 4 leaves no room"),
-    (["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
-    (["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
-    (["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),
-    (["-n", "2"], {"ARC_LIBRARY": "/nonexistent/libarc.so"}, "ARC_LIBRARY='/nonexistent/libarc.so': no such file"),
-    (["--temperature", "1e-320", "-n", "2"], {}, "temperature must be 0 (greedy) or in"),
-    (["--max-seq", "100000000"], {}, "--max-seq 100000000 exceeds the model's context of 1024"),
-    (["--prompt", "1_0"], {}, "expected token ids"),
-    (["--prompt", "\u0661\u0662"], {}, "expected token ids"),
+    (S + ["--prompt-ids", "1 32000"], {}, "token id 32000 is outside the vocabulary"),
+    (S + ["--prompt-ids", "1 x"], {}, "expected token ids"),
+    (S + ["--max-seq", "4", "--prompt-ids", "1 2 3 4 5"], {}, "max_seq 4 leaves no room"),
+    (S + ["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
+    (S + ["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
+    (S + ["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),
+    (S + ["-n", "2"], {"ARC_LIBRARY": "/nonexistent/libarc.so"}, "ARC_LIBRARY='/nonexistent/libarc.so': no such file"),
+    (S + ["--temperature", "1e-320", "-n", "2"], {}, "temperature must be 0 (greedy) or in"),
+    (S + ["--max-seq", "100000000"], {}, "--max-seq 100000000 exceeds the model's context of 1024"),
+    (S + ["--prompt-ids", "1_0"], {}, "expected token ids"),
+    (S + ["--prompt-ids", "\u0661\u0662"], {}, "expected token ids"),
     (["--model", ""], {}, "--model is empty"),
+    (S + ["--prompt", "hello"], {}, "--prompt needs a model with a tokenizer"),
+    (S + ["--prompt", "1", "--prompt-ids", "1"], {}, "give --prompt or --prompt-ids, not both"),
+    (S + ["--model", "x"], {}, "give --model or --shape, not both"),
+    (S + ["--system", "be brief", "--prompt-ids", "1"], {}, "--system needs --chat"),
 ])
 def test_bad_input_is_one_clear_line_and_no_traceback(args, env, message):
     out = decode(*args, env=env)
@@ -100,7 +108,7 @@ def test_a_nan_weight_is_one_error_line_not_tokens(tmp_path, sampling):
     model.tensors["model.layers.1.mlp.down_proj.weight"] = model.tensors["model.layers.1.mlp.down_proj.weight"].copy()
     model.tensors["model.layers.1.mlp.down_proj.weight"][3, 7] = 0x7FC0  # a bf16 NaN
     save_model(model, tmp_path)
-    out = decode("--model", str(tmp_path), "--backend", "numpy", "--prompt", "1 2", "-n", "4", *sampling)
+    out = decode("--model", str(tmp_path), "--backend", "numpy", "--prompt-ids", "1 2", "-n", "4", *sampling)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "position 1 gave non-finite logits" in errors[0], out.stderr
@@ -108,7 +116,7 @@ def test_a_nan_weight_is_one_error_line_not_tokens(tmp_path, sampling):
 
 @CPU_ONLY
 def test_asking_for_cuda_without_a_gpu_is_one_line():
-    out = decode("--backend", "cuda", "-n", "2")
+    out = decode("--shape", "stories15M", "--backend", "cuda", "-n", "2")
     assert out.returncode == 1
     assert out.stderr.strip().startswith("error: no CUDA device") and "\n" not in out.stderr.strip()
 
@@ -117,7 +125,7 @@ def test_main_job_reads_a_model_directory(tmp_path):
     cfg = SHAPES["qwen-tiny"]
     model = random_model(cfg, seed=5, name="tiny")
     save_model(model, tmp_path)
-    out = decode("--model", str(tmp_path), "--backend", "numpy", "-n", "6", "--prompt", "4 5")
+    out = decode("--model", str(tmp_path), "--backend", "numpy", "-n", "6", "--prompt-ids", "4 5")
     assert out.returncode == 0, out.stderr
     assert token_line(out.stdout) == ReferenceModel(model).greedy([4, 5], 6)
 
