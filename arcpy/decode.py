@@ -26,7 +26,7 @@ from .engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine
 from .errors import ArcError, InvalidArgumentError
 from .model import SHAPES, Model, load_model, synthetic_model
 from .sampling import Sampling
-from .text import FinishReason, StopStrings, StreamDecoder, TextSpec, encode, load_text_spec, render_chat
+from .text import FinishReason, TextSpec, TextStream, encode, load_text_spec, render_chat
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -175,27 +175,17 @@ class Printer:
 
     def __init__(self, text: TextSpec | None, stops: tuple[str, ...], out):
         self.out = out
-        self.decoder = StreamDecoder(text) if text is not None else None
-        self.stops = StopStrings(stops)
+        self.stream = TextStream(text, stops) if text is not None else None
 
     def push(self, token: int) -> bool:
         """Print what `token` makes final; True once a stop string is complete."""
-        if self.decoder is None:
-            self.out.write(f"{token} ")
-            self.out.flush()
-            return False
-        safe, hit = self.stops.push(self.decoder.push(token))
-        self.out.write(safe)
+        piece, hit = (f"{token} ", False) if self.stream is None else self.stream.push(token)
+        self.out.write(piece)
         self.out.flush()
         return hit
 
     def finish(self) -> None:
-        if self.decoder is not None and not self.stops.hit:
-            safe, _ = self.stops.push(self.decoder.flush())
-            if not self.stops.hit:
-                safe += self.stops.flush()
-            self.out.write(safe)
-        self.out.write("\n")
+        self.out.write(("" if self.stream is None else self.stream.finish()) + "\n")
         self.out.flush()
 
 
@@ -246,14 +236,7 @@ def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_toke
 
 def report(engine: Engine, req: Request, reason, started: float, stamps: list[float], asked_loop) -> None:
     st = engine.stats
-    if reason is None:
-        if st.finish_reason == "stop":
-            reason = FinishReason.STOP_ID
-        elif st.tokens < req.max_new:
-            reason = FinishReason.CONTEXT_FULL
-        else:
-            reason = FinishReason.TOKEN_BUDGET
-    line = f"finished: {reason}; {len(stamps)} tokens"
+    line = f"finished: {reason or st.finish_reason}; {len(stamps)} tokens"
     if stamps:
         line += f"; time to first token {(stamps[0] - started) * 1e3:.1f} ms"
     if len(stamps) > 1:

@@ -14,6 +14,7 @@ and they are cleared whenever a sequence finishes, is preempted, or falls back.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -31,6 +32,22 @@ from .sampling import Sampler, Sampling
 DEVICE_LOOP = "device-loop"
 HOST = "host"
 DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended. GenerationStats.finish_reason holds one of these, or "cancelled",
+    "preempted" or "fault" for a sequence cut short."""
+
+    STOP_ID = "stop_id"            # the model produced one of the stop ids (EOS, end of turn)
+    STOP_STRING = "stop_string"    # the text reached one of the stop strings (the caller's check)
+    TOKEN_BUDGET = "token_budget"  # the requested number of new tokens was produced
+    CONTEXT_FULL = "context_full"  # the sequence filled the context (max_seq positions)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STOP_ID, TOKEN_BUDGET, CONTEXT_FULL = FinishReason.STOP_ID, FinishReason.TOKEN_BUDGET, FinishReason.CONTEXT_FULL
 
 
 @dataclass
@@ -70,6 +87,7 @@ class _Sequence:
     stop_ids: frozenset
     sampler: Sampler
     loop: bool
+    budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
     produced: int = 0        # tokens handed out
     finished: bool = False
 
@@ -98,10 +116,11 @@ class Engine:
         self.path_reason = ""
         self._t0 = 0.0
         self._c0 = Counters()
+        self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by load(text=...)
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
-             environ: Mapping[str, str] | None = None, **kw) -> "Engine":
+             environ: Mapping[str, str] | None = None, text=None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
@@ -126,10 +145,12 @@ class Engine:
         else:
             raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
         try:
-            return cls(device, backend, environ=environ, **kw)
+            engine = cls(device, backend, environ=environ, **kw)
         except BaseException:
             device.close()
             raise
+        engine.text = text
+        return engine
 
     def __enter__(self) -> "Engine":
         return self
@@ -191,10 +212,11 @@ class Engine:
         except DeviceFaultError as exc:
             self._poison(str(exc))
             raise
-        self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, dev.max_seq - len(prompt)),
-                             frozenset(stops), sampler, admitted)
+        room = dev.max_seq - len(prompt)
+        self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
+                             admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL)
         if self.seq.max_new == 0:
-            self._finish("length")
+            self._finish(self.seq.budget_reason)
 
     # -- the two ways to consume -----------------------------------------------------------
 
@@ -218,6 +240,28 @@ class Engine:
         finally:
             if self.seq is seq:
                 self._finish(reason)
+
+    def chat(self, messages, max_new_tokens: int = 256, sampling: Sampling | None = None, stop=(),
+             stop_ids: Iterable[int] = ()) -> Iterator[str]:
+        """Answer `messages` (dicts with "role" and "content"), rendered through the model's chat
+        template: yield the answer's text as it becomes final. The model's end-of-sequence ids and
+        `stop_ids` end it on the device; `stop` strings end it on the host, and no part of one is
+        yielded. `stats.finish_reason` says why it ended."""
+        from .text import TextStream, encode, render_chat
+        if self.text is None:
+            raise InvalidArgumentError("chat needs the model's text (Engine.load(..., text=...)): this engine has none")
+        ids = encode(self.text, render_chat(self.text, messages))
+        stream = TextStream(self.text, stop)
+        for tok in self.generate(ids, max_new_tokens, tuple(self.text.eos_ids) + tuple(stop_ids), sampling):
+            piece, hit = stream.push(tok)
+            if piece:
+                yield piece
+            if hit:
+                self._finish(FinishReason.STOP_STRING)
+                return
+        rest = stream.finish()
+        if rest:
+            yield rest
 
     def step(self) -> int | None:
         """The next token of the current sequence, or None once it has finished."""
@@ -320,9 +364,9 @@ class Engine:
         seq.last_token, seq.position = tok, seq.position + 1
         seq.produced += 1
         if tok in seq.stop_ids:
-            self._finish("stop")
+            self._finish(STOP_ID)
         elif seq.produced >= seq.max_new:
-            self._finish("length")
+            self._finish(seq.budget_reason)
 
     def _fall_back(self, reason: str) -> None:
         """The device loop failed with the context intact: latch it off for the process, drop

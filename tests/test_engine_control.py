@@ -178,7 +178,7 @@ def test_stop_id_ends_generation_on_both_paths(latch):
     for loop in (True, False):
         eng = engine(latch, loop=loop, burst=4)
         assert list(eng.generate(PROMPT, 10, stop_ids=[toks[5]])) == toks[:6]
-        assert eng.stats.finish_reason == "stop"
+        assert eng.stats.finish_reason == "stop_id"
 
 
 def test_verify_always_compares_replay_and_eager(latch):
@@ -246,3 +246,48 @@ def test_engine_is_a_context_manager_that_frees_its_device(latch):
 def test_every_gate_is_read_on_every_backend(latch):
     with pytest.raises(InvalidArgumentError, match="ARC_GRAPH='2'"):
         Engine(FakeDevice(), "fake", environ={"ARC_GRAPH": "2"}, latch=latch)
+
+
+def test_the_budget_and_the_context_are_told_apart_as_finish_reasons(latch):
+    eng = engine(latch, FakeScript(max_seq=16))
+    list(eng.generate(PROMPT, 4))
+    assert eng.stats.finish_reason == "token_budget"
+    list(eng.generate(PROMPT, 100))  # 13 positions are left after the prompt
+    assert eng.stats.finish_reason == "context_full" and eng.stats.tokens == 13
+
+
+def word_text(words):
+    """A TextSpec whose token i is words[i] followed by a space, and a one-line chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from arcpy.text import TextSpec
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(["END"])  # the model's end id, never text
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    return TextSpec(tok, bos_id=None, eos_ids=(words.index("END"),), add_bos=False, chat_template=template)
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["host-path", "device-loop"])
+def test_chat_streams_the_answer_as_text_and_stops_at_the_model_s_end_id(latch, loop):
+    words = ["?", "hello", "there", "general", "kenobi", "END"]
+    answer = {1: 2, 2: 3, 3: 4, 4: 5}  # each word is followed by the next; "kenobi" by END
+    eng = engine(latch, FakeScript(vocab=len(words), next_token=lambda tok, pos: answer.get(tok, 0)), loop=loop)
+    eng.text = word_text(words)
+    assert "".join(eng.chat([{"role": "user", "content": "hello"}])) == "there general kenobi"
+    assert eng.stats.finish_reason == "stop_id"
+
+
+def test_chat_ends_at_a_stop_string_that_never_reaches_the_caller(latch):
+    words = ["?", "hello", "there", "general", "kenobi", "END"]
+    answer = {1: 2, 2: 3, 3: 4, 4: 5}
+    eng = engine(latch, FakeScript(vocab=len(words), next_token=lambda tok, pos: answer.get(tok, 0)))
+    eng.text = word_text(words)
+    assert "".join(eng.chat([{"role": "user", "content": "hello"}], stop=["al ke"])) == "there gener"
+    assert eng.stats.finish_reason == "stop_string"
+
+
+def test_chat_without_the_model_s_text_is_one_clear_error(latch):
+    with pytest.raises(InvalidArgumentError, match="chat needs the model's text"):
+        list(engine(latch).chat([{"role": "user", "content": "hi"}]))

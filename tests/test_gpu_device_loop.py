@@ -64,7 +64,7 @@ def test_stop_id_inside_a_burst_ends_both_paths_alike(device, host_tokens, burst
     eng = engine(device, True, burst)
     loop = list(eng.generate(PROMPT, STEPS, stop_ids=[stop]))
     assert loop == host == host_tokens[: host_tokens.index(stop) + 1]
-    assert eng.stats.finish_reason == "stop" and eng.stats.path == DEVICE_LOOP
+    assert eng.stats.finish_reason == "stop_id" and eng.stats.path == DEVICE_LOOP
     # Nothing after the stop reached the ring: the tail of the burst published nothing.
     device.ctx.wait_idle()
     assert device.poll_ring().published == len(loop)

@@ -96,3 +96,13 @@ def test_gpu_decodes_the_golden_ids(smollm2, case, loop):
         got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
         assert eng.stats.path == (DEVICE_LOOP if loop else HOST)
     assert got == case["ids"]
+
+
+@needs_file
+def test_engine_chat_answers_in_text(smollm2):
+    model, text = smollm2
+    case = next(c for c in CLEAR if "week" in c["question"])
+    with Engine.load(model, "numpy", max_seq=MAX_SEQ, environ={}, text=text) as eng:
+        answer = "".join(eng.chat([{"role": "user", "content": case["question"]}], max_new_tokens=32))
+        assert eng.stats.finish_reason == "stop_id"
+    assert answer == case["text"]

@@ -7,14 +7,14 @@ ids before a sequence and ids back into text as they land.
     loader    load_text_spec: a Hugging Face model directory's text files -> TextSpec
     codec     encode, decode, StreamDecoder (ids -> text as they land)
     chat      render_chat: messages -> prompt text through the sandboxed template
-    stops     StopStrings, FinishReason
+    stops     StopStrings, TextStream (StreamDecoder then StopStrings), FinishReason (the engine's)
 """
 
 from .chat import render_chat
 from .codec import StreamDecoder, decode, encode
 from .loader import load_text_spec
 from .spec import TextSpec
-from .stops import FinishReason, StopStrings
+from .stops import FinishReason, StopStrings, TextStream
 
-__all__ = ["FinishReason", "StopStrings", "StreamDecoder", "TextSpec", "decode", "encode",
+__all__ = ["FinishReason", "StopStrings", "StreamDecoder", "TextSpec", "TextStream", "decode", "encode",
            "load_text_spec", "render_chat"]

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import enum
-
+from arcpy.engine import FinishReason  # re-exported: its home is the engine, which reports it
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.checks import quoted
-
-
-class FinishReason(str, enum.Enum):
-    """Why a generation ended, as the command line reports it."""
-
-    STOP_ID = "stop_id"            # the model produced one of the stop ids (EOS, end of turn)
-    STOP_STRING = "stop_string"    # the text reached one of the stop strings
-    TOKEN_BUDGET = "token_budget"  # the requested number of new tokens was produced
-    CONTEXT_FULL = "context_full"  # the sequence filled the context (max_seq positions)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class StopStrings:
@@ -71,3 +58,23 @@ class StopStrings:
     def flush(self) -> str:
         rest, self._tail = self._tail, ""
         return rest
+
+
+class TextStream:
+    """Token ids in, final text out: a StreamDecoder followed by StopStrings. `push(id)` returns
+    (text, hit) like StopStrings.push; `finish()` the rest at the end of a stream that hit no stop
+    string."""
+
+    def __init__(self, spec, stops=()):
+        from .codec import StreamDecoder
+        self.decoder = StreamDecoder(spec)
+        self.stops = StopStrings(stops)
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        return self.stops.push(self.decoder.push(token_id))
+
+    def finish(self) -> str:
+        if self.stops.hit:
+            return ""
+        safe, hit = self.stops.push(self.decoder.flush())
+        return safe if hit else safe + self.stops.flush()
