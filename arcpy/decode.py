@@ -101,6 +101,30 @@ def note(message: str) -> None:
     click.echo(f"note: {message}", err=True)
 
 
+class ProgressBar:
+    """A progress bar on stderr while a model loads, drawn only when stderr is a terminal. Called
+    as progress(done, total)."""
+
+    def __init__(self, label: str):
+        self.label, self.bar, self.done = label, None, 0
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
 def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | None]:
     """The model and its text (None without a tokenizer). Nothing is on the GPU yet."""
     if model_path is not None and shape is not None:
@@ -119,7 +143,8 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
     started = time.perf_counter()
     if model_path.endswith(".gguf"):
         from .model.gguf import load_gguf
-        model, text = load_gguf(model_path)
+        with ProgressBar(f"loading {Path(model_path).name}") as bar:
+            model, text = load_gguf(model_path, progress=bar)
     else:
         model = load_model(model_path)
         text = load_text_spec(model_path)

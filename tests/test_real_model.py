@@ -106,3 +106,12 @@ def test_engine_chat_answers_in_text(smollm2):
         answer = "".join(eng.chat([{"role": "user", "content": case["question"]}], max_new_tokens=32))
         assert eng.stats.finish_reason == "stop_id"
     assert answer == case["text"]
+
+
+@needs_file
+def test_loading_reports_progress_tensor_by_tensor():
+    from arcpy.model.gguf import load_gguf
+    calls = []
+    model, _ = load_gguf(FILE, progress=lambda done, total: calls.append((done, total)))
+    n = len(model.tensors)
+    assert calls == [(i, n) for i in range(1, n + 1)]

@@ -45,15 +45,16 @@ _ROPE_FREQS = "rope_freqs.weight"
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
 
 
-def load_gguf(path, max_seq: int | None = None) -> tuple[Model, TextSpec]:
+def load_gguf(path, max_seq: int | None = None, progress=None) -> tuple[Model, TextSpec]:
     """Read a Llama-family GGUF file -> (Model of bf16 weights, TextSpec from its metadata).
 
     Every failure is one ModelFileError line naming the file; nothing is returned half-read.
-    `max_seq` caps the context, as in `load_model`.
+    `max_seq` caps the context, as in `load_model`. `progress(done, total)`, when given, is called
+    after each tensor is read (for a progress bar: dequantizing a large file takes seconds).
     """
     def read(f: GGUFFile, cfg: ModelConfig):
         text = text_spec(f.meta, cfg.vocab)  # before the weights: a bad vocabulary fails in milliseconds
-        return _model(f, cfg), text
+        return _model(f, cfg, progress), text
     return _load(path, max_seq, read)
 
 
@@ -198,7 +199,7 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER_NAMES[rest.removesuffix('.weight')]}.weight"
 
 
-def _model(f: GGUFFile, cfg: ModelConfig) -> Model:
+def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
     """Match the file's tensors to the config, then read each as bf16 words under its HF name."""
     wanted: dict[str, TensorInfo] = {}
     # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
@@ -216,11 +217,13 @@ def _model(f: GGUFFile, cfg: ModelConfig) -> Model:
         raise ModelFileError(f"{f.path}: unexpected tensor {quoted(extra[0])} (not part of this config)")
     f.check_types(wanted.values())
     tensors = {}
-    for hf_name, info in wanted.items():
+    for done, (hf_name, info) in enumerate(wanted.items(), 1):
         words = f32_to_bf16(f.values(info))
         if hf_name.endswith("q_proj.weight"):
             words = unpermute_rotary_rows(words, cfg.n_heads)
         elif hf_name.endswith("k_proj.weight"):
             words = unpermute_rotary_rows(words, cfg.n_kv_heads)
         tensors[hf_name] = words
+        if progress is not None:
+            progress(done, len(wanted))
     return Model(cfg, tensors, name=f.path.stem, source=str(f.path))
