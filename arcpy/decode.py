@@ -243,7 +243,7 @@ def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_toke
                     reason = FinishReason.STOP_STRING
                     break
             printer.finish()
-            report(engine, req, reason, started, stamps, device_loop)
+            report(engine, reason, started, stamps, device_loop)
     except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return 2
@@ -259,7 +259,8 @@ def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_toke
     return 0
 
 
-def report(engine: Engine, req: Request, reason, started: float, stamps: list[float], asked_loop) -> None:
+def report(engine: Engine, reason, started: float, stamps: list[float], asked_loop) -> None:
+    """One line on stderr: why it finished, time to first token, decode rate, path; and notes."""
     st = engine.stats
     line = f"finished: {reason or st.finish_reason}; {len(stamps)} tokens"
     if stamps:

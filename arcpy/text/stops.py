@@ -6,6 +6,8 @@ from arcpy.engine import FinishReason  # re-exported: its home is the engine, wh
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.checks import quoted
 
+__all__ = ["FinishReason", "StopStrings", "TextStream"]
+
 
 class StopStrings:
     """Holds text back until it cannot be part of a stop string.
