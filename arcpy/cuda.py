@@ -7,7 +7,8 @@ CudaDevice frees the graphs, the loop, the forward and (when it created it) the 
 
 - Context: one device, one non-blocking stream (arc_context).
 - CudaModel: a forward on a context: the weights, KV cache and activations of one model.
-- CudaDevice: DeviceOps over a forward, with the host path and the device loop.
+- CudaDevice: DeviceOps over a forward, with the host path and the device loop (greedy, and
+  sampled by libarc's draw).
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ class Context:
         self._pinned = []
         self.lib.arc_context_destroy(self.ptr)
         self.ptr = None
+
+
+def sampling_struct(ffi, sampling):
+    """An arc_sampling for a non-greedy Sampling with its seed resolved."""
+    s = ffi.new("arc_sampling *")
+    s.temperature, s.top_p, s.top_k, s.seed = sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+    return s
 
 
 class Forward(Protocol):
@@ -181,16 +189,19 @@ class CudaModel:
 
 class CudaDevice:
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
-    enqueues it eagerly); the device loop replays the step graph: the forward, then the argmax
-    whose last block commits. The device owns the forward, and the context when `owns_context`."""
+    enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
+    last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
+    parameters `set_sampling` wrote). The device owns the forward, and the context when
+    `owns_context`."""
 
     def __init__(self, ctx: Context, forward: Forward, vocab: int | None = None,
                  ring_capacity: int = 1024, owns_context: bool = False):
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         self.forward = forward
         self.owns_context = owns_context
-        self.loop = self.graph = self.step_graph = None
-        self.supports_loop = False
+        self.loop = self.graph = self.step_graph = self.draw_graph = None
+        self.supports_loop = self.supports_sampling = False
+        self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         try:
             vocab = forward.width if vocab is None else vocab
@@ -224,12 +235,19 @@ class CudaDevice:
         self.ctx.wait_idle()
 
     def capture(self) -> None:
-        """The host path's graph (the forward) and the device loop's (forward + sample-and-commit)."""
+        """The host path's graph (the forward) and the device loop's: forward + argmax-and-commit,
+        and forward + draw-and-commit where the draw holds the vocabulary."""
         fwd = self.forward
         self.graph = self._capture(lambda: fwd.enqueue(self.loop))
         self.step_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
             self.lib.arc_loop_enqueue_sample_commit(self.loop, fwd.logits, fwd.width))))
         self.supports_loop = True
+        most = self.ffi.new("int32_t *")
+        _lib.check(self.lib.arc_sample_max_vocab(self.ctx.ptr, most))
+        if self.vocab <= most[0]:
+            self.draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
+                self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width))))
+            self.supports_sampling = True
 
     def _capture(self, enqueue: Callable[[], None]):
         _lib.check(self.lib.arc_graph_capture_begin(self.ctx.ptr))
@@ -304,9 +322,23 @@ class CudaDevice:
         arr = self.ffi.new("int32_t[]", list(ids) or [0])
         _lib.check(self.lib.arc_loop_set_stop_ids(self.loop, arr, len(ids)))
 
+    def set_sampling(self, sampling) -> None:
+        """None or a greedy Sampling: later steps take the argmax. Otherwise they draw with its
+        parameters (its seed resolved): written in stream order, so no graph is re-captured."""
+        self._drawing = sampling is not None and not sampling.is_greedy()
+        if not self._drawing:
+            return
+        if not self.supports_sampling:
+            raise InvalidArgumentError("this device's loop has no draw: sampling takes the host path")
+        if sampling.seed is None:
+            raise InvalidArgumentError("the device draw needs a resolved seed")
+        self._idle = False
+        _lib.check(self.lib.arc_loop_set_sampling(self.loop, sampling_struct(self.ffi, sampling)))
+
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False
-        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.step_graph, burst_id))
+        graph = self.draw_graph if self._drawing else self.step_graph
+        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def poll_ring(self) -> RingState:
         s = self._state
@@ -326,11 +358,11 @@ class CudaDevice:
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.step_graph):
+        for g in (self.graph, self.step_graph, self.draw_graph):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
-        self.graph = self.step_graph = None
-        self.supports_loop = False
+        self.graph = self.step_graph = self.draw_graph = None
+        self.supports_loop = self.supports_sampling = False
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None

@@ -1,7 +1,8 @@
 """Each kernel of the decode step timed alone, launched as arc_model_forward launches it.
 
 A per-layer kernel is captured into a graph of n_layers launches, each over its own layer's
-weights and KV cache, in the forward's order; a global kernel (embedding, lm_head, argmax) into a
+weights and KV cache, in the forward's order; a global kernel (embedding, lm_head, argmax, and the
+draw of a sampled step, not counted in the greedy step's sum) into a
 graph of n_layers launches of itself over the same buffers. The launchers are the forward's
 (programmatic dependent launch included), so consecutive launches overlap as they do there. A
 timed replay launches the graph many times back to back, then polls the stream idle; µs per
@@ -23,21 +24,24 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import _lib
-from .cuda import Context
+from .cuda import Context, sampling_struct
 from .model import ModelConfig, f32_to_bf16, rope_inv_freq
+from .sampling import Sampling
 
 WEIGHT_STD = 0.02
 POOL_WORDS = 1 << 24           # 32 MiB of random bf16 words, copied over every weight buffer
 REPLAY_TARGET_S = 0.02         # wall time of one timed replay: launches >> the host's share
 MAX_GRAPH_LAUNCHES = 4000      # graph launches in one timed replay, at most
 FIXED_POSITION = 512           # attention is also timed here, whatever the generation's length
+SAMPLED = Sampling(temperature=0.8, top_p=0.95, seed=0)  # the sampled request the benchmark times
+SAMPLED_NAME = "t0.8p.95"
 
 
 @dataclass
 class KernelSpec:
     """One row of the table: a kernel, how often the step runs it, what one launch reads."""
 
-    kind: str                  # which launcher: embedding, qkv, attention, o, gate_up, down, lm_head, argmax
+    kind: str                  # which launcher: embedding, qkv, attention, o, gate_up, down, lm_head, argmax, draw
     name: str
     per_step: int              # launches in one decode step
     read_bytes: int = 0        # weights (GEMVs) or KV cache (attention) one launch reads; 0: not a bandwidth figure
@@ -68,7 +72,8 @@ def kernel_specs(cfg: ModelConfig, positions: list[int]) -> list[KernelSpec]:
               KernelSpec("gate_up", "gate/up swiglu (norm)", L, gate_up, L * gate_up),
               KernelSpec("down", "down gemv (accumulate)", L, down, L * down),
               KernelSpec("lm_head", "lm_head gemv (norm)", 1, head, head),
-              KernelSpec("argmax", "argmax", 1)]
+              KernelSpec("argmax", "argmax", 1),
+              KernelSpec("draw", f"draw ({SAMPLED_NAME})", 1, in_step_sum=False)]
     return specs
 
 
@@ -161,6 +166,7 @@ class _Shape:
         self.token = ffi.cast("uint32_t *", buf.scalar(int(buf.rng.integers(v)), np.uint32))
         self.pos = {p: ffi.cast("int32_t *", buf.scalar(p, np.int32)) for p in positions}
         self.out, self.out_value = ffi.cast("int32_t *", buf.alloc(4)), f32(buf.alloc(4))
+        self.sampling = sampling_struct(ffi, SAMPLED)
 
     def u16(self, p):
         return self.ffi.cast("uint16_t *", p)
@@ -204,6 +210,8 @@ class _Shape:
                                            eps, 0, self.logits)
         elif kind == "argmax":
             op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value)
+        elif kind == "draw":
+            op = lambda l: lib.arc_sample(ctx, self.logits, v, self.sampling, 1 + l, self.out)
         else:
             raise AssertionError(f"no launch for kernel {spec.name!r}")
         return [lambda l=l: _lib.check(op(l)) for l in range(L)]

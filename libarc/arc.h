@@ -114,6 +114,21 @@ int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
 int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
 int arc_loop_reset_ring(arc_loop *loop);
 int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width);
+
+/* Sampling in the loop. A second step graph captures the forward, then
+ * arc_loop_enqueue_draw_commit (the draw of arc_sample below, whose chosen token the same commit
+ * publishes), reading the parameters arc_loop_set_sampling last wrote (stream-ordered, like the
+ * stop ids), so one captured graph serves every sampling request. The draw is at position
+ * (the loop's position + 1): the position the drawn token takes. */
+typedef struct arc_sampling {
+    double temperature;  /* > 0 and finite, with 1 / temperature finite in float32 */
+    double top_p;        /* in (0, 1]; 1 is off */
+    int32_t top_k;       /* >= 0; 0 is off, as is any value >= the vocabulary */
+    uint64_t seed;
+} arc_sampling;
+
+int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling);
+int arc_loop_enqueue_draw_commit(arc_loop *loop, const float *logits, int32_t width);
 int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
@@ -122,6 +137,22 @@ int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *token
  * everything, as NumPy's argmax; the winning value into *value_out unless value_out is NULL.
  * out and value_out may be device memory or mapped host pointers. */
 int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out);
+
+/* The draw: one token from logits[n] at sequence position `position`, written to *out (device
+ * memory or a mapped host pointer), or -1 when the largest logit is not finite. In order:
+ * l = logits + 0 (no negative zero); candidates ordered by larger logit, then lower id;
+ * m = max l; w = expf((l - m) * float(1 / temperature)) in float32, and integer weights
+ * q = rint(w * 2^40); top-k keeps the first top_k candidates; top-p keeps the shortest prefix of
+ * those whose q-sum is at least ceil(S * p32 / 2^32), S their q-sum and p32 = rint(top_p * 2^32)
+ * clamped to [1, 2^32]; then x = word 0 of Philox4x32-10 with counter (position, 0, 0, 0)
+ * (64-bit position in words 0-1) and key (seed), target = floor(S' * x / 2^32) with S' the kept
+ * q-sum, and the token is the first kept id, in ascending id order, whose running q-sum exceeds
+ * target. Every step after the weights is integer arithmetic, so a host that computes the same
+ * weights draws the same token. n <= arc_sample_max_vocab(). */
+int arc_sample(arc_context *ctx, const float *logits, int32_t n, const arc_sampling *sampling,
+               int64_t position, int32_t *out);
+/* The largest vocabulary the draw handles on this context's device. */
+int arc_sample_max_vocab(arc_context *ctx, int32_t *out);
 
 /* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
  * (raw 16-bit words), except the RoPE inverse frequencies (float32); the KV cache is bf16; every

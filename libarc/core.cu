@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 2 };
+enum { ARC_ABI_VERSION = 3 };
 
 static thread_local char t_last_error[1024];
 
@@ -118,6 +118,7 @@ static void context_release(arc_context *ctx) {
     if (ctx->argmax_idx) cudaFree(ctx->argmax_idx);
     if (ctx->argmax_done) cudaFree(ctx->argmax_done);
     if (ctx->attn_done) cudaFree(ctx->attn_done);
+    if (ctx->draw) cudaFree(ctx->draw);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
 }
@@ -134,6 +135,8 @@ static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->argmax_done, 0, sizeof(uint32_t), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->attn_done, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->attn_done, 0, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t), ctx->stream));
+    ARC_CUDA(ctx, cudaMalloc(&ctx->draw, sizeof(DrawScratch)));
+    ARC_CUDA(ctx, cudaMemsetAsync(ctx->draw, 0, sizeof(DrawScratch), ctx->stream));
     return ARC_OK;
 }
 

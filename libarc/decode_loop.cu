@@ -1,186 +1,18 @@
-// decode_loop.cu -- the per-step primitives of the device loop: the CudaSampler (argmax), the
-// commit, the pinned host-mapped ring the commit publishes into, and the fault word.
+// decode_loop.cu -- the device loop's state and ring: the pinned host-mapped ring the commit
+// (commit.cuh) publishes into, the fault word, and the small kernels that write the loop's state.
 //
 // One step is one launch of a step graph: the forward (reading DeviceState::token and
-// ::position), then the sampler, whose last block commits. The commit's per-sequence and
-// per-burst inputs (stop ids, burst id) live in DeviceState, written by small stream-ordered
-// kernels, so the graph is captured once and replayed unchanged. The host enqueues a burst of
-// steps and watches the ring with plain loads; it never waits on the stream to learn a token.
-#include <float.h>
-#include <limits.h>
+// ::position), then a sampler (sampler.cu), whose deciding thread commits. The commit's
+// per-sequence and per-burst inputs (stop ids, sampling parameters, burst id) live in
+// DeviceState, written by small stream-ordered kernels, so the graphs are captured once and
+// replayed unchanged. The host enqueues a burst of steps and watches the ring with plain loads;
+// it never waits on the stream to learn a token.
 #include <stdlib.h>
 #include <string.h>
 
 #include <atomic>
 
 #include "internal.cuh"
-#include "model/kernels.cuh"
-
-enum { ARGMAX_THREADS = 256, ARGMAX_PER_THREAD = 8 };
-
-// --- CudaSampler -------------------------------------------------------------------------
-
-// True when (va, ia) should win over (vb, ib) under NumPy's argmax rule: NaN beats every
-// number, the larger value wins, and equal values go to the lower index. ib == INT_MAX marks
-// "no candidate yet".
-__device__ __forceinline__ bool argmax_prefer(float va, int ia, float vb, int ib) {
-    if (ib == INT_MAX) return ia != INT_MAX;
-    if (ia == INT_MAX) return false;
-    bool na = va != va, nb = vb != vb;
-    if (na || nb) return na && (!nb || ia < ib);
-    return va > vb || (va == vb && ia < ib);
-}
-
-__device__ __forceinline__ void argmax_block(float &v, int &i) {
-    __shared__ float sv[ARGMAX_THREADS / 32];
-    __shared__ int si[ARGMAX_THREADS / 32];
-    for (int off = 16; off > 0; off >>= 1) {
-        float ov = __shfl_down_sync(0xffffffffu, v, off);
-        int oi = __shfl_down_sync(0xffffffffu, i, off);
-        if (argmax_prefer(ov, oi, v, i)) { v = ov; i = oi; }
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) { sv[warp] = v; si[warp] = i; }
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < ARGMAX_THREADS / 32 ? sv[lane] : 0.0f;
-        i = lane < ARGMAX_THREADS / 32 ? si[lane] : INT_MAX;
-        for (int off = 16; off > 0; off >>= 1) {
-            float ov = __shfl_down_sync(0xffffffffu, v, off);
-            int oi = __shfl_down_sync(0xffffffffu, i, off);
-            if (argmax_prefer(ov, oi, v, i)) { v = ov; i = oi; }
-        }
-    }
-}
-
-__device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
-                             float value, int vocab, int max_seq, int capacity);
-
-// argmax(x[n]) -> *out and its value -> *value_out (when not null), or with commit, both ->
-// commit_token. Grid: up to ARGMAX_MAX_BLOCKS blocks of ARGMAX_THREADS, each reducing a strided
-// share to one partial; the last block to finish (done-counter ticket) reduces the partials and
-// resets the counter, so one launch does both stages, and in the loop the commit too.
-struct CommitArgs {
-    DeviceState *st;
-    RingHeader *ring;
-    int32_t *slots;
-    int vocab, max_seq, capacity;
-};
-
-template <bool COMMIT>
-__global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v, int *part_i,
-                              unsigned *done, int32_t *out, float *value_out, CommitArgs c) {
-    float v = 0.0f;
-    int i = INT_MAX;
-    pdl_wait();  // the logits come from the kernel before
-    // ARGMAX_PER_THREAD consecutive values per thread, all loaded before any is compared: one
-    // memory round trip for a vocabulary of up to ARGMAX_MAX_BLOCKS * ARGMAX_THREADS * 8.
-    const int stride = gridDim.x * blockDim.x * ARGMAX_PER_THREAD;
-    for (int base = (blockIdx.x * blockDim.x + threadIdx.x) * ARGMAX_PER_THREAD; base < n; base += stride) {
-        float xs[ARGMAX_PER_THREAD];
-#pragma unroll
-        for (int k = 0; k < ARGMAX_PER_THREAD; ++k) xs[k] = base + k < n ? x[base + k] : 0.0f;
-#pragma unroll
-        for (int k = 0; k < ARGMAX_PER_THREAD; ++k)
-            if (base + k < n && argmax_prefer(xs[k], base + k, v, i)) { v = xs[k]; i = base + k; }
-    }
-    argmax_block(v, i);
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        part_v[blockIdx.x] = v;
-        part_i[blockIdx.x] = i;
-        __threadfence();
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    v = 0.0f;
-    i = INT_MAX;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
-        float bv = ((volatile float *)part_v)[b];
-        int bi = ((volatile int *)part_i)[b];
-        if (argmax_prefer(bv, bi, v, i)) { v = bv; i = bi; }
-    }
-    argmax_block(v, i);
-    if (threadIdx.x == 0) {
-        *done = 0;
-        if (COMMIT) {
-            commit_token(c.st, c.ring, c.slots, i, v, c.vocab, c.max_seq, c.capacity);
-        } else {
-            if (value_out) *(volatile float *)value_out = v;
-            *(volatile int32_t *)out = i;
-            __threadfence_system();
-        }
-    }
-}
-
-template <bool COMMIT>
-static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out,
-                         CommitArgs c) {
-    ARC_REQUIRE(logits, "null logits");
-    ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
-    int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
-    if (blocks > ARGMAX_MAX_BLOCKS) blocks = ARGMAX_MAX_BLOCKS;
-    // With programmatic dependence the sampler is scheduled while the lm_head finishes.
-    return arc_launch_pdl(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel", argmax_kernel<COMMIT>,
-                          dim3(blocks), dim3(ARGMAX_THREADS), 0, logits, n, ctx->argmax_vals, ctx->argmax_idx,
-                          ctx->argmax_done, out, value_out, c);
-}
-
-extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out) {
-    ARC_REQUIRE(ctx && out, "null argument");
-    return launch_argmax<false>(ctx, logits, n, out, value_out, CommitArgs{});
-}
-
-// --- Commit ------------------------------------------------------------------------------
-
-// True for NaN and +-inf: the exponent bits all set. A bit test, so no compiler flag can fold it.
-__device__ __forceinline__ bool nonfinite(float v) {
-    return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-}
-
-// One thread. Checks the sampled token, the logit it won with, and the next position before
-// writing anything; on a violation latches the fault word (sticky: later steps publish nothing).
-// A non-finite winner is checked first: NaN wins the argmax wherever it lies, so a broken forward
-// is reported as broken, not as a token out of range. Otherwise feeds the token to the next
-// forward, bumps the position, and publishes the token: slot first, then a system-wide fence,
-// then the count, so a host that sees the count sees the slot. A stop id ends the burst: later
-// steps of the same burst publish nothing.
-__device__ void commit_token(DeviceState *st, RingHeader *ring, volatile int32_t *slots, int tok,
-                             float value, int vocab, int max_seq, int capacity) {
-    if (st->lose_in >= 0 && st->lose_in-- == 0) return;  // injected: as if never launched
-    if (st->fault != 0 || st->stopped == st->burst) return;
-    int next = st->position + 1;
-    uint32_t code = ARC_FAULT_NONE;
-    if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
-    else if (tok < 0 || tok >= vocab) code = ARC_FAULT_TOKEN_RANGE;
-    else if (next >= max_seq) code = ARC_FAULT_POSITION_RANGE;
-    if (code != ARC_FAULT_NONE) {
-        st->fault = code;
-        ring->fault_token = tok;
-        ring->fault_pos = next;
-        __threadfence_system();
-        ring->fault = code;
-        return;
-    }
-    st->token = (uint32_t)tok;
-    st->position = next;
-    uint32_t n = st->published;
-    slots[n % (uint32_t)capacity] = tok;
-    __threadfence_system();
-    ring->published = n + 1;
-    st->published = n + 1;
-    for (int k = 0; k < st->n_stop_ids; ++k) {
-        if (st->stop_ids[k] == tok) {
-            // After the count: a host that sees the stop mark also sees the stop token.
-            st->stopped = st->burst;
-            __threadfence_system();
-            ring->stopped = st->burst;
-            break;
-        }
-    }
-}
 
 // Small stream-ordered writes of DeviceState: they take effect for the work enqueued after them.
 struct StopIds {
@@ -324,19 +156,6 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     r->fault_pos = 0;
     r->stopped = 0;
     return ARC_OK;
-}
-
-// Enqueues the sampler with the commit in its last block, reading logits[width]. Captured after
-// the forward, it makes the step graph that arc_loop_enqueue_step replays.
-extern "C" int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width) {
-    ARC_REQUIRE(loop, "loop is null");
-    ARC_REQUIRE(loop->vocab <= width, "loop vocab %d exceeds the logits' width %d", loop->vocab, width);
-    arc_context *ctx = loop->ctx;
-    CommitArgs c = {loop->state, loop->ring_dev, loop->slots_dev, loop->vocab, loop->max_seq,
-                    loop->capacity};
-    int st = launch_argmax<true>(ctx, logits, width, nullptr, nullptr, c);
-    if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
-    return st;
 }
 
 // One step of burst `burst_id`: a launch of the step graph. The burst id is written to the

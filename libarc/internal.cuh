@@ -17,6 +17,21 @@ int arc_fail_cuda(cudaError_t err, const char *call, const char *where);
 // attention kernel's tickets (one per query head).
 enum { ARGMAX_MAX_BLOCKS = 264, ARC_ATTN_MAX_GROUPS = 1024 };
 
+// The draw kernel's grid-wide scratch (sampler.cu): three rotating radix histograms (counts and
+// integer masses), the per-block sums of its ordered searches, the grid barrier, and the results
+// every block reads. The draw leaves it as it found it (histogram 0 and the maximum zero).
+enum { DRAW_BINS = 2048, DRAW_MAX_BLOCKS = 1024 };
+struct DrawScratch {
+    unsigned long long mass[3][DRAW_BINS];
+    uint32_t count[3][DRAW_BINS];
+    unsigned long long block_sum[DRAW_MAX_BLOCKS];
+    uint32_t max_key;
+    uint32_t bar_count;
+    uint32_t bar_gen;
+    uint32_t exit_count;
+    int32_t found;
+};
+
 struct arc_context {
     int device;
     // Read once, in context_init: launchers size their grids by the multiprocessor count, and
@@ -33,6 +48,8 @@ struct arc_context {
     uint32_t *argmax_done;
     // Tickets of the attention kernel's heads: the last block of a head combines its partials.
     uint32_t *attn_done;
+    // The draw's histograms, block sums and grid barrier; zero between launches.
+    DrawScratch *draw;
 };
 
 struct arc_graph {
@@ -63,6 +80,11 @@ struct DeviceState {
     int32_t lose_in;      // fault injection: commits until a lost one, -1 when disarmed
     int32_t n_stop_ids;
     int32_t stop_ids[ARC_MAX_STOP_IDS];
+    // The sampled step graph's parameters (arc_loop_set_sampling), in the draw's own terms.
+    float inv_temperature;
+    int32_t top_k;        // 0: off
+    uint64_t top_p32;     // top_p in units of 2^-32; 2^32: off
+    uint64_t seed;
 };
 
 struct arc_loop {

@@ -1,0 +1,62 @@
+// commit.cuh -- the commit: what the device loop's samplers (argmax and draw, sampler.cu) do with
+// the token they chose. One thread of the sampler's grid calls commit_token once per step.
+#pragma once
+
+#include "internal.cuh"
+
+// Where a step's commit writes: the loop's device state and its pinned, mapped ring.
+struct CommitArgs {
+    DeviceState *st;
+    RingHeader *ring;
+    int32_t *slots;
+    int vocab, max_seq, capacity;
+};
+
+// True for NaN and +-inf: the exponent bits all set. A bit test, so no compiler flag can fold it.
+__device__ __forceinline__ bool nonfinite(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Checks the sampled token, the logit that decided it (the argmax's winner, the draw's maximum),
+// and the next position before writing anything; on a violation latches the fault word (sticky:
+// later steps publish nothing). A non-finite logit is checked first: NaN wins the argmax wherever
+// it lies, so a broken forward is reported as broken, not as a token out of range. Otherwise
+// feeds the token to the next forward, bumps the position, and publishes the token: slot first,
+// then a system-wide fence, then the count, so a host that sees the count sees the slot. A stop
+// id ends the burst: later steps of the same burst publish nothing.
+__device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
+    DeviceState *st = c.st;
+    RingHeader *ring = c.ring;
+    volatile int32_t *slots = c.slots;
+    if (st->lose_in >= 0 && st->lose_in-- == 0) return;  // injected: as if never launched
+    if (st->fault != 0 || st->stopped == st->burst) return;
+    int next = st->position + 1;
+    uint32_t code = ARC_FAULT_NONE;
+    if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
+    else if (tok < 0 || tok >= c.vocab) code = ARC_FAULT_TOKEN_RANGE;
+    else if (next >= c.max_seq) code = ARC_FAULT_POSITION_RANGE;
+    if (code != ARC_FAULT_NONE) {
+        st->fault = code;
+        ring->fault_token = tok;
+        ring->fault_pos = next;
+        __threadfence_system();
+        ring->fault = code;
+        return;
+    }
+    st->token = (uint32_t)tok;
+    st->position = next;
+    uint32_t n = st->published;
+    slots[n % (uint32_t)c.capacity] = tok;
+    __threadfence_system();
+    ring->published = n + 1;
+    st->published = n + 1;
+    for (int k = 0; k < st->n_stop_ids; ++k) {
+        if (st->stop_ids[k] == tok) {
+            // After the count: a host that sees the stop mark also sees the stop token.
+            st->stopped = st->burst;
+            __threadfence_system();
+            ring->stopped = st->burst;
+            break;
+        }
+    }
+}
