@@ -1,7 +1,7 @@
 """BurstDriver: enqueue a burst of device-loop steps, then watch the ring as tokens land.
 
 The host never waits for the stream: every step of the burst is enqueued up front (graph launch,
-argmax, commit), and tokens are read from the pinned, host-mapped ring with plain loads. A
+sampler, commit), and tokens are read from the pinned, host-mapped ring with plain loads. A
 fault inside the graph is asynchronous, so three non-blocking signals stand in for the sync
 (DESIGN section 5), checked while draining:
 
@@ -20,6 +20,7 @@ from typing import Iterator
 from .codes import FAULT_NONFINITE
 from .device import DeviceOps, RingState, spin_until
 from .errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
+from .sampling import Sampling
 
 
 def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:
@@ -44,14 +45,16 @@ class BurstDriver:
         self.burst_id = 0
         self.host_waits = 0
 
-    def begin_sequence(self, stop_ids: tuple[int, ...]) -> None:
-        """Reset the ring for a new sequence. The ring may only be reset once no step is in
-        flight (the tail of a burst a stop id ended may still be retiring): that wait is a
-        host wait, counted, once per sequence, never per token."""
+    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None) -> None:
+        """Reset the ring for a new sequence, and give the device its stop ids and sampling
+        parameters (None: greedy). The ring may only be reset once no step is in flight (the
+        tail of a burst a stop id ended may still be retiring): that wait is a host wait,
+        counted, once per sequence, never per token."""
         if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
             self.host_waits += 1
         self.published = 0
         self.device.set_stop_ids(tuple(stop_ids))
+        self.device.set_sampling(sampling)
 
     def run(self, steps: int) -> Iterator[int]:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The

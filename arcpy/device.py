@@ -20,6 +20,7 @@ import numpy as np
 
 from .codes import FAULT_NONE
 from .errors import HangError
+from .sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class DeviceOps(Protocol):
     vocab: int
     max_seq: int
     supports_loop: bool
+    supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
 
     # Both paths
     def set_input(self, token: int, position: int) -> None: ...
@@ -61,6 +63,9 @@ class DeviceOps(Protocol):
     # Device loop
     def reset_ring(self) -> bool: ...  # False while steps are in flight
     def set_stop_ids(self, ids: tuple[int, ...]) -> None: ...
+    # Stream-ordered like set_stop_ids: steps enqueued later draw with these parameters (the seed
+    # resolved, never None); None or a greedy Sampling selects the argmax.
+    def set_sampling(self, sampling: Sampling | None) -> None: ...
     def enqueue_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...

@@ -1,11 +1,14 @@
 """Engine: admit (batch 1), prefill, generate (streaming) and step(), over one DeviceOps.
 
 Two paths produce tokens (DESIGN section 3):
-- the device loop: bursts of graph launch, argmax and commit, drained from the ring by
-  BurstDriver with no host wait per token (greedy only, admitted by gate.py);
+- the device loop: bursts of graph launch, sampler (argmax, or a seeded draw) and commit,
+  drained from the ring by BurstDriver with no host wait per token (admitted by gate.py);
 - the host path: one forward, then the argmax (or the logits) to pinned memory, a poll until
-  the stream is idle, and the token chosen on the host. It is the fallback and the only path
-  for sampling and verification.
+  the stream is idle, and the token chosen on the host. It is the fallback and the path for
+  verification.
+
+Both draw a sampled token by arcpy.sampling's definition, from the seed and the position the
+token will occupy, so a seed gives the same tokens on either path, across bursts and fallbacks.
 
 A burst may produce tokens the consumer of step() has not asked for yet: they are parked and
 handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
@@ -63,6 +66,7 @@ class GenerationStats:
     setup_waits: int = 0    # waits at sequence start (the ring reset needs an idle stream)
     fallback: str | None = None
     finish_reason: str = ""
+    seed: int | None = None  # a sampled sequence's seed (drawn when none was given): it reproduces it
 
     def per_token(self, value: int) -> float:
         return value / self.tokens if self.tokens else 0.0
@@ -194,15 +198,17 @@ class Engine:
             raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         sampler = Sampler(sampling or Sampling())
         admitted, reason = gate.device_loop_admission(
-            self.device_loop, sampler.greedy, self.driver is not None, len(stops), self.environ, self.latch,
-            self.verify)
-        self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt))
+            self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
+            supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
+            latch=self.latch, verify=self.verify)
+        self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
+                                     seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
                 self.driver.host_waits = 0
-                self.driver.begin_sequence(stops)
+                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params)
                 self.stats.setup_waits = self.driver.host_waits
             for i, tok in enumerate(prompt[:-1]):
                 dev.set_input(tok, i)
@@ -317,10 +323,15 @@ class Engine:
         else:
             dev.enqueue_logits_to_host()
             self._wait_idle()
-            logits = dev.host_logits()
-            self._require_finite(logits.max())
-            tok = seq.sampler.sample(logits)
+            tok = self._drawn(dev.host_logits())
         return self._checked(tok)
+
+    def _drawn(self, logits: np.ndarray) -> int:
+        """The host's draw from the forward's logits: the valid ids only (a padded lm_head is
+        wider), for the position the token will occupy, as the device loop draws it."""
+        valid = logits[:self.device.vocab]
+        self._require_finite(valid.max())
+        return self.seq.sampler.sample(valid, self.seq.position + 1)
 
     def _require_finite(self, top_logit) -> None:
         # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
@@ -343,8 +354,10 @@ class Engine:
             diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
             raise DeviceFaultError(
                 f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
+        if not seq.sampler.greedy:
+            return self._checked(self._drawn(replayed))
         self._require_finite(replayed.max())
-        return self._checked(seq.sampler.sample(replayed))
+        return self._checked(seq.sampler.sample(replayed, seq.position + 1))
 
     def _checked(self, tok: int) -> int:
         if not 0 <= tok < self.device.vocab:

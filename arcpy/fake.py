@@ -3,6 +3,10 @@
 Enqueued operations complete in order, `latency` ticks each (or several per tick); a tick passes
 at every poll_ring or stream_query, so the host's polling drives the clock. A FakeScript says how
 it misbehaves: lost launches, sticky faults, fault-word codes, hangs, non-finite logits.
+
+Its forward writes logits from one rule (`_forward`); a device-loop step with sampling set draws
+from those very logits by arcpy.sampling's definition, so its loop and its host path agree
+exactly, as the real ones must.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 from .codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
 from .device import Counters, RingState
 from .errors import ContextLostError, InvalidArgumentError
+from .sampling import Sampler, Sampling
 from .scripted import scripted_next
 
 
@@ -35,6 +40,7 @@ class FakeScript:
     honor_stop_ids: bool = True
     next_token: Callable[[int, int], int] | None = None
     supports_loop: bool = True
+    supports_sampling: bool = True        # the loop draws non-greedy tokens (else: the argmax only)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
 
@@ -53,6 +59,8 @@ class FakeDevice:
         self.script = script or FakeScript()
         self.vocab, self.max_seq = self.script.vocab, self.script.max_seq
         self.supports_loop = self.script.supports_loop
+        self.supports_sampling = self.script.supports_sampling
+        self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()
         self.busy_ticks = 0
         self.token, self.position = 0, 0
@@ -75,6 +83,21 @@ class FakeDevice:
         if self.script.next_token is not None:
             return self.script.next_token(token, position)
         return scripted_next(token, position, self.vocab)
+
+    def _forward(self, token: int, position: int, eager: bool = False) -> tuple[np.ndarray, int]:
+        """The logits the forward writes for (token, position), and their argmax: the scripted
+        next token, which (like a padded lm_head's) may lie outside the vocabulary."""
+        s = self.script
+        nxt = self._next(token, position)
+        logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
+        if 0 <= nxt < self.vocab:
+            logits[nxt] = 1.0
+        if eager:
+            logits += np.float32(s.eager_offset)
+        if position == s.nan_at_position:
+            logits[:] = np.nan
+            nxt = 0  # NaN wins the argmax, first index first
+        return logits, nxt
 
     def _count(self, calls: int = 1, graphs: int = 0) -> None:
         self.calls = Counters(self.calls.cuda_calls + calls, self.calls.graph_launches + graphs)
@@ -103,15 +126,7 @@ class FakeDevice:
         if op.kind == "input":
             self.token, self.position = op.arg
         elif op.kind == "forward":
-            nxt = self._next(self.token, self.position)
-            self.logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
-            if 0 <= nxt < self.vocab:
-                self.logits[nxt] = 1.0
-            if op.arg:
-                self.logits += np.float32(s.eager_offset)
-            if self.position == s.nan_at_position:
-                self.logits[:] = np.nan
-                nxt = 0  # NaN wins the argmax, first index first
+            self.logits, nxt = self._forward(self.token, self.position, eager=op.arg)
             self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
@@ -120,10 +135,12 @@ class FakeDevice:
                 self.sticky = True
                 self.queue.clear()
                 return
-            tok = self._next(self.token, self.position)
             if op.step in s.lost_steps or self.dev_fault or self.stopped == op.arg:
                 return
+            logits, tok = self._forward(self.token, self.position)
             nxt_pos = self.position + 1
+            if self.sampler is not None and self.position != s.nan_at_position:
+                tok = self.sampler.sample(logits, nxt_pos)
             code = FAULT_NONE
             if op.step == s.fault_word_at:
                 code = s.fault_code
@@ -193,12 +210,22 @@ class FakeDevice:
             raise InvalidArgumentError(f"at most {MAX_STOP_IDS} stop ids")
         self.stop_ids = tuple(ids)
 
+    def set_sampling(self, sampling: Sampling | None) -> None:
+        if sampling is not None and not sampling.is_greedy():
+            if not self.supports_sampling:
+                raise InvalidArgumentError("this device loop draws the argmax only")
+            if sampling.seed is None:
+                raise InvalidArgumentError("the device loop draws with a resolved seed, got None")
+        # At once, like the stop ids: the driver sets both on an idle stream, after the ring reset.
+        self._count()
+        self.sampler = None if sampling is None or sampling.is_greedy() else Sampler(sampling)
+
     def enqueue_step(self, burst_id: int) -> None:
         self._count(3, 1)
         step = self.steps_enqueued
         self.steps_enqueued += 1
         self.log.append(f"step {step} burst {burst_id}")
-        # A forward, argmax and commit; the fake folds them into one operation.
+        # A forward, the sampler and the commit; the fake folds them into one operation.
         self._enqueue(_Op("step", burst_id, step))
 
     def poll_ring(self) -> RingState:

@@ -12,7 +12,7 @@ from .reference import ReferenceModel
 
 
 class NumpyDevice:
-    supports_loop = False
+    supports_loop = supports_sampling = False
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference

@@ -2,6 +2,7 @@
 
 import logging
 
+import numpy as np
 import pytest
 
 from arcpy import gate
@@ -190,14 +191,92 @@ def test_verify_always_compares_replay_and_eager(latch):
         list(bad.generate(PROMPT, 4))
 
 
-def test_sampling_uses_the_host_path_with_seeded_reproducibility(latch):
-    s = Sampling(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
-    a = engine(latch)
-    b = engine(latch)
-    ta, tb = list(a.generate(PROMPT, 16, sampling=s)), list(b.generate(PROMPT, 16, sampling=s))
-    assert ta == tb and a.stats.path == HOST
-    c = engine(latch)
-    assert list(c.generate(PROMPT, 16, sampling=Sampling(temperature=0.9, seed=99))) != ta
+SAMPLED = Sampling(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
+
+
+def host_sampled(latch, n, sampling=SAMPLED, device=None):
+    eng = Engine(device or FakeDevice(), "fake", device_loop=False, environ={}, latch=latch)
+    toks = list(eng.generate(PROMPT, n, sampling=sampling))
+    assert eng.stats.path == HOST
+    return toks
+
+
+def test_the_device_loop_is_the_default_and_the_environment_can_pin_it_off(latch):
+    on = Engine(FakeDevice(), "fake", environ={}, latch=latch)
+    assert list(on.generate(PROMPT, 4)) == reference(4) and on.stats.path == DEVICE_LOOP
+    off = Engine(FakeDevice(), "fake", environ={gate.DEVICE_LOOP: "off"}, latch=latch)
+    assert list(off.generate(PROMPT, 4)) == reference(4) and off.stats.path == HOST
+    assert off.path_reason == "ARC_GRAPH_DEVICE_LOOP is off"
+
+
+@pytest.mark.parametrize("burst", [1, 3, 16])
+def test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop_and_the_host_path(latch, burst):
+    want = host_sampled(latch, 40)
+    assert want != reference(40)  # drawn, not the argmax
+    eng = engine(latch, burst=burst)
+    assert list(eng.generate(PROMPT, 40, sampling=SAMPLED)) == want
+    assert eng.stats.path == DEVICE_LOOP and eng.stats.host_waits == 0
+    assert eng.stats.seed == SAMPLED.seed
+
+
+@pytest.mark.parametrize("script", [FakeScript(fault_word_at=5), FakeScript(lost_steps=frozenset({6}))],
+                         ids=["fault-word", "lost-step"])
+def test_a_fallback_in_the_middle_of_a_sampled_sequence_keeps_drawing_the_same_tokens(latch, script):
+    want = host_sampled(latch, 24)
+    eng = engine(latch, script, burst=4)
+    eng.max_spins = eng.driver.max_spins = 100_000
+    eng.driver.query_every = 8
+    eng.start(PROMPT, 24, sampling=SAMPLED)
+    got = [eng.step() for _ in range(24)]
+    assert eng.stats.path == f"{DEVICE_LOOP}+{HOST}" and eng.stats.fallback
+    assert got == want
+
+
+def test_two_seeds_draw_different_sequences(latch):
+    a = list(engine(latch).generate(PROMPT, 32, sampling=SAMPLED))
+    b = list(engine(latch).generate(PROMPT, 32, sampling=Sampling(0.9, 20, 0.95, seed=1235)))
+    assert a != b
+
+
+def test_an_unseeded_sequence_is_reproduced_from_the_seed_it_reports(latch):
+    eng = engine(latch)
+    got = list(eng.generate(PROMPT, 32, sampling=Sampling(temperature=0.9)))
+    assert eng.stats.path == DEVICE_LOOP
+    seed = eng.stats.seed
+    assert seed == eng.seq.sampler.params.seed
+    assert host_sampled(latch, 32, Sampling(temperature=0.9, seed=seed)) == got
+
+
+def test_sampling_takes_the_host_path_where_the_device_loop_has_no_sampler(latch):
+    eng = Engine(FakeDevice(FakeScript(supports_sampling=False)), "fake", environ={}, latch=latch)
+    assert list(eng.generate(PROMPT, 16, sampling=SAMPLED)) == host_sampled(latch, 16)
+    assert eng.stats.path == HOST and "non-greedy sampling" in eng.path_reason
+    assert list(eng.generate(PROMPT, 8)) == reference(8) and eng.stats.path == DEVICE_LOOP
+
+
+def test_a_greedy_sequence_after_a_sampled_one_takes_the_argmax_again(latch):
+    eng = engine(latch, burst=4)
+    list(eng.generate(PROMPT, 8, sampling=SAMPLED))
+    assert list(eng.generate(PROMPT, 12)) == reference(12)
+    assert eng.stats.seed is None
+
+
+def test_verify_always_draws_sampled_tokens_as_the_host_path_does(latch):
+    eng = engine(latch, verify=True)
+    assert list(eng.generate(PROMPT, 16, sampling=SAMPLED)) == host_sampled(latch, 16)
+    assert eng.stats.path == HOST
+
+
+class PaddedHead(FakeDevice):
+    """An lm_head wider than the vocabulary, its padding holding the largest logits."""
+
+    def host_logits(self):
+        return np.concatenate([super().host_logits(), np.full(8, 9.0, np.float32)])
+
+
+def test_the_host_path_draws_from_the_valid_ids_only(latch):
+    loop = list(engine(latch).generate(PROMPT, 24, sampling=SAMPLED))
+    assert host_sampled(latch, 24, device=PaddedHead()) == loop
 
 
 def test_batch_size_other_than_one_is_refused(latch):

@@ -22,35 +22,54 @@ def test_unrecognised_flag_value_is_an_error_naming_the_variable():
         gate.read_flag(gate.DEVICE_LOOP, False, {gate.DEVICE_LOOP: "maybe"})
 
 
-def admission(env, greedy=True, requested=None, stops=0, latch=None):
-    return gate.device_loop_admission(requested, greedy, True, stops, env, latch or gate.FallbackLatch())
+def admission(env, greedy=True, requested=None, stops=0, latch=None, loop=True, sampling=True, verify=None):
+    return gate.device_loop_admission(requested, greedy=greedy, supports_loop=loop, supports_sampling=sampling,
+                                      n_stop_ids=stops, environ=env, latch=latch or gate.FallbackLatch(),
+                                      verify=verify)
 
 
-def test_device_loop_is_off_when_unset():
-    assert admission({}) == (False, "ARC_GRAPH_DEVICE_LOOP is off")
-    assert admission({gate.DEVICE_LOOP: "1"})[0] is True
+def test_device_loop_is_on_when_unset_where_the_backend_has_one():
+    assert admission({}) == (True, "admitted")
+    ok, why = admission({}, loop=False)
+    assert not ok and "no captured graph" in why
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no", ""])
+def test_device_loop_pinned_off_by_the_environment(value):
+    assert admission({gate.DEVICE_LOOP: value}) == (False, "ARC_GRAPH_DEVICE_LOOP is off")
+
+
+def test_every_gate_default_is_what_read_all_accepts_and_the_loop_is_on():
+    assert gate.DEFAULTS == {gate.DEVICE_LOOP: True, gate.GRAPH: True, gate.VERIFY_ALWAYS: False}
+    gate.read_all({})
+    with pytest.raises(InvalidArgumentError, match="ARC_GRAPH_VERIFY_ALWAYS='2'"):
+        gate.read_all({gate.VERIFY_ALWAYS: "2"})
 
 
 def test_explicit_request_overrides_the_environment():
     assert admission({gate.DEVICE_LOOP: "0"}, requested=True)[0] is True
     assert admission({gate.DEVICE_LOOP: "1"}, requested=False)[0] is False
+    assert admission({}, requested=False)[0] is False
 
 
 def test_verify_always_makes_the_loop_stand_aside():
-    ok, why = admission({gate.DEVICE_LOOP: "1", gate.VERIFY_ALWAYS: "1"})
+    ok, why = admission({gate.VERIFY_ALWAYS: "1"})
     assert not ok and gate.VERIFY_ALWAYS in why
+    ok, why = admission({}, verify=True)
+    assert not ok and gate.VERIFY_ALWAYS in why
+    assert admission({gate.VERIFY_ALWAYS: "1"}, verify=False)[0] is True
 
 
-def test_non_greedy_sampling_is_refused_and_greedy_mirrors_the_sampler():
-    for s in [Sampling(), Sampling(temperature=0.7, top_k=1), Sampling(temperature=0.7)]:
-        ok, _ = admission({gate.DEVICE_LOOP: "1"}, greedy=Sampler(s).greedy)
+def test_sampling_is_admitted_where_the_device_loop_draws_and_refused_by_name_elsewhere():
+    for s in [Sampling(), Sampling(temperature=0.7, top_k=1), Sampling(temperature=0.7, seed=3)]:
+        assert admission({}, greedy=Sampler(s).greedy)[0] is True
+        ok, why = admission({}, greedy=Sampler(s).greedy, sampling=False)
         assert ok == s.is_greedy()
-    # top_k 1 is trivially greedy whatever the temperature: the sampler takes the argmax.
-    assert Sampler(Sampling(temperature=0.7, top_k=1, seed=0)).sample([0.1, 0.9, 0.3]) == 1
+        assert ok or "non-greedy sampling" in why
 
 
 def test_more_stop_ids_than_the_commit_kernel_holds_are_refused():
-    ok, why = admission({gate.DEVICE_LOOP: "1"}, stops=9)
+    ok, why = admission({}, stops=9)
     assert not ok and "at most 8" in why
 
 
@@ -58,15 +77,6 @@ def test_latch_refuses_after_a_failure_and_logs_once(caplog):
     latch = gate.FallbackLatch()
     latch.trip("first")
     latch.trip("second")
-    ok, why = admission({gate.DEVICE_LOOP: "1"}, latch=latch)
+    ok, why = admission({}, latch=latch)
     assert not ok and "first" in why
     assert sum("device loop disabled" in r.message for r in caplog.records) == 1
-
-
-def test_sampling_arguments_are_validated():
-    with pytest.raises(InvalidArgumentError):
-        Sampling(temperature=-1.0)
-    with pytest.raises(InvalidArgumentError):
-        Sampling(top_p=0.0)
-    with pytest.raises(InvalidArgumentError):
-        Sampling(top_k=-2)
