@@ -26,8 +26,7 @@ struct DrawScratch {
     uint32_t count[3][DRAW_BINS];
     unsigned long long block_sum[DRAW_MAX_BLOCKS];
     uint32_t max_key;
-    uint32_t bar_count;
-    uint32_t bar_gen;
+    uint32_t bar_count;   // arrivals at the grid barrier during this launch
     uint32_t exit_count;
     int32_t found;
 };

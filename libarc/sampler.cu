@@ -125,7 +125,7 @@ extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int3
 // key (counts and integer masses) over the ids still in play, sums it over the grid with integer
 // atomics, and every block picks the same bucket from the same sums; ties at the final key are
 // split by ascending id with an ordered search. Integer sums make every launch deterministic.
-// Grid barriers are a counter and a generation word in DrawScratch.
+// Grid barriers count arrivals in DrawScratch.
 
 enum { DRAW_THREADS = 256, DRAW_WARPS = DRAW_THREADS / 32, DRAW_LEVELS = 3 };
 
@@ -167,21 +167,16 @@ __device__ __forceinline__ float key_value(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// Every block of the grid arrives before any leaves. The last to arrive resets the count and
-// bumps the generation the others watch.
+// Every block of the grid arrives before any leaves. The arrival count only grows during a launch
+// (the last block out resets it): barrier k is passed once k * gridDim.x blocks have arrived.
 __device__ void grid_sync(DrawScratch *s) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile uint32_t *gen = &s->bar_gen;
-        uint32_t g = *gen;
         __threadfence();
-        if (atomicAdd(&s->bar_count, 1u) == gridDim.x - 1) {
-            atomicExch(&s->bar_count, 0u);
-            __threadfence();
-            atomicAdd(&s->bar_gen, 1u);
-        } else {
-            while (*gen == g) {
-            }
+        uint32_t arrived = atomicAdd(&s->bar_count, 1u) + 1;
+        uint32_t target = (arrived + gridDim.x - 1) / gridDim.x * gridDim.x;
+        volatile uint32_t *count = &s->bar_count;
+        while (*count < target) {
         }
         __threadfence();
     }
@@ -252,18 +247,21 @@ __device__ Pick radix_level(DrawScratch *s, int level, const uint32_t (&key)[E],
         s->mass[next][i] = 0;
     }
     grid_sync(s);
-    for (int b = threadIdx.x; b < nb; b += DRAW_THREADS) {
-        h_count[b] = __ldcg(&s->count[buf][b]);
-        h_mass[b] = __ldcg(&s->mass[buf][b]);
-    }
-    __syncthreads();
-    // Thread t sums `per` consecutive buckets from the top; a block scan finds the crossing.
-    const int per = (nb + DRAW_THREADS - 1) / DRAW_THREADS;
-    unsigned long long local = 0;
-    for (int j = 0; j < per; ++j) {
+    // Thread t holds `per` consecutive buckets from the top, loaded together (one round trip);
+    // a block scan of their sums finds the crossing.
+    constexpr int MAX_PER = DRAW_BINS / DRAW_THREADS;
+    const int per = nb / DRAW_THREADS;
+    uint32_t cnt[MAX_PER];
+    unsigned long long mass[MAX_PER];
+#pragma unroll
+    for (int j = 0; j < MAX_PER; ++j) {
         int b = nb - 1 - (threadIdx.x * per + j);
-        if (b >= 0) local += by_mass ? h_mass[b] : h_count[b];
+        cnt[j] = j < per ? __ldcg(&s->count[buf][b]) : 0u;
+        mass[j] = j < per ? __ldcg(&s->mass[buf][b]) : 0ull;
     }
+    unsigned long long local = 0;
+#pragma unroll
+    for (int j = 0; j < MAX_PER; ++j) local += by_mass ? mass[j] : cnt[j];
     unsigned long long total;
     unsigned long long before = block_scan(local, &total);
     if (p32) {
@@ -273,13 +271,13 @@ __device__ Pick radix_level(DrawScratch *s, int level, const uint32_t (&key)[E],
     __shared__ Pick pick;
     if (before < want && want <= before + local) {
         unsigned long long acc = before;
-        for (int j = 0; j < per; ++j) {
-            int b = nb - 1 - (threadIdx.x * per + j);
-            if (b < 0) break;
-            unsigned long long v = by_mass ? h_mass[b] : h_count[b];
-            if (acc + v >= want) {
-                pick = Pick{(uint32_t)b, h_count[b], acc, h_mass[b], want};
-                break;
+        bool done = false;
+#pragma unroll
+        for (int j = 0; j < MAX_PER; ++j) {
+            unsigned long long v = by_mass ? mass[j] : cnt[j];
+            if (!done && acc + v >= want) {
+                pick = Pick{(uint32_t)(nb - 1 - (threadIdx.x * per + j)), cnt[j], acc, mass[j], want};
+                done = true;
             }
             acc += v;
         }
@@ -480,6 +478,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
         }
         if (threadIdx.x == 0) {
             s->max_key = 0;
+            s->bar_count = 0;
             s->exit_count = 0;
         }
     }
