@@ -1,5 +1,6 @@
-"""Prove that the control-logic tests can fail: break the driver and the engine on purpose, one
-named mutation at a time, and require the tests that name the behaviour to fail.
+"""Prove that the control-logic tests can fail: break the driver, the gate, the engine and the
+sampler on purpose, one named mutation at a time, and require the tests that name the behaviour
+to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
 never touched), the named tests run there against the copy, and the check fails if any named
@@ -86,12 +87,94 @@ MUTATIONS = [
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_fallback",),
     ),
     Mutation(
-        "admit the device loop for non-greedy sampling",
+        "admit non-greedy sampling on a device loop without a sampler",
         "arcpy/gate.py",
-        "    if not greedy:\n",
+        "    if not greedy and not supports_sampling:\n",
         "    if False:\n",
-        ("tests/test_gate.py::test_non_greedy_sampling_is_refused_and_greedy_mirrors_the_sampler",
-         "tests/test_engine_control.py::test_sampling_uses_the_host_path_with_seeded_reproducibility"),
+        ("tests/test_gate.py::test_sampling_is_admitted_where_the_device_loop_draws_and_refused_by_name_elsewhere",
+         "tests/test_engine_control.py::test_sampling_takes_the_host_path_where_the_device_loop_has_no_sampler"),
+    ),
+    Mutation(
+        "unset ARC_GRAPH_DEVICE_LOOP means off",
+        "arcpy/gate.py",
+        "DEFAULTS = {DEVICE_LOOP: True,",
+        "DEFAULTS = {DEVICE_LOOP: False,",
+        ("tests/test_gate.py::test_device_loop_is_on_when_unset_where_the_backend_has_one",
+         "tests/test_engine_control.py::test_the_device_loop_is_the_default_and_the_environment_can_pin_it_off"),
+    ),
+    Mutation(
+        "the host path draws for the forward's position, not the token's",
+        "arcpy/engine.py",
+        "self.seq.sampler.sample(valid, self.seq.position + 1)",
+        "self.seq.sampler.sample(valid, self.seq.position)",
+        ("tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
+         "_and_the_host_path[3]",),
+    ),
+    Mutation(
+        "the host path draws from the padded logits too",
+        "arcpy/engine.py",
+        "        valid = logits[:self.device.vocab]\n",
+        "        valid = logits\n",
+        ("tests/test_engine_control.py::test_the_host_path_draws_from_the_valid_ids_only",),
+    ),
+    Mutation(
+        "a fallback draws with another seed",
+        "arcpy/engine.py",
+        "        self.seq.loop = False\n",
+        "        self.seq.loop = False\n"
+        "        p = self.seq.sampler.params\n"
+        "        self.seq.sampler = Sampler(Sampling(p.temperature, p.top_k, p.top_p, p.seed + 1))\n",
+        ("tests/test_engine_control.py::test_a_fallback_in_the_middle_of_a_sampled_sequence_keeps_drawing_the_same"
+         "_tokens[fault-word]",
+         "tests/test_engine_control.py::test_a_fallback_in_the_middle_of_a_sampled_sequence_keeps_drawing_the_same"
+         "_tokens[lost-step]"),
+    ),
+    Mutation(
+        "the driver does not give the device its sampling parameters",
+        "arcpy/burst.py",
+        "        self.device.set_sampling(sampling)\n",
+        "        self.device.set_sampling(None)\n",
+        ("tests/test_burst.py::test_begin_sequence_gives_the_device_its_sampling_parameters",
+         "tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
+         "_and_the_host_path[16]"),
+    ),
+    Mutation(
+        "Philox with nine rounds",
+        "arcpy/sampling.py",
+        "    for r in range(10):\n",
+        "    for r in range(9):\n",
+        ("tests/test_sampling.py::test_philox_known_answers[zeros]",
+         "tests/test_sampling.py::test_philox_known_answers[pi-digits]"),
+    ),
+    Mutation(
+        "top-p keeps one candidate past the shortest prefix",
+        "arcpy/sampling.py",
+        "        j = _first_above(w, need - 1)\n",
+        "        j = _first_above(w, need)\n",
+        ("tests/test_sampling.py::test_the_sampler_draws_what_the_literal_definition_draws",),
+    ),
+    Mutation(
+        "ties at a cut go to the higher ids",
+        "arcpy/sampling.py",
+        "np.flatnonzero(np.equal(l, edge, out=mask))[:ties]",
+        "np.flatnonzero(np.equal(l, edge, out=mask))[::-1][:ties]",
+        ("tests/test_sampling.py::test_the_fast_paths_of_a_large_vocabulary_draw_what_the_literal_definition_draws",
+         "tests/test_sampling.py::test_top_k_and_top_p_keep_only_the_leading_candidates"),
+    ),
+    Mutation(
+        "the partial sort is trusted when its weights fall short of top-p",
+        "arcpy/sampling.py",
+        "            if int(_block_sums(w)[-1]) >= need:\n",
+        "            if True:\n",
+        ("tests/test_sampling.py::test_the_fast_paths_of_a_large_vocabulary_draw_what_the_literal_definition_draws",),
+    ),
+    Mutation(
+        "the draw ignores the position",
+        "arcpy/sampling.py",
+        "        x = int(draw_words(self.params.seed, position))\n",
+        "        x = int(draw_words(self.params.seed, 0))\n",
+        ("tests/test_sampling.py::test_the_sampler_draws_what_the_literal_definition_draws",
+         "tests/test_sampling.py::test_sampling_follows_the_distribution"),
     ),
     Mutation(
         "raise the fault word before the tokens the same poll shows",

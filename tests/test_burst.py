@@ -11,6 +11,7 @@ from arcpy.codes import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
 from arcpy.device import RingState
 from arcpy.errors import ContextLostError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
 from arcpy.fake import FakeDevice, FakeScript
+from arcpy.sampling import Sampling
 
 # The token the forward at position p produces, whatever the input token.
 TOKENS = [11, 42, 7, 63, 0, 19, 5, 33, 60, 2, 48, 27, 9, 51, 14, 38]
@@ -135,6 +136,15 @@ def test_begin_sequence_waits_for_the_tail_of_a_stopped_burst():
     drv.host_waits = 0
     drv.begin_sequence(())
     assert drv.host_waits == 1 and not dev.queue and drv.published == 0
+
+
+def test_begin_sequence_gives_the_device_its_sampling_parameters():
+    dev, drv = driver_for()
+    sampled = Sampling(temperature=0.8, top_p=0.9, seed=5)
+    drv.begin_sequence((), sampled)
+    assert dev.sampler is not None and dev.sampler.params == sampled
+    drv.begin_sequence(())
+    assert dev.sampler is None
 
 
 def test_burst_needs_at_least_one_step():

@@ -66,7 +66,7 @@ def literal_sample(logits, temperature, top_k, top_p, seed, t):
     ((M32,) * 4, (M32,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
     ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-])
+], ids=["zeros", "all-ones", "pi-digits"])
 def test_philox_known_answers(ctr, key, want):
     assert [int(v) for v in philox4x32_10(ctr, key)] == list(want)
     assert philox_literal(ctr, key) == list(want)
