@@ -72,7 +72,8 @@ def decode_options(f):
                      help="Stop at this text (repeatable); no part of it is printed."),
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
-                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the host path)."),
+                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
+                          "backend has one)."),
         click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
                      help="Device-loop steps enqueued per burst."),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
@@ -81,7 +82,8 @@ def decode_options(f):
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True),
         click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
-                     help="Seed of the sampler (non-greedy sampling)."),
+                     help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
+                          "Default: a fresh one."),
     ]
     for option in reversed(options):
         f = option(f)

@@ -97,6 +97,9 @@ class _Sequence:
 
 
 class Engine:
+    """Decodes on one DeviceOps. `device_loop` None defers to ARC_GRAPH_DEVICE_LOOP (unset: the
+    loop wherever the device has one); `verify` None to ARC_GRAPH_VERIFY_ALWAYS."""
+
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
                  burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH):
@@ -110,7 +113,9 @@ class Engine:
         self.device_loop = device_loop
         # Every gate is read now, on every backend: a bad value is reported at start-up.
         gate.read_all(environ)
-        self.verify = gate.read_flag(gate.VERIFY_ALWAYS, False, environ) if verify is None else verify
+        if verify is None:
+            verify = gate.read_flag(gate.VERIFY_ALWAYS, gate.DEFAULTS[gate.VERIFY_ALWAYS], environ)
+        self.verify = verify
         self.max_spins = max_spins
         self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
@@ -138,7 +143,7 @@ class Engine:
                 f"max_seq must be in 1..{model.config.max_seq} (the model's context), got {max_seq}")
         if backend == "auto":
             backend = _lib.auto_backend()
-        use_graph = gate.read_flag(gate.GRAPH, True, environ) if graph is None else graph
+        use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
         if backend == "cuda":
             from .cuda import open_cuda_device
             device = open_cuda_device(model, max_seq, use_graph)
