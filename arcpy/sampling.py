@@ -46,7 +46,7 @@ from .errors import InvalidArgumentError
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
 
 WEIGHT_BITS = 40  # q of the top token: 2**40
-MAX_VOCAB = 1 << 20  # so that every sum of weights stays below 2**61 (uint64, exact)
+MAX_VOCAB = 1 << 20  # every sum of weights is then at most 2**60: exact in uint64
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57      # multipliers of counter words 0 and 2
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85      # key increments between rounds
 
@@ -122,7 +122,7 @@ def draw_words(seed: int, positions) -> np.ndarray:
 
 def top_p_fraction(top_p: float) -> int:
     """p as a fraction of 2**32, at least 1; 2**32 means off."""
-    return max(1, min(2**32, round(top_p * 2**32)))
+    return max(1, min(2**32, round(float(top_p) * 2**32)))
 
 
 def _weights(values: np.ndarray, top: np.float32, inv_t: np.float32, out: np.ndarray | None = None) -> np.ndarray:
@@ -165,7 +165,8 @@ class Sampler:
     def __init__(self, sampling: Sampling):
         seed = secrets.randbits(64) if sampling.seed is None else int(sampling.seed)
         self.params = dataclasses.replace(sampling, seed=seed)
-        self._inv_t = np.float32(1.0 / sampling.temperature) if sampling.temperature else np.float32(0)
+        t = float(sampling.temperature)  # 1 / T in float64 (a float32 T too), then rounded
+        self._inv_t = np.float32(1.0 / t) if t else np.float32(0)
         self._p32 = top_p_fraction(sampling.top_p)
         self._scratch: tuple[np.ndarray, ...] = ()
 

@@ -154,6 +154,15 @@ def test_the_fast_paths_of_a_large_vocabulary_draw_what_the_literal_definition_d
         assert Sampler(s).sample(l, 1000 + case) == want
 
 
+def test_numpy_scalar_parameters_draw_as_their_python_values():
+    # 1 / T is divided in float64 even for a float32 T, and p * 2**32 is exact.
+    l = np.random.default_rng(3).normal(0, 2, 300).astype(np.float32)
+    s = Sampling(np.float32(0.7), np.int64(50), np.float32(0.9), np.uint64(2**64 - 1))
+    for t in range(20):
+        assert Sampler(s).sample(l, t) == literal_sample(l, float(np.float32(0.7)), 50, float(np.float32(0.9)),
+                                                         2**64 - 1, t)
+
+
 def test_sampling_follows_the_distribution():
     # T = 1, no cuts: the frequencies of the draws over many positions follow softmax(l).
     l = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
