@@ -29,8 +29,8 @@ F32 = np.float32
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x (dim,) f32, w (dim,) f32 -> (dim,) f32: x * (1/sqrt(mean(x^2) + eps)) * w."""
-    inv = F32(1.0) / np.sqrt(np.mean(x * x, dtype=F32) + F32(eps))
+    """x (..., dim) f32, w (dim,) f32 -> (..., dim) f32: each row x * (1/sqrt(mean(x^2) + eps)) * w."""
+    inv = F32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True, dtype=F32) + F32(eps))
     return (x * inv * w).astype(F32, copy=False)
 
 
@@ -40,16 +40,18 @@ def gemv(W: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -> np.nda
     return y + bias if bias is not None else y
 
 
-def rope(x_heads: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
-    """x_heads (n, head_dim) f32 rotated for position `pos` -> new (n, head_dim) f32 array.
+def rope(x_heads: np.ndarray, pos, inv_freq: np.ndarray) -> np.ndarray:
+    """x_heads (n, head_dim) f32 rotated for position `pos` -> new (n, head_dim) f32 array; or
+    x_heads (T, n, head_dim) with pos (T,), row t rotated for position pos[t].
 
     Rotate-half pairing: (x[i], x[i + head_dim/2]) for i < head_dim/2, angle pos * inv_freq[i].
     """
     half = x_heads.shape[-1] // 2
-    angle = F32(pos) * inv_freq.astype(F32, copy=False)
+    p = np.asarray(pos, dtype=F32)
+    angle = (p[:, None, None] if p.ndim else p) * inv_freq.astype(F32, copy=False)
     cos, sin = np.cos(angle), np.sin(angle)
-    x1, x2 = x_heads[:, :half], x_heads[:, half:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1)
+    x1, x2 = x_heads[..., :half], x_heads[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_kv_heads: int) -> np.ndarray:
@@ -67,6 +69,32 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int,
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     return np.matmul(probs, v).reshape(n_heads, head_dim)
+
+
+def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+                     n_kv_heads: int) -> np.ndarray:
+    """The attention of T tokens at positions start..start+T-1, each over cached positions 0..its own.
+
+    q (T, n_heads, head_dim) f32; k_cache, v_cache (n_kv_heads, >= start+T, head_dim) f32
+    -> (T, n_heads, head_dim) f32.
+    """
+    t, n_heads, head_dim = q.shape
+    group, seen = n_heads // n_kv_heads, start + t
+    qg = q.reshape(t, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)  # (kv, group, T, hd)
+    k = k_cache[:, None, :seen]
+    v = v_cache[:, None, :seen]
+    scores = np.matmul(qg, k.transpose(0, 1, 3, 2)) * F32(1.0 / math.sqrt(head_dim))  # (kv, group, T, seen)
+    future = np.arange(seen)[None, :] > (start + np.arange(t))[:, None]
+    scores = np.where(future, F32(-np.inf), scores)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    return np.matmul(probs, v).transpose(2, 0, 1, 3).reshape(t, n_heads, head_dim)
+
+
+def linear(x: np.ndarray, W: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (T, in) f32 @ W (out, in)^T [+ bias (out,)] -> (T, out) f32: gemv for every row."""
+    y = x @ W.T
+    return y + bias if bias is not None else y
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -88,6 +116,10 @@ def argmax(logits: np.ndarray) -> int:
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 values -> the nearest bf16 values (ties to even), as float32: what the KV cache holds."""
     return bf16_to_f32(f32_to_bf16(x))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 class _Layer:
@@ -138,9 +170,8 @@ class ReferenceModel:
         """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos.
         With logits=False only the KV cache is filled (a prompt position nobody samples)."""
         cfg = self.config
-        if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or not 0 <= token < cfg.vocab:
-            raise InvalidArgumentError(f"token {token!r} out of range 0..{cfg.vocab - 1}")
-        if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool) or not 0 <= pos < self.max_seq:
+        self._check_token(token)
+        if not _is_int(pos) or not 0 <= pos < self.max_seq:
             raise InvalidArgumentError(f"position {pos!r} out of range 0..{self.max_seq - 1}")
         token, pos = int(token), int(pos)
         hd = cfg.head_dim
@@ -161,6 +192,49 @@ class ReferenceModel:
         if not logits:
             return None
         return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
+
+    def _check_token(self, token) -> None:
+        if not _is_int(token) or not 0 <= token < self.config.vocab:
+            raise InvalidArgumentError(f"token {token!r} out of range 0..{self.config.vocab - 1}")
+
+    def prefill(self, tokens: list[int], start: int = 0, chunk: int | None = None) -> np.ndarray:
+        """Run `tokens` at positions start..start+len-1 -> the logits of the last (vocab,) f32.
+
+        Writes k/v at every position, as forward() one token at a time would; the tokens of a chunk
+        (`chunk` at a time, all at once by default) go through each layer together, each chunk
+        attending to the cache the earlier ones wrote. Only summation order differs from forward().
+        """
+        tokens = list(tokens)
+        if not tokens:
+            raise InvalidArgumentError("tokens must hold at least one token")
+        for tok in tokens:
+            self._check_token(tok)
+        if not _is_int(start) or start < 0 or start + len(tokens) > self.max_seq:
+            raise InvalidArgumentError(f"{len(tokens)} tokens from position {start!r} exceed max_seq {self.max_seq}")
+        if chunk is not None and (not _is_int(chunk) or chunk < 1):
+            raise InvalidArgumentError(f"chunk must be a positive integer, got {chunk!r}")
+        step = int(chunk) if chunk is not None else len(tokens)
+        for off in range(0, len(tokens), step):
+            x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off)
+        return gemv(self.lm_head, rmsnorm(x[-1], self.final_norm, self.config.rms_eps))
+
+    def _prefill_chunk(self, tokens: list[int], start: int) -> np.ndarray:
+        """The chunk's tokens through every layer -> their residual streams (T, dim) f32."""
+        cfg, t, hd = self.config, len(tokens), self.config.head_dim
+        positions = start + np.arange(t)
+        x = self.embed[tokens]  # (T, dim), a copy
+        for li, L in enumerate(self.layers):
+            h = rmsnorm(x, L.attn_norm, cfg.rms_eps)
+            q = rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq)
+            k = rope(linear(h, L.wk, L.bk).reshape(t, cfg.n_kv_heads, hd), positions, self.inv_freq)
+            v = linear(h, L.wv, L.bv).reshape(t, cfg.n_kv_heads, hd)
+            self.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
+            self.v_cache[li, :, start:start + t] = round_bf16(v).transpose(1, 0, 2)
+            att = causal_attention(q, self.k_cache[li], self.v_cache[li], start, cfg.n_kv_heads)
+            x = x + linear(att.reshape(t, -1), L.wo)
+            h = rmsnorm(x, L.mlp_norm, cfg.rms_eps)
+            x = x + linear(swiglu(linear(h, L.w_gate), linear(h, L.w_up)), L.w_down)
+        return x
 
     def greedy(self, prompt: list[int], n_new: int, start_pos: int = 0) -> list[int]:
         """Feed `prompt` from `start_pos`, then pick `n_new` tokens greedily; returns the new tokens."""

@@ -239,6 +239,60 @@ int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, 
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
 
+/* The prefill: a chunk of prompt tokens through the whole model in one forward. The matrix
+ * products run on tensor cores with bf16 inputs and float32 sums: a product's input (the normed
+ * activations, the attention output, the SwiGLU output) is rounded to bf16, the residual stream
+ * stays float32, and the KV cache is written exactly as the decode writes it for each position
+ * (up to those roundings upstream). */
+
+/* Reserves the prefill's activations for chunks of up to max_chunk tokens (allocates; call at
+ * load time, not per request; a chunk is never longer than the model's max_seq, so at most that
+ * many are reserved). A later call with a larger max_chunk reallocates; a smaller one keeps the
+ * reservation. Not while a graph is being captured. */
+int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk);
+/* The forward over tokens[0..n) at positions start..start+n-1: the KV cache written for every one
+ * of them, and the logits of the last (position start+n-1) written where arc_model_logits points,
+ * what arc_model_forward would leave there for that token. In chunks of at most the reserved
+ * size, enqueued on the context's stream; no host wait, no synchronize. `tokens` is device memory
+ * or a mapped host pointer (read on the device). Requires n >= 1, start >= 0,
+ * start + n <= max_seq, a reservation, every tensor uploaded. Token ids are not checked on the
+ * device (an id outside the vocabulary writes NaN, as the decode embedding does); the caller
+ * validates them. */
+int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start);
+/* The model's KV cache (device memory): k and v, each (n_layers, n_kv_heads, max_seq, head_dim)
+ * bf16; rows the forward or the prefill have not written hold zeros. */
+int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
+
+/* The prefill's kernels, one entry point each, as arc_op_* above (the prefill launches the same
+ * launchers). */
+
+/* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight
+ * matrix as the model stores it), c float32, on tensor cores with float32 sums. bias is optional
+ * (NULL) and does not combine with accumulate. k % 8 == 0, m <= 4194240; a and w 16-byte
+ * aligned, c 8-byte aligned and distinct from a and w. */
+int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n, int32_t k,
+                     const uint16_t *bias, int32_t accumulate, float *c);
+
+/* h (m, n) bf16 = silu(a @ Wg^T) * (a @ Wu^T), rounded to nearest even, where w_gate_up =
+ * [Wg; Wu] (2 * n, k) bf16. n even, h 4-byte aligned and distinct from a; otherwise as
+ * arc_op_gemm_bf16. */
+int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m, int32_t n,
+                            int32_t k, uint16_t *h);
+
+/* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache
+ * writes: qkv (n, q | k | v) float32, each row as arc_op_attention reads it (unrotated). q and k
+ * are rotated at each token's position as arc_op_attention rotates them; k and v, rounded to bf16,
+ * are stored at rows start..start+n-1 of k_cache and v_cache (n_kv_heads, max_seq, head_dim); q,
+ * rounded to bf16, goes to q_scratch (n, n_heads, head_dim). Then out (n, n_heads, head_dim) bf16 =
+ * softmax(q k^T / sqrt(head_dim)) v, the query at position p over cache rows 0..p (the rows of
+ * earlier positions must have been written), query head h reading kv head
+ * h / (n_heads / n_kv_heads); the probabilities are rounded to bf16 for the product with v.
+ * head_dim even and <= 128, n >= 1, start >= 0, start + n <= max_seq <= 1048576; the caches and
+ * q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte aligned. */
+int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                             uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                             int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out);
+
 /* ---- Test hooks: the scripted model and fault injection. Not part of the decode API: they
  * exist so that the loop and its fault detection can be tested on a GPU without a model. ---- */
 

@@ -109,6 +109,13 @@ int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...)
     return ARC_OK;
 }
 
+// Returns the status of a failed launcher: a forward stops at the first error.
+#define ARC_TRY(call)                          \
+    do {                                       \
+        int arc_st_ = (call);                  \
+        if (arc_st_ != ARC_OK) return arc_st_; \
+    } while (0)
+
 // silu(g) = g / (1 + exp(-g)); for very negative g, exp overflows to inf and g / inf = -0.
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
@@ -120,3 +127,96 @@ enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
 // The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
 // each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq);
+
+// ---- Tensor cores (sm_80+), for the prefill's matrix products and attention ----------------
+
+// 16 bytes global -> shared without a register round trip; with valid false the 16 bytes are
+// zero-filled and nothing is read (src must still be a legal address).
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Four 8x8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
+// l / 8; `trans` hands each thread the transposed elements.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d (16x8 f32) += a (16x16 bf16, row-major fragment) . b (16x8 bf16, column-major fragment).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to bf16 (nearest even, NaN kept) in one word, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Element d of a head row x (float32) under rotate-half RoPE: d pairs with d +- half, angle i =
+// d mod half with cosine c[i] and sine s[i]. Explicit roundings (no fused multiply-add), as the
+// reference computes it; the decode attention and the prefill rotate identically.
+__device__ __forceinline__ float rope_rotate_half(const float *x, int d, int half, const float *c, const float *s) {
+    if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
+    const int i = d - half;
+    return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
+}
+
+// The prefill's tensor-core launchers (gemm.cu, prefill_attention.cu) are the arc_op_gemm_bf16,
+// arc_op_gemm_swiglu_bf16 and arc_op_prefill_attention entry points of arc.h.
+
+// The prefill's activations for chunks of up to max_chunk tokens, one allocation (prefill.cu);
+// an arc_model holds one, all zero until arc_model_prefill_reserve.
+struct PrefillBuffers {
+    void *mem;
+    int32_t max_chunk;
+    float *x;       // residual stream (max_chunk, dim)
+    uint16_t *xn;   // normed input of a product, bf16 (max_chunk, dim)
+    float *qkv;     // (max_chunk, q_dim + 2 * kv_dim)
+    uint16_t *q;    // rotated queries, bf16 (max_chunk, q_dim)
+    uint16_t *att;  // attention output, bf16 (max_chunk, q_dim)
+    uint16_t *h;    // SwiGLU output, bf16 (max_chunk, ffn_dim)
+};
+// Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
+void prefill_buffers_release(PrefillBuffers *b);
+
+// ---- What the prefill (prefill.cu) reads of a model (model.cu) ------------------------------
+
+// One layer's weights, each group the forward reads as one matrix given by its first member
+// (Wq Wk Wv, bq bk bv, Wgate Wup), and the layer's KV cache, each (n_kv_heads, max_seq, head_dim).
+struct LayerParts {
+    const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *mlp_norm, *w_gate_up, *w_down;
+    uint16_t *k_cache, *v_cache;
+};
+
+struct ModelParts {
+    arc_context *ctx;
+    arc_model_config cfg;
+    int32_t q_dim, kv_dim, qkv_rows;
+    const uint16_t *embed, *final_norm, *lm_head;  // lm_head is embed when tied
+    const float *inv_freq;
+    float *logits;
+    PrefillBuffers *prefill;
+};
+
+ModelParts model_parts(arc_model *m);
+LayerParts model_layer(const arc_model *m, int layer);
+// ARC_OK, or the error naming the first tensor the forward needs that was never uploaded, as
+// reported by entry point `who`.
+int model_check_uploaded(const arc_model *m, const char *who);

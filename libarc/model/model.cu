@@ -59,6 +59,7 @@ struct arc_model {
     float *h;        // swiglu output (ffn_dim)
     float *logits;   // (vocab)
     float *scratch;  // attention partials
+    PrefillBuffers prefill;  // the prefill's activations, once reserved (prefill.cu)
 };
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
@@ -144,6 +145,7 @@ static void model_release(arc_model *m) {
     if (m->weights) cudaFree(m->weights);
     if (m->kv) cudaFree(m->kv);
     if (m->act) cudaFree(m->act);
+    prefill_buffers_release(&m->prefill);
     free(m->uploaded);
     free(m);
 }
@@ -247,7 +249,7 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
 }
 
 // The first tensor the forward needs that was never uploaded, as an error; ARC_OK if none.
-static int check_uploaded(const arc_model *m) {
+int model_check_uploaded(const arc_model *m, const char *who) {
     const arc_model_config &c = m->cfg;
     for (int t = 0; t < TENSOR_COUNT; ++t) {
         if (m->bytes[t] == 0) continue;  // absent in this configuration
@@ -255,21 +257,46 @@ static int check_uploaded(const arc_model *m) {
         for (int l = 0; l < layers; ++l) {
             if (m->uploaded[t * c.n_layers + l]) continue;
             if (per_layer(t))
-                return arc_fail(ARC_INVALID_ARGUMENT, "arc_model_forward",
-                                "%s of layer %d was never uploaded (arc_model_upload)", TENSOR_NAMES[t], l);
-            return arc_fail(ARC_INVALID_ARGUMENT, "arc_model_forward", "%s was never uploaded (arc_model_upload)",
-                            TENSOR_NAMES[t]);
+                return arc_fail(ARC_INVALID_ARGUMENT, who, "%s of layer %d was never uploaded (arc_model_upload)",
+                                TENSOR_NAMES[t], l);
+            return arc_fail(ARC_INVALID_ARGUMENT, who, "%s was never uploaded (arc_model_upload)", TENSOR_NAMES[t]);
         }
     }
     return ARC_OK;
 }
 
-// Returns the status of a failed launcher: the forward stops at the first error.
-#define ARC_TRY(call)                          \
-    do {                                       \
-        int arc_st_ = (call);                  \
-        if (arc_st_ != ARC_OK) return arc_st_; \
-    } while (0)
+// The size table keeps Wq Wk Wv (and bq bk bv, and Wgate Wup) adjacent, so each group is read
+// as one matrix from its first member.
+LayerParts model_layer(const arc_model *m, int l) {
+    LayerParts p;
+    p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
+    p.wqkv = bf16_at(m, ARC_TENSOR_WQ, l);
+    p.bqkv = m->cfg.qkv_bias ? bf16_at(m, ARC_TENSOR_BQ, l) : nullptr;
+    p.wo = bf16_at(m, ARC_TENSOR_WO, l);
+    p.mlp_norm = bf16_at(m, ARC_TENSOR_MLP_NORM, l);
+    p.w_gate_up = bf16_at(m, ARC_TENSOR_W_GATE, l);
+    p.w_down = bf16_at(m, ARC_TENSOR_W_DOWN, l);
+    p.k_cache = m->kv + (uint64_t)l * m->kv_layer_elems;
+    p.v_cache = m->kv + (uint64_t)(m->cfg.n_layers + l) * m->kv_layer_elems;
+    return p;
+}
+
+ModelParts model_parts(arc_model *m) {
+    const arc_model_config &c = m->cfg;
+    ModelParts p;
+    p.ctx = m->ctx;
+    p.cfg = c;
+    p.q_dim = m->q_dim;
+    p.kv_dim = m->kv_dim;
+    p.qkv_rows = m->qkv_rows;
+    p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
+    p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);
+    p.lm_head = bf16_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
+    p.inv_freq = reinterpret_cast<const float *>(tensor_at(m, ARC_TENSOR_ROPE_INV_FREQ, 0));
+    p.logits = m->logits;
+    p.prefill = &m->prefill;
+    return p;
+}
 
 extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
     ARC_REQUIRE(model && loop, "null argument");
@@ -279,7 +306,7 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
     ARC_REQUIRE(loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
     ARC_REQUIRE(loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
                 c.max_seq);
-    ARC_TRY(check_uploaded(model));
+    ARC_TRY(model_check_uploaded(model, __func__));
     const uint32_t *token = nullptr;
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
@@ -291,26 +318,18 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
     const float eps = c.rms_eps;
     float *x = model->x, *qkv = model->qkv, *att = model->att, *h = model->h;
     float *scratch = model->scratch, *logits = model->logits;
-    const uint16_t *embed = bf16_at(model, ARC_TENSOR_EMBED, 0);
-    const uint16_t *final_norm = bf16_at(model, ARC_TENSOR_FINAL_NORM, 0);
-    const uint16_t *lm_head = bf16_at(model, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
-    const float *inv_freq = reinterpret_cast<const float *>(tensor_at(model, ARC_TENSOR_ROPE_INV_FREQ, 0));
+    const ModelParts parts = model_parts(model);
+    const uint16_t *embed = parts.embed, *final_norm = parts.final_norm, *lm_head = parts.lm_head;
+    const float *inv_freq = parts.inv_freq;
     const uint16_t *no_bias = nullptr, *no_norm = nullptr;
 
     // x = embed[token]
     ARC_TRY(arc_op_embedding(ctx, embed, vocab, dim, token, x));
     for (int l = 0; l < c.n_layers; ++l) {
-        // This layer's weights. The size table keeps Wq Wk Wv (and bq bk bv, and Wgate Wup)
-        // adjacent, so each group is read as one matrix from its first member.
-        const uint16_t *attn_norm = bf16_at(model, ARC_TENSOR_ATTN_NORM, l);
-        const uint16_t *wqkv = bf16_at(model, ARC_TENSOR_WQ, l);
-        const uint16_t *bqkv = c.qkv_bias ? bf16_at(model, ARC_TENSOR_BQ, l) : no_bias;
-        const uint16_t *wo = bf16_at(model, ARC_TENSOR_WO, l);
-        const uint16_t *mlp_norm = bf16_at(model, ARC_TENSOR_MLP_NORM, l);
-        const uint16_t *w_gate_up = bf16_at(model, ARC_TENSOR_W_GATE, l);
-        const uint16_t *w_down = bf16_at(model, ARC_TENSOR_W_DOWN, l);
-        uint16_t *k_cache = model->kv + (uint64_t)l * model->kv_layer_elems;
-        uint16_t *v_cache = model->kv + (uint64_t)(c.n_layers + l) * model->kv_layer_elems;
+        const LayerParts lw = model_layer(model, l);
+        const uint16_t *attn_norm = lw.attn_norm, *wqkv = lw.wqkv, *bqkv = lw.bqkv, *wo = lw.wo;
+        const uint16_t *mlp_norm = lw.mlp_norm, *w_gate_up = lw.w_gate_up, *w_down = lw.w_down;
+        uint16_t *k_cache = lw.k_cache, *v_cache = lw.v_cache;
 
         // qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
         ARC_TRY(arc_op_gemv(ctx, wqkv, x, qkv_rows, dim, bqkv, attn_norm, eps, /*accumulate=*/0, qkv));

@@ -1,0 +1,294 @@
+// gemm.cu -- the prefill's matrix products on tensor cores: C = A W^T with A the chunk's
+// activations (m tokens, bf16) and W a weight matrix as the model stores it (rows of k, bf16),
+// float32 sums, and the epilogue the forward needs fused in (bias, residual add, SwiGLU).
+//
+// mma.sync m16n8k16 (sm_80+, also what sm_90 runs), fed by ldmatrix from shared memory that a
+// multi-stage cp.async pipeline fills; 16-byte chunks of each 128-byte tile row are XOR-swizzled
+// by the row so that the eight rows one ldmatrix reads fall on distinct banks. One kernel template,
+// four tile shapes: large tiles for long products, small ones so that short products (a small
+// model, a short chunk) still occupy every SM. Choosing the shape is all that depends on speed.
+#include "kernels.cuh"
+
+enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunks per tile row
+
+enum GemmEpilogue { EPI_STORE = 0, EPI_ACCUMULATE = 1, EPI_SWIGLU = 2 };
+
+struct GemmArgs {
+    const uint16_t *a, *w;  // a (m, k), w (n, k) bf16; for SWIGLU w = [Wg; Wu] (2 n, k)
+    int m, n, k;            // n: output columns (SWIGLU: of h)
+    const uint16_t *bias;   // (n) or null; STORE only
+    float *c;               // (m, n) float32: STORE, ACCUMULATE
+    uint16_t *h;            // (m, n) bf16: SWIGLU
+};
+
+// Element offset of (row, 8-element chunk) in a tile of rows of GEMM_BK elements.
+__device__ __forceinline__ int tile_offset(int row, int chunk) { return row * GEMM_BK + ((chunk ^ (row & 7)) << 3); }
+
+// The tile shape: BM x BN outputs per block, WARPS_M x WARPS_N warps, each WM x WN of them.
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_BLOCKS_>
+struct GemmTile {
+    static constexpr int BM = BM_, BN = BN_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
+    static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+    static constexpr int SMEM = STAGES * (BM + BN) * GEMM_BK * 2;
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "a warp covers whole 16x16 fragment pairs");
+    static_assert((BM * GEMM_CHUNKS) % THREADS == 0 && (BN * GEMM_CHUNKS) % THREADS == 0, "even tile loads");
+};
+
+// The weight row that row r of a block's W tile holds, or -1 past the end. SWIGLU interleaves
+// per warp: of the WN rows of warp column wn, the first half are gate rows and the second half
+// the up rows of the same outputs, so each thread ends with a gate and its up in registers.
+template <class T, int EPI>
+__device__ __forceinline__ int weight_row(int r, int block_n, int n) {
+    if constexpr (EPI == EPI_SWIGLU) {
+        constexpr int HALF = T::WN / 2;
+        const int wn = r / T::WN, within = r % T::WN;
+        const int out = block_n * (T::BN / 2) + wn * HALF + within % HALF;
+        if (out >= n) return -1;
+        return within < HALF ? out : n + out;
+    } else {
+        const int row = block_n * T::BN + r;
+        return row < n ? row : -1;
+    }
+}
+
+// One stage: the A rows [m0, m0 + BM) and the W tile's rows, columns [k0, k0 + GEMM_BK); chunks
+// past m, the weight rows or k are zero-filled.
+template <class T, int EPI>
+__device__ __forceinline__ void load_stage(const GemmArgs &p, uint16_t *sa, uint16_t *sw, int m0, int block_n,
+                                           int k0, int tid) {
+    const uint32_t a_base = smem_addr(sa), w_base = smem_addr(sw);
+#pragma unroll
+    for (int i = 0; i < T::BM * GEMM_CHUNKS / T::THREADS; ++i) {
+        const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
+        const int k = k0 + chunk * 8;
+        const bool ok = m0 + row < p.m && k < p.k;
+        const uint16_t *src = ok ? p.a + (size_t)(m0 + row) * p.k + k : p.a;
+        cp_async16(a_base + tile_offset(row, chunk) * 2, src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < T::BN * GEMM_CHUNKS / T::THREADS; ++i) {
+        const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
+        const int k = k0 + chunk * 8;
+        const int wrow = weight_row<T, EPI>(row, block_n, p.n);
+        const bool ok = wrow >= 0 && k < p.k;
+        const uint16_t *src = ok ? p.w + (size_t)wrow * p.k + k : p.w;
+        cp_async16(w_base + tile_offset(row, chunk) * 2, src, ok);
+    }
+}
+
+// C tile (blockIdx.y, blockIdx.x) of A W^T, epilogue EPI. Launch: grid (ceil(n_w / BN), ceil(m /
+// BM)) with n_w the rows of W (2 n for SWIGLU), T::THREADS threads, T::SMEM bytes of dynamic
+// shared memory. Limits: k % 8 == 0, a and w 16-byte aligned; c 8-byte aligned.
+template <class T, int EPI>
+__global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArgs p) {
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *sa = smem, *sw = smem + T::STAGES * T::BM * GEMM_BK;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
+    const int m0 = blockIdx.y * T::BM, block_n = blockIdx.x;
+    const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK;
+
+    pdl_launch_dependents();
+    pdl_wait();  // A is the previous kernel's output
+
+#pragma unroll
+    for (int s = 0; s < T::STAGES - 1; ++s) {
+        if (s < k_tiles)
+            load_stage<T, EPI>(p, sa + s * T::BM * GEMM_BK, sw + s * T::BN * GEMM_BK, m0, block_n, s * GEMM_BK, tid);
+        cp_async_commit();
+    }
+
+    float acc[T::MI][T::NI][4];
+#pragma unroll
+    for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < T::NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    // ldmatrix rows: A, lane l reads row l % 16 of its 16-row tile, chunk l / 16 of the k16 step;
+    // W, lane l reads row (l / 16) * 8 + l % 8 of its 16-row pair of n8 tiles, chunk (l / 8) % 2.
+    const int a_row = wm * T::WM + lane % 16, a_chunk = lane / 16;
+    const int w_row = wn * T::WN + (lane / 16) * 8 + lane % 8, w_chunk = (lane / 8) % 2;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<T::STAGES - 2>();
+        __syncthreads();  // stage kt has landed for every thread; stage kt - 1 is free to refill
+        const int next = kt + T::STAGES - 1;
+        if (next < k_tiles) {
+            const int s = next % T::STAGES;
+            load_stage<T, EPI>(p, sa + s * T::BM * GEMM_BK, sw + s * T::BN * GEMM_BK, m0, block_n, next * GEMM_BK,
+                               tid);
+        }
+        cp_async_commit();
+
+        const int s = kt % T::STAGES;
+        const uint32_t a_base = smem_addr(sa + s * T::BM * GEMM_BK), w_base = smem_addr(sw + s * T::BN * GEMM_BK);
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
+            uint32_t af[T::MI][4], wf[T::NI / 2][4];
+#pragma unroll
+            for (int i = 0; i < T::MI; ++i)
+                ldmatrix_x4(a_base + tile_offset(a_row + i * 16, kk * 2 + a_chunk) * 2, af[i]);
+#pragma unroll
+            for (int j = 0; j < T::NI / 2; ++j)
+                ldmatrix_x4(w_base + tile_offset(w_row + j * 16, kk * 2 + w_chunk) * 2, wf[j]);
+#pragma unroll
+            for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+                for (int j = 0; j < T::NI; ++j) mma_bf16_16816(acc[i][j], af[i], wf[j / 2][(j % 2) * 2], wf[j / 2][(j % 2) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Thread (lane) holds rows g and g + 8 of each 16-row tile, columns 2t and 2t + 1 of each n8.
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < T::MI; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = m0 + wm * T::WM + i * 16 + g + half * 8;
+            if (row >= p.m) continue;
+            if constexpr (EPI == EPI_SWIGLU) {
+#pragma unroll
+                for (int j = 0; j < T::NI / 2; ++j) {
+                    const int col = block_n * (T::BN / 2) + wn * (T::WN / 2) + j * 8 + 2 * t;
+                    if (col >= p.n) continue;  // n is even: col + 1 < n too
+                    const float *gate = &acc[i][j][half * 2], *up = &acc[i][j + T::NI / 2][half * 2];
+                    *reinterpret_cast<uint32_t *>(p.h + (size_t)row * p.n + col) =
+                        pack_bf16x2(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < T::NI; ++j) {
+                    const int col = block_n * T::BN + wn * T::WN + j * 8 + 2 * t;
+                    float v0 = acc[i][j][half * 2], v1 = acc[i][j][half * 2 + 1];
+                    float *dst = p.c + (size_t)row * p.n + col;
+                    if (col + 1 < p.n) {
+                        if constexpr (EPI == EPI_STORE) {
+                            if (p.bias) {
+                                v0 += bf16_to_f32(p.bias[col]);
+                                v1 += bf16_to_f32(p.bias[col + 1]);
+                            }
+                        }
+                        if (p.n % 2 == 0) {  // 8-byte aligned pair
+                            float2 *d2 = reinterpret_cast<float2 *>(dst);
+                            if constexpr (EPI == EPI_ACCUMULATE) {
+                                const float2 old = *d2;
+                                v0 += old.x;
+                                v1 += old.y;
+                            }
+                            *d2 = make_float2(v0, v1);
+                        } else {
+                            if constexpr (EPI == EPI_ACCUMULATE) {
+                                v0 += dst[0];
+                                v1 += dst[1];
+                            }
+                            dst[0] = v0;
+                            dst[1] = v1;
+                        }
+                    } else if (col < p.n) {
+                        if constexpr (EPI == EPI_STORE) {
+                            if (p.bias) v0 += bf16_to_f32(p.bias[col]);
+                        }
+                        if constexpr (EPI == EPI_ACCUMULATE) v0 += dst[0];
+                        dst[0] = v0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The tile shapes (see docs/PERF.md for how they were chosen and measured).
+using TileL = GemmTile<128, 256, 2, 4, 3, 1>;  // long products: 64x64 per warp
+using TileM = GemmTile<128, 128, 2, 4, 3, 2>;
+using TileS = GemmTile<64, 128, 2, 2, 4, 2>;
+using TileXS = GemmTile<64, 64, 2, 2, 4, 3>;   // short products: many blocks
+
+template <class T, int EPI>
+static int launch_tile(arc_context *ctx, const GemmArgs &p) {
+    auto kernel = gemm_kernel<T, EPI>;
+    if (T::SMEM > 48 * 1024)  // a host-side attribute, legal while capturing
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM));
+    const int n_w = EPI == EPI_SWIGLU ? 2 * p.n : p.n;
+    const dim3 grid((n_w + T::BN - 1) / T::BN, (p.m + T::BM - 1) / T::BM);
+    return arc_launch_pdl(ctx, "gemm_kernel", kernel, grid, dim3(T::THREADS), (size_t)T::SMEM, p);
+}
+
+enum { TILE_L, TILE_M, TILE_S, TILE_XS, TILE_COUNT };
+
+// Relative time of a product under each shape: waves of blocks over the SMs, each wave costing
+// the tile's area divided by how fast the shape runs per SM (its blocks resident together
+// share the SM). Speeds per SM relative to TileL, measured on the H200 (docs/PERF.md).
+static int pick_tile(const arc_context *ctx, int m, int n_w) {
+    static const int bm[TILE_COUNT] = {128, 128, 64, 64}, bn[TILE_COUNT] = {256, 128, 128, 64};
+    static const int per_sm[TILE_COUNT] = {1, 2, 2, 3};
+    static const double speed[TILE_COUNT] = {1.0, 0.9, 0.75, 0.6};
+    int best = TILE_L;
+    double best_cost = 0.0;
+    for (int t = 0; t < TILE_COUNT; ++t) {
+        const long long tiles = (long long)((m + bm[t] - 1) / bm[t]) * ((n_w + bn[t] - 1) / bn[t]);
+        const long long slots = (long long)ctx->sm_count * per_sm[t];
+        const double waves = (double)((tiles + slots - 1) / slots);
+        const double cost = waves * bm[t] * bn[t] * per_sm[t] / speed[t];
+        if (t == TILE_L || cost < best_cost) {
+            best = t;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <int EPI>
+static int launch_gemm(arc_context *ctx, const GemmArgs &p, int tile) {
+    switch (tile) {
+    case TILE_L: return launch_tile<TileL, EPI>(ctx, p);
+    case TILE_M: return launch_tile<TileM, EPI>(ctx, p);
+    case TILE_S: return launch_tile<TileS, EPI>(ctx, p);
+    default: return launch_tile<TileXS, EPI>(ctx, p);
+    }
+}
+
+static int check_gemm(const char *who, const GemmArgs &p, const void *out) {
+    if (!p.a || !p.w || !out) return arc_fail(ARC_INVALID_ARGUMENT, who, "null pointer (a, w and the output are required)");
+    if (p.m <= 0 || p.n <= 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "m and n must be positive, got %d and %d", p.m, p.n);
+    if (p.k <= 0 || p.k % 8 != 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "k must be a positive multiple of 8, got %d", p.k);
+    if ((uintptr_t)p.a % 16 != 0 || (uintptr_t)p.w % 16 != 0)
+        return arc_fail(ARC_INVALID_ARGUMENT, who, "a and w must be 16-byte aligned");
+    if (p.m > 65535 * 64) return arc_fail(ARC_INVALID_ARGUMENT, who, "m %d exceeds the limit %d", p.m, 65535 * 64);
+    return ARC_OK;
+}
+
+// Checks the arguments common to both entry points, picks the tile shape and launches.
+static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, int epilogue) {
+    if (!ctx) return arc_fail(ARC_INVALID_ARGUMENT, who, "ctx is null");
+    const void *out = epilogue == EPI_SWIGLU ? (const void *)p.h : (const void *)p.c;
+    int st = check_gemm(who, p, out);
+    if (st != ARC_OK) return st;
+    const int tile = pick_tile(ctx, p.m, epilogue == EPI_SWIGLU ? 2 * p.n : p.n);
+    if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
+    if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
+    return launch_gemm<EPI_STORE>(ctx, p, tile);
+}
+
+extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n,
+                                int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
+    ARC_REQUIRE(!(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
+    ARC_REQUIRE(c == nullptr || (uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
+    ARC_REQUIRE((const void *)c != (const void *)a && (const void *)c != (const void *)w, "c must not alias a or w");
+    GemmArgs p = {a, w, m, n, k, bias, c, nullptr};
+    return gemm_checked(ctx, __func__, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
+}
+
+extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
+                                       int32_t n, int32_t k, uint16_t *h) {
+    ARC_REQUIRE(n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
+    ARC_REQUIRE(h == nullptr || (uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
+    ARC_REQUIRE((const void *)h != (const void *)a, "h must not alias a");
+    GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h};
+    return gemm_checked(ctx, __func__, p, EPI_SWIGLU);
+}

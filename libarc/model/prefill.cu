@@ -1,0 +1,178 @@
+// prefill.cu -- the prompt in one forward per chunk: every token of a chunk goes through the
+// whole model together, so each weight is read once per chunk instead of once per token, and the
+// products run on tensor cores (gemm.cu) instead of the decode's GEMVs.
+//
+// Per chunk: the embedding rows, then per layer 7 kernels:
+//   1 rmsnorm_rows  xn = bf16(rmsnorm(x, attn_norm))                        (c, dim)
+//   2 gemm          qkv = xn [Wq; Wk; Wv]^T (+ [bq; bk; bv])                 (c, q_dim + 2 kv_dim) f32
+//   3-4 attention   q, k rotated, k and v -> cache rows; att = causal attention (c, q_dim) bf16
+//   5 gemm          x += att Wo^T
+//   6 rmsnorm_rows  xn = bf16(rmsnorm(x, mlp_norm))
+//   7 gemm_swiglu   h = bf16(silu(xn Wg^T) * (xn Wu^T))                      (c, ffn_dim)
+//   8 gemm          x += h Wdown^T
+// and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
+// rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
+// Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
+#include <math.h>
+
+#include "kernels.cuh"
+
+enum { ROWS_THREADS = 256 };
+
+// x[i] (dim) = float(table[tokens[i]]), one block per row i. An id outside [0, vocab) fills the
+// row with NaN rather than read out of bounds. Limits: dim % 8 == 0, table and x 16-byte aligned.
+__global__ void __launch_bounds__(ROWS_THREADS)
+embed_rows_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float *__restrict__ x) {
+    pdl_launch_dependents();
+    pdl_wait();  // the tokens may come from an earlier kernel
+    const int i = blockIdx.x;
+    const uint32_t tok = (uint32_t)tokens[i];
+    float4 *row = reinterpret_cast<float4 *>(x + (size_t)i * dim);
+    const int nvec = dim / 8;
+    if (tok >= (uint32_t)vocab) {
+        const float nan = __uint_as_float(0x7fc00000u);
+        for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
+            row[2 * v] = make_float4(nan, nan, nan, nan);
+            row[2 * v + 1] = make_float4(nan, nan, nan, nan);
+        }
+        return;
+    }
+    const uint4 *src = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
+    for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
+        const uint4 g = src[v];
+        row[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
+        row[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
+    }
+}
+
+// xn[i] = bf16(x[i] * rsqrt(mean(x[i]^2) + eps) * w), the decode GEMV's fused norm (same formula)
+// rounded for the product that reads it; one block per row. Limits: dim % 8 == 0, x, w and xn
+// 16-byte aligned.
+__global__ void __launch_bounds__(ROWS_THREADS)
+rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, float eps,
+                    uint16_t *__restrict__ xn) {
+    __shared__ float red[ROWS_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int i = blockIdx.x, nvec = dim / 8;
+    const float4 *row = reinterpret_cast<const float4 *>(x + (size_t)i * dim);
+    float ss = 0.0f;
+    for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
+        const float4 a = row[2 * v], b = row[2 * v + 1];
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)dim + eps);
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    uint4 *out = reinterpret_cast<uint4 *>(xn + (size_t)i * dim);
+    for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
+        const float4 a = row[2 * v], b = row[2 * v + 1];
+        const uint4 g = wv[v];
+        out[v] = make_uint4(pack_bf16x2(a.x * inv * bf16_lo(g.x), a.y * inv * bf16_hi(g.x)),
+                            pack_bf16x2(a.z * inv * bf16_lo(g.y), a.w * inv * bf16_hi(g.y)),
+                            pack_bf16x2(b.x * inv * bf16_lo(g.z), b.y * inv * bf16_hi(g.z)),
+                            pack_bf16x2(b.z * inv * bf16_lo(g.w), b.w * inv * bf16_hi(g.w)));
+    }
+}
+
+void prefill_buffers_release(PrefillBuffers *b) {
+    if (b->mem) cudaFree(b->mem);
+    *b = PrefillBuffers{};
+}
+
+extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
+    ARC_REQUIRE(model, "model is null");
+    const ModelParts mp = model_parts(model);
+    const arc_model_config &c = mp.cfg;
+    arc_context *ctx = mp.ctx;
+    ARC_REQUIRE(max_chunk > 0, "max_chunk must be positive, got %d", max_chunk);
+    ARC_REQUIRE(!ctx->capturing, "the prefill's buffers cannot be reserved while a graph is being captured");
+    // A chunk never holds more tokens than the context.
+    const int32_t chunk = max_chunk < c.max_seq ? max_chunk : c.max_seq;
+    PrefillBuffers *b = mp.prefill;
+    if (chunk <= b->max_chunk) return ARC_OK;
+
+    const uint64_t rows = (uint64_t)chunk;
+    const uint64_t sizes[6] = {
+        rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4,
+        rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2,
+    };
+    uint64_t off[6], at = 0;
+    for (int i = 0; i < 6; ++i) {
+        off[i] = at;
+        at = (at + sizes[i] + 255) / 256 * 256;
+    }
+    void *mem = nullptr;
+    ARC_CUDA(ctx, cudaMalloc(&mem, at));  // on failure the old reservation stands
+    prefill_buffers_release(b);
+    uint8_t *base = (uint8_t *)mem;
+    b->mem = mem;
+    b->max_chunk = chunk;
+    b->x = (float *)(base + off[0]);
+    b->xn = (uint16_t *)(base + off[1]);
+    b->qkv = (float *)(base + off[2]);
+    b->q = (uint16_t *)(base + off[3]);
+    b->att = (uint16_t *)(base + off[4]);
+    b->h = (uint16_t *)(base + off[5]);
+    return ARC_OK;
+}
+
+static int launch_rmsnorm_rows(arc_context *ctx, const float *x, const uint16_t *w, int rows, int dim, float eps,
+                               uint16_t *xn) {
+    return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, w,
+                          dim, eps, xn);
+}
+
+// One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
+// residual streams afterwards.
+static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *tokens, int n, int start) {
+    arc_context *ctx = mp.ctx;
+    const arc_model_config &c = mp.cfg;
+    const PrefillBuffers &b = *mp.prefill;
+    const int dim = c.dim, ffn = c.ffn_dim, q_dim = mp.q_dim;
+    const float eps = c.rms_eps;
+    ARC_TRY(arc_launch_pdl(ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
+                           c.vocab, dim, tokens, b.x));
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerParts lw = model_layer(model, l);
+        ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.attn_norm, n, dim, eps, b.xn));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.xn, lw.wqkv, n, mp.qkv_rows, dim, lw.bqkv, /*accumulate=*/0, b.qkv));
+        ARC_TRY(arc_op_prefill_attention(ctx, b.qkv, mp.inv_freq, lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
+                                         c.head_dim, c.max_seq, n, start, b.q, b.att));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.att, lw.wo, n, dim, q_dim, nullptr, /*accumulate=*/1, b.x));
+        ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.mlp_norm, n, dim, eps, b.xn));
+        ARC_TRY(arc_op_gemm_swiglu_bf16(ctx, b.xn, lw.w_gate_up, n, ffn, dim, b.h));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.h, lw.w_down, n, dim, ffn, nullptr, /*accumulate=*/1, b.x));
+    }
+    return ARC_OK;
+}
+
+extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {
+    ARC_REQUIRE(model && tokens, "null argument");
+    const ModelParts mp = model_parts(model);
+    const arc_model_config &c = mp.cfg;
+    ARC_REQUIRE(n >= 1, "n must be at least 1, got %d", n);
+    ARC_REQUIRE(start >= 0 && (int64_t)start + n <= c.max_seq,
+                "tokens at positions %d..%lld do not fit in max_seq %d", start, (long long)start + n - 1, c.max_seq);
+    const int32_t chunk = mp.prefill->max_chunk;
+    ARC_REQUIRE(chunk > 0, "no prefill buffers: call arc_model_prefill_reserve first");
+    ARC_TRY(model_check_uploaded(model, __func__));
+    int32_t last = 0;
+    for (int32_t off = 0; off < n; off += chunk) {
+        last = n - off < chunk ? n - off : chunk;
+        ARC_TRY(prefill_chunk(model, mp, tokens + off, last, start + off));
+    }
+    // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
+    const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
+    return arc_op_gemv(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
+                       /*accumulate=*/0, mp.logits);
+}
+
+extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache) {
+    ARC_REQUIRE(model && k_cache && v_cache, "null argument");
+    const LayerParts first = model_layer(model, 0);  // layer 0 begins each of the k and v blocks
+    *k_cache = first.k_cache;
+    *v_cache = first.v_cache;
+    return ARC_OK;
+}

@@ -1,0 +1,263 @@
+// prefill_attention.cu -- attention for a chunk of prompt tokens at once: RoPE and the KV-cache
+// write for every position of the chunk, then causal attention of every query over the cache
+// (earlier chunks and this one), flash-style on tensor cores.
+//
+// Two kernels. rope_kv rotates q and k of each chunk token at its position exactly as the decode
+// attention does (same angles, same roundings), stores k and v to the bf16 cache and q, rounded
+// to bf16, to a scratch buffer. flash_prefill then takes 64 queries of one head per block (16 per
+// warp) and walks the keys in tiles of 64: S = Q K^T and O += P V by mma.sync (bf16 inputs, float32
+// sums), with the softmax running online (the row maximum and sum rescaled as they grow), so no
+// score matrix is ever stored. K and V tiles are double-buffered through cp.async.
+#include <math.h>
+
+#include "kernels.cuh"
+
+enum { ROPE_THREADS = 128, FLASH_Q = 64, FLASH_KV = 64, FLASH_THREADS = 128 };
+
+// q_out[i] (n_heads, hd) bf16, and cache rows start + i of k_cache, v_cache, for chunk token i =
+// blockIdx.x: q and k rotated (rotate-half, angle float(start + i) * inv_freq[j]) from
+// qkv[i] = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, all rounded to
+// nearest even. Launch: grid (n), ROPE_THREADS threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM.
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_freq, uint16_t *__restrict__ k_cache,
+               uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int start,
+               uint16_t *__restrict__ q_out) {
+    __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
+    const int i = blockIdx.x, pos = start + i, half = hd / 2, tid = threadIdx.x;
+    pdl_launch_dependents();
+    // The angles need only the weights: computed before the wait.
+    for (int j = tid; j < half; j += ROPE_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[j]), &sin_t[j], &cos_t[j]);
+    pdl_wait();
+    __syncthreads();
+    const float *row = qkv + (size_t)i * (n_heads + 2 * n_kv_heads) * hd;
+    for (int e = tid; e < n_heads * hd; e += ROPE_THREADS) {
+        const int head = e / hd, d = e % hd;
+        q_out[(size_t)i * n_heads * hd + e] = f32_to_bf16(rope_rotate_half(row + head * hd, d, half, cos_t, sin_t));
+    }
+    for (int e = tid; e < n_kv_heads * hd; e += ROPE_THREADS) {
+        const int kvh = e / hd, d = e % hd;
+        const size_t at = ((size_t)kvh * max_seq + pos) * hd + d;
+        k_cache[at] = f32_to_bf16(rope_rotate_half(row + (n_heads + kvh) * hd, d, half, cos_t, sin_t));
+        v_cache[at] = f32_to_bf16(row[(n_heads + n_kv_heads + kvh) * hd + d]);
+    }
+}
+
+// Element offset of (row, 8-element chunk) in a tile of rows of D elements; chunks are XOR-
+// swizzled by the row so that the 8 rows one ldmatrix reads lie on distinct banks.
+template <int D>
+__device__ __forceinline__ int row_offset(int row, int chunk) {
+    constexpr int CPR = D / 8;
+    const int sw = CPR >= 8 ? (row & 7) : ((row >> 1) & (CPR - 1));
+    return row * D + ((chunk ^ sw) << 3);
+}
+
+// 64 rows of hd bf16 elements, row r at src + r * stride (rows at or past `rows` and elements at
+// or past hd read as zeros), into a swizzled [64][D] tile. cp.async when rows are 16-byte
+// aligned (hd % 8 == 0); otherwise plain 4-byte loads, complete on return.
+template <int D>
+__device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, size_t stride, int rows, int hd,
+                                          int tid) {
+    constexpr int CPR = D / 8;
+    if (hd % 8 == 0) {
+        const uint32_t base = smem_addr(tile);
+        for (int e = tid; e < 64 * CPR; e += FLASH_THREADS) {
+            const int r = e / CPR, c = e % CPR;
+            const bool ok = r < rows && c * 8 < hd;
+            cp_async16(base + row_offset<D>(r, c) * 2, ok ? src + r * stride + c * 8 : src, ok);
+        }
+    } else {
+        for (int e = tid; e < 64 * (D / 2); e += FLASH_THREADS) {
+            const int r = e / (D / 2), d = (e % (D / 2)) * 2;
+            const uint32_t v = r < rows && d < hd ? *reinterpret_cast<const uint32_t *>(src + r * stride + d) : 0u;
+            *reinterpret_cast<uint32_t *>(tile + row_offset<D>(r, d / 8) + d % 8) = v;
+        }
+    }
+}
+
+// out (n, n_heads, hd) bf16 for the 64 queries of tile gridDim.y - 1 - blockIdx.y (the longest
+// first) and head blockIdx.x: query i at position start + i attends to cache rows 0..start + i of
+// kv head head / (n_heads / n_kv_heads). q (n, n_heads, hd) bf16, rotated; the caches
+// (n_kv_heads, max_seq, hd) bf16, rows up to start + n - 1 written. scale_log2 = log2(e) /
+// sqrt(hd). Launch: grid (n_heads, ceil(n / 64)), FLASH_THREADS threads, 5 * 64 * D * 2 bytes of
+// dynamic shared memory. Limits: hd even, hd <= D; q and the caches 16-byte aligned when hd % 8
+// == 0, else 4-byte.
+template <int D>
+__global__ void __launch_bounds__(FLASH_THREADS)
+flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k_cache,
+                     const uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int n,
+                     int start, float scale_log2, uint16_t *__restrict__ out) {
+    constexpr int KD = D / 16;   // k16 steps of q . k
+    constexpr int NT = FLASH_KV / 8;  // n8 key tiles of a score row
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *qs = smem, *ks = smem + FLASH_Q * D, *vs = ks + 2 * FLASH_KV * D;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    const int head = blockIdx.x, kvh = head / (n_heads / n_kv_heads);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FLASH_Q;
+    const int kv_end = start + min(q0 + FLASH_Q, n);  // keys [0, kv_end) reach some query here
+    const int tiles = (kv_end + FLASH_KV - 1) / FLASH_KV;
+    const size_t q_stride = (size_t)n_heads * hd;
+    const uint16_t *k_src = k_cache + (size_t)kvh * max_seq * hd, *v_src = v_cache + (size_t)kvh * max_seq * hd;
+
+    pdl_launch_dependents();
+    pdl_wait();  // q and the cache rows of this chunk are the previous kernel's output
+    load_rows<D>(qs, q + (size_t)q0 * q_stride + (size_t)head * hd, q_stride, n - q0, hd, tid);
+    load_rows<D>(ks, k_src, hd, kv_end, hd, tid);
+    load_rows<D>(vs, v_src, hd, kv_end, hd, tid);
+    cp_async_commit();
+
+    // Rows g and g + 8 of the warp's 16 queries are this thread's: their maximum (in log2 units)
+    // and partial sum of exponentials (this thread's columns only, summed over the quad at the end).
+    const int qpos0 = start + q0 + warp * 16 + g;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+    uint32_t qf[KD][4];
+
+    for (int j = 0; j < tiles; ++j) {
+        const int k0 = j * FLASH_KV;
+        if (j + 1 < tiles) {
+            const int nb = (j + 1) & 1, k1 = k0 + FLASH_KV;
+            load_rows<D>(ks + nb * FLASH_KV * D, k_src + (size_t)k1 * hd, hd, kv_end - k1, hd, tid);
+            load_rows<D>(vs + nb * FLASH_KV * D, v_src + (size_t)k1 * hd, hd, kv_end - k1, hd, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd)
+                ldmatrix_x4(smem_addr(qs + row_offset<D>(warp * 16 + lane % 16, kd * 2 + lane / 16)), qf[kd]);
+        }
+        const uint16_t *kt = ks + (j & 1) * FLASH_KV * D, *vt = vs + (j & 1) * FLASH_KV * D;
+
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+#pragma unroll
+            for (int nb = 0; nb < NT / 2; ++nb) {
+                uint32_t kf[4];
+                ldmatrix_x4(smem_addr(kt + row_offset<D>(nb * 16 + (lane / 16) * 8 + lane % 8, kd * 2 + (lane / 8) % 2)),
+                            kf);
+                mma_bf16_16816(s[2 * nb], qf[kd], kf[0], kf[1]);
+                mma_bf16_16816(s[2 * nb + 1], qf[kd], kf[2], kf[3]);
+            }
+        }
+
+        // Scale to log2 units; mask keys past a row's position (only tiles reaching the diagonal).
+        const bool masked = k0 + FLASH_KV - 1 > start + q0;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nt * 8 + 2 * t + (e & 1), qpos = qpos0 + (e >> 1) * 8;
+                s[nt][e] = masked && (key > qpos || key >= kv_end) ? -INFINITY : s[nt][e] * scale_log2;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // Key 0 is in every row's first tile, so the maximum is finite from the first tile on.
+            const float m_new = fmaxf(m_run[r], mx);
+            const float alpha = exp2f(m_run[r] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                s[nt][2 * r] = exp2f(s[nt][2 * r] - m_new);
+                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_new);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+            m_run[r] = m_new;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
+        }
+
+        // O += P V: the score accumulators are already in the layout of an A fragment.
+#pragma unroll
+        for (int kk = 0; kk < FLASH_KV / 16; ++kk) {
+            const uint32_t pf[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(smem_addr(vt + row_offset<D>(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 2 + lane / 16)),
+                                  vf);
+                mma_bf16_16816(o[2 * dp], pf, vf[0], vf[1]);
+                mma_bf16_16816(o[2 * dp + 1], pf, vf[2], vf[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this tile's buffers before they are refilled
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = 1.0f / l;
+        const int qi = q0 + warp * 16 + g + r * 8;
+        if (qi >= n) continue;
+        uint16_t *dst = out + (size_t)qi * q_stride + (size_t)head * hd;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const int d = dt * 8 + 2 * t;
+            if (d < hd)
+                *reinterpret_cast<uint32_t *>(dst + d) = pack_bf16x2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        }
+    }
+}
+
+template <int D>
+static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                        int n_heads, int n_kv_heads, int hd, int max_seq, int n, int start, uint16_t *out) {
+    auto kernel = flash_prefill_kernel<D>;
+    const int smem = 5 * 64 * D * 2;
+    if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)hd));
+    const dim3 grid(n_heads, (n + FLASH_Q - 1) / FLASH_Q);
+    return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, grid, dim3(FLASH_THREADS), (size_t)smem, q, k_cache,
+                          v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, out);
+}
+
+extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                        uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                        int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
+                                        uint16_t *out) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE(qkv && inv_freq && k_cache && v_cache && q_scratch && out,
+                "null pointer (qkv, inv_freq, k_cache, v_cache, q_scratch and out are required)");
+    ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
+    ARC_REQUIRE(n_heads <= 65535, "at most 65535 heads, got %d", n_heads);
+    ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM,
+                "head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, head_dim);
+    ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d", ATTN_MAX_SEQ, max_seq);
+    ARC_REQUIRE(n > 0 && start >= 0 && (int64_t)start + n <= max_seq,
+                "the chunk (n %d from position %d) must be non-empty and end within max_seq %d", n, start, max_seq);
+    const int align = head_dim % 8 == 0 ? 16 : 4;
+    ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0 && (uintptr_t)q_scratch % align == 0,
+                "the caches and q_scratch must be %d-byte aligned", align);
+    ARC_REQUIRE((uintptr_t)out % 4 == 0, "out must be 4-byte aligned");
+    ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, inv_freq,
+                           k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
+    if (head_dim <= 32)
+        return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+    if (head_dim <= 64)
+        return launch_flash<64>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+    return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+}
