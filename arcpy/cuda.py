@@ -99,7 +99,9 @@ class Context:
 def sampling_struct(ffi, sampling):
     """An arc_sampling for a non-greedy Sampling with its seed resolved."""
     s = ffi.new("arc_sampling *")
-    s.temperature, s.top_p, s.top_k, s.seed = sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+    # Any top_k at or above the vocabulary is off: larger ones than int32 holds mean the same.
+    s.temperature, s.top_p, s.top_k, s.seed = (sampling.temperature, sampling.top_p, min(sampling.top_k, 2**31 - 1),
+                                               sampling.seed)
     return s
 
 

@@ -15,7 +15,7 @@ will occupy.
    0x80000000)`, descending, then id ascending).
 2. `m = max(l)` (finite: non-finite logits are refused before sampling).
 3. `inv_t = float32(1.0 / T)` (divided in float64, rounded to float32).
-4. `w = exp((l - m) * inv_t)`, each operation in float32; integer weights
+4. `w = exp32((l - m) * inv_t)`, each operation in float32, with exp32 below; integer weights
    `q = uint64(rint(w * float32(2**40)))` (rint rounds half to even). The top token has q = 2**40.
 5. top-k: if 0 < k < V, keep the first k ids in candidate order; else keep all.
 6. top-p: `p32 = max(1, min(2**32, round(p * 2**32)))`. If p32 < 2**32: S = the sum of q over the
@@ -25,6 +25,12 @@ will occupy.
    (seed mod 2**32, seed >> 32). S' = the sum of q over the kept ids; `target = (S' * x) >> 32`.
    Walking the kept ids in ascending id order, the token is the first whose running sum of q
    (inclusive) exceeds target.
+
+exp32(x), for x <= 0, is built from float32 multiplies and adds alone, each rounded on its own (no
+fused multiply-add), so that NumPy and CUDA compute the same bits: 0 below -29 (where any weight
+rounds to q = 0); else n = rint(x * LOG2E), r = (x - n * LN2_HI) - n * LN2_LO, e**r by its Taylor
+polynomial of degree 6 in Horner's order, times 2**n (exact). The constants are float32 and
+written out in EXP32_CONSTANTS; it is within 3 ulp of e**x.
 
 The draw for position t depends on (seed, t) alone: not on the path, the burst, or the history.
 """
@@ -125,13 +131,38 @@ def top_p_fraction(top_p: float) -> int:
     return max(1, min(2**32, round(float(top_p) * 2**32)))
 
 
+# exp32's float32 constants, by their bits: LOG2E, LN2_HI, LN2_LO, then the polynomial's
+# coefficients from the highest degree (1/720, 1/120, 1/24, 1/6, 1/2, 1, 1).
+EXP32_CONSTANTS = np.array([0x3FB8AA3B, 0x3F317200, 0x35BFBE8E, 0x3AB60B61, 0x3C088889, 0x3D2AAAAB,
+                            0x3E2AAAAB, 0x3F000000, 0x3F800000, 0x3F800000], np.uint32).view(np.float32)
+EXP32_FLOOR = np.float32(-29.0)
+
+
+def exp32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """e**x for float32 x <= 0, bit for bit as libarc's draw computes it (see the module's
+    docstring); written into `out` when given."""
+    log2e, ln2_hi, ln2_lo, *poly = EXP32_CONSTANTS
+    x = np.asarray(x, dtype=np.float32)
+    under = x < EXP32_FLOOR
+    xc = np.maximum(x, EXP32_FLOOR)
+    n = np.rint(xc * log2e)
+    r = (xc - n * ln2_hi) - n * ln2_lo
+    p = np.full_like(r, poly[0])
+    for c in poly[1:]:
+        p *= r
+        p += c
+    w = np.ldexp(p, n.astype(np.int32), out=out)
+    w[under] = 0
+    return w
+
+
 def _weights(values: np.ndarray, top: np.float32, inv_t: np.float32, out: np.ndarray | None = None) -> np.ndarray:
     """q of each logit, held in float32: every q is an integer <= 2**40, which float32 holds
     exactly. q depends on the logit's value alone, so it may be computed again on a sorted copy
     of the logits and agree with the weights computed in id order."""
     w = np.subtract(values, top, out=out)  # each step is the float32 operation of the definition
     w *= inv_t
-    np.exp(w, out=w)
+    exp32(w, out=w)
     w *= _SCALE
     return np.rint(w, out=w)
 

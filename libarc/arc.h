@@ -141,7 +141,8 @@ int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, f
 /* The draw: one token from logits[n] at sequence position `position`, written to *out (device
  * memory or a mapped host pointer), or -1 when the largest logit is not finite. In order:
  * l = logits + 0 (no negative zero); candidates ordered by larger logit, then lower id;
- * m = max l; w = expf((l - m) * float(1 / temperature)) in float32, and integer weights
+ * m = max l; w = exp32((l - m) * float(1 / temperature)) in float32, exp32 being e^x from
+ * float32 multiplies and adds alone (arcpy/sampling.py defines it), and integer weights
  * q = rint(w * 2^40); top-k keeps the first top_k candidates; top-p keeps the shortest prefix of
  * those whose q-sum is at least ceil(S * p32 / 2^32), S their q-sum and p32 = rint(top_p * 2^32)
  * clamped to [1, 2^32]; then x = word 0 of Philox4x32-10 with counter (position, 0, 0, 0)

@@ -157,6 +157,24 @@ __device__ __forceinline__ uint32_t philox_word0(uint64_t position, uint64_t see
     return c0;
 }
 
+// e^x for x <= 0 from float32 multiplies and adds alone, each rounded on its own (the _rn
+// intrinsics are never fused), so the host computes the same bits (arcpy.sampling.exp32): 0 below
+// -29, where every weight rounds to 0; else x = n ln2 + r and e^r by its degree-6 Taylor
+// polynomial, times 2^n.
+__device__ __forceinline__ float exp32(float x) {
+    if (x < -29.0f) return 0.0f;
+    float n = rintf(__fmul_rn(x, 0x1.715476p+0f));                          // log2(e)
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f)), __fmul_rn(n, 0x1.7f7d1cp-20f));  // ln 2
+    float p = 0x1.6c16c2p-10f;                                              // 1/720
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);                         // 1/120
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);                         // 1/24
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);                         // 1/6
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float((127 + (int)n) << 23));
+}
+
 // An unsigned key in the floats' order (for numbers; -0 is made +0 before).
 __device__ __forceinline__ uint32_t order_key(float v) {
     uint32_t b = __float_as_uint(v);
@@ -380,7 +398,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
     } else {
 #pragma unroll
         for (int e = 0; e < E; ++e)
-            q[e] = base + e < n ? __float2ull_rn(expf((l[e] - m) * p.inv_t) * 1099511627776.0f) : 0ull;  // 2^40
+            q[e] = base + e < n ? __float2ull_rn(__fmul_rn(exp32(__fmul_rn(__fsub_rn(l[e], m), p.inv_t)), 0x1p40f)) : 0ull;
 
         // The key's digits, top down: bits 31-21, 20-10, 9-0.
         auto shift_of = [](int lv) { return lv == 0 ? 21 : lv == 1 ? 10 : 0; };

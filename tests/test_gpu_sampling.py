@@ -1,11 +1,11 @@
 """GPU tier: the draw (libarc's sampler) against the host sampler, its statistics, and sampled
 sequences on the device loop (marker `gpu`).
 
-Both paths follow one definition (arcpy.sampling): integer weights from float32 exp, then integer
-selection and an integer draw whose random word depends only on (seed, position). The only way
-the paths can differ is exp itself (CUDA's expf and NumPy's float32 exp may round differently in
-the last place), which moves a cumulative boundary by a few parts in 10^7: a draw differs only
-when its target lies that close to a boundary. The equality test counts such draws and shows them.
+Both paths follow one definition (arcpy.sampling): integer weights from an exp built of float32
+multiplies and adds (the same bits on both), then integer selection and an integer draw whose
+random word depends only on (seed, position). So the paths must agree on every draw; the equality
+test still measures how close each disagreement's target lies to a cumulative boundary, so that a
+failure says whether it is rounding or a wrong token.
 """
 
 import math
@@ -80,6 +80,13 @@ def logits_for(kind: str, vocab: int, seed: int) -> np.ndarray:
     return x
 
 
+def test_the_huge_top_k_of_a_request_is_off_not_an_overflow(draws):
+    logits = logits_for("gauss", 3000, seed=4)
+    draws.upload(logits)
+    big, off = Sampling(temperature=1.0, top_k=2 ** 40, seed=3), Sampling(temperature=1.0, seed=3)
+    assert draws.draw(big, range(50)).tolist() == draws.draw(off, range(50)).tolist()
+
+
 SETTINGS = [
     Sampling(temperature=1.0, seed=11),
     Sampling(temperature=0.7, top_k=40, seed=12),
@@ -116,8 +123,7 @@ def test_the_draw_equals_the_host_sampler_on_the_same_logits(draws, kind, vocab)
             if tok != want:
                 differ.append((s, int(t), int(tok), want, boundary_distance(logits, s, int(t))))
     print(f"{kind} vocab {vocab}: {compared} draws compared, {len(differ)} differ: {differ}")
-    assert all(d[4] < 1e-5 for d in differ), differ
-    assert len(differ) <= compared // 1000
+    assert differ == []
 
 
 def chi_square_bound(df: int, z: float = 3.719) -> float:

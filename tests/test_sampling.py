@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from arcpy.errors import InvalidArgumentError
-from arcpy.sampling import Sampler, Sampling, draw_words, philox4x32_10
+from arcpy.sampling import EXP32_CONSTANTS, Sampler, Sampling, draw_words, exp32, philox4x32_10
 
 M32 = 0xFFFFFFFF
 
@@ -35,7 +35,7 @@ def literal_sample(logits, temperature, top_k, top_p, seed, t):
     order = sorted(range(V), key=lambda i: (-order_key(l[i]), i))
     m = l.max()
     inv_t = np.float32(1.0 / temperature)
-    w = np.exp((l - m) * inv_t)
+    w = exp32((l - m) * inv_t)
     q = [int(v) for v in np.rint(w * np.float32(2**40)).astype(np.uint64)]
     kept = order[:top_k] if 0 < top_k < V else order
     p32 = max(1, min(2**32, round(top_p * 2**32)))
@@ -230,3 +230,31 @@ def test_bad_logits_and_positions_are_refused(logits, position):
 def test_sampling_arguments_are_validated(kw):
     with pytest.raises(InvalidArgumentError):
         Sampling(**{"temperature": 1.0, **kw})
+
+
+def test_exp32_is_within_3_ulp_of_exp_and_zero_below_its_floor():
+    x = np.concatenate([-np.random.default_rng(1).uniform(0, 29, 200_000), [0.0, -1e-30, -29.0]]).astype(np.float32)
+    w = exp32(x)
+    exact = np.exp(x.astype(np.float64))
+    assert w.dtype == np.float32 and w[-3] == 1.0
+    assert (np.abs(w - exact) / np.spacing(w).astype(np.float64)).max() <= 3.0
+    assert exp32(np.array([-29.01, -100.0, -np.inf], np.float32)).tolist() == [0.0, 0.0, 0.0]
+    # the constants are the float32 roundings of what they stand for
+    want = [np.log2(np.e), 0.693145751953125, np.log(2) - 0.693145751953125, 1 / 720, 1 / 120, 1 / 24, 1 / 6,
+            0.5, 1.0, 1.0]
+    assert EXP32_CONSTANTS.tolist() == np.array(want, np.float32).tolist()
+
+
+def test_exp32_is_its_float32_operations_in_order():
+    # Recomputed step by step in Python floats rounded to float32 after every operation.
+    def f32(v):
+        return float(np.float32(v))
+    for x in (-0.3, -1.7, -12.25, -28.9):
+        x = f32(x)
+        c = [float(v) for v in EXP32_CONSTANTS]
+        n = float(np.rint(np.float32(f32(x * c[0]))))
+        r = f32(f32(x - f32(n * c[1])) - f32(n * c[2]))
+        p = c[3]
+        for k in c[4:]:
+            p = f32(f32(p * r) + k)
+        assert exp32(np.array([x], np.float32))[0] == np.float32(p * 2.0 ** n)
