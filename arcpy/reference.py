@@ -14,6 +14,11 @@ and the last ulp of cos/sin/exp):
 - Optional q/k/v biases are added after the projection, before RoPE.
 - MLP: down(silu(gate(x)) * up(x)), silu(g) = g / (1 + exp(-g)).
 - logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
+- Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
+  every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
+  the attention probabilities (unnormalized; the sum is divided out after the product with v) and
+  output, and the SwiGLU output are rounded to bf16 first; the residual stream stays float32.
+  ReferenceModel.prefill(..., bf16_products=True) computes exactly that.
 """
 
 from __future__ import annotations
@@ -72,11 +77,12 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int,
 
 
 def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-                     n_kv_heads: int) -> np.ndarray:
+                     n_kv_heads: int, round_probs: bool = False) -> np.ndarray:
     """The attention of T tokens at positions start..start+T-1, each over cached positions 0..its own.
 
     q (T, n_heads, head_dim) f32; k_cache, v_cache (n_kv_heads, >= start+T, head_dim) f32
-    -> (T, n_heads, head_dim) f32.
+    -> (T, n_heads, head_dim) f32. round_probs: the unnormalized probabilities are rounded to bf16
+    for the product with v and the sum divided out after it, as libarc's prefill does.
     """
     t, n_heads, head_dim = q.shape
     group, seen = n_heads // n_kv_heads, start + t
@@ -87,8 +93,11 @@ def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, st
     future = np.arange(seen)[None, :] > (start + np.arange(t))[:, None]
     scores = np.where(future, F32(-np.inf), scores)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = scores / scores.sum(axis=-1, keepdims=True)
-    return np.matmul(probs, v).transpose(2, 0, 1, 3).reshape(t, n_heads, head_dim)
+    if round_probs:
+        out = np.matmul(round_bf16(scores), v) / scores.sum(axis=-1, keepdims=True)
+    else:
+        out = np.matmul(scores / scores.sum(axis=-1, keepdims=True), v)
+    return out.transpose(2, 0, 1, 3).reshape(t, n_heads, head_dim)
 
 
 def linear(x: np.ndarray, W: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -197,12 +206,16 @@ class ReferenceModel:
         if not _is_int(token) or not 0 <= token < self.config.vocab:
             raise InvalidArgumentError(f"token {token!r} out of range 0..{self.config.vocab - 1}")
 
-    def prefill(self, tokens: list[int], start: int = 0, chunk: int | None = None) -> np.ndarray:
+    def prefill(self, tokens: list[int], start: int = 0, chunk: int | None = None,
+                bf16_products: bool = False) -> np.ndarray:
         """Run `tokens` at positions start..start+len-1 -> the logits of the last (vocab,) f32.
 
         Writes k/v at every position, as forward() one token at a time would; the tokens of a chunk
         (`chunk` at a time, all at once by default) go through each layer together, each chunk
         attending to the cache the earlier ones wrote. Only summation order differs from forward().
+        bf16_products: round what enters each matrix product to bf16 as libarc's tensor-core
+        prefill does (the normed inputs, the rotated q, the attention probabilities and output,
+        the SwiGLU output); the residual stream and every sum stay float32.
         """
         tokens = list(tokens)
         if not tokens:
@@ -215,25 +228,26 @@ class ReferenceModel:
             raise InvalidArgumentError(f"chunk must be a positive integer, got {chunk!r}")
         step = int(chunk) if chunk is not None else len(tokens)
         for off in range(0, len(tokens), step):
-            x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off)
+            x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
         return gemv(self.lm_head, rmsnorm(x[-1], self.final_norm, self.config.rms_eps))
 
-    def _prefill_chunk(self, tokens: list[int], start: int) -> np.ndarray:
+    def _prefill_chunk(self, tokens: list[int], start: int, bf16_products: bool) -> np.ndarray:
         """The chunk's tokens through every layer -> their residual streams (T, dim) f32."""
         cfg, t, hd = self.config, len(tokens), self.config.head_dim
+        r = round_bf16 if bf16_products else (lambda a: a)
         positions = start + np.arange(t)
         x = self.embed[tokens]  # (T, dim), a copy
         for li, L in enumerate(self.layers):
-            h = rmsnorm(x, L.attn_norm, cfg.rms_eps)
-            q = rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq)
+            h = r(rmsnorm(x, L.attn_norm, cfg.rms_eps))
+            q = r(rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq))
             k = rope(linear(h, L.wk, L.bk).reshape(t, cfg.n_kv_heads, hd), positions, self.inv_freq)
             v = linear(h, L.wv, L.bv).reshape(t, cfg.n_kv_heads, hd)
             self.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
             self.v_cache[li, :, start:start + t] = round_bf16(v).transpose(1, 0, 2)
-            att = causal_attention(q, self.k_cache[li], self.v_cache[li], start, cfg.n_kv_heads)
+            att = r(causal_attention(q, self.k_cache[li], self.v_cache[li], start, cfg.n_kv_heads, bf16_products))
             x = x + linear(att.reshape(t, -1), L.wo)
-            h = rmsnorm(x, L.mlp_norm, cfg.rms_eps)
-            x = x + linear(swiglu(linear(h, L.w_gate), linear(h, L.w_up)), L.w_down)
+            h = r(rmsnorm(x, L.mlp_norm, cfg.rms_eps))
+            x = x + linear(r(swiglu(linear(h, L.w_gate), linear(h, L.w_up))), L.w_down)
         return x
 
     def greedy(self, prompt: list[int], n_new: int, start_pos: int = 0) -> list[int]:
