@@ -245,23 +245,12 @@ __device__ Pick radix_level(DrawScratch *s, int level, const uint32_t (&key)[E],
         h_mass[b] = 0;
     }
     __syncthreads();
-    // Warp-aggregated: the lanes that share a bucket add once, through their lowest lane. A mass
-    // (q <= 2^40) is summed in two 21-bit halves, which 32 lanes cannot overflow.
-    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-        bool on = play(e);
-        uint32_t active = __ballot_sync(0xffffffffu, on);
-        if (on) {
+        if (play(e)) {
             uint32_t d = (key[e] >> shift) & (uint32_t)(nb - 1);
-            uint32_t peers = __match_any_sync(active, d);
-            uint32_t lo = __reduce_add_sync(peers, (uint32_t)(q[e] & 0x1FFFFFull));
-            uint32_t hi = __reduce_add_sync(peers, (uint32_t)(q[e] >> 21));
-            if (lane == __ffs(peers) - 1) {
-                atomicAdd(&h_count[d], (uint32_t)__popc(peers));
-                unsigned long long mass = ((unsigned long long)hi << 21) + lo;
-                if (mass) atomicAdd(&h_mass[d], mass);
-            }
+            atomicAdd(&h_count[d], 1u);
+            if (q[e]) atomicAdd(&h_mass[d], q[e]);
         }
     }
     __syncthreads();
@@ -360,7 +349,7 @@ __device__ int broadcast_found(DrawScratch *s, int found) {
 }
 
 template <int E, bool COMMIT>
-__global__ void __launch_bounds__(DRAW_THREADS, 1)
+__global__ void __launch_bounds__(DRAW_THREADS, 2)
     draw_kernel(const float *__restrict__ logits, int n, DrawParams p, DrawScratch *s, CommitArgs c, int32_t *out) {
     __shared__ uint32_t h_count[DRAW_BINS];
     __shared__ unsigned long long h_mass[DRAW_BINS];
@@ -535,15 +524,16 @@ static int try_draw(arc_context *ctx, const float *logits, int n, const DrawPara
                           dim3(DRAW_THREADS), 0, logits, n, p, ctx->draw, c, out);
 }
 
+// As few ids per thread as the device's resident blocks allow.
 template <bool COMMIT>
 static int launch_draw(arc_context *ctx, const float *logits, int32_t n, const DrawParams &p, const CommitArgs &c,
                        int32_t *out) {
     ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
-    // Few blocks: a grid barrier and the histograms' global sums cost with the blocks, while
-    // 16 ids per thread cost next to nothing.
     bool launched = false;
-    int st = try_draw<16, COMMIT>(ctx, logits, n, p, c, out, &launched);
+    int st = try_draw<4, COMMIT>(ctx, logits, n, p, c, out, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, logits, n, p, c, out, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, logits, n, p, c, out, &launched);
     if (st == ARC_OK && !launched) {
         int32_t most = 0;
         st = arc_sample_max_vocab(ctx, &most);
