@@ -56,19 +56,23 @@ class BurstDriver:
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
 
-    def run(self, steps: int) -> Iterator[int]:
+    def run(self, steps: int, first_commit: bool = False) -> Iterator[int]:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
         burst ends after `steps` tokens, or early when the device reports that a stop id ended
         it (the stop token itself is published and yielded). Stop ids are honoured by the
-        commit kernel; the caller still checks what it hands out.
+        commit kernel; the caller still checks what it hands out. With `first_commit`, the
+        first step is the commit alone, on the logits a prefill left (enqueue_commit).
 
         Tokens published before a fault are valid: every fault signal is raised only after the
         tokens the ring shows have been yielded, in order."""
         if steps < 1:
             raise ValueError("a burst has at least one step")
         self.burst_id = self.burst_id % 0xFFFFFFFF + 1
-        for _ in range(steps):
-            self.device.enqueue_step(self.burst_id)
+        for k in range(steps):
+            if k == 0 and first_commit:
+                self.device.enqueue_commit(self.burst_id)
+            else:
+                self.device.enqueue_step(self.burst_id)
         base = self.published
         want = base + steps
         idle_seen = False

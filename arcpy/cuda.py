@@ -25,6 +25,9 @@ from .model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_fre
 
 # Polls of the stream at start-up and teardown before a hang is declared.
 IDLE_SPINS = 50_000_000
+# The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
+# chunk. What it reserves: chunk * (dim + q/k/v + 2 * ffn) floats or less.
+PREFILL_CHUNK = 512
 
 
 class Context:
@@ -106,13 +109,16 @@ def sampling_struct(ffi, sampling):
 
 
 class Forward(Protocol):
-    """What CudaDevice needs of a forward: enqueue it, and where its logits are."""
+    """What CudaDevice needs of a forward: enqueue it, and where its logits are. A forward with
+    `supports_prefill` also takes a prompt in one pass."""
 
     logits: object   # device pointer to float32 logits[width]
     width: int
     max_seq: int
+    supports_prefill: bool
 
     def enqueue(self, loop) -> None: ...  # one forward reading the loop's token and position
+    def prefill(self, tokens, n: int, start: int) -> None: ...  # tokens: a device-readable int32 pointer
     def close(self) -> None: ...
 
 
@@ -135,7 +141,10 @@ _GLOBAL_TENSORS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM
 
 
 class CudaModel:
-    """An arc_model: libarc's Llama-family forward, its weights, KV cache and activations."""
+    """An arc_model: libarc's Llama-family forward, its weights, KV cache and activations, and the
+    prefill's activations for chunks of PREFILL_CHUNK tokens."""
+
+    supports_prefill = True
 
     def __init__(self, ctx: Context, model: Model, max_seq: int):
         cfg = model.config
@@ -153,6 +162,7 @@ class CudaModel:
         self.max_seq = max_seq
         try:
             self._upload(model)
+            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, min(PREFILL_CHUNK, max_seq)))
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
             _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
             self.logits, self.width = lp[0], int(wp[0])
@@ -183,6 +193,9 @@ class CudaModel:
     def enqueue(self, loop) -> None:
         _lib.check(self.lib.arc_model_forward(self.ptr, loop))
 
+    def prefill(self, tokens, n: int, start: int) -> None:
+        _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
+
     def close(self) -> None:
         if self.ptr is not None:
             self.lib.arc_model_destroy(self.ptr)
@@ -203,6 +216,7 @@ class CudaDevice:
         self.owns_context = owns_context
         self.loop = self.graph = self.step_graph = self.draw_graph = None
         self.supports_loop = self.supports_sampling = False
+        self.supports_prefill = forward.supports_prefill
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         try:
@@ -217,6 +231,9 @@ class CudaDevice:
             self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
             self._sampled_value, self._sampled_value_dev = ctx.pinned((1,), np.float32)
             self._tokens = self.ffi.new("int32_t[]", ring_capacity)
+            if self.supports_prefill:
+                prompt, prompt_dev = ctx.pinned((self.max_seq,), np.int32)
+                self._prompt, self._prompt_dev = prompt, self.ffi.cast("int32_t *", prompt_dev)
             self._state = self.ffi.new("arc_ring_state *")
         except BaseException:
             self.close()
@@ -285,6 +302,21 @@ class CudaDevice:
             raise InvalidArgumentError(
                 f"{what} is read only once stream_query() reports the stream idle; work is in flight")
 
+    def enqueue_prefill(self, tokens, start: int) -> None:
+        """The prompt in one forward (chunk by chunk), reading its ids from pinned memory: they are
+        written only once the stream is idle, so no earlier prefill still reads them (at a
+        sequence's start the stream is idle already: this costs no wait)."""
+        if not self.supports_prefill:
+            raise InvalidArgumentError("this device's forward has no prefill")
+        n = len(tokens)
+        if not (n >= 1 and 0 <= start and start + n <= self.max_seq):
+            raise InvalidArgumentError(f"a prefill of {n} tokens at position {start} does not fit max_seq "
+                                       f"{self.max_seq}")
+        spin_until(self.stream_query, IDLE_SPINS, "prefill: waiting for the previous prompt's forward")
+        self._prompt[:n] = tokens
+        self._idle = False
+        self.forward.prefill(self._prompt_dev, n, start)
+
     def enqueue_forward(self, eager: bool = False) -> None:
         self._idle = False
         if self.graph is not None and not eager:
@@ -341,6 +373,15 @@ class CudaDevice:
         self._idle = False
         graph = self.draw_graph if self._drawing else self.step_graph
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
+
+    def enqueue_commit(self, burst_id: int) -> None:
+        """A step of the burst without its forward: the sampler the step graphs capture (argmax, or
+        the draw) and its commit, launched on the logits a prefill left."""
+        self._idle = False
+        fwd = self.forward
+        _lib.check(self.lib.arc_loop_begin_burst(self.loop, burst_id))
+        commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
+        _lib.check(commit(self.loop, fwd.logits, fwd.width))
 
     def poll_ring(self) -> RingState:
         s = self._state

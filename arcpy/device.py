@@ -14,7 +14,7 @@ The devices that answer it live in modules of their own:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -46,12 +46,16 @@ class DeviceOps(Protocol):
     max_seq: int
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
+    supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)
 
     # Both paths
     def set_input(self, token: int, position: int) -> None: ...
     def stream_query(self) -> bool: ...  # True when idle; raises DeviceFaultError on a fault
     def counters(self) -> Counters: ...
     def close(self) -> None: ...
+    # The forward over `tokens` at positions start.., all at once: the KV cache written for each,
+    # the logits of the last left where the host path and the commit read them. Stream-ordered.
+    def enqueue_prefill(self, tokens: Sequence[int], start: int) -> None: ...
 
     # Host path
     def enqueue_forward(self, eager: bool = False) -> None: ...
@@ -67,6 +71,9 @@ class DeviceOps(Protocol):
     # resolved, never None); None or a greedy Sampling selects the argmax.
     def set_sampling(self, sampling: Sampling | None) -> None: ...
     def enqueue_step(self, burst_id: int) -> None: ...
+    # A step of burst `burst_id` without its forward: the sampler and the commit on the logits a
+    # prefill left, so the prompt's next token lands in the ring like every other.
+    def enqueue_commit(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
 

@@ -67,6 +67,7 @@ class GenerationStats:
     fallback: str | None = None
     finish_reason: str = ""
     seed: int | None = None  # a sampled sequence's seed (drawn when none was given): it reproduces it
+    prefill: bool = False    # the prompt went through the model in one forward
 
     def per_token(self, value: int) -> float:
         return value / self.tokens if self.tokens else 0.0
@@ -92,6 +93,7 @@ class _Sequence:
     sampler: Sampler
     loop: bool
     budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
+    prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
     produced: int = 0        # tokens handed out
     finished: bool = False
 
@@ -102,10 +104,12 @@ class Engine:
 
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
                  burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
-                 environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH):
+                 environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
+                 prefill: bool = True):
         if not (isinstance(burst, int) and 1 <= burst <= 1024):
             raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
         self.device = device
+        self.prefill = prefill  # off: the prompt goes through the decode step token by token
         self.backend = backend
         self.burst = burst
         self.environ = environ
@@ -182,8 +186,12 @@ class Engine:
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
               sampling: Sampling | None = None, batch_size: int = 1) -> None:
-        """Begin a sequence; a sequence still running is preempted. The prompt is fed through
-        the same step as decoding, one token per step, with no host wait between its steps."""
+        """Begin a sequence; a sequence still running is preempted. The prompt goes through the
+        model in one forward where the device has a prefill (unless the engine was made with
+        prefill=False, or verifies every step), and its first token is drawn from that forward's
+        logits: on the device loop by the first burst's commit, with no host wait between prompt
+        and answer. Otherwise the prompt goes through the decode step one token at a time, again
+        with no host wait between its steps."""
         if self.poisoned:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
@@ -215,17 +223,24 @@ class Engine:
                 self.driver.host_waits = 0
                 self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params)
                 self.stats.setup_waits = self.driver.host_waits
-            for i, tok in enumerate(prompt[:-1]):
-                dev.set_input(tok, i)
-                dev.enqueue_forward()
-            if admitted:
-                dev.set_input(prompt[-1], len(prompt) - 1)
+            prefill = self.prefill and not self.verify and dev.supports_prefill
+            if prefill:
+                dev.set_input(prompt[-1], len(prompt) - 1)  # where the first commit continues
+                dev.enqueue_prefill(prompt, 0)
+            else:
+                for i, tok in enumerate(prompt[:-1]):
+                    dev.set_input(tok, i)
+                    dev.enqueue_forward()
+                if admitted:
+                    dev.set_input(prompt[-1], len(prompt) - 1)
         except DeviceFaultError as exc:
             self._poison(str(exc))
             raise
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
-                             admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL)
+                             admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
+                             prefilled=prefill)
+        self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
 
@@ -304,8 +319,9 @@ class Engine:
         try:
             if seq.loop:
                 steps = min(self.burst, seq.max_new - seq.produced)
+                first_commit, seq.prefilled = seq.prefilled, False
                 try:
-                    yield from self.driver.run(steps)
+                    yield from self.driver.run(steps, first_commit)
                     return
                 except LoopFault as exc:
                     self._fall_back(str(exc))
@@ -316,8 +332,11 @@ class Engine:
 
     def _host_step(self) -> int:
         seq, dev = self.seq, self.device
-        dev.set_input(seq.last_token, seq.position)
-        dev.enqueue_forward()
+        if seq.prefilled:
+            seq.prefilled = False  # the prefill left this step's logits
+        else:
+            dev.set_input(seq.last_token, seq.position)
+            dev.enqueue_forward()
         if self.verify:
             return self._verified_token()
         if seq.sampler.greedy:

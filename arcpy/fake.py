@@ -41,6 +41,7 @@ class FakeScript:
     next_token: Callable[[int, int], int] | None = None
     supports_loop: bool = True
     supports_sampling: bool = True        # the loop draws non-greedy tokens (else: the argmax only)
+    supports_prefill: bool = True         # a prompt goes through in one forward
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
 
@@ -60,6 +61,8 @@ class FakeDevice:
         self.vocab, self.max_seq = self.script.vocab, self.script.max_seq
         self.supports_loop = self.script.supports_loop
         self.supports_sampling = self.script.supports_sampling
+        self.supports_prefill = self.script.supports_prefill
+        self.prefills: list[tuple[tuple[int, ...], int]] = []  # (tokens, start) of each prefill
         self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()
         self.busy_ticks = 0
@@ -125,8 +128,10 @@ class FakeDevice:
         s = self.script
         if op.kind == "input":
             self.token, self.position = op.arg
-        elif op.kind == "forward":
-            self.logits, nxt = self._forward(self.token, self.position, eager=op.arg)
+        elif op.kind in ("forward", "prefill"):
+            # A prefill leaves what a forward of its last token at its last position would.
+            token, position, eager = (self.token, self.position, op.arg) if op.kind == "forward" else (*op.arg, False)
+            self.logits, nxt = self._forward(token, position, eager=eager)
             self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
@@ -181,6 +186,16 @@ class FakeDevice:
         self.queue.clear()
         self.closed = True
 
+    def enqueue_prefill(self, tokens, start: int) -> None:
+        if not self.supports_prefill:
+            raise InvalidArgumentError("this device has no prefill")
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens or start < 0 or start + len(tokens) > self.max_seq:
+            raise InvalidArgumentError(f"prefill of {len(tokens)} tokens at {start} out of range")
+        self._count()
+        self.prefills.append((tokens, start))
+        self._enqueue(_Op("prefill", (tokens[-1], start + len(tokens) - 1)))
+
     def enqueue_forward(self, eager: bool = False) -> None:
         self._count(1, 0 if eager else 1)
         self._enqueue(_Op("forward", eager))
@@ -220,13 +235,18 @@ class FakeDevice:
         self._count()
         self.sampler = None if sampling is None or sampling.is_greedy() else Sampler(sampling)
 
-    def enqueue_step(self, burst_id: int) -> None:
-        self._count(3, 1)
+    def enqueue_step(self, burst_id: int, graphs: int = 1) -> None:
+        self._count(3, graphs)
         step = self.steps_enqueued
         self.steps_enqueued += 1
-        self.log.append(f"step {step} burst {burst_id}")
+        self.log.append(f"step {step} burst {burst_id}" + ("" if graphs else " (commit)"))
         # A forward, the sampler and the commit; the fake folds them into one operation.
         self._enqueue(_Op("step", burst_id, step))
+
+    def enqueue_commit(self, burst_id: int) -> None:
+        # Its forward is the prefill's, whose logits are the step's own: the same operation here,
+        # counted as a step for the fault script, with no graph launch.
+        self.enqueue_step(burst_id, graphs=0)
 
     def poll_ring(self) -> RingState:
         self._tick()

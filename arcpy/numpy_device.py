@@ -13,6 +13,7 @@ from .reference import ReferenceModel
 
 class NumpyDevice:
     supports_loop = supports_sampling = False
+    supports_prefill = True
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference
@@ -31,6 +32,9 @@ class NumpyDevice:
 
     def close(self) -> None:
         pass
+
+    def enqueue_prefill(self, tokens, start: int) -> None:
+        self.logits = self.ref.prefill(list(tokens), start)
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self.logits = self.ref.forward(self.token, self.position)

@@ -22,6 +22,8 @@ def scripted_next(token: int, position: int, vocab: int, bias: int = 3) -> int:
 class ScriptedForward:
     """arc_script_forward with its own logits buffer. `mode` is an arc_script_mode name."""
 
+    supports_prefill = False
+
     def __init__(self, ctx: Context, vocab: int, max_seq: int, mode: str, at_pos: int, bias: int, flag):
         self.ctx, self.lib = ctx, ctx.lib
         self.width, self.max_seq = vocab, max_seq

@@ -130,6 +130,11 @@ typedef struct arc_sampling {
 int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling);
 int arc_loop_enqueue_draw_commit(arc_loop *loop, const float *logits, int32_t width);
 int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id);
+/* What a step does after its forward, without the forward: the commits enqueued after
+ * arc_loop_begin_burst belong to that burst, so a prompt's forward (arc_model_prefill) followed by
+ * arc_loop_enqueue_sample_commit or arc_loop_enqueue_draw_commit is the first step of a burst:
+ * its token lands in the ring like every other. arc_loop_enqueue_step begins its burst itself. */
+int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 
@@ -269,14 +274,14 @@ int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache)
 
 /* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight
  * matrix as the model stores it), c float32, on tensor cores with float32 sums. bias is optional
- * (NULL) and does not combine with accumulate. k % 8 == 0, m <= 4194240; a and w 16-byte
+ * (NULL) and does not combine with accumulate. k % 8 == 0, n <= 4194240; a and w 16-byte
  * aligned, c 8-byte aligned and distinct from a and w. */
 int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n, int32_t k,
                      const uint16_t *bias, int32_t accumulate, float *c);
 
 /* h (m, n) bf16 = silu(a @ Wg^T) * (a @ Wu^T), rounded to nearest even, where w_gate_up =
- * [Wg; Wu] (2 * n, k) bf16. n even, h 4-byte aligned and distinct from a; otherwise as
- * arc_op_gemm_bf16. */
+ * [Wg; Wu] (2 * n, k) bf16. n even, 2 * n <= 4194240, h 4-byte aligned and distinct from a;
+ * otherwise as arc_op_gemm_bf16. */
 int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m, int32_t n,
                             int32_t k, uint16_t *h);
 

@@ -158,19 +158,26 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     return ARC_OK;
 }
 
-// One step of burst `burst_id`: a launch of the step graph. The burst id is written to the
-// device once, at the burst's first step.
+// The commits enqueued after this belong to burst `burst_id` (a stop id ends that burst). Written
+// to the device only when the id changes: once per burst.
+extern "C" int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id) {
+    ARC_REQUIRE(loop, "loop is null");
+    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
+    if (burst_id == loop->burst) return ARC_OK;
+    arc_context *ctx = loop->ctx;
+    begin_burst_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, burst_id);
+    ARC_LAUNCHED(ctx, "begin_burst_kernel");
+    loop->burst = burst_id;
+    return ARC_OK;
+}
+
+// One step of burst `burst_id`: a launch of the step graph.
 extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id) {
     ARC_REQUIRE(loop && step_graph, "null argument");
     ARC_REQUIRE(step_graph->commits == loop,
                 "the graph was not captured with this loop's sample-and-commit");
-    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
-    arc_context *ctx = loop->ctx;
-    if (burst_id != loop->burst) {
-        begin_burst_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, burst_id);
-        ARC_LAUNCHED(ctx, "begin_burst_kernel");
-        loop->burst = burst_id;
-    }
+    int st = arc_loop_begin_burst(loop, burst_id);
+    if (st != ARC_OK) return st;
     return arc_graph_launch(step_graph);
 }
 

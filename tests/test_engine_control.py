@@ -51,11 +51,14 @@ def test_generate_streams_tokens_while_the_burst_is_still_running(latch):
     gen.close()
 
 
-def test_device_loop_makes_zero_host_waits_per_token(latch):
-    eng = engine(latch, burst=8)
+@pytest.mark.parametrize("prefill", [True, False])
+def test_device_loop_makes_zero_host_waits_per_token(latch, prefill):
+    eng = engine(latch, burst=8, prefill=prefill)
     list(eng.generate(PROMPT, 64))
-    assert eng.stats.host_waits == 0
-    assert eng.stats.graph_launches == 64 + len(PROMPT) - 1
+    assert eng.stats.host_waits == 0 and eng.stats.prefill is prefill
+    # With the prefill, the first token is its commit's: no graph launch; without, the prompt's
+    # tokens but the last go through the forward's graph one by one.
+    assert eng.stats.graph_launches == (63 if prefill else 64 + len(PROMPT) - 1)
 
 
 def test_host_path_waits_once_per_token(latch):
@@ -70,12 +73,58 @@ def test_burst_is_clipped_to_the_remaining_budget(latch):
     assert eng.device.steps_enqueued == 10
 
 
-def test_prefill_enqueues_the_prompt_without_host_waits(latch):
-    eng = engine(latch, loop=False)
+def test_without_prefill_the_prompt_goes_token_by_token_without_host_waits(latch):
+    eng = engine(latch, loop=False, prefill=False)
     prompt = list(range(1, 30))
     list(eng.generate(prompt, 1))
     assert eng.stats.host_waits == 1
     assert eng.stats.graph_launches == len(prompt)
+    assert eng.device.prefills == []
+
+
+@pytest.mark.parametrize("loop", [True, False])
+def test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token(latch, loop):
+    eng = engine(latch, loop=loop, burst=4)
+    prompt = list(range(1, 30))
+    got = list(eng.generate(prompt, 10))
+    assert eng.device.prefills == [(tuple(prompt), 0)]
+    assert got == reference(10, prompt)
+    assert eng.stats.host_waits == (0 if loop else 10)
+    # the loop: 10 steps, the first of them the prefill's commit; the host path: 9 forwards
+    assert eng.stats.graph_launches == 9
+    if loop:
+        assert eng.device.log[0] == "step 0 burst 1 (commit)" and "(commit)" not in eng.device.log[1]
+
+
+@pytest.mark.parametrize("burst", [1, 3, 16])
+def test_prefill_then_loop_equals_token_by_token_host_path_with_sampling(latch, burst):
+    s = Sampling(temperature=0.9, top_p=0.9, seed=5)
+    a = list(engine(latch, burst=burst).generate(PROMPT, 30, sampling=s))
+    b = list(engine(latch, loop=False, prefill=False).generate(PROMPT, 30, sampling=s))
+    assert a == b
+
+
+def test_a_stop_id_that_is_the_prefills_own_token_ends_the_first_burst(latch):
+    first = reference(1)[0]
+    eng = engine(latch, burst=8)
+    assert list(eng.generate(PROMPT, 20, stop_ids=[first])) == [first]
+    assert eng.stats.finish_reason == "stop_id"
+    eng.device.stream_query()
+    while not eng.device.stream_query():
+        pass
+    assert eng.device.poll_ring().published == 1  # the rest of the burst published nothing
+
+
+def test_a_fault_on_the_prefills_commit_falls_back_and_recomputes_the_token(latch):
+    eng = engine(latch, FakeScript(lost_steps=frozenset({0})), burst=4)
+    assert list(eng.generate(PROMPT, 12)) == reference(12)
+    assert eng.stats.fallback is not None
+
+
+def test_verify_always_feeds_the_prompt_token_by_token(latch):
+    eng = engine(latch, loop=False, verify=True)
+    list(eng.generate(PROMPT, 3))
+    assert eng.device.prefills == [] and not eng.stats.prefill
 
 
 def test_step_hands_out_parked_tokens_in_order(latch):
