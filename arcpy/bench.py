@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _lib, kernel_bench
 from .kernel_bench import SAMPLED, SAMPLED_NAME
-from .cuda import Context, open_cuda_device
+from .cuda import PREFILL_CHUNK, Context, open_cuda_device
 from .engine import Engine
 from .errors import ArcError, InvalidArgumentError
 from .gate import FallbackLatch
@@ -29,7 +29,8 @@ from .model import SHAPES, ModelConfig, synthetic_model
 from .scripted import scripted_device
 
 PROMPT = [1, 2, 3, 4]
-BENCH_MAX_SEQ = 2048           # the KV cache every shape is benchmarked with (or its own, if smaller)
+BENCH_MAX_SEQ = 8192           # the KV cache every shape is benchmarked with (or its own, if smaller)
+TTFT_PROMPTS = (128, 1024, 2048, 8192)  # prompt lengths of the time to first token, where they fit
 GUARD_TOLERANCE = 0.15         # the regression guard fails below (1 - this) of the recorded tok/s
 GREEDY = "greedy"               # the sampling column of greedy rows; sampled ones name SAMPLED
 
@@ -164,11 +165,46 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
         t0 = time.perf_counter()
         out["paths"] = [asdict(p) for p in bench_paths(device, tokens, runs)]
         seconds["paths"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        out["ttft"] = time_to_first_token(device, runs)
+        seconds["ttft"] = round(time.perf_counter() - t0, 1)
     if kernels:
         t0 = time.perf_counter()
         out["kernels"] = kernel_report(cfg, max_seq, tokens, runs, out["paths"])
+        try:
+            out["prefill_gemms"] = kernel_bench.bench_gemms(cfg, min(PREFILL_CHUNK, max_seq), runs)
+        except ArcError as exc:
+            out["prefill_gemms"] = {"error": str(exc)}
         seconds["kernels"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS) -> list[dict]:
+    """Milliseconds from Engine.start to the first token in hand on the device loop, for random
+    prompts of each length the context holds: the prompt in one prefill (chunks of
+    PREFILL_CHUNK) and, for the shortest, token by token through the decode step beside it."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for length in [n for n in lengths if n < device.max_seq]:
+        prompt = rng.integers(0, device.vocab, length).tolist()
+        for prefill in (True, False) if length == lengths[0] else (True,):
+            eng = Engine(device, "cuda", device_loop=True, burst=1, environ={}, latch=FallbackLatch(),
+                         prefill=prefill)
+            ms = []
+            for i in range(runs + 1):
+                t0 = time.perf_counter()
+                gen = eng.generate(prompt, 1)
+                next(gen)
+                elapsed = (time.perf_counter() - t0) * 1e3
+                gen.close()
+                if i > 0:  # the first run warms up
+                    ms.append(elapsed)
+            if eng.stats.path != "device-loop" or eng.stats.prefill is not prefill:
+                raise ArcError(f"time to first token: the engine took the {eng.stats.path} path, prefill "
+                               f"{eng.stats.prefill}")
+            rows.append({"prompt_tokens": length, "prefill": prefill, "ms": statistics.median(ms),
+                         "runs_ms": [round(m, 3) for m in ms]})
+    return rows
 
 
 def kernel_report(cfg: ModelConfig, max_seq: int, tokens: int, runs: int, paths: list) -> dict:
@@ -410,6 +446,16 @@ def _shape_notes(s: dict) -> list[str]:
                      f"{mem['activations'] / 1e6:.2f} MB = {mem['total'] / 1e9:.3f} GB")
     if s.get("step_graph_nodes") is not None:
         lines.append(f"{s['shape']}: the device loop's step graph has {s['step_graph_nodes']} nodes")
+    for t in s.get("ttft", []):
+        how = f"one prefill (chunks of {PREFILL_CHUNK})" if t["prefill"] else "token by token"
+        lines.append(f"{s['shape']}: time to first token, {t['prompt_tokens']}-token prompt, {how}: {t['ms']:.2f} ms")
+    gemms = s.get("prefill_gemms")
+    if isinstance(gemms, dict):
+        lines.append(f"{s['shape']}: prefill GEMMs: FAILED: {gemms.get('error')}")
+    elif gemms:
+        lines.append(f"{s['shape']}: prefill GEMMs (bf16 tensor cores, float32 sums), m = {gemms[0]['m']} tokens: "
+                     + "; ".join(f"{g['name']} {g['n']}x{g['k']} {g['us']:.1f} us {g['tflops']:.0f} TFLOP/s"
+                                 for g in gemms))
     return lines
 
 

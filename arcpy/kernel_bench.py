@@ -295,3 +295,46 @@ def format_kernels(shape: dict, bandwidth_gbps: float) -> list[str]:
                  + (f"; the step (device loop, burst 16): {total:.1f} us, kernels alone = {k['sum_us'] / total:.0%} "
                     "of it" if total else ""))
     return lines
+
+
+# --- the prefill's matrix products ------------------------------------------------------------
+
+def gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int, bool]]:
+    """(name, n, k, swiglu) of the prefill's products per layer, as its forward launches them."""
+    qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
+    return [("qkv", qkv_rows, cfg.dim, False), ("o", cfg.dim, cfg.q_dim, False),
+            ("gate/up swiglu", cfg.ffn_dim, cfg.dim, True), ("down", cfg.dim, cfg.ffn_dim, False)]
+
+
+def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
+    """Each product of a prefill chunk of m tokens timed alone (graphs of n_layers launches over
+    one layer's weights, back to back): µs per launch and TFLOP/s (2 m n k over the time; the
+    gate/up product counts both halves)."""
+    rows = []
+    with Context(0) as ctx:
+        buf = _Buffers(ctx)
+        try:
+            lib, ffi, NULL = ctx.lib, ctx.ffi, ctx.ffi.NULL
+            for name, n, k, swiglu in gemm_shapes(cfg):
+                w_rows = 2 * n if swiglu else n
+                a = ffi.cast("uint16_t *", buf.random_bf16(m * k * 2))
+                w = ffi.cast("uint16_t *", buf.random_bf16(w_rows * k * 2))
+                if swiglu:
+                    out = ffi.cast("uint16_t *", buf.alloc(m * n * 2))
+                    op = lambda: lib.arc_op_gemm_swiglu_bf16(ctx.ptr, a, w, m, n, k, out)
+                else:
+                    out = ffi.cast("float *", buf.alloc(m * n * 4))
+                    op = lambda: lib.arc_op_gemm_bf16(ctx.ptr, a, w, m, n, k, NULL, 0, out)
+                ctx.wait_idle()
+                graph = _capture(ctx, [lambda op=op: _lib.check(op())] * cfg.n_layers)
+                try:
+                    us = time_graph(ctx, graph, cfg.n_layers, replays)
+                finally:
+                    ctx.wait_idle()
+                    _lib.check(lib.arc_graph_destroy(graph))
+                flops = 2.0 * m * w_rows * k
+                rows.append({"name": name, "m": m, "n": w_rows, "k": k, "us": statistics.median(us),
+                             "tflops": flops / statistics.median(us) / 1e6, "runs_us": [round(u, 2) for u in us]})
+        finally:
+            buf.free()
+    return rows

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from arcpy import bench, kernel_bench
+from arcpy.cuda import PREFILL_CHUNK
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES
 
@@ -284,3 +285,19 @@ def test_run_saves_the_report_after_each_part(monkeypatch):
     assert seen == [["scripted"], ["scripted", "stories15M"], ["scripted", "stories15M", "llama1B"],
                     ["scripted", "stories15M", "llama1B", "hf"]]
     assert report["device"] == "Fake GPU" and report["copy_bandwidth_GBps"] == pytest.approx(4000.0)
+
+
+def test_the_table_shows_time_to_first_token_and_the_prefill_gemms():
+    report = canned_report(None)
+    shape = report["shapes"][0]
+    shape["ttft"] = [{"prompt_tokens": 128, "prefill": True, "ms": 1.25, "runs_ms": [1.25]},
+                     {"prompt_tokens": 128, "prefill": False, "ms": 14.5, "runs_ms": [14.5]}]
+    shape["prefill_gemms"] = [{"name": "qkv", "m": 512, "n": 3072, "k": 2048, "us": 20.0, "tflops": 322.1,
+                               "runs_us": [20.0]}]
+    text = bench.format_table(report)
+    assert f"tiny: time to first token, 128-token prompt, one prefill (chunks of {PREFILL_CHUNK}): 1.25 ms" in text
+    assert "tiny: time to first token, 128-token prompt, token by token: 14.50 ms" in text
+    assert "m = 512 tokens: qkv 3072x2048 20.0 us 322 TFLOP/s" in text
+    shape["prefill_gemms"] = {"error": "invalid argument: k % 8"}
+    assert "tiny: prefill GEMMs: FAILED: invalid argument: k % 8" in bench.format_table(report)
+
