@@ -10,8 +10,8 @@ deeper layers' cache by a few percent: the NumPy reference shows the same drift 
 float32 prefill and its prefill with bf16 products. So the model tests check twice: against the
 GPU decode within twice the drift the reference shows for that model and prompt (plus a little),
 with the argmax equal wherever the top-two margin is clear of the error; and against the
-reference's prefill with bf16 products, tightly. Caches are compared per layer by the relative
-norm of the difference; rows past the prompt must stay untouched.
+reference's prefill with bf16 products, within that drift once. Caches are compared per layer by
+the relative norm of the difference; rows past the prompt must stay untouched.
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ def random_bf16(rng, shape, scale=1.0) -> np.ndarray:
 
 
 def assert_close(what, got, want, atol, rtol) -> None:
-    """|got - want| <= atol + rtol * |want| everywhere, got finite; else the first mismatches."""
-    got = np.asarray(got, dtype=np.float64).ravel()
-    want = np.asarray(want, dtype=np.float64).ravel()
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    tol = np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape).ravel() + rtol * np.abs(want)
+    """|got - want| <= atol + rtol * |want| everywhere (atol a scalar or shaped as want), got
+    finite; else the first mismatches."""
+    want = np.asarray(want, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
+    tol = (np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape) + rtol * np.abs(want)).ravel()
+    got, want = got.ravel(), want.ravel()
     diff = np.abs(got - want)
     bad = ~np.isfinite(got) | (diff > tol)
     if bad.any():
@@ -471,6 +472,9 @@ def test_prefill_matches_decode_for_every_chunk_size_and_length(setup, expected)
 
 
 def test_prefill_matches_the_reference_with_bf16_products(setup, expected):
+    """Closer to the reference computing its numerics than the reference's own float32 prefill is
+    (summation order still differs, and moves a value across a bf16 rounding boundary now and
+    then: measured, a quarter to a half of that drift)."""
     model, dev, tokens, d_tokens, decoded = setup
     reserve(dev, 100)
     for n in CHECK_LENGTHS:
@@ -478,9 +482,8 @@ def test_prefill_matches_the_reference_with_bf16_products(setup, expected):
         poison_cache(dev)
         poison_logits(dev)
         prefill(dev, d_tokens, n, 0)
-        assert_logits_match(what, host_logits(dev), expected.logits[n], 2e-2)
-        bounds = np.full(model.config.n_layers, 1e-2)
-        assert_cache_matches(what, read_cache(dev), expected.k[n], expected.v[n], n, bounds)
+        assert_logits_match(what, host_logits(dev), expected.logits[n], expected.logit_drift[n] + 1e-2)
+        assert_cache_matches(what, read_cache(dev), expected.k[n], expected.v[n], n, expected.cache_drift[n] + 3e-3)
 
 
 def test_prefill_in_two_calls_continues_the_cache_and_decoding_follows(setup, expected):

@@ -10,6 +10,7 @@
 #include "kernels.cuh"
 
 enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunks per tile row
+enum { GEMM_MAX_N = 65535 * 64 };  // rows of W: the grid's y extent counts tiles of at least 64
 
 enum GemmEpilogue { EPI_STORE = 0, EPI_ACCUMULATE = 1, EPI_SWIGLU = 2 };
 
@@ -79,16 +80,19 @@ __device__ __forceinline__ void load_stage(const GemmArgs &p, uint16_t *sa, uint
     }
 }
 
-// C tile (blockIdx.y, blockIdx.x) of A W^T, epilogue EPI. Launch: grid (ceil(n_w / BN), ceil(m /
-// BM)) with n_w the rows of W (2 n for SWIGLU), T::THREADS threads, T::SMEM bytes of dynamic
-// shared memory. Limits: k % 8 == 0, a and w 16-byte aligned; c 8-byte aligned.
+// C tile (blockIdx.x, blockIdx.y) of A W^T, epilogue EPI. Launch: grid (ceil(m / BM), ceil(n_w /
+// BN)) with n_w the rows of W (2 n for SWIGLU), T::THREADS threads, T::SMEM bytes of dynamic
+// shared memory. The M tiles vary fastest: blocks resident together share a W tile, which is then
+// read from DRAM once while A (a chunk of activations, a few MB) stays in L2; the other order
+// reads the whole weight matrix once per M tile. Limits: k % 8 == 0, a and w 16-byte aligned; c
+// 8-byte aligned.
 template <class T, int EPI>
 __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArgs p) {
     extern __shared__ __align__(128) uint16_t smem[];
     uint16_t *sa = smem, *sw = smem + T::STAGES * T::BM * GEMM_BK;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
-    const int m0 = blockIdx.y * T::BM, block_n = blockIdx.x;
+    const int m0 = blockIdx.x * T::BM, block_n = blockIdx.y;
     const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK;
 
     pdl_launch_dependents();
@@ -215,32 +219,28 @@ static int launch_tile(arc_context *ctx, const GemmArgs &p) {
     if (T::SMEM > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM));
     const int n_w = EPI == EPI_SWIGLU ? 2 * p.n : p.n;
-    const dim3 grid((n_w + T::BN - 1) / T::BN, (p.m + T::BM - 1) / T::BM);
+    const dim3 grid((p.m + T::BM - 1) / T::BM, (n_w + T::BN - 1) / T::BN);
     return arc_launch_pdl(ctx, "gemm_kernel", kernel, grid, dim3(T::THREADS), (size_t)T::SMEM, p);
 }
 
 enum { TILE_L, TILE_M, TILE_S, TILE_XS, TILE_COUNT };
 
-// Relative time of a product under each shape: waves of blocks over the SMs, each wave costing
-// the tile's area divided by how fast the shape runs per SM (its blocks resident together
-// share the SM). Speeds per SM relative to TileL, measured on the H200 (docs/PERF.md).
+// The tile shape for a product of m x n_w, by two regimes measured on the H200 (docs/PERF.md).
+// A product that fills every SM with 128 x 128 tiles runs TileM or TileL, whichever leaves fewer
+// tile-areas on the busiest SM (ties to TileM: its two blocks per SM hide each other's stalls).
+// A smaller one is latency-bound: it takes the smallest tiles that are still all resident at
+// once (TileXS, three per SM; else TileS, two), since more concurrent blocks finish it sooner.
 static int pick_tile(const arc_context *ctx, int m, int n_w) {
-    static const int bm[TILE_COUNT] = {128, 128, 64, 64}, bn[TILE_COUNT] = {256, 128, 128, 64};
-    static const int per_sm[TILE_COUNT] = {1, 2, 2, 3};
-    static const double speed[TILE_COUNT] = {1.0, 0.9, 0.75, 0.6};
-    int best = TILE_L;
-    double best_cost = 0.0;
-    for (int t = 0; t < TILE_COUNT; ++t) {
-        const long long tiles = (long long)((m + bm[t] - 1) / bm[t]) * ((n_w + bn[t] - 1) / bn[t]);
-        const long long slots = (long long)ctx->sm_count * per_sm[t];
-        const double waves = (double)((tiles + slots - 1) / slots);
-        const double cost = waves * bm[t] * bn[t] * per_sm[t] / speed[t];
-        if (t == TILE_L || cost < best_cost) {
-            best = t;
-            best_cost = cost;
-        }
+    auto tiles = [&](int bm, int bn) { return (long long)((m + bm - 1) / bm) * ((n_w + bn - 1) / bn); };
+    const long long sms = ctx->sm_count;
+    const long long m_tiles = tiles(128, 128);
+    if (m_tiles < sms) {
+        if (tiles(64, 64) <= 3 * sms) return TILE_XS;
+        if (tiles(64, 128) <= 2 * sms) return TILE_S;
+        return TILE_M;
     }
-    return best;
+    const long long m_load = (m_tiles + sms - 1) / sms, l_load = 2 * ((tiles(128, 256) + sms - 1) / sms);
+    return l_load < m_load ? TILE_L : TILE_M;
 }
 
 template <int EPI>
@@ -259,7 +259,6 @@ static int check_gemm(const char *who, const GemmArgs &p, const void *out) {
     if (p.k <= 0 || p.k % 8 != 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "k must be a positive multiple of 8, got %d", p.k);
     if ((uintptr_t)p.a % 16 != 0 || (uintptr_t)p.w % 16 != 0)
         return arc_fail(ARC_INVALID_ARGUMENT, who, "a and w must be 16-byte aligned");
-    if (p.m > 65535 * 64) return arc_fail(ARC_INVALID_ARGUMENT, who, "m %d exceeds the limit %d", p.m, 65535 * 64);
     return ARC_OK;
 }
 
@@ -269,7 +268,9 @@ static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, in
     const void *out = epilogue == EPI_SWIGLU ? (const void *)p.h : (const void *)p.c;
     int st = check_gemm(who, p, out);
     if (st != ARC_OK) return st;
-    const int tile = pick_tile(ctx, p.m, epilogue == EPI_SWIGLU ? 2 * p.n : p.n);
+    const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
+    if (n_w > GEMM_MAX_N) return arc_fail(ARC_INVALID_ARGUMENT, who, "W has %d rows, more than %d", n_w, GEMM_MAX_N);
+    const int tile = pick_tile(ctx, p.m, n_w);
     if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
     if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
     return launch_gemm<EPI_STORE>(ctx, p, tile);

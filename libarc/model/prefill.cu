@@ -2,14 +2,15 @@
 // whole model together, so each weight is read once per chunk instead of once per token, and the
 // products run on tensor cores (gemm.cu) instead of the decode's GEMVs.
 //
-// Per chunk: the embedding rows, then per layer 7 kernels:
-//   1 rmsnorm_rows  xn = bf16(rmsnorm(x, attn_norm))                        (c, dim)
-//   2 gemm          qkv = xn [Wq; Wk; Wv]^T (+ [bq; bk; bv])                 (c, q_dim + 2 kv_dim) f32
-//   3-4 attention   q, k rotated, k and v -> cache rows; att = causal attention (c, q_dim) bf16
-//   5 gemm          x += att Wo^T
-//   6 rmsnorm_rows  xn = bf16(rmsnorm(x, mlp_norm))
-//   7 gemm_swiglu   h = bf16(silu(xn Wg^T) * (xn Wu^T))                      (c, ffn_dim)
-//   8 gemm          x += h Wdown^T
+// Per chunk of c tokens: the embedding rows, then per layer 8 kernels:
+//   1 rmsnorm_rows   xn = bf16(rmsnorm(x, attn_norm))                       (c, dim)
+//   2 gemm           qkv = xn [Wq; Wk; Wv]^T (+ [bq; bk; bv])                (c, q_dim + 2 kv_dim) f32
+//   3 rope_kv        q, k rotated at their positions; k, v -> cache rows; q -> bf16
+//   4 flash_prefill  att = causal attention over the cache                   (c, q_dim) bf16
+//   5 gemm           x += att Wo^T
+//   6 rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
+//   7 gemm_swiglu    h = bf16(silu(xn Wg^T) * (xn Wu^T))                     (c, ffn_dim)
+//   8 gemm           x += h Wdown^T
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
