@@ -533,16 +533,27 @@ def small():
     dev.close()
 
 
-def test_prefill_without_a_reservation_is_refused(small):
+def test_prefill_needs_a_reservation_and_every_tensor_uploaded(small):
     model, dev = small
-    fresh = open_cuda_device(model, max_seq=MAX_SEQ, use_graph=False)
+    ffi, lib, c = dev.ffi, dev.lib, model.config
+    cfg = ffi.new("arc_model_config *")
+    cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads = c.dim, c.n_layers, c.n_heads, c.n_kv_heads
+    cfg.head_dim, cfg.ffn_dim, cfg.vocab, cfg.max_seq = c.head_dim, c.ffn_dim, c.vocab, MAX_SEQ
+    cfg.rms_eps, cfg.tied_embeddings, cfg.qkv_bias = c.rms_eps, int(c.tied_embeddings), int(c.qkv_bias)
+    pp = ffi.new("arc_model **")
+    _lib.check(lib.arc_model_create(dev.ctx.ptr, cfg, pp))  # a bare model: nothing reserved or uploaded
     try:
-        host, mapped = fresh.ctx.pinned((4,), np.int32)
+        host, mapped = dev.ctx.pinned((4,), np.int32)
         host[:] = [1, 2, 3, 4]
+        tokens = ffi.cast("int32_t *", mapped)
         with pytest.raises(arcpy.InvalidArgumentError, match="arc_model_prefill_reserve first"):
-            prefill(fresh, fresh.ffi.cast("int32_t *", mapped), 4, 0)
+            _lib.check(lib.arc_model_prefill(pp[0], tokens, 4, 0))
+        _lib.check(lib.arc_model_prefill_reserve(pp[0], 16))
+        with pytest.raises(arcpy.InvalidArgumentError, match="ARC_TENSOR_EMBED was never uploaded"):
+            _lib.check(lib.arc_model_prefill(pp[0], tokens, 4, 0))
     finally:
-        fresh.close()
+        dev.ctx.wait_idle()
+        lib.arc_model_destroy(pp[0])
 
 
 @pytest.mark.parametrize("n,start,match", [
