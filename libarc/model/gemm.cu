@@ -253,8 +253,7 @@ static int launch_gemm(arc_context *ctx, const GemmArgs &p, int tile) {
     }
 }
 
-static int check_gemm(const char *who, const GemmArgs &p, const void *out) {
-    if (!p.a || !p.w || !out) return arc_fail(ARC_INVALID_ARGUMENT, who, "null pointer (a, w and the output are required)");
+static int check_gemm(const char *who, const GemmArgs &p) {
     if (p.m <= 0 || p.n <= 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "m and n must be positive, got %d and %d", p.m, p.n);
     if (p.k <= 0 || p.k % 8 != 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "k must be a positive multiple of 8, got %d", p.k);
     if ((uintptr_t)p.a % 16 != 0 || (uintptr_t)p.w % 16 != 0)
@@ -262,11 +261,11 @@ static int check_gemm(const char *who, const GemmArgs &p, const void *out) {
     return ARC_OK;
 }
 
-// Checks the arguments common to both entry points, picks the tile shape and launches.
+// Checks the arguments common to both entry points (their pointers are checked already), picks
+// the tile shape and launches.
 static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, int epilogue) {
     if (!ctx) return arc_fail(ARC_INVALID_ARGUMENT, who, "ctx is null");
-    const void *out = epilogue == EPI_SWIGLU ? (const void *)p.h : (const void *)p.c;
-    int st = check_gemm(who, p, out);
+    int st = check_gemm(who, p);
     if (st != ARC_OK) return st;
     const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
     if (n_w > GEMM_MAX_N) return arc_fail(ARC_INVALID_ARGUMENT, who, "W has %d rows, more than %d", n_w, GEMM_MAX_N);
@@ -278,8 +277,9 @@ static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, in
 
 extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n,
                                 int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
+    ARC_REQUIRE(a && w && c, "null pointer (a, w and c are required)");
     ARC_REQUIRE(!(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
-    ARC_REQUIRE(c == nullptr || (uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
+    ARC_REQUIRE((uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
     ARC_REQUIRE((const void *)c != (const void *)a && (const void *)c != (const void *)w, "c must not alias a or w");
     GemmArgs p = {a, w, m, n, k, bias, c, nullptr};
     return gemm_checked(ctx, __func__, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
@@ -287,8 +287,9 @@ extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint1
 
 extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
                                        int32_t n, int32_t k, uint16_t *h) {
+    ARC_REQUIRE(a && w_gate_up && h, "null pointer (a, w_gate_up and h are required)");
     ARC_REQUIRE(n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
-    ARC_REQUIRE(h == nullptr || (uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
+    ARC_REQUIRE((uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
     ARC_REQUIRE((const void *)h != (const void *)a, "h must not alias a");
     GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h};
     return gemm_checked(ctx, __func__, p, EPI_SWIGLU);
