@@ -32,15 +32,6 @@ __device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
     }
 }
 
-// Element d of a head row `x` rotated by rotate-half RoPE: d pairs with d +- hd/2, by the angle
-// whose cosine and sine are c[i], s[i], i = d mod hd/2. Explicit roundings (no fused
-// multiply-add), exactly as the reference computes it.
-__device__ __forceinline__ float rotated(const float *x, int d, int half, const float *c, const float *s) {
-    if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
-    const int i = d - half;
-    return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
-}
-
 // A float rounded to bf16 (nearest even) and back: the value the cache holds.
 __device__ __forceinline__ float as_cached(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
@@ -151,7 +142,7 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     for (int i = 0; i < L::NV; ++i) {
         const int j = sub + LP * i;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rotated(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
+        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rope_rotate_half(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
     }
     if (holds_new) {
         // The lanes of the new row take it as the cache will hold it; the first query head of the
@@ -165,7 +156,7 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     if (j < nvh) {
-                        kf[u][i * VEC + e] = as_cached(rotated(ks, j * VEC + e, half, cos_t, sin_t));
+                        kf[u][i * VEC + e] = as_cached(rope_rotate_half(ks, j * VEC + e, half, cos_t, sin_t));
                         vf[u][i * VEC + e] = as_cached(vs[j * VEC + e]);
                     }
                 }
@@ -174,7 +165,7 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
         if (head % group == 0) {
             const size_t at = ((size_t)kvh * max_seq + pos) * hd;
             for (int d = tid; d < hd; d += ATTN_THREADS) {
-                k_cache[at + d] = f32_to_bf16(rotated(ks, d, half, cos_t, sin_t));
+                k_cache[at + d] = f32_to_bf16(rope_rotate_half(ks, d, half, cos_t, sin_t));
                 v_cache[at + d] = f32_to_bf16(vs[d]);
             }
         }

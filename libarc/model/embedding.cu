@@ -15,22 +15,7 @@ embedding_kernel(const uint16_t *__restrict__ table, int vocab, int dim,
     pdl_wait();  // the token may have been written by the kernel before
     if (threadIdx.x == 0) tok = *token;
     __syncthreads();
-    const int nvec = dim / 8;
-    float4 *x4 = reinterpret_cast<float4 *>(x);
-    if (tok >= (uint32_t)vocab) {
-        const float nan = __uint_as_float(0x7fc00000u);
-        for (int v = threadIdx.x; v < nvec; v += EMBED_THREADS) {
-            x4[2 * v] = make_float4(nan, nan, nan, nan);
-            x4[2 * v + 1] = make_float4(nan, nan, nan, nan);
-        }
-        return;
-    }
-    const uint4 *row = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
-    for (int v = threadIdx.x; v < nvec; v += EMBED_THREADS) {
-        uint4 g = row[v];
-        x4[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
-        x4[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
-    }
+    embed_row(table, vocab, dim, tok, x, EMBED_THREADS);
 }
 
 extern "C" int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,

@@ -169,6 +169,29 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// x[dim] = float(table[tok, :]), table bf16 (vocab, dim), by the block's threads (nthreads of them);
+// a token outside [0, vocab) fills x with NaN instead of reading out of bounds. dim % 8 == 0,
+// table and x 16-byte aligned. The decode's embedding and the prefill's rows gather alike.
+__device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, int vocab, int dim, uint32_t tok,
+                                          float *__restrict__ x, int nthreads) {
+    const int nvec = dim / 8;
+    float4 *x4 = reinterpret_cast<float4 *>(x);
+    if (tok >= (uint32_t)vocab) {
+        const float nan = __uint_as_float(0x7fc00000u);
+        for (int v = threadIdx.x; v < nvec; v += nthreads) {
+            x4[2 * v] = make_float4(nan, nan, nan, nan);
+            x4[2 * v + 1] = make_float4(nan, nan, nan, nan);
+        }
+        return;
+    }
+    const uint4 *row = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
+    for (int v = threadIdx.x; v < nvec; v += nthreads) {
+        const uint4 g = row[v];
+        x4[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
+        x4[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
+    }
+}
+
 // Element d of a head row x (float32) under rotate-half RoPE: d pairs with d +- half, angle i =
 // d mod half with cosine c[i] and sine s[i]. Explicit roundings (no fused multiply-add), as the
 // reference computes it; the decode attention and the prefill rotate identically.

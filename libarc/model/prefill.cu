@@ -27,23 +27,7 @@ embed_rows_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const 
     pdl_launch_dependents();
     pdl_wait();  // the tokens may come from an earlier kernel
     const int i = blockIdx.x;
-    const uint32_t tok = (uint32_t)tokens[i];
-    float4 *row = reinterpret_cast<float4 *>(x + (size_t)i * dim);
-    const int nvec = dim / 8;
-    if (tok >= (uint32_t)vocab) {
-        const float nan = __uint_as_float(0x7fc00000u);
-        for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
-            row[2 * v] = make_float4(nan, nan, nan, nan);
-            row[2 * v + 1] = make_float4(nan, nan, nan, nan);
-        }
-        return;
-    }
-    const uint4 *src = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
-    for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
-        const uint4 g = src[v];
-        row[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
-        row[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
-    }
+    embed_row(table, vocab, dim, (uint32_t)tokens[i], x + (size_t)i * dim, ROWS_THREADS);
 }
 
 // xn[i] = bf16(x[i] * rsqrt(mean(x[i]^2) + eps) * w), the decode GEMV's fused norm (same formula)
