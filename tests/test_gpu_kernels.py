@@ -18,6 +18,7 @@ import pytest
 
 import arcpy
 from arcpy import _lib
+from bf16_words import from_bf16, random_bf16, to_bf16
 
 pytestmark = pytest.mark.gpu
 
@@ -27,22 +28,6 @@ EPS32 = float(np.finfo(np.float32).eps)
 # arc_tensor ids, as arc.h numbers them.
 EMBED, ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN, FINAL_NORM, LM_HEAD, INV_FREQ = range(16)
 PER_LAYER = (ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN)
-
-
-# --- bf16 words, written here rather than imported, so the tests stand apart from the code ----
-
-def to_bf16(x) -> np.ndarray:
-    """float32 -> bf16 words, round to nearest even (finite inputs)."""
-    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-
-
-def from_bf16(w) -> np.ndarray:
-    return (np.asarray(w, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
-
-
-def random_bf16(rng, shape, scale=1.0) -> np.ndarray:
-    return to_bf16(rng.standard_normal(shape, dtype=F32) * F32(scale))
 
 
 # --- device plumbing ---------------------------------------------------------------------------

@@ -26,28 +26,13 @@ from arcpy import _lib
 from arcpy.cuda import Context, open_cuda_device
 from arcpy.model import ModelConfig, random_model, synthetic_model
 from arcpy.reference import ReferenceModel
+from bf16_words import from_bf16, random_bf16, to_bf16
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 EPS32 = float(np.finfo(np.float32).eps)
 BF16_STEP = 2.0 ** -8  # a bf16 rounding moves a value by at most this much of itself
-
-
-# --- bf16 words, written here so that the tests stand apart from the code --------------------
-
-def to_bf16(x) -> np.ndarray:
-    """float32 -> bf16 words, round to nearest even (finite inputs)."""
-    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-
-
-def from_bf16(w) -> np.ndarray:
-    return (np.asarray(w, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
-
-
-def random_bf16(rng, shape, scale=1.0) -> np.ndarray:
-    return to_bf16(rng.standard_normal(shape, dtype=F32) * F32(scale))
 
 
 def assert_close(what, got, want, atol, rtol) -> None:
