@@ -50,8 +50,9 @@ def test_device_loop_equals_host_path_for_256_steps(device, host_tokens, burst):
     st = eng.stats
     assert st.path == DEVICE_LOOP and st.fallback is None
     assert got == host_tokens
-    assert st.host_waits == 0
-    assert st.graph_launches == STEPS + len(PROMPT) - 1
+    assert st.host_waits == 0 and st.prefill
+    # The prompt went through one prefill, the first token through its commit: no graph launch.
+    assert st.graph_launches == STEPS - 1
 
 
 @pytest.mark.parametrize("burst", [1, 4, 16])
@@ -80,11 +81,23 @@ def test_step_api_hands_out_the_same_tokens_and_parks_the_rest(device, host_toke
     assert got == host_tokens[:40] and not eng.parked
 
 
-def test_verify_always_checks_replay_against_eager_on_the_host_path(device, host_tokens):
+def test_verify_always_checks_replay_against_eager_on_the_host_path(device):
+    # Verification feeds the prompt through the decode step, token by token, as prefill=False does.
+    by_token = list(Engine(device, "cuda", device_loop=False, environ={}, latch=FallbackLatch(),
+                           prefill=False).generate(PROMPT, 24))
     eng = Engine(device, "cuda", device_loop=True, environ={"ARC_GRAPH_VERIFY_ALWAYS": "1"},
                  latch=FallbackLatch())
-    assert list(eng.generate(PROMPT, 24)) == host_tokens[:24]
-    assert eng.stats.path == HOST
+    assert list(eng.generate(PROMPT, 24)) == by_token
+    assert eng.stats.path == HOST and not eng.stats.prefill
+
+
+@pytest.mark.parametrize("burst", [1, 16])
+def test_token_by_token_prompts_keep_both_paths_equal(device, burst):
+    host = list(Engine(device, "cuda", device_loop=False, environ={}, latch=FallbackLatch(),
+                       prefill=False).generate(PROMPT, 64))
+    eng = Engine(device, "cuda", device_loop=True, burst=burst, environ={}, latch=FallbackLatch(), prefill=False)
+    assert list(eng.generate(PROMPT, 64)) == host
+    assert eng.stats.graph_launches == 64 + len(PROMPT) - 1 and not eng.stats.prefill
 
 
 def test_eager_forward_decodes_the_same_tokens_and_the_loop_stands_aside(device, host_tokens):
