@@ -1,7 +1,9 @@
 """Benchmark on the GPU, in one run: the copy bandwidth; per shape the host path and the device
-loop (bursts 4 and 16) on synthetic models, the bandwidth floor and the share of it reached, the
-device memory the shape takes (computed from its config), the step graph's size, each kernel of
-the step alone (--kernels), and Hugging Face `generate` on the same shape (--hf, where torch and
+loop (bursts 4 and 16) on synthetic models, greedy and sampled (temperature 0.8, top-p 0.95), the
+bandwidth floor and the share of it reached, the device memory the shape takes (computed from its
+config), the step graph's size, the time to first token for prompts of 128 to 8,192 tokens (one
+prefill; token by token beside the shortest), each kernel of the step alone and the prefill's
+matrix products (--kernels), and Hugging Face `generate` on the same shape (--hf, where torch and
 transformers import).
 
     python scripts/bench.py --json bench.json
