@@ -46,11 +46,26 @@ MUTATIONS = [
     Mutation(
         "skip one launch per burst",
         "arcpy/burst.py",
-        "        for _ in range(steps):\n            self.device.enqueue_step(self.burst_id)\n",
-        "        for _ in range(steps - 1):\n            self.device.enqueue_step(self.burst_id)\n",
+        "        for k in range(steps):\n",
+        "        for k in range(steps - 1):\n",
         ("tests/test_burst.py::test_burst_yields_the_scripted_tokens_in_order",
          "tests/test_burst.py::test_burst_enqueues_every_step_before_the_first_token_is_read",
          "tests/test_engine_control.py::test_burst_is_clipped_to_the_remaining_budget"),
+    ),
+    Mutation(
+        "the first burst after a prefill replays the step graph instead of committing its logits",
+        "arcpy/burst.py",
+        "            if k == 0 and first_commit:\n",
+        "            if False:\n",
+        ("tests/test_engine_control.py::test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token[True]",
+         "tests/test_engine_control.py::test_device_loop_makes_zero_host_waits_per_token[True]"),
+    ),
+    Mutation(
+        "the host path runs the last prompt token's forward again after the prefill",
+        "arcpy/engine.py",
+        "        if seq.prefilled:\n            seq.prefilled = False  # the prefill left this step's logits\n",
+        "        if False:\n            pass\n",
+        ("tests/test_engine_control.py::test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token[False]",),
     ),
     Mutation(
         "ignore stream-query errors",
