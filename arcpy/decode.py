@@ -270,6 +270,8 @@ def report(engine: Engine, reason, started: float, stamps: list[float], asked_lo
     if len(stamps) > 1:
         line += f"; decode {(len(stamps) - 1) / (stamps[-1] - stamps[0]):.1f} tok/s"
     line += f"; path {st.path}, backend {st.backend}"
+    if st.seed is not None:
+        line += f"; seed {st.seed}"  # a sampled run without --seed is repeated with this one
     if st.backend == "cuda":
         line += (f"; per token: {st.per_token(st.graph_launches):.2f} graph launches, "
                  f"{st.per_token(st.cuda_calls):.2f} CUDA calls, {st.per_token(st.host_waits):.2f} host waits")

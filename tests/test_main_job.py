@@ -1,6 +1,7 @@
 """The main job and the CLI on the CPU: the NumPy backend decodes, bad input is one line."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -161,3 +162,13 @@ def test_cli_info_and_smoke():
     smoke = runner.invoke(cli, ["smoke", "-n", "6"])
     assert smoke.exit_code == 0, smoke.output
     assert "ok   numpy" in smoke.output and "6/6 tokens equal the reference" in smoke.output
+
+
+def test_a_sampled_run_without_a_seed_reports_the_one_that_repeats_it():
+    args = S + ["--backend", "numpy", "-n", "6", "--prompt-ids", "1 2 3", "--temperature", "1"]
+    first = decode(*args)
+    assert first.returncode == 0, first.stderr
+    seed = int(re.search(r"; seed (\d+)", first.stderr).group(1))
+    again = decode(*args, "--seed", str(seed))
+    assert token_line(again.stdout) == token_line(first.stdout) and f"; seed {seed}" in again.stderr
+    assert "; seed" not in decode(*S, "--backend", "numpy", "-n", "2", "--prompt-ids", "1 2").stderr
