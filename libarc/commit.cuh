@@ -12,6 +12,11 @@ struct CommitArgs {
     int vocab, max_seq, capacity;
 };
 
+// The commit arguments of a loop's step graphs.
+inline CommitArgs commit_args(arc_loop *loop) {
+    return CommitArgs{loop->state, loop->ring_dev, loop->slots_dev, loop->vocab, loop->max_seq, loop->capacity};
+}
+
 // True for NaN and +-inf: the exponent bits all set. A bit test, so no compiler flag can fold it.
 __device__ __forceinline__ bool nonfinite(float v) {
     return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;

@@ -6,31 +6,18 @@
 //        scripts/grid_barrier_cost.cu -o grid_barrier_cost && ./grid_barrier_cost
 #include <cstdio>
 #include <cuda_runtime.h>
+
+#include "grid_sync.cuh"
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
-struct Bar { unsigned count; unsigned pad[31]; };
-
-__device__ void grid_sync(Bar *b) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        unsigned arrived = atomicAdd(&b->count, 1u) + 1;
-        unsigned target = (arrived + gridDim.x - 1) / gridDim.x * gridDim.x;
-        volatile unsigned *c = &b->count;
-        while (*c < target) {}
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 // k barriers, then the last block out resets the count (as the draw does).
-__global__ void barriers(Bar *b, unsigned *exit_count, int k, float *sink) {
+__global__ void barriers(unsigned *arrivals, unsigned *exit_count, int k, float *sink) {
     float acc = threadIdx.x;
-    for (int i = 0; i < k; ++i) { acc = acc * 1.0001f + 1.0f; grid_sync(b); }
+    for (int i = 0; i < k; ++i) { acc = acc * 1.0001f + 1.0f; grid_sync(arrivals); }
     __shared__ bool last;
     if (threadIdx.x == 0) { __threadfence(); last = atomicAdd(exit_count, 1u) == gridDim.x - 1; }
     __syncthreads();
-    if (last && threadIdx.x == 0) { b->count = 0; *exit_count = 0; }
+    if (last && threadIdx.x == 0) { *arrivals = 0; *exit_count = 0; }
     if (acc == -1.0f) *sink = acc;
 }
 
@@ -41,8 +28,8 @@ __global__ void tiny(float *sink) {
 }
 
 int main() {
-    Bar *b; unsigned *ex; float *sink;
-    CK(cudaMalloc(&b, sizeof(Bar))); CK(cudaMemset(b, 0, sizeof(Bar)));
+    unsigned *b, *ex; float *sink;
+    CK(cudaMalloc(&b, 4)); CK(cudaMemset(b, 0, 4));
     CK(cudaMalloc(&ex, 4)); CK(cudaMemset(ex, 0, 4));
     CK(cudaMalloc(&sink, 4)); CK(cudaMemset(sink, 0, 4));
     cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
