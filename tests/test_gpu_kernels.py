@@ -11,7 +11,6 @@ lists the first offending elements.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 import arcpy
 from arcpy import _lib
 from bf16_words import from_bf16, random_bf16, to_bf16
+from gpu_buffers import Gpu, f32p, u16p
 
 pytestmark = pytest.mark.gpu
 
@@ -32,82 +32,6 @@ PER_LAYER = (ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DO
 
 # --- device plumbing ---------------------------------------------------------------------------
 
-class Gpu:
-    """A context and the buffers the current test allocated (freed after each test)."""
-
-    def __init__(self):
-        self.ffi, self.lib = _lib.load()
-        pp = self.ffi.new("arc_context **")
-        _lib.check(self.lib.arc_context_create(0, pp))
-        self.ctx = pp[0]
-        self.device_bufs, self.host_bufs, self.keep = [], [], []
-
-    def wait(self, timeout_s: float = 120.0) -> None:
-        """Poll arc_stream_query until the stream is idle (0); an error status raises."""
-        deadline = time.monotonic() + timeout_s
-        while _lib.check(self.lib.arc_stream_query(self.ctx)) != 0:
-            if time.monotonic() > deadline:
-                pytest.fail(f"the stream was still busy after {timeout_s} s")
-            time.sleep(20e-6)
-
-    def alloc(self, nbytes: int):
-        p = self.ffi.new("void **")
-        _lib.check(self.lib.arc_device_alloc(self.ctx, max(int(nbytes), 16), p))
-        self.device_bufs.append(p[0])
-        return p[0]
-
-    def put(self, dst, array: np.ndarray, offset: int = 0) -> None:
-        array = np.ascontiguousarray(array)
-        self.keep.append(array)
-        dst = self.ffi.cast("char *", dst) + offset
-        _lib.check(self.lib.arc_enqueue_copy_to_device(self.ctx, dst, self.ffi.from_buffer(array), array.nbytes))
-
-    def upload(self, array: np.ndarray):
-        d = self.alloc(array.nbytes)
-        self.put(d, array)
-        return d
-
-    def poison(self, ptr, nbytes: int) -> None:
-        """All-ones bytes: a NaN in every float32 and every bf16 word."""
-        self.put(ptr, np.full(int(nbytes), 0xFF, dtype=np.uint8))
-
-    def pinned(self, nbytes: int):
-        """(host view as bytes, device pointer) of a pinned, mapped buffer."""
-        h, d = self.ffi.new("void **"), self.ffi.new("void **")
-        _lib.check(self.lib.arc_host_alloc(self.ctx, max(int(nbytes), 16), h, d))
-        self.host_bufs.append(h[0])
-        return h[0], d[0]
-
-    def read(self, src, dtype, count: int) -> np.ndarray:
-        """Copy `count` items from device memory into pinned memory, wait, return a copy."""
-        nbytes = int(count) * np.dtype(dtype).itemsize
-        h, _ = self.pinned(nbytes)
-        _lib.check(self.lib.arc_enqueue_copy_to_host(self.ctx, h, src, nbytes))
-        self.wait()
-        return np.frombuffer(self.ffi.buffer(self.ffi.cast("char *", h), nbytes), dtype).copy()
-
-    def token(self, value: int):
-        """A pinned, mapped u32 holding `value`: what the forward's token pointer points at."""
-        h, d = self.pinned(4)
-        np.frombuffer(self.ffi.buffer(self.ffi.cast("char *", h), 4), np.uint32)[0] = value
-        return self.ffi.cast("uint32_t *", d)
-
-    def position(self, value: int):
-        return self.ffi.cast("int32_t *", self.upload(np.array([value], dtype=np.int32)))
-
-    def free_all(self) -> None:
-        self.wait()
-        for p in self.device_bufs:
-            self.lib.arc_device_free(self.ctx, p)
-        for p in self.host_bufs:
-            self.lib.arc_host_free(self.ctx, p)
-        self.device_bufs, self.host_bufs, self.keep = [], [], []
-
-    def close(self) -> None:
-        self.free_all()
-        self.lib.arc_context_destroy(self.ctx)
-
-
 @pytest.fixture(scope="module")
 def _gpu():
     g = Gpu()
@@ -119,14 +43,6 @@ def _gpu():
 def gpu(_gpu):
     yield _gpu
     _gpu.free_all()
-
-
-def u16p(gpu, p):
-    return gpu.ffi.cast("uint16_t *", p)
-
-
-def f32p(gpu, p):
-    return gpu.ffi.cast("float *", p)
 
 
 def assert_close(what: str, got, want, atol, rtol) -> None:

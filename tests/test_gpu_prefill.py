@@ -23,10 +23,11 @@ import pytest
 
 import arcpy
 from arcpy import _lib
-from arcpy.cuda import Context, open_cuda_device
+from arcpy.cuda import open_cuda_device
 from arcpy.model import ModelConfig, random_model, synthetic_model
 from arcpy.reference import ReferenceModel
 from bf16_words import from_bf16, random_bf16, to_bf16
+from gpu_buffers import Gpu, f32p, u16p
 
 pytestmark = pytest.mark.gpu
 
@@ -52,66 +53,17 @@ def assert_close(what, got, want, atol, rtol) -> None:
 
 # --- device plumbing ---------------------------------------------------------------------------
 
-class Gpu:
-    """A context and the buffers the current test allocated (freed after each test)."""
-
-    def __init__(self):
-        self.ctx = Context(0)
-        self.ffi, self.lib = self.ctx.ffi, self.ctx.lib
-        self.bufs, self.keep = [], []
-
-    def alloc(self, nbytes: int):
-        p = self.ctx.device_alloc(max(int(nbytes), 16))
-        self.bufs.append(p)
-        return p
-
-    def put(self, dst, array: np.ndarray, offset: int = 0) -> None:
-        array = np.ascontiguousarray(array)
-        self.keep.append(array)
-        self.ctx.upload_async(self.ffi.cast("char *", dst) + offset, array)
-
-    def upload(self, array: np.ndarray):
-        d = self.alloc(array.nbytes)
-        self.put(d, array)
-        return d
-
-    def poison(self, ptr, nbytes: int) -> None:
-        """All-ones bytes: NaN in every float32 and every bf16 word."""
-        self.put(ptr, np.full(int(nbytes), 0xFF, dtype=np.uint8))
-
-    def read(self, src, dtype, count: int) -> np.ndarray:
-        host, _ = self.ctx.pinned((int(count),), dtype)
-        self.ctx.download_async(host, src)
-        self.ctx.wait_idle()
-        return host.copy()
-
-    def free_all(self) -> None:
-        self.ctx.wait_idle()
-        for p in self.bufs:
-            self.ctx.device_free(p)
-        self.bufs, self.keep = [], []
-
-
 @pytest.fixture(scope="module")
 def _gpu():
     g = Gpu()
     yield g
-    g.free_all()
-    g.ctx.close()
+    g.close()
 
 
 @pytest.fixture
 def gpu(_gpu):
     yield _gpu
     _gpu.free_all()
-
-
-def u16p(gpu, p):
-    return gpu.ffi.cast("uint16_t *", p)
-
-
-def f32p(gpu, p):
-    return gpu.ffi.cast("float *", p)
 
 
 # --- the GEMM ----------------------------------------------------------------------------------
@@ -151,7 +103,7 @@ def test_gemm_matches_numpy(gpu, m, n, k, variant):
         acc = 1
     else:
         gpu.poison(d_c, m * n * 4)
-    _lib.check(gpu.lib.arc_op_gemm_bf16(gpu.ctx.ptr, u16p(gpu, d_a), u16p(gpu, d_w), m, n, k, bias, acc,
+    _lib.check(gpu.lib.arc_op_gemm_bf16(gpu.ctx, u16p(gpu, d_a), u16p(gpu, d_w), m, n, k, bias, acc,
                                         f32p(gpu, d_c)))
     assert_close(f"gemm {m}x{n}x{k} {variant}", gpu.read(d_c, F32, m * n), want, tol, 0.0)
 
@@ -175,7 +127,7 @@ def test_gemm_swiglu_matches_numpy(gpu, m, n, k):
     tol = 1.1 * eg * np.abs(u) + eu * np.abs(silu64(g)) + eg * eu
     d_a, d_w, d_h = gpu.upload(a), gpu.upload(w), gpu.alloc(m * n * 2)
     gpu.poison(d_h, m * n * 2)
-    _lib.check(gpu.lib.arc_op_gemm_swiglu_bf16(gpu.ctx.ptr, u16p(gpu, d_a), u16p(gpu, d_w), m, n, k, u16p(gpu, d_h)))
+    _lib.check(gpu.lib.arc_op_gemm_swiglu_bf16(gpu.ctx, u16p(gpu, d_a), u16p(gpu, d_w), m, n, k, u16p(gpu, d_h)))
     got = from_bf16(gpu.read(d_h, np.uint16, m * n))
     assert_close(f"gemm_swiglu {m}x{n}x{k}", got, want, tol, BF16_STEP)
 
@@ -244,7 +196,7 @@ def test_prefill_attention_matches_numpy(gpu, hd, n_heads, n_kv, n, start, max_s
     d_q, d_out = gpu.alloc(n * n_heads * hd * 2), gpu.alloc(n * n_heads * hd * 2)
     gpu.poison(d_q, n * n_heads * hd * 2)
     gpu.poison(d_out, n * n_heads * hd * 2)
-    _lib.check(gpu.lib.arc_op_prefill_attention(gpu.ctx.ptr, f32p(gpu, d_qkv), f32p(gpu, d_inv), u16p(gpu, d_k),
+    _lib.check(gpu.lib.arc_op_prefill_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_inv), u16p(gpu, d_k),
                                                 u16p(gpu, d_v), n_heads, n_kv, hd, max_seq, n, start,
                                                 u16p(gpu, d_q), u16p(gpu, d_out)))
     got_k = gpu.read(d_k, np.uint16, k0.size).reshape(cache_shape)
@@ -584,7 +536,7 @@ def test_null_arguments_and_a_bad_reservation_raise(small):
 
 
 def test_bad_gemm_arguments_raise(gpu):
-    lib, ffi, ctx = gpu.lib, gpu.ffi, gpu.ctx.ptr
+    lib, ffi, ctx = gpu.lib, gpu.ffi, gpu.ctx
     a, w, c = (u16p(gpu, gpu.alloc(4096)), u16p(gpu, gpu.alloc(4096)), f32p(gpu, gpu.alloc(4096)))
     cases = [
         (lambda: lib.arc_op_gemm_bf16(ctx, a, w, 4, 4, 12, ffi.NULL, 0, c), "k must be a positive multiple of 8"),
@@ -604,7 +556,7 @@ def test_bad_gemm_arguments_raise(gpu):
 
 
 def test_bad_prefill_attention_arguments_raise(gpu):
-    lib, ctx = gpu.lib, gpu.ctx.ptr
+    lib, ctx = gpu.lib, gpu.ctx
     f, u = f32p(gpu, gpu.alloc(1 << 16)), u16p(gpu, gpu.alloc(1 << 16))
 
     def call(hd=64, heads=4, kv=2, max_seq=16, n=4, start=0, cache=u):
