@@ -1,6 +1,7 @@
 import pytest
 
 import arcpy
+from gpu_buffers import Gpu
 
 
 def pytest_collection_modifyitems(config, items):
@@ -11,3 +12,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def gpu_context():
+    """One context per test module for the kernel tests (`gpu`)."""
+    g = Gpu()
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def gpu(gpu_context):
+    """The module's context; what the test allocated is freed after it."""
+    yield gpu_context
+    gpu_context.free_all()

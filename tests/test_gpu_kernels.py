@@ -18,7 +18,7 @@ import pytest
 import arcpy
 from arcpy import _lib
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import Gpu, f32p, u16p
+from gpu_buffers import f32p, u16p
 
 pytestmark = pytest.mark.gpu
 
@@ -28,21 +28,6 @@ EPS32 = float(np.finfo(np.float32).eps)
 # arc_tensor ids, as arc.h numbers them.
 EMBED, ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN, FINAL_NORM, LM_HEAD, INV_FREQ = range(16)
 PER_LAYER = (ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN)
-
-
-# --- device plumbing ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def _gpu():
-    g = Gpu()
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def gpu(_gpu):
-    yield _gpu
-    _gpu.free_all()
 
 
 def assert_close(what: str, got, want, atol, rtol) -> None:

@@ -27,7 +27,7 @@ from arcpy.cuda import open_cuda_device
 from arcpy.model import ModelConfig, random_model, synthetic_model
 from arcpy.reference import ReferenceModel
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import Gpu, f32p, u16p
+from gpu_buffers import f32p, u16p
 
 pytestmark = pytest.mark.gpu
 
@@ -49,21 +49,6 @@ def assert_close(what, got, want, atol, rtol) -> None:
         idx = np.flatnonzero(bad)
         lines = [f"  [{i}] got {got[i]!r} want {want[i]!r} diff {diff[i]:.3g} tol {tol[i]:.3g}" for i in idx[:10]]
         pytest.fail(f"{what}: {idx.size} of {got.size} out of tolerance; first:\n" + "\n".join(lines))
-
-
-# --- device plumbing ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def _gpu():
-    g = Gpu()
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def gpu(_gpu):
-    yield _gpu
-    _gpu.free_all()
 
 
 # --- the GEMM ----------------------------------------------------------------------------------
