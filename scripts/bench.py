@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from arcpy import bench
+from arcpy import bench, hf_bench
 from arcpy.errors import ArcError
 
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     shapes = [s for s in args.shapes.split(",") if s]
     hf = args.hf
     if hf is None:
-        hf, why = bench.hf_available()
+        hf, why = hf_bench.hf_available()
         if not hf:
             progress(f"Hugging Face comparison skipped: {why}")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from arcpy import bench, kernel_bench
+from arcpy import bench, hf_bench, kernel_bench
 from arcpy.cuda import PREFILL_CHUNK
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES
@@ -103,7 +103,7 @@ class FakeGenerate:
 
 def test_hf_timing_cancels_prefill_and_reports_the_per_token_step():
     fake = FakeGenerate(setup=0.25, step=0.004)
-    med, per_pair, warm = bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
+    med, per_pair, warm = hf_bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
     assert med == pytest.approx(4000.0)
     assert per_pair == pytest.approx([4000.0] * 3)
     assert warm == pytest.approx(2 * 0.25 + 63 * 0.004)
@@ -113,7 +113,7 @@ def test_hf_timing_cancels_prefill_and_reports_the_per_token_step():
 def test_hf_timing_takes_the_median_pair():
     # the n-token generate of the second pair runs 63 ms slow: its pair reads 1 ms/token more
     fake = FakeGenerate(setup=0.1, step=0.002, jitter=[0, 0, 0, 0, 0, 0.063, 0, 0])
-    med, per_pair, _ = bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
+    med, per_pair, _ = hf_bench.time_hf_generate(fake, 64, 3, clock=fake.clock)
     assert per_pair == pytest.approx([2000.0, 3000.0, 2000.0])
     assert med == pytest.approx(2000.0)
 
@@ -121,15 +121,15 @@ def test_hf_timing_takes_the_median_pair():
 @pytest.mark.parametrize("t_n,t_1,n", [([1.0], [0.5], 1), ([], [], 8), ([1.0, 2.0], [0.5], 8)])
 def test_steady_state_refuses_what_it_cannot_compute(t_n, t_1, n):
     with pytest.raises(InvalidArgumentError):
-        bench.steady_us_per_token(t_n, t_1, n)
+        hf_bench.steady_us_per_token(t_n, t_1, n)
 
 
 def test_hf_config_has_the_shape_and_no_end_of_sequence():
-    kw = bench.hf_config_kwargs(SHAPES["smollm2-135M"])
+    kw = hf_bench.hf_config_kwargs(SHAPES["smollm2-135M"])
     assert (kw["hidden_size"], kw["num_hidden_layers"], kw["num_attention_heads"], kw["num_key_value_heads"],
             kw["head_dim"], kw["intermediate_size"], kw["vocab_size"]) == (576, 30, 9, 3, 64, 1536, 49152)
     assert kw["tie_word_embeddings"] is True and kw["eos_token_id"] is None
-    assert bench.hf_config_kwargs(SHAPES["llama8B"])["tie_word_embeddings"] is False
+    assert hf_bench.hf_config_kwargs(SHAPES["llama8B"])["tie_word_embeddings"] is False
 
 
 # --- tables -----------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_run_saves_the_report_after_each_part(monkeypatch):
     monkeypatch.setattr(bench, "copy_bandwidth", lambda ctx: 4e12)
     monkeypatch.setattr(bench, "bench_scripted", lambda tokens, runs: {"shape": "scripted"})
     monkeypatch.setattr(bench, "bench_shape", lambda s, bw, tokens, runs, kernels: {"shape": s, "seconds": {}})
-    monkeypatch.setattr(bench, "hf_report", lambda shapes, n, runs, compile, say: {"shapes": list(shapes)})
+    monkeypatch.setattr(hf_bench, "hf_report", lambda shapes, prompt, n, runs, compile, say: {"shapes": list(shapes)})
     seen = []
     report = bench.run(["stories15M", "llama1B"], 16, 2, hf=True,
                        on_update=lambda r: seen.append([s["shape"] for s in r["shapes"]] + (["hf"] if "hf" in r else [])))
