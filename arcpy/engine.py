@@ -10,6 +10,10 @@ Two paths produce tokens (DESIGN section 3):
 Both draw a sampled token by arcpy.sampling's definition, from the seed and the position the
 token will occupy, so a seed gives the same tokens on either path, across bursts and fallbacks.
 
+The prompt goes through the model in one forward where the device has a prefill; its logits give
+the first token, through the first burst's commit on the device loop (no host wait between prompt
+and answer) or through the host's argmax or draw on the host path.
+
 A burst may produce tokens the consumer of step() has not asked for yet: they are parked and
 handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
 and they are cleared whenever a sequence finishes, is preempted, or falls back.
