@@ -221,6 +221,7 @@ class CudaDevice:
         self.supports_prefill = forward.supports_prefill
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
+        self._prompt_in_use = False  # a prefill may still read the pinned prompt
         try:
             vocab = forward.width if vocab is None else vocab
             if not 0 < vocab <= forward.width:
@@ -290,6 +291,7 @@ class CudaDevice:
         idle = self.ctx.query()
         if idle:
             self._idle = True
+            self._prompt_in_use = False
         return idle
 
     def counters(self) -> Counters:
@@ -305,18 +307,21 @@ class CudaDevice:
                 f"{what} is read only once stream_query() reports the stream idle; work is in flight")
 
     def enqueue_prefill(self, tokens, start: int) -> None:
-        """The prompt in one forward (chunk by chunk), reading its ids from pinned memory: they are
-        written only once the stream is idle, so no earlier prefill still reads them (at a
-        sequence's start the stream is idle already: this costs no wait)."""
+        """The prompt in one forward (chunk by chunk), reading its ids from pinned memory. They are
+        rewritten only once no earlier prefill can still read them: the stream was seen idle since
+        the last one (at a sequence's start it has been: the ring reset or the host path's last
+        step waited for it), else this waits for it."""
         if not self.supports_prefill:
             raise InvalidArgumentError("this device's forward has no prefill")
         n = len(tokens)
         if not (n >= 1 and 0 <= start and start + n <= self.max_seq):
             raise InvalidArgumentError(f"a prefill of {n} tokens at position {start} does not fit max_seq "
                                        f"{self.max_seq}")
-        spin_until(self.stream_query, IDLE_SPINS, "prefill: waiting for the previous prompt's forward")
+        if self._prompt_in_use:
+            spin_until(self.stream_query, IDLE_SPINS, "prefill: waiting for the previous prompt's forward")
         self._prompt[:n] = tokens
         self._idle = False
+        self._prompt_in_use = True
         self.forward.prefill(self._prompt_dev, n, start)
 
     def enqueue_forward(self, eager: bool = False) -> None:
@@ -351,6 +356,7 @@ class CudaDevice:
             return False
         _lib.check(status)
         self._idle = False
+        self._prompt_in_use = False  # the stream was idle: no prefill is reading the prompt
         return True
 
     def set_stop_ids(self, ids: tuple[int, ...]) -> None:

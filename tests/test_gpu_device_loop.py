@@ -230,3 +230,14 @@ def test_injected_lost_step_is_detected_as_idle_but_short_and_falls_back():
     assert out.returncode == 0, out.stderr
     assert "identical: True" in out.stdout
     assert "fallback: device loop: the stream is idle but only" in out.stdout
+
+
+def test_a_prompt_preempted_at_once_does_not_corrupt_the_next_ones(device):
+    # The second start rewrites the pinned prompt the first prefill may still be reading: the
+    # device must wait for it, so the second sequence decodes as it would alone.
+    other = [7, 8, 9, 10, 11, 12]
+    alone = list(engine(device, False).generate(other, 24))
+    for loop in (True, False):
+        eng = engine(device, loop, 8)
+        eng.start(PROMPT * 200, 4)  # a long prompt, preempted before anything is read
+        assert list(eng.generate(other, 24)) == alone
