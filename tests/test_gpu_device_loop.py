@@ -232,9 +232,10 @@ def test_injected_lost_step_is_detected_as_idle_but_short_and_falls_back():
     assert "fallback: device loop: the stream is idle but only" in out.stdout
 
 
-def test_a_prompt_preempted_at_once_does_not_corrupt_the_next_ones(device):
-    # The second start rewrites the pinned prompt the first prefill may still be reading: the
-    # device must wait for it, so the second sequence decodes as it would alone.
+def test_a_long_prompt_preempted_at_once_leaves_the_next_sequence_as_it_would_be_alone(device):
+    # The first prefill may still be running when the second sequence starts (and rewrites the
+    # pinned prompt once it has retired); the cache rows it wrote beyond the second prompt are
+    # rewritten before they are read.
     other = [7, 8, 9, 10, 11, 12]
     alone = list(engine(device, False).generate(other, 24))
     for loop in (True, False):
