@@ -137,7 +137,7 @@ static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->attn_done, 0, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->draw, sizeof(DrawScratch)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->draw, 0, sizeof(DrawScratch), ctx->stream));
-    return ARC_OK;
+    return arc_draw_init(ctx);
 }
 
 extern "C" int arc_context_create(int device, arc_context **out) {

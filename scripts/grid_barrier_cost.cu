@@ -1,10 +1,12 @@
 // grid_barrier_cost.cu -- what a grid-wide barrier costs inside one kernel, against what a node of
 // a captured graph with programmatic dependent launch costs: the sync a persistent forward would
-// pay per dependency, against the one the step graph pays. The barrier is the draw's (sampler.cu).
+// pay per dependency, against the one the step graph pays; and what the hardware barrier of a
+// thread-block cluster costs. The grid barrier is grid_sync.cuh's.
 // Build and run (any folder; the CUDA 13 wheels' nvcc, as setup.py finds it):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -L<cu13>/lib -cudart=static \
 //        scripts/grid_barrier_cost.cu -o grid_barrier_cost && ./grid_barrier_cost
 #include <cstdio>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "grid_sync.cuh"
@@ -19,6 +21,22 @@ __global__ void barriers(unsigned *arrivals, unsigned *exit_count, int k, float 
     __syncthreads();
     if (last && threadIdx.x == 0) { *arrivals = 0; *exit_count = 0; }
     if (acc == -1.0f) *sink = acc;
+}
+
+// k cluster barriers (the hardware's, across the blocks of one cluster), each after an add into
+// the next block's shared memory: the exchange a draw inside one cluster pays per step of it.
+__global__ void cluster_barriers(int k, float *sink) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ unsigned long long slot;
+    if (threadIdx.x == 0) slot = 0;
+    cl.sync();
+    unsigned long long *next = cl.map_shared_rank(&slot, (cl.block_rank() + 1) % cl.num_blocks());
+    for (int i = 0; i < k; ++i) {
+        if (threadIdx.x == 0) atomicAdd(next, 1ull);
+        cl.sync();
+    }
+    if (slot == 12345678ull) *sink = 1.0f;
 }
 
 __global__ void tiny(float *sink) {
@@ -74,6 +92,25 @@ int main() {
         }
         printf("graph node (PDL), %3d blocks of 256: %.3f us per node (graph of 1: %.2f us, of 65: %.2f us)\n",
                blocks, (per[1] - per[0]) / 64.0f, per[0], per[1]);
+    }
+    for (int threads : {512, 1024}) {
+        for (int size : {2, 8, 16}) {
+            CK(cudaFuncSetAttribute(cluster_barriers, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+            cudaLaunchAttribute a; a.id = cudaLaunchAttributeClusterDimension;
+            a.val.clusterDim.x = size; a.val.clusterDim.y = 1; a.val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3(size); cfg.blockDim = dim3(threads); cfg.stream = s;
+            cfg.attrs = &a; cfg.numAttrs = 1;
+            float us[2]; int ks[2] = {1, 65};
+            for (int j = 0; j < 2; ++j) {
+                for (int w = 0; w < 10; ++w) CK(cudaLaunchKernelEx(&cfg, cluster_barriers, ks[j], sink));
+                CK(cudaEventRecord(e0, s));
+                for (int r = 0; r < reps; ++r) CK(cudaLaunchKernelEx(&cfg, cluster_barriers, ks[j], sink));
+                CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+                float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); us[j] = ms * 1000.0f / reps;
+            }
+            printf("cluster barrier, cluster of %2d blocks of %4d: %.3f us per barrier (launch with 1 barrier %.2f us, with 65 %.2f us)\n",
+                   size, threads, (us[1] - us[0]) / 64.0f, us[0], us[1]);
+        }
     }
     printf("SMs %d\n", sms);
     return 0;

@@ -83,30 +83,45 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // Launches kernel<<<grid, block, smem, ctx->stream>>>(args...) with the programmatic-serialization
-// attribute on devices of compute capability 9.0 or more (a plain launch elsewhere), and checks
-// the launch as ARC_LAUNCHED does.
+// attribute on devices of compute capability 9.0 or more (a plain launch elsewhere), in clusters
+// of `cluster` blocks when it is not 0, and checks the launch as ARC_LAUNCHED does.
 template <typename... Params, typename... Args>
-int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...), dim3 grid, dim3 block,
-                   size_t smem, Args... args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+int arc_launch_ex(arc_context *ctx, const char *name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                  size_t smem, int cluster, Args... args) {
+    cudaLaunchAttribute attrs[2];
+    int n = 0;
+    if (ctx->cc_major >= 9) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster;
+        attrs[n].val.clusterDim.y = 1;
+        attrs[n++].val.clusterDim.z = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ctx->stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = ctx->cc_major >= 9 ? 1 : 0;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
     cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
     if (err != cudaSuccess) {
         ctx->counters.kernel_launches++;
         ctx->counters.cuda_calls++;
         cudaGetLastError();  // clear it: the status below reports it
-        return arc_fail_cuda(err, name, "arc_launch_pdl");
+        return arc_fail_cuda(err, name, "cudaLaunchKernelEx");
     }
     ARC_LAUNCHED(ctx, name);
     return ARC_OK;
+}
+
+template <typename... Params, typename... Args>
+int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   size_t smem, Args... args) {
+    return arc_launch_ex(ctx, name, kernel, grid, block, smem, 0, args...);
 }
 
 // Returns the status of a failed launcher: a forward stops at the first error.
