@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
     uint32_t kmax = 0;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-        float v = base + e < n ? logits[base + e] + 0.0f : 0.0f;  // + 0: -0 becomes +0
+        float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;  // + 0: -0 becomes +0
         l[e] = v;
         key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));  // NaN above all
         kmax = max(kmax, key[e]);
@@ -357,10 +357,11 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
 
 // --- The draw inside one thread-block cluster (compute capability 9.0) ---------------------
 //
-// The same definition, for vocabularies that fit one cluster of CD_THREADS-thread blocks (up to
-// 16 * 512 * 16 = 131,072 ids): the blocks meet at the cluster's hardware barrier (about a
-// quarter of a grid barrier's cost) and sum their histograms in each other's shared memory, so
-// the draw needs no global scratch. The selections search a 54-bit rank of each id,
+// The same definition, for vocabularies that fit one cluster of CD_THREADS-thread blocks at 8 ids
+// a thread (16 * 512 * 8 = 65,536 ids on the H200; above that the grid-wide draw is faster, the
+// cluster's 16 multiprocessors computing every weight): the blocks meet at the cluster's hardware
+// barrier (about a quarter of a grid barrier's cost) and sum their histograms in each other's
+// shared memory, so the draw needs no global scratch. The selections search a 54-bit rank of each id,
 // R = (F << 32) | ~key, where F = min(floor(-x * 2^17), 2^22 - 1) and x = (l - m) / T is the
 // weight's exponent: F grows as the logit falls, so ascending R is the candidate order (larger
 // logit first), and its first two digits split the range where the weights live into cells of
@@ -381,7 +382,9 @@ enum {
 };
 
 // The digits of R, most significant first: F's two, then the key's three.
-__device__ __forceinline__ int cd_shift(int level) { return level == 0 ? 43 : level == 1 ? 32 : level == 2 ? 21 : level == 3 ? 10 : 0; }
+__device__ __forceinline__ int cd_shift(int level) {
+    return level == 0 ? 43 : level == 1 ? 32 : level == 2 ? 21 : level == 3 ? 10 : 0;
+}
 __device__ __forceinline__ int cd_width(int level) { return level == 4 ? 10 : 11; }
 
 struct ClusterShared {
@@ -516,9 +519,8 @@ __device__ Pick cd_level(cg::cluster_group &cl, ClusterShared *sh, int level_no,
     ClusterShared *o = cd_remote(cl, sh, s);
     const bool mine = threadIdx.x < slice;
     uint32_t c = mine ? o->g_count[buf][threadIdx.x] : 0u;
-    unsigned long long m =
-        mine ? mass_of_parts(o->g_part[buf][0][threadIdx.x], o->g_part[buf][1][threadIdx.x], o->g_part[buf][2][threadIdx.x])
-             : 0ull;
+    const int t = threadIdx.x;
+    unsigned long long m = mine ? mass_of_parts(o->g_part[buf][0][t], o->g_part[buf][1][t], o->g_part[buf][2][t]) : 0ull;
     unsigned long long v = by_mass ? m : c, sum;
     unsigned long long before = above + block_scan<CD_THREADS>(v, &sum);
     if (before < want && want <= before + v)
@@ -767,7 +769,8 @@ static int cluster_blocks(arc_context *ctx, int *blocks) {
     if (ctx->cc_major < 9) return ARC_OK;
     auto kernel = draw_cluster_kernel<E, COMMIT>;
     ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(ClusterShared)));
+    const int smem = (int)sizeof(ClusterShared);
+    ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     for (int size = CD_MAX_BLOCKS; size >= CD_MIN_BLOCKS; size /= 2) {
         cudaLaunchAttribute attr;
         attr.id = cudaLaunchAttributeClusterDimension;
@@ -791,17 +794,16 @@ static int cluster_blocks(arc_context *ctx, int *blocks) {
 }
 
 int arc_draw_init(arc_context *ctx) {
-    int(*const find[6])(arc_context *, int *) = {cluster_blocks<4, false>, cluster_blocks<4, true>,
-                                                 cluster_blocks<8, false>, cluster_blocks<8, true>,
-                                                 cluster_blocks<16, false>, cluster_blocks<16, true>};
-    for (int i = 0; i < 6; ++i) ARC_TRY(find[i](ctx, &ctx->draw_cluster[i / 2][i % 2]));
+    int(*const find[4])(arc_context *, int *) = {cluster_blocks<4, false>, cluster_blocks<4, true>,
+                                                 cluster_blocks<8, false>, cluster_blocks<8, true>};
+    for (int i = 0; i < 4; ++i) ARC_TRY(find[i](ctx, &ctx->draw_cluster[i / 2][i % 2]));
     return ARC_OK;
 }
 
 template <int E, bool COMMIT>
 static int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
                             int32_t *out, bool *launched) {
-    const int blocks = ctx->draw_cluster[E == 4 ? 0 : E == 8 ? 1 : 2][COMMIT ? 1 : 0];
+    const int blocks = ctx->draw_cluster[E == 4 ? 0 : 1][COMMIT ? 1 : 0];
     *launched = blocks > 0 && n <= blocks * CD_THREADS * E;
     if (!*launched) return ARC_OK;
     return arc_launch_ex(ctx, COMMIT ? "draw_cluster_commit_kernel" : "draw_cluster_kernel",
@@ -819,7 +821,6 @@ static int launch_draw(arc_context *ctx, const float *logits, int32_t n, const D
     bool launched = false;
     int st = try_draw_cluster<4, COMMIT>(ctx, logits, n, p, c, out, &launched);
     if (st == ARC_OK && !launched) st = try_draw_cluster<8, COMMIT>(ctx, logits, n, p, c, out, &launched);
-    if (st == ARC_OK && !launched) st = try_draw_cluster<16, COMMIT>(ctx, logits, n, p, c, out, &launched);
     if (st == ARC_OK && !launched) st = try_draw<4, COMMIT>(ctx, logits, n, p, c, out, &launched);
     if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, logits, n, p, c, out, &launched);
     if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, logits, n, p, c, out, &launched);

@@ -49,9 +49,9 @@ struct arc_context {
     uint32_t *attn_done;
     // The draw's histograms, block sums and grid barrier; zero between launches.
     DrawScratch *draw;
-    // Blocks of the cluster the draw runs in, by ids per thread (4, 8, 16) and commit or not
+    // Blocks of the cluster the draw runs in, by ids per thread (4, 8) and commit or not
     // (arc_draw_init); 0 where the cluster draw does not run.
-    int draw_cluster[3][2];
+    int draw_cluster[2][2];
 };
 
 // Sets the draw kernels' attributes and finds the cluster they run in, once per context.
