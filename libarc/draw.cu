@@ -160,6 +160,22 @@ __device__ Pick radix_level(DrawScratch *s, int level, const uint32_t (&key)[E],
     return r;
 }
 
+// Of the running sum of weight(e) over this thread's ids, from acc (the sum before them; local is
+// theirs), the id at which it first exceeds target, where that lies among them; else -1.
+template <int E, typename Weight>
+__device__ int find_in_thread(int base, Weight weight, unsigned long long acc, unsigned long long local,
+                              unsigned long long target) {
+    int found = -1;
+    if (acc <= target && target < acc + local) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc += weight(e);
+            if (found < 0 && acc > target) found = base + e;
+        }
+    }
+    return found;
+}
+
 // The first id, in ascending id order, at which the running sum of weight(e) exceeds target
 // (with x != 0 or `draw`, target = floor(grid total * x / 2^32)). Only the thread that holds that
 // id gets it; every other thread gets -1.
@@ -183,16 +199,7 @@ __device__ int ordered_find(DrawScratch *s, int base, Weight weight, unsigned lo
     block_scan<DRAW_THREADS>(before_part, &before_block);
     block_scan<DRAW_THREADS>(all_part, &all);
     if (draw) target = __umul64hi(all, (unsigned long long)x << 32);
-    unsigned long long acc = before_block + excl;
-    int found = -1;
-    if (acc <= target && target < acc + local) {
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            acc += weight(e);
-            if (found < 0 && acc > target) found = base + e;
-        }
-    }
-    return found;
+    return find_in_thread<E>(base, weight, before_block + excl, local, target);
 }
 
 // The id one thread found, in every block.
@@ -202,34 +209,55 @@ __device__ int broadcast_found(DrawScratch *s, int found) {
     return __ldcg(&s->found);
 }
 
+// The loop's sampling parameters, from its device state (the sampled step graph). Read before the
+// draw's first barrier: the commit, after its last, moves the position on.
+__device__ __forceinline__ void params_from_state(const DeviceState *st, DrawParams *p) {
+    p->inv_t = st->inv_temperature;
+    p->top_k = st->top_k;
+    p->p32 = st->top_p32;
+    p->seed = st->seed;
+    p->position = (int64_t)st->position + 1;
+}
+
+// Ids [base, base + E): their logits (-0 made +0, 0 past n) and order keys (NaN above all, 0 past
+// n), read through L2. Returns the warp's largest key.
+template <int E>
+__device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base, float (&l)[E], uint32_t (&key)[E]) {
+    uint32_t kmax = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;
+        l[e] = v;
+        key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));
+        kmax = max(kmax, key[e]);
+    }
+    return __reduce_max_sync(0xffffffffu, kmax);
+}
+
+// The drawn token: the commit in the loop's step graph, else *out (visible to the host once the
+// launch is done); -1 and a non-finite maximum when the logits broke.
+template <bool COMMIT>
+__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m) {
+    if (COMMIT) {
+        commit_token(c, tok < 0 ? 0 : tok, m);
+    } else {
+        *(volatile int32_t *)out = tok;
+        __threadfence_system();
+    }
+}
+
 template <int E, bool COMMIT>
 __global__ void __launch_bounds__(DRAW_THREADS, 2)
     draw_kernel(const float *__restrict__ logits, int n, DrawParams p, DrawScratch *s, CommitArgs c, int32_t *out) {
     __shared__ BlockHistogram hist;
     __shared__ uint32_t warp_max[DRAW_WARPS];
     pdl_wait();  // the logits and the loop's state come from the kernels before
-    if (COMMIT) {
-        // Read before the first barrier: the commit, after the last, moves the position on.
-        const DeviceState *st = c.st;
-        p.inv_t = st->inv_temperature;
-        p.top_k = st->top_k;
-        p.p32 = st->top_p32;
-        p.seed = st->seed;
-        p.position = (int64_t)st->position + 1;
-    }
+    if (COMMIT) params_from_state(c.st, &p);
     const int base = (blockIdx.x * DRAW_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
     unsigned long long q[E];
-    uint32_t kmax = 0;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;  // + 0: -0 becomes +0
-        l[e] = v;
-        key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));  // NaN above all
-        kmax = max(kmax, key[e]);
-    }
-    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    uint32_t kmax = load_keys<E>(logits, n, base, l, key);
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = kmax;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -240,14 +268,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
     const float m = key_value(__ldcg(&s->max_key));
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            if (COMMIT) {
-                commit_token(c, 0, m);
-            } else {
-                *(volatile int32_t *)out = -1;
-                __threadfence_system();
-            }
-        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
     } else {
 #pragma unroll
         for (int e = 0; e < E; ++e)
@@ -325,14 +346,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
                 return kept ? q[e] : 0ull;
             },
             0, true, x);
-        if (tok >= 0) {
-            if (COMMIT) {
-                commit_token(c, tok, m);
-            } else {
-                *(volatile int32_t *)out = tok;
-                __threadfence_system();
-            }
-        }
+        if (tok >= 0) publish<COMMIT>(c, out, tok, m);
     }
     // The last block out leaves the scratch as the next launch expects it.
     __shared__ bool last;
@@ -520,7 +534,8 @@ __device__ Pick cd_level(cg::cluster_group &cl, ClusterShared *sh, int level_no,
     const bool mine = threadIdx.x < slice;
     uint32_t c = mine ? o->g_count[buf][threadIdx.x] : 0u;
     const int t = threadIdx.x;
-    unsigned long long m = mine ? mass_of_parts(o->g_part[buf][0][t], o->g_part[buf][1][t], o->g_part[buf][2][t]) : 0ull;
+    unsigned long long m = 0;
+    if (mine) m = mass_of_parts(o->g_part[buf][0][t], o->g_part[buf][1][t], o->g_part[buf][2][t]);
     unsigned long long v = by_mass ? m : c, sum;
     unsigned long long before = above + block_scan<CD_THREADS>(v, &sum);
     if (before < want && want <= before + v)
@@ -552,16 +567,7 @@ __device__ int cd_ordered_find(cg::cluster_group &cl, ClusterShared *sh, int use
         if (b < (int)blockIdx.x) before += v;
     }
     if (draw) target = __umul64hi(all, (unsigned long long)x << 32);
-    unsigned long long acc = before + excl;
-    int found = -1;
-    if (acc <= target && target < acc + local) {
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            acc += weight(e);
-            if (found < 0 && acc > target) found = base + e;
-        }
-    }
-    return found;
+    return find_in_thread<E>(base, weight, before + excl, local, target);
 }
 
 // The cut of one selection over the ids base_play admits: the first (R, id), ascending, at which
@@ -656,26 +662,11 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
     for (int i = threadIdx.x; i < 9 * CD_SLICE; i += CD_THREADS) (&sh->g_part[0][0][0])[i] = 0;
     if (threadIdx.x < 3 * CD_MAX_BLOCKS) (&sh->t_count[0][0])[threadIdx.x] = 0;
     if (threadIdx.x < 9 * CD_MAX_BLOCKS) (&sh->t_part[0][0][0])[threadIdx.x] = 0;
-    if (COMMIT) {
-        const DeviceState *st = c.st;
-        p.inv_t = st->inv_temperature;
-        p.top_k = st->top_k;
-        p.p32 = st->top_p32;
-        p.seed = st->seed;
-        p.position = (int64_t)st->position + 1;
-    }
+    if (COMMIT) params_from_state(c.st, &p);
     const int base = (blockIdx.x * CD_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
-    uint32_t kmax = 0;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;  // + 0: -0 becomes +0
-        l[e] = v;
-        key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));  // NaN above all
-        kmax = max(kmax, key[e]);
-    }
-    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    uint32_t kmax = load_keys<E>(logits, n, base, l, key);
     if (threadIdx.x % 32 == 0) sh->warp_max[threadIdx.x / 32] = kmax;
     __syncthreads();
     if (threadIdx.x < blocks) {
@@ -690,14 +681,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
     const float m = key_value(kmax);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            if (COMMIT) {
-                commit_token(c, 0, m);
-            } else {
-                *(volatile int32_t *)out = -1;
-                __threadfence_system();
-            }
-        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
         return;
     }
     unsigned long long r[E], q[E];
@@ -728,14 +712,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
         cl, sh, 2, base,
         [&](int e) { return kept_k(e) && (r[e] < p_cut.r || (r[e] == p_cut.r && base + e <= p_cut.id)) ? q[e] : 0ull; },
         0, true, x);
-    if (tok >= 0) {
-        if (COMMIT) {
-            commit_token(c, tok, m);
-        } else {
-            *(volatile int32_t *)out = tok;
-            __threadfence_system();
-        }
-    }
+    if (tok >= 0) publish<COMMIT>(c, out, tok, m);
 #endif
 }
 
