@@ -1,0 +1,137 @@
+// draw.cuh -- what the two draws share (draw.cu's over co-resident blocks, draw_cluster.cu's
+// inside one thread-block cluster): their parameters, block scans and histograms, loading the
+// keys, finding the crossing in a thread, publishing the token; and the cluster draw's launcher.
+#pragma once
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "commit.cuh"
+#include "draw_math.cuh"
+#include "internal.cuh"
+#include "model/kernels.cuh"
+
+struct DrawParams {
+    float inv_t;
+    int32_t top_k;     // 0: off
+    uint64_t p32;      // 2^32: off
+    uint64_t seed;
+    int64_t position;  // the drawn token's position: the Philox counter
+};
+
+// Exclusive prefix of v over the block's THREADS threads; *total gets the block's sum.
+template <int THREADS>
+__device__ unsigned long long block_scan(unsigned long long v, unsigned long long *total) {
+    constexpr int WARPS = THREADS / 32;
+    __shared__ unsigned long long warp_sum[WARPS];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    unsigned long long inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    if (lane == 31) warp_sum[warp] = inc;
+    __syncthreads();
+    unsigned long long before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        if (w < warp) before += warp_sum[w];
+        all += warp_sum[w];
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - v;
+}
+
+// A block's histogram of counts and integer masses in shared memory. Each mass is kept in three
+// 32-bit parts (a weight's bits 0-13, 14-27 and 28-40), so every add is the native 32-bit shared
+// atomic: a 64-bit one is a compare-and-swap loop that spins while lanes add into one bin. A part's
+// sum stays exact up to 2^18 adds per bin; a block adds at most 8,192.
+struct BlockHistogram {
+    uint32_t count[DRAW_BINS];
+    uint32_t part[3][DRAW_BINS];
+
+    __device__ void clear(int threads) {
+        for (int b = threadIdx.x; b < DRAW_BINS; b += threads) {
+            count[b] = 0;
+            part[0][b] = part[1][b] = part[2][b] = 0;
+        }
+    }
+    __device__ void add(uint32_t d, unsigned long long q) {
+        atomicAdd(&count[d], 1u);
+        uint32_t lo = (uint32_t)q & 0x3FFFu, mid = (uint32_t)(q >> 14) & 0x3FFFu, hi = (uint32_t)(q >> 28);
+        if (lo) atomicAdd(&part[0][d], lo);
+        if (mid) atomicAdd(&part[1][d], mid);
+        if (hi) atomicAdd(&part[2][d], hi);
+    }
+    __device__ unsigned long long mass(int b) const {
+        return part[0][b] + ((unsigned long long)part[1][b] << 14) + ((unsigned long long)part[2][b] << 28);
+    }
+};
+
+struct Pick {
+    uint32_t digit;
+    uint32_t count;             // ids in play in the picked bucket
+    unsigned long long above;   // count or mass (by what was searched) in the buckets above it
+    unsigned long long mass;    // their mass
+    unsigned long long want;    // the searched-for amount (computed at a top-p search's first level)
+};
+
+// Of the running sum of weight(e) over this thread's ids, from acc (the sum before them; local is
+// theirs), the id at which it first exceeds target, where that lies among them; else -1.
+template <int E, typename Weight>
+__device__ int find_in_thread(int base, Weight weight, unsigned long long acc, unsigned long long local,
+                              unsigned long long target) {
+    int found = -1;
+    if (acc <= target && target < acc + local) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            acc += weight(e);
+            if (found < 0 && acc > target) found = base + e;
+        }
+    }
+    return found;
+}
+
+// The loop's sampling parameters, from its device state (the sampled step graph). Read before the
+// draw's first barrier: the commit, after its last, moves the position on.
+__device__ __forceinline__ void params_from_state(const DeviceState *st, DrawParams *p) {
+    p->inv_t = st->inv_temperature;
+    p->top_k = st->top_k;
+    p->p32 = st->top_p32;
+    p->seed = st->seed;
+    p->position = (int64_t)st->position + 1;
+}
+
+// Ids [base, base + E): their logits (-0 made +0, 0 past n) and order keys (NaN above all, 0 past
+// n), read through L2. Returns the warp's largest key.
+template <int E>
+__device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base, float (&l)[E], uint32_t (&key)[E]) {
+    uint32_t kmax = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;
+        l[e] = v;
+        key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));
+        kmax = max(kmax, key[e]);
+    }
+    return __reduce_max_sync(0xffffffffu, kmax);
+}
+
+// The drawn token: the commit in the loop's step graph, else *out (visible to the host once the
+// launch is done); -1 and a non-finite maximum when the logits broke.
+template <bool COMMIT>
+__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m) {
+    if (COMMIT) {
+        commit_token(c, tok < 0 ? 0 : tok, m);
+    } else {
+        *(volatile int32_t *)out = tok;
+        __threadfence_system();
+    }
+}
+
+// Enqueues the draw inside one thread-block cluster where the vocabulary fits one on this device
+// at 4 or 8 ids a thread (draw_cluster.cu); *launched says whether it did.
+int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
+                     int32_t *out, bool commit, bool *launched);
