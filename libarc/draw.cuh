@@ -47,7 +47,7 @@ __device__ unsigned long long block_scan(unsigned long long v, unsigned long lon
 // A block's histogram of counts and integer masses in shared memory. Each mass is kept in three
 // 32-bit parts (a weight's bits 0-13, 14-27 and 28-40), so every add is the native 32-bit shared
 // atomic: a 64-bit one is a compare-and-swap loop that spins while lanes add into one bin. A part's
-// sum stays exact up to 2^18 adds per bin; a block adds at most 8,192.
+// sum stays exact up to 2^18 adds per bin; a block adds at most 4,096.
 struct BlockHistogram {
     uint32_t count[DRAW_BINS];
     uint32_t part[3][DRAW_BINS];

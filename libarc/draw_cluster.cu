@@ -39,7 +39,7 @@ struct ClusterShared {
     BlockHistogram h;  // this block's histogram of the level
     // The cluster's sums of the bins this block owns (one buffer per level, rotating), and of every
     // block's slice of bins; masses in BlockHistogram's three parts, so every add across blocks is
-    // a 32-bit atomic (a part's sum over the cluster stays below 2^14 * 2^17 ids).
+    // a 32-bit atomic (a part's sum over the cluster stays below 2^14 * 65,536 ids).
     uint32_t g_count[3][CD_SLICE];
     uint32_t g_part[3][3][CD_SLICE];
     uint32_t t_count[3][CD_MAX_BLOCKS];
