@@ -2,8 +2,8 @@
 // a captured graph with programmatic dependent launch costs: the sync a persistent forward would
 // pay per dependency, against the one the step graph pays; and what the hardware barrier of a
 // thread-block cluster costs. The grid barrier is grid_sync.cuh's.
-// Build and run (any folder; the CUDA 13 wheels' nvcc, as setup.py finds it):
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -L<cu13>/lib -cudart=static \
+// Build and run from the repository's root (the CUDA 13 wheels' nvcc, as setup.py finds it):
+//   nvcc -std=c++17 -O3 -Ilibarc -gencode=arch=compute_90,code=sm_90 -L<cu13>/lib -cudart=static \
 //        scripts/grid_barrier_cost.cu -o grid_barrier_cost && ./grid_barrier_cost
 #include <cstdio>
 #include <cooperative_groups.h>
