@@ -44,6 +44,11 @@ __device__ unsigned long long block_scan(unsigned long long v, unsigned long lon
     return before + inc - v;
 }
 
+// A mass from its three 32-bit parts (BlockHistogram's).
+__device__ __forceinline__ unsigned long long mass_of_parts(uint32_t lo, uint32_t mid, uint32_t hi) {
+    return lo + ((unsigned long long)mid << 14) + ((unsigned long long)hi << 28);
+}
+
 // A block's histogram of counts and integer masses in shared memory. Each mass is kept in three
 // 32-bit parts (a weight's bits 0-13, 14-27 and 28-40), so every add is the native 32-bit shared
 // atomic: a 64-bit one is a compare-and-swap loop that spins while lanes add into one bin. A part's
@@ -66,7 +71,7 @@ struct BlockHistogram {
         if (hi) atomicAdd(&part[2][d], hi);
     }
     __device__ unsigned long long mass(int b) const {
-        return part[0][b] + ((unsigned long long)part[1][b] << 14) + ((unsigned long long)part[2][b] << 28);
+        return mass_of_parts(part[0][b], part[1][b], part[2][b]);
     }
 };
 

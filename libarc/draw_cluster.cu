@@ -66,10 +66,6 @@ struct Cut {
     int32_t id;
 };
 
-__device__ __forceinline__ unsigned long long mass_of_parts(uint32_t lo, uint32_t mid, uint32_t hi) {
-    return lo + ((unsigned long long)mid << 14) + ((unsigned long long)hi << 28);
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace cg = cooperative_groups;
 
