@@ -91,11 +91,10 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
                  float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
     using L = AttnLayout<VEC, LP>;
     constexpr int E = L::E, CHUNK = L::CHUNK;
-    __shared__ float sc[CHUNK];
     __shared__ float red[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
     __shared__ float qs[ATTN_MAX_HEAD_DIM], ks[ATTN_MAX_HEAD_DIM], vs[ATTN_MAX_HEAD_DIM];
     __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
-    __shared__ float2 stat;
+    __shared__ float wstat[ATTN_WARPS], wsum[ATTN_WARPS];  // per warp: the scores' max, the weights' sum
     __shared__ bool last;
 
     pdl_launch_dependents();
@@ -171,7 +170,10 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
         }
     }
 
-    // Scores of the chunk's rows.
+    // Scores of the chunk's rows, kept in registers: after the sum over its LP lanes every lane
+    // of a row holds the row's score; rows past the chunk's end score -inf.
+    float s[ATTN_UNROLL];
+    float m = -INFINITY;
 #pragma unroll
     for (int u = 0; u < ATTN_UNROLL; ++u) {
         const int t = warp * L::PPW + L::PG * u + pw;
@@ -180,39 +182,33 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
         for (int e = 0; e < E; ++e) d = fmaf(qf[e], kf[u][e], d);
 #pragma unroll
         for (int off = LP / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-        if (sub == 0 && t < n) sc[t] = d * scale;
+        s[u] = t < n ? d * scale : -INFINITY;
+        m = fmaxf(m, s[u]);
     }
+    // The chunk's maximum: over the warp's rows (lanes of other rows are LP apart), then over
+    // the warps.
+#pragma unroll
+    for (int off = LP; off < 32; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) wstat[warp] = m;
     __syncthreads();
+    m = wstat[0];
+#pragma unroll
+    for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, wstat[w]);
 
-    // Softmax statistics of the chunk (warp 0).
-    if (warp == 0) {
-        float m = -INFINITY;
-        for (int t = lane; t < n; t += 32) m = fmaxf(m, sc[t]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < n; t += 32) {
-            const float p = expf(sc[t] - m);
-            sc[t] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) stat = make_float2(m, l);
-    }
-    __syncthreads();
-
-    // Weighted sum of v: each lane its rows, then lanes and warps holding the same elements summed.
-    float acc[E];
+    // Weights and the weighted sum of v: each lane its rows, then the lanes and warps holding the
+    // same elements summed; the sum of the weights likewise, once per row.
+    float acc[E], l = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
 #pragma unroll
     for (int u = 0; u < ATTN_UNROLL; ++u) {
-        const int t = warp * L::PPW + L::PG * u + pw;
-        if (t < n) {
-            const float p = sc[t];
+        const float p = expf(s[u] - m);  // 0 past the chunk's end
+        l += p;
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = fmaf(p, vf[u][e], acc[e]);
-        }
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(p, vf[u][e], acc[e]);
     }
+#pragma unroll
+    for (int off = LP; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
 #pragma unroll
     for (int e = 0; e < E; ++e)
 #pragma unroll
@@ -227,7 +223,11 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
             }
         }
     }
+    if (lane == 0) wsum[warp] = l;
     __syncthreads();
+    float2 stat = make_float2(m, wsum[0]);
+#pragma unroll
+    for (int w = 1; w < ATTN_WARPS; ++w) stat.y += wsum[w];
     const int ns = pos / CHUNK + 1;
     if (ns == 1) {
         for (int d = tid; d < hd; d += ATTN_THREADS) {

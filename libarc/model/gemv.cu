@@ -235,7 +235,9 @@ template <int R, int KS, bool GATED>
 static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
     auto kernel = gemv_kernel<R, KS, GATED>;
     const size_t smem = (size_t)a.cols * sizeof(float);
-    if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
+    // Above 48 KiB with the kernel's static shared memory (red and part: under 1 KiB), the
+    // launch needs the opt-in; a host-side attribute, legal while capturing.
+    if (smem + 1024 > 48 * 1024)
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
     ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
