@@ -126,20 +126,15 @@ template <int E, bool COMMIT>
 __global__ void __launch_bounds__(DRAW_THREADS, 2)
     draw_kernel(const float *__restrict__ logits, int n, DrawParams p, DrawScratch *s, CommitArgs c, int32_t *out) {
     __shared__ BlockHistogram hist;
-    __shared__ CommitView view;  // the loop state the commit reads
     __shared__ uint32_t warp_max[DRAW_WARPS];
     pdl_wait();  // the logits and the loop's state come from the kernels before
-    if (COMMIT) {
-        commit_view_fetch(c, &view);  // for whichever thread publishes
-        params_from_state(c.st, &p);
-    }
+    if (COMMIT) params_from_state(c.st, &p);
     const int base = (blockIdx.x * DRAW_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
     unsigned long long q[E];
     uint32_t kmax = load_keys<E>(logits, n, base, l, key);
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = kmax;
-    if (COMMIT) commit_view_ready();  // the barrier below shows it to the block
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < DRAW_WARPS; ++w) kmax = max(kmax, warp_max[w]);
@@ -149,7 +144,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
     const float m = key_value(__ldcg(&s->max_key));
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, view, out, -1, m);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
     } else {
 #pragma unroll
         for (int e = 0; e < E; ++e)
@@ -227,7 +222,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
                 return kept ? q[e] : 0ull;
             },
             0, true, x);
-        if (tok >= 0) publish<COMMIT>(c, view, out, tok, m);
+        if (tok >= 0) publish<COMMIT>(c, out, tok, m);
     }
     // The last block out leaves the scratch as the next launch expects it.
     __shared__ bool last;

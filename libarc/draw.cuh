@@ -127,9 +127,9 @@ __device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base,
 // The drawn token: the commit in the loop's step graph, else *out (visible to the host once the
 // launch is done); -1 and a non-finite maximum when the logits broke.
 template <bool COMMIT>
-__device__ void publish(const CommitArgs &c, const CommitView &view, int32_t *out, int tok, float m) {
+__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m) {
     if (COMMIT) {
-        commit_token(c, view, tok < 0 ? 0 : tok, m);
+        commit_token(c, tok < 0 ? 0 : tok, m);
     } else {
         *(volatile int32_t *)out = tok;
         __threadfence_system();

@@ -282,7 +282,6 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) unsigned char cd_smem[];
     ClusterShared *sh = reinterpret_cast<ClusterShared *>(cd_smem);
-    __shared__ CommitView view;  // the loop state the commit reads
     cg::cluster_group cl = cg::this_cluster();
     const int blocks = gridDim.x;
     // Nothing before the wait, not even this block's own shared memory: with the zeroing before it
@@ -293,16 +292,12 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
     for (int i = threadIdx.x; i < 9 * CD_SLICE; i += CD_THREADS) (&sh->g_part[0][0][0])[i] = 0;
     if (threadIdx.x < 3 * CD_MAX_BLOCKS) (&sh->t_count[0][0])[threadIdx.x] = 0;
     if (threadIdx.x < 9 * CD_MAX_BLOCKS) (&sh->t_part[0][0][0])[threadIdx.x] = 0;
-    if (COMMIT) {
-        commit_view_fetch(c, &view);  // for whichever thread publishes
-        params_from_state(c.st, &p);
-    }
+    if (COMMIT) params_from_state(c.st, &p);
     const int base = (blockIdx.x * CD_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
     uint32_t kmax = load_keys<E>(logits, n, base, l, key);
     if (threadIdx.x % 32 == 0) sh->warp_max[threadIdx.x / 32] = kmax;
-    if (COMMIT) commit_view_ready();  // the barrier below shows it to the block
     __syncthreads();
     if (threadIdx.x < blocks) {
 #pragma unroll
@@ -316,7 +311,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
     const float m = key_value(kmax);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, view, out, -1, m);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
         return;
     }
     unsigned long long r[E], q[E];
@@ -347,7 +342,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
         cl, sh, 2, base,
         [&](int e) { return kept_k(e) && (r[e] < p_cut.r || (r[e] == p_cut.r && base + e <= p_cut.id)) ? q[e] : 0ull; },
         0, true, x);
-    if (tok >= 0) publish<COMMIT>(c, view, out, tok, m);
+    if (tok >= 0) publish<COMMIT>(c, out, tok, m);
 #endif
 }
 

@@ -52,11 +52,9 @@ __device__ __forceinline__ void argmax_block(float &v, int &i) {
 template <bool COMMIT>
 __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v, int *part_i,
                               unsigned *done, int32_t *out, float *value_out, CommitArgs c) {
-    __shared__ CommitView view;
     float v = 0.0f;
     int i = INT_MAX;
     pdl_wait();  // the logits come from the kernel before
-    if (COMMIT) commit_view_fetch(c, &view);
     // ARGMAX_PER_THREAD consecutive values per thread, all loaded before any is compared: one
     // memory round trip for a vocabulary of up to ARGMAX_MAX_BLOCKS * ARGMAX_THREADS * 8.
     const int stride = gridDim.x * blockDim.x * ARGMAX_PER_THREAD;
@@ -90,8 +88,7 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
     if (threadIdx.x == 0) {
         *done = 0;
         if (COMMIT) {
-            commit_view_ready();  // this thread's copy; no other thread reads the view
-            commit_token(c, view, i, v);
+            commit_token(c, i, v);
         } else {
             if (value_out) *(volatile float *)value_out = v;
             *(volatile int32_t *)out = i;
