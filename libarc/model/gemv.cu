@@ -6,7 +6,9 @@
 // flight (8 bf16 each; NR rows x U column steps, NR * U = 8), loaded with a no-L1-allocate hint
 // since no weight is read twice. The input vector is staged once per block in shared memory
 // (normalized on the way in when an RMSNorm is fused) and read from there; blocks loop over the
-// rows (grid-stride), so staging is paid once per block, not once per row group.
+// rows (grid-stride), so staging is paid once per block, not once per row group. A short input
+// (up to 1,024 columns) skips the staging: each warp holds it in registers (WX below), which
+// takes the block barriers off the small models' chain of latencies.
 #include "kernels.cuh"
 
 // GEMV_MIN_BLOCKS: blocks per SM the kernel is compiled to fit (its register budget), and so the
@@ -14,6 +16,9 @@
 // held in registers from before the dependency wait (at four it spills); measured on the H200,
 // two with that early batch beat four without it on every benchmark shape (docs/PERF.md).
 enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, GEMV_LOADS = 8, GEMV_STAGE = 4 };
+// Rows of at most 32 * GEMV_WX vectors (1,024 columns) may skip the block's staging: each warp
+// holds the input in registers, GEMV_WX vectors a lane (see gemv_kernel's WX).
+enum { GEMV_WX = 4 };
 
 // A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
 // the staged input and to other blocks.
@@ -69,8 +74,12 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
 // Launch: GEMV_THREADS threads; a row task is R rows shared by KS warps, each summing every
 // KS-th run of 32 vectors (split-K, for matrices with few rows and long ones); blocks stride
 // over groups of GEMV_WARPS / KS row tasks. Dynamic shared memory cols * 4 bytes.
+// WX (warp-local input, for cols <= 32 * GEMV_WX with KS == 1 and one batch covering a row): each
+// warp reads the input into registers, lane l the vectors l + 32 j it multiplies, and computes
+// the norm itself, so no block barrier and no shared memory stand between the input and the
+// dots; no dynamic shared memory.
 // Limits: cols % 8 == 0, cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned, y not x.
-template <int R, int KS, bool GATED>
+template <int R, int KS, bool GATED, bool WX>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
@@ -79,6 +88,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     constexpr int U = NR >= GEMV_LOADS ? 1 : GEMV_LOADS / NR;
     constexpr int GROUPS = GEMV_WARPS / KS;  // row tasks per block step
     constexpr int STEP = 32 * KS;            // between a lane's consecutive vectors
+    static_assert(!WX || (KS == 1 && U >= GEMV_WX), "the warp-local input needs one batch to cover a row");
     extern __shared__ float4 xs[];  // [2 * nvec]: x[8v..8v+3] at v, x[8v+4..8v+7] at nvec + v
     __shared__ float red[GEMV_WARPS];
     __shared__ float part[GEMV_WARPS][NR];
@@ -100,58 +110,95 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     }
     pdl_wait();
 
-    // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
-    // cost one L2 round trip per GEMV_THREADS vectors); the split into low and high halves
-    // keeps the float4 reads of a warp on distinct banks.
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    float ss = 0.0f;
-    for (int v0 = tid; v0 < nvec; v0 += GEMV_THREADS * GEMV_STAGE) {
-        float4 a[GEMV_STAGE], b[GEMV_STAGE];
+    // WX: lane l's input vectors l + 32 j, normalized in the warp (every warp of the block computes
+    // the same sum in the same order).
+    float4 wxa[WX ? GEMV_WX : 1], wxb[WX ? GEMV_WX : 1];
+    if constexpr (WX) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        uint4 g[GEMV_WX];
+        float ss = 0.0f;
 #pragma unroll
-        for (int k = 0; k < GEMV_STAGE; ++k) {
-            const int v = v0 + k * GEMV_THREADS;
+        for (int j = 0; j < GEMV_WX; ++j) {
+            const int v = lane + 32 * j;
+            wxa[j] = wxb[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            g[j] = make_uint4(0, 0, 0, 0);
             if (v < nvec) {
-                a[k] = x4[2 * v];
-                b[k] = x4[2 * v + 1];
+                wxa[j] = x4[2 * v];
+                wxb[j] = x4[2 * v + 1];
+                if (norm_w != nullptr) g[j] = nw[v];
             }
         }
+        if (norm_w != nullptr) {
 #pragma unroll
-        for (int k = 0; k < GEMV_STAGE; ++k) {
-            const int v = v0 + k * GEMV_THREADS;
-            if (v < nvec) {
-                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
-                ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
-                xs[v] = a[k];
-                xs[nvec + v] = b[k];
+            for (int j = 0; j < GEMV_WX; ++j) {
+                const float4 a = wxa[j], b = wxb[j];
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+            }
+            const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
+#pragma unroll
+            for (int j = 0; j < GEMV_WX; ++j) {
+                float4 &a = wxa[j], &b = wxb[j];
+                a.x = a.x * inv * bf16_lo(g[j].x); a.y = a.y * inv * bf16_hi(g[j].x);
+                a.z = a.z * inv * bf16_lo(g[j].y); a.w = a.w * inv * bf16_hi(g[j].y);
+                b.x = b.x * inv * bf16_lo(g[j].z); b.y = b.y * inv * bf16_hi(g[j].z);
+                b.z = b.z * inv * bf16_lo(g[j].w); b.w = b.w * inv * bf16_hi(g[j].w);
             }
         }
-    }
-    if (norm_w != nullptr) {  // uniform over the block
-        ss = block_sum(ss, red);
-        const float inv = rsqrtf(ss / (float)cols + eps);
+    } else {
+        // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
+        // cost one L2 round trip per GEMV_THREADS vectors); the split into low and high halves
+        // keeps the float4 reads of a warp on distinct banks.
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        float ss = 0.0f;
         for (int v0 = tid; v0 < nvec; v0 += GEMV_THREADS * GEMV_STAGE) {
-            uint4 g[GEMV_STAGE];
+            float4 a[GEMV_STAGE], b[GEMV_STAGE];
 #pragma unroll
             for (int k = 0; k < GEMV_STAGE; ++k) {
                 const int v = v0 + k * GEMV_THREADS;
-                if (v < nvec) g[k] = nw[v];
+                if (v < nvec) {
+                    a[k] = x4[2 * v];
+                    b[k] = x4[2 * v + 1];
+                }
             }
 #pragma unroll
             for (int k = 0; k < GEMV_STAGE; ++k) {
                 const int v = v0 + k * GEMV_THREADS;
                 if (v < nvec) {
-                    float4 a = xs[v], b = xs[nvec + v];
-                    a.x = a.x * inv * bf16_lo(g[k].x); a.y = a.y * inv * bf16_hi(g[k].x);
-                    a.z = a.z * inv * bf16_lo(g[k].y); a.w = a.w * inv * bf16_hi(g[k].y);
-                    b.x = b.x * inv * bf16_lo(g[k].z); b.y = b.y * inv * bf16_hi(g[k].z);
-                    b.z = b.z * inv * bf16_lo(g[k].w); b.w = b.w * inv * bf16_hi(g[k].w);
-                    xs[v] = a;
-                    xs[nvec + v] = b;
+                    ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+                    ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
+                    xs[v] = a[k];
+                    xs[nvec + v] = b[k];
                 }
             }
         }
+        if (norm_w != nullptr) {  // uniform over the block
+            ss = block_sum(ss, red);
+            const float inv = rsqrtf(ss / (float)cols + eps);
+            for (int v0 = tid; v0 < nvec; v0 += GEMV_THREADS * GEMV_STAGE) {
+                uint4 g[GEMV_STAGE];
+#pragma unroll
+                for (int k = 0; k < GEMV_STAGE; ++k) {
+                    const int v = v0 + k * GEMV_THREADS;
+                    if (v < nvec) g[k] = nw[v];
+                }
+#pragma unroll
+                for (int k = 0; k < GEMV_STAGE; ++k) {
+                    const int v = v0 + k * GEMV_THREADS;
+                    if (v < nvec) {
+                        float4 a = xs[v], b = xs[nvec + v];
+                        a.x = a.x * inv * bf16_lo(g[k].x); a.y = a.y * inv * bf16_hi(g[k].x);
+                        a.z = a.z * inv * bf16_lo(g[k].y); a.w = a.w * inv * bf16_hi(g[k].y);
+                        b.x = b.x * inv * bf16_lo(g[k].z); b.y = b.y * inv * bf16_hi(g[k].z);
+                        b.z = b.z * inv * bf16_lo(g[k].w); b.w = b.w * inv * bf16_hi(g[k].w);
+                        xs[v] = a;
+                        xs[nvec + v] = b;
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
-    __syncthreads();
 
     // The loop bound is uniform over the block: every warp reaches the barriers below.
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
@@ -175,7 +222,9 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
             for (int u = 0; u < U; ++u) {
                 const int v = base + STEP * u;
                 if (v < nvec) {
-                    const float4 a = xs[v], b = xs[nvec + v];
+                    // WX: one batch covers the row, so vector v is the lane's u-th
+                    const float4 a = WX ? wxa[u < GEMV_WX ? u : 0] : xs[v];
+                    const float4 b = WX ? wxb[u < GEMV_WX ? u : 0] : xs[nvec + v];
 #pragma unroll
                     for (int r = 0; r < NR; ++r) acc[r] = dot8(wt[r][u], a, b, acc[r]);
                 }
@@ -231,10 +280,10 @@ struct GemvArgs {
 };
 
 // Enough blocks to keep every SM at its occupancy limit, but no more than there is work.
-template <int R, int KS, bool GATED>
+template <int R, int KS, bool GATED, bool WX = false>
 static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
-    auto kernel = gemv_kernel<R, KS, GATED>;
-    const size_t smem = (size_t)a.cols * sizeof(float);
+    auto kernel = gemv_kernel<R, KS, GATED, WX>;
+    const size_t smem = WX ? 0 : (size_t)a.cols * sizeof(float);
     // Above 48 KiB with the kernel's static shared memory (red and part: under 1 KiB), the
     // launch needs the opt-in; a host-side attribute, legal while capturing.
     if (smem + 1024 > 48 * 1024)
@@ -301,10 +350,16 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
     const int r = gemv_split(ctx, a.rows, a.cols, MAX_R, GATED, &ks);
+    // Short rows take the warp-local input where one batch of loads covers a row.
+    const bool wx = a.cols / 8 <= 32 * GEMV_WX && ks == 1;
     if constexpr (MAX_R == 4) {
         if (r == 4) return launch_gemv_shape<4, 1, GATED>(ctx, a);
     }
+    if constexpr (!GATED) {
+        if (r == 2 && wx) return launch_gemv_shape<2, 1, GATED, true>(ctx, a);
+    }
     if (r == 2) return launch_gemv_shape<2, 1, GATED>(ctx, a);
+    if (r == 1 && wx) return launch_gemv_shape<1, 1, GATED, true>(ctx, a);
     switch (ks) {
     case 8: return launch_gemv_shape<1, 8, GATED>(ctx, a);
     case 4: return launch_gemv_shape<1, 4, GATED>(ctx, a);
