@@ -160,6 +160,10 @@ class _Shape:
         # Activations and the step's device inputs.
         self.x, self.qkv, self.att = f32(buf.floats(d)), f32(buf.floats(self.qkv_rows)), f32(buf.floats(cfg.q_dim))
         self.h, self.logits = f32(buf.floats(f)), f32(buf.floats(v))
+        # The lm_head's input, which no other kernel writes: in the forward it is x, but the o and
+        # down GEMVs' replays add into x thousands of times, a number that depends on their speed,
+        # and the logits the argmax and the draw are timed on would follow it.
+        self.head_in = f32(buf.floats(d))
         sb = ffi.new("uint64_t *")
         _lib.check(lib.arc_op_attention_scratch_bytes(cfg.n_heads, hd, max_seq, sb))
         self.scratch = f32(buf.alloc(int(sb[0])))
@@ -206,8 +210,8 @@ class _Shape:
             op = lambda l: lib.arc_op_gemv(ctx, self.layer(self.wdown, l, d * f * 2), self.h, d, f,
                                            NULL, NULL, 0.0, 1, self.x)
         elif kind == "lm_head":
-            op = lambda l: lib.arc_op_gemv(ctx, self.u16(self.head), self.x, v, d, NULL, self.u16(self.final_norm),
-                                           eps, 0, self.logits)
+            op = lambda l: lib.arc_op_gemv(ctx, self.u16(self.head), self.head_in, v, d, NULL,
+                                           self.u16(self.final_norm), eps, 0, self.logits)
         elif kind == "argmax":
             op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value)
         elif kind == "draw":
