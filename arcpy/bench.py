@@ -11,6 +11,7 @@ model is (weight bytes read per token) / (copy bandwidth): no decode can be fast
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -56,6 +57,24 @@ def copy_bandwidth(ctx: Context, nbytes: int = 1 << 30, reps: int = 10, trials: 
 
 
 # --- figures computed from the config ---------------------------------------------------------
+
+# --- the scripts' arguments ----------------------------------------------------------------------
+
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def at_least_two(text: str) -> int:
+    """argparse type: tokens of a timed generation (steady state needs two)."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2 (steady state needs two tokens), got {value}")
+    return value
+
 
 def bench_max_seq(cfg: ModelConfig) -> int:
     return min(cfg.max_seq, BENCH_MAX_SEQ)

@@ -20,7 +20,7 @@ import os
 import statistics
 import sys
 
-from arcpy.bench import PROMPT, bench_max_seq, time_generation
+from arcpy.bench import PROMPT, at_least_two, bench_max_seq, positive, time_generation
 from arcpy.cuda import open_cuda_device
 from arcpy.engine import Engine
 from arcpy.errors import ArcError
@@ -29,19 +29,31 @@ from arcpy.kernel_bench import SAMPLED, bench_kernels
 from arcpy.model import synthetic_model
 
 
-def main() -> int:
+def positions(text: str) -> list[int]:
+    """argparse type: comma-separated attention positions (non-negative)."""
+    try:
+        values = [int(p) for p in text.split(",") if p]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positions like 130,512, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"positions must be >= 0, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="stories15M,smollm2-135M,llama1B", help="comma-separated shapes")
-    ap.add_argument("--runs", type=int, default=5, help="timed generations per path")
-    ap.add_argument("--tokens", type=int, default=256, help="tokens per generation")
+    ap.add_argument("--runs", type=positive, default=5, help="timed generations per path")
+    ap.add_argument("--tokens", type=at_least_two, default=256, help="tokens per generation")
     ap.add_argument("--sampled", action="store_true", help="also the sampled request (t 0.8, top-p 0.95)")
-    ap.add_argument("--kernels", default="", help="attention positions of a per-kernel table, e.g. 130,512")
+    ap.add_argument("--kernels", type=positions, default=[],
+                    help="attention positions of a per-kernel table, e.g. 130,512 (none: no table)")
     ap.add_argument("--tag", default=os.environ.get("ARC_LIBRARY", "packaged"), help="label of the build")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     try:
         for shape in a.shapes.split(","):
             measure(shape, a)
-    except (ArcError, KeyError) as exc:  # KeyError: a shape arcpy.model.SHAPES does not name
+    except ArcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -62,8 +74,7 @@ def measure(shape: str, a: argparse.Namespace) -> None:
             row[name] = round(statistics.median(us), 2)
             row[name + "_runs"] = [round(u, 1) for u in us]
     if a.kernels:
-        positions = [int(p) for p in a.kernels.split(",")]
-        for t in bench_kernels(cfg, max_seq, positions, replays=3):
+        for t in bench_kernels(cfg, max_seq, a.kernels, replays=3):
             row["k:" + t["name"]] = round(t["us"], 2)
     print(json.dumps(row), flush=True)
 

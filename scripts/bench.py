@@ -23,32 +23,18 @@ from arcpy.errors import ArcError
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def at_least_two(text: str) -> int:
-    value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be >= 2 (steady state needs two tokens), got {value}")
-    return value
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated (default {DEFAULT_SHAPES})")
-    ap.add_argument("--tokens", type=at_least_two, default=256, help="tokens per generation (default 256)")
-    ap.add_argument("--runs", type=positive, default=5,
+    ap.add_argument("--tokens", type=bench.at_least_two, default=256, help="tokens per generation (default 256)")
+    ap.add_argument("--runs", type=bench.positive, default=5,
                     help="timed generations per path, and timed replays per kernel (default 5)")
     ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="the per-kernel table (default on)")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
                     help="Hugging Face generate on each shape (default: on where torch and transformers import)")
-    ap.add_argument("--hf-tokens", type=at_least_two, default=64, help="new tokens of the long generate (default 64)")
-    ap.add_argument("--hf-runs", type=positive, default=3, help="timed generate pairs per shape (default 3)")
+    ap.add_argument("--hf-tokens", type=bench.at_least_two, default=64, help="new tokens of the long generate (default 64)")
+    ap.add_argument("--hf-runs", type=bench.positive, default=3, help="timed generate pairs per shape (default 3)")
     ap.add_argument("--hf-compile", action="store_true",
                     help="let transformers torch.compile the static-cache generate (off by default: on "
                          "the H200 the compile took 14 to 65 s per shape; the warm-up time is reported)")

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "perf-baseline.json"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts" / "bench.py")
+def load_script(name: str = "bench"):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -253,6 +253,21 @@ def test_the_script_refuses_counts_it_cannot_time(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         load_script().parse_args(argv)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--runs", "0"], ["--tokens", "1"], ["--kernels", "130,x"], ["--kernels", "-1"]])
+def test_the_ab_script_refuses_what_it_cannot_time(argv):
+    with pytest.raises(SystemExit) as exc:
+        load_script("ab_bench").main(argv)
+    assert exc.value.code == 2
+
+
+def test_the_ab_script_reads_positions_and_names_an_unknown_shape_in_one_line(capsys):
+    script = load_script("ab_bench")
+    assert script.positions("130,512") == [130, 512]
+    assert script.main(["--shapes", "llama9000B", "--runs", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
 
 
 def test_an_unknown_shape_is_refused_before_any_gpu_work():
