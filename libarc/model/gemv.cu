@@ -43,6 +43,21 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
     return acc;
 }
 
+// ss plus the squares of 8 inputs a.xyzw b.xyzw, in the order both input paths add them.
+__device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    return ss;
+}
+
+// 8 inputs times inv times their 8 bf16 norm weights g (element 0 the low half of g.x).
+__device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g) {
+    a.x = a.x * inv * bf16_lo(g.x); a.y = a.y * inv * bf16_hi(g.x);
+    a.z = a.z * inv * bf16_lo(g.y); a.w = a.w * inv * bf16_hi(g.y);
+    b.x = b.x * inv * bf16_lo(g.z); b.y = b.y * inv * bf16_hi(g.z);
+    b.z = b.z * inv * bf16_lo(g.w); b.w = b.w * inv * bf16_hi(g.w);
+}
+
 // The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
 // rows). A partial last task re-reads the last row; its result is never written.
 template <int R, bool GATED>
@@ -130,20 +145,10 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
         }
         if (norm_w != nullptr) {
 #pragma unroll
-            for (int j = 0; j < GEMV_WX; ++j) {
-                const float4 a = wxa[j], b = wxb[j];
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-                ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-            }
+            for (int j = 0; j < GEMV_WX; ++j) ss = add_sq8(ss, wxa[j], wxb[j]);
             const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
 #pragma unroll
-            for (int j = 0; j < GEMV_WX; ++j) {
-                float4 &a = wxa[j], &b = wxb[j];
-                a.x = a.x * inv * bf16_lo(g[j].x); a.y = a.y * inv * bf16_hi(g[j].x);
-                a.z = a.z * inv * bf16_lo(g[j].y); a.w = a.w * inv * bf16_hi(g[j].y);
-                b.x = b.x * inv * bf16_lo(g[j].z); b.y = b.y * inv * bf16_hi(g[j].z);
-                b.z = b.z * inv * bf16_lo(g[j].w); b.w = b.w * inv * bf16_hi(g[j].w);
-            }
+            for (int j = 0; j < GEMV_WX; ++j) norm8(wxa[j], wxb[j], inv, g[j]);
         }
     } else {
         // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
@@ -165,8 +170,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
             for (int k = 0; k < GEMV_STAGE; ++k) {
                 const int v = v0 + k * GEMV_THREADS;
                 if (v < nvec) {
-                    ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
-                    ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
+                    ss = add_sq8(ss, a[k], b[k]);
                     xs[v] = a[k];
                     xs[nvec + v] = b[k];
                 }
@@ -187,10 +191,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                     const int v = v0 + k * GEMV_THREADS;
                     if (v < nvec) {
                         float4 a = xs[v], b = xs[nvec + v];
-                        a.x = a.x * inv * bf16_lo(g[k].x); a.y = a.y * inv * bf16_hi(g[k].x);
-                        a.z = a.z * inv * bf16_lo(g[k].y); a.w = a.w * inv * bf16_hi(g[k].y);
-                        b.x = b.x * inv * bf16_lo(g[k].z); b.y = b.y * inv * bf16_hi(g[k].z);
-                        b.z = b.z * inv * bf16_lo(g[k].w); b.w = b.w * inv * bf16_hi(g[k].w);
+                        norm8(a, b, inv, g[k]);
                         xs[v] = a;
                         xs[nvec + v] = b;
                     }
