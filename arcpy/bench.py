@@ -56,9 +56,7 @@ def copy_bandwidth(ctx: Context, nbytes: int = 1 << 30, reps: int = 10, trials: 
         ctx.device_free(b)
 
 
-# --- figures computed from the config ---------------------------------------------------------
-
-# --- the scripts' arguments ----------------------------------------------------------------------
+# --- the scripts' arguments ---------------------------------------------------------------
 
 def positive(text: str) -> int:
     """argparse type: a count of at least 1."""
@@ -75,6 +73,8 @@ def at_least_two(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be >= 2 (steady state needs two tokens), got {value}")
     return value
 
+
+# --- figures computed from the config ---------------------------------------------------------
 
 def bench_max_seq(cfg: ModelConfig) -> int:
     return min(cfg.max_seq, BENCH_MAX_SEQ)
