@@ -120,6 +120,7 @@ class Forward(Protocol):
     supports_prefill: bool
 
     def enqueue(self, loop) -> None: ...  # one forward reading the loop's token and position
+    def enqueue_greedy(self, loop) -> None: ...  # the forward, then the argmax committed to the loop
     def prefill(self, tokens, n: int, start: int) -> None: ...  # tokens: a device-readable int32 pointer
     def close(self) -> None: ...
 
@@ -195,6 +196,10 @@ class CudaModel:
     def enqueue(self, loop) -> None:
         _lib.check(self.lib.arc_model_forward(self.ptr, loop))
 
+    def enqueue_greedy(self, loop) -> None:
+        # The argmax and its commit in the lm_head's kernel: a node less than after the forward.
+        _lib.check(self.lib.arc_model_forward_commit(self.ptr, loop))
+
     def prefill(self, tokens, n: int, start: int) -> None:
         _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
 
@@ -257,12 +262,12 @@ class CudaDevice:
         self.ctx.wait_idle()
 
     def capture(self) -> None:
-        """The host path's graph (the forward) and the device loop's: forward + argmax-and-commit,
-        and forward + draw-and-commit where the draw holds the vocabulary."""
+        """The host path's graph (the forward) and the device loop's: forward + argmax-and-commit
+        (the forward's `enqueue_greedy`), and forward + draw-and-commit where the draw holds the
+        vocabulary."""
         fwd = self.forward
         self.graph = self._capture(lambda: fwd.enqueue(self.loop))
-        self.step_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
-            self.lib.arc_loop_enqueue_sample_commit(self.loop, fwd.logits, fwd.width))))
+        self.step_graph = self._capture(lambda: fwd.enqueue_greedy(self.loop))
         self.supports_loop = True
         most = self.ffi.new("int32_t *")
         _lib.check(self.lib.arc_sample_max_vocab(self.ctx.ptr, most))

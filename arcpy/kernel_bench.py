@@ -1,9 +1,10 @@
 """Each kernel of the decode step timed alone, launched as arc_model_forward launches it.
 
 A per-layer kernel is captured into a graph of n_layers launches, each over its own layer's
-weights and KV cache, in the forward's order; a global kernel (embedding, lm_head, argmax, and the
-draw of a sampled step, not counted in the greedy step's sum) into a
-graph of n_layers launches of itself over the same buffers. The launchers are the forward's
+weights and KV cache, in the forward's order; a global kernel (embedding, the lm_head with the
+greedy step's argmax, and two not counted in the greedy step's sum: the argmax alone, as it runs
+after a prefill, and the draw of a sampled step) into a graph of n_layers launches of itself over
+the same buffers. The launchers are the forward's
 (programmatic dependent launch included), so consecutive launches overlap as they do there. A
 timed replay launches the graph many times back to back, then polls the stream idle; µs per
 launch is its wall time over its launches, and each figure is the median of several timed
@@ -71,8 +72,8 @@ def kernel_specs(cfg: ModelConfig, positions: list[int]) -> list[KernelSpec]:
     specs += [KernelSpec("o", "o gemv (accumulate)", L, o, L * o),
               KernelSpec("gate_up", "gate/up swiglu (norm)", L, gate_up, L * gate_up),
               KernelSpec("down", "down gemv (accumulate)", L, down, L * down),
-              KernelSpec("lm_head", "lm_head gemv (norm)", 1, head, head),
-              KernelSpec("argmax", "argmax", 1),
+              KernelSpec("lm_head", "lm_head gemv + argmax (norm)", 1, head, head),
+              KernelSpec("argmax", "argmax (after a prefill)", 1, in_step_sum=False),
               KernelSpec("draw", f"draw ({SAMPLED_NAME})", 1, in_step_sum=False)]
     return specs
 
@@ -210,8 +211,8 @@ class _Shape:
             op = lambda l: lib.arc_op_gemv(ctx, self.layer(self.wdown, l, d * f * 2), self.h, d, f,
                                            NULL, NULL, 0.0, 1, self.x)
         elif kind == "lm_head":
-            op = lambda l: lib.arc_op_gemv(ctx, self.u16(self.head), self.head_in, v, d, NULL,
-                                           self.u16(self.final_norm), eps, 0, self.logits)
+            op = lambda l: lib.arc_op_gemv_argmax(ctx, self.u16(self.head), self.head_in, v, d,
+                                                  self.u16(self.final_norm), eps, self.logits, self.out, self.out_value)
         elif kind == "argmax":
             op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value)
         elif kind == "draw":

@@ -37,6 +37,10 @@ class ScriptedForward:
     def enqueue(self, loop) -> None:
         _lib.check(self.lib.arc_script_forward(loop, self.script, self.logits))
 
+    def enqueue_greedy(self, loop) -> None:
+        self.enqueue(loop)
+        _lib.check(self.lib.arc_loop_enqueue_sample_commit(loop, self.logits, self.width))
+
     def close(self) -> None:
         if self.logits is not None:
             self.ctx.device_free(self.logits)

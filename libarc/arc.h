@@ -88,7 +88,7 @@ int arc_context_counters(arc_context *ctx, arc_counters *out);
 /* The decode loop's state: the token and position the forward reads (device memory), the
  * stop ids, the host-mapped ring the commit publishes into, and the fault word. A step graph is
  * captured once: the forward, then arc_loop_enqueue_sample_commit (the argmax, whose last block
- * commits); arc_loop_enqueue_step replays it. vocab is the range of valid token ids; the logits
+ * commits), or arc_model_forward_commit (both in one); arc_loop_enqueue_step replays it. vocab is the range of valid token ids; the logits
  * may be wider (a padded lm_head), and an argmax that lands in the padding is a fault, not a
  * token. */
 typedef struct arc_ring_state {
@@ -202,6 +202,10 @@ int arc_model_destroy(arc_model *model);
 int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host,
                      uint64_t bytes);
 int arc_model_forward(arc_model *model, arc_loop *loop);
+/* The greedy step in one kernel less: the forward, with its lm_head also taking the argmax of the
+ * logits and committing it to loop as arc_loop_enqueue_sample_commit does (the same token, the
+ * same faults; the logits are written as well). Captured, it is the greedy step graph. */
+int arc_model_forward_commit(arc_model *model, arc_loop *loop);
 int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
 
 /* Kernels, one entry point each (the forward launches the same launchers). */
@@ -221,6 +225,12 @@ int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int
 int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                 const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                 float *y);
+
+/* arc_op_gemv without bias or accumulation, and the argmax of y (arc_argmax's rule: NaN first,
+ * then the largest value, ties to the lowest row) -> *out, its value -> *value_out (if not
+ * NULL): the lm_head of arc_model_forward_commit. Same limits. */
+int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out);
 
 /* y[rows] = silu(Wg @ n(x)) * (Wu @ n(x)), with w_gate_up = [Wg; Wu] (2 * rows, cols) and n as
  * in arc_op_gemv. Same limits. */

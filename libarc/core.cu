@@ -117,6 +117,7 @@ static void context_release(arc_context *ctx) {
     if (ctx->argmax_vals) cudaFree(ctx->argmax_vals);
     if (ctx->argmax_idx) cudaFree(ctx->argmax_idx);
     if (ctx->argmax_done) cudaFree(ctx->argmax_done);
+    if (ctx->head_argmax) cudaFree(ctx->head_argmax);
     if (ctx->attn_done) cudaFree(ctx->attn_done);
     if (ctx->draw) cudaFree(ctx->draw);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -133,6 +134,8 @@ static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_idx, ARGMAX_MAX_BLOCKS * sizeof(int32_t)));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_done, sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->argmax_done, 0, sizeof(uint32_t), ctx->stream));
+    ARC_CUDA(ctx, cudaMalloc(&ctx->head_argmax, sizeof(HeadArgmax)));
+    ARC_CUDA(ctx, cudaMemsetAsync(ctx->head_argmax, 0, sizeof(HeadArgmax), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->attn_done, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->attn_done, 0, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->draw, sizeof(DrawScratch)));

@@ -31,6 +31,12 @@ struct DrawScratch {
     int32_t found;
 };
 
+// What the blocks of an lm_head GEMV that takes the argmax share (gemv.cu).
+struct HeadArgmax {
+    unsigned long long best;  // the largest (order key << 32 | ~row) so far; 0: none
+    uint32_t done;            // blocks finished
+};
+
 struct arc_context {
     int device;
     // Read once, in context_init: launchers size their grids by the multiprocessor count, and
@@ -45,6 +51,9 @@ struct arc_context {
     float *argmax_vals;
     int32_t *argmax_idx;
     uint32_t *argmax_done;
+    // The lm_head's argmax (arc_model_forward_commit, arc_op_gemv_argmax): the best order key so
+    // far and the blocks' ticket; both zero between launches.
+    HeadArgmax *head_argmax;
     // Tickets of the attention kernel's heads: the last block of a head combines its partials.
     uint32_t *attn_done;
     // The draw's histograms, block sums and grid barrier; zero between launches.
@@ -125,8 +134,10 @@ struct arc_loop {
         if (arc_err_ != cudaSuccess) return arc_fail_cuda(arc_err_, name, __func__); \
     } while (0)
 
-#define ARC_REQUIRE(cond, ...)                                                     \
+#define ARC_REQUIRE(cond, ...) ARC_REQUIRE_AS(__func__, cond, __VA_ARGS__)
+// The same, reported as entry point `who` (a helper that serves several entry points).
+#define ARC_REQUIRE_AS(who, cond, ...)                                             \
     do {                                                                           \
-        if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, __func__, __VA_ARGS__); \
+        if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, who, __VA_ARGS__);     \
     } while (0)
 

@@ -63,7 +63,9 @@ def test_kernel_specs_count_the_forwards_launches_and_one_attention_position():
     cfg = SHAPES["stories110M"]
     specs = kernel_bench.kernel_specs(cfg, [130, 258, 512])
     counted = [s for s in specs if s.in_step_sum]
-    assert sum(s.per_step for s in counted) == 5 * cfg.n_layers + 3  # 5 per layer, embedding, lm_head, argmax
+    # 5 per layer, the embedding, and the lm_head with the argmax in it
+    assert sum(s.per_step for s in counted) == 5 * cfg.n_layers + 2
+    assert [s.kind for s in counted][-1] == "lm_head"
     attn = [s for s in specs if s.kind == "attention"]
     assert [(s.position, s.in_step_sum) for s in attn] == [(130, True), (258, False), (512, False)]
     # k and v of 12 heads x 64 over positions 0..130, bf16

@@ -118,7 +118,7 @@ def gemv_tolerance(w32, xin, cols):
 
 
 GEMV_SHAPES = [(288, 288), (768, 2048), (2048, 2048), (3072, 2048), (8192, 2048), (2048, 8192), (64, 12288),
-               (2304, 768), (960, 1024), (576, 1032), (100, 8),
+               (2304, 768), (960, 1024), (576, 1032), (100, 8), (8192, 512), (4224, 520),
                (32000, 288), (128256, 2048), (1000, 14336)]
 
 
@@ -159,6 +159,72 @@ def test_gemv_matches_numpy(gpu, rows, cols, variant):
         want = want + y0
     atol = gemv_tolerance(w32, xin, cols) + (8 * EPS32 * np.abs(y0) if use_acc else 0)
     assert_close(f"gemv {rows}x{cols} {variant}", got, want, atol, 1e-6)
+
+
+# Shapes of the lm_head with its argmax: every work split (4 rows a task; 2 and 1 with the input in
+# registers; split-K 2 to 8) and the vocabularies of the benchmark's shapes.
+ARGMAX_SHAPES = [(32000, 288), (49152, 576), (128256, 2048), (2304, 768), (960, 1024), (100, 8),
+                 (64, 4096), (300, 2048), (1000, 14336)]
+
+
+def run_gemv_argmax(gpu, w, x, norm, eps=1e-5):
+    """arc_op_gemv_argmax of w @ rmsnorm(x, norm): (logits, token, value)."""
+    rows, cols = w.shape
+    d_w, d_x, d_n = gpu.upload(w), gpu.upload(x), gpu.upload(norm)
+    d_y, d_out = gpu.alloc(rows * 4), gpu.alloc(8)
+    gpu.poison(d_y, rows * 4)
+    gpu.poison(d_out, 8)
+    out = gpu.ffi.cast("int32_t *", d_out)
+    _lib.check(gpu.lib.arc_op_gemv_argmax(gpu.ctx, u16p(gpu, d_w), f32p(gpu, d_x), rows, cols, u16p(gpu, d_n), eps,
+                                          f32p(gpu, d_y), out, f32p(gpu, gpu.ffi.cast("char *", d_out) + 4)))
+    both = gpu.read(d_out, F32, 2)
+    return gpu.read(d_y, F32, rows), int(both[:1].view(np.int32)[0]), both[1]
+
+
+@pytest.mark.parametrize("rows,cols", ARGMAX_SHAPES)
+def test_gemv_argmax_writes_the_logits_and_picks_numpys_argmax(gpu, rows, cols):
+    rng = np.random.default_rng(rows + 3 * cols)
+    w = random_bf16(rng, (rows, cols), 1.0 / math.sqrt(cols))
+    x = rng.standard_normal(cols, dtype=F32)
+    norm = to_bf16(F32(1.0) + F32(0.2) * rng.standard_normal(cols, dtype=F32))
+    d_w, d_x, d_n, d_y = gpu.upload(w), gpu.upload(x), gpu.upload(norm), gpu.alloc(rows * 4)
+    _lib.check(gpu.lib.arc_op_gemv(gpu.ctx, u16p(gpu, d_w), f32p(gpu, d_x), rows, cols, gpu.ffi.NULL,
+                                   u16p(gpu, d_n), 1e-5, 0, f32p(gpu, d_y)))
+    plain = gpu.read(d_y, F32, rows)
+    logits, token, value = run_gemv_argmax(gpu, w, x, norm)
+    # The same products as the plain GEMV, bit for bit, and the argmax of what was written.
+    np.testing.assert_array_equal(logits.view(np.uint32), plain.view(np.uint32))
+    assert token == int(np.argmax(logits))
+    assert value == logits[token]
+
+
+@pytest.mark.parametrize("rows,cols", [(32000, 288), (300, 2048), (100, 8)])
+def test_gemv_argmax_breaks_ties_low_puts_nan_first_and_resets_between_launches(gpu, rows, cols):
+    rng = np.random.default_rng(rows + cols)
+    w = random_bf16(rng, (rows, cols), 1.0 / math.sqrt(cols))
+    x = np.abs(rng.standard_normal(cols, dtype=F32)) + F32(0.5)
+    norm = to_bf16(np.ones(cols, dtype=F32))
+    # Equal rows, scaled up to be the largest: the lower of them wins.
+    top = to_bf16(np.full(cols, 1.0, dtype=F32))
+    tied = w.copy()
+    a, b = rows - 7, rows // 3
+    tied[a] = tied[b] = top
+    logits, token, value = run_gemv_argmax(gpu, tied, x, norm)
+    assert logits[a] == logits[b] == logits.max()
+    assert (token, value) == (b, logits[b])
+    # All rows zero: every logit +0 and row 0 wins; -0 and +0 are equal.
+    _, token, value = run_gemv_argmax(gpu, np.zeros_like(w), x, norm)
+    assert (token, value) == (0, 0.0)
+    # NaN in two rows: the lower NaN wins over every number, its value NaN. The launch before
+    # left a larger key behind if the reset failed; this one and the next must not see it.
+    nan = w.copy()
+    nan[rows - 2, 0] = nan[rows // 2, 3] = 0x7FC0
+    logits, token, value = run_gemv_argmax(gpu, nan, x, norm)
+    assert token == rows // 2 and np.isnan(value) and np.isnan(logits[token])
+    # Smaller logits after a NaN: the stale NaN key must be gone.
+    small = to_bf16(from_bf16(w) * F32(0.01))
+    logits, token, value = run_gemv_argmax(gpu, small, x, norm)
+    assert (token, value) == (int(np.argmax(logits)), logits[int(np.argmax(logits))])
 
 
 @pytest.mark.parametrize("rows,cols", [(768, 288), (2048, 768), (8192, 2048), (5632, 2048), (14336, 4096)])
@@ -289,6 +355,9 @@ def test_launchers_refuse_shapes_they_cannot_do(gpu):
         ("null pointer", lambda: lib.arc_op_attention(ctx, x, NULL, w, w, 4, 4, 64, 16,
                                                      ffi.cast("int32_t *", buf), x, y)),
         ("ctx is null", lambda: lib.arc_op_gemv(NULL, w, x, 8, 16, NULL, NULL, 1e-5, 0, y)),
+        ("null out", lambda: lib.arc_op_gemv_argmax(ctx, w, x, 8, 16, w, 1e-5, y, NULL, NULL)),
+        ("multiple of 8", lambda: lib.arc_op_gemv_argmax(ctx, w, x, 8, 12, w, 1e-5, y,
+                                                         ffi.cast("int32_t *", buf), NULL)),
     ]
     for message, call in cases:
         with pytest.raises(arcpy.InvalidArgumentError, match=message):
@@ -461,8 +530,9 @@ def test_model_forward_refuses_a_loop_it_cannot_serve(rig_factory, gpu):
         lp = ffi.new("arc_loop **")
         _lib.check(lib.arc_loop_create(gpu.ctx, vocab, max_seq, 8, lp))
         try:
-            with pytest.raises(arcpy.InvalidArgumentError, match=message):
-                _lib.check(lib.arc_model_forward(rig.model, lp[0]))
+            for forward in (lib.arc_model_forward, lib.arc_model_forward_commit):
+                with pytest.raises(arcpy.InvalidArgumentError, match=message):
+                    _lib.check(forward(rig.model, lp[0]))
         finally:
             lib.arc_loop_destroy(lp[0])
 
@@ -526,3 +596,28 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
     finally:
         gpu.wait()
         lib.arc_graph_destroy(graph)
+
+    # The greedy step: the same nodes, the argmax and its commit in the lm_head's.
+    _lib.check(lib.arc_graph_capture_begin(gpu.ctx))
+    try:
+        _lib.check(lib.arc_model_forward_commit(rig.model, rig.loop))
+    finally:
+        _lib.check(lib.arc_graph_capture_end(gpu.ctx, gp))
+    step = gp[0]
+    try:
+        _lib.check(lib.arc_graph_node_count(step, nodes))
+        assert nodes[0] == 2 + 5 * rig.cfg["n_layers"]
+        _lib.check(lib.arc_loop_reset_ring(rig.loop))
+        for pos, tok in enumerate(tokens):
+            _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
+            _lib.check(lib.arc_loop_enqueue_step(rig.loop, step, pos + 1))
+            assert np.array_equal(gpu.read(logits, F32, vocab), eager[pos])
+        state = ffi.new("arc_ring_state *")
+        _lib.check(lib.arc_ring_poll(rig.loop, state))
+        assert (state.published, state.fault) == (len(tokens), 0)
+        got = ffi.new("int32_t[]", len(tokens))
+        _lib.check(lib.arc_ring_read(rig.loop, 0, len(tokens), got))
+        assert list(got) == [int(np.argmax(e)) for e in eager]
+    finally:
+        gpu.wait()
+        lib.arc_graph_destroy(step)

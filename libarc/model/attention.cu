@@ -17,7 +17,7 @@
 
 #include "kernels.cuh"
 
-enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8 };
+enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8, ATTN_MERGE = 4 };
 
 // VEC bf16 values of a cache row as floats: 16-byte loads when head_dim % 8 == 0, else 4-byte.
 template <int VEC>
@@ -253,19 +253,32 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // Merge the chunks in order, rescaling the running sums whenever the maximum grows.
+    // Merge the chunks in order, rescaling the running sums whenever the maximum grows; the
+    // partials of ATTN_MERGE chunks are loaded together (one round trip, not one per chunk).
     const float2 *ml = ml_part + (size_t)head * splits;
     for (int d = tid; d < hd; d += ATTN_THREADS) {
         const float *op = o_part + (size_t)head * splits * hd + d;
         float m = -INFINITY, l = 0.0f, o = 0.0f;
-        for (int c = 0; c < ns; ++c) {
-            const float2 st = __ldcg(&ml[c]);
-            const float oc = __ldcg(op + (size_t)c * hd);
-            const float mn = fmaxf(m, st.x);
-            const float r = expf(m - mn), w = expf(st.x - mn);
-            l = fmaf(l, r, w * st.y);
-            o = fmaf(o, r, w * oc);
-            m = mn;
+        for (int c0 = 0; c0 < ns; c0 += ATTN_MERGE) {
+            float2 st[ATTN_MERGE];
+            float oc[ATTN_MERGE];
+#pragma unroll
+            for (int k = 0; k < ATTN_MERGE; ++k) {
+                if (c0 + k < ns) {
+                    st[k] = __ldcg(&ml[c0 + k]);
+                    oc[k] = __ldcg(op + (size_t)(c0 + k) * hd);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATTN_MERGE; ++k) {
+                if (c0 + k < ns) {
+                    const float mn = fmaxf(m, st[k].x);
+                    const float r = expf(m - mn), w = expf(st[k].x - mn);
+                    l = fmaf(l, r, w * st[k].y);
+                    o = fmaf(o, r, w * oc[k]);
+                    m = mn;
+                }
+            }
         }
         out[(size_t)head * hd + d] = o / l;
     }

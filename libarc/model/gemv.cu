@@ -8,7 +8,11 @@
 // (normalized on the way in when an RMSNorm is fused) and read from there; blocks loop over the
 // rows (grid-stride), so staging is paid once per block, not once per row group. A short input
 // (up to 1,024 columns) skips the staging: each warp holds it in registers (WX below), which
-// takes the block barriers off the small models' chain of latencies.
+// takes the block barriers off the small models' chain of latencies. The lm_head may also take
+// the argmax of what it writes (AM below), and in the device loop commit it: the greedy step's
+// sampler without a kernel of its own.
+#include "../commit.cuh"
+#include "../draw_math.cuh"
 #include "kernels.cuh"
 
 // GEMV_MIN_BLOCKS: blocks per SM the kernel is compiled to fit (its register budget), and so the
@@ -16,9 +20,15 @@
 // held in registers from before the dependency wait (at four it spills); measured on the H200,
 // two with that early batch beat four without it on every benchmark shape (docs/PERF.md).
 enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, GEMV_LOADS = 8, GEMV_STAGE = 4 };
-// Rows of at most 32 * GEMV_WX vectors (1,024 columns) may skip the block's staging: each warp
-// holds the input in registers, GEMV_WX vectors a lane (see gemv_kernel's WX).
+// Rows of at most 32 * min(GEMV_WX, U) vectors (1,024 columns; 512 at 4 rows a task) may skip
+// the block's staging: each warp holds the input in registers, that many vectors a lane (see
+// gemv_kernel's WX).
 enum { GEMV_WX = 4 };
+
+// The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
+constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
+// The input vectors a lane holds under WX: one batch covers the row.
+constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
 
 // A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
 // the staged input and to other blocks.
@@ -58,6 +68,50 @@ __device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g) 
     b.z = b.z * inv * bf16_lo(g.w); b.w = b.w * inv * bf16_hi(g.w);
 }
 
+// The argmax's order on (value, row) as one unsigned key, the larger winning: NaN beats every
+// number (all NaNs alike), -0 equals +0, and equal values go to the lower row: NumPy's rule, the
+// argmax kernel's (sampler.cu). 0 is no key.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int row) {
+    const uint32_t k = v != v ? 0xffffffffu : order_key(v == 0.0f ? 0.0f : v);
+    return (unsigned long long)k << 32 | (uint32_t)~row;
+}
+
+// Where an AM GEMV's argmax goes: the loop's commit (commit), or *out and *value_out.
+struct GemvArgmax {
+    HeadArgmax *h;
+    int commit;
+    CommitArgs c;
+    int32_t *out;
+    float *value_out;
+};
+
+// The end of an AM GEMV block: the block's best key joins the grid's (an atomic max), and the
+// last block to finish (its ticket wraps the count back to 0) takes the winner, resets it, and
+// commits it or writes it out. `best`: lane 0's key of each warp, 0 for the others.
+__device__ __forceinline__ void argmax_finish(unsigned long long best, const GemvArgmax &a) {
+    __shared__ unsigned long long wbest[GEMV_WARPS];
+    if (threadIdx.x % 32 == 0) wbest[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int w = 1; w < GEMV_WARPS; ++w) best = wbest[w] > best ? wbest[w] : best;
+    if (best != 0) atomicMax(&a.h->best, best);
+    __threadfence();  // the max lands before the ticket
+    if (atomicInc(&a.h->done, gridDim.x - 1) != gridDim.x - 1) return;
+    __threadfence();
+    best = atomicExch(&a.h->best, 0ull);
+    const uint32_t k = (uint32_t)(best >> 32);
+    const int row = (int)~(uint32_t)best;
+    const float value = k == 0xffffffffu ? __uint_as_float(0x7fc00000u) : key_value(k);
+    if (a.commit) {
+        commit_token(a.c, row, value);
+    } else {
+        if (a.value_out) *(volatile float *)a.value_out = value;
+        *(volatile int32_t *)a.out = row;
+        __threadfence_system();
+    }
+}
+
 // The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
 // rows). A partial last task re-reads the last row; its result is never written.
 template <int R, bool GATED>
@@ -89,21 +143,24 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
 // Launch: GEMV_THREADS threads; a row task is R rows shared by KS warps, each summing every
 // KS-th run of 32 vectors (split-K, for matrices with few rows and long ones); blocks stride
 // over groups of GEMV_WARPS / KS row tasks. Dynamic shared memory cols * 4 bytes.
-// WX (warp-local input, for cols <= 32 * GEMV_WX with KS == 1 and one batch covering a row): each
+// WX (warp-local input, for cols <= 32 * gemv_wx_vectors(NR) with KS == 1): each
 // warp reads the input into registers, lane l the vectors l + 32 j it multiplies, and computes
 // the norm itself, so no block barrier and no shared memory stand between the input and the
 // dots; no dynamic shared memory.
+// AM (not GATED): the argmax of y too, to `am` (argmax_finish); every block must have a task.
 // Limits: cols % 8 == 0, cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned, y not x.
-template <int R, int KS, bool GATED, bool WX>
+template <int R, int KS, bool GATED, bool WX, bool AM>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
-            int accumulate, float *__restrict__ y) {
+            int accumulate, float *__restrict__ y, GemvArgmax am) {
     constexpr int NR = GATED ? 2 * R : R;  // weight rows a warp reads together
-    constexpr int U = NR >= GEMV_LOADS ? 1 : GEMV_LOADS / NR;
+    constexpr int U = gemv_batch(NR);
+    constexpr int NWX = WX ? gemv_wx_vectors(NR) : 1;  // input vectors a lane holds
     constexpr int GROUPS = GEMV_WARPS / KS;  // row tasks per block step
     constexpr int STEP = 32 * KS;            // between a lane's consecutive vectors
-    static_assert(!WX || (KS == 1 && U >= GEMV_WX), "the warp-local input needs one batch to cover a row");
+    static_assert(!WX || KS == 1, "the warp-local input takes whole rows");
+    static_assert(!(AM && GATED), "the argmax is the lm_head's");
     extern __shared__ float4 xs[];  // [2 * nvec]: x[8v..8v+3] at v, x[8v+4..8v+7] at nvec + v
     __shared__ float red[GEMV_WARPS];
     __shared__ float part[GEMV_WARPS][NR];
@@ -127,13 +184,13 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
 
     // WX: lane l's input vectors l + 32 j, normalized in the warp (every warp of the block computes
     // the same sum in the same order).
-    float4 wxa[WX ? GEMV_WX : 1], wxb[WX ? GEMV_WX : 1];
+    float4 wxa[NWX], wxb[NWX];
     if constexpr (WX) {
         const float4 *x4 = reinterpret_cast<const float4 *>(x);
-        uint4 g[GEMV_WX];
+        uint4 g[NWX];
         float ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < GEMV_WX; ++j) {
+        for (int j = 0; j < NWX; ++j) {
             const int v = lane + 32 * j;
             wxa[j] = wxb[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             g[j] = make_uint4(0, 0, 0, 0);
@@ -145,10 +202,10 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
         }
         if (norm_w != nullptr) {
 #pragma unroll
-            for (int j = 0; j < GEMV_WX; ++j) ss = add_sq8(ss, wxa[j], wxb[j]);
+            for (int j = 0; j < NWX; ++j) ss = add_sq8(ss, wxa[j], wxb[j]);
             const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
 #pragma unroll
-            for (int j = 0; j < GEMV_WX; ++j) norm8(wxa[j], wxb[j], inv, g[j]);
+            for (int j = 0; j < NWX; ++j) norm8(wxa[j], wxb[j], inv, g[j]);
         }
     } else {
         // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
@@ -201,6 +258,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
         __syncthreads();
     }
 
+    unsigned long long best = 0;  // AM: the best key of the rows this lane wrote
     // The loop bound is uniform over the block: every warp reaches the barriers below.
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
         const int task = bt * GROUPS + group;
@@ -224,8 +282,8 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                 const int v = base + STEP * u;
                 if (v < nvec) {
                     // WX: one batch covers the row, so vector v is the lane's u-th
-                    const float4 a = WX ? wxa[u < GEMV_WX ? u : 0] : xs[v];
-                    const float4 b = WX ? wxb[u < GEMV_WX ? u : 0] : xs[nvec + v];
+                    const float4 a = WX ? wxa[u < NWX ? u : 0] : xs[v];
+                    const float4 b = WX ? wxb[u < NWX ? u : 0] : xs[nvec + v];
 #pragma unroll
                     for (int r = 0; r < NR; ++r) acc[r] = dot8(wt[r][u], a, b, acc[r]);
                 }
@@ -264,12 +322,17 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                     if (accumulate) out += y[row];
                 }
                 y[row] = out;
+                if constexpr (AM) {
+                    const unsigned long long k = argmax_key(out, row);
+                    best = k > best ? k : best;
+                }
             }
         }
     }
+    if constexpr (AM) argmax_finish(best, am);
 }
 
-// What one GEMV launch computes, whatever its shape.
+// What one GEMV launch computes, whatever its shape; with am, the argmax of y too.
 struct GemvArgs {
     const uint16_t *w;
     const float *x;
@@ -278,14 +341,16 @@ struct GemvArgs {
     float eps;
     int accumulate;
     float *y;
+    const GemvArgmax *am;
 };
 
-// Enough blocks to keep every SM at its occupancy limit, but no more than there is work.
-template <int R, int KS, bool GATED, bool WX = false>
-static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
-    auto kernel = gemv_kernel<R, KS, GATED, WX>;
+// Enough blocks to keep every SM at its occupancy limit, but no more than there is work (so
+// every block has a task).
+template <int R, int KS, bool GATED, bool WX, bool AM>
+static int launch_gemv_kernel(arc_context *ctx, const GemvArgs &a) {
+    auto kernel = gemv_kernel<R, KS, GATED, WX, AM>;
     const size_t smem = WX ? 0 : (size_t)a.cols * sizeof(float);
-    // Above 48 KiB with the kernel's static shared memory (red and part: under 1 KiB), the
+    // Above 48 KiB with the kernel's static shared memory (red, part, wbest: under 1 KiB), the
     // launch needs the opt-in; a host-side attribute, legal while capturing.
     if (smem + 1024 > 48 * 1024)
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -296,27 +361,31 @@ static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
     const long long needed = ((a.rows + R - 1) / R + groups - 1) / groups;
     const long long most = (long long)ctx->sm_count * per_sm;
     const int blocks = (int)(needed < most ? needed : most);
-    return arc_launch_pdl(ctx, GATED ? "gemv_kernel<swiglu>" : "gemv_kernel", kernel, dim3(blocks),
-                          dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols, a.bias, a.norm_w, a.eps,
-                          a.accumulate, a.y);
+    const char *name = GATED ? "gemv_kernel<swiglu>" : AM ? "gemv_kernel<argmax>" : "gemv_kernel";
+    return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
+                          a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
 }
 
-// The limits both GEMV entry points share; `who` names the entry point in the message.
-#define GEMV_REQUIRE(cond, ...) \
-    do { \
-        if (!(cond)) return arc_fail(ARC_INVALID_ARGUMENT, who, __VA_ARGS__); \
-    } while (0)
+// The instance with the argmax where the launch asks for it.
+template <int R, int KS, bool GATED, bool WX = false>
+static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
+    if constexpr (!GATED) {
+        if (a.am) return launch_gemv_kernel<R, KS, GATED, WX, true>(ctx, a);
+    }
+    return launch_gemv_kernel<R, KS, GATED, WX, false>(ctx, a);
+}
 
+// The limits every GEMV entry point shares; `who` names the entry point in the message.
 static int check_gemv(const char *who, const GemvArgs &a) {
-    GEMV_REQUIRE(a.w && a.x && a.y, "null pointer (w, x and y are required)");
-    GEMV_REQUIRE(a.rows > 0, "rows must be positive, got %d", a.rows);
-    GEMV_REQUIRE(a.cols > 0 && a.cols % 8 == 0, "cols must be a positive multiple of 8, got %d", a.cols);
-    GEMV_REQUIRE(a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
-    GEMV_REQUIRE((uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
-    GEMV_REQUIRE((uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
-    GEMV_REQUIRE(a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
-    GEMV_REQUIRE(a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
-    GEMV_REQUIRE((const void *)a.y != (const void *)a.x, "y must not alias x");
+    ARC_REQUIRE_AS(who, a.w && a.x && a.y, "null pointer (w, x and y are required)");
+    ARC_REQUIRE_AS(who, a.rows > 0, "rows must be positive, got %d", a.rows);
+    ARC_REQUIRE_AS(who, a.cols > 0 && a.cols % 8 == 0, "cols must be a positive multiple of 8, got %d", a.cols);
+    ARC_REQUIRE_AS(who, a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
+    ARC_REQUIRE_AS(who, (uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, (uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
+    ARC_REQUIRE_AS(who, (const void *)a.y != (const void *)a.x, "y must not alias x");
     return ARC_OK;
 }
 
@@ -330,8 +399,7 @@ static int gemv_split(const arc_context *ctx, int32_t rows, int32_t cols, int ma
     const int r_slots = warp_slots / 2;
     int r = max_r;
     while (r > 1 && rows / r < r_slots) r /= 2;
-    const int nr = gated ? 2 * r : r;
-    const int u = nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr;
+    const int u = gemv_batch(gated ? 2 * r : r);
     const long long tasks = (rows + r - 1) / r;
     int ks = 1;
     if (r == 1)
@@ -344,16 +412,18 @@ static int gemv_split(const arc_context *ctx, int32_t rows, int32_t cols, int ma
 // weight rows per output row, so it takes at most R = 2 (the same 4 rows in flight as R = 4).
 template <bool GATED>
 static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
-    GEMV_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
     int st = check_gemv(who, a);
     if (st != ARC_OK) return st;
-    if constexpr (GATED) GEMV_REQUIRE(a.rows <= INT32_MAX / 2, "rows %d too large", a.rows);
+    if constexpr (GATED) ARC_REQUIRE_AS(who, a.rows <= INT32_MAX / 2, "rows %d too large", a.rows);
+    if constexpr (GATED) ARC_REQUIRE_AS(who, a.am == nullptr, "the gated GEMV takes no argmax");
     constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
     const int r = gemv_split(ctx, a.rows, a.cols, MAX_R, GATED, &ks);
     // Short rows take the warp-local input where one batch of loads covers a row.
-    const bool wx = a.cols / 8 <= 32 * GEMV_WX && ks == 1;
+    const bool wx = a.cols / 8 <= 32 * gemv_wx_vectors(GATED ? 2 * r : r) && ks == 1;
     if constexpr (MAX_R == 4) {
+        if (r == 4 && wx) return launch_gemv_shape<4, 1, GATED, true>(ctx, a);
         if (r == 4) return launch_gemv_shape<4, 1, GATED>(ctx, a);
     }
     if constexpr (!GATED) {
@@ -372,11 +442,30 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
 extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                            const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                            float *y) {
-    return launch_gemv<false>(ctx, __func__, GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y});
+    return launch_gemv<false>(ctx, __func__,
+                              GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y, nullptr});
+}
+
+// The lm_head of the greedy step: y = W @ rmsnorm(x, norm_weight) and its argmax, committed to
+// `loop` (arc_model_forward_commit) or, with loop null, written to *out and *value_out.
+int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
+                       int32_t *out, float *value_out) {
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
+    ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
+    GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
+    int st = launch_gemv<false>(ctx, who, GemvArgs{w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am});
+    if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
+    return st;
+}
+
+extern "C" int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                                  const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out) {
+    return launch_gemv_argmax(ctx, __func__, w, x, rows, cols, norm_weight, eps, y, nullptr, out, value_out);
 }
 
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                                   int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
     return launch_gemv<true>(ctx, __func__,
-                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, /*accumulate=*/0, y});
+                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, /*accumulate=*/0, y, nullptr});
 }

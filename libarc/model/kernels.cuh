@@ -234,6 +234,12 @@ struct PrefillBuffers {
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
 
+// The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
+// else written to *out and *value_out; `who` names the entry point in errors.
+int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
+                       int32_t *out, float *value_out);
+
 // ---- What the prefill (prefill.cu) reads of a model (model.cu) ------------------------------
 
 // One layer's weights, each group the forward reads as one matrix given by its first member

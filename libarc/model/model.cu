@@ -10,7 +10,8 @@
 //   3 gemv         x += Wo @ att
 //   4 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
 //   5 gemv         x += Wdown @ h
-// plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after.
+// plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after (in the
+// greedy step graph with the argmax and its commit in the same kernel: arc_model_forward_commit).
 // Every kernel is launched with programmatic dependent launch (kernels.cuh: pdl_wait): the next
 // one is scheduled while the previous one finishes, and waits on the device for its data. Work
 // enqueued after the forward with a plain launch or a copy is ordered as usual.
@@ -298,15 +299,16 @@ ModelParts model_parts(arc_model *m) {
     return p;
 }
 
-extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
-    ARC_REQUIRE(model && loop, "null argument");
+// The forward; with commit, its lm_head takes the argmax and commits it to the loop.
+static int forward(arc_model *model, arc_loop *loop, bool commit, const char *who) {
+    ARC_REQUIRE_AS(who, model && loop, "null argument");
     arc_context *ctx = model->ctx;
     const arc_model_config &c = model->cfg;
-    ARC_REQUIRE(loop->ctx == ctx, "the loop and the model belong to different contexts");
-    ARC_REQUIRE(loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
-    ARC_REQUIRE(loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
-                c.max_seq);
-    ARC_TRY(model_check_uploaded(model, __func__));
+    ARC_REQUIRE_AS(who, loop->ctx == ctx, "the loop and the model belong to different contexts");
+    ARC_REQUIRE_AS(who, loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
+    ARC_REQUIRE_AS(who, loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d",
+                   loop->max_seq, c.max_seq);
+    ARC_TRY(model_check_uploaded(model, who));
     const uint32_t *token = nullptr;
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
@@ -343,9 +345,17 @@ extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) {
         // x += Wdown @ h
         ARC_TRY(arc_op_gemv(ctx, w_down, h, dim, ffn_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
     }
-    // logits = lm_head @ rmsnorm(x, final_norm)
+    // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
+    if (commit)
+        return launch_gemv_argmax(ctx, who, lm_head, x, vocab, dim, final_norm, eps, logits, loop, nullptr, nullptr);
     ARC_TRY(arc_op_gemv(ctx, lm_head, x, vocab, dim, no_bias, final_norm, eps, /*accumulate=*/0, logits));
     return ARC_OK;
+}
+
+extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) { return forward(model, loop, false, __func__); }
+
+extern "C" int arc_model_forward_commit(arc_model *model, arc_loop *loop) {
+    return forward(model, loop, true, __func__);
 }
 
 extern "C" int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab) {
