@@ -607,6 +607,7 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
     try:
         _lib.check(lib.arc_graph_node_count(step, nodes))
         assert nodes[0] == 2 + 5 * rig.cfg["n_layers"]
+        gpu.wait()
         _lib.check(lib.arc_loop_reset_ring(rig.loop))
         for pos, tok in enumerate(tokens):
             _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
