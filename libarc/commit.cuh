@@ -1,5 +1,6 @@
-// commit.cuh -- the commit: what the device loop's samplers (argmax and draw, sampler.cu) do with
-// the token they chose. One thread of the sampler's grid calls commit_token once per step.
+// commit.cuh -- the commit: what the device loop's samplers (the argmax, sampler.cu, or inside the
+// lm_head, model/gemv.cu; the draw, draw.cu) do with the token they chose. One thread of the
+// sampler's grid calls commit_token once per step.
 #pragma once
 
 #include "internal.cuh"
