@@ -260,7 +260,9 @@ ATTN_CASES = [(hd, n_heads, n_kv, pos, 4096)
 ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 8191, 8192),
                (64, 8, 8, 16383, 16384), (64, 8, 4, 5000, 8192),  # group 2
                (32, 4, 4, 255, 512), (32, 4, 2, 256, 512),  # 256-position chunks
-               (30, 4, 2, 300, 512), (30, 4, 4, 0, 512), (30, 4, 4, 31, 512), (30, 4, 4, 32, 512)]  # narrow rows
+               (30, 4, 2, 300, 512), (30, 4, 4, 0, 512), (30, 4, 4, 31, 512), (30, 4, 4, 32, 512),  # narrow rows
+               # more chunks than a head's blocks: blocks take 2, 4 and 8 chunks, some one fewer
+               (64, 32, 8, 5000, 8192), (128, 32, 8, 8000, 8192), (30, 64, 8, 4000, 4096)]
 
 
 @pytest.mark.parametrize("hd,n_heads,n_kv,pos,max_seq", ATTN_CASES)
