@@ -4,9 +4,10 @@
 // run over the cached positions and the new one.
 //
 // Split across blocks (flash-decoding): a block takes one query head and one chunk of positions
-// and writes a partial result (its max, its sum of exponentials, its unnormalized output); the
-// last block of a head to finish combines the head's partials, so one kernel does all of it.
-// When the position fits in one chunk, that one block writes the output directly.
+// (more than one, in turn, where the grid would otherwise exceed ATTN_GRID_BLOCKS) and writes a
+// partial result (its max, its sum of exponentials, its unnormalized output); the last block of a
+// head to finish combines the head's partials, so one kernel does all of it. When one block holds
+// every chunk up to the position, it writes the output directly.
 //
 // At batch 1 the kernel is latency-bound, not bandwidth-bound, so it is laid out around its
 // chain of memory round trips: the cached rows of earlier positions were written by earlier
