@@ -23,7 +23,8 @@ import numpy as np
 
 from . import _lib, hf_bench, kernel_bench
 from .kernel_bench import SAMPLED, SAMPLED_NAME
-from .cuda import PREFILL_CHUNK, Context, open_cuda_device
+from .cuda import Context, open_cuda_device
+from .cuda_model import PREFILL_CHUNK
 from .engine import Engine
 from .errors import ArcError, InvalidArgumentError
 from .gate import FallbackLatch

@@ -6,7 +6,8 @@ CudaDevice frees the graphs, the loop, the forward and (when it created it) the 
 `close()`, and is a context manager.
 
 - Context: one device, one non-blocking stream (arc_context).
-- CudaModel: a forward on a context: the weights, KV cache and activations of one model.
+- CudaModel (cuda_model.py): a forward on a context: the weights, KV cache and activations of one
+  model.
 - CudaDevice: DeviceOps over a forward, with the host path and the device loop (greedy, and
   sampled by libarc's draw).
 """
@@ -20,16 +21,12 @@ import numpy as np
 from . import _lib
 from .codes import ARC_BUSY, ARC_OK
 from .device import Counters, RingState, spin_until
+from .cuda_model import CudaModel
 from .errors import InvalidArgumentError
-from .model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_freq
+from .model import Model
 
 # Polls of the stream at start-up and teardown before a hang is declared.
 IDLE_SPINS = 50_000_000
-# The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
-# chunk, each reading all the weights again. Measured on the H200 (docs/PERF.md): 2,048 meets the
-# time-to-first-token targets where 512 misses two; it reserves 101 MB of activations for the
-# Llama-3.2-1B shape and 193 MB for Llama-3-8B.
-PREFILL_CHUNK = 2048
 
 
 class Context:
@@ -123,90 +120,6 @@ class Forward(Protocol):
     def enqueue_greedy(self, loop) -> None: ...  # the forward, then the argmax committed to the loop
     def prefill(self, tokens, n: int, start: int) -> None: ...  # tokens: a device-readable int32 pointer
     def close(self) -> None: ...
-
-
-# Tensor ids of arc.h's arc_tensor, by the name suffix of the Hugging Face layout.
-_LAYER_TENSORS = {
-    "input_layernorm.weight": "ARC_TENSOR_ATTN_NORM",
-    "self_attn.q_proj.weight": "ARC_TENSOR_WQ",
-    "self_attn.k_proj.weight": "ARC_TENSOR_WK",
-    "self_attn.v_proj.weight": "ARC_TENSOR_WV",
-    "self_attn.q_proj.bias": "ARC_TENSOR_BQ",
-    "self_attn.k_proj.bias": "ARC_TENSOR_BK",
-    "self_attn.v_proj.bias": "ARC_TENSOR_BV",
-    "self_attn.o_proj.weight": "ARC_TENSOR_WO",
-    "post_attention_layernorm.weight": "ARC_TENSOR_MLP_NORM",
-    "mlp.gate_proj.weight": "ARC_TENSOR_W_GATE",
-    "mlp.up_proj.weight": "ARC_TENSOR_W_UP",
-    "mlp.down_proj.weight": "ARC_TENSOR_W_DOWN",
-}
-_GLOBAL_TENSORS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
-
-
-class CudaModel:
-    """An arc_model: libarc's Llama-family forward, its weights, KV cache and activations, and the
-    prefill's activations for chunks of PREFILL_CHUNK tokens."""
-
-    supports_prefill = True
-
-    def __init__(self, ctx: Context, model: Model, max_seq: int):
-        cfg = model.config
-        if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
-            raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
-        self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
-        c = self.ffi.new("arc_model_config *")
-        c.dim, c.n_layers, c.n_heads, c.n_kv_heads = cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads
-        c.head_dim, c.ffn_dim, c.vocab, c.max_seq = cfg.head_dim, cfg.ffn_dim, cfg.vocab, max_seq
-        c.rms_eps = cfg.rms_eps
-        c.tied_embeddings, c.qkv_bias = int(cfg.tied_embeddings), int(cfg.qkv_bias)
-        pp = self.ffi.new("arc_model **")
-        _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
-        self.ptr = pp[0]
-        self.max_seq = max_seq
-        try:
-            self._upload(model)
-            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, min(PREFILL_CHUNK, max_seq)))
-            lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
-            _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
-            self.logits, self.width = lp[0], int(wp[0])
-        except BaseException:
-            self.close()
-            raise
-
-    def _upload(self, model: Model) -> None:
-        for name, array in model.tensors.items():
-            if name in _GLOBAL_TENSORS:
-                tensor, layer = _GLOBAL_TENSORS[name], 0
-            else:
-                layer_s, _, suffix = name[len("model.layers."):].partition(".")
-                if not name.startswith("model.layers.") or suffix not in _LAYER_TENSORS:
-                    raise InvalidArgumentError(f"tensor {name} has no place in the model")
-                tensor, layer = _LAYER_TENSORS[suffix], int(layer_s)
-                assert name == layer_prefix(layer) + suffix
-            self._put(tensor, layer, array)
-        self._put("ARC_TENSOR_ROPE_INV_FREQ", 0, rope_inv_freq(model.config))
-        # The copies read pageable memory the arrays own: wait for them once, here.
-        self.ctx.wait_idle()
-
-    def _put(self, tensor: str, layer: int, array: np.ndarray) -> None:
-        array = np.ascontiguousarray(array)
-        _lib.check(self.lib.arc_model_upload(self.ptr, getattr(self.lib, tensor), layer,
-                                             self.ffi.from_buffer(array), array.nbytes))
-
-    def enqueue(self, loop) -> None:
-        _lib.check(self.lib.arc_model_forward(self.ptr, loop))
-
-    def enqueue_greedy(self, loop) -> None:
-        # The argmax and its commit in the lm_head's kernel: a node less than after the forward.
-        _lib.check(self.lib.arc_model_forward_commit(self.ptr, loop))
-
-    def prefill(self, tokens, n: int, start: int) -> None:
-        _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
-
-    def close(self) -> None:
-        if self.ptr is not None:
-            self.lib.arc_model_destroy(self.ptr)
-            self.ptr = None
 
 
 class CudaDevice:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arcpy import bench, hf_bench, kernel_bench
-from arcpy.cuda import PREFILL_CHUNK
+from arcpy.cuda_model import PREFILL_CHUNK
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES
 
