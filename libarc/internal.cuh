@@ -31,7 +31,7 @@ struct DrawScratch {
     int32_t found;
 };
 
-// What the blocks of an lm_head GEMV that takes the argmax share (gemv.cu).
+// What the blocks of an lm_head GEMV that takes the argmax share (model/head_argmax.cuh).
 struct HeadArgmax {
     unsigned long long best;  // the largest (order key << 32 | ~row) so far; 0: none
     uint32_t done;            // blocks finished
