@@ -3,9 +3,20 @@
 `import arcpy` works on any machine; GPU work raises NoDeviceError where there is no GPU.
 """
 
-from . import _lib
-from .errors import (ArcError, ContextLostError, DeviceFaultError, FaultWordError, HangError, InvalidArgumentError,
-                     LoopFault, ModelFileError, NoDeviceError, NonFiniteLogitsError, ShortBurstError)
+from arcpy import _lib
+from arcpy.errors import (
+    ArcError,
+    ContextLostError,
+    DeviceFaultError,
+    FaultWordError,
+    HangError,
+    InvalidArgumentError,
+    LoopFault,
+    ModelFileError,
+    NoDeviceError,
+    NonFiniteLogitsError,
+    ShortBurstError,
+)
 
 __version__ = "0.1.0"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import cffi
 
-from .codes import ABI_VERSION, ARC_NOT_READY, ARC_OK
-from .errors import ArcError, ContextLostError, InvalidArgumentError, NoDeviceError
+from arcpy.codes import ABI_VERSION, ARC_NOT_READY, ARC_OK
+from arcpy.errors import ArcError, ContextLostError, InvalidArgumentError, NoDeviceError
 
 LIBRARY_ENV = "ARC_LIBRARY"
 _MARKERS = re.compile(r"/\* arc-cdef-begin \*/(.*)/\* arc-cdef-end \*/", re.S)

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from . import __version__, _lib
-from .decode import decode_options, run_decode
-from .errors import ArcError
+from arcpy import __version__, _lib
+from arcpy.decode import decode_options, run_decode
+from arcpy.errors import ArcError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def info():
     ok, why = _lib.cuda_available()
     click.echo(f"GPU: {why}" if ok else f"GPU: none ({why})")
     if ok:
-        from .cuda import Context
+        from arcpy.devices.context import Context
         with Context(0) as ctx:
             click.echo(f"device 0: {ctx.name()}")
 
@@ -46,9 +46,9 @@ def smoke(tokens):
     (they run the same kernels, so they must agree exactly) or when a path's first token differs
     from the NumPy reference; reports how many tokens equal the reference's (float32 on the CPU,
     bf16 weights read in float32 on the GPU: a near tie may go either way later on)."""
-    from .engine import Engine
-    from .model import synthetic_model
-    from .reference import ReferenceModel
+    from arcpy.devices.reference import ReferenceModel
+    from arcpy.loop.engine import Engine
+    from arcpy.model import synthetic_model
 
     model = synthetic_model("stories15M")
     want = ReferenceModel(model).greedy(SMOKE_PROMPT, tokens)
@@ -82,7 +82,7 @@ def smoke(tokens):
 def bench(shapes, tokens, runs):
     """Microseconds per token, host path against device loop (needs a GPU; scripts/bench.py
     is the full benchmark)."""
-    from . import bench as measure
+    from arcpy.bench import loop as measure
     try:
         click.echo(measure.format_table(measure.run([s for s in shapes.split(",") if s], tokens, runs)))
     except ArcError as exc:

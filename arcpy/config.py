@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from . import _lib
-from .errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy import _lib
+from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 
 USAGE = "usage: python -m arcpy.config [--cflags] [--libs]"
 OPTIONS = ("--cflags", "--libs")

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import click
 
-from . import __version__, _lib, gate
-from .engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine
-from .errors import ArcError, InvalidArgumentError
-from .model import SHAPES, Model, load_model, synthetic_model
-from .sampling import Sampling
-from .text import FinishReason, TextSpec, TextStream, encode, load_text_spec, render_chat
+from arcpy import __version__, _lib
+from arcpy.errors import ArcError, InvalidArgumentError
+from arcpy.loop import gate
+from arcpy.loop.engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine, FinishReason
+from arcpy.loading import load_checkpoint
+from arcpy.model import SHAPES, Model, synthetic_model
+from arcpy.sampling import Sampling
+from arcpy.text import TextSpec, TextStream, encode, render_chat
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -143,13 +145,8 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
     if not model_path.strip():
         raise click.UsageError("--model is empty: name a model directory or a .gguf file")
     started = time.perf_counter()
-    if model_path.endswith(".gguf"):
-        from .model.gguf import load_gguf
-        with ProgressBar(f"loading {Path(model_path).name}") as bar:
-            model, text = load_gguf(model_path, progress=bar)
-    else:
-        model = load_model(model_path)
-        text = load_text_spec(model_path)
+    with ProgressBar(f"loading {Path(model_path).name}") as bar:
+        model, text = load_checkpoint(model_path, progress=bar)
     click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
     return model, text
 

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from . import codes
+from arcpy import codes
 
 
 class ArcError(Exception):

@@ -44,8 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidArgumentError
-
+from arcpy.errors import InvalidArgumentError
 
 # Below MIN_TEMPERATURE sampling is greedy in all but name, and far below it logits / t overflow
 # (1e-320 is a valid float); above MAX_TEMPERATURE every distribution is uniform to float32 precision.

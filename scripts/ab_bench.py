@@ -1,7 +1,7 @@
 """One libarc build on synthetic shapes, for A/B comparisons on the GPU: µs per token of the
 device loop at burst 16 (greedy, and with --sampled the benchmark's sampled request), median of
 --runs generations after a warm-up, the same method as scripts/bench.py; with --kernels, the
-per-kernel table (arcpy.kernel_bench) with attention at the positions given. One JSON line per
+per-kernel table (arcpy.bench.kernels) with attention at the positions given. One JSON line per
 shape on stdout.
 
 The library is the one arcpy loads, so ARC_LIBRARY picks the build. Compare builds in one run,
@@ -20,12 +20,12 @@ import os
 import statistics
 import sys
 
-from arcpy.bench import PROMPT, at_least_two, bench_max_seq, positive, time_generation
-from arcpy.cuda import open_cuda_device
-from arcpy.engine import Engine
+from arcpy.bench.kernels import SAMPLED, bench_kernels
+from arcpy.bench.loop import PROMPT, at_least_two, bench_max_seq, positive, time_generation
+from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
-from arcpy.gate import FallbackLatch
-from arcpy.kernel_bench import SAMPLED, bench_kernels
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 
 

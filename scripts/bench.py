@@ -17,7 +17,8 @@ import argparse
 import json
 import sys
 
-from arcpy import bench, hf_bench
+from arcpy.bench import hf as hf_bench
+from arcpy.bench import loop as bench
 from arcpy.errors import ArcError
 
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"

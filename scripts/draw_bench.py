@@ -1,6 +1,6 @@
 """The sampler alone on fixed logits, on the GPU: µs per launch of libarc's argmax and draw
 (arc_argmax, arc_sample) for several logit distributions, vocabularies and sampling settings.
-Each figure is the median of 5 timed replays of a graph of 20 launches (arcpy.kernel_bench's
+Each figure is the median of 5 timed replays of a graph of 20 launches (arcpy.bench.kernels's
 timing). The draw-alone table of docs/PERF.md (13:05 UTC section) was measured by this script's
 code (then a scratch copy, laid out differently).
 
@@ -17,9 +17,9 @@ import sys
 import numpy as np
 
 from arcpy import _lib
-from arcpy.cuda import Context, sampling_struct
+from arcpy.bench.kernels import _capture, time_graph
+from arcpy.devices.context import Context, sampling_struct
 from arcpy.errors import ArcError
-from arcpy.kernel_bench import _capture, time_graph
 from arcpy.sampling import Sampling
 
 

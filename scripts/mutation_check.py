@@ -36,7 +36,7 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "drop the fault-word read",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "            if state.fault:\n",
         "            if False:\n",
         ("tests/test_burst.py::test_fault_word_raises_naming_token_and_position",
@@ -45,7 +45,7 @@ MUTATIONS = [
     ),
     Mutation(
         "skip one launch per burst",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "        for k in range(steps):\n",
         "        for k in range(steps - 1):\n",
         ("tests/test_burst.py::test_burst_yields_the_scripted_tokens_in_order",
@@ -54,7 +54,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the first burst after a prefill replays the step graph instead of committing its logits",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "            if k == 0 and first_commit:\n",
         "            if False:\n",
         ("tests/test_engine_control.py::test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token[True]",
@@ -62,14 +62,14 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path runs the last prompt token's forward again after the prefill",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "        if seq.prefilled:\n            seq.prefilled = False  # the prefill left this step's logits\n",
         "        if False:\n            pass\n",
         ("tests/test_engine_control.py::test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token[False]",),
     ),
     Mutation(
         "ignore stream-query errors",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "                except DeviceFaultError:\n"
         "                    yield from self._take(self.device.poll_ring().published)\n"
         "                    raise\n",
@@ -80,7 +80,7 @@ MUTATIONS = [
     ),
     Mutation(
         "ignore idle-but-short",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "            if idle_seen:\n",
         "            if False:\n",
         ("tests/test_burst.py::test_lost_launch_is_detected_as_idle_but_short",
@@ -88,7 +88,7 @@ MUTATIONS = [
     ),
     Mutation(
         "do not clear parked tokens on completion",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "        seq = self.seq\n        self.parked.clear()\n        if seq is None or seq.finished:\n",
         "        seq = self.seq\n        if seq is None or seq.finished:\n",
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence",
@@ -96,14 +96,14 @@ MUTATIONS = [
     ),
     Mutation(
         "do not clear parked tokens on fallback",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "        self.latch.trip(reason)\n        self.parked.clear()\n",
         "        self.latch.trip(reason)\n",
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_fallback",),
     ),
     Mutation(
         "admit non-greedy sampling on a device loop without a sampler",
-        "arcpy/gate.py",
+        "arcpy/loop/gate.py",
         "    if not greedy and not supports_sampling:\n",
         "    if False:\n",
         ("tests/test_gate.py::test_sampling_is_admitted_where_the_device_loop_draws_and_refused_by_name_elsewhere",
@@ -111,7 +111,7 @@ MUTATIONS = [
     ),
     Mutation(
         "unset ARC_GRAPH_DEVICE_LOOP means off",
-        "arcpy/gate.py",
+        "arcpy/loop/gate.py",
         "DEFAULTS = {DEVICE_LOOP: True,",
         "DEFAULTS = {DEVICE_LOOP: False,",
         ("tests/test_gate.py::test_device_loop_is_on_when_unset_where_the_backend_has_one",
@@ -119,7 +119,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path draws for the forward's position, not the token's",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "self.seq.sampler.sample(valid, self.seq.position + 1)",
         "self.seq.sampler.sample(valid, self.seq.position)",
         ("tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
@@ -127,14 +127,14 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path draws from the padded logits too",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "        valid = logits[:self.device.vocab]\n",
         "        valid = logits\n",
         ("tests/test_engine_control.py::test_the_host_path_draws_from_the_valid_ids_only",),
     ),
     Mutation(
         "a fallback draws with another seed",
-        "arcpy/engine.py",
+        "arcpy/loop/engine.py",
         "        self.seq.loop = False\n",
         "        self.seq.loop = False\n"
         "        p = self.seq.sampler.params\n"
@@ -146,7 +146,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the driver does not give the device its sampling parameters",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "        self.device.set_sampling(sampling)\n",
         "        self.device.set_sampling(None)\n",
         ("tests/test_burst.py::test_begin_sequence_gives_the_device_its_sampling_parameters",
@@ -193,7 +193,7 @@ MUTATIONS = [
     ),
     Mutation(
         "raise the fault word before the tokens the same poll shows",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "            if state.published > self.published:\n"
         "                yield from self._take(state.published)\n"
         "                spins = 0\n"
@@ -211,7 +211,7 @@ MUTATIONS = [
     ),
     Mutation(
         "drop the tokens that landed before a sticky fault",
-        "arcpy/burst.py",
+        "arcpy/loop/burst.py",
         "                except DeviceFaultError:\n"
         "                    yield from self._take(self.device.poll_ring().published)\n",
         "                except DeviceFaultError:\n",

@@ -1,7 +1,7 @@
 import pytest
+from gpu_buffers import Gpu
 
 import arcpy
-from gpu_buffers import Gpu
 
 
 def pytest_collection_modifyitems(config, items):

@@ -172,7 +172,7 @@ def test_libarc_names_itself_libarc_so_so_that_larc_finds_it_without_symlinks():
 def test_without_a_gpu_import_works_and_gpu_calls_raise_clearly():
     code = (
         "import arcpy\n"
-        "from arcpy.cuda import Context\n"
+        "from arcpy.devices.context import Context\n"
         "assert arcpy.cuda_available() is False\n"
         "print(arcpy.cuda_status())\n"
         "try:\n"

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from arcpy import bench, hf_bench, kernel_bench
-from arcpy.cuda_model import PREFILL_CHUNK
+from arcpy.bench import hf as hf_bench
+from arcpy.bench import kernels as kernel_bench
+from arcpy.bench import loop as bench
+from arcpy.devices.cuda_model import PREFILL_CHUNK
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES
 

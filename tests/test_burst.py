@@ -6,11 +6,11 @@ not what the fake computes.
 
 import pytest
 
-from arcpy.burst import BurstDriver
 from arcpy.codes import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
-from arcpy.device import RingState
+from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.protocol import RingState
 from arcpy.errors import ContextLostError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
-from arcpy.fake import FakeDevice, FakeScript
+from arcpy.loop.burst import BurstDriver
 from arcpy.sampling import Sampling
 
 # The token the forward at position p produces, whatever the input token.

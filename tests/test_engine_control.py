@@ -5,11 +5,11 @@ import logging
 import numpy as np
 import pytest
 
-from arcpy import gate
-from arcpy.fake import FakeDevice, FakeScript
-from arcpy.scripted import scripted_next
-from arcpy.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.scripted import scripted_next
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError, NonFiniteLogitsError
+from arcpy.loop import gate
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.sampling import Sampling
 
 PROMPT = [1, 2, 3]

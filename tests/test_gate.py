@@ -2,8 +2,8 @@
 
 import pytest
 
-from arcpy import gate
 from arcpy.errors import InvalidArgumentError
+from arcpy.loop import gate
 from arcpy.sampling import Sampler, Sampling
 
 

@@ -22,7 +22,9 @@ from gguf import GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
+from arcpy.devices.reference import ReferenceModel, rope
 from arcpy.errors import ModelFileError
+from arcpy.loading import load_gguf
 from arcpy.model import (
     EMBED,
     LM_HEAD,
@@ -30,13 +32,11 @@ from arcpy.model import (
     RopeScaling,
     bf16_to_f32,
     f32_to_bf16,
-    load_gguf,
     load_model,
     random_model,
     rope_inv_freq,
     unpermute_rotary_rows,
 )
-from arcpy.reference import ReferenceModel, rope
 
 # ---------------------------------------------------------------------------------------------
 # a tiny byte-level vocabulary: three control tokens, the 256 byte symbols, six merged tokens

@@ -10,10 +10,10 @@ docs/PERF.md): the GPU must give exactly these ids too.
 import numpy as np
 import pytest
 
-from arcpy.engine import DEVICE_LOOP, HOST, Engine
-from arcpy.gate import FallbackLatch
+from arcpy.devices.reference import ReferenceModel
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
-from arcpy.reference import ReferenceModel
 
 # shape -> (prompt, the 48 greedy ids that follow it), weights synthetic_model(shape, seed=0)
 GOLDEN = {

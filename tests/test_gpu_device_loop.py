@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from arcpy.cuda import open_cuda_device
-from arcpy.engine import DEVICE_LOOP, HOST, Engine
-from arcpy.gate import FallbackLatch
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
@@ -125,13 +125,13 @@ def test_main_job_and_smoke_on_the_gpu():
 
 CHILD_PRELUDE = '''
 import sys
-from arcpy.cuda import open_cuda_device
-from arcpy.engine import Engine
-from arcpy.gate import FallbackLatch
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 from arcpy.errors import ArcError, ContextLostError, DeviceFaultError
-from arcpy.cuda import Context
-from arcpy.scripted import scripted_device
+from arcpy.devices.context import Context
+from arcpy.devices.scripted import scripted_device
 '''
 
 

@@ -10,9 +10,9 @@ top-two margin exceeds the error measured at that step.
 import numpy as np
 import pytest
 
-from arcpy.cuda import open_cuda_device
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.reference import ReferenceModel
 from arcpy.model import synthetic_model
-from arcpy.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
 

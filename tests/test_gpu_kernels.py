@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 import pytest
+from bf16_words import from_bf16, random_bf16, to_bf16
+from gpu_buffers import f32p, u16p
 
 import arcpy
 from arcpy import _lib
-from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, u16p
 
 pytestmark = pytest.mark.gpu
 

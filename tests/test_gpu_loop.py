@@ -1,7 +1,7 @@
 """GPU tier: the device loop over the scripted model on a real GPU (marker `gpu`).
 
 The scripted model's argmax is (token * 31 + position * 7 + 3) mod vocab, the rule of
-arcpy.scripted.scripted_next, so every token the ring shows can be checked exactly. Tests that
+arcpy.devices.scripted.scripted_next, so every token the ring shows can be checked exactly. Tests that
 provoke a sticky fault or a hang run in a subprocess: a sticky fault poisons the process.
 """
 
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.burst import BurstDriver
 from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
-from arcpy.cuda import Context
-from arcpy.engine import Engine
+from arcpy.devices.context import Context
+from arcpy.devices.scripted import scripted_device, scripted_next
 from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
-from arcpy.gate import FallbackLatch
-from arcpy.scripted import scripted_device, scripted_next
+from arcpy.loop.burst import BurstDriver
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -281,13 +281,13 @@ def test_lost_step_is_detected_as_idle_but_short(ctx):
 
 
 def run_child(body: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    code = "from arcpy.cuda import Context\nfrom arcpy.scripted import scripted_device\n" + textwrap.dedent(body)
+    code = "from arcpy.devices.context import Context\nfrom arcpy.devices.scripted import scripted_device\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def test_sticky_fault_is_surfaced_by_stream_query_in_a_subprocess():
     out = run_child('''
-        from arcpy.burst import BurstDriver
+        from arcpy.loop.burst import BurstDriver
         from arcpy.errors import ContextLostError
         ctx = Context(0)
         dev = scripted_device(ctx, mode="ARC_SCRIPT_ILLEGAL_ADDRESS", at_pos=2)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from arcpy.bench import (GUARD_TOLERANCE, PROMPT, bench_max_seq, guard_verdict, read_baseline,
-                         time_generation)
-from arcpy.cuda import Context, open_cuda_device
-from arcpy.engine import Engine
-from arcpy.gate import FallbackLatch
+from arcpy.bench.loop import GUARD_TOLERANCE, PROMPT, bench_max_seq, guard_verdict, read_baseline, time_generation
+from arcpy.devices.context import Context
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu

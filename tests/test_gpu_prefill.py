@@ -20,14 +20,14 @@ import math
 
 import numpy as np
 import pytest
+from bf16_words import from_bf16, random_bf16, to_bf16
+from gpu_buffers import f32p, u16p
 
 import arcpy
 from arcpy import _lib
-from arcpy.cuda import open_cuda_device
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.reference import ReferenceModel
 from arcpy.model import ModelConfig, random_model, synthetic_model
-from arcpy.reference import ReferenceModel
-from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, u16p
 
 pytestmark = pytest.mark.gpu
 

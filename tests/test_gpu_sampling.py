@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.cuda import Context, open_cuda_device, sampling_struct
-from arcpy.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.devices.context import Context, sampling_struct
+from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
-from arcpy.gate import FallbackLatch
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 from arcpy.sampling import Sampler, Sampling, draw_words, kept_weights
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 import arcpy
 from arcpy.cli import main as cli
 from arcpy.codes import ABI_VERSION
-from arcpy.engine import HOST, Engine
-from arcpy.model import random_model, save_model, SHAPES, synthetic_model
-from arcpy.reference import ReferenceModel
+from arcpy.devices.reference import ReferenceModel
+from arcpy.loop.engine import HOST, Engine
+from arcpy.model import SHAPES, random_model, save_model, synthetic_model
 from arcpy.sampling import Sampling
 
 CPU_ONLY = pytest.mark.skipif(arcpy.cuda_available(), reason="checks the CPU-only behaviour")

@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
+from arcpy.devices.reference import ReferenceModel, attention, causal_attention
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import synthetic_model
-from arcpy.reference import ReferenceModel, attention, causal_attention
 
 SHAPES = ["stories15M", "qwen-tiny", "gqa"]
 MAX_SEQ = 64

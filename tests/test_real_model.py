@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from arcpy.engine import DEVICE_LOOP, HOST, Engine
-from arcpy.gate import FallbackLatch
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
 from arcpy.text import StreamDecoder, decode, encode, render_chat
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "smollm2_golden.json").read_text())
@@ -33,7 +33,7 @@ needs_file = pytest.mark.skipif(FILE is None, reason="the demo model is not inst
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from arcpy.model.gguf import load_gguf
+    from arcpy.loading import load_gguf
     return load_gguf(FILE)
 
 
@@ -110,7 +110,7 @@ def test_engine_chat_answers_in_text(smollm2):
 
 @needs_file
 def test_loading_reports_progress_tensor_by_tensor():
-    from arcpy.model.gguf import load_gguf
+    from arcpy.loading import load_gguf
     calls = []
     model, _ = load_gguf(FILE, progress=lambda done, total: calls.append((done, total)))
     n = len(model.tensors)

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 
+from arcpy.devices.reference import ReferenceModel, argmax, attention, embedding, gemv, rmsnorm, rope, swiglu
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,
@@ -27,16 +28,6 @@ from arcpy.model import (
     random_model,
     rope_inv_freq,
     synthetic_model,
-)
-from arcpy.reference import (
-    ReferenceModel,
-    argmax,
-    attention,
-    embedding,
-    gemv,
-    rmsnorm,
-    rope,
-    swiglu,
 )
 
 BASE = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48, vocab=50, max_seq=16)

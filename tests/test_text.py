@@ -18,8 +18,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.text import (FinishReason, StopStrings, StreamDecoder, TextSpec, decode, encode, load_text_spec,
-                        render_chat)
+from arcpy.loop.engine import FinishReason
+from arcpy.text import StopStrings, StreamDecoder, TextSpec, decode, encode, load_text_spec, render_chat
 
 CORPUS = [
     "Hello world, this is a small test of the tokenizer.",

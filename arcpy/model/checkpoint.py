@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
-
-from .checks import is_int, quoted, require
-from .config import ModelConfig
-from .files import read_json_file
-from .gguf import GGUF_SUFFIX, load_gguf_model
-from .hf import config_from_hf, config_to_hf
-from .safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
-from .tensors import LM_HEAD, Model, expected_tensors, iter_tensors
+from arcpy.files import read_json_file
+from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors
+from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
+from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
+from arcpy.model.tensors import Model
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.

@@ -1,14 +1,14 @@
-"""The shape and numerics of a Llama-family decoder, and its RoPE frequencies."""
+"""The shape and numerics of a Llama-family decoder, its RoPE frequencies, and its tensor table."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
-from .checks import is_finite_real, is_int, is_real, quoted, require
-from .tensors import EMBED, expected_tensors
+from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
@@ -132,3 +132,48 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         mixed = (1.0 - blend) * freq / rs.factor + blend * freq
         freq = np.where(slow, freq / rs.factor, np.where(fast, freq, mixed))
     return freq.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tensor table: Hugging Face names and shapes
+
+EMBED = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def layer_prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor a model of this config stores, (name, shape), in a fixed order.
+
+    A generator, so a reader can stop at the first tensor a file lacks instead of first listing
+    all of them for a config that claims a billion layers.
+    """
+    d, q, kv, f = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
+    yield EMBED, (cfg.vocab, d)
+    for i in range(cfg.n_layers):
+        p = layer_prefix(i)
+        yield p + "input_layernorm.weight", (d,)
+        yield p + "self_attn.q_proj.weight", (q, d)
+        yield p + "self_attn.k_proj.weight", (kv, d)
+        yield p + "self_attn.v_proj.weight", (kv, d)
+        if cfg.qkv_bias:
+            yield p + "self_attn.q_proj.bias", (q,)
+            yield p + "self_attn.k_proj.bias", (kv,)
+            yield p + "self_attn.v_proj.bias", (kv,)
+        yield p + "self_attn.o_proj.weight", (d, q)
+        yield p + "post_attention_layernorm.weight", (d,)
+        yield p + "mlp.gate_proj.weight", (f, d)
+        yield p + "mlp.up_proj.weight", (f, d)
+        yield p + "mlp.down_proj.weight", (d, f)
+    yield FINAL_NORM, (d,)
+    if not cfg.tied_embeddings:
+        yield LM_HEAD, (cfg.vocab, d)
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a model of this config stores, name -> shape, in a fixed order."""
+    return dict(iter_tensors(cfg))

@@ -1,8 +1,8 @@
-"""GGUF checkpoints (llama.cpp's one-file format): a Llama-family model and its text, from one file.
+"""GGUF checkpoints (llama.cpp's one-file format): a Llama-family model and its vocabulary, from one file.
 
     gguf_file   the container: header, metadata, tensor table, dequantization
-    gguf_text   the tokenizer and special tokens
-    gguf        (here) the config, the tensors under Hugging Face names, load_gguf
+    gguf_vocab  the tokenizer metadata, as a plain Vocabulary (arcpy.text builds the tokenizer)
+    gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
 Every tensor is dequantized to float32 and rounded to bf16 words. Two things differ from a Hugging
 Face checkpoint. llama.cpp's converter reorders the rows of each q and k head so that interleaved
@@ -13,25 +13,23 @@ the loader puts them back. Llama 3 frequency scaling travels as a tensor of per-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from arcpy.checks import is_int, quoted, require
 from arcpy.errors import InvalidArgumentError, ModelFileError
-
-from .bf16 import f32_to_bf16
-from .checks import is_int, quoted, require
-from .config import ModelConfig, RopeScaling, rope_inv_freq
-from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .gguf_text import text_spec
-from .tensors import EMBED, FINAL_NORM, LM_HEAD, Model, iter_tensors
-
-if TYPE_CHECKING:
-    from arcpy.text import TextSpec
+from arcpy.model.bf16 import f32_to_bf16
+from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, iter_tensors, rope_inv_freq
+from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
+from arcpy.model.gguf_vocab import read_vocabulary
+from arcpy.model.tensors import Model
+from arcpy.vocabulary import Vocabulary
 
 GGUF_SUFFIX = ".gguf"
 # Hugging Face names (arcpy.model) -> GGUF names.
@@ -45,38 +43,53 @@ _ROPE_FREQS = "rope_freqs.weight"
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
 
 
-def load_gguf(path, max_seq: int | None = None, progress=None) -> tuple[Model, TextSpec]:
-    """Read a Llama-family GGUF file -> (Model of bf16 weights, TextSpec from its metadata).
+@dataclass(frozen=True)
+class GGUFCheckpoint:
+    """An open GGUF file whose header and config have been read and checked; the weights are read
+    by `model()`, the tokenizer metadata by `vocabulary()`. Every failure is one ModelFileError
+    line naming the file; nothing is returned half-read."""
 
-    Every failure is one ModelFileError line naming the file; nothing is returned half-read.
-    `max_seq` caps the context, as in `load_model`. `progress(done, total)`, when given, is called
-    after each tensor is read (for a progress bar: dequantizing a large file takes seconds).
-    """
-    def read(f: GGUFFile, cfg: ModelConfig):
-        text = text_spec(f.meta, cfg.vocab)  # before the weights: a bad vocabulary fails in milliseconds
-        return _model(f, cfg, progress), text
-    return _load(path, max_seq, read)
+    file: GGUFFile
+    config: ModelConfig
+
+    def vocabulary(self) -> Vocabulary:
+        with _reading(self.file.path):
+            return read_vocabulary(self.file.meta, self.config.vocab)
+
+    def model(self, progress=None) -> Model:
+        """The weights as bf16 words under their Hugging Face names. `progress(done, total)`, when
+        given, is called after each tensor is read (dequantizing a large file takes seconds)."""
+        with _reading(self.file.path):
+            return _model(self.file, self.config, progress)
 
 
-def load_gguf_model(path, max_seq: int | None = None) -> Model:
-    """The model of a GGUF file, without building its tokenizer (what `load_model` returns for one)."""
-    return _load(path, max_seq, _model)
-
-
-def _load(path, max_seq, read):
+def open_gguf(path, max_seq: int | None = None) -> GGUFCheckpoint:
+    """Open a Llama-family GGUF file: its header, metadata and config, checked. `max_seq` caps the
+    context, as in `load_model`."""
     if "\0" in os.fspath(path):
         raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
     if max_seq is not None:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
     path = Path(path)
-    try:
+    with _reading(path):
         if not path.exists():
             raise ModelFileError(f"{path}: no such GGUF file")
         f = read_gguf(path)
         cfg = _config(f)
         if max_seq is not None:
             cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
-        return read(f, cfg)
+        return GGUFCheckpoint(f, cfg)
+
+
+def load_gguf_model(path, max_seq: int | None = None) -> Model:
+    """The model of a GGUF file, without its vocabulary (what `load_model` returns for one)."""
+    return open_gguf(path, max_seq).model()
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    try:
+        yield
     except OSError as e:  # unreadable file, I/O error: still one line naming the file
         raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
 

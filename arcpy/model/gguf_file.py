@@ -19,10 +19,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
+from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import ModelFileError
-
-from .checks import is_finite_real, is_int, quoted
-from .files import open_regular
+from arcpy.files import open_regular
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)  # version 1 had 32-bit counts; 3 only adds big-endian files, refused here

@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
-
-from .checks import is_finite_real, is_int, quoted
-from .config import ModelConfig, RopeScaling
+from arcpy.model.config import ModelConfig, RopeScaling
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 _IGNORED_ROPE_TYPES = (None, "default")

@@ -10,10 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from arcpy.errors import InvalidArgumentError
-
-from .bf16 import f32_to_bf16
-from .config import ModelConfig, RopeScaling
-from .tensors import EMBED, FINAL_NORM, Model, expected_tensors
+from arcpy.model.bf16 import f32_to_bf16
+from arcpy.model.config import EMBED, FINAL_NORM, ModelConfig, RopeScaling, expected_tensors
+from arcpy.model.tensors import Model
 
 SHAPES: dict[str, ModelConfig] = {
     # The llama2.c "stories" shapes, with random weights instead of the trained ones.

@@ -18,11 +18,10 @@ from typing import Mapping
 
 import numpy as np
 
+from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
-
-from .bf16 import bf16_to_f32, f32_to_bf16
-from .checks import is_int, quoted
-from .files import MAX_JSON_BYTES, open_regular, parse_json
+from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json
+from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 8  # weights here have one or two; a header with more is not a model

@@ -1,58 +1,12 @@
-"""The tensor table of a config (Hugging Face names and shapes) and the Model that holds them."""
+"""Model: a config and its weights, under the names of the config's tensor table."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
-
 import numpy as np
 
+from arcpy.checks import require
 from arcpy.errors import InvalidArgumentError
-
-from .checks import require
-
-if TYPE_CHECKING:
-    from .config import ModelConfig
-
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
-
-
-def layer_prefix(i: int) -> str:
-    return f"model.layers.{i}."
-
-
-def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every tensor a model of this config stores, (name, shape), in a fixed order.
-
-    A generator, so a reader can stop at the first tensor a file lacks instead of first listing
-    all of them for a config that claims a billion layers.
-    """
-    d, q, kv, f = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
-    yield EMBED, (cfg.vocab, d)
-    for i in range(cfg.n_layers):
-        p = layer_prefix(i)
-        yield p + "input_layernorm.weight", (d,)
-        yield p + "self_attn.q_proj.weight", (q, d)
-        yield p + "self_attn.k_proj.weight", (kv, d)
-        yield p + "self_attn.v_proj.weight", (kv, d)
-        if cfg.qkv_bias:
-            yield p + "self_attn.q_proj.bias", (q,)
-            yield p + "self_attn.k_proj.bias", (kv,)
-            yield p + "self_attn.v_proj.bias", (kv,)
-        yield p + "self_attn.o_proj.weight", (d, q)
-        yield p + "post_attention_layernorm.weight", (d,)
-        yield p + "mlp.gate_proj.weight", (f, d)
-        yield p + "mlp.up_proj.weight", (f, d)
-        yield p + "mlp.down_proj.weight", (d, f)
-    yield FINAL_NORM, (d,)
-    if not cfg.tied_embeddings:
-        yield LM_HEAD, (cfg.vocab, d)
-
-
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a model of this config stores, name -> shape, in a fixed order."""
-    return dict(iter_tensors(cfg))
+from arcpy.model.config import EMBED, LM_HEAD, ModelConfig, expected_tensors
 
 
 class Model:

@@ -5,16 +5,18 @@ ids before a sequence and ids back into text as they land.
 
     spec      TextSpec: the tokenizer, BOS/EOS ids, add_bos, the chat template
     loader    load_text_spec: a Hugging Face model directory's text files -> TextSpec
+    gguf      gguf_text_spec: a GGUF file's Vocabulary (arcpy.vocabulary) -> TextSpec
     codec     encode, decode, StreamDecoder (ids -> text as they land)
     chat      render_chat: messages -> prompt text through the sandboxed template
-    stops     StopStrings, TextStream (StreamDecoder then StopStrings), FinishReason (the engine's)
+    stops     StopStrings, TextStream (StreamDecoder then StopStrings)
 """
 
-from .chat import render_chat
-from .codec import StreamDecoder, decode, encode
-from .loader import load_text_spec
-from .spec import TextSpec
-from .stops import FinishReason, StopStrings, TextStream
+from arcpy.text.chat import render_chat
+from arcpy.text.codec import StreamDecoder, decode, encode
+from arcpy.text.gguf import gguf_text_spec
+from arcpy.text.loader import load_text_spec
+from arcpy.text.spec import TextSpec
+from arcpy.text.stops import StopStrings, TextStream
 
-__all__ = ["FinishReason", "StopStrings", "StreamDecoder", "TextSpec", "TextStream", "decode", "encode",
+__all__ = ["StopStrings", "StreamDecoder", "TextSpec", "TextStream", "decode", "encode", "gguf_text_spec",
            "load_text_spec", "render_chat"]

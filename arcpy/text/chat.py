@@ -18,10 +18,9 @@ from jinja2 import TemplateSyntaxError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from arcpy.checks import quoted
 from arcpy.errors import ArcError, InvalidArgumentError, ModelFileError
-from arcpy.model.checks import quoted
-
-from .spec import TextSpec
+from arcpy.text.spec import TextSpec
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024  # far past any context window; a runaway template stops here
 _MAX_REPEAT = 1024 * 1024            # items one `*` may build

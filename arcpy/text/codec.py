@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import re
 
+from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError
-from arcpy.model.checks import is_int, quoted
-
-from .spec import TextSpec
+from arcpy.text.spec import TextSpec
 
 _FFFD = "\ufffd"  # what the decoders put where bytes do not yet form a character
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")

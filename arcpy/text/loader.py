@@ -18,11 +18,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from arcpy.checks import is_int, quoted
 from arcpy.errors import ModelFileError
-from arcpy.model.checks import is_int, quoted
-from arcpy.model.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file
-
-from .spec import TextSpec
+from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file
+from arcpy.text.spec import TextSpec
 
 # Real chat templates are a few kilobytes.
 MAX_TEMPLATE_BYTES = 1024 * 1024

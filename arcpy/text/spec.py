@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
-from arcpy.model.checks import quoted
 
 
 def _is_id(v) -> bool:

@@ -1,12 +1,12 @@
-"""Where a generation ends: stop strings in the text, and the names of the reasons to finish."""
+"""Where a generation ends in its text: stop strings."""
 
 from __future__ import annotations
 
-from arcpy.engine import FinishReason  # re-exported: its home is the engine, which reports it
+from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
-from arcpy.model.checks import quoted
+from arcpy.text.codec import StreamDecoder
 
-__all__ = ["FinishReason", "StopStrings", "TextStream"]
+__all__ = ["StopStrings", "TextStream"]
 
 
 class StopStrings:
@@ -68,7 +68,6 @@ class TextStream:
     string."""
 
     def __init__(self, spec, stops=()):
-        from .codec import StreamDecoder
         self.decoder = StreamDecoder(spec)
         self.stops = StopStrings(stops)
 

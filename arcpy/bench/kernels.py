@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import _lib
-from .cuda import Context, sampling_struct
-from .model import ModelConfig, f32_to_bf16, rope_inv_freq
-from .sampling import Sampling
+from arcpy import _lib
+from arcpy.devices.context import Context, sampling_struct
+from arcpy.model import ModelConfig, f32_to_bf16, rope_inv_freq
+from arcpy.sampling import Sampling
 
 WEIGHT_STD = 0.02
 POOL_WORDS = 1 << 24           # 32 MiB of random bf16 words, copied over every weight buffer

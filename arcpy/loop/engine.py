@@ -29,12 +29,19 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from . import gate
-from .burst import BurstDriver
-from .device import Counters, DeviceOps, spin_until
-from .errors import (ArcError, ContextLostError, DeviceFaultError, HangError, InvalidArgumentError, LoopFault,
-                     NonFiniteLogitsError)
-from .sampling import Sampler, Sampling
+from arcpy.devices.protocol import Counters, DeviceOps, spin_until
+from arcpy.errors import (
+    ArcError,
+    ContextLostError,
+    DeviceFaultError,
+    HangError,
+    InvalidArgumentError,
+    LoopFault,
+    NonFiniteLogitsError,
+)
+from arcpy.loop import gate
+from arcpy.loop.burst import BurstDriver
+from arcpy.sampling import Sampler, Sampling
 
 DEVICE_LOOP = "device-loop"
 HOST = "host"
@@ -142,7 +149,7 @@ class Engine:
         usable). `max_seq` is the context to allocate, by default the model's, at most
         DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
         The engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
-        from . import _lib
+        from arcpy import _lib
         gate.read_all(environ)
         if max_seq is None:
             max_seq = min(model.config.max_seq, DEFAULT_MAX_SEQ)
@@ -153,11 +160,11 @@ class Engine:
             backend = _lib.auto_backend()
         use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
         if backend == "cuda":
-            from .cuda import open_cuda_device
+            from arcpy.devices.cuda import open_cuda_device
             device = open_cuda_device(model, max_seq, use_graph)
         elif backend == "numpy":
-            from .numpy_device import NumpyDevice
-            from .reference import ReferenceModel
+            from arcpy.devices.cpu import NumpyDevice
+            from arcpy.devices.reference import ReferenceModel
             device = NumpyDevice(ReferenceModel(model, max_seq))
         else:
             raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
@@ -277,7 +284,7 @@ class Engine:
         template: yield the answer's text as it becomes final. The model's end-of-sequence ids and
         `stop_ids` end it on the device; `stop` strings end it on the host, and no part of one is
         yielded. `stats.finish_reason` says why it ended."""
-        from .text import TextStream, encode, render_chat
+        from arcpy.text import TextStream, encode, render_chat
         if self.text is None:
             raise InvalidArgumentError("chat needs the model's text (Engine.load(..., text=...)): this engine has none")
         ids = encode(self.text, render_chat(self.text, messages))

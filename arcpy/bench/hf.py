@@ -7,9 +7,9 @@ import statistics
 import time
 from typing import Callable
 
-from . import kernel_bench
-from .errors import InvalidArgumentError
-from .model import SHAPES, ModelConfig
+from arcpy.bench import kernels as kernel_bench
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import SHAPES, ModelConfig
 
 
 def hf_available() -> tuple[bool, str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .device import Counters
-from .reference import ReferenceModel
+from arcpy.devices.protocol import Counters
+from arcpy.devices.reference import ReferenceModel
 
 
 class NumpyDevice:

@@ -8,8 +8,8 @@ rule, so the GPU and the fake agree on what a scripted run produces.
 
 from __future__ import annotations
 
-from . import _lib
-from .cuda import Context, CudaDevice
+from arcpy import _lib
+from arcpy.devices.cuda import Context, CudaDevice
 
 SCRIPT_MUL, SCRIPT_ADD = 31, 7
 

@@ -12,8 +12,8 @@ import os
 import threading
 from typing import Mapping
 
-from .codes import MAX_STOP_IDS
-from .errors import InvalidArgumentError
+from arcpy.codes import MAX_STOP_IDS
+from arcpy.errors import InvalidArgumentError
 
 log = logging.getLogger("arcpy")
 

@@ -5,10 +5,10 @@ logic above it cannot block on the stream because it is not given a way to. Comp
 by polling: `stream_query()` (never blocks) and the ring (`poll_ring()`).
 
 The devices that answer it live in modules of their own:
-- arcpy.cuda: libarc through cffi (a context, a loop, a forward captured into graphs);
-- arcpy.scripted: the same CudaDevice over libarc's scripted stand-in forward (loop tests);
-- arcpy.numpy_device: the NumPy reference forward, the host path on a machine without a GPU;
-- arcpy.fake: a scripted GPU for the control-logic tests, on a simulated clock.
+- arcpy.devices.cuda: libarc through cffi (a context, a loop, a forward captured into graphs);
+- arcpy.devices.scripted: the same CudaDevice over libarc's scripted stand-in forward (loop tests);
+- arcpy.devices.cpu: the NumPy reference forward, the host path on a machine without a GPU;
+- arcpy.devices.fake: a scripted GPU for the control-logic tests, on a simulated clock.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .codes import FAULT_NONE
-from .errors import HangError
-from .sampling import Sampling
+from arcpy.codes import FAULT_NONE
+from arcpy.errors import HangError
+from arcpy.sampling import Sampling
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,14 @@
-"""CudaModel: an arc_model, libarc's Llama-family forward on a context (cuda.py's Context): the
+"""CudaModel: an arc_model, libarc's Llama-family forward on a context (context.py's Context): the
 weights uploaded under their arc_tensor ids, the KV cache, the activations and the prefill's."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from . import _lib
-from .errors import InvalidArgumentError
-from .model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_freq
-
-if TYPE_CHECKING:
-    from .cuda import Context
+from arcpy import _lib
+from arcpy.devices.context import Context
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_freq
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
 # chunk, each reading all the weights again. Measured on the H200 (docs/PERF.md): 2,048 meets the

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .codes import FAULT_NONFINITE
-from .device import DeviceOps, RingState, spin_until
-from .errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
-from .sampling import Sampling
+from arcpy.codes import FAULT_NONFINITE
+from arcpy.devices.protocol import DeviceOps, RingState, spin_until
+from arcpy.errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
+from arcpy.sampling import Sampling
 
 
 def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:

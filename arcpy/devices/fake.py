@@ -17,11 +17,11 @@ from typing import Callable
 
 import numpy as np
 
-from .codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
-from .device import Counters, RingState
-from .errors import ContextLostError, InvalidArgumentError
-from .sampling import Sampler, Sampling
-from .scripted import scripted_next
+from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
+from arcpy.devices.protocol import Counters, RingState
+from arcpy.devices.scripted import scripted_next
+from arcpy.errors import ContextLostError, InvalidArgumentError
+from arcpy.sampling import Sampler, Sampling
 
 
 @dataclass

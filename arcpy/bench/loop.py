@@ -21,15 +21,18 @@ from typing import Callable
 
 import numpy as np
 
-from . import _lib, hf_bench, kernel_bench
-from .kernel_bench import SAMPLED, SAMPLED_NAME
-from .cuda import Context, open_cuda_device
-from .cuda_model import PREFILL_CHUNK
-from .engine import Engine
-from .errors import ArcError, InvalidArgumentError
-from .gate import FallbackLatch
-from .model import SHAPES, ModelConfig, synthetic_model
-from .scripted import scripted_device
+from arcpy import _lib
+from arcpy.bench import hf as hf_bench
+from arcpy.bench import kernels as kernel_bench
+from arcpy.bench.kernels import SAMPLED, SAMPLED_NAME
+from arcpy.devices.context import Context
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.cuda_model import PREFILL_CHUNK
+from arcpy.devices.scripted import scripted_device
+from arcpy.errors import ArcError, InvalidArgumentError
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.model import SHAPES, ModelConfig, synthetic_model
 
 PROMPT = [1, 2, 3, 4]
 BENCH_MAX_SEQ = 8192           # the KV cache every shape is benchmarked with (or its own, if smaller)

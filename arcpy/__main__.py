@@ -1,0 +1,5 @@
+"""`python -m arcpy`: the arcpy CLI."""
+
+from arcpy.cli import main
+
+main(prog_name="arcpy")

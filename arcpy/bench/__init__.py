@@ -1,0 +1,7 @@
+"""Measurement on the GPU (scripts/bench.py runs it): tokens per second by path and shape, each
+kernel of the step alone, and Hugging Face `generate` on the same shapes.
+
+    loop     the device loop against the host path, the bandwidth floor, the regression guard
+    kernels  the step's kernels one by one, replayed in graphs
+    hf       transformers on the same shapes, where torch imports
+"""

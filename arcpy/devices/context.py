@@ -1,0 +1,93 @@
+"""The CUDA context: one device, one non-blocking stream, device and pinned host memory, and the
+libarc struct of a sampling setting. Every GPU object (the forward, the device, the kernel
+benchmarks) is made on one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arcpy import _lib
+from arcpy.codes import ARC_OK
+from arcpy.devices.protocol import Counters, spin_until
+
+# Polls of the stream at start-up and teardown before a hang is declared.
+IDLE_SPINS = 50_000_000
+
+
+class Context:
+    """One device, one non-blocking stream. Closed by whoever created it."""
+
+    def __init__(self, device: int = 0):
+        self.ffi, self.lib = _lib.load()
+        pp = self.ffi.new("arc_context **")
+        _lib.check(self.lib.arc_context_create(device, pp))
+        self.ptr = pp[0]
+        self._pinned = []
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def name(self) -> str:
+        buf = self.ffi.new("char[256]")
+        _lib.check(self.lib.arc_context_device_name(self.ptr, buf, 256))
+        return self.ffi.string(buf).decode()
+
+    def query(self) -> bool:
+        """True when every enqueued operation has completed. Never blocks."""
+        return _lib.check(self.lib.arc_stream_query(self.ptr)) == ARC_OK
+
+    def wait_idle(self) -> None:
+        """Poll until the stream is idle: start-up and teardown only."""
+        spin_until(self.query, IDLE_SPINS, "waiting for the GPU to go idle")
+
+    def counters(self) -> Counters:
+        c = self.ffi.new("arc_counters *")
+        _lib.check(self.lib.arc_context_counters(self.ptr, c))
+        return Counters(int(c.cuda_calls), int(c.graph_launches))
+
+    def device_alloc(self, nbytes: int):
+        pp = self.ffi.new("void **")
+        _lib.check(self.lib.arc_device_alloc(self.ptr, nbytes, pp))
+        return pp[0]
+
+    def device_free(self, ptr) -> None:
+        _lib.check(self.lib.arc_device_free(self.ptr, ptr))
+
+    def pinned(self, shape, dtype) -> tuple[np.ndarray, object]:
+        """A pinned, mapped host array and its device pointer. Freed with the context."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        host, dev = self.ffi.new("void **"), self.ffi.new("void **")
+        _lib.check(self.lib.arc_host_alloc(self.ptr, nbytes, host, dev))
+        self._pinned.append(host[0])
+        array = np.frombuffer(self.ffi.buffer(host[0], nbytes), dtype=dtype).reshape(shape)
+        return array, dev[0]
+
+    def upload_async(self, dst, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        _lib.check(self.lib.arc_enqueue_copy_to_device(self.ptr, dst, self.ffi.from_buffer(array), array.nbytes))
+
+    def download_async(self, pinned_dst: np.ndarray, src) -> None:
+        _lib.check(self.lib.arc_enqueue_copy_to_host(self.ptr, self.ffi.from_buffer(pinned_dst), src, pinned_dst.nbytes))
+
+    def close(self) -> None:
+        if self.ptr is None:
+            return
+        for host in self._pinned:
+            self.lib.arc_host_free(self.ptr, host)
+        self._pinned = []
+        self.lib.arc_context_destroy(self.ptr)
+        self.ptr = None
+
+
+def sampling_struct(ffi, sampling):
+    """An arc_sampling for a non-greedy Sampling with its seed resolved."""
+    s = ffi.new("arc_sampling *")
+    # Any top_k at or above the vocabulary is off: larger ones than int32 holds mean the same.
+    s.temperature, s.top_p, s.top_k, s.seed = (sampling.temperature, sampling.top_p, min(sampling.top_k, 2**31 - 1),
+                                               sampling.seed)
+    return s

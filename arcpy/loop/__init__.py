@@ -1,0 +1,8 @@
+"""The decode loop, above the devices: the burst driver, the gates and the fallback latch, the
+engine and its request.
+
+    burst    BurstDriver: enqueue a burst, watch the ring, catch faults without blocking
+    gate     environment gates, device-loop admission, the fallback latch
+    request  Request: what every front end asks the engine for
+    engine   Engine: admit, prefill, generate; the device loop and the host path
+"""

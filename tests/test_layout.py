@@ -1,0 +1,108 @@
+"""The package's shape: no module imports in a circle, files stay a size one can hold in one's head,
+and README's layout table names what is in the tree. The layers themselves are pyproject.toml's
+import-linter contract, which CI runs (`lint-imports`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 450
+
+
+def import_cycles(graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(root: str) -> None:
+        # Iterative, so a long chain of imports cannot reach the recursion limit.
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.find_modules_directly_imported_by(target)))))
+                    break
+                if target in on_stack:
+                    low[module] = min(low[module], index[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[module])
+                if low[module] == index[module]:
+                    component = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        component.append(m)
+                        if m == module:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_in_a_circle():
+    graph = grimp.build_graph("arcpy", cache_dir=None)
+    assert len(graph.modules) > 30  # the whole package was read
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    graph = grimp.build_graph("arcpy", cache_dir=None)
+    graph.add_import(importer="arcpy.errors", imported="arcpy.loop.engine")  # engine reaches errors
+    cycles = import_cycles(graph)
+    assert cycles and "arcpy.errors" in cycles[0] and "arcpy.loop.engine" in cycles[0]
+
+
+def test_files_stay_small():
+    sources = [p for p in (ROOT / "arcpy").rglob("*.py")] + [p for p in (ROOT / "libarc").rglob("*") if p.is_file()]
+    assert sources
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def layout_rows() -> list[tuple[list[str], str]]:
+    """README's layout table: (the paths a row names, the row)."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Layout"):text.index("## Set up")]
+    rows = []
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            cell = line.split("|")[1]
+            rows.append((re.findall(r"`([^`]+)`", cell), line))
+    return rows
+
+
+def test_readme_layout_names_every_module_and_nothing_else():
+    named: set[str] = set()
+    for paths, row in layout_rows():
+        folder = ""
+        for p in paths:
+            # A row names its first path whole; later names in it are relative to that one's folder.
+            full = p if "/" in p or not folder else folder + p
+            folder = full[:full.rindex("/") + 1] if "/" in full else folder
+            for hit in sorted(ROOT.glob(full.rstrip("/"))) or [None]:
+                assert hit is not None, f"README's layout names {full!r}, which is not in the tree ({row})"
+                named.add(str(hit.relative_to(ROOT)))
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "arcpy").rglob("*.py")}
+    covered = {m for m in modules if m in named or any(m.startswith(n.rstrip("/") + "/") for n in named)}
+    assert modules - covered == set(), "modules README's layout table does not name"
