@@ -107,8 +107,8 @@ def test_prefill_then_loop_equals_token_by_token_host_path_with_sampling(latch, 
 def test_a_stop_id_that_is_the_prefills_own_token_ends_the_first_burst(latch):
     first = reference(1)[0]
     eng = engine(latch, burst=8)
-    assert list(eng.generate(PROMPT, 20, stop_ids=[first])) == [first]
-    assert eng.stats.finish_reason == "stop_id"
+    assert list(eng.generate(PROMPT, 20, stop_ids=[first])) == []  # a stop id is never handed out
+    assert eng.stats.finish_reason == "stop_id" and eng.stats.stop_id == first
     eng.device.stream_query()
     while not eng.device.stream_query():
         pass
@@ -143,8 +143,8 @@ def test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence(lat
     toks = reference(8)
     eng = engine(latch, FakeScript(honor_stop_ids=False), burst=8)
     eng.start(PROMPT, 8, stop_ids=[toks[1]])
-    assert [eng.step(), eng.step()] == toks[:2]
-    assert eng.step() is None and not eng.parked
+    assert [eng.step(), eng.step()] == [toks[0], None]  # the stop id ends it, unseen
+    assert eng.step() is None and not eng.parked and eng.stats.stop_id == toks[1]
     other = [7, 9]
     eng.start(other, 3)
     assert [eng.step() for _ in range(3)] == reference(3, other)
@@ -227,8 +227,8 @@ def test_stop_id_ends_generation_on_both_paths(latch):
     toks = reference(10)
     for loop in (True, False):
         eng = engine(latch, loop=loop, burst=4)
-        assert list(eng.generate(PROMPT, 10, stop_ids=[toks[5]])) == toks[:6]
-        assert eng.stats.finish_reason == "stop_id"
+        assert list(eng.generate(PROMPT, 10, stop_ids=[toks[5]])) == toks[:5]
+        assert eng.stats.finish_reason == "stop_id" and eng.stats.stop_id == toks[5] and eng.stats.tokens == 6
 
 
 def test_verify_always_compares_replay_and_eager(latch):
@@ -417,5 +417,5 @@ def test_chat_ends_at_a_stop_string_that_never_reaches_the_caller(latch):
 
 
 def test_chat_without_the_model_s_text_is_one_clear_error(latch):
-    with pytest.raises(InvalidArgumentError, match="chat needs the model's text"):
+    with pytest.raises(InvalidArgumentError, match="messages need the model's tokenizer"):
         list(engine(latch).chat([{"role": "user", "content": "hi"}]))

@@ -64,11 +64,11 @@ def test_stop_id_inside_a_burst_ends_both_paths_alike(device, host_tokens, burst
     host = list(engine(device, False).generate(PROMPT, STEPS, stop_ids=[stop]))
     eng = engine(device, True, burst)
     loop = list(eng.generate(PROMPT, STEPS, stop_ids=[stop]))
-    assert loop == host == host_tokens[: host_tokens.index(stop) + 1]
-    assert eng.stats.finish_reason == "stop_id" and eng.stats.path == DEVICE_LOOP
+    assert loop == host == host_tokens[: host_tokens.index(stop)]  # the stop id is not handed out
+    assert eng.stats.finish_reason == "stop_id" and eng.stats.path == DEVICE_LOOP and eng.stats.stop_id == stop
     # Nothing after the stop reached the ring: the tail of the burst published nothing.
     device.ctx.wait_idle()
-    assert device.poll_ring().published == len(loop)
+    assert device.poll_ring().published == len(loop) + 1
 
 
 def test_step_api_hands_out_the_same_tokens_and_parks_the_rest(device, host_tokens):

@@ -57,7 +57,8 @@ def test_numpy_backend_decodes_the_golden_ids_and_text(smollm2, case):
     model, text = smollm2
     with Engine.load(model, "numpy", max_seq=MAX_SEQ, environ={}) as eng:
         got = list(eng.generate(case["prompt_ids"], 16, stop_ids=text.eos_ids))
-    assert got == case["ids"]
+        assert eng.stats.stop_id == case["ids"][-1]  # the end of sequence: it ends the answer, unseen
+    assert got == case["ids"][:-1]
     assert decode(text, got) == case["text"]
     stream = StreamDecoder(text)
     assert "".join(stream.push(t) for t in got) + stream.flush() == case["text"]
@@ -71,7 +72,7 @@ def test_the_main_job_answers_in_text_on_stdout_and_reports_on_stderr():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout == case["text"] + "\n"
-    assert f"finished: stop_id; {len(case['ids'])} tokens" in out.stderr
+    assert f"finished: stop_id; {len(case['ids']) - 1} tokens" in out.stderr  # the answer's, not the EOS
 
 
 @needs_file
@@ -95,7 +96,8 @@ def test_gpu_decodes_the_golden_ids(smollm2, case, loop):
                      latch=FallbackLatch()) as eng:
         got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
         assert eng.stats.path == (DEVICE_LOOP if loop else HOST)
-    assert got == case["ids"]
+        assert eng.stats.stop_id == case["ids"][-1]
+    assert got == case["ids"][:-1]
 
 
 @needs_file

@@ -21,7 +21,7 @@ and they are cleared whenever a sequence finishes, is preempted, or falls back.
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,58 +41,13 @@ from arcpy.errors import (
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
+from arcpy.loop.prompt import Piece, prompt_ids, stop_ids
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
+from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
+from arcpy.text import TextStream
 
-DEVICE_LOOP = "device-loop"
-HOST = "host"
 DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
-
-
-class FinishReason(str, enum.Enum):
-    """Why a generation ended. GenerationStats.finish_reason holds one of these, or "cancelled",
-    "preempted" or "fault" for a sequence cut short."""
-
-    STOP_ID = "stop_id"            # the model produced one of the stop ids (EOS, end of turn)
-    STOP_STRING = "stop_string"    # the text reached one of the stop strings (the caller's check)
-    TOKEN_BUDGET = "token_budget"  # the requested number of new tokens was produced
-    CONTEXT_FULL = "context_full"  # the sequence filled the context (max_seq positions)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STOP_ID, TOKEN_BUDGET, CONTEXT_FULL = FinishReason.STOP_ID, FinishReason.TOKEN_BUDGET, FinishReason.CONTEXT_FULL
-
-
-@dataclass
-class GenerationStats:
-    backend: str
-    path: str
-    prompt_tokens: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    graph_launches: int = 0
-    cuda_calls: int = 0
-    host_waits: int = 0     # waits for the stream to go idle while producing tokens
-    setup_waits: int = 0    # waits at sequence start (the ring reset needs an idle stream)
-    fallback: str | None = None
-    finish_reason: str = ""
-    seed: int | None = None  # a sampled sequence's seed (drawn when none was given): it reproduces it
-    prefill: bool = False    # the prompt went through the model in one forward
-
-    def per_token(self, value: int) -> float:
-        return value / self.tokens if self.tokens else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def summary(self) -> str:
-        return (f"{self.tokens} tokens in {self.seconds:.3f} s ({self.tokens_per_second:.1f} tok/s), "
-                f"path {self.path}, backend {self.backend}; per token: "
-                f"{self.per_token(self.graph_launches):.2f} graph launches, "
-                f"{self.per_token(self.cuda_calls):.2f} CUDA calls, "
-                f"{self.per_token(self.host_waits):.2f} host waits")
 
 
 @dataclass
@@ -255,20 +210,65 @@ class Engine:
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
 
-    # -- the two ways to consume -----------------------------------------------------------
+    # -- the ways to consume -----------------------------------------------------------------
 
-    def generate(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
+    def stream(self, request: Request) -> Iterator[Piece]:
+        """Answer `request` as it is produced: one Piece per token handed out, with the text that
+        token made final (on the device loop, as each lands in the ring, while the rest of its
+        burst is still running), then a Piece without a token for text held back to the end.
+        A stop id ends the answer and is not handed out; no part of a stop string is shown.
+        `stats.finish_reason` says why it ended."""
+        return self._stream(request, decode=True)
+
+    def generate(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, stop_ids: Iterable[int] = (),
                  sampling: Sampling | None = None) -> Iterator[int]:
-        """Yield tokens as they are produced: on the device loop, as each lands in the ring,
-        while the rest of its burst is still running."""
+        """Yield the answer's token ids as they are produced. `prompt` is a Request, or token ids
+        (the other arguments then complete the request)."""
+        request = prompt if isinstance(prompt, Request) else Request(
+            prompt_ids=prompt, max_new_tokens=max_new_tokens, stop_ids=stop_ids, sampling=sampling or Sampling())
+        for piece in self._stream(request, decode=bool(request.stop)):
+            if piece.token is not None:
+                yield piece.token
+
+    def chat(self, messages, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, sampling: Sampling | None = None,
+             stop=(), stop_ids: Iterable[int] = ()) -> Iterator[str]:
+        """Answer `messages` (a Request, or dicts with "role" and "content"), rendered through the
+        model's chat template: yield the answer's text as it becomes final."""
+        request = messages if isinstance(messages, Request) else Request(
+            messages=messages, max_new_tokens=max_new_tokens, stop_ids=stop_ids, stop=stop,
+            sampling=sampling or Sampling())
+        for piece in self.stream(request):
+            if piece.text:
+                yield piece.text
+
+    def _stream(self, request: Request, decode: bool) -> Iterator[Piece]:
+        if not isinstance(request, Request):
+            raise InvalidArgumentError(f"expected an arcpy Request, got {type(request).__name__}")
+        text = self.text
+        ids = prompt_ids(text, request)
+        stops = stop_ids(text, request)
+        words = TextStream(text, request.stop) if decode and text is not None else None
+        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling)) as tokens:
+            for tok in tokens:
+                piece, hit = words.push(tok) if words is not None else ("", False)
+                yield Piece(tok, piece)
+                if hit:
+                    self._finish(FinishReason.STOP_STRING)
+                    return
+        rest = words.finish() if words is not None else ""
+        if rest:
+            yield Piece(None, rest)
+
+    def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
+                sampling: Sampling | None) -> Iterator[int]:
         self.start(prompt_ids, max_new_tokens, stop_ids, sampling)
         seq = self.seq
         reason = "cancelled"
         try:
             while not seq.finished:
                 for tok in self._produce():
-                    self._hand_out(tok)
-                    yield tok
+                    if self._hand_out(tok):
+                        yield tok
                     if seq.finished:
                         break
         except ArcError:
@@ -278,30 +278,9 @@ class Engine:
             if self.seq is seq:
                 self._finish(reason)
 
-    def chat(self, messages, max_new_tokens: int = 256, sampling: Sampling | None = None, stop=(),
-             stop_ids: Iterable[int] = ()) -> Iterator[str]:
-        """Answer `messages` (dicts with "role" and "content"), rendered through the model's chat
-        template: yield the answer's text as it becomes final. The model's end-of-sequence ids and
-        `stop_ids` end it on the device; `stop` strings end it on the host, and no part of one is
-        yielded. `stats.finish_reason` says why it ended."""
-        from arcpy.text import TextStream, encode, render_chat
-        if self.text is None:
-            raise InvalidArgumentError("chat needs the model's text (Engine.load(..., text=...)): this engine has none")
-        ids = encode(self.text, render_chat(self.text, messages))
-        stream = TextStream(self.text, stop)
-        for tok in self.generate(ids, max_new_tokens, tuple(self.text.eos_ids) + tuple(stop_ids), sampling):
-            piece, hit = stream.push(tok)
-            if piece:
-                yield piece
-            if hit:
-                self._finish(FinishReason.STOP_STRING)
-                return
-        rest = stream.finish()
-        if rest:
-            yield rest
-
     def step(self) -> int | None:
-        """The next token of the current sequence, or None once it has finished."""
+        """The next token of the current sequence, or None once it has finished (a stop id
+        finishes it and is not handed out)."""
         seq = self.seq
         if seq is None or seq.finished:
             return None
@@ -313,8 +292,7 @@ class Engine:
                 self._finish("fault")
                 raise
         tok = self.parked.popleft()
-        self._hand_out(tok)
-        return tok
+        return tok if self._hand_out(tok) else None
 
     def finish(self) -> None:
         """End the current sequence early (preemption by the caller)."""
@@ -407,14 +385,19 @@ class Engine:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _hand_out(self, tok: int) -> None:
+    def _hand_out(self, tok: int) -> bool:
+        """Move the sequence past `tok`; False when it is a stop id, which ends the sequence and
+        is not handed out."""
         seq = self.seq
         seq.last_token, seq.position = tok, seq.position + 1
         seq.produced += 1
         if tok in seq.stop_ids:
+            self.stats.stop_id = tok
             self._finish(STOP_ID)
-        elif seq.produced >= seq.max_new:
+            return False
+        if seq.produced >= seq.max_new:
             self._finish(seq.budget_reason)
+        return True
 
     def _fall_back(self, reason: str) -> None:
         """The device loop failed with the context intact: latch it off for the process, drop

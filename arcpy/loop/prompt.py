@@ -1,0 +1,45 @@
+"""A request's token ids and stop ids, through the model's text (arcpy.text) where it has some."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arcpy.errors import InvalidArgumentError
+from arcpy.loop.request import Request
+from arcpy.text import TextSpec, encode, render_chat
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One step of an answer: the token handed out (None for text held back to the end) and the
+    text that became final with it (empty while a character or a possible stop string is open,
+    or for a model without a tokenizer)."""
+
+    token: int | None
+    text: str
+
+
+def prompt_ids(text: TextSpec | None, request: Request) -> list[int]:
+    """The prompt's token ids: as given, or encoded (a text prompt), or rendered through the
+    chat template and encoded (messages)."""
+    if request.prompt_ids is not None:
+        return list(request.prompt_ids)
+    if text is None:
+        what = "a text prompt" if request.prompt is not None else "messages"
+        raise InvalidArgumentError(f"{what} need the model's tokenizer, and this engine has none: give prompt_ids")
+    if request.prompt is not None:
+        ids = encode(text, request.prompt)
+    else:
+        ids = encode(text, render_chat(text, [m.as_dict() for m in request.messages]))
+    if not ids:
+        raise InvalidArgumentError("the prompt encodes to no tokens")
+    return ids
+
+
+def stop_ids(text: TextSpec | None, request: Request) -> tuple[int, ...]:
+    """What ends the answer on the device: the model's end-of-sequence ids (where the engine has
+    its text), then the request's own."""
+    if request.stop and text is None:
+        raise InvalidArgumentError("stop strings need the model's tokenizer, and this engine has none: use stop_ids")
+    eos = tuple(text.eos_ids) if text is not None else ()
+    return tuple(dict.fromkeys(eos + request.stop_ids))

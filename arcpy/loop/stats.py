@@ -1,0 +1,57 @@
+"""What a generation reports: why it finished, and its statistics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+DEVICE_LOOP = "device-loop"
+HOST = "host"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended. GenerationStats.finish_reason holds one of these, or "cancelled",
+    "preempted" or "fault" for a sequence cut short."""
+
+    STOP_ID = "stop_id"            # the model produced one of the stop ids (EOS, end of turn)
+    STOP_STRING = "stop_string"    # the text reached one of the stop strings (the caller's check)
+    TOKEN_BUDGET = "token_budget"  # the requested number of new tokens was produced
+    CONTEXT_FULL = "context_full"  # the sequence filled the context (max_seq positions)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STOP_ID, TOKEN_BUDGET, CONTEXT_FULL = FinishReason.STOP_ID, FinishReason.TOKEN_BUDGET, FinishReason.CONTEXT_FULL
+
+
+@dataclass
+class GenerationStats:
+    backend: str
+    path: str
+    prompt_tokens: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    graph_launches: int = 0
+    cuda_calls: int = 0
+    host_waits: int = 0     # waits for the stream to go idle while producing tokens
+    setup_waits: int = 0    # waits at sequence start (the ring reset needs an idle stream)
+    fallback: str | None = None
+    finish_reason: str = ""
+    seed: int | None = None  # a sampled sequence's seed (drawn when none was given): it reproduces it
+    prefill: bool = False    # the prompt went through the model in one forward
+    stop_id: int | None = None  # the stop id that ended it (finish_reason stop_id); never handed out
+
+    def per_token(self, value: int) -> float:
+        return value / self.tokens if self.tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"{self.tokens} tokens in {self.seconds:.3f} s ({self.tokens_per_second:.1f} tok/s), "
+                f"path {self.path}, backend {self.backend}; per token: "
+                f"{self.per_token(self.graph_launches):.2f} graph launches, "
+                f"{self.per_token(self.cuda_calls):.2f} CUDA calls, "
+                f"{self.per_token(self.host_waits):.2f} host waits")
