@@ -7,14 +7,17 @@ import sys
 import click
 
 from arcpy import __version__, _lib
-from arcpy.decode import decode_options, run_decode
+from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="arcpy")
-def main():
+@click.pass_context
+def main(ctx):
     """arcpy: batch-1 decode without a host wait per token."""
+    if ctx.invoked_subcommand is None:  # no command: the help, and success
+        click.echo(ctx.get_help())
 
 
 @main.command()
@@ -94,7 +97,7 @@ def bench(shapes, tokens, runs):
 @decode_options
 def generate(**options):
     """The main job (same as python -m arcpy.decode)."""
-    sys.exit(run_decode(**options))
+    sys.exit(cli_decode(**options))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ Errors are one line on stderr and a non-zero exit.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import re
+import select
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -22,17 +26,22 @@ from pathlib import Path
 import click
 
 from arcpy import __version__, _lib
-from arcpy.errors import ArcError, InvalidArgumentError
-from arcpy.loop import gate
-from arcpy.loop.engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine, FinishReason
+from arcpy.checks import quoted
+from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loading import load_checkpoint
+from arcpy.loop import gate
+from arcpy.loop.engine import DEFAULT_MAX_SEQ, Engine
+from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.request import Request
+from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, synthetic_model
 from arcpy.sampling import Sampling
-from arcpy.text import TextSpec, TextStream, encode, render_chat
+from arcpy.text import TextSpec
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
 _IDS = re.compile(r"[0-9]+(?:[ ,]+[0-9]+)*")
+MAX_ID_DIGITS = 10  # a token id is below 2**31
 
 
 def parse_ids(text: str) -> list[int]:
@@ -40,8 +49,14 @@ def parse_ids(text: str) -> list[int]:
     (Python's int() would take '1_0' as 10 and other scripts' digits)."""
     stripped = text.strip(" ,")
     if not _IDS.fullmatch(stripped):
-        raise click.UsageError(f"expected token ids (digits 0-9) separated by spaces or commas, got {text!r}")
-    return [int(t) for t in re.split(r"[ ,]+", stripped)]
+        raise click.UsageError(f"expected token ids (digits 0-9) separated by spaces or commas, got {quoted(text)}")
+    ids = []
+    for word in re.split(r"[ ,]+", stripped):
+        digits = word.lstrip("0") or "0"
+        if len(digits) > MAX_ID_DIGITS or int(digits) >= 2**31:
+            raise click.UsageError(f"token id {quoted(word, 24)} is too large (at most {2**31 - 1})")
+        ids.append(int(digits))
+    return ids
 
 
 def demo_model_path() -> Path | None:
@@ -90,15 +105,6 @@ def decode_options(f):
     for option in reversed(options):
         f = option(f)
     return f
-
-
-@dataclass
-class Request:
-    text: TextSpec | None
-    prompt_ids: list[int]
-    max_new: int
-    stop_ids: tuple[int, ...]
-    stops: tuple[str, ...]
 
 
 def note(message: str) -> None:
@@ -151,98 +157,174 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
     return model, text
 
 
-def build_request(model: Model, text: TextSpec | None, prompt, prompt_ids, chat, system,
-                  max_new_tokens, stop_ids, stop_strings, max_seq) -> Request:
-    """The prompt's ids and the stop conditions, checked against the model before it is built."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a request: which model, on which backend and path."""
+
+    model_path: str | None
+    shape: str | None
+    backend: str
+    device_loop: bool | None
+    burst: int
+    max_seq: int | None
+    question: bool = False      # no prompt was given: ask the built-in question, where the model has text
+    budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
+
+
+def read_prompt(prompt: str | None, prompt_ids: str | None, stdin=None) -> str | None:
+    """The prompt text: `--prompt -` reads standard input; so does a prompt piped in without
+    --prompt (what is there already, or a file: an open terminal or an idle pipe is not read)."""
+    stdin = stdin or sys.stdin
+    if prompt == "-":
+        return stdin.read()
+    if prompt is None and prompt_ids is None and stdin is not None and not stdin.isatty() and _ready(stdin):
+        piped = stdin.read()
+        return piped if piped.strip() else None
+    return prompt
+
+
+def _ready(stream) -> bool:
+    try:
+        fd = stream.fileno()
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):  # no descriptor (a test's stream) or a closed one
+        return False
+
+
+def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
+         device_loop, burst, max_seq, temperature, top_k, top_p, seed, stdin=None) -> tuple[Request, RunOptions]:
+    """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
+    given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
+    once it sees that the model has text."""
+    prompt = read_prompt(prompt, prompt_ids, stdin)
     if prompt is not None and prompt_ids is not None:
         raise click.UsageError("give --prompt or --prompt-ids, not both")
+    if model_path is not None and shape is not None:
+        raise click.UsageError("give --model or --shape, not both")
+    if model_path is not None and not model_path.strip():
+        raise click.UsageError("--model is empty: name a model directory or a .gguf file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
-    if text is None and (prompt is not None or chat or stop_strings):
+    if chat and prompt_ids is not None:
+        raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
+    if shape is not None and (prompt is not None or chat or stop_strings):
         what = "--prompt" if prompt is not None else "--chat" if chat else "--stop"
-        raise click.UsageError(f"{what} needs a model with a tokenizer; {model.name} has none: use --prompt-ids")
+        raise click.UsageError(f"{what} needs a model with a tokenizer; the synthetic {shape} has none: "
+                               "use --prompt-ids")
+    if model_path is not None and not os.path.exists(model_path):
+        raise click.UsageError(f"--model {model_path}: no such file or directory")
+    sampling = Sampling(temperature, top_k, top_p, seed)
+    if temperature == 0.0 and (top_k > 1 or top_p < 1.0 or seed is not None):
+        used = [o for o, on in (("--top-k", top_k > 1), ("--top-p", top_p < 1.0), ("--seed", seed is not None)) if on]
+        note(f"{' and '.join(used)} {'has' if len(used) == 1 else 'have'} no effect without --temperature: "
+             "decoding greedily")
+    gate.read_all()
+    if backend == "cuda" and not _lib.cuda_available()[0]:
+        raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one (auto or numpy decode on the CPU)")
     if prompt_ids is not None:
-        if chat:
-            raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
-        ids = parse_ids(prompt_ids)
-    elif text is None:
-        ids = [1]
+        source = {"prompt_ids": parse_ids(prompt_ids)}
+    elif prompt is None:
+        source = {"prompt_ids": (1,)}
+    elif chat:
+        messages = ([{"role": "system", "content": system}] if system is not None else [])
+        source = {"messages": messages + [{"role": "user", "content": prompt}]}
     else:
-        if prompt is None:
-            prompt, chat = DEMO_QUESTION, True
-            if max_new_tokens is None:
-                max_new_tokens = DEMO_MAX_NEW
-        if chat:
-            messages = ([{"role": "system", "content": system}] if system is not None else [])
-            rendered = render_chat(text, messages + [{"role": "user", "content": prompt}])
-            ids = encode(text, rendered)
-        else:
-            ids = encode(text, prompt)
-        if not ids:
-            raise click.UsageError("the prompt encodes to no tokens")
+        source = {"prompt": prompt}
+    request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
+                      stop_ids=stop_ids, stop=stop_strings, sampling=sampling)
+    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq,
+                               question=prompt is None and prompt_ids is None,
+                               budget_given=max_new_tokens is not None)
+
+
+def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunOptions) -> Request:
+    """The request with its prompt as token ids, checked against the model before the engine is
+    built: the built-in question where none was given, text encoded, the context's room."""
+    if run.question and text is not None:
+        click.echo(f"question: {DEMO_QUESTION}", err=True)
+        request = dataclasses.replace(request, prompt_ids=None, messages=[{"role": "user", "content": DEMO_QUESTION}],
+                                      max_new_tokens=request.max_new_tokens if run.budget_given else DEMO_MAX_NEW)
+    if request.is_text and text is None:
+        raise click.UsageError(f"{'--chat' if request.messages else '--prompt'} needs a model with a tokenizer; "
+                               f"{model.name} has none: use --prompt-ids")
+    ids = request_ids(text, request)
     cfg = model.config
-    for t in ids + list(stop_ids):
+    for t in ids + list(request.stop_ids):
         if not 0 <= t < cfg.vocab:
             raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {cfg.vocab})")
-    context = max_seq or min(cfg.max_seq, DEFAULT_MAX_SEQ)  # what Engine.load allocates
-    if max_seq is not None and max_seq > cfg.max_seq:
-        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {cfg.max_seq}")
+    if run.max_seq is not None and run.max_seq > cfg.max_seq:
+        raise click.UsageError(f"--max-seq {run.max_seq} exceeds the model's context of {cfg.max_seq}")
+    context = run.max_seq or min(cfg.max_seq, DEFAULT_MAX_SEQ)  # what Engine.load allocates
     if len(ids) >= context:
-        raise InvalidArgumentError(f"the prompt has {len(ids)} tokens; max_seq {context} leaves no room to generate")
-    stops = tuple(dict.fromkeys(list(text.eos_ids if text else ()) + list(stop_ids)))
-    return Request(text, ids, 64 if max_new_tokens is None else max_new_tokens, stops, tuple(stop_strings))
+        if context < cfg.max_seq:
+            fix = f"raise --max-seq (the model allows up to {cfg.max_seq})"
+        else:
+            fix = "that is the model's own limit: shorten the prompt"
+        raise InvalidArgumentError(f"the prompt has {len(ids)} tokens, but the context holds {context} positions "
+                                   f"and leaves no room to generate: {fix}")
+    return dataclasses.replace(request, prompt=None, messages=None, prompt_ids=ids)
 
 
 class Printer:
-    """Token ids -> stdout: text as it becomes final, held back where a stop string may begin; or
-    the ids themselves for a model without a tokenizer."""
+    """An answer's pieces -> stdout as they come: their text, or the token ids themselves for a
+    model without a tokenizer."""
 
-    def __init__(self, text: TextSpec | None, stops: tuple[str, ...], out):
-        self.out = out
-        self.stream = TextStream(text, stops) if text is not None else None
+    def __init__(self, text: TextSpec | None, out):
+        self.out, self.ids = out, text is None
 
-    def push(self, token: int) -> bool:
-        """Print what `token` makes final; True once a stop string is complete."""
-        piece, hit = (f"{token} ", False) if self.stream is None else self.stream.push(token)
-        self.out.write(piece)
+    def push(self, piece: Piece) -> None:
+        self.out.write(f"{piece.token} " if self.ids and piece.token is not None else piece.text)
         self.out.flush()
-        return hit
 
     def finish(self) -> None:
-        self.out.write(("" if self.stream is None else self.stream.finish()) + "\n")
+        self.out.write("\n")
         self.out.flush()
 
 
-def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings,
-               backend, device_loop, burst, max_seq, temperature, top_k, top_p, seed, out=None) -> int:
+def cli_decode(out=None, **options) -> int:
+    """The command line: every argument checked, then the request run. The exit status."""
+    try:
+        request, run = plan(**options)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+    except ArcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    return run_decode(request, run, out)
+
+
+def run_decode(request: Request, run: RunOptions, out=None) -> int:
+    """Load the model, answer `request` on stdout as it lands, report on stderr. The exit status."""
     out = out or sys.stdout
     try:
-        sampling = Sampling(temperature, top_k, top_p, seed)
-        gate.read_all()
-        model, text = load(model_path, shape)
-        req = build_request(model, text, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids,
-                            stop_strings, max_seq)
-        if backend == "auto":
-            backend = _lib.auto_backend()
+        model, text = load(run.model_path, run.shape)
+        request = with_prompt(request, model, text, run)
+        backend = _lib.auto_backend() if run.backend == "auto" else run.backend
         if backend == "numpy":
             note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-        if temperature == 0.0 and (top_k > 1 or top_p < 1.0):
-            note("--top-k and --top-p have no effect without --temperature: decoding greedily")
-        with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst) as engine:
+        with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
+                         text=text) as engine:
             cfg = model.config
             click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}; "
-                       f"prompt {len(req.prompt_ids)} tokens", err=True)
-            printer = Printer(req.text, req.stops, out)
+                       f"prompt {len(request.prompt_ids)} tokens", err=True)
+            printer = Printer(text, out)
             started = time.perf_counter()
             stamps: list[float] = []
-            reason = None
-            for tok in engine.generate(req.prompt_ids, req.max_new, req.stop_ids, sampling):
-                stamps.append(time.perf_counter())
-                if printer.push(tok):
-                    reason = FinishReason.STOP_STRING
-                    break
+            try:
+                for piece in engine.stream(request):
+                    if piece.token is not None:
+                        stamps.append(time.perf_counter())
+                    printer.push(piece)
+            except KeyboardInterrupt:
+                engine.finish()
+                printer.finish()
+                report(engine, "interrupted", started, stamps, run.device_loop)
+                return 130
             printer.finish()
-            report(engine, reason, started, stamps, device_loop)
+            report(engine, None, started, stamps, run.device_loop)
     except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return 2
@@ -283,7 +365,7 @@ def report(engine: Engine, reason, started: float, stamps: list[float], asked_lo
 @decode_options
 def main(**options):
     """Decode with arcpy: a prompt in, the answer streamed out (greedy unless --temperature says otherwise)."""
-    sys.exit(run_decode(**options))
+    sys.exit(cli_decode(**options))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,8 @@ S = ["--shape", "stories15M"]
     (["--model", "/nonexistent/model"], {}, "/nonexistent/model"),
     (S + ["--prompt-ids", "1 32000"], {}, "token id 32000 is outside the vocabulary"),
     (S + ["--prompt-ids", "1 x"], {}, "expected token ids"),
-    (S + ["--max-seq", "4", "--prompt-ids", "1 2 3 4 5"], {}, "max_seq 4 leaves no room"),
+    (S + ["--max-seq", "4", "--prompt-ids", "1 2 3 4 5"], {}, "the context holds 4 positions and leaves no room to "
+                                                              "generate: raise --max-seq (the model allows up to 1024)"),
     (S + ["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
     (S + ["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
     (S + ["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),

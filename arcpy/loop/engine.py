@@ -41,7 +41,7 @@ from arcpy.errors import (
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
-from arcpy.loop.prompt import Piece, prompt_ids, stop_ids
+from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
@@ -245,8 +245,8 @@ class Engine:
         if not isinstance(request, Request):
             raise InvalidArgumentError(f"expected an arcpy Request, got {type(request).__name__}")
         text = self.text
-        ids = prompt_ids(text, request)
-        stops = stop_ids(text, request)
+        ids = request_ids(text, request)
+        stops = request_stop_ids(text, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
         with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling)) as tokens:
             for tok in tokens:

@@ -19,7 +19,7 @@ class Piece:
     text: str
 
 
-def prompt_ids(text: TextSpec | None, request: Request) -> list[int]:
+def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     """The prompt's token ids: as given, or encoded (a text prompt), or rendered through the
     chat template and encoded (messages)."""
     if request.prompt_ids is not None:
@@ -36,7 +36,7 @@ def prompt_ids(text: TextSpec | None, request: Request) -> list[int]:
     return ids
 
 
-def stop_ids(text: TextSpec | None, request: Request) -> tuple[int, ...]:
+def request_stop_ids(text: TextSpec | None, request: Request) -> tuple[int, ...]:
     """What ends the answer on the device: the model's end-of-sequence ids (where the engine has
     its text), then the request's own."""
     if request.stop and text is None:
