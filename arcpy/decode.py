@@ -284,47 +284,10 @@ class Printer:
 
 
 def cli_decode(out=None, **options) -> int:
-    """The command line: every argument checked, then the request run. The exit status."""
+    """The command line: every argument checked, then the request run; every error one line on
+    stderr. The exit status."""
     try:
-        request, run = plan(**options)
-    except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        return 2
-    except ArcError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1
-    return run_decode(request, run, out)
-
-
-def run_decode(request: Request, run: RunOptions, out=None) -> int:
-    """Load the model, answer `request` on stdout as it lands, report on stderr. The exit status."""
-    out = out or sys.stdout
-    try:
-        model, text = load(run.model_path, run.shape)
-        request = with_prompt(request, model, text, run)
-        backend = _lib.auto_backend() if run.backend == "auto" else run.backend
-        if backend == "numpy":
-            note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-        with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
-                         text=text) as engine:
-            cfg = model.config
-            click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}; "
-                       f"prompt {len(request.prompt_ids)} tokens", err=True)
-            printer = Printer(text, out)
-            started = time.perf_counter()
-            stamps: list[float] = []
-            try:
-                for piece in engine.stream(request):
-                    if piece.token is not None:
-                        stamps.append(time.perf_counter())
-                    printer.push(piece)
-            except KeyboardInterrupt:
-                engine.finish()
-                printer.finish()
-                report(engine, "interrupted", started, stamps, run.device_loop)
-                return 130
-            printer.finish()
-            report(engine, None, started, stamps, run.device_loop)
+        return run_decode(*plan(**options), out)
     except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return 2
@@ -337,7 +300,38 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
         return 130
-    return 0
+
+
+def run_decode(request: Request, run: RunOptions, out=None) -> int:
+    """Load the model, answer `request` on `out` (stdout) as it lands, report on stderr. The exit
+    status: 0, or 130 when interrupted (the statistics so far are still reported). Errors raise:
+    arcpy.ArcError, or click.UsageError for what the command line asked wrongly."""
+    out = out or sys.stdout
+    model, text = load(run.model_path, run.shape)
+    request = with_prompt(request, model, text, run)
+    backend = _lib.auto_backend() if run.backend == "auto" else run.backend
+    if backend == "numpy":
+        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+    with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
+                     text=text) as engine:
+        cfg = model.config
+        click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}; "
+                   f"prompt {len(request.prompt_ids)} tokens", err=True)
+        printer = Printer(text, out)
+        started = time.perf_counter()
+        stamps: list[float] = []
+        reason, status = None, 0
+        try:
+            for piece in engine.stream(request):
+                if piece.token is not None:
+                    stamps.append(time.perf_counter())
+                printer.push(piece)
+        except KeyboardInterrupt:
+            engine.finish()
+            reason, status = "interrupted", 130
+        printer.finish()
+        report(engine, reason, started, stamps, run.device_loop)
+    return status
 
 
 def report(engine: Engine, reason, started: float, stamps: list[float], asked_loop) -> None:
