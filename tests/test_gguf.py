@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
+from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
@@ -522,7 +522,7 @@ ARCH = kv("general.architecture", STR, s("llama"))
     (raw_gguf([ARCH, kv("b", 7, b"\x02")]), "neither 0 nor 1"),
     (raw_gguf([ARCH], [tensor_entry("w", [32], 99, 0)], bytes(128)), "tensor 'w' has unknown type 99"),
     (raw_gguf([ARCH], [tensor_entry("w", [1, 1, 1, 1, 1], 0, 0)], bytes(32)), "tensor 'w' has 5 dims"),
-    (raw_gguf([ARCH], [tensor_entry("w", [8], 0, 4)], bytes(64)), "misaligned or runs past the end"),
+    (raw_gguf([ARCH], [tensor_entry("w", [8], 0, 4)], bytes(64)), "data offset 4 is not a multiple of the alignment 32"),
     (raw_gguf([ARCH], [tensor_entry("w", [1 << 40, 1 << 40], 0, 0)], bytes(64)), "runs past the end"),
     (raw_gguf([ARCH], [tensor_entry("w", [20], 8, 0)], bytes(64)), "row length 20 is not a multiple of the Q8_0"),
     (raw_gguf([ARCH], [tensor_entry("a", [16], 0, 0), tensor_entry("b", [8], 0, 32)], bytes(64)),
@@ -541,6 +541,90 @@ def test_hostile_header_is_one_line_without_reading_or_allocating_what_it_claims
         tracemalloc.stop()
     assert expected in msg
     assert time.perf_counter() - start < 5 and peak < 16 * 2**20, "bounded by the file, not by the header's claims"
+
+
+# ---------------------------------------------------------------------------------------------
+# bad files: tensor entries whose types or offsets do not match the data
+
+# A valid file of several types; its table order is the writer's (embedding first, output last).
+MIXED = {"blk.0.attn_q.weight": Q.BF16, "blk.0.attn_k.weight": Q.Q8_0, "blk.0.attn_v.weight": Q.F16,
+         "blk.0.ffn_up.weight": Q.Q4_0, "blk.1.attn_norm.weight": Q.Q8_0, "output.weight": Q.BF16}
+
+
+def entry_fields(path: Path) -> dict[str, int]:
+    """Where each tensor entry's type word sits in the file (its u64 data offset follows), in table order."""
+    return {t.name: t.field.offset + sum(int(p.nbytes) for p in t.field.parts[:4]) for t in GGUFReader(path).tensors}
+
+
+def relabel(name: str, qtype: Q):
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        struct.pack_into("<I", raw, fields[name], qtype)
+        return raw
+    return edit
+
+
+def moved(first: str, by: int, grow: int = 0, only: bool = False):
+    """Adds `by` to the data offset of `first` and (unless `only`) of every tensor after it in the
+    table; the file grows by `grow` zero bytes."""
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        names = list(fields)
+        for name in [first] if only else names[names.index(first):]:
+            (offset,) = struct.unpack_from("<Q", raw, fields[name] + 4)
+            struct.pack_into("<Q", raw, fields[name] + 4, offset + by)
+        return raw + bytes(grow)
+    return edit
+
+
+def swapped(a: str, b: str):
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        (oa,), (ob,) = struct.unpack_from("<Q", raw, fields[a] + 4), struct.unpack_from("<Q", raw, fields[b] + 4)
+        struct.pack_into("<Q", raw, fields[a] + 4, ob)
+        struct.pack_into("<Q", raw, fields[b] + 4, oa)
+        return raw
+    return edit
+
+
+def resized(by: int):
+    return lambda raw, fields: raw + bytes(by) if by > 0 else raw[:by]
+
+
+EXPECTED_AT = "expected"  # "... starts at data offset X, expected Y, where ... ends"
+
+
+@pytest.mark.parametrize("edit, expected", [
+    # relabelled types: the data the type implies no longer reaches the next tensor's offset
+    (relabel("blk.0.attn_q.weight", Q.Q4_0), "starts at data offset 76800, expected 70912"),  # BF16 -> Q4_0
+    (relabel("blk.0.attn_v.weight", Q.Q8_0), EXPECTED_AT),                 # F16 -> Q8_0
+    (relabel("blk.0.attn_k.weight", Q.Q4_0), EXPECTED_AT),                 # Q8_0 -> Q4_0
+    (relabel("blk.1.attn_norm.weight", Q.Q4_1), EXPECTED_AT),              # Q8_0 -> Q4_1, in its padding
+    (relabel("token_embd.weight", Q.BF16), EXPECTED_AT),                   # F32 -> BF16, the first tensor
+    (relabel("blk.0.attn_norm.weight", Q.F16), EXPECTED_AT),               # F32 -> F16
+    (relabel("blk.0.ffn_down.weight", Q.Q8_0), EXPECTED_AT),               # F32 -> Q8_0
+    (relabel("output.weight", Q.Q4_0), "the last 24544 bytes of the file belong to no tensor"),
+    (relabel("blk.0.attn_v.weight", Q.F32), "overlaps the data of tensor 'blk.0.attn_v.weight'"),
+    (relabel("output.weight", Q.F32), "runs past the end of the file"),
+    # moved offsets
+    (moved("blk.0.attn_k.weight", 32, grow=32), EXPECTED_AT),              # a hole, the file padded to fit
+    (moved("token_embd.weight", 64, grow=64), "starts at data offset 64, expected 0"),
+    (moved("output.weight", 32, grow=32), EXPECTED_AT),                    # the last tensor, moved into padding
+    (moved("blk.1.ffn_gate.weight", -32, only=True), "overlaps the data of tensor 'blk.1.ffn_norm.weight'"),
+    (moved("blk.0.attn_norm.weight", 32, only=True), EXPECTED_AT),        # into its neighbour
+    (swapped("blk.0.ffn_gate.weight", "blk.1.ffn_gate.weight"), EXPECTED_AT),  # tiles, but out of table order
+    (swapped("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"), EXPECTED_AT),  # same size: swapped norms
+    # the end of the file
+    (resized(64), "the last 64 bytes of the file belong to no tensor"),
+    (resized(-1), "runs past the end of the file"),
+], ids=["q-bf16-as-q4_0", "v-f16-as-q8_0", "k-q8_0-as-q4_0", "norm-q8_0-as-q4_1", "embd-f32-as-bf16",
+        "norm-f32-as-f16", "down-f32-as-q8_0", "last-bf16-as-q4_0", "v-f16-as-f32", "last-bf16-as-f32",
+        "hole-in-the-middle", "hole-at-the-start", "last-moved", "one-moved-back", "one-moved-on",
+        "swapped-offsets", "swapped-norms", "data-appended", "last-byte-cut"])
+def test_tensor_data_must_follow_the_entries_types_and_offsets(tmp_path, edit, expected):
+    path = write_gguf(tmp_path / "m.gguf", gguf_tensors(random_model(TINY, seed=11)),
+                      {**llama_meta(TINY), **BYTE_VOCAB}, types=MIXED)
+    load_gguf(path)  # the file as written loads
+    path.write_bytes(edit(bytearray(path.read_bytes()), entry_fields(path)))
+    msg = load_error(path)
+    assert str(path) in msg and expected in msg, msg
 
 
 # ---------------------------------------------------------------------------------------------
