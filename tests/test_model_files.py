@@ -210,6 +210,57 @@ def test_missing_config_key_is_named():
         config_from_hf(d, "cfg.json")
 
 
+# Keys with a default: absent, the default holds; null is not absence (a config that says
+# "rms_norm_eps": null does not say 1e-6), so it is refused like any other wrong value.
+DEFAULTED = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_key_value_heads": 32, "head_dim": 128,
+             "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
+
+
+@pytest.mark.parametrize("key", [*DEFAULTED, "hidden_size", "num_hidden_layers", "vocab_size", "use_sliding_window",
+                                 "model_type"])
+def test_a_key_given_as_null_is_refused_by_name(key):
+    d = llama3_8b_config()
+    d[key] = None
+    if key == "model_type":
+        del d["architectures"]
+    with pytest.raises(ModelFileError) as ei:
+        config_from_hf(d, "cfg.json")
+    assert str(ei.value).startswith(f"cfg.json: key '{key}' must be") and str(ei.value).endswith("got None"), ei.value
+
+
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_a_null_inside_the_rope_settings_is_refused_by_name(where):
+    d = llama3_8b_config()
+    if where == "rope_parameters":
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": None}
+        del d["rope_scaling"]
+        key = "rope_theta"
+    else:
+        d["rope_scaling"]["factor"] = None
+        key = "factor"
+    with pytest.raises(ModelFileError, match=f"key '{key}' must be a finite number, got None"):
+        config_from_hf(d, "cfg.json")
+
+
+def test_config_with_neither_architectures_nor_model_type_names_the_missing_key():
+    d = llama3_8b_config()
+    del d["architectures"], d["model_type"]
+    with pytest.raises(ModelFileError, match=r"cfg\.json: missing key 'architectures'"):
+        config_from_hf(d, "cfg.json")
+
+
+def test_absent_keys_take_their_defaults():
+    d = llama3_8b_config()
+    for key in DEFAULTED:
+        d.pop(key, None)
+    cfg = config_from_hf(d, "cfg.json")
+    assert (cfg.rms_eps, cfg.rope_theta, cfg.n_kv_heads, cfg.head_dim) == (1e-6, 10000.0, 32, 128)
+    assert not cfg.tied_embeddings and not cfg.qkv_bias
+    # null keeps its meaning where the format gives it one: no scaling, no window
+    d.update(rope_scaling=None, sliding_window=None, use_sliding_window=False)
+    assert config_from_hf(d, "cfg.json").rope_scaling is None
+
+
 @pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "GemmaForCausalLM"])
 def test_unsupported_architecture_is_refused_by_name(arch):
     d = llama3_8b_config()
