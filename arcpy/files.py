@@ -55,7 +55,8 @@ def read_json_file(path: Path, what: str) -> object:
     with fh:
         if size > MAX_JSON_BYTES:
             raise ModelFileError(f"{path}: {size} bytes is too large for a {what}")
-        raw = fh.read(MAX_JSON_BYTES + 1)
+        # What the file holds, not the cap: read(n) sets aside n bytes before it reads any.
+        raw = fh.read(size + 1)
     value, problem = parse_json(raw)
     if problem is not None:
         raise ModelFileError(f"{path}: {what} {problem}")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.files import read_json_file
 from arcpy.model import (
     EMBED,
     FINAL_NORM,
@@ -570,6 +571,17 @@ def test_missing_directory_config_and_weights_are_each_named(tmp_path):
     assert "config.json: missing config.json" in load_error(tmp_path / "empty")
     write_config(tmp_path / "noweights")
     assert "no model.safetensors" in load_error(tmp_path / "noweights")
+
+
+def test_reading_a_small_config_allocates_about_its_size(tmp_path):
+    write_tiny_dir(tmp_path)
+    tracemalloc.start()
+    try:
+        config_from_hf(read_json_file(tmp_path / "config.json", "config"), "config.json")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak / 1e6:.1f} MB to read {(tmp_path / 'config.json').stat().st_size} bytes"
 
 
 def test_config_that_is_not_json_is_refused(tmp_path):
