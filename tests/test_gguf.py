@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
@@ -115,7 +115,8 @@ def gguf_tensors(model, permute: bool = True) -> dict[str, np.ndarray]:
 
 def write_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, arch: str = "llama",
                types: dict[str, Q] | None = None) -> Path:
-    """A GGUF file of `tensors` (GGUF names), each quantized to types[name] or stored as it is."""
+    """A GGUF file of `tensors` (GGUF names), each quantized to types[name] or stored as it is
+    (uint8 arrays are blocks already quantized to types[name])."""
     w = GGUFWriter(path, arch)
     for key, value in meta.items():
         put(w, key, value)
@@ -123,6 +124,8 @@ def write_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, arch: str
         qtype = (types or {}).get(name)
         if qtype is None:
             w.add_tensor(name, np.ascontiguousarray(x))
+        elif x.dtype == np.uint8:  # blocks already quantized
+            w.add_tensor(name, x, raw_dtype=qtype)
         elif qtype == Q.F16:
             w.add_tensor(name, x.astype(np.float16))
         else:
@@ -625,6 +628,44 @@ def test_tensor_data_must_follow_the_entries_types_and_offsets(tmp_path, edit, e
     path.write_bytes(edit(bytearray(path.read_bytes()), entry_fields(path)))
     msg = load_error(path)
     assert str(path) in msg and expected in msg, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# weights that are not finite: found at load, whatever the type
+
+# Where a block's fp16 scale sits (bytes from the block's start), per type.
+SCALE_AT = {Q.Q8_0: 0, Q.Q4_0: 0, Q.Q4_1: 2, Q.Q5_0: 0, Q.Q4_K: 0, Q.F16: 0, Q.BF16: 0, Q.F32: 0}
+F16_NAN, F16_INF, BF16_NAN = 0x7E00, 0x7C00, 0x7FC0
+
+
+@pytest.mark.parametrize("cfg, name, qtype, block, word, expected", [
+    (TINY, "token_embd.weight", Q.F32, 100, 0x7FC00000, "holds a NaN weight at [1, 36]"),  # a row no prompt may touch
+    (TINY, "token_embd.weight", Q.BF16, 5000, BF16_NAN, "holds a NaN weight at [78, 8]"),
+    (TINY, "blk.1.ffn_norm.weight", Q.F16, 3, F16_INF, "holds a weight that is infinite in bf16 at [3]"),
+    (TINY, "blk.0.attn_k.weight", Q.Q8_0, 5, F16_NAN, "holds a NaN weight at [2, 32]"),      # a NaN scale
+    (TINY, "blk.1.ffn_down.weight", Q.Q4_0, 7, F16_INF, "blk.1.ffn_down.weight"),          # an infinite scale
+    (TINY, "output.weight", Q.Q4_1, 0, F16_NAN, "holds a NaN weight at [0, 0]"),          # a NaN minimum
+    (WIDE, "blk.0.ffn_up.weight", Q.Q4_K, 1, F16_NAN, "holds a NaN weight at [1, 0]"),    # a NaN super-block scale
+], ids=["f32", "bf16", "f16", "q8_0-scale", "q4_0-scale", "q4_1-min", "q4_k-scale"])
+def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_tensor(
+        tmp_path, cfg, name, qtype, block, word, expected):
+    tensors = gguf_tensors(random_model(cfg, seed=14))
+    if qtype == Q.Q4_K:  # the gguf package does not quantize to it: random blocks of small scales
+        rows = tensors[name].shape[0]
+        tensors[name] = random_k_blocks(qtype, tensors[name].size // 256, np.random.default_rng(14)).reshape(rows, -1)
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB}, types={name: qtype})
+    load_gguf(path)  # the file as written loads
+    t = next(t for t in GGUFReader(path).tensors if t.name == name)
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    at = t.data_offset + block * block_bytes + SCALE_AT[qtype]
+    raw = bytearray(path.read_bytes())
+    if qtype == Q.F32:
+        struct.pack_into("<I", raw, at, word)
+    else:
+        struct.pack_into("<H", raw, at, word)
+    path.write_bytes(raw)
+    msg = load_error(path)
+    assert f"{path}: tensor '{name}' " in msg and expected in msg, msg
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1051,3 +1051,68 @@ def test_random_model_host_memory_peaks_under_twice_its_bf16_bytes():
         tracemalloc.stop()
     assert sum(t.nbytes for t in model.tensors.values()) == bf16_bytes
     assert peak < 2 * bf16_bytes, f"peak {peak / 1e6:.1f} MB for {bf16_bytes / 1e6:.1f} MB of bf16"
+
+
+# ---------------------------------------------------------------------------------------------
+# weights that are not finite: found at load, wherever they are
+
+
+NAN_WORD, INF_WORD = 0x7FC1, 0xFF80  # a NaN; minus infinity
+Q_PROJ = "model.layers.1.self_attn.q_proj.weight"
+
+
+def with_word(tensors: dict, name: str, at: tuple, word: int) -> dict:
+    t = tensors[name].copy()
+    t[at] = word
+    return {**tensors, name: t}
+
+
+def as_values(tensors: dict, name: str, at: tuple, value: float) -> dict:
+    out = {n: bf16_to_f32(w) for n, w in tensors.items()}
+    out[name][at] = value
+    return out
+
+
+def nonfinite_bf16(d, name, at, word):
+    write_tiny_dir(d, with_word(random_model(TINY, seed=12).tensors, name, at, word))
+
+
+def nonfinite_values(dtype):
+    def write(d, name, at, value):
+        write_config(d)
+        save_safetensors(d / "model.safetensors", as_values(random_model(TINY, seed=12).tensors, name, at, value), dtype)
+    return write
+
+
+def nonfinite_in_a_shard(d, name, at, word):
+    tensors = with_word(random_model(TINY, seed=12).tensors, name, at, word)
+    (d / "model.safetensors.index.json").write_text(json.dumps(shard_dir(d, tensors)))
+
+
+@pytest.mark.parametrize("write, name, at, bad, expected", [
+    # an embedding row no prompt may ever touch, and the lm_head every step reads
+    (nonfinite_bf16, EMBED, (39, 5), NAN_WORD, "holds a NaN weight at [39, 5]"),
+    (nonfinite_bf16, LM_HEAD, (0, 0), INF_WORD, "holds a weight that is infinite in bf16 at [0, 0]"),
+    (nonfinite_values("F32"), Q_PROJ, (7, 3), float("nan"), "holds a NaN weight at [7, 3]"),
+    (nonfinite_values("F32"), FINAL_NORM, (2,), 3.4e38, "infinite in bf16 at [2]"),  # finite, but not in bf16
+    (nonfinite_values("F16"), "model.layers.0.mlp.down_proj.weight", (15, 23), float("-inf"), "infinite in bf16"),
+    (nonfinite_in_a_shard, "model.layers.1.mlp.up_proj.weight", (23, 15), NAN_WORD, "holds a NaN weight"),
+], ids=["bf16-nan-unused-row", "bf16-inf-lm-head", "f32-nan", "f32-beyond-bf16", "f16-inf", "bf16-nan-in-a-shard"])
+def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_tensor(
+        tmp_path, write, name, at, bad, expected):
+    write(tmp_path, name, at, bad)
+    msg = hostile_error(tmp_path)
+    assert f"{tmp_path}" in msg and f"tensor '{name}' " in msg and expected in msg, msg
+
+
+def test_the_finiteness_scan_keeps_loading_a_mapped_bf16_checkpoint_light(tmp_path):
+    cfg = dataclasses.replace(TINY, dim=256, head_dim=64, ffn_dim=1024, vocab=4096)  # 10 MB of bf16
+    save_model(random_model(cfg, seed=13), tmp_path)
+    size = (tmp_path / "model.safetensors").stat().st_size
+    tracemalloc.start()
+    try:
+        load_model(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, f"peak {peak / 1e6:.1f} MB to load {size / 1e6:.1f} MB"

@@ -4,11 +4,12 @@
     gguf_vocab  the tokenizer metadata, as a plain Vocabulary (arcpy.text builds the tokenizer)
     gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
-Every tensor is dequantized to float32 and rounded to bf16 words. Two things differ from a Hugging
-Face checkpoint. llama.cpp's converter reorders the rows of each q and k head so that interleaved
-RoPE (pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does;
-the loader puts them back. Llama 3 frequency scaling travels as a tensor of per-pair divisors
-(rope_freqs), from which the RopeScaling parameters are recovered and checked.
+Every tensor is dequantized to float32 and rounded to bf16 words, each of which must be finite (a
+NaN scale makes a block of NaN weights). Two things differ from a Hugging Face checkpoint.
+llama.cpp's converter reorders the rows of each q and k head so that interleaved RoPE (pairs 2i,
+2i+1) computes what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts
+them back. Llama 3 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from
+which the RopeScaling parameters are recovered and checked.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.model.bf16 import f32_to_bf16
+from arcpy.model.bf16 import f32_to_bf16, require_finite
 from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, iter_tensors, rope_inv_freq
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
@@ -232,6 +233,7 @@ def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
     tensors = {}
     for done, (hf_name, info) in enumerate(wanted.items(), 1):
         words = f32_to_bf16(f.values(info))
+        require_finite(words, f"{f.path}: tensor {quoted(info.name)}")  # stored, or made by a block's scales
         if hf_name.endswith("q_proj.weight"):
             words = unpermute_rotary_rows(words, cfg.n_heads)
         elif hf_name.endswith("k_proj.weight"):

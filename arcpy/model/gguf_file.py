@@ -117,7 +117,8 @@ class GGUFFile:
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         rows = raw.reshape(*info.shape[:-1], info.dims[0] // block * type_size)
         try:
-            return dequantize(rows, info.qtype).reshape(info.shape)
+            with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale is reported by the caller
+                return dequantize(rows, info.qtype).reshape(info.shape)
         except MemoryError:
             raise ModelFileError(f"{self.path}: not enough memory to read tensor {quoted(info.name)} "
                                  f"({info.qtype.name}, {info.nbytes} bytes)") from None

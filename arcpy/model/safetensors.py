@@ -21,7 +21,7 @@ import numpy as np
 from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json
-from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
+from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16, require_finite
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 8  # weights here have one or two; a header with more is not a model
@@ -124,6 +124,7 @@ def _as_bf16_words(view: np.ndarray, dtype: str) -> np.ndarray:
 
 def read_bf16_words(name: str, entry: TensorEntry, maps: dict[Path, np.ndarray]) -> np.ndarray:
     """One tensor as bf16 words: BF16 data stays a view of the file's mapping, F16/F32 are rounded.
+    Every word is checked to be finite (one pass over the data, which also pages it in).
 
     `maps` holds one read-only mapping per file, shared by its tensors.
     """
@@ -132,10 +133,13 @@ def read_bf16_words(name: str, entry: TensorEntry, maps: dict[Path, np.ndarray])
     raw = maps[entry.file][entry.start:entry.start + entry.nbytes]
     view = raw.view(READABLE[entry.dtype]).reshape(entry.shape)
     try:
-        return _as_bf16_words(view, entry.dtype)
+        words = _as_bf16_words(view, entry.dtype)
     except MemoryError:
         raise ModelFileError(f"{entry.file}: not enough memory to read tensor {quoted(name)} "
                              f"({entry.dtype}, {entry.nbytes} bytes)") from None
+    # After rounding: an F32 weight beyond the bf16 range is as infinite as a stored one.
+    require_finite(words, f"{entry.file}: tensor {quoted(name)}")
+    return words
 
 
 def save_safetensors(path, tensors: Mapping[str, np.ndarray], dtype: str = "BF16") -> None:
