@@ -13,6 +13,7 @@ import json
 import math
 import os
 import struct
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from arcpy.model import (
     EMBED,
     FINAL_NORM,
     LM_HEAD,
+    MAX_HEADER_BYTES,
     SHAPES,
     Model,
     ModelConfig,
@@ -830,12 +832,16 @@ def test_config_claiming_a_billion_layers_stops_at_the_first_layer_the_file_lack
     assert "missing tensor 'model.layers.2.input_layernorm.weight'" in hostile_error(tmp_path)
 
 
-@pytest.mark.parametrize("shape", [[2] * 200_000, [1] * 9], ids=["200000-dims", "9-dims"])
-def test_shape_with_more_dims_than_a_weight_has_is_refused(tmp_path, shape):
+@pytest.mark.parametrize("shape, expected", [
+    ([2] * 200_000, "header holds more JSON items than 23 tensors need"),  # refused before it is parsed
+    ([2] * 20_000, "malformed shape"),
+    ([1] * 9, "malformed shape"),
+], ids=["200000-dims", "20000-dims", "9-dims"])
+def test_shape_with_more_dims_than_a_weight_has_is_refused(tmp_path, shape, expected):
     write_config(tmp_path)
     header = json.dumps({EMBED: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 2]}}).encode()
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
-    assert "malformed shape" in hostile_error(tmp_path)
+    assert expected in hostile_error(tmp_path)
 
 
 def test_shape_whose_size_dwarfs_the_file_is_refused_without_computing_it(tmp_path):
@@ -1116,3 +1122,66 @@ def test_the_finiteness_scan_keeps_loading_a_mapped_bf16_checkpoint_light(tmp_pa
     finally:
         tracemalloc.stop()
     assert peak < size / 4, f"peak {peak / 1e6:.1f} MB to load {size / 1e6:.1f} MB"
+
+
+# ---------------------------------------------------------------------------------------------
+# headers near the size limit
+
+
+def counted(template: bytes, n: int) -> bytes:
+    """`n` copies of `template`, joined by commas, its run of '#' replaced by the copy's number."""
+    at, width = template.index(b"#"), template.count(b"#")
+    rows = np.tile(np.frombuffer(template + b",", np.uint8), (n, 1))
+    i = np.arange(n)
+    for k in range(width):
+        rows[:, at + width - 1 - k] = ord("0") + i // 10**k % 10
+    return rows.tobytes()[:-1]
+
+
+def header_near_the_limit(kind: str) -> tuple[bytes, bytes]:
+    """A header of about MAX_HEADER_BYTES, and the data it needs."""
+    room = MAX_HEADER_BYTES - 100
+    if kind == "tiny-entries":  # distinct empty tensors
+        entry = b'"t#######":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}'
+        n = room // (len(entry) + 1)
+        return b"{" + counted(entry, n) + b"}", b""
+    if kind == "metadata-keys":
+        entry = b'"#######":""'
+        return b'{"__metadata__":{' + counted(entry, room // (len(entry) + 1)) + b"}}", b""
+    if kind == "long-shape":
+        return b'{"w":{"dtype":"BF16","shape":[' + b"1," * (room // 2) + b'1],"data_offsets":[0,2]}}', bytes(2)
+    return b'{"w":[' + b"[]," * (room // 3) + b"[]]}", b""  # nested empty lists
+
+
+@pytest.mark.parametrize("kind", ["tiny-entries", "metadata-keys", "long-shape", "nested-lists"])
+def test_a_header_near_the_size_limit_is_refused_quickly_and_in_little_memory(tmp_path, kind):
+    write_config(tmp_path)
+    header, data = header_near_the_limit(kind)
+    assert MAX_HEADER_BYTES - 1000 < len(header) <= MAX_HEADER_BYTES
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = hostile_error(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    seconds = time.perf_counter() - start
+    assert "header holds more JSON items than" in msg
+    assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
+
+
+def test_a_header_listing_more_tensors_than_the_config_has_is_refused(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    extra = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": np.zeros(0, np.uint16) for i in range(100)}
+    write_tiny_dir(tmp_path, {**tensors, **extra})
+    msg = hostile_error(tmp_path)
+    assert f"lists {len(tensors) + 100} tensors, more than the 23 a checkpoint of this config may hold" in msg
+
+
+def test_a_checkpoint_with_every_entry_a_config_tolerates_still_loads(tmp_path):
+    cfg = dataclasses.replace(TINY, qkv_bias=True, tied_embeddings=True)
+    tensors = random_model(cfg, seed=15).tensors
+    extra = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": np.zeros(2, np.uint16) for i in range(cfg.n_layers)}
+    write_tiny_dir(tmp_path, {**tensors, LM_HEAD: tensors[EMBED], **extra}, cfg)  # a tied lm_head, stored anyway
+    assert load_model(tmp_path).config == cfg

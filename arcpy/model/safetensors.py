@@ -5,7 +5,8 @@ shape, data_offsets relative to the end of the header), then the data. The data 
 the data section exactly: sorted by begin, the first starts at 0, each starts where the previous
 ended, the last ends at the end of the file (the format allows no holes, and the reference reader
 refuses a file whose offsets do not cover its buffer). That one rule also catches overlapping
-tensors and a header length that is off by a few bytes.
+tensors and a header length that is off by a few bytes. The header's JSON is parsed only once it is
+known to hold no more items than the tensors of the config need.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16, require_finite
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 8  # weights here have one or two; a header with more is not a model
+# Tensors one file may list: a dense model of over 1,200 layers (Llama 3 405B has 126, in 1,137 tensors).
+MAX_TENSORS = 1 << 14
+# JSON items (values and keys) a header may hold per tensor, and for its __metadata__. An entry
+# such as "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [x, y]} holds 12.
+_ITEMS_PER_TENSOR = 20
+_METADATA_ITEMS = 1 << 16
+_SLICE = 1 << 20  # the header is read, and its items counted, a megabyte at a time
+_NOT_BEFORE_ITEMS = bytes(sorted(set(range(256)) - set(b",:[{")))  # deleted: what is left is counted
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 READABLE = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}
@@ -53,8 +62,14 @@ def _shape_bytes(shape: list[int], itemsize: int, limit: int) -> int | None:
     return n
 
 
-def read_header(file: Path) -> dict[str, TensorEntry]:
-    """Parse and validate one safetensors header against the file's size; reads no tensor data."""
+def read_header(file: Path, max_tensors: int = MAX_TENSORS) -> dict[str, TensorEntry]:
+    """Parse and validate one safetensors header against the file's size; reads no tensor data.
+
+    `max_tensors` (at most MAX_TENSORS) is the most entries the header may list. The JSON is
+    parsed only once it is known to hold no more items than that many entries need: parsing a
+    hostile header near MAX_HEADER_BYTES builds tens of millions of Python objects.
+    """
+    max_tensors = min(max_tensors, MAX_TENSORS)
     fh, size = open_regular(file)
     with fh:
         if size < 8:
@@ -64,12 +79,16 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
         if n > MAX_HEADER_BYTES or n > size - 8:
             raise ModelFileError(f"{file}: not a safetensors file (its header length does not fit "
                                  f"the file's {size} bytes)")
-        raw = fh.read(n)
+        raw = _read_counted(fh, n, file, max_tensors)
     header, problem = parse_json(raw)
     if problem is not None:
         raise ModelFileError(f"{file}: not a safetensors file (header {problem})")
     if not isinstance(header, dict):
         raise ModelFileError(f"{file}: not a safetensors file (header is not a JSON object)")
+    listed = len(header) - ("__metadata__" in header)
+    if listed > max_tensors:
+        raise ModelFileError(f"{file}: header lists {listed} tensors, more than the {max_tensors} "
+                             "a checkpoint of this config may hold")
     base, data_size = 8 + n, size - 8 - n
     entries: dict[str, TensorEntry] = {}
     for name, info in header.items():
@@ -99,6 +118,26 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
         entries[name] = TensorEntry(file, dtype, tuple(shape), base + begin, end - begin)
     _check_tiling(file, entries, base, data_size)
     return entries
+
+
+def _read_counted(fh, n: int, file: Path, max_tensors: int) -> bytearray:
+    """The header's `n` bytes, refused as soon as they hold more JSON items than `max_tensors` need.
+
+    Every value or key but the first follows one of , : [ { so their count bounds the items
+    (from above: the same bytes inside strings count too).
+    """
+    budget = _ITEMS_PER_TENSOR * max_tensors + _METADATA_ITEMS
+    raw, items = bytearray(), 1
+    while len(raw) < n:
+        piece = fh.read(min(_SLICE, n - len(raw)))
+        if not piece:
+            break  # the file shrank since its size was read: the JSON comes out cut short
+        items += len(piece.translate(None, _NOT_BEFORE_ITEMS))
+        if items > budget:
+            raise ModelFileError(f"{file}: header holds more JSON items than {max_tensors} tensors need "
+                                 f"(over {budget} in its first {len(raw) + len(piece)} bytes)")
+        raw += piece
+    return raw
 
 
 def _check_tiling(file: Path, entries: Mapping[str, TensorEntry], base: int, data_size: int) -> None:
