@@ -1171,6 +1171,23 @@ def test_a_header_near_the_size_limit_is_refused_quickly_and_in_little_memory(tm
     assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
 
 
+def test_an_index_near_the_size_limit_is_refused_quickly_and_in_little_memory(tmp_path):
+    write_config(tmp_path)
+    entry = b'"t########":"model-00001-of-00002.safetensors"'
+    index = b'{"weight_map":{' + counted(entry, (MAX_HEADER_BYTES - 100) // (len(entry) + 1)) + b"}}"
+    (tmp_path / "model.safetensors.index.json").write_bytes(index)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = hostile_error(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    seconds = time.perf_counter() - start
+    assert "safetensors index holds more than 65996 JSON items" in msg
+    assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
+
+
 def test_a_header_listing_more_tensors_than_the_config_has_is_refused(tmp_path):
     tensors = write_tiny_dir(tmp_path)
     extra = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": np.zeros(0, np.uint16) for i in range(100)}

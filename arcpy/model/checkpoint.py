@@ -21,7 +21,14 @@ from arcpy.files import read_json_file
 from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.hf import config_from_hf, config_to_hf
-from arcpy.model.safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
+from arcpy.model.safetensors import (
+    READABLE,
+    TensorEntry,
+    json_items,
+    read_bf16_words,
+    read_header,
+    save_safetensors,
+)
 from arcpy.model.tensors import Model
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -40,7 +47,7 @@ def _most_tensors(cfg: ModelConfig) -> int:
 
 
 def _read_index(directory: Path, index: Path, max_tensors: int) -> dict[str, TensorEntry]:
-    doc = read_json_file(index, "safetensors index")
+    doc = read_json_file(index, "safetensors index", json_items(max_tensors))
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise ModelFileError(f"{index}: not a safetensors index (no 'weight_map' object)")

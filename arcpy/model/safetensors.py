@@ -21,7 +21,7 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json
+from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_text
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16, require_finite
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
@@ -32,8 +32,6 @@ MAX_TENSORS = 1 << 14
 # such as "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [x, y]} holds 12.
 _ITEMS_PER_TENSOR = 20
 _METADATA_ITEMS = 1 << 16
-_SLICE = 1 << 20  # the header is read, and its items counted, a megabyte at a time
-_NOT_BEFORE_ITEMS = bytes(sorted(set(range(256)) - set(b",:[{")))  # deleted: what is left is counted
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 READABLE = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}
@@ -79,7 +77,10 @@ def read_header(file: Path, max_tensors: int = MAX_TENSORS) -> dict[str, TensorE
         if n > MAX_HEADER_BYTES or n > size - 8:
             raise ModelFileError(f"{file}: not a safetensors file (its header length does not fit "
                                  f"the file's {size} bytes)")
-        raw = _read_counted(fh, n, file, max_tensors)
+        raw = read_json_text(fh, n, json_items(max_tensors))
+    if raw is None:
+        raise ModelFileError(f"{file}: header holds more JSON items than {max_tensors} tensors need "
+                             f"(more than {json_items(max_tensors)})")
     header, problem = parse_json(raw)
     if problem is not None:
         raise ModelFileError(f"{file}: not a safetensors file (header {problem})")
@@ -120,24 +121,9 @@ def read_header(file: Path, max_tensors: int = MAX_TENSORS) -> dict[str, TensorE
     return entries
 
 
-def _read_counted(fh, n: int, file: Path, max_tensors: int) -> bytearray:
-    """The header's `n` bytes, refused as soon as they hold more JSON items than `max_tensors` need.
-
-    Every value or key but the first follows one of , : [ { so their count bounds the items
-    (from above: the same bytes inside strings count too).
-    """
-    budget = _ITEMS_PER_TENSOR * max_tensors + _METADATA_ITEMS
-    raw, items = bytearray(), 1
-    while len(raw) < n:
-        piece = fh.read(min(_SLICE, n - len(raw)))
-        if not piece:
-            break  # the file shrank since its size was read: the JSON comes out cut short
-        items += len(piece.translate(None, _NOT_BEFORE_ITEMS))
-        if items > budget:
-            raise ModelFileError(f"{file}: header holds more JSON items than {max_tensors} tensors need "
-                                 f"(over {budget} in its first {len(raw) + len(piece)} bytes)")
-        raw += piece
-    return raw
+def json_items(max_tensors: int) -> int:
+    """The most JSON values and keys a header (or an index) of `max_tensors` entries may hold."""
+    return _ITEMS_PER_TENSOR * max_tensors + _METADATA_ITEMS
 
 
 def _check_tiling(file: Path, entries: Mapping[str, TensorEntry], base: int, data_size: int) -> None:
