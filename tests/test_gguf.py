@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
@@ -317,6 +317,61 @@ def test_rope_freqs_that_are_not_llama3_scaling_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# qwen2: q/k/v biases, and q/k rows as Hugging Face orders them (NeoX RoPE rotates halves)
+
+
+QWEN = dataclasses.replace(TINY, qkv_bias=True, rope_theta=1000000.0, rms_eps=1e-6, tied_embeddings=True)
+
+
+def qwen2_file(path: Path, model, drop=(), types: dict | None = None) -> Path:
+    """The model as llama.cpp's converter writes a Qwen2 model: qwen2.* keys, biases, no row permutation."""
+    tensors = {}
+    for hf, words in model.tensors.items():
+        if hf.endswith(".bias"):  # model.layers.N.self_attn.q_proj.bias -> blk.N.attn_q.bias
+            parts = hf.split(".")
+            name = f"blk.{parts[2]}.attn_{parts[4][0]}.bias"
+        else:
+            name = gguf_name(hf)
+        tensors[name] = bf16_to_f32(words)
+    meta = {k.replace("llama.", "qwen2."): v for k, v in llama_meta(model.config).items()}
+    meta = {**meta, **BYTE_VOCAB, "tokenizer.ggml.pre": "qwen2"}
+    return write_gguf(path, {k: v for k, v in tensors.items() if k not in drop},
+                      {k: v for k, v in meta.items() if k not in drop}, arch="qwen2", types=types)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen2_file_loads_every_word_exactly_with_its_biases_and_decodes_like_the_source(tmp_path, tied):
+    source = random_model(dataclasses.replace(QWEN, tied_embeddings=tied), seed=16)
+    model, text = load_gguf(qwen2_file(tmp_path / "q.gguf", source))
+    assert model.config == source.config
+    assert set(model.tensors) == set(source.tensors)
+    for name, words in source.tensors.items():
+        assert np.array_equal(model.tensors[name], words), name
+    got, want = ReferenceModel(model), ReferenceModel(source)
+    for pos, token in enumerate([5, 40, 77, 3, 120]):
+        assert np.array_equal(got.forward(token, pos), want.forward(token, pos)), pos
+    assert ReferenceModel(model).greedy([5, 40], 12) == ReferenceModel(source).greedy([5, 40], 12)
+    assert text.tokenizer.decode(text.tokenizer.encode("the cat").ids) == "the cat"
+
+
+def test_qwen2_quantized_q_and_k_rows_stay_where_the_file_has_them(tmp_path):
+    source = random_model(QWEN, seed=17)
+    types = {"blk.0.attn_q.weight": Q.Q8_0, "blk.1.attn_k.weight": Q.Q8_0}
+    model, _ = load_gguf(qwen2_file(tmp_path / "q.gguf", source, types=types))
+    for hf in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"]:
+        stored = dequantize(quantize(bf16_to_f32(source.tensors[hf]), Q.Q8_0), Q.Q8_0)
+        assert np.array_equal(model.tensors[hf], f32_to_bf16(stored)), hf
+
+
+@pytest.mark.parametrize("drop, expected", [
+    ("blk.1.attn_v.bias", "missing tensor 'blk.1.attn_v.bias'"),
+    ("qwen2.block_count", "missing metadata 'qwen2.block_count'"),
+])
+def test_qwen2_file_without_a_bias_or_a_key_is_refused_by_name(tmp_path, drop, expected):
+    assert expected in load_error(qwen2_file(tmp_path / "q.gguf", random_model(QWEN, seed=18), drop=[drop]))
+
+
+# ---------------------------------------------------------------------------------------------
 # the tokenizer
 
 
@@ -410,10 +465,10 @@ def bad_model(tmp_path, meta=None, drop=(), extra=None, **kw) -> Path:
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
-    path = write_gguf(tmp_path / "q.gguf", gguf_tensors(random_model(TINY)),
-                      {k.replace("llama.", "qwen2."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
-                      arch="qwen2")
-    assert "unsupported architecture 'qwen2'" in load_error(path)
+    path = write_gguf(tmp_path / "p.gguf", gguf_tensors(random_model(TINY)),
+                      {k.replace("llama.", "phi3."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
+                      arch="phi3")
+    assert "unsupported architecture 'phi3' (supported: llama, qwen2)" in load_error(path)
 
 
 def test_missing_tensor_is_named(tmp_path):
