@@ -17,6 +17,8 @@ from arcpy.errors import ModelFileError
 
 # Real config.json, index and safetensors headers are kilobytes to a few megabytes.
 MAX_JSON_BYTES = 100 * 1024 * 1024
+_SLICE = 1 << 20  # JSON text whose items are counted is read a megabyte at a time
+_NOT_BEFORE_ITEMS = bytes(sorted(set(range(256)) - set(b",:[{")))  # deleted: what is left is counted
 
 
 def open_regular(path: Path) -> tuple[BinaryIO, int]:
@@ -49,13 +51,36 @@ def parse_json(raw: bytes) -> tuple[object, str | None]:
         return None, "holds a number too long to read"
 
 
-def read_json_file(path: Path, what: str) -> object:
-    """Parse a small JSON file (config.json, the shard index). `what` names it in messages."""
+def read_json_text(fh: BinaryIO, n: int, max_items: int) -> bytearray | None:
+    """Up to `n` bytes of JSON text from `fh`, or None as soon as they hold more than `max_items`
+    values and keys (parsing a hostile 100 MB text builds tens of millions of Python objects).
+
+    Every item but the first follows one of , : [ { so their count bounds the items from above
+    (the same bytes inside strings count too).
+    """
+    raw, items = bytearray(), 1
+    while len(raw) < n:
+        piece = fh.read(min(_SLICE, n - len(raw)))
+        if not piece:
+            break
+        items += len(piece.translate(None, _NOT_BEFORE_ITEMS))
+        if items > max_items:
+            return None
+        raw += piece
+    return raw
+
+
+def read_json_file(path: Path, what: str, max_items: int | None = None) -> object:
+    """Parse a small JSON file (config.json, the shard index). `what` names it in messages;
+    `max_items`, when given, bounds its values and keys before it is parsed."""
     fh, size = open_regular(path)
     with fh:
         if size > MAX_JSON_BYTES:
             raise ModelFileError(f"{path}: {size} bytes is too large for a {what}")
-        raw = fh.read(MAX_JSON_BYTES + 1)
+        # What the file holds, not the cap: read(n) sets aside n bytes before it reads any.
+        raw = fh.read(size + 1) if max_items is None else read_json_text(fh, size + 1, max_items)
+    if raw is None:
+        raise ModelFileError(f"{path}: {what} holds more than {max_items} JSON items")
     value, problem = parse_json(raw)
     if problem is not None:
         raise ModelFileError(f"{path}: {what} {problem}")

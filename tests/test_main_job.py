@@ -104,16 +104,22 @@ def test_info_with_a_bad_arc_library_is_one_line_and_fails():
     assert errors == ["error: ARC_LIBRARY='/nonexistent/libarc.so': no such file"]
 
 
+@pytest.mark.parametrize("name, at, word, expected", [
+    ("model.layers.1.mlp.down_proj.weight", (3, 7), 0x7FC0,  # a bf16 NaN: refused at load
+     "tensor 'model.layers.1.mlp.down_proj.weight' holds a NaN weight at [3, 7]"),
+    # the largest finite bf16 in every final-norm weight: finite weights, the logits overflow
+    ("model.norm.weight", slice(None), 0x7F7F, "position 1 gave non-finite logits"),
+], ids=["nan", "overflowing"])
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--seed", "7"]], ids=["greedy", "sampled"])
-def test_a_nan_weight_is_one_error_line_not_tokens(tmp_path, sampling):
+def test_a_bad_weight_is_one_error_line_not_tokens(tmp_path, sampling, name, at, word, expected):
     model = random_model(SHAPES["qwen-tiny"], seed=5, name="tiny")
-    model.tensors["model.layers.1.mlp.down_proj.weight"] = model.tensors["model.layers.1.mlp.down_proj.weight"].copy()
-    model.tensors["model.layers.1.mlp.down_proj.weight"][3, 7] = 0x7FC0  # a bf16 NaN
+    model.tensors[name] = model.tensors[name].copy()
+    model.tensors[name][at] = word
     save_model(model, tmp_path)
     out = decode("--model", str(tmp_path), "--backend", "numpy", "--prompt-ids", "1 2", "-n", "4", *sampling)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "position 1 gave non-finite logits" in errors[0], out.stderr
+    assert len(errors) == 1 and expected in errors[0], out.stderr
 
 
 @CPU_ONLY

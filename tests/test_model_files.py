@@ -13,6 +13,7 @@ import json
 import math
 import os
 import struct
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -20,10 +21,12 @@ import numpy as np
 import pytest
 
 from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.files import read_json_file
 from arcpy.model import (
     EMBED,
     FINAL_NORM,
     LM_HEAD,
+    MAX_HEADER_BYTES,
     SHAPES,
     Model,
     ModelConfig,
@@ -208,6 +211,57 @@ def test_missing_config_key_is_named():
     del d["intermediate_size"]
     with pytest.raises(ModelFileError, match=r"cfg\.json: missing key 'intermediate_size'"):
         config_from_hf(d, "cfg.json")
+
+
+# Keys with a default: absent, the default holds; null is not absence (a config that says
+# "rms_norm_eps": null does not say 1e-6), so it is refused like any other wrong value.
+DEFAULTED = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_key_value_heads": 32, "head_dim": 128,
+             "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
+
+
+@pytest.mark.parametrize("key", [*DEFAULTED, "hidden_size", "num_hidden_layers", "vocab_size", "use_sliding_window",
+                                 "model_type"])
+def test_a_key_given_as_null_is_refused_by_name(key):
+    d = llama3_8b_config()
+    d[key] = None
+    if key == "model_type":
+        del d["architectures"]
+    with pytest.raises(ModelFileError) as ei:
+        config_from_hf(d, "cfg.json")
+    assert str(ei.value).startswith(f"cfg.json: key '{key}' must be") and str(ei.value).endswith("got None"), ei.value
+
+
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_a_null_inside_the_rope_settings_is_refused_by_name(where):
+    d = llama3_8b_config()
+    if where == "rope_parameters":
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": None}
+        del d["rope_scaling"]
+        key = "rope_theta"
+    else:
+        d["rope_scaling"]["factor"] = None
+        key = "factor"
+    with pytest.raises(ModelFileError, match=f"key '{key}' must be a finite number, got None"):
+        config_from_hf(d, "cfg.json")
+
+
+def test_config_with_neither_architectures_nor_model_type_names_the_missing_key():
+    d = llama3_8b_config()
+    del d["architectures"], d["model_type"]
+    with pytest.raises(ModelFileError, match=r"cfg\.json: missing key 'architectures'"):
+        config_from_hf(d, "cfg.json")
+
+
+def test_absent_keys_take_their_defaults():
+    d = llama3_8b_config()
+    for key in DEFAULTED:
+        d.pop(key, None)
+    cfg = config_from_hf(d, "cfg.json")
+    assert (cfg.rms_eps, cfg.rope_theta, cfg.n_kv_heads, cfg.head_dim) == (1e-6, 10000.0, 32, 128)
+    assert not cfg.tied_embeddings and not cfg.qkv_bias
+    # null keeps its meaning where the format gives it one: no scaling, no window
+    d.update(rope_scaling=None, sliding_window=None, use_sliding_window=False)
+    assert config_from_hf(d, "cfg.json").rope_scaling is None
 
 
 @pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "GemmaForCausalLM"])
@@ -521,6 +575,17 @@ def test_missing_directory_config_and_weights_are_each_named(tmp_path):
     assert "no model.safetensors" in load_error(tmp_path / "noweights")
 
 
+def test_reading_a_small_config_allocates_about_its_size(tmp_path):
+    write_tiny_dir(tmp_path)
+    tracemalloc.start()
+    try:
+        config_from_hf(read_json_file(tmp_path / "config.json", "config"), "config.json")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak / 1e6:.1f} MB to read {(tmp_path / 'config.json').stat().st_size} bytes"
+
+
 def test_config_that_is_not_json_is_refused(tmp_path):
     write_tiny_dir(tmp_path)
     (tmp_path / "config.json").write_text("{'hidden_size': 16,")
@@ -767,12 +832,16 @@ def test_config_claiming_a_billion_layers_stops_at_the_first_layer_the_file_lack
     assert "missing tensor 'model.layers.2.input_layernorm.weight'" in hostile_error(tmp_path)
 
 
-@pytest.mark.parametrize("shape", [[2] * 200_000, [1] * 9], ids=["200000-dims", "9-dims"])
-def test_shape_with_more_dims_than_a_weight_has_is_refused(tmp_path, shape):
+@pytest.mark.parametrize("shape, expected", [
+    ([2] * 200_000, "header holds more JSON items than 23 tensors need"),  # refused before it is parsed
+    ([2] * 20_000, "malformed shape"),
+    ([1] * 9, "malformed shape"),
+], ids=["200000-dims", "20000-dims", "9-dims"])
+def test_shape_with_more_dims_than_a_weight_has_is_refused(tmp_path, shape, expected):
     write_config(tmp_path)
     header = json.dumps({EMBED: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 2]}}).encode()
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
-    assert "malformed shape" in hostile_error(tmp_path)
+    assert expected in hostile_error(tmp_path)
 
 
 def test_shape_whose_size_dwarfs_the_file_is_refused_without_computing_it(tmp_path):
@@ -988,3 +1057,148 @@ def test_random_model_host_memory_peaks_under_twice_its_bf16_bytes():
         tracemalloc.stop()
     assert sum(t.nbytes for t in model.tensors.values()) == bf16_bytes
     assert peak < 2 * bf16_bytes, f"peak {peak / 1e6:.1f} MB for {bf16_bytes / 1e6:.1f} MB of bf16"
+
+
+# ---------------------------------------------------------------------------------------------
+# weights that are not finite: found at load, wherever they are
+
+
+NAN_WORD, INF_WORD = 0x7FC1, 0xFF80  # a NaN; minus infinity
+Q_PROJ = "model.layers.1.self_attn.q_proj.weight"
+
+
+def with_word(tensors: dict, name: str, at: tuple, word: int) -> dict:
+    t = tensors[name].copy()
+    t[at] = word
+    return {**tensors, name: t}
+
+
+def as_values(tensors: dict, name: str, at: tuple, value: float) -> dict:
+    out = {n: bf16_to_f32(w) for n, w in tensors.items()}
+    out[name][at] = value
+    return out
+
+
+def nonfinite_bf16(d, name, at, word):
+    write_tiny_dir(d, with_word(random_model(TINY, seed=12).tensors, name, at, word))
+
+
+def nonfinite_values(dtype):
+    def write(d, name, at, value):
+        write_config(d)
+        save_safetensors(d / "model.safetensors", as_values(random_model(TINY, seed=12).tensors, name, at, value), dtype)
+    return write
+
+
+def nonfinite_in_a_shard(d, name, at, word):
+    tensors = with_word(random_model(TINY, seed=12).tensors, name, at, word)
+    (d / "model.safetensors.index.json").write_text(json.dumps(shard_dir(d, tensors)))
+
+
+@pytest.mark.parametrize("write, name, at, bad, expected", [
+    # an embedding row no prompt may ever touch, and the lm_head every step reads
+    (nonfinite_bf16, EMBED, (39, 5), NAN_WORD, "holds a NaN weight at [39, 5]"),
+    (nonfinite_bf16, LM_HEAD, (0, 0), INF_WORD, "holds a weight that is infinite in bf16 at [0, 0]"),
+    (nonfinite_values("F32"), Q_PROJ, (7, 3), float("nan"), "holds a NaN weight at [7, 3]"),
+    (nonfinite_values("F32"), FINAL_NORM, (2,), 3.4e38, "infinite in bf16 at [2]"),  # finite, but not in bf16
+    (nonfinite_values("F16"), "model.layers.0.mlp.down_proj.weight", (15, 23), float("-inf"), "infinite in bf16"),
+    (nonfinite_in_a_shard, "model.layers.1.mlp.up_proj.weight", (23, 15), NAN_WORD, "holds a NaN weight"),
+], ids=["bf16-nan-unused-row", "bf16-inf-lm-head", "f32-nan", "f32-beyond-bf16", "f16-inf", "bf16-nan-in-a-shard"])
+def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_tensor(
+        tmp_path, write, name, at, bad, expected):
+    write(tmp_path, name, at, bad)
+    msg = hostile_error(tmp_path)
+    assert f"{tmp_path}" in msg and f"tensor '{name}' " in msg and expected in msg, msg
+
+
+def test_the_finiteness_scan_keeps_loading_a_mapped_bf16_checkpoint_light(tmp_path):
+    cfg = dataclasses.replace(TINY, dim=256, head_dim=64, ffn_dim=1024, vocab=4096)  # 10 MB of bf16
+    save_model(random_model(cfg, seed=13), tmp_path)
+    size = (tmp_path / "model.safetensors").stat().st_size
+    tracemalloc.start()
+    try:
+        load_model(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, f"peak {peak / 1e6:.1f} MB to load {size / 1e6:.1f} MB"
+
+
+# ---------------------------------------------------------------------------------------------
+# headers near the size limit
+
+
+def counted(template: bytes, n: int) -> bytes:
+    """`n` copies of `template`, joined by commas, its run of '#' replaced by the copy's number."""
+    at, width = template.index(b"#"), template.count(b"#")
+    rows = np.tile(np.frombuffer(template + b",", np.uint8), (n, 1))
+    i = np.arange(n)
+    for k in range(width):
+        rows[:, at + width - 1 - k] = ord("0") + i // 10**k % 10
+    return rows.tobytes()[:-1]
+
+
+def header_near_the_limit(kind: str) -> tuple[bytes, bytes]:
+    """A header of about MAX_HEADER_BYTES, and the data it needs."""
+    room = MAX_HEADER_BYTES - 100
+    if kind == "tiny-entries":  # distinct empty tensors
+        entry = b'"t#######":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}'
+        n = room // (len(entry) + 1)
+        return b"{" + counted(entry, n) + b"}", b""
+    if kind == "metadata-keys":
+        entry = b'"#######":""'
+        return b'{"__metadata__":{' + counted(entry, room // (len(entry) + 1)) + b"}}", b""
+    if kind == "long-shape":
+        return b'{"w":{"dtype":"BF16","shape":[' + b"1," * (room // 2) + b'1],"data_offsets":[0,2]}}', bytes(2)
+    return b'{"w":[' + b"[]," * (room // 3) + b"[]]}", b""  # nested empty lists
+
+
+@pytest.mark.parametrize("kind", ["tiny-entries", "metadata-keys", "long-shape", "nested-lists"])
+def test_a_header_near_the_size_limit_is_refused_quickly_and_in_little_memory(tmp_path, kind):
+    write_config(tmp_path)
+    header, data = header_near_the_limit(kind)
+    assert MAX_HEADER_BYTES - 1000 < len(header) <= MAX_HEADER_BYTES
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = hostile_error(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    seconds = time.perf_counter() - start
+    assert "header holds more JSON items than" in msg
+    assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
+
+
+def test_an_index_near_the_size_limit_is_refused_quickly_and_in_little_memory(tmp_path):
+    write_config(tmp_path)
+    entry = b'"t########":"model-00001-of-00002.safetensors"'
+    index = b'{"weight_map":{' + counted(entry, (MAX_HEADER_BYTES - 100) // (len(entry) + 1)) + b"}}"
+    (tmp_path / "model.safetensors.index.json").write_bytes(index)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = hostile_error(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    seconds = time.perf_counter() - start
+    assert "safetensors index holds more than 65996 JSON items" in msg
+    assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
+
+
+def test_a_header_listing_more_tensors_than_the_config_has_is_refused(tmp_path):
+    tensors = write_tiny_dir(tmp_path)
+    extra = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": np.zeros(0, np.uint16) for i in range(100)}
+    write_tiny_dir(tmp_path, {**tensors, **extra})
+    msg = hostile_error(tmp_path)
+    assert f"lists {len(tensors) + 100} tensors, more than the 23 a checkpoint of this config may hold" in msg
+
+
+def test_a_checkpoint_with_every_entry_a_config_tolerates_still_loads(tmp_path):
+    cfg = dataclasses.replace(TINY, qkv_bias=True, tied_embeddings=True)
+    tensors = random_model(cfg, seed=15).tensors
+    extra = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": np.zeros(2, np.uint16) for i in range(cfg.n_layers)}
+    write_tiny_dir(tmp_path, {**tensors, LM_HEAD: tensors[EMBED], **extra}, cfg)  # a tied lm_head, stored anyway
+    assert load_model(tmp_path).config == cfg

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import InvalidArgumentError, ModelFileError
 
 # Rounding works on slices of this many values, so its temporaries stay a few megabytes even
 # for a multi-gigabyte tensor (the output is the only full-size allocation).
 _CHUNK = 1 << 16
+# The finiteness scan reads slices of this many words (512 KB) into two reused buffers.
+_SCAN = 1 << 18
+_EXPONENT = np.uint16(0x7F80)
 
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
@@ -38,3 +41,34 @@ def f32_to_bf16(x) -> np.ndarray:
             rounded[is_nan] = (bits[is_nan] >> np.uint32(16)) | np.uint32(0x0040)
         flat_out[start:start + _CHUNK] = rounded
     return out
+
+
+def first_nonfinite(words: np.ndarray) -> int | None:
+    """The flat index of the first NaN or infinite bf16 word, or None when every word is finite.
+
+    A bf16 word is NaN or infinite exactly when its eight exponent bits are all ones. The words
+    (C-contiguous, often a view of a mapped file) are scanned in slices into two reused buffers,
+    so memory stays under a megabyte whatever the tensor's size.
+    """
+    flat = words.reshape(-1)
+    bits = np.empty(min(flat.size, _SCAN), dtype=np.uint16)
+    hit = np.empty(bits.size, dtype=bool)
+    for start in range(0, flat.size, _SCAN):
+        chunk = flat[start:start + _SCAN]
+        n = chunk.size
+        np.bitwise_and(chunk, _EXPONENT, out=bits[:n])
+        np.equal(bits[:n], _EXPONENT, out=hit[:n])
+        if hit[:n].any():
+            return start + int(np.argmax(hit[:n]))
+    return None
+
+
+def require_finite(words: np.ndarray, where: str) -> None:
+    """Refuse bf16 words that hold a NaN or an infinity: one ModelFileError line, `where` first
+    (the file and the tensor), with the first such weight's index."""
+    i = first_nonfinite(words)
+    if i is None:
+        return
+    at = [int(k) for k in np.unravel_index(i, words.shape)]
+    what = "a NaN weight" if int(words.reshape(-1)[i]) & 0x7F else "a weight that is infinite in bf16"
+    raise ModelFileError(f"{where} holds {what} at {at}")

@@ -18,10 +18,17 @@ import numpy as np
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
 from arcpy.files import read_json_file
-from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors
+from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.hf import config_from_hf, config_to_hf
-from arcpy.model.safetensors import READABLE, TensorEntry, read_bf16_words, read_header, save_safetensors
+from arcpy.model.safetensors import (
+    READABLE,
+    TensorEntry,
+    json_items,
+    read_bf16_words,
+    read_header,
+    save_safetensors,
+)
 from arcpy.model.tensors import Model
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -29,8 +36,18 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _read_index(directory: Path, index: Path) -> dict[str, TensorEntry]:
-    doc = read_json_file(index, "safetensors index")
+def _most_tensors(cfg: ModelConfig) -> int:
+    """The most entries one file of a checkpoint of `cfg` may list: its table, an lm_head even when
+    tied, and the buffers tolerated per layer. Counted from one layer's table, not listed: a config
+    may claim a billion layers."""
+    one_layer = expected_tensors(dataclasses.replace(cfg, n_layers=1, tied_embeddings=False))
+    per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
+    outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
+    return outside + cfg.n_layers * (per_layer + len(_HARMLESS_SUFFIXES))
+
+
+def _read_index(directory: Path, index: Path, max_tensors: int) -> dict[str, TensorEntry]:
+    doc = read_json_file(index, "safetensors index", json_items(max_tensors))
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise ModelFileError(f"{index}: not a safetensors index (no 'weight_map' object)")
@@ -45,22 +62,22 @@ def _read_index(directory: Path, index: Path) -> dict[str, TensorEntry]:
         if shard not in headers:
             if not os.path.lexists(directory / shard):
                 raise ModelFileError(f"{directory}: shard {quoted(shard)} listed in the index is missing")
-            headers[shard] = read_header(directory / shard)
+            headers[shard] = read_header(directory / shard, max_tensors)
         if name not in headers[shard]:
             raise ModelFileError(f"{directory / shard}: tensor {quoted(name)} listed in the index is absent")
         entries[name] = headers[shard][name]
     return entries
 
 
-def _weight_files(directory: Path) -> dict[str, TensorEntry]:
+def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
     """Locate the safetensors file(s) in a model directory and return the tensor index."""
     # lexists: a dangling link is reported as unreadable, not as absent.
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if os.path.lexists(single):
-        return read_header(single)
+        return read_header(single, _most_tensors(cfg))
     if os.path.lexists(index):
-        return _read_index(directory, index)
+        return _read_index(directory, index, _most_tensors(cfg))
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise ModelFileError(f"{directory}: refusing pickle checkpoint {quoted(pickles[0])} (pickle runs code on "
@@ -124,7 +141,7 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries = _weight_files(directory)
+    entries = _weight_files(directory, cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
     tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}

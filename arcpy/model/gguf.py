@@ -4,11 +4,15 @@
     gguf_vocab  the tokenizer metadata, as a plain Vocabulary (arcpy.text builds the tokenizer)
     gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
-Every tensor is dequantized to float32 and rounded to bf16 words. Two things differ from a Hugging
-Face checkpoint. llama.cpp's converter reorders the rows of each q and k head so that interleaved
-RoPE (pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does;
-the loader puts them back. Llama 3 frequency scaling travels as a tensor of per-pair divisors
-(rope_freqs), from which the RopeScaling parameters are recovered and checked.
+Two architectures: "llama" (Llama 2/3, Mistral, SmolLM) and "qwen2" (the same decoder with q/k/v
+biases); the metadata keys carry the architecture's name as their prefix. Every tensor is
+dequantized to float32 and rounded to bf16 words, each of which must be finite (a NaN scale makes a
+block of NaN weights). Two things differ from a Hugging Face checkpoint. For "llama", llama.cpp's
+converter reorders the rows of each q and k head so that interleaved RoPE (pairs 2i, 2i+1) computes
+what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts them back
+("qwen2" runs rotate-half RoPE in llama.cpp too, and its rows are stored as they are). Llama 3
+frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from which the
+RopeScaling parameters are recovered and checked.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.model.bf16 import f32_to_bf16
+from arcpy.model.bf16 import f32_to_bf16, require_finite
 from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, iter_tensors, rope_inv_freq
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
@@ -40,6 +44,7 @@ _LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }
 _ROPE_FREQS = "rope_freqs.weight"
+_ARCHITECTURES = ("llama", "qwen2")  # qwen2: q/k/v biases, and q/k rows not permuted
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
 
 
@@ -101,43 +106,46 @@ def _reading(path: Path):
 def _config(f: GGUFFile) -> ModelConfig:
     m, path = f.meta, f.path
     arch = m.text("general.architecture")
-    if arch != "llama":
-        raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} (supported: llama)")
-    if m.integer("llama.expert_count", 0) > 0:
+    if arch not in _ARCHITECTURES:
+        raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} "
+                             f"(supported: {', '.join(_ARCHITECTURES)})")
+    a = f"{arch}."  # every key below is the architecture's
+    if m.integer(a + "expert_count", 0) > 0:
         raise ModelFileError(f"{path}: mixture-of-experts models are not supported")
-    dim = m.integer("llama.embedding_length")
-    n_heads = m.integer("llama.attention.head_count")
+    dim = m.integer(a + "embedding_length")
+    n_heads = m.integer(a + "attention.head_count")
     if n_heads <= 0:
-        raise ModelFileError(f"{path}: metadata 'llama.attention.head_count' must be positive, got {n_heads}")
-    head_dim = m.integer("llama.attention.key_length", dim // n_heads)
-    value_dim = m.integer("llama.attention.value_length", head_dim)
-    rope_dim = m.integer("llama.rope.dimension_count", head_dim)
+        raise ModelFileError(f"{path}: metadata {quoted(a + 'attention.head_count')} must be positive, got {n_heads}")
+    head_dim = m.integer(a + "attention.key_length", dim // n_heads)
+    value_dim = m.integer(a + "attention.value_length", head_dim)
+    rope_dim = m.integer(a + "rope.dimension_count", head_dim)
     if value_dim != head_dim or rope_dim != head_dim:
         raise ModelFileError(f"{path}: heads with key size {head_dim}, value size {value_dim} and {rope_dim} "
                              "rotated dims are not supported (all three must match)")
     tokens = m.values.get("tokenizer.ggml.tokens")
-    vocab = len(tokens) if isinstance(tokens, list) else m.integer("llama.vocab_size")
-    stated = m.integer("llama.vocab_size", vocab)
+    vocab = len(tokens) if isinstance(tokens, list) else m.integer(a + "vocab_size")
+    stated = m.integer(a + "vocab_size", vocab)
     if stated != vocab:
-        raise ModelFileError(f"{path}: llama.vocab_size {stated} differs from the {vocab} tokens listed")
-    scaling = m.text("llama.rope.scaling.type", "none")
-    if scaling == "linear" and m.number("llama.rope.scaling.factor", 1.0) == 1.0:
+        raise ModelFileError(f"{path}: {a}vocab_size {stated} differs from the {vocab} tokens listed")
+    scaling = m.text(a + "rope.scaling.type", "none")
+    if scaling == "linear" and m.number(a + "rope.scaling.factor", 1.0) == 1.0:
         scaling = "none"  # a factor of 1 scales nothing
     if scaling != "none":
         raise ModelFileError(f"{path}: unsupported rope scaling type {quoted(scaling)} "
                              "(supported: Llama 3 scaling, stored as rope_freqs)")
     try:
         cfg = ModelConfig(
-            dim=dim, n_layers=m.integer("llama.block_count"), n_heads=n_heads,
-            n_kv_heads=m.integer("llama.attention.head_count_kv", n_heads), head_dim=head_dim,
-            ffn_dim=m.integer("llama.feed_forward_length"), vocab=vocab,
-            max_seq=m.integer("llama.context_length"),
-            rms_eps=m.number("llama.attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=m.number("llama.rope.freq_base", 10000.0),
+            dim=dim, n_layers=m.integer(a + "block_count"), n_heads=n_heads,
+            n_kv_heads=m.integer(a + "attention.head_count_kv", n_heads), head_dim=head_dim,
+            ffn_dim=m.integer(a + "feed_forward_length"), vocab=vocab,
+            max_seq=m.integer(a + "context_length"),
+            rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=m.number(a + "rope.freq_base", 10000.0),
             tied_embeddings=_GLOBAL_NAMES[LM_HEAD] not in f.tensors,
+            qkv_bias=arch == "qwen2",
         )
         if _ROPE_FREQS in f.tensors:
-            orig = m.integer("llama.rope.scaling.original_context_length", _LLAMA3_CONTEXT)
+            orig = m.integer(a + "rope.scaling.original_context_length", _LLAMA3_CONTEXT)
             cfg = _with_rope_freqs(cfg, f, orig)
     except InvalidArgumentError as e:
         raise ModelFileError(f"{path}: {e}") from None
@@ -208,8 +216,9 @@ def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _gguf_name(hf_name: str) -> str:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight
-    return f"blk.{layer}.{_LAYER_NAMES[rest.removesuffix('.weight')]}.weight"
+    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight (or .bias)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER_NAMES[module]}.{kind}"
 
 
 def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
@@ -229,12 +238,15 @@ def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
     if extra:
         raise ModelFileError(f"{f.path}: unexpected tensor {quoted(extra[0])} (not part of this config)")
     f.check_types(wanted.values())
+    # llama's q/k rows are reordered for interleaved RoPE; qwen2's are stored as they are.
+    permuted = f.meta.text("general.architecture") == "llama"
     tensors = {}
     for done, (hf_name, info) in enumerate(wanted.items(), 1):
         words = f32_to_bf16(f.values(info))
-        if hf_name.endswith("q_proj.weight"):
+        require_finite(words, f"{f.path}: tensor {quoted(info.name)}")  # stored, or made by a block's scales
+        if permuted and hf_name.endswith("q_proj.weight"):
             words = unpermute_rotary_rows(words, cfg.n_heads)
-        elif hf_name.endswith("k_proj.weight"):
+        elif permuted and hf_name.endswith("k_proj.weight"):
             words = unpermute_rotary_rows(words, cfg.n_kv_heads)
         tensors[hf_name] = words
         if progress is not None:

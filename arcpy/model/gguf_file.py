@@ -1,7 +1,8 @@
 """The GGUF container: its header walked with every count bounded, typed metadata, float32 tensors.
 
 A file is the magic "GGUF", a version, the tensor and key counts, the key/value metadata, one entry
-per tensor (name, dims innermost first, type, offset), then the tensor data, each tensor aligned.
+per tensor (name, dims innermost first, type, offset), then the tensor data: each tensor's bytes, as
+many as its type and dims imply, in table order, each starting at the aligned end of the one before.
 Every length and count in the header is checked against the bytes the file holds before it is
 read or allocated for; the `gguf` package supplies the type tables and the dequantization.
 """
@@ -116,7 +117,8 @@ class GGUFFile:
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         rows = raw.reshape(*info.shape[:-1], info.dims[0] // block * type_size)
         try:
-            return dequantize(rows, info.qtype).reshape(info.shape)
+            with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale is reported by the caller
+                return dequantize(rows, info.qtype).reshape(info.shape)
         except MemoryError:
             raise ModelFileError(f"{self.path}: not enough memory to read tensor {quoted(info.name)} "
                                  f"({info.qtype.name}, {info.nbytes} bytes)") from None
@@ -254,18 +256,42 @@ def read_gguf(path: Path) -> GGUFFile:
             raise ModelFileError(f"{where} has unknown type {qtype}") from None
         if dims[0] % block:
             raise ModelFileError(f"{where}: row length {dims[0]} is not a multiple of the {qt.name} block of {block}")
-        nbytes = math.prod(dims) // block * type_size
-        if offset % align or base + offset + nbytes > size:
-            raise ModelFileError(f"{where}: data at offset {offset} ({nbytes} bytes) is misaligned or runs "
-                                 f"past the end of the file ({size} bytes; truncated?)")
-        tensors[name] = TensorInfo(name, tuple(dims), qt, base + offset, nbytes)
-    _check_overlaps(path, tensors)
+        tensors[name] = TensorInfo(name, tuple(dims), qt, base + offset, math.prod(dims) // block * type_size)
+    _check_tiling(path, list(tensors.values()), base, align, size)
     return GGUFFile(path, Metadata(values, path), tensors, data)
 
 
-def _check_overlaps(path: Path, tensors: dict[str, TensorInfo]) -> None:
-    end, previous = 0, None
-    for t in sorted(tensors.values(), key=lambda t: t.start):
-        if t.start < end:
-            raise ModelFileError(f"{path}: tensor {quoted(t.name)} overlaps the data of tensor {quoted(previous)}")
-        end, previous = t.start + t.nbytes, t.name
+def _check_tiling(path: Path, infos: list[TensorInfo], base: int, align: int, size: int) -> None:
+    """The data section holds each tensor's data, in table order, each at the aligned end of the one
+    before (the rule llama.cpp's reader enforces), and nothing after the last.
+
+    A tensor's byte count follows from its type and dims alone, so a type relabelled in the header,
+    or an offset moved, breaks the tiling: that is how a file whose entries do not describe its
+    data is told apart from one that merely dequantizes to other numbers.
+    """
+    expected, previous = 0, None  # where the next tensor must start, relative to base
+    for done, t in enumerate(infos):
+        where = f"{path}: tensor {quoted(t.name)}"
+        offset = t.start - base
+        if offset % align:
+            raise ModelFileError(f"{where}: data offset {offset} is not a multiple of the alignment {align}")
+        if offset < expected:
+            owner = next((p for p in reversed(infos[:done]) if p.start <= t.start and p.nbytes), previous)
+            raise ModelFileError(f"{where} overlaps the data of tensor {quoted(owner.name)} "
+                                 f"({_described(owner, base)}): it starts at data offset {offset}")
+        if offset > expected:
+            after = "the start of the data" if previous is None else \
+                f"where tensor {quoted(previous.name)} ({_described(previous, base)}) ends, aligned to {align}"
+            raise ModelFileError(f"{where} starts at data offset {offset}, expected {expected}, {after} "
+                                 "(a type or an offset changed in the header?)")
+        if t.start + t.nbytes > size:
+            raise ModelFileError(f"{where}: its data ({t.qtype.name}, {t.nbytes} bytes from offset {offset}) runs "
+                                 f"past the end of the file ({size} bytes; truncated?)")
+        expected, previous = offset + -(-t.nbytes // align) * align, t
+    if size > base + expected:
+        raise ModelFileError(f"{path}: the last {size - base - expected} bytes of the file belong to no tensor "
+                             "(a type changed in the header, or data appended?)")
+
+
+def _described(t: TensorInfo, base: int) -> str:
+    return f"{t.qtype.name} {list(t.shape)}, {t.nbytes} bytes from offset {t.start - base}"

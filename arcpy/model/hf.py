@@ -2,7 +2,8 @@
 
 Everything read here came from a file: each key is checked for its JSON type before use (a wrong
 type is one ModelFileError line, never a TypeError), numbers must convert to finite floats, and
-every value a message repeats is quoted.
+every value a message repeats is quoted. An absent key takes its default; a null is a wrong type,
+except where null has a meaning (no rope scaling, no sliding window).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ _MISSING = object()
 
 
 def _get(d: Mapping, key: str, source: str, default=_MISSING):
-    """d[key], or `default` when absent or null; absent without a default is an error."""
-    v = d.get(key)
-    if v is None:
+    """d[key], or `default` when absent; absent without a default is an error.
+
+    A null is returned as it is, for the caller's type check to refuse: "rms_norm_eps": null does
+    not say 1e-6. The keys where null has a meaning (rope_scaling, sliding_window) are read apart.
+    """
+    if key not in d:
         if default is _MISSING:
             raise ModelFileError(f"{source}: missing key '{key}'")
         return default
-    return v
+    return d[key]
 
 
 def _int(d: Mapping, key: str, source: str, default=_MISSING) -> int:
@@ -62,9 +66,9 @@ def _str(d: Mapping, key: str, source: str, default=_MISSING) -> str:
 def _family(d: Mapping, source: str) -> str:
     archs = d.get("architectures")
     if archs is None:
-        family = _str(d, "model_type", source, default=None)
-        if family is None:
+        if "model_type" not in d:
             raise ModelFileError(f"{source}: missing key 'architectures'")
+        family = _str(d, "model_type", source)
         if family not in _ARCHITECTURES.values():
             raise ModelFileError(f"{source}: unsupported model_type {quoted(family)} "
                                  f"(supported: {', '.join(sorted(set(_ARCHITECTURES.values())))})")
@@ -117,7 +121,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     if not isinstance(d, dict):
         raise ModelFileError(f"{source}: config must be a JSON object")
     family = _family(d, source)
-    act = _get(d, "hidden_act", source, "silu")
+    act = _str(d, "hidden_act", source, "silu")
     if act != "silu":
         raise ModelFileError(f"{source}: unsupported hidden_act {quoted(act)} (supported: silu)")
     if _flag(d, "mlp_bias", source, False):

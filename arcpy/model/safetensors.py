@@ -5,7 +5,8 @@ shape, data_offsets relative to the end of the header), then the data. The data 
 the data section exactly: sorted by begin, the first starts at 0, each starts where the previous
 ended, the last ends at the end of the file (the format allows no holes, and the reference reader
 refuses a file whose offsets do not cover its buffer). That one rule also catches overlapping
-tensors and a header length that is off by a few bytes.
+tensors and a header length that is off by a few bytes. The header's JSON is parsed only once it is
+known to hold no more items than the tensors of the config need.
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json
-from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
+from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_text
+from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16, require_finite
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 8  # weights here have one or two; a header with more is not a model
+# Tensors one file may list: a dense model of over 1,200 layers (Llama 3 405B has 126, in 1,137 tensors).
+MAX_TENSORS = 1 << 14
+# JSON items (values and keys) a header may hold per tensor, and for its __metadata__. An entry
+# such as "name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [x, y]} holds 12.
+_ITEMS_PER_TENSOR = 20
+_METADATA_ITEMS = 1 << 16
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 READABLE = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}
@@ -53,8 +60,14 @@ def _shape_bytes(shape: list[int], itemsize: int, limit: int) -> int | None:
     return n
 
 
-def read_header(file: Path) -> dict[str, TensorEntry]:
-    """Parse and validate one safetensors header against the file's size; reads no tensor data."""
+def read_header(file: Path, max_tensors: int = MAX_TENSORS) -> dict[str, TensorEntry]:
+    """Parse and validate one safetensors header against the file's size; reads no tensor data.
+
+    `max_tensors` (at most MAX_TENSORS) is the most entries the header may list. The JSON is
+    parsed only once it is known to hold no more items than that many entries need: parsing a
+    hostile header near MAX_HEADER_BYTES builds tens of millions of Python objects.
+    """
+    max_tensors = min(max_tensors, MAX_TENSORS)
     fh, size = open_regular(file)
     with fh:
         if size < 8:
@@ -64,12 +77,19 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
         if n > MAX_HEADER_BYTES or n > size - 8:
             raise ModelFileError(f"{file}: not a safetensors file (its header length does not fit "
                                  f"the file's {size} bytes)")
-        raw = fh.read(n)
+        raw = read_json_text(fh, n, json_items(max_tensors))
+    if raw is None:
+        raise ModelFileError(f"{file}: header holds more JSON items than {max_tensors} tensors need "
+                             f"(more than {json_items(max_tensors)})")
     header, problem = parse_json(raw)
     if problem is not None:
         raise ModelFileError(f"{file}: not a safetensors file (header {problem})")
     if not isinstance(header, dict):
         raise ModelFileError(f"{file}: not a safetensors file (header is not a JSON object)")
+    listed = len(header) - ("__metadata__" in header)
+    if listed > max_tensors:
+        raise ModelFileError(f"{file}: header lists {listed} tensors, more than the {max_tensors} "
+                             "a checkpoint of this config may hold")
     base, data_size = 8 + n, size - 8 - n
     entries: dict[str, TensorEntry] = {}
     for name, info in header.items():
@@ -101,6 +121,11 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+def json_items(max_tensors: int) -> int:
+    """The most JSON values and keys a header (or an index) of `max_tensors` entries may hold."""
+    return _ITEMS_PER_TENSOR * max_tensors + _METADATA_ITEMS
+
+
 def _check_tiling(file: Path, entries: Mapping[str, TensorEntry], base: int, data_size: int) -> None:
     cursor, previous = 0, None
     for begin, end, name in sorted((e.start - base, e.start - base + e.nbytes, n) for n, e in entries.items()):
@@ -124,6 +149,7 @@ def _as_bf16_words(view: np.ndarray, dtype: str) -> np.ndarray:
 
 def read_bf16_words(name: str, entry: TensorEntry, maps: dict[Path, np.ndarray]) -> np.ndarray:
     """One tensor as bf16 words: BF16 data stays a view of the file's mapping, F16/F32 are rounded.
+    Every word is checked to be finite (one pass over the data, which also pages it in).
 
     `maps` holds one read-only mapping per file, shared by its tensors.
     """
@@ -132,10 +158,13 @@ def read_bf16_words(name: str, entry: TensorEntry, maps: dict[Path, np.ndarray])
     raw = maps[entry.file][entry.start:entry.start + entry.nbytes]
     view = raw.view(READABLE[entry.dtype]).reshape(entry.shape)
     try:
-        return _as_bf16_words(view, entry.dtype)
+        words = _as_bf16_words(view, entry.dtype)
     except MemoryError:
         raise ModelFileError(f"{entry.file}: not enough memory to read tensor {quoted(name)} "
                              f"({entry.dtype}, {entry.nbytes} bytes)") from None
+    # After rounding: an F32 weight beyond the bf16 range is as infinite as a stored one.
+    require_finite(words, f"{entry.file}: tensor {quoted(name)}")
+    return words
 
 
 def save_safetensors(path, tensors: Mapping[str, np.ndarray], dtype: str = "BF16") -> None:
