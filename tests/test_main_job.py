@@ -63,6 +63,7 @@ S = ["--shape", "stories15M"]
     (S + ["--prompt-ids", "1 x"], {}, "expected token ids"),
     (S + ["--max-seq", "4", "--prompt-ids", "1 2 3 4 5"], {}, "max_seq 4 leaves no room"),
     (S + ["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
+    (S + ["-n", "2"], {"ARC_OFFLINE": "maybe"}, "ARC_OFFLINE='maybe' is not understood"),
     (S + ["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
     (S + ["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),
     (S + ["-n", "2"], {"ARC_LIBRARY": "/nonexistent/libarc.so"}, "ARC_LIBRARY='/nonexistent/libarc.so': no such file"),
