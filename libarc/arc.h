@@ -161,8 +161,8 @@ int arc_sample(arc_context *ctx, const float *logits, int32_t n, const arc_sampl
 int arc_sample_max_vocab(arc_context *ctx, int32_t *out);
 
 /* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
- * (raw 16-bit words), except the RoPE inverse frequencies (float32); the KV cache is bf16; every
- * activation is float32. The forward reads the token and the position from an arc_loop, so a
+ * (raw 16-bit words) or quantized (arc_format, below), except the RoPE inverse frequencies
+ * (float32); the KV cache is bf16; every activation is float32. The forward reads the token and the position from an arc_loop, so a
  * graph captured once replays unchanged at every position. */
 typedef enum arc_tensor {
     ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
@@ -198,6 +198,54 @@ typedef struct arc_model_config {
 } arc_model_config;
 
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+
+/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD) may be held in
+ * one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
+ * the RoPE frequencies are always bf16 (float32 for the frequencies). The quantized formats are
+ * llama.cpp's GGUF block types, repacked by row so that every load is 16-byte aligned and
+ * coalesced; the values they hold are exactly the GGUF blocks' values.
+ *
+ * A row of `cols` weights (cols % 32 == 0; % 256 for the _K formats) is a sequence of units of
+ * 32 consecutive weights (unit u: columns 32u..32u+31); a _K superblock is 8 units. A row is
+ * four arrays, A then B then C then D, each padded with zeros to a multiple of 16 bytes; rows
+ * follow each other with no gap (arc_format_row_bytes gives a row's size).
+ *   A (quants): Q8_0: 32 bytes a unit, int8 weight k at byte k. Q4_0, Q4_1, Q4_K, Q5_K, Q6_K:
+ *     16 bytes a unit, byte k (0..15) holding the low 4 bits of weight k in its low nibble and
+ *     those of weight k + 16 in its high nibble.
+ *   B (high bits): Q5_K: a uint32 H a unit, bit 8b + i = bit 4 of weight 4i + b and bit
+ *     8b + 4 + i = bit 4 of weight 16 + 4i + b (b, i in 0..3). Q6_K: two uint32 H0, H1 a unit,
+ *     bits 8b + 2i and 8b + 2i + 1 of H0 = bits 4 and 5 of weight 4i + b, of H1 = those of
+ *     weight 16 + 4i + b. Other formats: empty.
+ *   C (scales): Q8_0, Q4_0: a float16 d a unit. Q4_1: float16 d then float16 m, a unit.
+ *     Q4_K, Q5_K: 16 bytes a superblock, GGUF's own: float16 d, float16 dmin, 12 bytes of
+ *     6-bit scales and mins (unit j of the superblock: GGUF's get_scale_min_k4(j)). Q6_K: 16
+ *     int8 scales a superblock, scale j for its weights 16j..16j+15.
+ *   D: Q6_K: a float16 d a superblock. Other formats: empty.
+ * The weight, with q the unit's quant (4 bits; 5 with Q5_K's high bit; 6 with Q6_K's two):
+ *   Q8_0 d * q (q signed)     Q4_0 d * (q - 8)       Q4_1 d * q + m
+ *   Q4_K, Q5_K  d * sc * q - dmin * m (sc, m: the unit's 6-bit scale and min)
+ *   Q6_K  d * scale * (q - 32)
+ * The quantized GEMVs quantize their input too, per unit: amax = max |x| over the unit's 32
+ * inputs (after the fused norm), x_q = rint(x * (127 / amax)) (0 where amax is 0), dx =
+ * amax / 127; the unit's dot is dx times an exact integer sum of q * x_q, scaled as above. */
+typedef enum arc_format {
+    ARC_FORMAT_BF16 = 0,
+    ARC_FORMAT_Q8_0 = 1,
+    ARC_FORMAT_Q4_0 = 2,
+    ARC_FORMAT_Q4_1 = 3,
+    ARC_FORMAT_Q4_K = 4,
+    ARC_FORMAT_Q5_K = 5,
+    ARC_FORMAT_Q6_K = 6
+} arc_format;
+
+/* Bytes of one row of `cols` weights in `format` (bf16: 2 * cols). Host only; no context. */
+int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out);
+
+/* arc_model_create with a format for each tensor: formats[tensor * n_layers + layer] (global
+ * tensors at layer 0), ARC_TENSOR_ROPE_INV_FREQ + 1 entries per layer; NULL means bf16
+ * throughout. A tensor's upload then takes rows * arc_format_row_bytes(format, cols) bytes. */
+int arc_model_create_formats(arc_context *ctx, const arc_model_config *config, const int32_t *formats,
+                             arc_model **out);
 int arc_model_destroy(arc_model *model);
 int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host,
                      uint64_t bytes);
@@ -236,6 +284,24 @@ int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int3
  * in arc_op_gemv. Same limits. */
 int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                        int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+
+/* The quantized GEMVs: arc_op_gemv, arc_op_gemv_argmax and arc_op_gemv_swiglu over W held in
+ * `format` (a quantized arc_format): rows rows of arc_format_row_bytes(format, cols) bytes each
+ * (for the swiglu, 2 * rows rows: the gate's, then the up's), 16-byte aligned. The input is
+ * quantized per unit (see arc_format). cols % 32 == 0 (% 256 for the _K formats), cols <= 49152;
+ * otherwise the limits of the bf16 GEMVs. */
+int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows, int32_t cols,
+                 const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
+int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
+                        int32_t cols, const uint16_t *norm_weight, float eps, float *y, int32_t *out,
+                        float *value_out);
+int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t rows,
+                        int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+
+/* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix
+ * products read of a quantized tensor. out 16-byte aligned. */
+int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols,
+                      uint16_t *out);
 
 /* The scratch arc_op_attention needs, in bytes. */
 int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,

@@ -11,33 +11,15 @@
 // takes the block barriers off the small models' chain of latencies. The lm_head may also take
 // the argmax of what it writes (AM below), and in the device loop commit it: the greedy step's
 // sampler without a kernel of its own.
-#include "head_argmax.cuh"
-#include "kernels.cuh"
+#include "gemv_common.cuh"
 
-// GEMV_MIN_BLOCKS: blocks per SM the kernel is compiled to fit (its register budget), and so the
-// occupancy the work split below plans for. Two leave room for the first batch of weights to be
-// held in registers from before the dependency wait (at four it spills); measured on the H200,
-// two with that early batch beat four without it on every benchmark shape (docs/PERF.md).
-enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, GEMV_LOADS = 8, GEMV_STAGE = 4 };
 // Rows of at most 32 * min(GEMV_WX, U) vectors (1,024 columns; 512 at 4 rows a task) may skip
 // the block's staging: each warp holds the input in registers, that many vectors a lane (see
 // gemv_kernel's WX).
 enum { GEMV_WX = 4 };
 
-// The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
-constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
 // The input vectors a lane holds under WX: one batch covers the row.
 constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
-
-// A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
-// the staged input and to other blocks.
-__device__ __forceinline__ uint4 load_weights(const uint4 *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
 
 // acc + dot(8 bf16 weights, 8 floats a.xyzw b.xyzw); element 0 is the low half of w.x.
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
@@ -118,7 +100,6 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
     extern __shared__ float4 xs[];  // [2 * nvec]: x[8v..8v+3] at v, x[8v+4..8v+7] at nvec + v
     __shared__ float red[GEMV_WARPS];
-    __shared__ float part[GEMV_WARPS][NR];
     const int nvec = cols / 8;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + lane;
@@ -244,45 +225,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                 }
             }
         }
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
-        if constexpr (KS > 1) {
-            // Sum the KS warps' partial dots in a fixed order: the result does not depend on timing.
-            if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < NR; ++r) part[warp][r] = acc[r];
-            }
-            __syncthreads();
-            if (lane == 0 && warp % KS == 0) {
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    acc[r] = part[warp][r];
-#pragma unroll
-                    for (int k = 1; k < KS; ++k) acc[r] += part[warp + k][r];
-                }
-            }
-            __syncthreads();  // part is reused by the next task
-        }
-        if (lane == 0 && warp % KS == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int row = task * R + r;
-                if (row >= rows) break;
-                float out;
-                if constexpr (GATED) {
-                    out = silu(acc[r]) * acc[R + r];
-                } else {
-                    out = acc[r];
-                    if (bias != nullptr) out += bf16_to_f32(bias[row]);
-                    if (accumulate) out += y[row];
-                }
-                y[row] = out;
-                if constexpr (AM) {
-                    const unsigned long long k = argmax_key(out, row);
-                    best = k > best ? k : best;
-                }
-            }
-        }
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
     }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(best, am);
 }
@@ -344,25 +287,6 @@ static int check_gemv(const char *who, const GemvArgs &a) {
     return ARC_OK;
 }
 
-// The work split, by shape; only speed depends on it. Warp slots: the warps the GPU holds at
-// this kernel's occupancy (GEMV_MIN_BLOCKS blocks per SM: 132 * 16 on an H200, where it was
-// measured). Rows per task R: the most that still leaves a task for every other warp slot, so large
-// matrices pay little per-row overhead. Split-K KS: when one row per task still leaves warp
-// slots idle, split the columns, as long as each warp keeps at least one full batch of loads.
-static int gemv_split(const arc_context *ctx, int32_t rows, int32_t cols, int max_r, bool gated, int *ks_out) {
-    const int warp_slots = ctx->sm_count * GEMV_WARPS * GEMV_MIN_BLOCKS;
-    const int r_slots = warp_slots / 2;
-    int r = max_r;
-    while (r > 1 && rows / r < r_slots) r /= 2;
-    const int u = gemv_batch(gated ? 2 * r : r);
-    const long long tasks = (rows + r - 1) / r;
-    int ks = 1;
-    if (r == 1)
-        while (ks < 8 && tasks * ks < warp_slots && cols / 8 >= 32 * u * ks * 2) ks *= 2;
-    *ks_out = ks;
-    return r;
-}
-
 // Checks the limits, picks (R, KS) for the shape and launches that instance. GATED reads two
 // weight rows per output row, so it takes at most R = 2 (the same 4 rows in flight as R = 4).
 template <bool GATED>
@@ -374,7 +298,7 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     if constexpr (GATED) ARC_REQUIRE_AS(who, a.am == nullptr, "the gated GEMV takes no argmax");
     constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
-    const int r = gemv_split(ctx, a.rows, a.cols, MAX_R, GATED, &ks);
+    const int r = gemv_split(ctx, a.rows, a.cols / 8, MAX_R, GATED, &ks);
     // Short rows take the warp-local input where one batch of loads covers a row.
     const bool wx = a.cols / 8 <= 32 * gemv_wx_vectors(GATED ? 2 * r : r) && ks == 1;
     if constexpr (MAX_R == 4) {

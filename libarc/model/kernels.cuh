@@ -230,6 +230,7 @@ struct PrefillBuffers {
     uint16_t *q;    // rotated queries, bf16 (max_chunk, q_dim)
     uint16_t *att;  // attention output, bf16 (max_chunk, q_dim)
     uint16_t *h;    // SwiGLU output, bf16 (max_chunk, ffn_dim)
+    uint16_t *wdq;  // a quantized matrix dequantized for its product, bf16 (the model's dequant_elems)
 };
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
@@ -242,10 +243,18 @@ int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, con
 
 // ---- What the prefill (prefill.cu) reads of a model (model.cu) ------------------------------
 
-// One layer's weights, each group the forward reads as one matrix given by its first member
-// (Wq Wk Wv, bq bk bv, Wgate Wup), and the layer's KV cache, each (n_kv_heads, max_seq, head_dim).
+// A weight matrix as the forward reads it: its data and its arc_format (bf16 or quantized).
+struct Weight {
+    const void *p;
+    int32_t format;
+};
+
+// One layer's weights and KV cache, each (n_kv_heads, max_seq, head_dim). Wq Wk Wv lie one after
+// the other (so do bq bk bv, and Wgate Wup: one matrix, of one format), so that consecutive
+// parts of one format are read as one matrix from the first.
 struct LayerParts {
-    const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *mlp_norm, *w_gate_up, *w_down;
+    const uint16_t *attn_norm, *bqkv, *mlp_norm;
+    Weight wq, wk, wv, wo, w_gate_up, w_down;
     uint16_t *k_cache, *v_cache;
 };
 
@@ -253,10 +262,13 @@ struct ModelParts {
     arc_context *ctx;
     arc_model_config cfg;
     int32_t q_dim, kv_dim, qkv_rows;
-    const uint16_t *embed, *final_norm, *lm_head;  // lm_head is embed when tied
+    const uint16_t *embed, *final_norm;
+    Weight lm_head;  // the embedding when tied
     const float *inv_freq;
+    float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
     float *logits;
     PrefillBuffers *prefill;
+    uint64_t dequant_elems;  // weights of the largest quantized matrix the prefill reads (0: none)
 };
 
 ModelParts model_parts(arc_model *m);
@@ -264,3 +276,14 @@ LayerParts model_layer(const arc_model *m, int layer);
 // ARC_OK, or the error naming the first tensor the forward needs that was never uploaded, as
 // reported by entry point `who`.
 int model_check_uploaded(const arc_model *m, const char *who);
+
+// The GEMVs over a Weight of any format (quant.cu): arc_op_gemv or arc_op_qgemv, and so on.
+int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
+                const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
+int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y);
+int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y, arc_loop *loop);
+// y = [Wq; Wk; Wv] @ n(x) (+ [bq; bk; bv]): one GEMV for each run of parts of one format.
+int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
+             float eps, float *y);

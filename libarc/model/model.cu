@@ -1,25 +1,11 @@
-// model.cu -- the model handle: a size table of every weight tensor (64-bit offsets into one
-// device buffer), the bf16 KV cache, the float32 activations and logits; uploads; and the
-// forward, enqueued on the context's stream with no allocation, no host wait and no host
-// decision on device data, so that it can be captured into a graph once and replayed.
-//
-// Per layer the forward launches 5 kernels:
-//   1 gemv         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
-//   2 attention    rotate q and k (RoPE), k and v -> KV cache at pos (bf16), then attention over
-//                  chunks of positions, the last block of a head combining them -> att
-//   3 gemv         x += Wo @ att
-//   4 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-//   5 gemv         x += Wdown @ h
-// plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after (in the
-// greedy step graph with the argmax and its commit in the same kernel: arc_model_forward_commit).
-// Every kernel is launched with programmatic dependent launch (kernels.cuh: pdl_wait): the next
-// one is scheduled while the previous one finishes, and waits on the device for its data. Work
-// enqueued after the forward with a plain launch or a copy is ordered as usual.
+// model.cu -- the model handle: a size table of every weight tensor (its format, 64-bit offsets
+// into one device buffer), the bf16 KV cache, the float32 activations and logits; uploads; and
+// what the forward (forward.cu) and the prefill read of it.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.cuh"
+#include "quant.cuh"
 
 enum { TENSOR_COUNT = ARC_TENSOR_ROPE_INV_FREQ + 1, ALIGN = 256 };
 
@@ -41,12 +27,13 @@ struct arc_model {
     arc_context *ctx;
     arc_model_config cfg;
     int32_t q_dim, kv_dim, qkv_rows;
-    // The size table: bytes of each tensor (0 when this configuration has none) and its offset
-    // in `weights`; a per-layer tensor of layer l lies at offset + l * layer_stride.
-    uint64_t bytes[TENSOR_COUNT];
-    uint64_t offset[TENSOR_COUNT];
-    uint64_t layer_stride;
+    // The size table, [TENSOR_COUNT][n_layers] (global tensors at layer 0): each tensor's format,
+    // its bytes (0 when this configuration has none) and its offset in `weights`.
+    int32_t *format;
+    uint64_t *bytes;
+    uint64_t *offset;
     uint64_t weight_bytes;
+    uint64_t dequant_elems;  // the largest quantized matrix the prefill dequantizes, in weights
     uint8_t *weights;
     bool *uploaded;  // host [TENSOR_COUNT][n_layers]; global tensors use layer 0
     // KV cache: k then v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16.
@@ -65,55 +52,128 @@ struct arc_model {
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 
-// Lays out the weights. Tensors one fused GEMV reads as one matrix are adjacent with no padding
-// (Wq Wk Wv, bq bk bv, Wgate Wup): each matrix's size is a multiple of 16 bytes (dim % 8 == 0),
-// so the one that follows is still 16-byte aligned.
-static void build_size_table(arc_model *m) {
+// The rows and columns of a tensor (a vector: rows 1); rope frequencies are float32, not counted here.
+static void tensor_shape(const arc_model *m, int t, uint64_t *rows, uint64_t *cols) {
     const arc_model_config &c = m->cfg;
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab, q = m->q_dim, kv = m->kv_dim;
-    uint64_t at = 0;
-    auto place = [&](int t, uint64_t n_bytes) {
-        at = align_up(at);
-        m->offset[t] = at;
-        m->bytes[t] = n_bytes;
-        at += n_bytes;
-    };
-    auto follow = [&](int t, uint64_t n_bytes) {
-        m->offset[t] = at;
-        m->bytes[t] = n_bytes;
-        at += n_bytes;
-    };
-    place(ARC_TENSOR_EMBED, vocab * dim * 2);
-    place(ARC_TENSOR_FINAL_NORM, dim * 2);
-    if (!c.tied_embeddings) place(ARC_TENSOR_LM_HEAD, vocab * dim * 2);
-    place(ARC_TENSOR_ROPE_INV_FREQ, (uint64_t)(c.head_dim / 2) * 4);
-    const uint64_t layer0 = align_up(at);
-    at = 0;  // per-layer offsets are relative to layer0 until the end
-    place(ARC_TENSOR_ATTN_NORM, dim * 2);
-    place(ARC_TENSOR_WQ, q * dim * 2);
-    follow(ARC_TENSOR_WK, kv * dim * 2);
-    follow(ARC_TENSOR_WV, kv * dim * 2);
-    if (c.qkv_bias) {
-        place(ARC_TENSOR_BQ, q * 2);
-        follow(ARC_TENSOR_BK, kv * 2);
-        follow(ARC_TENSOR_BV, kv * 2);
+    uint64_t r = 1, k = dim;
+    switch (t) {
+    case ARC_TENSOR_EMBED: case ARC_TENSOR_LM_HEAD: r = vocab; break;
+    case ARC_TENSOR_WQ: r = q; break;
+    case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; break;
+    case ARC_TENSOR_BQ: k = q; break;
+    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; break;
+    case ARC_TENSOR_WO: r = dim; k = q; break;
+    case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; break;
+    case ARC_TENSOR_W_DOWN: r = dim; k = ffn; break;
+    default: break;  // the norms: (dim)
     }
-    place(ARC_TENSOR_WO, dim * q * 2);
-    place(ARC_TENSOR_MLP_NORM, dim * 2);
-    place(ARC_TENSOR_W_GATE, ffn * dim * 2);
-    follow(ARC_TENSOR_W_UP, ffn * dim * 2);
-    place(ARC_TENSOR_W_DOWN, dim * ffn * 2);
-    m->layer_stride = align_up(at);
-    for (int t = 0; t < TENSOR_COUNT; ++t)
-        if (per_layer(t) && m->bytes[t] != 0) m->offset[t] += layer0;
-    m->weight_bytes = layer0 + m->layer_stride * (uint64_t)c.n_layers;
+    *rows = r;
+    *cols = k;
 }
 
-static uint8_t *tensor_at(const arc_model *m, int t, int layer) {
-    return m->weights + m->offset[t] + (per_layer(t) ? (uint64_t)layer * m->layer_stride : 0);
+static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_layers + (per_layer(t) ? layer : 0); }
+
+// Bytes of tensor t of layer l in its format.
+static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
+    if (t == ARC_TENSOR_ROPE_INV_FREQ) return (uint64_t)(m->cfg.head_dim / 2) * 4;
+    uint64_t rows, cols, row = 0;
+    tensor_shape(m, t, &rows, &cols);
+    arc_format_row_bytes(m->format[slot(m, t, l)], (int32_t)cols, &row);  // formats checked at create
+    return rows * row;
 }
+
+// Lays out the weights: the global tensors, then each layer's. Tensors one fused GEMV reads as
+// one matrix are adjacent with no padding (Wq Wk Wv, bq bk bv, Wgate Wup): every row's size is a
+// multiple of 16 bytes, so the one that follows is still 16-byte aligned.
+static void build_size_table(arc_model *m) {
+    const arc_model_config &c = m->cfg;
+    uint64_t at = 0;
+    auto put = [&](int t, int l, bool follows) {
+        if (!follows) at = align_up(at);
+        const int i = slot(m, t, l);
+        m->offset[i] = at;
+        m->bytes[i] = tensor_bytes(m, t, l);
+        at += m->bytes[i];
+    };
+    put(ARC_TENSOR_EMBED, 0, false);
+    put(ARC_TENSOR_FINAL_NORM, 0, false);
+    if (!c.tied_embeddings) put(ARC_TENSOR_LM_HEAD, 0, false);
+    put(ARC_TENSOR_ROPE_INV_FREQ, 0, false);
+    for (int l = 0; l < c.n_layers; ++l) {
+        put(ARC_TENSOR_ATTN_NORM, l, false);
+        put(ARC_TENSOR_WQ, l, false);
+        put(ARC_TENSOR_WK, l, true);
+        put(ARC_TENSOR_WV, l, true);
+        if (c.qkv_bias) {
+            put(ARC_TENSOR_BQ, l, false);
+            put(ARC_TENSOR_BK, l, true);
+            put(ARC_TENSOR_BV, l, true);
+        }
+        put(ARC_TENSOR_WO, l, false);
+        put(ARC_TENSOR_MLP_NORM, l, false);
+        put(ARC_TENSOR_W_GATE, l, false);
+        put(ARC_TENSOR_W_UP, l, true);
+        put(ARC_TENSOR_W_DOWN, l, false);
+    }
+    m->weight_bytes = align_up(at);
+    // The prefill's largest dequantized matrix: a layer's q, k and v together, Wo, Wgate and Wup
+    // together, or Wdown.
+    uint64_t most = 0;
+    auto quantized = [&](int t, int l) { return m->format[slot(m, t, l)] != ARC_FORMAT_BF16; };
+    const uint64_t dim = c.dim, ffn = c.ffn_dim;
+    for (int l = 0; l < c.n_layers; ++l) {
+        uint64_t n = 0;
+        if (quantized(ARC_TENSOR_WQ, l) || quantized(ARC_TENSOR_WK, l) || quantized(ARC_TENSOR_WV, l))
+            n = (uint64_t)m->qkv_rows * dim;
+        if (quantized(ARC_TENSOR_WO, l) && dim * m->q_dim > n) n = dim * m->q_dim;
+        if (quantized(ARC_TENSOR_W_GATE, l) && 2 * ffn * dim > n) n = 2 * ffn * dim;
+        if (quantized(ARC_TENSOR_W_DOWN, l) && dim * ffn > n) n = dim * ffn;
+        if (n > most) most = n;
+    }
+    m->dequant_elems = most;
+}
+
+static uint8_t *tensor_at(const arc_model *m, int t, int layer) { return m->weights + m->offset[slot(m, t, layer)]; }
 static const uint16_t *bf16_at(const arc_model *m, int t, int layer) {
     return reinterpret_cast<const uint16_t *>(tensor_at(m, t, layer));
+}
+static Weight weight_at(const arc_model *m, int t, int layer) {
+    return Weight{tensor_at(m, t, layer), m->format[slot(m, t, layer)]};
+}
+
+static bool is_matrix(int t) {
+    return t == ARC_TENSOR_WQ || t == ARC_TENSOR_WK || t == ARC_TENSOR_WV || t == ARC_TENSOR_WO ||
+           t == ARC_TENSOR_W_GATE || t == ARC_TENSOR_W_UP || t == ARC_TENSOR_W_DOWN || t == ARC_TENSOR_LM_HEAD;
+}
+
+// Each tensor's format: bf16 everywhere but the matrices; a matrix's columns fit its format's
+// units; Wgate and Wup of a layer share one (one fused product reads them).
+static int check_formats(const arc_model *m, const int32_t *formats) {
+    const arc_model_config &c = m->cfg;
+    for (int t = 0; t < TENSOR_COUNT; ++t) {
+        const int layers = per_layer(t) ? c.n_layers : 1;
+        for (int l = 0; l < layers; ++l) {
+            const int32_t f = formats[t * c.n_layers + l];
+            if (f == ARC_FORMAT_BF16) continue;
+            ARC_REQUIRE_AS("arc_model_create_formats", is_matrix(t),
+                           "%s (layer %d) must be bf16 (format 0), got format %d", TENSOR_NAMES[t], l, f);
+            ARC_REQUIRE_AS("arc_model_create_formats", format_quantized(f),
+                           "%s (layer %d): unknown format %d (arc_format 0..6)", TENSOR_NAMES[t], l, f);
+            uint64_t rows, cols;
+            tensor_shape(m, t, &rows, &cols);
+            const uint64_t unit = format_is_k(f) ? QSUPER : QUNIT;
+            ARC_REQUIRE_AS("arc_model_create_formats", cols % unit == 0,
+                           "%s (layer %d): format %d takes rows of a multiple of %llu weights, got %llu",
+                           TENSOR_NAMES[t], l, f, (unsigned long long)unit, (unsigned long long)cols);
+        }
+    }
+    for (int l = 0; l < c.n_layers; ++l)
+        ARC_REQUIRE_AS("arc_model_create_formats",
+                       formats[ARC_TENSOR_W_GATE * c.n_layers + l] == formats[ARC_TENSOR_W_UP * c.n_layers + l],
+                       "ARC_TENSOR_W_GATE and ARC_TENSOR_W_UP of layer %d must share a format, got %d and %d", l,
+                       formats[ARC_TENSOR_W_GATE * c.n_layers + l], formats[ARC_TENSOR_W_UP * c.n_layers + l]);
+    return ARC_OK;
 }
 
 static int check_config(const arc_model_config *c) {
@@ -148,16 +208,25 @@ static void model_release(arc_model *m) {
     if (m->act) cudaFree(m->act);
     prefill_buffers_release(&m->prefill);
     free(m->uploaded);
+    free(m->format);
+    free(m->bytes);
+    free(m->offset);
     free(m);
 }
 
 // Allocates the weights, the KV cache (zeroed) and the activations; on failure the caller
 // releases the partial model.
-static int model_init(arc_model *m) {
+static int model_init(arc_model *m, const int32_t *formats) {
     arc_context *ctx = m->ctx;
     const arc_model_config &c = m->cfg;
-    m->uploaded = (bool *)calloc((size_t)TENSOR_COUNT * c.n_layers, sizeof(bool));
-    if (!m->uploaded) return arc_fail(ARC_OUT_OF_MEMORY, "arc_model_create", "host allocation failed");
+    const size_t n = (size_t)TENSOR_COUNT * c.n_layers;
+    m->uploaded = (bool *)calloc(n, sizeof(bool));
+    m->format = (int32_t *)calloc(n, sizeof(int32_t));
+    m->bytes = (uint64_t *)calloc(n, sizeof(uint64_t));
+    m->offset = (uint64_t *)calloc(n, sizeof(uint64_t));
+    if (!m->uploaded || !m->format || !m->bytes || !m->offset)
+        return arc_fail(ARC_OUT_OF_MEMORY, "arc_model_create", "host allocation failed");
+    if (formats) memcpy(m->format, formats, n * sizeof(int32_t));
     build_size_table(m);
     ARC_CUDA(ctx, cudaMalloc(&m->weights, m->weight_bytes));
 
@@ -192,7 +261,8 @@ static int model_init(arc_model *m) {
     return ARC_OK;
 }
 
-extern "C" int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out) {
+extern "C" int arc_model_create_formats(arc_context *ctx, const arc_model_config *config, const int32_t *formats,
+                                        arc_model **out) {
     ARC_REQUIRE(ctx && config && out, "null argument");
     *out = nullptr;
     ARC_REQUIRE(!ctx->capturing, "a model cannot be created while a graph is being captured");
@@ -205,13 +275,18 @@ extern "C" int arc_model_create(arc_context *ctx, const arc_model_config *config
     m->q_dim = config->n_heads * config->head_dim;
     m->kv_dim = config->n_kv_heads * config->head_dim;
     m->qkv_rows = m->q_dim + 2 * m->kv_dim;
-    st = model_init(m);
+    st = formats ? check_formats(m, formats) : ARC_OK;
+    if (st == ARC_OK) st = model_init(m, formats);
     if (st != ARC_OK) {
         model_release(m);
         return st;
     }
     *out = m;
     return ARC_OK;
+}
+
+extern "C" int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out) {
+    return arc_model_create_formats(ctx, config, nullptr, out);
 }
 
 // cudaFree waits for work that may still use the memory: teardown, never the step path.
@@ -239,8 +314,9 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
                 name);
     ARC_REQUIRE(tensor != ARC_TENSOR_LM_HEAD || !c.tied_embeddings,
                 "%s: the model ties the lm_head to the embedding (tied_embeddings = 1)", name);
-    ARC_REQUIRE(bytes == model->bytes[tensor], "%s (layer %d) takes exactly %llu bytes, got %llu", name, layer,
-                (unsigned long long)model->bytes[tensor], (unsigned long long)bytes);
+    const uint64_t want = model->bytes[slot(model, tensor, layer)];
+    ARC_REQUIRE(bytes == want, "%s (layer %d) takes exactly %llu bytes, got %llu", name, layer,
+                (unsigned long long)want, (unsigned long long)bytes);
     arc_context *ctx = model->ctx;
     ARC_REQUIRE(!ctx->capturing, "uploads are not captured into graphs");
     ARC_CUDA(ctx, cudaMemcpyAsync(tensor_at(model, tensor, layer), host, bytes, cudaMemcpyHostToDevice,
@@ -253,7 +329,7 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
 int model_check_uploaded(const arc_model *m, const char *who) {
     const arc_model_config &c = m->cfg;
     for (int t = 0; t < TENSOR_COUNT; ++t) {
-        if (m->bytes[t] == 0) continue;  // absent in this configuration
+        if (m->bytes[slot(m, t, 0)] == 0) continue;  // absent in this configuration
         const int layers = per_layer(t) ? c.n_layers : 1;
         for (int l = 0; l < layers; ++l) {
             if (m->uploaded[t * c.n_layers + l]) continue;
@@ -266,17 +342,17 @@ int model_check_uploaded(const arc_model *m, const char *who) {
     return ARC_OK;
 }
 
-// The size table keeps Wq Wk Wv (and bq bk bv, and Wgate Wup) adjacent, so each group is read
-// as one matrix from its first member.
 LayerParts model_layer(const arc_model *m, int l) {
     LayerParts p;
     p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
-    p.wqkv = bf16_at(m, ARC_TENSOR_WQ, l);
     p.bqkv = m->cfg.qkv_bias ? bf16_at(m, ARC_TENSOR_BQ, l) : nullptr;
-    p.wo = bf16_at(m, ARC_TENSOR_WO, l);
     p.mlp_norm = bf16_at(m, ARC_TENSOR_MLP_NORM, l);
-    p.w_gate_up = bf16_at(m, ARC_TENSOR_W_GATE, l);
-    p.w_down = bf16_at(m, ARC_TENSOR_W_DOWN, l);
+    p.wq = weight_at(m, ARC_TENSOR_WQ, l);
+    p.wk = weight_at(m, ARC_TENSOR_WK, l);
+    p.wv = weight_at(m, ARC_TENSOR_WV, l);
+    p.wo = weight_at(m, ARC_TENSOR_WO, l);
+    p.w_gate_up = weight_at(m, ARC_TENSOR_W_GATE, l);
+    p.w_down = weight_at(m, ARC_TENSOR_W_DOWN, l);
     p.k_cache = m->kv + (uint64_t)l * m->kv_layer_elems;
     p.v_cache = m->kv + (uint64_t)(m->cfg.n_layers + l) * m->kv_layer_elems;
     return p;
@@ -292,75 +368,15 @@ ModelParts model_parts(arc_model *m) {
     p.qkv_rows = m->qkv_rows;
     p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
     p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);
-    p.lm_head = bf16_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
+    p.lm_head = weight_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
     p.inv_freq = reinterpret_cast<const float *>(tensor_at(m, ARC_TENSOR_ROPE_INV_FREQ, 0));
+    p.x = m->x;
+    p.qkv = m->qkv;
+    p.att = m->att;
+    p.h = m->h;
+    p.scratch = m->scratch;
     p.logits = m->logits;
     p.prefill = &m->prefill;
+    p.dequant_elems = m->dequant_elems;
     return p;
-}
-
-// The forward; with commit, its lm_head takes the argmax and commits it to the loop.
-static int forward(arc_model *model, arc_loop *loop, bool commit, const char *who) {
-    ARC_REQUIRE_AS(who, model && loop, "null argument");
-    arc_context *ctx = model->ctx;
-    const arc_model_config &c = model->cfg;
-    ARC_REQUIRE_AS(who, loop->ctx == ctx, "the loop and the model belong to different contexts");
-    ARC_REQUIRE_AS(who, loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
-    ARC_REQUIRE_AS(who, loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d",
-                   loop->max_seq, c.max_seq);
-    ARC_TRY(model_check_uploaded(model, who));
-    const uint32_t *token = nullptr;
-    const int32_t *pos = nullptr;
-    ARC_TRY(arc_loop_token_input(loop, &token, &pos));
-
-    // Shapes, activations and the global weights, named as the calls below use them.
-    const int32_t dim = c.dim, ffn_dim = c.ffn_dim, vocab = c.vocab, max_seq = c.max_seq;
-    const int32_t n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, hd = c.head_dim;
-    const int32_t q_dim = model->q_dim, qkv_rows = model->qkv_rows;
-    const float eps = c.rms_eps;
-    float *x = model->x, *qkv = model->qkv, *att = model->att, *h = model->h;
-    float *scratch = model->scratch, *logits = model->logits;
-    const ModelParts parts = model_parts(model);
-    const uint16_t *embed = parts.embed, *final_norm = parts.final_norm, *lm_head = parts.lm_head;
-    const float *inv_freq = parts.inv_freq;
-    const uint16_t *no_bias = nullptr, *no_norm = nullptr;
-
-    // x = embed[token]
-    ARC_TRY(arc_op_embedding(ctx, embed, vocab, dim, token, x));
-    for (int l = 0; l < c.n_layers; ++l) {
-        const LayerParts lw = model_layer(model, l);
-        const uint16_t *attn_norm = lw.attn_norm, *wqkv = lw.wqkv, *bqkv = lw.bqkv, *wo = lw.wo;
-        const uint16_t *mlp_norm = lw.mlp_norm, *w_gate_up = lw.w_gate_up, *w_down = lw.w_down;
-        uint16_t *k_cache = lw.k_cache, *v_cache = lw.v_cache;
-
-        // qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
-        ARC_TRY(arc_op_gemv(ctx, wqkv, x, qkv_rows, dim, bqkv, attn_norm, eps, /*accumulate=*/0, qkv));
-        // q, k rotated at pos; k, v -> cache at pos; att = softmax(q k^T / sqrt(hd)) v over 0..pos
-        ARC_TRY(arc_op_attention(ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, pos,
-                                 scratch, att));
-        // x += Wo @ att
-        ARC_TRY(arc_op_gemv(ctx, wo, att, dim, q_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
-        // h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-        ARC_TRY(arc_op_gemv_swiglu(ctx, w_gate_up, x, ffn_dim, dim, mlp_norm, eps, h));
-        // x += Wdown @ h
-        ARC_TRY(arc_op_gemv(ctx, w_down, h, dim, ffn_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
-    }
-    // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
-    if (commit)
-        return launch_gemv_argmax(ctx, who, lm_head, x, vocab, dim, final_norm, eps, logits, loop, nullptr, nullptr);
-    ARC_TRY(arc_op_gemv(ctx, lm_head, x, vocab, dim, no_bias, final_norm, eps, /*accumulate=*/0, logits));
-    return ARC_OK;
-}
-
-extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) { return forward(model, loop, false, __func__); }
-
-extern "C" int arc_model_forward_commit(arc_model *model, arc_loop *loop) {
-    return forward(model, loop, true, __func__);
-}
-
-extern "C" int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab) {
-    ARC_REQUIRE(model && logits && vocab, "null argument");
-    *logits = model->logits;
-    *vocab = model->cfg.vocab;
-    return ARC_OK;
 }

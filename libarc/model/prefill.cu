@@ -79,12 +79,12 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     if (chunk <= b->max_chunk) return ARC_OK;
 
     const uint64_t rows = (uint64_t)chunk;
-    const uint64_t sizes[6] = {
+    const uint64_t sizes[7] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4,
-        rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2,
+        rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
     };
-    uint64_t off[6], at = 0;
-    for (int i = 0; i < 6; ++i) {
+    uint64_t off[7], at = 0;
+    for (int i = 0; i < 7; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -100,6 +100,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->q = (uint16_t *)(base + off[3]);
     b->att = (uint16_t *)(base + off[4]);
     b->h = (uint16_t *)(base + off[5]);
+    b->wdq = mp.dequant_elems ? (uint16_t *)(base + off[6]) : nullptr;
     return ARC_OK;
 }
 
@@ -107,6 +108,30 @@ static int launch_rmsnorm_rows(arc_context *ctx, const float *x, const uint16_t 
                                uint16_t *xn) {
     return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, w,
                           dim, eps, xn);
+}
+
+// The bf16 matrix a product reads, made of `n` consecutive parts of rows[i] x cols weights: the
+// weights themselves where every part is bf16, else each part dequantized (or copied) into the
+// scratch in turn. The product that reads the scratch waits for it on the device.
+static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *rows, int n, int32_t cols,
+                       uint16_t *scratch, const uint16_t **out) {
+    bool quantized = false;
+    for (int i = 0; i < n; ++i) quantized |= parts[i].format != ARC_FORMAT_BF16;
+    if (!quantized) {
+        *out = (const uint16_t *)parts[0].p;
+        return ARC_OK;
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < n; ++i) {
+        if (parts[i].format == ARC_FORMAT_BF16)
+            ARC_CUDA(ctx, cudaMemcpyAsync(scratch + at, parts[i].p, (uint64_t)rows[i] * cols * 2,
+                                          cudaMemcpyDeviceToDevice, ctx->stream));
+        else
+            ARC_TRY(arc_op_dequantize(ctx, parts[i].format, parts[i].p, rows[i], cols, scratch + at));
+        at += (uint64_t)rows[i] * cols;
+    }
+    *out = scratch;
+    return ARC_OK;
 }
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
@@ -121,14 +146,22 @@ static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *
                            c.vocab, dim, tokens, b.x));
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerParts lw = model_layer(model, l);
+        const Weight qkv_parts[3] = {lw.wq, lw.wk, lw.wv};
+        const int32_t qkv_rows[3] = {q_dim, mp.kv_dim, mp.kv_dim};
+        const uint16_t *w;
         ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.attn_norm, n, dim, eps, b.xn));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.xn, lw.wqkv, n, mp.qkv_rows, dim, lw.bqkv, /*accumulate=*/0, b.qkv));
+        ARC_TRY(bf16_matrix(ctx, qkv_parts, qkv_rows, 3, dim, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.xn, w, n, mp.qkv_rows, dim, lw.bqkv, /*accumulate=*/0, b.qkv));
         ARC_TRY(arc_op_prefill_attention(ctx, b.qkv, mp.inv_freq, lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
                                          c.head_dim, c.max_seq, n, start, b.q, b.att));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.att, lw.wo, n, dim, q_dim, nullptr, /*accumulate=*/1, b.x));
+        ARC_TRY(bf16_matrix(ctx, &lw.wo, &dim, 1, q_dim, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.att, w, n, dim, q_dim, nullptr, /*accumulate=*/1, b.x));
         ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.mlp_norm, n, dim, eps, b.xn));
-        ARC_TRY(arc_op_gemm_swiglu_bf16(ctx, b.xn, lw.w_gate_up, n, ffn, dim, b.h));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.h, lw.w_down, n, dim, ffn, nullptr, /*accumulate=*/1, b.x));
+        const int32_t gate_up_rows = 2 * ffn;
+        ARC_TRY(bf16_matrix(ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_swiglu_bf16(ctx, b.xn, w, n, ffn, dim, b.h));
+        ARC_TRY(bf16_matrix(ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_bf16(ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x));
     }
     return ARC_OK;
 }
@@ -150,7 +183,7 @@ extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_
     }
     // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
     const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
-    return arc_op_gemv(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
+    return gemv_weight(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
                        /*accumulate=*/0, mp.logits);
 }
 

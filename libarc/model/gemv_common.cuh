@@ -1,0 +1,96 @@
+// gemv_common.cuh -- what the bf16 GEMV (gemv.cu) and the quantized one (qgemv.cu) share: the
+// streaming weight load, the work split by shape, and the end of a row task (the split-K sum,
+// the epilogue that writes the rows, the argmax key of the lm_head).
+#pragma once
+
+#include "head_argmax.cuh"
+#include "kernels.cuh"
+
+// GEMV_MIN_BLOCKS: blocks per SM the kernels are compiled to fit (their register budget), and so
+// the occupancy the work split below plans for. Two leave room for the first batch of weights to
+// be held in registers from before the dependency wait (at four it spills); measured on the
+// H200, two with that early batch beat four without it on every benchmark shape (docs/PERF.md).
+enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, GEMV_LOADS = 8, GEMV_STAGE = 4 };
+
+// The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
+constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
+
+// A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
+// the staged input and to other blocks.
+__device__ __forceinline__ uint4 load_weights(const uint4 *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// The end of a row task of R output rows whose NR accumulators (GATED: the gate rows', then the
+// up rows') each lane holds: the warp's sums, the KS warps' partial sums added in a fixed order
+// (the result does not depend on timing), then the rows written: silu(gate) * up, or the dot
+// (+ bias) (+ y when accumulate). AM: the best argmax key of the rows this lane wrote joins
+// `best`. With KS > 1 every warp of the block must call this, since it holds __syncthreads.
+template <int R, int KS, bool GATED, bool AM, int NR>
+__device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
+                                                 int accumulate, float *y, unsigned long long &best) {
+    __shared__ float part[GEMV_WARPS][NR];  // the KS warps' partial sums
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
+    if constexpr (KS > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) part[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (lane == 0 && warp % KS == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                acc[r] = part[warp][r];
+#pragma unroll
+                for (int k = 1; k < KS; ++k) acc[r] += part[warp + k][r];
+            }
+        }
+        __syncthreads();  // part is reused by the next task
+    }
+    if (lane == 0 && warp % KS == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = task * R + r;
+            if (row >= rows) break;
+            float out;
+            if constexpr (GATED) {
+                out = silu(acc[r]) * acc[R + r];
+            } else {
+                out = acc[r];
+                if (bias != nullptr) out += bf16_to_f32(bias[row]);
+                if (accumulate) out += y[row];
+            }
+            y[row] = out;
+            if constexpr (AM) {
+                const unsigned long long k = argmax_key(out, row);
+                best = k > best ? k : best;
+            }
+        }
+    }
+}
+
+// The work split, by shape; only speed depends on it. Warp slots: the warps the GPU holds at
+// the kernels' occupancy (GEMV_MIN_BLOCKS blocks per SM: 132 * 16 on an H200, where it was
+// measured). Rows per task R: the most that still leaves a task for every other warp slot, so
+// large matrices pay little per-row overhead. Split-K KS: when one row per task still leaves
+// warp slots idle, split the row's `nvec` 16-byte vectors, as long as each warp keeps at least
+// one full batch of loads.
+static inline int gemv_split(const arc_context *ctx, int32_t rows, int32_t nvec, int max_r, bool gated, int *ks_out) {
+    const int warp_slots = ctx->sm_count * GEMV_WARPS * GEMV_MIN_BLOCKS;
+    const int r_slots = warp_slots / 2;
+    int r = max_r;
+    while (r > 1 && rows / r < r_slots) r /= 2;
+    const int u = gemv_batch(gated ? 2 * r : r);
+    const long long tasks = (rows + r - 1) / r;
+    int ks = 1;
+    if (r == 1)
+        while (ks < 8 && tasks * ks < warp_slots && nvec >= 32 * u * ks * 2) ks *= 2;
+    *ks_out = ks;
+    return r;
+}

@@ -1,0 +1,222 @@
+// qgemv.cuh -- the GEMV over quantized weights (arc.h's arc_format), the decode's products for a
+// model held in GGUF's block formats. Same work split, same epilogues and same launch as the
+// bf16 GEMV (gemv_common.cuh: bias, residual, SwiGLU, the lm_head's argmax and commit); only
+// the inner product differs: the weights stay packed in registers and meet an int8 copy of the
+// input in dp4a instructions (quant.cuh), so a 4-bit weight costs about half an instruction.
+//
+// Each block stages the input once: the fused RMSNorm applied as the bf16 GEMV applies it, then
+// every unit of 32 values quantized (arc.h: amax, x_q = rint(x * 127 / amax), dx = amax / 127)
+// into shared memory with its scale and the sums of its two halves. Eight threads take a unit,
+// four values each, so staging needs few registers and no second pass. Each lane then walks
+// units lane, lane + 32 * KS, ... of its task's rows, a batch of loads in flight at a time.
+// Instances live in qgemv_*.cu, a few formats a file, so that nvcc compiles them in parallel.
+#pragma once
+
+#include "gemv_common.cuh"
+#include "quant.cuh"
+
+// 16-byte loads a lane keeps in flight per batch: a Q8_0 unit takes two.
+constexpr int qgemv_batch(int f, int nr) {
+    return (f == ARC_FORMAT_Q8_0 ? 4 : 8) / nr > 0 ? (f == ARC_FORMAT_Q8_0 ? 4 : 8) / nr : 1;
+}
+
+// Shared memory of the staged input, per unit: 32 int8 values, dx, and the two half sums.
+constexpr size_t QGEMV_STAGE_BYTES = 32 + 4 + 8;
+
+// The unit's rows of task `task`: R output rows (GATED: their gate rows, then their up rows).
+// A partial last task re-reads the last row; its result is never written.
+template <int R, bool GATED>
+__device__ __forceinline__ void qtask_rows(const uint8_t *w, uint32_t row_bytes, int task, int rows,
+                                           const uint8_t *(&wr)[GATED ? 2 * R : R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(task * R + r, rows - 1);
+        wr[r] = w + (size_t)row * row_bytes;
+        if constexpr (GATED) wr[R + r] = w + ((size_t)rows + row) * row_bytes;
+    }
+}
+
+template <int F, int NR, int U>
+__device__ __forceinline__ void qload_batch(const uint8_t *const (&wr)[NR], const RowLayout &L, int base, int step,
+                                            int units, UnitRaw (&raw)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + step * u;
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            if (v < units) load_unit<F>(wr[r], L, v, raw[r][u]);
+    }
+}
+
+// y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R and
+// KS as in gemv_kernel. Dynamic shared memory: units * QGEMV_STAGE_BYTES.
+// Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
+template <int F, int R, int KS, bool GATED, bool AM>
+__global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
+qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
+             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
+             int accumulate, float *__restrict__ y, GemvArgmax am) {
+    constexpr int NR = GATED ? 2 * R : R;
+    constexpr int U = qgemv_batch(F, NR);
+    constexpr int GROUPS = GEMV_WARPS / KS;
+    constexpr int STEP = 32 * KS;
+    static_assert(!(AM && GATED), "the argmax is the lm_head's");
+    extern __shared__ int4 staged[];  // [2 * units] int8 words, then dx[units], then (s0, s1)[units]
+    __shared__ float red[GEMV_WARPS];
+    const int units = cols / QUNIT;
+    const RowLayout L = row_layout(F, cols);
+    float *dxs = reinterpret_cast<float *>(staged + 2 * units);
+    int2 *sums = reinterpret_cast<int2 *>(dxs + units);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int group = warp / KS, first = (warp % KS) * 32 + lane;
+    const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
+
+    pdl_launch_dependents();
+    pdl_wait();
+
+    // The input: the norm's scale first (every block sums the squares in the same order as the
+    // bf16 GEMV's staging), then each unit quantized by 8 threads, 4 values each.
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float inv = 1.0f;
+    if (norm_w != nullptr) {
+        float ss = 0.0f;
+        for (int v = tid; v < cols / 8; v += GEMV_THREADS) {
+            const float4 a = x4[2 * v], b = x4[2 * v + 1];
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        }
+        inv = rsqrtf(block_sum(ss, red) / (float)cols + eps);
+    }
+    const int part = tid % 8;  // the unit's values 4 * part .. 4 * part + 3
+    int *words = reinterpret_cast<int *>(staged);
+    for (int base = warp * 4; base < units; base += GEMV_THREADS / 8) {
+        // A warp's 4 units advance together, so the shuffles below always have all 32 lanes.
+        const int u0 = base + lane / 8, u = u0 < units ? u0 : units - 1;
+        float4 v = x4[8 * u + part];
+        if (norm_w != nullptr) {
+            const uint2 g = *reinterpret_cast<const uint2 *>(norm_w + 32 * u + 4 * part);
+            v.x = v.x * inv * bf16_lo(g.x);
+            v.y = v.y * inv * bf16_hi(g.x);
+            v.z = v.z * inv * bf16_lo(g.y);
+            v.w = v.w * inv * bf16_hi(g.y);
+        }
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q0 = max(-127, min(127, __float2int_rn(v.x * scale)));
+        const int q1 = max(-127, min(127, __float2int_rn(v.y * scale)));
+        const int q2 = max(-127, min(127, __float2int_rn(v.z * scale)));
+        const int q3 = max(-127, min(127, __float2int_rn(v.w * scale)));
+        int s = q0 + q1 + q2 + q3;
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);  // lanes 0-3 of the 8: the first half's sum
+        const int other = __shfl_xor_sync(0xffffffffu, s, 4);
+        if (u0 < units) {
+            words[8 * u + part] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
+            if (part == 0) {
+                dxs[u] = amax / 127.0f;
+                sums[u] = make_int2(s, other);
+            }
+        }
+    }
+    __syncthreads();
+
+    unsigned long long best = 0;  // AM: the best key of the rows this lane wrote
+    // The loop bound is uniform over the block: every warp reaches the barriers of the epilogue.
+    for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
+        const int task = bt * GROUPS + group;
+        const uint8_t *wr[NR];
+        qtask_rows<R, GATED>(w, L.bytes, task, rows, wr);
+        float acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+        for (int base = first; base < units; base += STEP * U) {
+            UnitRaw raw[NR][U];
+            qload_batch<F, NR, U>(wr, L, base, STEP, units, raw);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int v = base + STEP * u;
+                if (v < units) {
+                    UnitInput in;
+                    in.xa = staged[2 * v];
+                    in.xb = staged[2 * v + 1];
+                    in.dx = dxs[v];
+                    const int2 s = sums[v];
+                    in.s0 = s.x;
+                    in.s1 = s.y;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], v, in);
+                }
+            }
+        }
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
+    }
+    if constexpr (AM) argmax_finish<GEMV_WARPS>(best, am);
+}
+
+// What one quantized GEMV launch computes.
+struct QgemvArgs {
+    int format;
+    const uint8_t *w;
+    const float *x;
+    int rows, cols;
+    const uint16_t *bias, *norm_w;
+    float eps;
+    int accumulate;
+    float *y;
+    const GemvArgmax *am;
+};
+
+// Launches the instance (F, R, KS, GATED, AM) sized as the bf16 GEMV is: enough blocks for
+// every SM at its occupancy limit, no more than there is work.
+template <int F, int R, int KS, bool GATED, bool AM>
+static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
+    auto kernel = qgemv_kernel<F, R, KS, GATED, AM>;
+    const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
+    if (smem + 1024 > 48 * 1024)
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per_sm = 0;
+    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
+    if (per_sm < 1) per_sm = 1;
+    const long long groups = GEMV_WARPS / KS;
+    const long long needed = ((a.rows + R - 1) / R + groups - 1) / groups;
+    const long long most = (long long)ctx->sm_count * per_sm;
+    const int blocks = (int)(needed < most ? needed : most);
+    const char *name = GATED ? "qgemv_kernel<swiglu>" : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
+    return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
+                          a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
+}
+
+template <int F, int R, int KS, bool GATED>
+static int launch_qgemv_shape(arc_context *ctx, const QgemvArgs &a) {
+    if constexpr (!GATED) {
+        if (a.am) return launch_qgemv_kernel<F, R, KS, GATED, true>(ctx, a);
+    }
+    return launch_qgemv_kernel<F, R, KS, GATED, false>(ctx, a);
+}
+
+// Picks (R, KS) for the shape, as the bf16 GEMV does over the row's 16-byte quant vectors, and
+// launches format F's instance. GATED takes at most R = 2.
+template <int F, bool GATED>
+static int launch_qgemv_format(arc_context *ctx, const QgemvArgs &a) {
+    constexpr int MAX_R = GATED ? 2 : 4;
+    const int vectors = a.cols / QUNIT * (F == ARC_FORMAT_Q8_0 ? 2 : 1);
+    int ks = 1;
+    const int r = gemv_split(ctx, a.rows, vectors, MAX_R, GATED, &ks);
+    if constexpr (MAX_R == 4) {
+        if (r == 4) return launch_qgemv_shape<F, 4, 1, GATED>(ctx, a);
+    }
+    if (r == 2) return launch_qgemv_shape<F, 2, 1, GATED>(ctx, a);
+    switch (ks) {
+    case 8:
+    case 4: return launch_qgemv_shape<F, 1, 4, GATED>(ctx, a);
+    case 2: return launch_qgemv_shape<F, 1, 2, GATED>(ctx, a);
+    default: return launch_qgemv_shape<F, 1, 1, GATED>(ctx, a);
+    }
+}
+
+// The instances of a few formats each, compiled in their own files (qgemv_*.cu).
+int launch_qgemv_q8_q4(arc_context *ctx, const QgemvArgs &a, bool gated);
+int launch_qgemv_k(arc_context *ctx, const QgemvArgs &a, bool gated);

@@ -1,0 +1,171 @@
+// quant.cu -- the entry points of the quantized formats: a row's size, the quantized GEMVs
+// (checked here, launched from qgemv_*.cu), and the dequantization the prefill's matrix
+// products read (each thread decodes one unit of 32 weights to bf16).
+#include "qgemv.cuh"
+
+enum { DEQUANT_THREADS = 256 };
+
+static int check_format_shape(const char *who, int32_t format, int32_t cols) {
+    ARC_REQUIRE_AS(who, format_quantized(format), "format %d is not a quantized format (arc_format 1..6)", format);
+    const int unit = format_is_k(format) ? QSUPER : QUNIT;
+    ARC_REQUIRE_AS(who, cols > 0 && cols % unit == 0, "cols must be a positive multiple of %d for format %d, got %d",
+                   unit, format, cols);
+    return ARC_OK;
+}
+
+extern "C" int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out) {
+    ARC_REQUIRE(out, "out is null");
+    if (format == ARC_FORMAT_BF16) {
+        ARC_REQUIRE(cols > 0, "cols must be positive, got %d", cols);
+        *out = 2ull * (uint64_t)cols;
+        return ARC_OK;
+    }
+    ARC_TRY(check_format_shape(__func__, format, cols));
+    *out = row_layout(format, cols).bytes;
+    return ARC_OK;
+}
+
+static int launch_qgemv(arc_context *ctx, const char *who, const QgemvArgs &a, bool gated) {
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
+    ARC_TRY(check_format_shape(who, a.format, a.cols));
+    ARC_REQUIRE_AS(who, a.w && a.x && a.y, "null pointer (w, x and y are required)");
+    ARC_REQUIRE_AS(who, a.rows > 0 && a.rows <= (gated ? INT32_MAX / 2 : INT32_MAX), "rows must be positive, got %d",
+                   a.rows);
+    ARC_REQUIRE_AS(who, a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
+    ARC_REQUIRE_AS(who, (uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, (uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
+    ARC_REQUIRE_AS(who, (const void *)a.y != (const void *)a.x, "y must not alias x");
+    ARC_REQUIRE_AS(who, !(gated && a.am), "the gated GEMV takes no argmax");
+    return format_is_k(a.format) ? launch_qgemv_k(ctx, a, gated) : launch_qgemv_q8_q4(ctx, a, gated);
+}
+
+extern "C" int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
+                            int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
+                            int32_t accumulate, float *y) {
+    return launch_qgemv(ctx, __func__,
+                        QgemvArgs{format, (const uint8_t *)w, x, rows, cols, bias, norm_weight, eps, accumulate, y,
+                                  nullptr},
+                        false);
+}
+
+// The quantized lm_head of the greedy step (launch_gemv_argmax's twin): its argmax committed to
+// `loop`, or with loop null written to *out and *value_out.
+int launch_qgemv_argmax(arc_context *ctx, const char *who, int32_t format, const void *w, const float *x,
+                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
+                        int32_t *out, float *value_out) {
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
+    ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
+    GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
+    const int st = launch_qgemv(
+        ctx, who, QgemvArgs{format, (const uint8_t *)w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am}, false);
+    if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
+    return st;
+}
+
+extern "C" int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
+                                   int32_t cols, const uint16_t *norm_weight, float eps, float *y, int32_t *out,
+                                   float *value_out) {
+    return launch_qgemv_argmax(ctx, __func__, format, w, x, rows, cols, norm_weight, eps, y, nullptr, out,
+                               value_out);
+}
+
+extern "C" int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x,
+                                   int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
+    return launch_qgemv(ctx, __func__,
+                        QgemvArgs{format, (const uint8_t *)w_gate_up, x, rows, cols, nullptr, norm_weight, eps, 0, y,
+                                  nullptr},
+                        true);
+}
+
+// out[rows, cols] = bf16 of W's weights; thread t of the grid-stride loop decodes unit t % units
+// of row t / units. Weights are read once, with no dependence on earlier kernels of the step.
+template <int F>
+__global__ void __launch_bounds__(DEQUANT_THREADS)
+dequant_kernel(const uint8_t *__restrict__ w, int rows, int cols, uint16_t *__restrict__ out) {
+    pdl_launch_dependents();
+    pdl_wait();  // out may still be read by the product before
+    const int units = cols / QUNIT;
+    const RowLayout L = row_layout(F, cols);
+    const long long total = (long long)rows * units;
+    for (long long t = blockIdx.x * (long long)DEQUANT_THREADS + threadIdx.x; t < total;
+         t += (long long)gridDim.x * DEQUANT_THREADS) {
+        const int row = (int)(t / units), u = (int)(t % units);
+        UnitRaw raw;
+        load_unit<F>(w + (size_t)row * L.bytes, L, u, raw);
+        float v[QUNIT];
+        decode_unit<F>(raw, u, v);
+        uint4 *dst = reinterpret_cast<uint4 *>(out + (size_t)row * cols + (size_t)u * QUNIT);
+#pragma unroll
+        for (int k = 0; k < QUNIT / 8; ++k)
+            dst[k] = make_uint4(pack_bf16x2(v[8 * k], v[8 * k + 1]), pack_bf16x2(v[8 * k + 2], v[8 * k + 3]),
+                                pack_bf16x2(v[8 * k + 4], v[8 * k + 5]), pack_bf16x2(v[8 * k + 6], v[8 * k + 7]));
+    }
+}
+
+template <int F>
+static int launch_dequant(arc_context *ctx, const uint8_t *w, int rows, int cols, uint16_t *out) {
+    const long long total = (long long)rows * (cols / QUNIT);
+    const long long most = (long long)ctx->sm_count * 8;
+    const long long needed = (total + DEQUANT_THREADS - 1) / DEQUANT_THREADS;
+    return arc_launch_pdl(ctx, "dequant_kernel", dequant_kernel<F>, dim3((unsigned)(needed < most ? needed : most)),
+                          dim3(DEQUANT_THREADS), 0, w, rows, cols, out);
+}
+
+extern "C" int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols,
+                                 uint16_t *out) {
+    ARC_REQUIRE(ctx && w && out, "null argument");
+    ARC_TRY(check_format_shape(__func__, format, cols));
+    ARC_REQUIRE(rows > 0, "rows must be positive, got %d", rows);
+    ARC_REQUIRE((uintptr_t)w % 16 == 0 && (uintptr_t)out % 16 == 0, "w and out must be 16-byte aligned");
+    const uint8_t *wb = (const uint8_t *)w;
+    switch (format) {
+    case ARC_FORMAT_Q8_0: return launch_dequant<ARC_FORMAT_Q8_0>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q4_0: return launch_dequant<ARC_FORMAT_Q4_0>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q4_1: return launch_dequant<ARC_FORMAT_Q4_1>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q4_K: return launch_dequant<ARC_FORMAT_Q4_K>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q5_K: return launch_dequant<ARC_FORMAT_Q5_K>(ctx, wb, rows, cols, out);
+    default: return launch_dequant<ARC_FORMAT_Q6_K>(ctx, wb, rows, cols, out);
+    }
+}
+
+// ---- The forward's products over a Weight of any format ----------------------------------
+
+int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
+                const uint16_t *norm_weight, float eps, int32_t accumulate, float *y) {
+    if (w.format == ARC_FORMAT_BF16)
+        return arc_op_gemv(ctx, (const uint16_t *)w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y);
+    return arc_op_qgemv(ctx, w.format, w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y);
+}
+
+int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y) {
+    if (w.format == ARC_FORMAT_BF16)
+        return arc_op_gemv_swiglu(ctx, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, y);
+    return arc_op_qgemv_swiglu(ctx, w.format, w.p, x, rows, cols, norm_weight, eps, y);
+}
+
+int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y, arc_loop *loop) {
+    if (w.format == ARC_FORMAT_BF16)
+        return launch_gemv_argmax(ctx, who, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, y, loop, nullptr,
+                                  nullptr);
+    return launch_qgemv_argmax(ctx, who, w.format, w.p, x, rows, cols, norm_weight, eps, y, loop, nullptr, nullptr);
+}
+
+int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
+             float eps, float *y) {
+    const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
+    const int32_t rows[3] = {q_rows, kv_rows, kv_rows};
+    int32_t at = 0;
+    for (int i = 0; i < 3;) {
+        int j = i, n = 0;
+        while (j < 3 && parts[j].format == parts[i].format) n += rows[j++];
+        const uint16_t *bias = lw.bqkv ? lw.bqkv + at : nullptr;
+        ARC_TRY(gemv_weight(ctx, parts[i], x, n, cols, bias, lw.attn_norm, eps, /*accumulate=*/0, y + at));
+        at += n;
+        i = j;
+    }
+    return ARC_OK;
+}

@@ -1,0 +1,219 @@
+// quant.cuh -- the quantized weight formats of arc.h (arc_format): where a row's arrays lie, one
+// unit of 32 weights loaded raw, its dot product with the quantized input, and its weights
+// decoded to float. qgemv.cu (the decode's products) and dequant.cu (the prefill's) use them.
+//
+// The dot of a unit is integer work: the quants are unpacked four to a 32-bit word (a nibble,
+// plus Q5_K's fifth bit or Q6_K's two high bits, into each byte) and multiplied with four
+// int8 inputs by one dp4a; the float scales are applied once per unit. An unpacked byte of
+// word i holds weight 4i + b (low nibbles) or 16 + 4i + b (high nibbles), which is why the
+// input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "kernels.cuh"
+
+enum { QUNIT = 32, QSUPER = 256 };
+
+// Whether a format is one of the _K formats (superblocks of 256 weights).
+__host__ __device__ constexpr bool format_is_k(int f) {
+    return f == ARC_FORMAT_Q4_K || f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q6_K;
+}
+__host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= ARC_FORMAT_Q6_K; }
+
+// Byte offsets of a row's arrays B, C and D, and the row's size (arc.h: each array padded to 16).
+struct RowLayout {
+    uint32_t b, c, d, bytes;
+};
+
+__host__ __device__ constexpr uint32_t pad16(uint32_t n) { return (n + 15u) & ~15u; }
+
+__host__ __device__ inline RowLayout row_layout(int f, int cols) {
+    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
+    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
+    const uint32_t b = f == ARC_FORMAT_Q5_K ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q4_1 ? units * 4u : format_is_k(f) ? supers * 16u : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q6_K ? supers * 2u : 0u;
+    RowLayout l;
+    l.b = pad16(a);
+    l.c = l.b + pad16(b);
+    l.d = l.c + pad16(c);
+    l.bytes = l.d + pad16(d);
+    return l;
+}
+
+// The raw bytes of one unit: its quants (q1 for Q8_0's second half), its high bits (hb), and
+// the scale words it needs (s: Q4_0, Q8_0 d in s.x; Q4_1 d | m << 16 in s.x; _K(4, 5): the
+// superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y).
+struct UnitRaw {
+    uint4 q0, q1;
+    uint2 hb;
+    uint4 s;
+};
+
+__device__ __forceinline__ uint32_t load_nc32(const void *p) {
+    uint32_t r;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint32_t load_nc16(const void *p) {
+    unsigned short r;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 load_nc64(const void *p) {
+    uint2 r;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 load_nc128(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// Unit u of the row at `row` (format F, layout L): every load issued, none used.
+template <int F>
+__device__ __forceinline__ void load_unit(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        r.q0 = load_nc128(row + 32 * u);
+        r.q1 = load_nc128(row + 32 * u + 16);
+    } else {
+        r.q0 = load_nc128(row + 16 * u);
+    }
+    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(row + L.b + 4 * u);
+    if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(row + L.b + 8 * u);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(row + L.c + 2 * u);
+    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(row + L.c + 4 * u);
+    if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(row + L.c + 16 * (u / 8));
+    if constexpr (F == ARC_FORMAT_Q6_K) {
+        r.s.x = load_nc16(row + L.c + 16 * (u / 8) + 2 * (u % 8));
+        r.s.y = load_nc16(row + L.d + 2 * (u / 8));
+    }
+}
+
+__device__ __forceinline__ float half_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
+__device__ __forceinline__ float half_hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
+
+// The 6-bit scale and min of unit j (0..7) of a _K superblock whose 12 scale bytes follow d and
+// dmin (s.y, s.z, s.w): GGUF's get_scale_min_k4.
+__device__ __forceinline__ void k_scale_min(const uint4 &s, int j, int &sc, int &m) {
+    const int t = 8 * (j & 3);
+    const uint32_t yb = s.y >> t, zb = s.z >> t, wb = s.w >> t;  // bytes j%4, 4 + j%4, 8 + j%4
+    if (j < 4) {
+        sc = (int)(yb & 63u);
+        m = (int)(zb & 63u);
+    } else {
+        sc = (int)((wb & 0xfu) | ((yb >> 2) & 0x30u));
+        m = (int)(((wb >> 4) & 0xfu) | ((zb >> 2) & 0x30u));
+    }
+}
+
+// Word i (0..3) of a 4-bit unit unpacked: the low nibbles (weights 4i..4i+3) and the high ones
+// (16 + 4i..), each in the low bits of a byte, with the high bits of Q5_K and Q6_K put above.
+template <int F>
+__device__ __forceinline__ void unpack_word(const UnitRaw &r, int i, uint32_t w, uint32_t &lo, uint32_t &hi) {
+    lo = w & 0x0f0f0f0fu;
+    hi = (w >> 4) & 0x0f0f0f0fu;
+    if constexpr (F == ARC_FORMAT_Q5_K) {
+        lo |= ((r.hb.x >> i) & 0x01010101u) << 4;
+        hi |= ((r.hb.x >> (4 + i)) & 0x01010101u) << 4;
+    }
+    if constexpr (F == ARC_FORMAT_Q6_K) {
+        lo |= ((r.hb.x >> (2 * i)) & 0x03030303u) << 4;
+        hi |= ((r.hb.y >> (2 * i)) & 0x03030303u) << 4;
+    }
+}
+
+// The quantized input of one unit: its 32 int8 values as eight words, its scale dx and the sums
+// of its first and last 16 values.
+struct UnitInput {
+    int4 xa, xb;
+    float dx;
+    int s0, s1;
+};
+
+// dot(unit u's weights, its input), as arc.h defines it: exact integer sums, then the scales.
+template <int F>
+__device__ __forceinline__ float dot_unit(const UnitRaw &r, int u, const UnitInput &x) {
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        int acc = __dp4a((int)r.q0.x, x.xa.x, 0);
+        acc = __dp4a((int)r.q0.y, x.xa.y, acc);
+        acc = __dp4a((int)r.q0.z, x.xa.z, acc);
+        acc = __dp4a((int)r.q0.w, x.xa.w, acc);
+        acc = __dp4a((int)r.q1.x, x.xb.x, acc);
+        acc = __dp4a((int)r.q1.y, x.xb.y, acc);
+        acc = __dp4a((int)r.q1.z, x.xb.z, acc);
+        acc = __dp4a((int)r.q1.w, x.xb.w, acc);
+        return half_lo(r.s.x) * x.dx * (float)acc;
+    } else {
+        const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
+        const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            unpack_word<F>(r, i, w[i], lo, hi);
+            slo = __dp4a((int)lo, xa[i], slo);
+            shi = __dp4a((int)hi, xb[i], shi);
+        }
+        if constexpr (F == ARC_FORMAT_Q4_0) {
+            return half_lo(r.s.x) * x.dx * (float)(slo + shi - 8 * (x.s0 + x.s1));
+        } else if constexpr (F == ARC_FORMAT_Q4_1) {
+            return half_lo(r.s.x) * x.dx * (float)(slo + shi) + half_hi(r.s.x) * x.dx * (float)(x.s0 + x.s1);
+        } else if constexpr (F == ARC_FORMAT_Q6_K) {
+            const int sa = (int)(int8_t)(r.s.x & 0xffu), sb = (int)(int8_t)((r.s.x >> 8) & 0xffu);
+            return half_lo(r.s.y) * x.dx * (float)(sa * (slo - 32 * x.s0) + sb * (shi - 32 * x.s1));
+        } else {  // Q4_K, Q5_K
+            int sc, m;
+            k_scale_min(r.s, u % 8, sc, m);
+            return half_lo(r.s.x) * (float)sc * x.dx * (float)(slo + shi) -
+                   half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
+        }
+    }
+}
+
+// The 32 weights of unit u as floats, by arc.h's formulas: w[k] is weight 32u + k.
+template <int F>
+__device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out)[QUNIT]) {
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        const float d = half_lo(r.s.x);
+        const uint32_t w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+#pragma unroll
+        for (int k = 0; k < QUNIT; ++k) out[k] = d * (float)(int8_t)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+    } else {
+        const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
+        // weight = scale * (q - zero) - off, each format's formula in its own order
+        float scale_lo, scale_hi, off_lo = 0.0f, off_hi = 0.0f;
+        int zero = 0;
+        if constexpr (F == ARC_FORMAT_Q4_0) {
+            scale_lo = scale_hi = half_lo(r.s.x);
+            zero = 8;
+        } else if constexpr (F == ARC_FORMAT_Q4_1) {
+            scale_lo = scale_hi = half_lo(r.s.x);
+            off_lo = off_hi = -half_hi(r.s.x);
+        } else if constexpr (F == ARC_FORMAT_Q6_K) {
+            const float d = half_lo(r.s.y);
+            scale_lo = d * (float)(int8_t)(r.s.x & 0xffu);
+            scale_hi = d * (float)(int8_t)((r.s.x >> 8) & 0xffu);
+            zero = 32;
+        } else {
+            int sc, m;
+            k_scale_min(r.s, u % 8, sc, m);
+            scale_lo = scale_hi = half_lo(r.s.x) * (float)sc;
+            off_lo = off_hi = half_hi(r.s.x) * (float)m;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            unpack_word<F>(r, i, w[i], lo, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                out[4 * i + b] = scale_lo * (float)((int)((lo >> (8 * b)) & 0xffu) - zero) - off_lo;
+                out[16 + 4 * i + b] = scale_hi * (float)((int)((hi >> (8 * b)) & 0xffu) - zero) - off_hi;
+            }
+        }
+    }
+}
