@@ -7,7 +7,8 @@ ids before a sequence and ids back into text as they land.
     loader    load_text_spec: a Hugging Face model directory's text files -> TextSpec
     gguf      gguf_text_spec: a GGUF file's Vocabulary (arcpy.vocabulary) -> TextSpec
     codec     encode, decode, StreamDecoder (ids -> text as they land)
-    chat      render_chat: messages -> prompt text through the sandboxed template
+    chat      render_chat: messages -> prompt text through the template
+    sandbox   the bounded jinja2 sandbox templates run in (limits: its deadline and budget)
     stops     StopStrings, TextStream (StreamDecoder then StopStrings)
 """
 
