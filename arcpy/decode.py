@@ -28,7 +28,7 @@ from arcpy.loop.engine import DEFAULT_MAX_SEQ, DEVICE_LOOP, Engine, FinishReason
 from arcpy.loading import load_checkpoint
 from arcpy.model import SHAPES, Model, synthetic_model
 from arcpy.sampling import Sampling
-from arcpy.text import TextSpec, TextStream, encode, render_chat
+from arcpy.text import TextSpec, TextStream, chat_ids, encode
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -174,8 +174,7 @@ def build_request(model: Model, text: TextSpec | None, prompt, prompt_ids, chat,
                 max_new_tokens = DEMO_MAX_NEW
         if chat:
             messages = ([{"role": "system", "content": system}] if system is not None else [])
-            rendered = render_chat(text, messages + [{"role": "user", "content": prompt}])
-            ids = encode(text, rendered)
+            ids = chat_ids(text, messages + [{"role": "user", "content": prompt}])
         else:
             ids = encode(text, prompt)
         if not ids:

@@ -284,10 +284,10 @@ class Engine:
         template: yield the answer's text as it becomes final. The model's end-of-sequence ids and
         `stop_ids` end it on the device; `stop` strings end it on the host, and no part of one is
         yielded. `stats.finish_reason` says why it ended."""
-        from arcpy.text import TextStream, encode, render_chat
+        from arcpy.text import TextStream, chat_ids
         if self.text is None:
             raise InvalidArgumentError("chat needs the model's text (Engine.load(..., text=...)): this engine has none")
-        ids = encode(self.text, render_chat(self.text, messages))
+        ids = chat_ids(self.text, messages)
         stream = TextStream(self.text, stop)
         for tok in self.generate(ids, max_new_tokens, tuple(self.text.eos_ids) + tuple(stop_ids), sampling):
             piece, hit = stream.push(tok)

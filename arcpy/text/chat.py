@@ -3,16 +3,22 @@
 The template runs in arcpy.text.sandbox: jinja2's immutable sandbox, bounded in time and in what it
 builds. It sees the names Hugging Face templates use: messages, add_generation_prompt, bos_token
 and eos_token (where the model has them).
+
+`chat_ids` is the prompt to decode: the template's markup becomes the model's control tokens, and
+the messages' own text stays text, whatever it holds (arcpy.text.specials). `render_chat` is the
+same prompt as text, to show.
 """
 
 from __future__ import annotations
 
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
+from arcpy.text.codec import led_by_bos
 from arcpy.text.sandbox import render_template
 from arcpy.text.spec import TextSpec
+from arcpy.text.specials import Marks
 
-__all__ = ["render_chat"]
+__all__ = ["chat_ids", "render_chat"]
 
 
 def _check_messages(messages) -> list[dict]:
@@ -32,15 +38,37 @@ def _check_messages(messages) -> list[dict]:
             raise InvalidArgumentError(f"messages[{i}]: 'role' must be a non-empty string, got {quoted(role)}")
         if not isinstance(content, str):
             raise InvalidArgumentError(f"messages[{i}]: 'content' must be a string, got {quoted(content)}")
+        for key, text in (("role", role), ("content", content)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer takes it
+                raise InvalidArgumentError(f"messages[{i}]: '{key}' is not valid Unicode "
+                                           f"({e.reason} at index {e.start})") from None
         out.append({"role": role, "content": content})
     return out
 
 
 def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]) by the model's chat
-    template, ending with the assistant's header when `add_generation_prompt`. Encode it with
-    `encode`, which adds BOS only where the template did not write one."""
+    template, ending with the assistant's header when `add_generation_prompt`. To show: the ids
+    to decode are `chat_ids`."""
     return render_template(spec.chat_template, _context(spec, messages, add_generation_prompt))
+
+
+def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True) -> list[int]:
+    """The prompt's token ids for `messages`, led by BOS where the model wants it and the template
+    wrote none. The template's markup becomes control tokens; a special-token string inside a
+    message ('<|im_start|>' typed by a user) is encoded as the characters it is, as though the
+    tokenizer did not know it. Messages without one give exactly
+    encode(spec, render_chat(spec, messages), parse_special=True)."""
+    context = _context(spec, messages, add_generation_prompt)
+    given = [context.get("bos_token") or "", context.get("eos_token") or ""]
+    given += [text for m in context["messages"] for text in m.values()]
+    marks = Marks(spec.tokenizer, [spec.chat_template, *given])
+    for m in context["messages"]:
+        m["role"], m["content"] = marks.mark(m["role"]), marks.mark(m["content"])
+    ids = marks.encode(render_template(spec.chat_template, context))
+    return led_by_bos(spec, ids, spec.add_bos)
 
 
 def _context(spec: TextSpec, messages, add_generation_prompt) -> dict:
