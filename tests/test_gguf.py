@@ -8,8 +8,10 @@ ModelFileError line.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import random
 import struct
 import time
 import tracemalloc
@@ -38,6 +40,8 @@ from arcpy.model import (
     rope_inv_freq,
     unpermute_rotary_rows,
 )
+from arcpy.text import gguf_text_spec
+from arcpy.vocabulary import Vocabulary
 
 # ---------------------------------------------------------------------------------------------
 # a tiny byte-level vocabulary: three control tokens, the 256 byte symbols, six merged tokens
@@ -451,6 +455,59 @@ def test_sentencepiece_scores_not_list_order_decide_the_merges(tmp_path):
     tokens, text = spm_text(tmp_path, {**SPM_PIECES, "el": -0.5})
     # el (-0.5) now wins first: \u2581 h el l o, and no piece joins any of those pairs.
     assert [tokens[i] for i in text.tokenizer.encode("hello").ids] == ["\u2581", "h", "el", "l", "o"]
+
+
+def spm_vocabulary(pieces: dict[str, float]) -> Vocabulary:
+    """A SentencePiece Vocabulary as the checkpoint reader hands it over, without writing a file."""
+    meta = spm_meta(pieces)
+    return Vocabulary("s.gguf", "llama", meta["tokenizer.ggml.tokens"], np.array(meta["tokenizer.ggml.token_type"]),
+                      np.array(meta["tokenizer.ggml.scores"], dtype=np.float32), [], "", 1, (2,), 0, None, True, None)
+
+
+def every_split(pieces: dict[str, float]) -> list[tuple[str, str]]:
+    """The merges by their definition: each cut of each piece into two pieces, ranked by the
+    piece's score, then its id, then the left piece's id."""
+    first = 3 + 256
+    ids = {p: first + k for k, p in enumerate(pieces)}
+    ranked = sorted((-pieces[p], ids[p], ids[p[:c]], p[:c], p[c:]) for p in pieces for c in range(1, len(p))
+                    if p[:c] in ids and p[c:] in ids)
+    return [(left, right) for *_, left, right in ranked]
+
+
+def test_sentencepiece_merges_are_every_split_into_two_pieces_ranked_by_score():
+    rng = random.Random("sentencepiece")
+    pieces: dict[str, float] = {}
+    while len(pieces) < 3000:  # few letters, so that pieces nest deeply; whole scores, so that some tie
+        piece = "".join(rng.choice("ab\u2581c") for _ in range(rng.randint(1, 12)))
+        pieces.setdefault(piece, float(rng.randint(-60, 0)))
+    tok = gguf_text_spec(spm_vocabulary(pieces)).tokenizer
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    want = every_split(pieces)
+    assert len(want) > 3000 and [tuple(m) for m in merges] == want
+
+
+def test_sentencepiece_pieces_nested_past_any_real_vocabulary_are_refused_quickly():
+    pieces = {"q" * k: -float(k) for k in range(1, 2001)}  # 2 MB, each piece cut in two at every character
+    tracemalloc.start()
+    try:
+        start = time.perf_counter()
+        with pytest.raises(ModelFileError) as e:
+            gguf_text_spec(spm_vocabulary(pieces))
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("s.gguf: ") and "merges" in msg
+    assert seconds < 5 and peak < 256 * 2**20, (seconds, peak / 2**20)
+
+
+def test_a_sentencepiece_piece_of_a_million_characters_builds_in_linear_time():
+    pieces = {"\u2581": -4.0, "q": -3.0, "qq": -1.0, "q" * 1_000_000: -2.0}
+    start = time.perf_counter()
+    tokens, text = spm_vocabulary(pieces).tokens, gguf_text_spec(spm_vocabulary(pieces))
+    assert time.perf_counter() - start < 5
+    assert [tokens[i] for i in text.tokenizer.encode("qqqqq").ids] == ["\u2581", "qq", "qq", "q"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Request
-from arcpy.text import TextSpec, encode, render_chat
+from arcpy.text import TextSpec, chat_ids, encode
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
         what = "a text prompt" if request.prompt is not None else "messages"
         raise InvalidArgumentError(f"{what} need the model's tokenizer, and this engine has none: give prompt_ids")
     if request.prompt is not None:
-        ids = encode(text, request.prompt)
-    else:
-        ids = encode(text, render_chat(text, [m.as_dict() for m in request.messages]))
+        ids = encode(text, request.prompt)  # special-token strings in it stay text
+    else:  # only the template's own markup becomes special tokens
+        ids = chat_ids(text, [m.as_dict() for m in request.messages])
     if not ids:
         raise InvalidArgumentError("the prompt encodes to no tokens")
     return ids

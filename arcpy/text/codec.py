@@ -13,6 +13,7 @@ import re
 from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError
 from arcpy.text.spec import TextSpec
+from arcpy.text.specials import encode_as_text
 
 _FFFD = "\ufffd"  # what the decoders put where bytes do not yet form a character
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
@@ -29,23 +30,43 @@ def _token(spec: TextSpec, token_id, where: str) -> tuple[int, str]:
     return token_id, piece
 
 
-def encode(spec: TextSpec, text: str, add_bos: bool | None = None) -> list[int]:
+def encode(spec: TextSpec, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
     """Token ids of `text`, led by BOS when `add_bos` (default: the model's `add_bos`), unless the
-    text already starts with it (a chat template usually writes its own)."""
+    ids already start with it (a chat template usually writes its own).
+
+    Special-token strings in `text` ('<|im_start|>') are text, encoded as the characters they are
+    (arcpy.text.specials): a user's text cannot write the model's control tokens. With
+    `parse_special` they are the control tokens, for text the program wrote, such as a chat
+    template's output; `chat_ids` encodes messages so, the messages' own text as text."""
     if not isinstance(text, str):
         raise InvalidArgumentError(f"encode: text must be a str, got {type(text).__name__}")
-    if add_bos is None:
-        add_bos = spec.add_bos
-    elif not isinstance(add_bos, bool):
-        raise InvalidArgumentError(f"encode: add_bos must be True, False or None, got {quoted(add_bos)}")
-    if add_bos and spec.bos_id is None:
-        raise InvalidArgumentError("encode: add_bos=True, but the model has no BOS token")
+    if not isinstance(parse_special, bool):
+        raise InvalidArgumentError(f"encode: parse_special must be True or False, got {quoted(parse_special)}")
+    add_bos = bos_wanted(spec, add_bos, "encode")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer takes only real characters
         raise InvalidArgumentError(f"encode: text is not valid Unicode ({e.reason} at index {e.start})") from None
     # The post-processor is skipped: it may add BOS (handled here, once) or EOS (never in a prompt).
-    ids = spec.tokenizer.encode(text, add_special_tokens=False).ids
+    if parse_special:
+        ids = spec.tokenizer.encode(text, add_special_tokens=False).ids
+    else:
+        ids = encode_as_text(spec.tokenizer, text)
+    return led_by_bos(spec, ids, add_bos)
+
+
+def bos_wanted(spec: TextSpec, add_bos, where: str) -> bool:
+    """`add_bos` checked; None is the model's own choice."""
+    if add_bos is None:
+        return spec.add_bos
+    if not isinstance(add_bos, bool):
+        raise InvalidArgumentError(f"{where}: add_bos must be True, False or None, got {quoted(add_bos)}")
+    if add_bos and spec.bos_id is None:
+        raise InvalidArgumentError(f"{where}: add_bos=True, but the model has no BOS token")
+    return add_bos
+
+
+def led_by_bos(spec: TextSpec, ids: list[int], add_bos: bool) -> list[int]:
     if add_bos and (not ids or ids[0] != spec.bos_id):
         ids.insert(0, spec.bos_id)
     return ids

@@ -24,6 +24,7 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Byte-level vocabularies that llama.cpp starts with BOS unless the file says otherwise.
 _BOS_PRE = _LLAMA3_PRE + ("tekken", "chameleon")
+_MAX_MERGE_CHARS = 64 * 1024 * 1024  # what a SentencePiece vocabulary's merges may name, in characters
 
 
 def gguf_text_spec(v: Vocabulary) -> TextSpec:
@@ -89,12 +90,7 @@ def _sentencepiece_bpe(v: Vocabulary) -> Tokenizer:
     normal: dict[str, int] = {}
     for i in np.flatnonzero(types == NORMAL):
         normal.setdefault(tokens[i], int(i))
-    ranked = []
-    for piece, i in normal.items():
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in normal and right in normal:
-                ranked.append((-float(scores[i]), i, normal[left], left, right))
+    ranked = [(-float(scores[i]), i, normal[left], left, right) for left, right, i in _splits(v.source, normal)]
     ranked.sort()
     unk = v.unknown_id
     tok = _bpe(v, [(a, b) for *_, a, b in ranked], unk_token=None if unk is None else tokens[unk],
@@ -106,6 +102,53 @@ def _sentencepiece_bpe(v: Vocabulary) -> Tokenizer:
         [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
         + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return tok
+
+
+def _splits(source: str, pieces: dict[str, int]):
+    """(left, right, id) for every way to cut a piece into two pieces.
+
+    A piece's cuts are where a piece that starts it meets a piece that ends it. The pieces that
+    start a piece form a chain (each the longest piece that starts the next), and so do those
+    that end it, so walking both chains finds every cut in time linear in the piece's length:
+    no piece is cut at every character and looked up (quadratic in its length). The merges name
+    their pieces, and the tokenizers library copies each name: past _MAX_MERGE_CHARS characters,
+    far beyond any real vocabulary, the file is refused.
+    """
+    pieces = {p: i for p, i in pieces.items() if p}
+    starts = _longest_start(pieces)
+    backwards = {p[::-1]: p for p in pieces}
+    ends = {backwards[r]: None if e is None else backwards[e] for r, e in _longest_start(backwards).items()}
+    named = 0
+    for piece, i in pieces.items():
+        left, right = starts[piece], ends[piece]
+        if left is None or right is None:
+            continue
+        rights = {}
+        while right is not None:
+            rights[len(right)] = right
+            right = ends[right]
+        while left is not None:
+            right = rights.get(len(piece) - len(left))
+            if right is not None:
+                named += len(piece)
+                if named > _MAX_MERGE_CHARS:
+                    raise ModelFileError(f"{source}: the vocabulary's pieces split into more than "
+                                         f"{_MAX_MERGE_CHARS:,} characters of merges; no real vocabulary does")
+                yield left, right, i
+            left = starts[left]
+
+
+def _longest_start(pieces) -> dict[str, str | None]:
+    """Each piece -> the longest other piece it starts with (None if none). In sorted order, the
+    pieces a piece starts with come before it, and everything between them and it starts with them
+    too, so a stack of the pieces that start the current one holds the answer on top."""
+    out, stack = {}, []
+    for p in sorted(pieces):
+        while stack and not p.startswith(stack[-1]):
+            stack.pop()
+        out[p] = stack[-1] if stack else None
+        stack.append(p)
+    return out
 
 
 def _add_special_tokens(tok: Tokenizer, tokens: list[str], types: np.ndarray) -> None:
