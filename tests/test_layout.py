@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import grimp
-
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 450
 
@@ -61,12 +59,16 @@ def import_cycles(graph) -> list[list[str]]:
 
 
 def test_no_module_imports_in_a_circle():
+    import grimp  # imported here: the GPU machine's runs collect this file without it
+
     graph = grimp.build_graph("arcpy", cache_dir=None)
     assert len(graph.modules) > 30  # the whole package was read
     assert import_cycles(graph) == []
 
 
 def test_the_cycle_finder_finds_a_circle():
+    import grimp
+
     graph = grimp.build_graph("arcpy", cache_dir=None)
     graph.add_import(importer="arcpy.errors", imported="arcpy.loop.engine")  # engine reaches errors
     cycles = import_cycles(graph)
