@@ -54,6 +54,8 @@ int arc_context_create(int device, arc_context **out);
 int arc_context_destroy(arc_context *ctx);
 int arc_context_device_name(arc_context *ctx, char *buf, size_t len);
 int arc_stream_query(arc_context *ctx);
+/* The device's free and total memory in bytes (start-up and reports; not for the step path). */
+int arc_context_memory(arc_context *ctx, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* Memory. Host buffers are pinned and mapped: the GPU writes them, the host reads them with
  * plain loads. Copies are asynchronous on the context's stream; a device-to-host copy must
@@ -255,6 +257,9 @@ int arc_model_forward(arc_model *model, arc_loop *loop);
  * same faults; the logits are written as well). Captured, it is the greedy step graph. */
 int arc_model_forward_commit(arc_model *model, arc_loop *loop);
 int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
+/* Device bytes the model holds: its weights, its KV cache, and its activations (the decode's and,
+ * once reserved, the prefill's, with its scratch for dequantized matrices). */
+int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations);
 
 /* Kernels, one entry point each (the forward launches the same launchers). */
 /* Each enqueues on the context's stream and returns at once; pointers are device pointers

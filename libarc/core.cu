@@ -180,6 +180,16 @@ extern "C" int arc_context_device_name(arc_context *ctx, char *buf, size_t len) 
     return ARC_OK;
 }
 
+// Start-up only: what the device has free and in all, for the report of what a model takes.
+extern "C" int arc_context_memory(arc_context *ctx, uint64_t *free_bytes, uint64_t *total_bytes) {
+    ARC_REQUIRE(ctx && free_bytes && total_bytes, "null argument");
+    size_t f = 0, t = 0;
+    ARC_CUDA(ctx, cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
+    return ARC_OK;
+}
+
 extern "C" int arc_context_counters(arc_context *ctx, arc_counters *out) {
     ARC_REQUIRE(ctx && out, "null argument");
     *out = ctx->counters;

@@ -223,6 +223,7 @@ __device__ __forceinline__ float rope_rotate_half(const float *x, int d, int hal
 // an arc_model holds one, all zero until arc_model_prefill_reserve.
 struct PrefillBuffers {
     void *mem;
+    uint64_t bytes;
     int32_t max_chunk;
     float *x;       // residual stream (max_chunk, dim)
     uint16_t *xn;   // normed input of a product, bf16 (max_chunk, dim)

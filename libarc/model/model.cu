@@ -39,6 +39,7 @@ struct arc_model {
     // KV cache: k then v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16.
     uint16_t *kv;
     uint64_t kv_layer_elems;
+    uint64_t act_bytes;  // the decode's activations
     // Activations, all float32, carved from one allocation.
     void *act;
     float *x;        // residual stream (dim)
@@ -250,6 +251,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
         at = align_up(at + sizes[i]);
     }
     ARC_CUDA(ctx, cudaMalloc(&m->act, at));
+    m->act_bytes = at;
     ARC_CUDA(ctx, cudaMemsetAsync(m->act, 0, at, ctx->stream));
     uint8_t *base = (uint8_t *)m->act;
     m->x = (float *)(base + off[0]);
@@ -379,4 +381,12 @@ ModelParts model_parts(arc_model *m) {
     p.prefill = &m->prefill;
     p.dequant_elems = m->dequant_elems;
     return p;
+}
+
+extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations) {
+    ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
+    *weights = model->weight_bytes;
+    *kv_cache = 2 * model->kv_layer_elems * model->cfg.n_layers * sizeof(uint16_t);
+    *activations = model->act_bytes + model->prefill.bytes;
+    return ARC_OK;
 }

@@ -93,6 +93,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     prefill_buffers_release(b);
     uint8_t *base = (uint8_t *)mem;
     b->mem = mem;
+    b->bytes = at;
     b->max_chunk = chunk;
     b->x = (float *)(base + off[0]);
     b->xn = (uint16_t *)(base + off[1]);
