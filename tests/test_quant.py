@@ -373,3 +373,92 @@ def test_random_quant_refuses_bad_arguments(args, expected):
 def test_the_gguf_types_kept_are_arc_h_formats_one_for_one():
     assert GGUF_FORMATS == FORMATS
     assert sorted(GGUF_FORMATS.values()) == [1, 2, 3, 4, 5, 6]
+
+
+# --- models holding quantized tensors ------------------------------------------------------------
+
+def test_tiny_quant_holds_every_format_and_mixes_q_k_v_in_one_layer():
+    from arcpy.model import synthetic_model
+    model = synthetic_model("tiny-quant")
+    formats = {name: model.format_of(name) for name in model.tensors}
+    assert set(formats.values()) == {codes.FORMAT_BF16, *FORMATS.values()}
+    qkv = [formats[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+    assert len(set(qkv)) == 3  # the forward must split the fused QKV product
+    assert len({formats[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"}) == 1
+    for layer in range(2):  # gate and up share a format: the fused SwiGLU product reads both
+        p = f"model.layers.{layer}.mlp."
+        assert formats[p + "gate_proj.weight"] == formats[p + "up_proj.weight"]
+    assert formats["model.embed_tokens.weight"] == codes.FORMAT_BF16 and model.quantized
+    tied = synthetic_model("tiny-quant-tied")
+    assert tied.config.tied_embeddings and "lm_head.weight" not in tied.tensors
+
+
+def test_q4_k_m_presets_follow_llama_cpps_mix():
+    from arcpy.model.presets import SHAPES, preset_formats
+    f = preset_formats("llama8B-q4km")
+    six = sorted(int(n.split(".")[2]) for n, v in f.items() if v == codes.FORMAT_Q6_K and "v_proj" in n)
+    # use_more_bits(i, 32): i < 4, i >= 28, or (i - 4) % 3 == 2
+    assert six == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert six == sorted(int(n.split(".")[2]) for n, v in f.items() if v == codes.FORMAT_Q6_K and "down_proj" in n)
+    assert f["lm_head.weight"] == codes.FORMAT_Q6_K
+    assert {v for n, v in f.items() if "v_proj" not in n and "down_proj" not in n and "lm_head" not in n} == {4}
+    big = preset_formats("llama70B-q4km")  # llama.cpp gives a 70B model's other attn_v Q5_K
+    assert {v for n, v in big.items() if "v_proj" in n} == {codes.FORMAT_Q5_K, codes.FORMAT_Q6_K}
+    assert set(preset_formats("llama8B-q8").values()) == {codes.FORMAT_Q8_0}
+    assert set(preset_formats("llama8B").values()) == {codes.FORMAT_BF16}
+    assert not SHAPES["llama1B-q4km"].tied_embeddings and SHAPES["llama1B"].tied_embeddings
+    # Bytes of the 8B mix's matrices: within 1% of a Llama-3-8B Q4_K_M file less its Q4_K token_embd.
+    cfg = SHAPES["llama8B-q4km"]
+    from arcpy.model import expected_tensors
+    shapes = expected_tensors(cfg)
+    matrices = sum(shapes[n][0] * row_bytes(v, shapes[n][1]) for n, v in f.items())
+    assert abs(matrices / (4_920_734_016 - 128256 * 4096 * 144 // 256) - 1) < 0.01
+
+
+def test_model_weight_bytes_count_the_tensors_as_held():
+    from arcpy.model import synthetic_model
+    m = synthetic_model("tiny-quant")
+    cfg = m.config
+    norms = 2 * cfg.dim * (2 * cfg.n_layers + 1)
+    matrices = sum(t.nbytes for n, t in m.tensors.items() if n.endswith(("proj.weight", "lm_head.weight")))
+    assert m.weight_bytes == matrices + norms + 2 * cfg.dim  # the embedding: one row a step
+    assert m.stored_bytes == matrices + norms + 2 * cfg.vocab * cfg.dim
+    tied = synthetic_model("tiny-quant-tied")
+    assert tied.weight_bytes == tied.stored_bytes  # the table is the head: read whole
+    bf16 = synthetic_model("qwen-tiny")
+    assert bf16.weight_bytes == bf16.config.weight_bytes and not bf16.quantized
+
+
+def test_a_model_takes_quant_tensors_only_for_matrices_of_the_right_shape():
+    from arcpy.model import Model, synthetic_model
+    m = synthetic_model("tiny-quant")
+    q = random_quant(codes.FORMAT_Q8_0, (256, 256), np.random.default_rng(0))
+    for name, expected in [("model.norm.weight", "must be bf16 words; only the projections and the lm_head"),
+                           ("model.layers.0.mlp.up_proj.weight", "has shape (256, 256), expected (768, 256)")]:
+        with pytest.raises(InvalidArgumentError) as ei:
+            Model(m.config, {**m.tensors, name: q}, "m", "test")
+        assert expected in str(ei.value), str(ei.value)
+    with pytest.raises(InvalidArgumentError, match="uint16 bf16 words or a QuantTensor"):
+        Model(m.config, {**m.tensors, "lm_head.weight": np.zeros((512, 256), np.float32)}, "m", "test")
+
+
+def test_save_model_refuses_a_quantized_model_in_one_line(tmp_path):
+    from arcpy.model import save_model, synthetic_model
+    with pytest.raises(InvalidArgumentError) as ei:
+        save_model(synthetic_model("tiny-quant"), tmp_path)
+    assert "14 tensors are quantized" in str(ei.value) and "quantized=False" in str(ei.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_reference_forward_dequantizes_once_and_decodes():
+    from arcpy.devices.reference import ReferenceModel
+    from arcpy.model import synthetic_model
+    m = synthetic_model("tiny-quant", seed=1)
+    ref = ReferenceModel(m, max_seq=64)
+    assert np.array_equal(ref.layers[0].wk, dequantize(m.tensor("model.layers.0.self_attn.k_proj.weight")))
+    assert np.array_equal(ref.lm_head, dequantize(m.tensor("lm_head.weight")))
+    logits = ref.forward(7, 0)
+    assert np.isfinite(logits).all() and 0.3 < logits.std() < 3  # activations of order one
+    tokens = ReferenceModel(m, max_seq=64).greedy([1, 2, 3], 24)
+    assert tokens == ReferenceModel(synthetic_model("tiny-quant", seed=1), max_seq=64).greedy([1, 2, 3], 24)
+    assert len(set(tokens)) > 4  # not one token repeated

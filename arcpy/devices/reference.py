@@ -2,8 +2,11 @@
 
 Numerics contract (libarc's kernels follow the same rules; differences are only summation order
 and the last ulp of cos/sin/exp):
-- Weights are bf16, converted exactly to float32. Activations stay float32: the residual stream,
-  the normed input, q/k/v, scores and probabilities, the MLP and the logits.
+- Weights are bf16, converted exactly to float32, or quantized (arc.h's formats), dequantized once
+  to float32 by arc.h's formulas (model.quant.dequantize). Activations stay float32: the residual
+  stream, the normed input, q/k/v, scores and probabilities, the MLP and the logits. (libarc's
+  quantized GEMVs also quantize their input to int8 per 32 values; model.quant.qgemv_reference
+  computes that product alone. The forward here does not: compare with a tolerance.)
 - The KV cache is bf16: k (after RoPE) and v are rounded to nearest even when stored and read back
   exactly as float32. Here it is held as float32 arrays of bf16-representable values.
 - RMSNorm: y = x * (1 / sqrt(mean(x*x) + eps)) * w.
@@ -28,7 +31,17 @@ import math
 import numpy as np
 
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16, layer_prefix, rope_inv_freq
+from arcpy.model import (
+    EMBED,
+    FINAL_NORM,
+    Model,
+    QuantTensor,
+    bf16_to_f32,
+    dequantize,
+    f32_to_bf16,
+    layer_prefix,
+    rope_inv_freq,
+)
 
 F32 = np.float32
 
@@ -127,15 +140,20 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return bf16_to_f32(f32_to_bf16(x))
 
 
+def weights_f32(t) -> np.ndarray:
+    """A tensor's weights as float32: bf16 words converted, a QuantTensor dequantized (both exact)."""
+    return dequantize(t) if isinstance(t, QuantTensor) else bf16_to_f32(t)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 class _Layer:
-    """One decoder layer's weights as float32 (converted once)."""
+    """One decoder layer's weights as float32 (converted, or dequantized, once)."""
 
     def __init__(self, model: Model, i: int):
-        t = lambda n: bf16_to_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
+        t = lambda n: weights_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
         bias = model.config.qkv_bias
         self.attn_norm = t("input_layernorm.weight")
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
@@ -162,7 +180,7 @@ class ReferenceModel:
         self.max_seq = int(max_seq or cfg.max_seq)
         self.embed = bf16_to_f32(model.tensor(EMBED))
         # A tied head is the same table: share the array rather than convert it twice.
-        self.lm_head = self.embed if cfg.tied_embeddings else bf16_to_f32(model.lm_head())
+        self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
         self.inv_freq = rope_inv_freq(cfg)
