@@ -157,6 +157,8 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
     with ProgressBar(f"loading {Path(model_path).name}") as bar:
         model, text = load_checkpoint(model_path, progress=bar)
     click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
+    for line in model.notes:
+        note(line)
     return model, text
 
 
