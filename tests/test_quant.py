@@ -10,6 +10,8 @@ weight at a time, checks that the layout is the header's and not merely self-con
 from __future__ import annotations
 
 import struct
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -462,3 +464,55 @@ def test_the_reference_forward_dequantizes_once_and_decodes():
     tokens = ReferenceModel(m, max_seq=64).greedy([1, 2, 3], 24)
     assert tokens == ReferenceModel(synthetic_model("tiny-quant", seed=1), max_seq=64).greedy([1, 2, 3], 24)
     assert len(set(tokens)) > 4  # not one token repeated
+
+
+# --- what the CUDA model hands libarc (checked here without a GPU) -------------------------------
+
+def header_library():
+    """arc.h's cdef with the process's own symbols standing in for libarc: its enum constants."""
+    import cffi
+
+    from arcpy import _lib
+    ffi = cffi.FFI()
+    ffi.cdef(_lib.cdef_from_header((Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()))
+    return ffi, ffi.dlopen(None)
+
+
+def test_the_device_model_gets_a_format_per_tensor_and_layer():
+    from arcpy.devices.cuda_model import CudaModel
+    from arcpy.model import synthetic_model
+    ffi, lib = header_library()
+    model = synthetic_model("tiny-quant")
+    table = CudaModel._formats(SimpleNamespace(lib=lib, ffi=ffi, _place=CudaModel._place), model)
+    L = model.config.n_layers
+    assert len(table) == (lib.ARC_TENSOR_ROPE_INV_FREQ + 1) * L == 32
+    at = [table[getattr(lib, f"ARC_TENSOR_{name}") * L + layer]
+          for name, layer in [("WQ", 0), ("WK", 0), ("WV", 0), ("WO", 0), ("W_GATE", 0), ("W_UP", 0), ("W_DOWN", 0),
+                              ("WQ", 1), ("WO", 1), ("W_DOWN", 1), ("LM_HEAD", 0), ("EMBED", 0), ("ATTN_NORM", 1)]]
+    F = codes
+    assert at == [F.FORMAT_Q4_K, F.FORMAT_Q6_K, F.FORMAT_Q8_0, F.FORMAT_Q4_0, F.FORMAT_Q5_K,
+                                 F.FORMAT_Q5_K, F.FORMAT_Q4_1, F.FORMAT_Q8_0, F.FORMAT_BF16, F.FORMAT_Q4_K,
+                                 F.FORMAT_Q6_K, F.FORMAT_BF16, F.FORMAT_BF16]
+    assert sum(x != 0 for x in table) == 14
+
+
+def test_the_device_model_checks_a_quantized_tensors_bytes_against_libarcs_row_size():
+    from arcpy.devices.cuda_model import CudaModel
+    from arcpy.errors import NoDeviceError
+    ffi, _ = header_library()
+    qt = random_quant(codes.FORMAT_Q6_K, (8, 768), np.random.default_rng(0))
+
+    def device(row_size):
+        def arc_format_row_bytes(fmt, cols, out):
+            out[0] = row_size(fmt, cols)
+            return 0
+        fake = SimpleNamespace(lib=SimpleNamespace(arc_format_row_bytes=arc_format_row_bytes), ffi=ffi)
+        fake._entry = lambda name: CudaModel._entry(fake, name)
+        return fake
+
+    CudaModel._check_rows(device(row_bytes), "w", qt)  # agreed
+    with pytest.raises(InvalidArgumentError, match="8 rows of 768 Q6_K weights take 630 bytes a row in libarc, 640"):
+        CudaModel._check_rows(device(lambda fmt, cols: 630), "w", qt)
+    older = SimpleNamespace(lib=SimpleNamespace(), ffi=ffi)
+    with pytest.raises(NoDeviceError, match="no arc_format_row_bytes: it predates quantized weights"):
+        CudaModel._entry(older, "arc_format_row_bytes")

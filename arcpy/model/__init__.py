@@ -36,14 +36,15 @@ from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermu
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
 from arcpy.model.quant_pack import from_gguf, random_quant
-from arcpy.model.presets import SHAPES, random_model, synthetic_model
+from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
 from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
 from arcpy.model.tensors import Model
 
 __all__ = [
-    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "SHAPES", "Model", "ModelConfig",
-    "QuantTensor", "RopeScaling", "bf16_to_f32", "config_from_hf", "config_to_hf", "dequantize", "expected_tensors",
-    "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors", "layer_prefix", "load_gguf_model", "load_model", "open_gguf",
-    "qgemv_reference", "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
+    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "MAX_HEADER_BYTES", "Model", "ModelConfig",
+    "PICKLE_SUFFIXES", "QuantTensor", "RopeScaling", "SHAPES", "bf16_to_f32", "config_from_hf",
+    "config_to_hf", "dequantize", "expected_tensors", "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors",
+    "layer_prefix", "load_gguf_model", "load_model", "open_gguf", "preset_formats", "qgemv_reference",
+    "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
     "save_safetensors", "synthetic_model", "unpermute_rotary_rows",
 ]
