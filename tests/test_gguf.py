@@ -11,6 +11,8 @@ import dataclasses
 import math
 import os
 import struct
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -264,6 +266,19 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
                                f"output.weight",)
     else:
         assert model.notes == ()
+
+
+def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
+    tensors = gguf_tensors(random_model(TINY, seed=5))
+    types = {name: Q.Q5_0 for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
+    types["blk.1.attn_q.weight"] = Q.Q4_0  # kept quantized
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
+                          "--backend", "numpy"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert [line for line in out.stderr.splitlines() if "bf16" in line] == [
+        "note: m.gguf: 3 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
+        "quantized): Q5_0 ffn_gate.weight (blk 0); Q5_0 ffn_up.weight (blk 0); Q5_0 ffn_down.weight (blk 0)"]
 
 
 def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:
