@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ _LAYER_NAMES = {
 _ROPE_FREQS = "rope_freqs.weight"
 _ARCHITECTURES = ("llama", "qwen2")  # qwen2: q/k/v biases, and q/k rows not permuted
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
+_READERS = 8  # threads reading tensors, at most
 _UNQUANTIZED = ("F32", "F16", "BF16", "F64")  # types that are not a quantization (bf16 loses nothing worth a note)
 
 
@@ -270,26 +272,34 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     f.check_types(wanted.values())
     # llama's q/k rows are reordered for interleaved RoPE; qwen2's are stored as they are.
     permuted = f.meta.text("general.architecture") == "llama"
-    tensors: dict[str, Tensor] = {}
-    dequantized = []  # quantized tensors of types not kept, made bf16
-    total = len(wanted) + ckpt.head_from_embedding
-    for done, (hf_name, info) in enumerate(wanted.items(), 1):
+    dequantized = [info for hf_name, info in wanted.items()  # quantized tensors of types not kept, made bf16
+                   if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and not _kept(ckpt, hf_name, info)
+                   and (is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings))]
+
+    def read(hf_name: str, info: TensorInfo) -> Tensor:
         where = f"{f.path}: tensor {quoted(info.name)}"
-        if ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS:
+        if _kept(ckpt, hf_name, info):
             t = from_gguf(info.qtype, info.shape, f.raw(info), where)  # refuses a NaN or infinite scale
         else:
-            if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and (
-                    is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings)):
-                dequantized.append(info)
             t = f.words(info)
             require_finite(t, where)  # stored, or made by a block's scales
         if permuted and hf_name.endswith("q_proj.weight"):
-            t = _unpermute(t, cfg.n_heads)
-        elif permuted and hf_name.endswith("k_proj.weight"):
-            t = _unpermute(t, cfg.n_kv_heads)
-        tensors[hf_name] = t
-        if progress is not None:
-            progress(done, total)
+            return _unpermute(t, cfg.n_heads)
+        if permuted and hf_name.endswith("k_proj.weight"):
+            return _unpermute(t, cfg.n_kv_heads)
+        return t
+
+    # Tensors are read in threads (NumPy lets go of the GIL in its loops), handed back in order.
+    tensors: dict[str, Tensor] = {}
+    total = len(wanted) + ckpt.head_from_embedding
+    pool = ThreadPoolExecutor(max_workers=min(_READERS, os.cpu_count() or 1))
+    try:
+        for done, (hf_name, t) in enumerate(zip(wanted, pool.map(read, wanted, wanted.values())), 1):
+            tensors[hf_name] = t
+            if progress is not None:
+                progress(done, total)
+    finally:
+        pool.shutdown(cancel_futures=True)  # after a failure, read nothing more
     if ckpt.head_from_embedding:
         info = wanted[EMBED]
         tensors[LM_HEAD] = from_gguf(info.qtype, info.shape, f.raw(info), f"{f.path}: tensor {quoted(info.name)}")
@@ -297,6 +307,11 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
             progress(total, total)
     notes = [_dequantized_note(f.path, dequantized)] if dequantized else []
     return Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
+
+
+def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
+    """Whether a tensor stays quantized: a matrix of a kept type, unless all-bf16 was asked for."""
+    return ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS
 
 
 def _unpermute(t: Tensor, n_heads: int) -> Tensor:
