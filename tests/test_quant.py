@@ -516,3 +516,20 @@ def test_the_device_model_checks_a_quantized_tensors_bytes_against_libarcs_row_s
     older = SimpleNamespace(lib=SimpleNamespace(), ffi=ffi)
     with pytest.raises(NoDeviceError, match="no arc_format_row_bytes: it predates quantized weights"):
         CudaModel._entry(older, "arc_format_row_bytes")
+
+
+def test_the_reference_prefill_with_bf16_products_reads_quantized_weights_rounded_to_bf16():
+    from arcpy.devices.reference import ReferenceModel
+    from arcpy.model import Model, QuantTensor, f32_to_bf16, synthetic_model
+    m = synthetic_model("tiny-quant", seed=2)
+    # The same model with every quantized matrix as its weights rounded to bf16 (arc_op_dequantize's).
+    rounded = Model(m.config, {n: f32_to_bf16(dequantize(t)) if isinstance(t, QuantTensor) else t
+                               for n, t in m.tensors.items()}, "rounded", "test")
+    tokens = [5, 17, 300, 2, 9, 44]
+    a, b = ReferenceModel(m, max_seq=32), ReferenceModel(rounded, max_seq=32)
+    a.prefill(tokens, bf16_products=True)
+    b.prefill(tokens, bf16_products=True)
+    assert np.array_equal(a.k_cache, b.k_cache) and np.array_equal(a.v_cache, b.v_cache)
+    c = ReferenceModel(m, max_seq=32)
+    c.prefill(tokens)  # float32 products read the dequantized weights as they are
+    assert not np.array_equal(c.k_cache, a.k_cache) and np.allclose(c.k_cache, a.k_cache, atol=0.1)

@@ -21,11 +21,13 @@ and the last ulp of cos/sin/exp):
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
   the attention probabilities (unnormalized; the sum is divided out after the product with v) and
   output, and the SwiGLU output are rounded to bf16 first; the residual stream stays float32.
+  Quantized weights enter those products rounded to bf16 (what arc_op_dequantize gives them).
   ReferenceModel.prefill(..., bf16_products=True) computes exactly that.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -183,6 +185,8 @@ class ReferenceModel:
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
+        self.quantized = model.quantized
+        self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
         self.inv_freq = rope_inv_freq(cfg)
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
@@ -249,13 +253,27 @@ class ReferenceModel:
             x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
         return gemv(self.lm_head, rmsnorm(x[-1], self.final_norm, self.config.rms_eps))
 
+    def _product_layers(self, bf16_products: bool) -> list[_Layer]:
+        """The layers whose weights the prefill's products read: with bf16 products, a quantized
+        model's matrices rounded to bf16 (bf16 weights are already), made once."""
+        if not (bf16_products and self.quantized):
+            return self.layers
+        if self._bf16_layers is None:
+            self._bf16_layers = []
+            for layer in self.layers:
+                rounded = copy.copy(layer)
+                for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+                    setattr(rounded, name, round_bf16(getattr(layer, name)))
+                self._bf16_layers.append(rounded)
+        return self._bf16_layers
+
     def _prefill_chunk(self, tokens: list[int], start: int, bf16_products: bool) -> np.ndarray:
         """The chunk's tokens through every layer -> their residual streams (T, dim) f32."""
         cfg, t, hd = self.config, len(tokens), self.config.head_dim
         r = round_bf16 if bf16_products else (lambda a: a)
         positions = start + np.arange(t)
         x = self.embed[tokens]  # (T, dim), a copy
-        for li, L in enumerate(self.layers):
+        for li, L in enumerate(self._product_layers(bf16_products)):
             h = r(rmsnorm(x, L.attn_norm, cfg.rms_eps))
             q = r(rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq))
             k = rope(linear(h, L.wk, L.bk).reshape(t, cfg.n_kv_heads, hd), positions, self.inv_freq)
