@@ -327,7 +327,7 @@ def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qty
     assert np.array_equal(held(down), expect(stored["blk.0.ffn_down.weight"]))
     # The embedding is bf16 whatever its type: a step reads one row of it.
     assert np.array_equal(model.tensors[EMBED], f32_to_bf16(stored["token_embd.weight"]))
-    assert (len(model.notes) == 1 and f"15 quantized tensors dequantized to bf16" in model.notes[0]
+    assert (len(model.notes) == 1 and "15 quantized tensors dequantized to bf16" in model.notes[0]
             and f"{qtype.name} ffn_down.weight (blk 0-1)" in model.notes[0]) is not kept
 
 

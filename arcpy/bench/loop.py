@@ -26,6 +26,7 @@ from arcpy import _lib
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench.kernels import SAMPLED, SAMPLED_NAME
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.cuda_model import PREFILL_CHUNK
@@ -33,7 +34,6 @@ from arcpy.devices.scripted import scripted_device
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
-from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
 from arcpy.model import SHAPES, ModelConfig, preset_formats, synthetic_model
 
 PROMPT = [1, 2, 3, 4]

@@ -34,9 +34,9 @@ from arcpy.model.config import (
 )
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
 from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
 from arcpy.model.quant_pack import from_gguf, random_quant
-from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
 from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
 from arcpy.model.tensors import Model
 
