@@ -26,7 +26,7 @@ from tokenizers import pre_tokenizers
 
 from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.devices.reference import ReferenceModel, rope
-from arcpy.errors import ModelFileError
+from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.loading import load_gguf
 from arcpy.model import (
     EMBED,
@@ -266,6 +266,12 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
                                f"output.weight",)
     else:
         assert model.notes == ()
+
+
+def test_quantized_is_true_or_false(tmp_path):
+    path = write_model(tmp_path / "m.gguf", random_model(TINY, seed=5))
+    with pytest.raises(InvalidArgumentError, match="quantized must be True or False, got 'no'"):
+        load_gguf(path, quantized="no")
 
 
 def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):

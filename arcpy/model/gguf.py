@@ -101,6 +101,7 @@ def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFC
         raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
     if max_seq is not None:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
+    require(isinstance(quantized, bool), f"quantized must be True or False, got {quantized!r}")
     path = Path(path)
     with _reading(path):
         if not path.exists():
@@ -110,10 +111,10 @@ def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFC
         if max_seq is not None:
             cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
         embed = f.tensors.get(_GLOBAL_NAMES[EMBED])
-        head = bool(quantized) and cfg.tied_embeddings and embed is not None and embed.qtype in GGUF_FORMATS
+        head = quantized and cfg.tied_embeddings and embed is not None and embed.qtype in GGUF_FORMATS
         if head:
             cfg = dataclasses.replace(cfg, tied_embeddings=False)
-        return GGUFCheckpoint(f, cfg, bool(quantized), head)
+        return GGUFCheckpoint(f, cfg, quantized, head)
 
 
 def load_gguf_model(path, max_seq: int | None = None, quantized: bool = True) -> Model:
