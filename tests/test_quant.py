@@ -533,3 +533,14 @@ def test_the_reference_prefill_with_bf16_products_reads_quantized_weights_rounde
     c = ReferenceModel(m, max_seq=32)
     c.prefill(tokens)  # float32 products read the dequantized weights as they are
     assert not np.array_equal(c.k_cache, a.k_cache) and np.allclose(c.k_cache, a.k_cache, atol=0.1)
+
+
+def test_the_main_job_says_how_a_quantized_models_matrices_are_held():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--shape", "tiny-quant", "--prompt-ids", "1 2 3",
+                          "-n", "4", "--backend", "numpy"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert ("model tiny-quant: 2 layers, dim 256, vocab 512, matrices 1 bf16, 4 Q8_0, 3 Q4_0, 1 Q4_1, 2 Q4_K, "
+            "2 Q5_K, 2 Q6_K; prompt 3 tokens") in out.stderr.splitlines()
+    assert len(out.stdout.split()) == 4
