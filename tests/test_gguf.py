@@ -282,7 +282,7 @@ def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
                           "--backend", "numpy"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert [line for line in out.stderr.splitlines() if "bf16" in line] == [
+    assert [line for line in out.stderr.splitlines() if line.startswith("note: m.gguf")] == [
         "note: m.gguf: 3 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
         "quantized): Q5_0 ffn_gate.weight (blk 0); Q5_0 ffn_up.weight (blk 0); Q5_0 ffn_down.weight (blk 0)"]
 
