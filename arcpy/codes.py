@@ -1,4 +1,4 @@
-"""The numbers arcpy shares with libarc/arc.h: ABI version, statuses, fault codes, limits.
+"""The numbers arcpy shares with libarc/arc.h: ABI version, statuses, fault codes, limits, weight formats.
 
 arc.h is their home; these copies exist so that the control logic runs where no libarc.so was
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
@@ -24,3 +24,16 @@ FAULT_NAMES = {
 
 # The commit kernel compares each token against at most this many stop ids.
 MAX_STOP_IDS = 8
+
+# arc_format: how a matrix tensor's weights are held (arc.h's "Weight formats")
+FORMAT_BF16 = 0
+FORMAT_Q8_0 = 1
+FORMAT_Q4_0 = 2
+FORMAT_Q4_1 = 3
+FORMAT_Q4_K = 4
+FORMAT_Q5_K = 5
+FORMAT_Q6_K = 6
+FORMAT_NAMES = {
+    FORMAT_BF16: "bf16", FORMAT_Q8_0: "Q8_0", FORMAT_Q4_0: "Q4_0", FORMAT_Q4_1: "Q4_1",
+    FORMAT_Q4_K: "Q4_K", FORMAT_Q5_K: "Q5_K", FORMAT_Q6_K: "Q6_K",
+}

@@ -26,6 +26,7 @@ import click
 
 from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
@@ -33,7 +34,7 @@ from arcpy.loop.engine import DEFAULT_MAX_SEQ, Engine
 from arcpy.loop.prompt import Piece, request_ids
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
-from arcpy.model import SHAPES, Model, synthetic_model
+from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 
@@ -157,7 +158,17 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
     with ProgressBar(f"loading {Path(model_path).name}") as bar:
         model, text = load_checkpoint(model_path, progress=bar)
     click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
+    for line in model.notes:
+        note(line)
     return model, text
+
+
+def held(model: Model) -> str:
+    """How a quantized model's matrices are held, e.g. ", matrices 192 Q4_K, 33 Q6_K"; "" for bf16."""
+    formats = [model.format_of(name) for name in model.tensors if is_matrix(name)]
+    if all(f == FORMAT_BF16 for f in formats):
+        return ""
+    return ", matrices " + ", ".join(f"{formats.count(f)} {FORMAT_NAMES[f]}" for f in sorted(set(formats)))
 
 
 @dataclass(frozen=True)
@@ -319,7 +330,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
                      text=text) as engine:
         cfg = model.config
-        click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}; "
+        click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
         printer = Printer(text, out)
         started = time.perf_counter()

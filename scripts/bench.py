@@ -8,6 +8,10 @@ transformers import).
 
     python scripts/bench.py --json bench.json
     python scripts/bench.py --shapes stories15M,llama1B --runs 3 --no-hf --json bench.json
+    python scripts/bench.py --shapes llama1B-q4km,llama8B-q4km,llama8B-q8,llama70B-q4km --json quant.json
+
+The quantized presets (their matrices in arc.h's quantized formats, llama.cpp's Q4_K_M mix or Q8_0)
+run with the same parts; their floor is the bytes of their rows, and Hugging Face is not run on them.
 
 The JSON report is rewritten after each shape, so a run cut short keeps what it measured;
 progress and the time each part took go to stderr.

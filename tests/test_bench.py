@@ -15,7 +15,7 @@ from arcpy.bench import kernels as kernel_bench
 from arcpy.bench import loop as bench
 from arcpy.devices.cuda_model import PREFILL_CHUNK
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import SHAPES
+from arcpy.model import SHAPES, preset_formats, synthetic_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "perf-baseline.json"
@@ -59,6 +59,33 @@ def test_kernel_specs_read_every_weight_of_the_step_once(shape):
     # weight_bytes counts an untied embedding as the one row the step reads; no GEMV reads it.
     embedding_row = 0 if cfg.tied_embeddings else 2 * cfg.dim
     assert sum(s.per_step * s.read_bytes for s in gemvs) == cfg.weight_bytes - embedding_row
+
+
+@pytest.mark.parametrize("shape", ["tiny-quant", "tiny-quant-tied"])
+def test_kernel_specs_of_a_quantized_preset_read_its_rows_once(shape):
+    model = synthetic_model(shape)
+    cfg = model.config
+    specs = kernel_bench.kernel_specs(cfg, [100], preset_formats(shape))
+    gemvs = {s.kind: s for s in specs if s.kind in ("qkv", "o", "gate_up", "down", "lm_head")}
+    embedding_row = 0 if cfg.tied_embeddings else 2 * cfg.dim
+    assert sum(s.replay_bytes for s in gemvs.values()) == model.weight_bytes - embedding_row
+    # Layers differ in format: one launch reads their mean.
+    assert gemvs["qkv"].read_bytes == round(gemvs["qkv"].replay_bytes / cfg.n_layers)
+    assert gemvs["qkv"].name == "qkv gemv (norm) [Q4_K/Q6_K/Q8_0]"
+    assert gemvs["o"].name == "o gemv (accumulate) [Q4_0]"  # layer 1's is bf16
+    assert gemvs["lm_head"].name.endswith("[Q6_K]") is not cfg.tied_embeddings
+
+
+def test_the_8b_q4_k_m_floor_counts_its_rows():
+    cfg, formats = SHAPES["llama8B-q4km"], preset_formats("llama8B-q4km")
+    specs = kernel_bench.kernel_specs(cfg, [100], formats)
+    read = sum(s.replay_bytes for s in specs if s.kind in ("qkv", "o", "gate_up", "down", "lm_head"))
+    step = read + 2 * cfg.dim  # and a bf16 embedding row
+    assert step == 4_616_871_936 and cfg.weight_bytes / step == pytest.approx(3.251, abs=1e-3)  # bf16's floor / 3.25
+    assert bench.quantized_preset("llama8B-q4km") and not bench.quantized_preset("llama8B")
+    assert bench.format_counts(formats) == {"Q4_K": 192, "Q6_K": 33}
+    mem = bench.device_memory(cfg, 2048, stored_bytes=10**9)
+    assert mem["weights"] == 10**9 + 4 * 64
 
 
 def test_kernel_specs_count_the_forwards_launches_and_one_attention_position():
@@ -188,6 +215,13 @@ def test_the_table_shows_hf_memory_graph_and_kernels():
     assert qkv.split()[-6:] == ["10.00", "20.0", "20.00", "2000", "50.0%", "40.0"]
     assert any(line.strip().startswith("attention @512 *") for line in lines)
     assert "sum of kernels per step: 30.0 us" in text and "200.0 us, kernels alone = 15% of it" in text
+    assert "matrix tensors" not in text  # a bf16 shape, or a report from before quantized presets
+
+
+def test_the_table_names_a_quantized_presets_formats():
+    report = canned_report(None)
+    report["shapes"][0].update(formats={"Q4_K": 192, "Q6_K": 33}, weight_bytes=4_616_871_936)
+    assert "tiny: matrix tensors 192 Q4_K, 33 Q6_K; 4.617 GB of weights read per token" in bench.format_table(report)
 
 
 def test_the_table_says_why_hf_is_missing_or_failed():

@@ -13,6 +13,8 @@ import math
 import os
 import random
 import struct
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -26,20 +28,23 @@ from tokenizers import pre_tokenizers
 
 from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.devices.reference import ReferenceModel, rope
-from arcpy.errors import ModelFileError
+from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.loading import load_gguf
 from arcpy.model import (
     EMBED,
     LM_HEAD,
     ModelConfig,
+    QuantTensor,
     RopeScaling,
     bf16_to_f32,
     f32_to_bf16,
     load_model,
+    open_gguf,
     random_model,
     rope_inv_freq,
     unpermute_rotary_rows,
 )
+from arcpy.model import dequantize as dequantize_rows
 from arcpy.text import gguf_text_spec
 from arcpy.vocabulary import Vocabulary
 
@@ -219,25 +224,71 @@ def test_rms_eps_theta_context_and_heads_come_from_the_metadata(tmp_path):
 
 # Bound on |loaded - source| relative to the tensor's largest value, per storage type.
 QUANTIZED = {Q.F16: 1e-2, Q.BF16: 0.0, Q.Q8_0: 2e-2, Q.Q5_0: 8e-2, Q.Q5_1: 8e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.16}
+KEPT = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)  # held quantized: arc.h's formats
 
 
+def held(t) -> np.ndarray:
+    """A loaded tensor's weights as float32: bf16 words converted, a QuantTensor dequantized."""
+    return dequantize_rows(t) if isinstance(t, QuantTensor) else bf16_to_f32(t)
+
+
+def unpermuted(hf: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """A loaded q or k tensor's rows back in the file's order (others as they are)."""
+    heads = {"q_proj": cfg.n_heads, "k_proj": cfg.n_kv_heads}.get(hf.split(".")[-2])
+    return converter_permute(x, heads) if heads else x
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "bf16"])
 @pytest.mark.parametrize("qtype", list(QUANTIZED), ids=lambda q: q.name)
-def test_quantized_weights_load_as_their_dequantized_values_rounded_to_bf16(tmp_path, qtype):
+def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf16(tmp_path, qtype, quantized):
     source = random_model(TINY, seed=5)
     tensors = gguf_tensors(source)
     types = {name: qtype for name, x in tensors.items() if x.ndim == 2}
-    model, _ = load_gguf(write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types))
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    model, _ = load_gguf(path, quantized=quantized)
+    kept = quantized and qtype in KEPT
     for hf, words in source.tensors.items():
         name = gguf_name(hf)
         loaded = model.tensors[hf]
+        matrix = name in types and name != "token_embd.weight"
+        assert isinstance(loaded, QuantTensor) is (kept and matrix), name
         if name in types and qtype not in (Q.F16, Q.BF16):
-            heads = {"q_proj": TINY.n_heads, "k_proj": TINY.n_kv_heads}.get(hf.split(".")[-2])
             stored = dequantize(quantize(tensors[name], qtype), qtype)
-            back = converter_permute(loaded, heads) if heads else loaded
-            assert np.array_equal(back, f32_to_bf16(stored)), name
+            back = unpermuted(hf, held(loaded), TINY)
+            # Kept quantized: the stored values exactly; else rounded to bf16.
+            assert np.array_equal(back, stored if isinstance(loaded, QuantTensor) else bf16_to_f32(f32_to_bf16(stored))), name
         src = bf16_to_f32(words)
-        err = np.abs(bf16_to_f32(loaded) - src).max()
+        err = np.abs(held(loaded) - src).max()
         assert err <= QUANTIZED[qtype] * np.abs(src).max() if name in types else err == 0, (name, err)
+    # Q5_0 and Q5_1 have no GPU kernel: dequantized, and the model's one note says which.
+    if quantized and qtype in (Q.Q5_0, Q.Q5_1):
+        assert model.notes == (f"m.gguf: 15 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, "
+                               f"Q4_K, Q5_K, Q6_K quantized): {qtype.name} attn_q.weight (blk 0-1); {qtype.name} "
+                               f"attn_k.weight (blk 0-1); {qtype.name} attn_v.weight (blk 0-1); {qtype.name} "
+                               f"attn_output.weight (blk 0-1); {qtype.name} ffn_gate.weight (blk 0-1); {qtype.name} "
+                               f"ffn_up.weight (blk 0-1); {qtype.name} ffn_down.weight (blk 0-1); {qtype.name} "
+                               f"output.weight",)
+    else:
+        assert model.notes == ()
+
+
+def test_quantized_is_true_or_false(tmp_path):
+    path = write_model(tmp_path / "m.gguf", random_model(TINY, seed=5))
+    with pytest.raises(InvalidArgumentError, match="quantized must be True or False, got 'no'"):
+        load_gguf(path, quantized="no")
+
+
+def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
+    tensors = gguf_tensors(random_model(TINY, seed=5))
+    types = {name: Q.Q5_0 for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
+    types["blk.1.attn_q.weight"] = Q.Q4_0  # kept quantized
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
+                          "--backend", "numpy"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert [line for line in out.stderr.splitlines() if line.startswith("note: m.gguf")] == [
+        "note: m.gguf: 3 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
+        "quantized): Q5_0 ffn_gate.weight (blk 0); Q5_0 ffn_up.weight (blk 0); Q5_0 ffn_down.weight (blk 0)"]
 
 
 def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:
@@ -251,14 +302,13 @@ def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:
     return blocks
 
 
-@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
-def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qtype):
-    rng = np.random.default_rng(6)
-    source = random_model(WIDE, seed=6)
+def write_k_model(path: Path, cfg: ModelConfig, qtype: Q, rng, tied: bool = False) -> dict[str, np.ndarray]:
+    """A GGUF file of random `qtype` blocks for every matrix (and the embedding) -> the gguf
+    package's dequantization of each, by GGUF name."""
+    source = random_model(dataclasses.replace(cfg, tied_embeddings=tied), seed=6)
     tensors = gguf_tensors(source)
-    meta = {**llama_meta(WIDE), **BYTE_VOCAB}
-    w = GGUFWriter(tmp_path / "m.gguf", "llama")
-    for key, value in meta.items():
+    w = GGUFWriter(path, "llama")
+    for key, value in {**llama_meta(cfg), **BYTE_VOCAB}.items():
         put(w, key, value)
     stored = {}
     for name, x in tensors.items():
@@ -269,14 +319,49 @@ def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qty
         else:
             w.add_tensor(name, x)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return stored
+
+
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qtype):
+    stored = write_k_model(tmp_path / "m.gguf", WIDE, qtype, np.random.default_rng(6))
     model, _ = load_gguf(tmp_path / "m.gguf")
+    kept = qtype in KEPT
     q = model.tensors["model.layers.1.self_attn.q_proj.weight"]
-    assert np.array_equal(converter_permute(q, WIDE.n_heads), f32_to_bf16(stored["blk.1.attn_q.weight"]))
     k = model.tensors["model.layers.0.self_attn.k_proj.weight"]
-    assert np.array_equal(converter_permute(k, WIDE.n_kv_heads), f32_to_bf16(stored["blk.0.attn_k.weight"]))
-    assert np.array_equal(model.tensors["model.layers.0.mlp.down_proj.weight"],
-                          f32_to_bf16(stored["blk.0.ffn_down.weight"]))
-    assert np.abs(bf16_to_f32(model.tensors[EMBED])).max() > 0
+    down = model.tensors["model.layers.0.mlp.down_proj.weight"]
+    assert all(isinstance(t, QuantTensor) is kept for t in (q, k, down))
+    expect = (lambda x: x) if kept else (lambda x: bf16_to_f32(f32_to_bf16(x)))
+    assert np.array_equal(converter_permute(held(q), WIDE.n_heads), expect(stored["blk.1.attn_q.weight"]))
+    assert np.array_equal(converter_permute(held(k), WIDE.n_kv_heads), expect(stored["blk.0.attn_k.weight"]))
+    assert np.array_equal(held(down), expect(stored["blk.0.ffn_down.weight"]))
+    # The embedding is bf16 whatever its type: a step reads one row of it.
+    assert np.array_equal(model.tensors[EMBED], f32_to_bf16(stored["token_embd.weight"]))
+    assert (len(model.notes) == 1 and "15 quantized tensors dequantized to bf16" in model.notes[0]
+            and f"{qtype.name} ffn_down.weight (blk 0-1)" in model.notes[0]) is not kept
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
+def test_a_tied_model_gets_its_embedding_kept_quantized_as_its_lm_head(tmp_path, qtype):
+    stored = write_k_model(tmp_path / "m.gguf", WIDE, qtype, np.random.default_rng(7), tied=True)
+    checkpoint = open_gguf(tmp_path / "m.gguf")
+    model = checkpoint.model()
+    embed = model.tensors[EMBED]
+    assert np.array_equal(embed, f32_to_bf16(stored["token_embd.weight"]))
+    if qtype in KEPT:
+        # Untied: the same blocks twice, bf16 for the embedding's one row a step, quantized for the head.
+        assert checkpoint.config == model.config and not model.config.tied_embeddings
+        head = model.tensors[LM_HEAD]
+        assert isinstance(head, QuantTensor) and np.array_equal(held(head), stored["token_embd.weight"])
+        assert model.weight_bytes == sum(t.nbytes for n, t in model.tensors.items() if n != EMBED) + 2 * WIDE.dim
+    else:
+        assert model.config.tied_embeddings and LM_HEAD not in model.tensors
+        assert "quantized): Q3_K token_embd.weight; Q3_K attn_q" in model.notes[0]  # the head it serves as is bf16
+    bf16, _ = load_gguf(tmp_path / "m.gguf", quantized=False)
+    assert bf16.config.tied_embeddings and not bf16.quantized and bf16.notes == ()
+    # The same forward but for the weights' rounding to bf16.
+    a, b = ReferenceModel(model).forward(5, 0), ReferenceModel(bf16).forward(5, 0)
+    assert np.abs(a - b).max() <= 0.02 * np.abs(b).max()
 
 
 def test_load_model_reads_a_gguf_file_and_caps_the_context(tmp_path):
@@ -358,13 +443,16 @@ def test_qwen2_file_loads_every_word_exactly_with_its_biases_and_decodes_like_th
     assert text.tokenizer.decode(text.tokenizer.encode("the cat").ids) == "the cat"
 
 
-def test_qwen2_quantized_q_and_k_rows_stay_where_the_file_has_them(tmp_path):
+@pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "bf16"])
+def test_qwen2_quantized_q_and_k_rows_stay_where_the_file_has_them(tmp_path, quantized):
     source = random_model(QWEN, seed=17)
     types = {"blk.0.attn_q.weight": Q.Q8_0, "blk.1.attn_k.weight": Q.Q8_0}
-    model, _ = load_gguf(qwen2_file(tmp_path / "q.gguf", source, types=types))
+    model, _ = load_gguf(qwen2_file(tmp_path / "q.gguf", source, types=types), quantized=quantized)
     for hf in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"]:
         stored = dequantize(quantize(bf16_to_f32(source.tensors[hf]), Q.Q8_0), Q.Q8_0)
-        assert np.array_equal(model.tensors[hf], f32_to_bf16(stored)), hf
+        got = model.tensors[hf]
+        assert isinstance(got, QuantTensor) is quantized
+        assert np.array_equal(held(got), stored if quantized else bf16_to_f32(f32_to_bf16(stored))), hf
 
 
 @pytest.mark.parametrize("drop, expected", [
@@ -796,7 +884,10 @@ def test_smollm2_q4_1_loads_encodes_round_trip_and_continues_greedily():
     model, text = load_gguf(smollm2_path())
     cfg = model.config
     assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab) == (576, 30, 9, 3, 1536, 49152)
-    assert cfg.head_dim == 64 and cfg.tied_embeddings and cfg.rope_theta == 100000.0
+    assert cfg.head_dim == 64 and cfg.rope_theta == 100000.0
+    # Tied in the file; token_embd (Q8_0) is the bf16 embedding and, kept quantized, the lm_head.
+    assert not cfg.tied_embeddings and model.format_of(LM_HEAD) == 1 and model.notes == ()
+    assert {model.format_of(n) for n in model.tensors if n.endswith("proj.weight")} == {3}  # Q4_1
     tok = text.tokenizer
     sentence = "The café's 3 cats didn't sleep until 10:45 p.m.\nThen they ate."
     assert tok.decode(tok.encode(sentence).ids) == sentence

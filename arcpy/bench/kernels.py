@@ -11,7 +11,10 @@ launch is its wall time over its launches, and each figure is the median of seve
 replays after a warm-up.
 
 Weights are random bf16 words (std 0.02, norms near 1) copied on the device from one random pool;
-activations are random float32. When the bytes one replay reads fit in L2 (50 MB on an H200),
+a quantized preset's matrices are random rows of their formats (model.quant_pack.random_quant, std
+0.02), copied likewise from a pool per format and width, and timed through the quantized GEMVs
+(a layer whose q, k and v differ in format launches one GEMV per run of equal formats, as one row
+of the table); activations are random float32. When the bytes one replay reads fit in L2 (50 MB on an H200),
 the replays read from L2: the forward, which streams the whole model per step, does so only in
 part. The "MB/replay" column says when that applies.
 """
@@ -25,8 +28,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from arcpy import _lib
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
 from arcpy.devices.context import Context, sampling_struct
-from arcpy.model import ModelConfig, f32_to_bf16, rope_inv_freq
+from arcpy.errors import ArcError
+from arcpy.model import LM_HEAD, ModelConfig, f32_to_bf16, layer_prefix, random_quant, rope_inv_freq, row_bytes
 from arcpy.sampling import Sampling
 
 WEIGHT_STD = 0.02
@@ -57,22 +62,54 @@ def attention_positions(mean: int, last: int, max_seq: int) -> list[int]:
     return list(dict.fromkeys(p for p in (mean, last, FIXED_POSITION) if 0 <= p < max_seq))
 
 
-def kernel_specs(cfg: ModelConfig, positions: list[int]) -> list[KernelSpec]:
+# The matrices each GEMV of a layer reads, by the Hugging Face name's suffix, and (rows, cols).
+_PROJ = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+         "down": ("down_proj",)}
+
+
+def layer_formats(cfg: ModelConfig, formats: dict[str, int] | None, kind: str) -> list[tuple[int, ...]]:
+    """Per layer, the arc_format of each matrix a GEMV kind reads (bf16 where `formats` is silent)."""
+    prefix = "self_attn." if kind in ("qkv", "o") else "mlp."
+    return [tuple((formats or {}).get(f"{layer_prefix(l)}{prefix}{p}.weight", FORMAT_BF16) for p in _PROJ[kind])
+            for l in range(cfg.n_layers)]
+
+
+def _matrix_shapes(cfg: ModelConfig, kind: str) -> list[tuple[int, int]]:
+    d, f, q, kv = cfg.dim, cfg.ffn_dim, cfg.q_dim, cfg.kv_dim
+    return {"qkv": [(q, d), (kv, d), (kv, d)], "o": [(d, q)], "gate_up": [(f, d), (f, d)], "down": [(d, f)]}[kind]
+
+
+def _label(name: str, fmts) -> str:
+    """A kernel's name with the quantized formats it reads, if any."""
+    used = sorted({FORMAT_NAMES[x] for x in fmts if x != FORMAT_BF16})
+    return f"{name} [{'/'.join(used)}]" if used else name
+
+
+def kernel_specs(cfg: ModelConfig, positions: list[int], formats: dict[str, int] | None = None) -> list[KernelSpec]:
     """The step's kernels in the forward's order, as arc_model_forward launches them.
-    positions[0] is the attention position counted in the step's sum."""
-    L, d, f, v = cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.vocab
+    positions[0] is the attention position counted in the step's sum. `formats` (tensor name ->
+    arc_format, model.preset_formats) sizes quantized matrices by their rows' bytes; where layers
+    differ, read_bytes is the mean over layers and replay_bytes their sum."""
+    L, d, v = cfg.n_layers, cfg.dim, cfg.vocab
     qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
-    qkv = qkv_rows * d * 2 + d * 2 + (qkv_rows * 2 if cfg.qkv_bias else 0)
-    o, gate_up, down, head = d * cfg.q_dim * 2, 2 * f * d * 2 + d * 2, d * f * 2, v * d * 2 + d * 2
-    specs = [KernelSpec("embedding", "embedding", 1),
-             KernelSpec("qkv", "qkv gemv (norm" + (", bias)" if cfg.qkv_bias else ")"), L, qkv, L * qkv)]
+    extra = {"qkv": d * 2 + (qkv_rows * 2 if cfg.qkv_bias else 0), "o": 0, "gate_up": d * 2, "down": 0}
+    names = {"qkv": "qkv gemv (norm" + (", bias)" if cfg.qkv_bias else ")"), "o": "o gemv (accumulate)",
+             "gate_up": "gate/up swiglu (norm)", "down": "down gemv (accumulate)"}
+
+    def gemv(kind: str) -> KernelSpec:
+        per_layer = layer_formats(cfg, formats, kind)
+        total = L * extra[kind] + sum(rows * row_bytes(fmt, cols) for fmts in per_layer
+                                      for fmt, (rows, cols) in zip(fmts, _matrix_shapes(cfg, kind)))
+        return KernelSpec(kind, _label(names[kind], [x for fmts in per_layer for x in fmts]), L, round(total / L), total)
+
+    head_fmt = FORMAT_BF16 if cfg.tied_embeddings else (formats or {}).get(LM_HEAD, FORMAT_BF16)
+    head = v * row_bytes(head_fmt, d) + d * 2
+    specs = [KernelSpec("embedding", "embedding", 1), gemv("qkv")]
     for i, pos in enumerate(positions):
         kv = 2 * cfg.n_kv_heads * (pos + 1) * cfg.head_dim * 2
         specs.append(KernelSpec("attention", f"attention @{pos}", L, kv, L * kv, in_step_sum=i == 0, position=pos))
-    specs += [KernelSpec("o", "o gemv (accumulate)", L, o, L * o),
-              KernelSpec("gate_up", "gate/up swiglu (norm)", L, gate_up, L * gate_up),
-              KernelSpec("down", "down gemv (accumulate)", L, down, L * down),
-              KernelSpec("lm_head", "lm_head gemv + argmax (norm)", 1, head, head),
+    specs += [gemv("o"), gemv("gate_up"), gemv("down"),
+              KernelSpec("lm_head", _label("lm_head gemv + argmax (norm)", [head_fmt]), 1, head, head),
               KernelSpec("argmax", "argmax (after a prefill)", 1, in_step_sum=False),
               KernelSpec("draw", f"draw ({SAMPLED_NAME})", 1, in_step_sum=False)]
     return specs
@@ -100,6 +137,7 @@ class _Buffers:
         self.keep = []  # uploaded host arrays live until the buffers are freed
         pool = f32_to_bf16(self.rng.standard_normal(POOL_WORDS, dtype=np.float32) * np.float32(WEIGHT_STD))
         self.pool, self.pool_bytes = self.upload(pool), pool.nbytes
+        self.quant_pools = {}  # (format, cols) -> (device pointer, bytes): whole random rows
 
     def alloc(self, nbytes: int):
         p = self.ctx.device_alloc(max(int(nbytes), 16))
@@ -118,6 +156,22 @@ class _Buffers:
         for off in range(0, nbytes, self.pool_bytes):
             _lib.check(self.lib.arc_enqueue_copy_on_device(
                 self.ctx.ptr, self.ffi.cast("char *", p) + off, self.pool, min(self.pool_bytes, nbytes - off)))
+        return p
+
+    def matrix(self, fmt: int, rows: int, cols: int):
+        """A (rows, cols) matrix in `fmt`: random bf16 words, or random rows of a quantized format
+        copied on the device from a pool of whole rows (so every row keeps its layout)."""
+        if fmt == FORMAT_BF16:
+            return self.random_bf16(rows * cols * 2)
+        rb = row_bytes(fmt, cols)
+        if (fmt, cols) not in self.quant_pools:
+            pool = random_quant(fmt, (max(1, POOL_WORDS * 2 // rb), cols), self.rng, std=WEIGHT_STD)
+            self.quant_pools[fmt, cols] = (self.upload(pool.data), pool.nbytes)
+        src, pool_bytes = self.quant_pools[fmt, cols]
+        p = self.alloc(rows * rb)
+        for off in range(0, rows * rb, pool_bytes):
+            _lib.check(self.lib.arc_enqueue_copy_on_device(
+                self.ctx.ptr, self.ffi.cast("char *", p) + off, src, min(pool_bytes, rows * rb - off)))
         return p
 
     def norms(self, count: int, dim: int):
@@ -140,14 +194,21 @@ class _Buffers:
 class _Shape:
     """Weights for every layer, KV cache, activations: what the step's kernels read and write."""
 
-    def __init__(self, buf: _Buffers, cfg: ModelConfig, max_seq: int, positions: list[int]):
+    def __init__(self, buf: _Buffers, cfg: ModelConfig, max_seq: int, positions: list[int],
+                 formats: dict[str, int] | None = None):
         ffi, lib, f32 = buf.ffi, buf.lib, self.f32
         self.cfg, self.max_seq, self.buf, self.ffi = cfg, max_seq, buf, ffi
         L, d, f, v, hd = cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.vocab, cfg.head_dim
         self.qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
-        # Per-layer tensors, one buffer per kind: layer l's slice at l * (its bytes).
-        self.wqkv, self.wo = buf.random_bf16(L * self.qkv_rows * d * 2), buf.random_bf16(L * d * cfg.q_dim * 2)
-        self.wgu, self.wdown = buf.random_bf16(L * 2 * f * d * 2), buf.random_bf16(L * d * f * 2)
+        # Per-layer matrices, each layer's own: for q/k/v a (format, pointer, first row, rows) per
+        # run of equal formats, for the others (format, pointer).
+        self.wqkv = [self.qkv_groups(fmts) for fmts in layer_formats(cfg, formats, "qkv")]
+        self.wo = [(x, buf.matrix(x, d, cfg.q_dim)) for (x,) in layer_formats(cfg, formats, "o")]
+        gate_up = layer_formats(cfg, formats, "gate_up")
+        if any(g != u for g, u in gate_up):
+            raise ArcError("gate and up in different formats: the fused SwiGLU GEMV reads one")
+        self.wgu = [(g, buf.matrix(g, 2 * f, d)) for g, _ in gate_up]
+        self.wdown = [(x, buf.matrix(x, d, f)) for (x,) in layer_formats(cfg, formats, "down")]
         self.attn_norm, self.mlp_norm = buf.norms(L, d), buf.norms(L, d)
         self.bqkv = buf.upload(f32_to_bf16(buf.rng.standard_normal(L * self.qkv_rows, dtype=np.float32)
                                            * np.float32(0.1))) if cfg.qkv_bias else None
@@ -155,7 +216,8 @@ class _Shape:
         self.k, self.v = buf.random_bf16(L * self.kv_layer_bytes), buf.random_bf16(L * self.kv_layer_bytes)
         # Global tensors: a tied head is the embedding table, as in the forward.
         self.embed = buf.random_bf16(v * d * 2)
-        self.head = self.embed if cfg.tied_embeddings else buf.random_bf16(v * d * 2)
+        head_fmt = FORMAT_BF16 if cfg.tied_embeddings else (formats or {}).get(LM_HEAD, FORMAT_BF16)
+        self.head = (head_fmt, self.embed if cfg.tied_embeddings else buf.matrix(head_fmt, v, d))
         self.final_norm = buf.norms(1, d)
         self.inv_freq = f32(buf.upload(rope_inv_freq(cfg)))
         # Activations and the step's device inputs.
@@ -172,6 +234,24 @@ class _Shape:
         self.pos = {p: ffi.cast("int32_t *", buf.scalar(p, np.int32)) for p in positions}
         self.out, self.out_value = ffi.cast("int32_t *", buf.alloc(4)), f32(buf.alloc(4))
         self.sampling = sampling_struct(ffi, SAMPLED)
+
+    def qkv_groups(self, fmts: tuple[int, int, int]) -> list[tuple[int, object, int, int]]:
+        """q, k and v of one layer as runs of equal formats, each one matrix of its rows."""
+        c, groups, row = self.cfg, [], 0
+        for fmt, rows in zip(fmts, (c.q_dim, c.kv_dim, c.kv_dim)):
+            if groups and groups[-1][0] == fmt:
+                groups[-1][3] += rows
+            else:
+                groups.append([fmt, None, row, rows])
+            row += rows
+        return [(fmt, self.buf.matrix(fmt, rows, c.dim), row0, rows) for fmt, _, row0, rows in groups]
+
+    def gemv(self, fmt: int, w, x, rows: int, cols: int, bias, norm, accumulate: int, y) -> int:
+        """arc_op_gemv, or arc_op_qgemv for a quantized format."""
+        lib, eps = self.buf.lib, self.cfg.rms_eps
+        if fmt == FORMAT_BF16:
+            return lib.arc_op_gemv(self.buf.ctx.ptr, self.u16(w), x, rows, cols, bias, norm, eps, accumulate, y)
+        return lib.arc_op_qgemv(self.buf.ctx.ptr, fmt, w, x, rows, cols, bias, norm, eps, accumulate, y)
 
     def u16(self, p):
         return self.ffi.cast("uint16_t *", p)
@@ -192,27 +272,38 @@ class _Shape:
         if kind == "embedding":
             op = lambda l: lib.arc_op_embedding(ctx, self.u16(self.embed), v, d, self.token, self.x)
         elif kind == "qkv":
-            op = lambda l: lib.arc_op_gemv(
-                ctx, self.layer(self.wqkv, l, r * d * 2), self.x, r, d,
-                self.layer(self.bqkv, l, r * 2) if self.bqkv is not None else NULL,
-                self.layer(self.attn_norm, l, d * 2), eps, 0, self.qkv)
+            def op(l):  # one GEMV per run of equal formats; the first failure is the status
+                status = 0
+                for fmt, w, row0, rows in self.wqkv[l]:
+                    bias = self.layer(self.bqkv, l, r * 2) + row0 if self.bqkv is not None else NULL
+                    status = status or self.gemv(fmt, w, self.x, rows, d, bias, self.layer(self.attn_norm, l, d * 2),
+                                                 0, self.qkv + row0)
+                return status
         elif kind == "attention":
             pos = self.pos[spec.position]
             op = lambda l: lib.arc_op_attention(ctx, self.qkv, self.inv_freq, self.layer(self.k, l, self.kv_layer_bytes),
                                                 self.layer(self.v, l, self.kv_layer_bytes), c.n_heads,
                                                 c.n_kv_heads, c.head_dim, ms, pos, self.scratch, self.att)
         elif kind == "o":
-            op = lambda l: lib.arc_op_gemv(ctx, self.layer(self.wo, l, d * c.q_dim * 2), self.att, d, c.q_dim,
-                                           NULL, NULL, 0.0, 1, self.x)
+            op = lambda l: self.gemv(*self.wo[l], self.att, d, c.q_dim, NULL, NULL, 1, self.x)
         elif kind == "gate_up":
-            op = lambda l: lib.arc_op_gemv_swiglu(ctx, self.layer(self.wgu, l, 2 * f * d * 2), self.x, f, d,
-                                                  self.layer(self.mlp_norm, l, d * 2), eps, self.h)
+            def op(l):
+                fmt, w = self.wgu[l]
+                norm = self.layer(self.mlp_norm, l, d * 2)
+                if fmt == FORMAT_BF16:
+                    return lib.arc_op_gemv_swiglu(ctx, self.u16(w), self.x, f, d, norm, eps, self.h)
+                return lib.arc_op_qgemv_swiglu(ctx, fmt, w, self.x, f, d, norm, eps, self.h)
         elif kind == "down":
-            op = lambda l: lib.arc_op_gemv(ctx, self.layer(self.wdown, l, d * f * 2), self.h, d, f,
-                                           NULL, NULL, 0.0, 1, self.x)
+            op = lambda l: self.gemv(*self.wdown[l], self.h, d, f, NULL, NULL, 1, self.x)
         elif kind == "lm_head":
-            op = lambda l: lib.arc_op_gemv_argmax(ctx, self.u16(self.head), self.head_in, v, d,
-                                                  self.u16(self.final_norm), eps, self.logits, self.out, self.out_value)
+            def op(l):
+                fmt, w = self.head
+                norm = self.u16(self.final_norm)
+                if fmt == FORMAT_BF16:
+                    return lib.arc_op_gemv_argmax(ctx, self.u16(w), self.head_in, v, d, norm, eps, self.logits,
+                                                  self.out, self.out_value)
+                return lib.arc_op_qgemv_argmax(ctx, fmt, w, self.head_in, v, d, norm, eps, self.logits, self.out,
+                                               self.out_value)
         elif kind == "argmax":
             op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value)
         elif kind == "draw":
@@ -253,16 +344,18 @@ def time_graph(ctx: Context, graph, launches: int, replays: int) -> list[float]:
     return [replay(k) / (k * launches) * 1e6 for _ in range(replays)]
 
 
-def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays: int = 5) -> list[dict]:
+def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays: int = 5,
+                  formats: dict[str, int] | None = None) -> list[dict]:
     """Time every kernel of the step for `cfg` on a context of its own (see the module's
-    docstring): each row is its KernelSpec with `us` (median µs per launch) and `runs_us`."""
+    docstring): each row is its KernelSpec with `us` (median µs per launch) and `runs_us`.
+    `formats` (tensor name -> arc_format) holds a quantized preset's matrices in its formats."""
     with Context(0) as ctx:
         buf = _Buffers(ctx)
         try:
-            shape = _Shape(buf, cfg, max_seq, positions)
+            shape = _Shape(buf, cfg, max_seq, positions, formats)
             ctx.wait_idle()
             rows = []
-            for spec in kernel_specs(cfg, positions):
+            for spec in kernel_specs(cfg, positions, formats):
                 graph = _capture(ctx, shape.launches(spec))
                 try:
                     us = time_graph(ctx, graph, cfg.n_layers, replays)

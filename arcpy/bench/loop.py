@@ -6,7 +6,8 @@ all in the same run.
 Per-token time is taken in steady state: the wall time between the first and the last token a
 generation yields, divided by the tokens between them, so prefill and start-up are excluded.
 Each figure is the median of several generations after a warm-up one. The bandwidth floor of a
-model is (weight bytes read per token) / (copy bandwidth): no decode can be faster.
+model is (weight bytes read per token) / (copy bandwidth): no decode can be faster. A quantized
+preset's weight bytes are its tensors as held (Model.weight_bytes): its rows' bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from arcpy import _lib
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench.kernels import SAMPLED, SAMPLED_NAME
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.cuda_model import PREFILL_CHUNK
@@ -32,7 +34,7 @@ from arcpy.devices.scripted import scripted_device
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
-from arcpy.model import SHAPES, ModelConfig, synthetic_model
+from arcpy.model import SHAPES, ModelConfig, preset_formats, synthetic_model
 
 PROMPT = [1, 2, 3, 4]
 BENCH_MAX_SEQ = 8192           # the KV cache every shape is benchmarked with (or its own, if smaller)
@@ -92,11 +94,12 @@ def generation_positions(prompt_len: int, tokens: int, max_seq: int) -> tuple[in
     return prompt_len - 1, prompt_len - 2 + new
 
 
-def device_memory(cfg: ModelConfig, max_seq: int, scratch_bytes: int = 0) -> dict:
+def device_memory(cfg: ModelConfig, max_seq: int, scratch_bytes: int = 0, stored_bytes: int | None = None) -> dict:
     """Bytes of device memory a model of `cfg` takes, from the config (not measured): every
-    stored weight in bf16 and the RoPE table, the bf16 KV cache for max_seq positions, and the
-    float32 activations with the attention's scratch."""
-    weights = 2 * cfg.n_params + 4 * (cfg.head_dim // 2)
+    stored weight in bf16 (or `stored_bytes`, a model's tensors as held: Model.stored_bytes) and
+    the RoPE table, the bf16 KV cache for max_seq positions, and the float32 activations with the
+    attention's scratch."""
+    weights = (2 * cfg.n_params if stored_bytes is None else stored_bytes) + 4 * (cfg.head_dim // 2)
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_seq * cfg.head_dim * 2
     qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
     act = 4 * (cfg.dim + qkv_rows + cfg.q_dim + cfg.ffn_dim + cfg.vocab) + scratch_bytes
@@ -172,14 +175,25 @@ def graph_nodes(device) -> int | None:
     return int(n[0])
 
 
+def quantized_preset(shape: str) -> bool:
+    return any(f != FORMAT_BF16 for f in preset_formats(shape).values())
+
+
+def format_counts(formats: dict[str, int]) -> dict[str, int]:
+    """How many matrix tensors each format holds, e.g. {"Q4_K": 192, "Q6_K": 33}."""
+    names = [FORMAT_NAMES[f] for f in formats.values()]
+    return {name: names.count(name) for name in sorted(set(names))}
+
+
 def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: bool) -> dict:
     """One shape: paths, step graph, memory, and (when asked) the per-kernel table."""
     t0 = time.perf_counter()
     model = synthetic_model(shape, seed=0)
-    cfg, max_seq = model.config, bench_max_seq(model.config)
+    cfg, max_seq, formats = model.config, bench_max_seq(model.config), preset_formats(shape)
     seconds = {"make_weights": round(time.perf_counter() - t0, 1)}
-    out = {"shape": shape, "weight_bytes": cfg.weight_bytes, "floor_us": cfg.weight_bytes / bandwidth * 1e6,
-           "memory_from_config": device_memory(cfg, max_seq, attention_scratch_bytes(cfg, max_seq)),
+    out = {"shape": shape, "formats": format_counts(formats), "weight_bytes": model.weight_bytes,
+           "floor_us": model.weight_bytes / bandwidth * 1e6,
+           "memory_from_config": device_memory(cfg, max_seq, attention_scratch_bytes(cfg, max_seq), model.stored_bytes),
            "seconds": seconds}
     t0 = time.perf_counter()
     with open_cuda_device(model, max_seq=max_seq) as device:
@@ -194,7 +208,7 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
         seconds["ttft"] = round(time.perf_counter() - t0, 1)
     if kernels:
         t0 = time.perf_counter()
-        out["kernels"] = kernel_report(cfg, max_seq, tokens, runs, out["paths"])
+        out["kernels"] = kernel_report(cfg, max_seq, tokens, runs, out["paths"], formats)
         try:
             out["prefill_gemms"] = kernel_bench.bench_gemms(cfg, min(PREFILL_CHUNK, max_seq), runs)
         except ArcError as exc:
@@ -231,12 +245,13 @@ def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS) -> list[dict]:
     return rows
 
 
-def kernel_report(cfg: ModelConfig, max_seq: int, tokens: int, runs: int, paths: list) -> dict:
+def kernel_report(cfg: ModelConfig, max_seq: int, tokens: int, runs: int, paths: list,
+                  formats: dict[str, int] | None = None) -> dict:
     """The per-kernel timings of one shape beside its step; a libarc error is recorded, not raised."""
     first, last = generation_positions(len(PROMPT), tokens, max_seq)
     positions = kernel_bench.attention_positions((first + last) // 2, last, max_seq)
     try:
-        timings = kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs)
+        timings = kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs, formats=formats)
     except ArcError as exc:
         return {"error": str(exc)}
     loop16 = greedy_loop16(paths)
@@ -283,8 +298,9 @@ def run(shapes, tokens: int = 256, runs: int = 5, *, kernels: bool = False, hf: 
         report["shapes"].append(bench_shape(shape, bandwidth, tokens, runs, kernels))
         say(f"{shape}: seconds {report['shapes'][-1]['seconds']}")
         update(report)
-    if hf:
-        report["hf"] = hf_bench.hf_report(shapes, PROMPT, hf_tokens, hf_runs, hf_compile, say)
+    if hf:  # Hugging Face runs the bf16 shapes; a quantized preset has no counterpart there
+        report["hf"] = hf_bench.hf_report([s for s in shapes if not quantized_preset(s)], PROMPT, hf_tokens,
+                                          hf_runs, hf_compile, say)
         update(report)
     return report
 
@@ -341,6 +357,10 @@ def _hf_note(hf: dict) -> str:
 
 def _shape_notes(s: dict) -> list[str]:
     lines = []
+    counts = s.get("formats") or {}
+    if set(counts) - {"bf16"}:
+        lines.append(f"{s['shape']}: matrix tensors " + ", ".join(f"{n} {f}" for f, n in counts.items())
+                     + f"; {s['weight_bytes'] / 1e9:.3f} GB of weights read per token")
     mem = s.get("memory_from_config")
     if mem:
         lines.append(f"{s['shape']}: device memory computed from the config, max_seq {mem['max_seq']}: weights "

@@ -1,5 +1,6 @@
 """CudaModel: an arc_model, libarc's Llama-family forward on a context (context.py's Context): the
-weights uploaded under their arc_tensor ids, the KV cache, the activations and the prefill's."""
+weights uploaded under their arc_tensor ids (bf16 words, or a QuantTensor's rows in its arc_format),
+the KV cache, the activations and the prefill's."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import numpy as np
 
 from arcpy import _lib
 from arcpy.devices.context import Context
-from arcpy.errors import InvalidArgumentError
-from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, layer_prefix, rope_inv_freq
+from arcpy.errors import InvalidArgumentError, NoDeviceError
+from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, QuantTensor, layer_prefix, rope_inv_freq
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
 # chunk, each reading all the weights again. Measured on the H200 (docs/PERF.md): 2,048 meets the
@@ -52,7 +53,11 @@ class CudaModel:
         c.rms_eps = cfg.rms_eps
         c.tied_embeddings, c.qkv_bias = int(cfg.tied_embeddings), int(cfg.qkv_bias)
         pp = self.ffi.new("arc_model **")
-        _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
+        if model.quantized:
+            formats = self.ffi.new("int32_t[]", self._formats(model))
+            _lib.check(self._entry("arc_model_create_formats")(ctx.ptr, c, formats, pp))
+        else:
+            _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
         self.ptr = pp[0]
         self.max_seq = max_seq
         try:
@@ -65,20 +70,53 @@ class CudaModel:
             self.close()
             raise
 
+    def _entry(self, name: str):
+        """An entry point of libarc that a library built before quantized weights lacks."""
+        try:
+            return getattr(self.lib, name)
+        except AttributeError:
+            raise NoDeviceError(f"this libarc.so has no {name}: it predates quantized weights (rebuild it, "
+                                "or load the model with quantized=False)") from None
+
+    @staticmethod
+    def _place(name: str) -> tuple[str, int]:
+        """(arc_tensor name, layer) of a tensor of the Hugging Face layout."""
+        if name in _GLOBAL_TENSORS:
+            return _GLOBAL_TENSORS[name], 0
+        layer_s, _, suffix = name[len("model.layers."):].partition(".")
+        if not name.startswith("model.layers.") or suffix not in _LAYER_TENSORS:
+            raise InvalidArgumentError(f"tensor {name} has no place in the model")
+        assert name == layer_prefix(int(layer_s)) + suffix
+        return _LAYER_TENSORS[suffix], int(layer_s)
+
+    def _formats(self, model: Model) -> list[int]:
+        """arc_model_create_formats' table: formats[tensor * n_layers + layer], global tensors at
+        layer 0, ARC_TENSOR_ROPE_INV_FREQ + 1 tensors; bf16 (0) wherever nothing is quantized."""
+        n_layers = model.config.n_layers
+        table = [0] * ((self.lib.ARC_TENSOR_ROPE_INV_FREQ + 1) * n_layers)
+        for name in model.tensors:
+            tensor, layer = self._place(name)
+            table[getattr(self.lib, tensor) * n_layers + layer] = model.format_of(name)
+        return table
+
     def _upload(self, model: Model) -> None:
         for name, array in model.tensors.items():
-            if name in _GLOBAL_TENSORS:
-                tensor, layer = _GLOBAL_TENSORS[name], 0
-            else:
-                layer_s, _, suffix = name[len("model.layers."):].partition(".")
-                if not name.startswith("model.layers.") or suffix not in _LAYER_TENSORS:
-                    raise InvalidArgumentError(f"tensor {name} has no place in the model")
-                tensor, layer = _LAYER_TENSORS[suffix], int(layer_s)
-                assert name == layer_prefix(layer) + suffix
+            tensor, layer = self._place(name)
+            if isinstance(array, QuantTensor):
+                self._check_rows(name, array)
+                array = array.data
             self._put(tensor, layer, array)
         self._put("ARC_TENSOR_ROPE_INV_FREQ", 0, rope_inv_freq(model.config))
         # The copies read pageable memory the arrays own: wait for them once, here.
         self.ctx.wait_idle()
+
+    def _check_rows(self, name: str, qt: QuantTensor) -> None:
+        """The rows' bytes as libarc counts them (arc_format_row_bytes) equal arcpy's layout's."""
+        out = self.ffi.new("uint64_t *")
+        _lib.check(self._entry("arc_format_row_bytes")(qt.format, qt.cols, out))
+        if int(out[0]) * qt.rows != qt.nbytes:
+            raise InvalidArgumentError(f"tensor {name}: {qt.rows} rows of {qt.cols} {qt.format_name} weights take "
+                                       f"{int(out[0])} bytes a row in libarc, {qt.nbytes // qt.rows} in arcpy")
 
     def _put(self, tensor: str, layer: int, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)

@@ -2,8 +2,11 @@
 
 Numerics contract (libarc's kernels follow the same rules; differences are only summation order
 and the last ulp of cos/sin/exp):
-- Weights are bf16, converted exactly to float32. Activations stay float32: the residual stream,
-  the normed input, q/k/v, scores and probabilities, the MLP and the logits.
+- Weights are bf16, converted exactly to float32, or quantized (arc.h's formats), dequantized once
+  to float32 by arc.h's formulas (model.quant.dequantize). Activations stay float32: the residual
+  stream, the normed input, q/k/v, scores and probabilities, the MLP and the logits. (libarc's
+  quantized GEMVs also quantize their input to int8 per 32 values; model.quant.qgemv_reference
+  computes that product alone. The forward here does not: compare with a tolerance.)
 - The KV cache is bf16: k (after RoPE) and v are rounded to nearest even when stored and read back
   exactly as float32. Here it is held as float32 arrays of bf16-representable values.
 - RMSNorm: y = x * (1 / sqrt(mean(x*x) + eps)) * w.
@@ -18,17 +21,29 @@ and the last ulp of cos/sin/exp):
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
   the attention probabilities (unnormalized; the sum is divided out after the product with v) and
   output, and the SwiGLU output are rounded to bf16 first; the residual stream stays float32.
+  Quantized weights enter those products rounded to bf16 (what arc_op_dequantize gives them).
   ReferenceModel.prefill(..., bf16_products=True) computes exactly that.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16, layer_prefix, rope_inv_freq
+from arcpy.model import (
+    EMBED,
+    FINAL_NORM,
+    Model,
+    QuantTensor,
+    bf16_to_f32,
+    dequantize,
+    f32_to_bf16,
+    layer_prefix,
+    rope_inv_freq,
+)
 
 F32 = np.float32
 
@@ -127,15 +142,20 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return bf16_to_f32(f32_to_bf16(x))
 
 
+def weights_f32(t) -> np.ndarray:
+    """A tensor's weights as float32: bf16 words converted, a QuantTensor dequantized (both exact)."""
+    return dequantize(t) if isinstance(t, QuantTensor) else bf16_to_f32(t)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 class _Layer:
-    """One decoder layer's weights as float32 (converted once)."""
+    """One decoder layer's weights as float32 (converted, or dequantized, once)."""
 
     def __init__(self, model: Model, i: int):
-        t = lambda n: bf16_to_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
+        t = lambda n: weights_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
         bias = model.config.qkv_bias
         self.attn_norm = t("input_layernorm.weight")
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
@@ -162,9 +182,11 @@ class ReferenceModel:
         self.max_seq = int(max_seq or cfg.max_seq)
         self.embed = bf16_to_f32(model.tensor(EMBED))
         # A tied head is the same table: share the array rather than convert it twice.
-        self.lm_head = self.embed if cfg.tied_embeddings else bf16_to_f32(model.lm_head())
+        self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
+        self.quantized = model.quantized
+        self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
         self.inv_freq = rope_inv_freq(cfg)
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
@@ -231,13 +253,27 @@ class ReferenceModel:
             x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
         return gemv(self.lm_head, rmsnorm(x[-1], self.final_norm, self.config.rms_eps))
 
+    def _product_layers(self, bf16_products: bool) -> list[_Layer]:
+        """The layers whose weights the prefill's products read: with bf16 products, a quantized
+        model's matrices rounded to bf16 (bf16 weights are already), made once."""
+        if not (bf16_products and self.quantized):
+            return self.layers
+        if self._bf16_layers is None:
+            self._bf16_layers = []
+            for layer in self.layers:
+                rounded = copy.copy(layer)
+                for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+                    setattr(rounded, name, round_bf16(getattr(layer, name)))
+                self._bf16_layers.append(rounded)
+        return self._bf16_layers
+
     def _prefill_chunk(self, tokens: list[int], start: int, bf16_products: bool) -> np.ndarray:
         """The chunk's tokens through every layer -> their residual streams (T, dim) f32."""
         cfg, t, hd = self.config, len(tokens), self.config.head_dim
         r = round_bf16 if bf16_products else (lambda a: a)
         positions = start + np.arange(t)
         x = self.embed[tokens]  # (T, dim), a copy
-        for li, L in enumerate(self.layers):
+        for li, L in enumerate(self._product_layers(bf16_products)):
             h = r(rmsnorm(x, L.attn_norm, cfg.rms_eps))
             q = r(rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq))
             k = rope(linear(h, L.wk, L.bk).reshape(t, cfg.n_kv_heads, hd), positions, self.inv_freq)

@@ -1,11 +1,14 @@
 """Model description and weights.
 
 A model is a `ModelConfig` plus a dict of tensors under their Hugging Face names, every tensor held
-as raw bf16 words (`uint16`, C-contiguous). One concept per module:
+as raw bf16 words (`uint16`, C-contiguous), or, for the projections and the lm_head, as a
+QuantTensor in one of arc.h's quantized formats. One concept per module:
 
     bf16         bf16 words <-> float32
-    config       ModelConfig, RopeScaling, RoPE frequencies
-    tensors      the tensor table of a config, and Model
+    quant        quantized rows as libarc reads them: QuantTensor, dequantize, the quantized GEMV's arithmetic
+    quant_pack   GGUF blocks repacked into those rows, and random quantized tensors
+    config       ModelConfig, RopeScaling, RoPE frequencies, the tensor table of a config
+    tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
     safetensors  the safetensors reader and writer
     checkpoint   model directories: load_model, save_model
@@ -24,19 +27,24 @@ from arcpy.model.config import (
     ModelConfig,
     RopeScaling,
     expected_tensors,
+    is_matrix,
     iter_tensors,
     layer_prefix,
     rope_inv_freq,
 )
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
 from arcpy.model.hf import config_from_hf, config_to_hf
-from arcpy.model.presets import SHAPES, random_model, synthetic_model
+from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
+from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
+from arcpy.model.quant_pack import from_gguf, random_quant
 from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
 from arcpy.model.tensors import Model
 
 __all__ = [
-    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "MAX_HEADER_BYTES", "PICKLE_SUFFIXES", "SHAPES", "Model", "ModelConfig",
-    "RopeScaling", "bf16_to_f32", "config_from_hf", "config_to_hf", "expected_tensors", "f32_to_bf16",
-    "iter_tensors", "layer_prefix", "load_gguf_model", "load_model", "open_gguf", "random_model", "rope_inv_freq", "save_model",
+    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "MAX_HEADER_BYTES", "Model", "ModelConfig",
+    "PICKLE_SUFFIXES", "QuantTensor", "RopeScaling", "SHAPES", "bf16_to_f32", "config_from_hf",
+    "config_to_hf", "dequantize", "expected_tensors", "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors",
+    "layer_prefix", "load_gguf_model", "load_model", "open_gguf", "preset_formats", "qgemv_reference",
+    "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
     "save_safetensors", "synthetic_model", "unpermute_rotary_rows",
 ]

@@ -21,6 +21,7 @@ from arcpy.files import read_json_file
 from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
     TensorEntry,
@@ -149,7 +150,11 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
 
 
 def save_model(model: Model, directory) -> None:
-    """Write config.json and model.safetensors (BF16) so that `load_model(directory)` reads it back."""
+    """Write config.json and model.safetensors (BF16) so that `load_model(directory)` reads it back.
+    A model with quantized tensors is refused: the files hold bf16 words here."""
+    quantized = sorted(name for name, t in model.tensors.items() if isinstance(t, QuantTensor))
+    require(not quantized, f"model {model.name}: {len(quantized)} tensors are quantized ({quantized[0] if quantized else ''} "
+            "...), and safetensors files hold bf16 here: load it with quantized=False to save it")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")

@@ -94,7 +94,8 @@ class ModelConfig:
 
     @property
     def weight_bytes(self) -> int:
-        """bf16 bytes of weights streamed to decode one token: the bandwidth floor of a step.
+        """bf16 bytes of weights streamed to decode one token: the bandwidth floor of a step, for
+        a model held in bf16 throughout (Model.weight_bytes counts a model's own tensors).
 
         Every layer tensor, the final norm and the lm_head are read whole; of an untied embedding
         table only the token's row is read. When tied the table is the lm_head and counts once.
@@ -172,6 +173,16 @@ def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield FINAL_NORM, (d,)
     if not cfg.tied_embeddings:
         yield LM_HEAD, (cfg.vocab, d)
+
+
+# The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
+_MATRIX_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def is_matrix(name: str) -> bool:
+    """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
+    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

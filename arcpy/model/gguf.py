@@ -5,12 +5,20 @@
     gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
 Two architectures: "llama" (Llama 2/3, Mistral, SmolLM) and "qwen2" (the same decoder with q/k/v
-biases); the metadata keys carry the architecture's name as their prefix. Every tensor is
-dequantized to float32 and rounded to bf16 words, each of which must be finite (a NaN scale makes a
-block of NaN weights). Two things differ from a Hugging Face checkpoint. For "llama", llama.cpp's
-converter reorders the rows of each q and k head so that interleaved RoPE (pairs 2i, 2i+1) computes
-what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts them back
-("qwen2" runs rotate-half RoPE in llama.cpp too, and its rows are stored as they are). Llama 3
+biases); the metadata keys carry the architecture's name as their prefix.
+
+The projections and the output of types Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K stay quantized:
+their blocks are repacked into arc.h's rows (quant_pack.from_gguf), the values unchanged. Every
+other tensor is dequantized to float32 and rounded to bf16 words: the embedding always (a step reads
+one row of it), the norms, and projections of other quantized types, which the model's notes list
+in one line. With `quantized=False` every tensor is bf16. Every weight must be finite (a NaN scale
+makes a block of NaN weights). A tied model whose token_embd is of a kept type gets an lm_head of
+its own, the same blocks kept quantized beside the bf16 embedding, and an untied config.
+
+Two things differ from a Hugging Face checkpoint. For "llama", llama.cpp's converter reorders the
+rows of each q and k head so that interleaved RoPE (pairs 2i, 2i+1) computes what Hugging Face's
+rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts them back, bf16 or quantized rows
+alike ("qwen2" runs rotate-half RoPE in llama.cpp too, and its rows are stored as they are). Llama 3
 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from which the
 RopeScaling parameters are recovered and checked.
 """
@@ -21,6 +29,7 @@ import contextlib
 import dataclasses
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +37,22 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.model.bf16 import f32_to_bf16, require_finite
-from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, iter_tensors, rope_inv_freq
+from arcpy.model.bf16 import require_finite
+from arcpy.model.config import (
+    EMBED,
+    FINAL_NORM,
+    LM_HEAD,
+    ModelConfig,
+    RopeScaling,
+    is_matrix,
+    iter_tensors,
+    rope_inv_freq,
+)
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
-from arcpy.model.tensors import Model
+from arcpy.model.quant import QuantTensor
+from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf
+from arcpy.model.tensors import Model, Tensor
 from arcpy.vocabulary import Vocabulary
 
 GGUF_SUFFIX = ".gguf"
@@ -46,6 +66,8 @@ _LAYER_NAMES = {
 _ROPE_FREQS = "rope_freqs.weight"
 _ARCHITECTURES = ("llama", "qwen2")  # qwen2: q/k/v biases, and q/k rows not permuted
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
+_READERS = 8  # threads reading tensors, at most
+_UNQUANTIZED = ("F32", "F16", "BF16", "F64")  # types that are not a quantization (bf16 loses nothing worth a note)
 
 
 @dataclass(frozen=True)
@@ -55,26 +77,31 @@ class GGUFCheckpoint:
     line naming the file; nothing is returned half-read."""
 
     file: GGUFFile
-    config: ModelConfig
+    config: ModelConfig         # the model's: untied where the lm_head is token_embd kept quantized
+    quantized: bool = True      # keep the matrix tensors of the kept types quantized
+    head_from_embedding: bool = False  # the file is tied; the model's lm_head is token_embd's blocks
 
     def vocabulary(self) -> Vocabulary:
         with _reading(self.file.path):
             return read_vocabulary(self.file.meta, self.config.vocab)
 
     def model(self, progress=None) -> Model:
-        """The weights as bf16 words under their Hugging Face names. `progress(done, total)`, when
-        given, is called after each tensor is read (dequantizing a large file takes seconds)."""
+        """The weights under their Hugging Face names: bf16 words, and QuantTensors where kept
+        quantized (see the module's docstring); the model's notes say which quantized tensors
+        were dequantized. `progress(done, total)`, when given, is called after each tensor is
+        read (a large file takes seconds)."""
         with _reading(self.file.path):
-            return _model(self.file, self.config, progress)
+            return _model(self, progress)
 
 
-def open_gguf(path, max_seq: int | None = None) -> GGUFCheckpoint:
+def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFCheckpoint:
     """Open a Llama-family GGUF file: its header, metadata and config, checked. `max_seq` caps the
-    context, as in `load_model`."""
+    context, as in `load_model`; `quantized=False` asks for every tensor in bf16."""
     if "\0" in os.fspath(path):
         raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
     if max_seq is not None:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
+    require(isinstance(quantized, bool), f"quantized must be True or False, got {quantized!r}")
     path = Path(path)
     with _reading(path):
         if not path.exists():
@@ -83,12 +110,16 @@ def open_gguf(path, max_seq: int | None = None) -> GGUFCheckpoint:
         cfg = _config(f)
         if max_seq is not None:
             cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
-        return GGUFCheckpoint(f, cfg)
+        embed = f.tensors.get(_GLOBAL_NAMES[EMBED])
+        head = quantized and cfg.tied_embeddings and embed is not None and embed.qtype in GGUF_FORMATS
+        if head:
+            cfg = dataclasses.replace(cfg, tied_embeddings=False)
+        return GGUFCheckpoint(f, cfg, quantized, head)
 
 
-def load_gguf_model(path, max_seq: int | None = None) -> Model:
+def load_gguf_model(path, max_seq: int | None = None, quantized: bool = True) -> Model:
     """The model of a GGUF file, without its vocabulary (what `load_model` returns for one)."""
-    return open_gguf(path, max_seq).model()
+    return open_gguf(path, max_seq, quantized).model()
 
 
 @contextlib.contextmanager
@@ -221,11 +252,13 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER_NAMES[module]}.{kind}"
 
 
-def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
-    """Match the file's tensors to the config, then read each as bf16 words under its HF name."""
+def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
+    """Match the file's tensors to the config, then read each under its HF name."""
+    f, cfg = ckpt.file, ckpt.config
+    file_cfg = dataclasses.replace(cfg, tied_embeddings=True) if ckpt.head_from_embedding else cfg
     wanted: dict[str, TensorInfo] = {}
     # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
-    for hf_name, shape in iter_tensors(cfg):
+    for hf_name, shape in iter_tensors(file_cfg):
         name = _gguf_name(hf_name)
         info = f.tensors.get(name)
         if info is None:
@@ -240,15 +273,77 @@ def _model(f: GGUFFile, cfg: ModelConfig, progress=None) -> Model:
     f.check_types(wanted.values())
     # llama's q/k rows are reordered for interleaved RoPE; qwen2's are stored as they are.
     permuted = f.meta.text("general.architecture") == "llama"
-    tensors = {}
-    for done, (hf_name, info) in enumerate(wanted.items(), 1):
-        words = f32_to_bf16(f.values(info))
-        require_finite(words, f"{f.path}: tensor {quoted(info.name)}")  # stored, or made by a block's scales
+    dequantized = [info for hf_name, info in wanted.items()  # quantized tensors of types not kept, made bf16
+                   if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and not _kept(ckpt, hf_name, info)
+                   and (is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings))]
+
+    def read(hf_name: str, info: TensorInfo) -> Tensor:
+        where = f"{f.path}: tensor {quoted(info.name)}"
+        if _kept(ckpt, hf_name, info):
+            t = from_gguf(info.qtype, info.shape, f.raw(info), where)  # refuses a NaN or infinite scale
+        else:
+            t = f.words(info)
+            require_finite(t, where)  # stored, or made by a block's scales
         if permuted and hf_name.endswith("q_proj.weight"):
-            words = unpermute_rotary_rows(words, cfg.n_heads)
-        elif permuted and hf_name.endswith("k_proj.weight"):
-            words = unpermute_rotary_rows(words, cfg.n_kv_heads)
-        tensors[hf_name] = words
+            return _unpermute(t, cfg.n_heads)
+        if permuted and hf_name.endswith("k_proj.weight"):
+            return _unpermute(t, cfg.n_kv_heads)
+        return t
+
+    # Tensors are read in threads (NumPy lets go of the GIL in its loops), handed back in order.
+    tensors: dict[str, Tensor] = {}
+    total = len(wanted) + ckpt.head_from_embedding
+    pool = ThreadPoolExecutor(max_workers=min(_READERS, os.cpu_count() or 1))
+    try:
+        for done, (hf_name, t) in enumerate(zip(wanted, pool.map(read, wanted, wanted.values())), 1):
+            tensors[hf_name] = t
+            if progress is not None:
+                progress(done, total)
+    finally:
+        pool.shutdown(cancel_futures=True)  # after a failure, read nothing more
+    if ckpt.head_from_embedding:
+        info = wanted[EMBED]
+        tensors[LM_HEAD] = from_gguf(info.qtype, info.shape, f.raw(info), f"{f.path}: tensor {quoted(info.name)}")
         if progress is not None:
-            progress(done, len(wanted))
-    return Model(cfg, tensors, name=f.path.stem, source=str(f.path))
+            progress(total, total)
+    notes = [_dequantized_note(f.path, dequantized)] if dequantized else []
+    return Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
+
+
+def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
+    """Whether a tensor stays quantized: a matrix of a kept type, unless all-bf16 was asked for."""
+    return ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS
+
+
+def _unpermute(t: Tensor, n_heads: int) -> Tensor:
+    if isinstance(t, QuantTensor):
+        return t.with_data(unpermute_rotary_rows(t.data, n_heads))
+    return unpermute_rotary_rows(t, n_heads)
+
+
+def _dequantized_note(path: Path, infos: list[TensorInfo]) -> str:
+    """One line: which quantized tensors were made bf16, by type, layers as ranges."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for info in infos:
+        parts = info.name.split(".")
+        if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+            groups.setdefault((info.qtype.name, ".".join(parts[2:])), []).append(int(parts[1]))
+        else:
+            groups.setdefault((info.qtype.name, info.name), [])
+    listed = "; ".join(f"{qtype} {name}" + (f" (blk {_ranges(layers)})" if layers else "")
+                       for (qtype, name), layers in groups.items())
+    kept = ", ".join(t.name for t in GGUF_FORMATS)
+    return (f"{path.name}: {len(infos)} quantized tensor{'s' if len(infos) != 1 else ''} dequantized to bf16 "
+            f"(the GPU keeps {kept} quantized): {listed}")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, start = [], None
+    for i, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(f"{start}-{n}" if n != start else f"{n}")
+            start = None
+    return ", ".join(out)

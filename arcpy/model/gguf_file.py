@@ -1,4 +1,5 @@
-"""The GGUF container: its header walked with every count bounded, typed metadata, float32 tensors.
+"""The GGUF container: its header walked with every count bounded, typed metadata, tensors as
+their raw blocks, float32 values or bf16 words.
 
 A file is the magic "GGUF", a version, the tensor and key counts, the key/value metadata, one entry
 per tensor (name, dims innermost first, type, offset), then the tensor data: each tensor's bytes, as
@@ -23,6 +24,7 @@ from gguf.quants import dequantize
 from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import ModelFileError
 from arcpy.files import open_regular
+from arcpy.model.bf16 import f32_to_bf16
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)  # version 1 had 32-bit counts; 3 only adds big-endian files, refused here
@@ -41,6 +43,8 @@ _NUMBERS = {
     GGUFValueType.BOOL: np.dtype("<u1"),
 }
 _REQUIRED = object()
+# Rows of a tensor dequantized at once on its way to bf16: about this many float32 values (4 MB).
+_WORDS_SLICE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -111,17 +115,36 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: tensor {quoted(info.name)} has type {info.qtype.name}, "
                                      "which cannot be dequantized")
 
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        """One tensor's bytes as the file holds them (a view of the mapped file), one row a line."""
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        return self.data[info.start:info.start + info.nbytes].reshape(-1, info.dims[0] // block * type_size)
+
     def values(self, info: TensorInfo) -> np.ndarray:
         """One tensor dequantized to float32, in its row-major shape (its type passed check_types)."""
-        raw = self.data[info.start:info.start + info.nbytes]
-        block, type_size = GGML_QUANT_SIZES[info.qtype]
-        rows = raw.reshape(*info.shape[:-1], info.dims[0] // block * type_size)
         try:
             with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale is reported by the caller
-                return dequantize(rows, info.qtype).reshape(info.shape)
+                return dequantize(self.raw(info), info.qtype).reshape(info.shape)
         except MemoryError:
-            raise ModelFileError(f"{self.path}: not enough memory to read tensor {quoted(info.name)} "
-                                 f"({info.qtype.name}, {info.nbytes} bytes)") from None
+            raise self._no_memory(info) from None
+
+    def words(self, info: TensorInfo) -> np.ndarray:
+        """One tensor as bf16 words in its row-major shape, dequantized a slice of rows at a time:
+        a large tensor's float32 values never exist all at once."""
+        raw, cols = self.raw(info), info.dims[0]
+        try:
+            out = np.empty((raw.shape[0], cols), np.uint16)
+            step = max(1, _WORDS_SLICE // cols)
+            with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale is reported by the caller
+                for r in range(0, raw.shape[0], step):
+                    out[r:r + step] = f32_to_bf16(dequantize(raw[r:r + step], info.qtype))
+        except MemoryError:
+            raise self._no_memory(info) from None
+        return out.reshape(info.shape)
+
+    def _no_memory(self, info: TensorInfo) -> ModelFileError:
+        return ModelFileError(f"{self.path}: not enough memory to read tensor {quoted(info.name)} "
+                              f"({info.qtype.name}, {info.nbytes} bytes)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,5 @@
-"""Named model shapes with deterministic random weights: the embedded default and the benchmark models."""
+"""Named model shapes with deterministic random weights: the embedded default, the benchmark models,
+and quantized ones (their matrices in arc.h's quantized formats, mixed as llama.cpp mixes them)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
-from arcpy.model.config import EMBED, FINAL_NORM, ModelConfig, RopeScaling, expected_tensors
+from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, expected_tensors, is_matrix
+from arcpy.model.quant_pack import random_quant
 from arcpy.model.tensors import Model
 
 SHAPES: dict[str, ModelConfig] = {
@@ -40,16 +43,99 @@ SHAPES: dict[str, ModelConfig] = {
     "qwen-tiny": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=384,
                              vocab=512, max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qkv_bias=True),
 }
+# The Llama-3-70B shape (80 layers, GQA 64/8, untied): quantized only (141 GB of bf16 fit no GPU).
+_LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=28672,
+                        vocab=128256, max_seq=8192, rms_eps=1e-5, rope_theta=500000.0,
+                        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192))
+# Every quantized format in one small model (the K formats' 256-weight blocks fit every row).
+_TINY_QUANT = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=512,
+                          max_seq=512, rope_theta=500000.0)
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits(i_layer, n_layers): the layers its Q4_K_M mix gives Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _q4_k_m(name: str, layer: int, n_layers: int) -> int:
+    """llama.cpp's Q4_K_M mix: Q4_K, Q6_K for the output and for attn_v and ffn_down where
+    use_more_bits holds; in an 80-layer (70B) model the other attn_v are Q5_K (its rule for 70B)."""
+    if name == LM_HEAD:
+        return FORMAT_Q6_K
+    if name.endswith(("v_proj.weight", "down_proj.weight")) and _use_more_bits(layer, n_layers):
+        return FORMAT_Q6_K
+    return FORMAT_Q5_K if n_layers == 80 and name.endswith("v_proj.weight") else FORMAT_Q4_K
+
+
+# tiny-quant's matrices by layer: q, k and v of layer 0 in three formats (the forward cannot fuse
+# its QKV product), layer 1's in one; o, gate/up and down spread over the rest, one bf16.
+_TINY_MIX = [
+    {"q_proj": FORMAT_Q4_K, "k_proj": FORMAT_Q6_K, "v_proj": FORMAT_Q8_0, "o_proj": FORMAT_Q4_0,
+     "gate_proj": FORMAT_Q5_K, "up_proj": FORMAT_Q5_K, "down_proj": FORMAT_Q4_1},
+    {"q_proj": FORMAT_Q8_0, "k_proj": FORMAT_Q8_0, "v_proj": FORMAT_Q8_0, "o_proj": FORMAT_BF16,
+     "gate_proj": FORMAT_Q4_0, "up_proj": FORMAT_Q4_0, "down_proj": FORMAT_Q4_K},
+]
+
+
+def _tiny_mix(name: str, layer: int, n_layers: int) -> int:
+    return FORMAT_Q6_K if name == LM_HEAD else _TINY_MIX[layer][name.split(".")[-2]]
+
+
+# Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
+# Q4_K_M quantizes token_embd as its output (Q6_K); loaded, it is a bf16 embedding and a
+# quantized lm_head, untied, and so is the preset.
+_QUANTIZED = {
+    "llama1B-q4km": (dataclasses.replace(SHAPES["llama1B"], tied_embeddings=False), _q4_k_m),
+    "llama8B-q4km": (SHAPES["llama8B"], _q4_k_m),
+    "llama8B-q8": (SHAPES["llama8B"], lambda name, layer, n_layers: FORMAT_Q8_0),
+    "llama70B-q4km": (_LLAMA70B, _q4_k_m),
+    "tiny-quant": (_TINY_QUANT, _tiny_mix),
+    "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
+}
+SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})
+
+
+def preset_formats(shape: str) -> dict[str, int]:
+    """The arc_format of each matrix tensor of a preset (FORMAT_BF16 throughout for the bf16 ones)."""
+    if shape not in SHAPES:
+        raise InvalidArgumentError(f"unknown synthetic shape {shape!r} (choose from {', '.join(SHAPES)})")
+    cfg = SHAPES[shape]
+    mix = _QUANTIZED[shape][1] if shape in _QUANTIZED else (lambda name, layer, n_layers: FORMAT_BF16)
+    return {name: mix(name, _layer_of(name), cfg.n_layers) for name in expected_tensors(cfg) if is_matrix(name)}
+
+
+def _layer_of(name: str) -> int:
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else 0
 
 _EMBED_STD = 0.5
 # q and k at twice unit scale give scores of std ~4: attention picks out a few positions, so the
 # next token depends on the context, not only on the current token.
 _QK_GAIN = 2.0
+_UNIFORM_SLICE = 1 << 20
 
 
-def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSequence) -> np.ndarray:
+def _uniform_bf16(shape: tuple[int, ...], rng: np.random.Generator, std: float) -> np.ndarray:
+    """bf16 words of values uniform in [-std*sqrt(3), std*sqrt(3)] (root mean square `std`), made
+    from random bits a slice at a time: several times faster than normal draws."""
+    out = np.empty(math.prod(shape), np.uint16)
+    scale = np.float32(std * math.sqrt(3.0) / 32768.0)
+    for start in range(0, out.size, _UNIFORM_SLICE):
+        n = min(_UNIFORM_SLICE, out.size - start)
+        x = rng.bit_generator.random_raw(-(-n // 4)).view(np.int16)[:n].astype(np.float32)
+        x *= scale
+        out[start:start + n] = x.view(np.uint32) >> np.uint32(16)  # truncated to bf16: still uniform
+    return out.reshape(shape)
+
+
+def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSequence, fmt: int = FORMAT_BF16,
+                   quick_embedding: bool = False):
     # The float32 values live only inside this call: a model's worth of them never exists at once.
     rng = np.random.default_rng(seed)
+    if fmt != FORMAT_BF16:  # drawn in the format's rows directly, at the std of the bf16 weights below
+        gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+        return random_quant(fmt, shape, rng, std=gain / math.sqrt(shape[1]))
+    if tname == EMBED and quick_embedding:
+        return _uniform_bf16(shape, rng, _EMBED_STD)
     x = rng.standard_normal(shape, dtype=np.float32)
     if tname.endswith("norm.weight"):
         x = np.float32(1.0) + np.float32(0.05) * x
@@ -68,26 +154,32 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
     return f32_to_bf16(x)
 
 
-def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random") -> Model:
+def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random", formats: dict[str, int] | None = None) -> Model:
     """Deterministic random weights for `cfg` (same seed, same words), scaled to keep activations O(1).
 
     Each tensor has its own child seed, so the tensors are made in parallel threads; each is drawn
     in float32 and rounded on its own, so host memory peaks near the bf16 model plus a float32
-    copy of the tensors in flight.
+    copy of the tensors in flight. `formats` (tensor name -> arc_format) makes those matrix
+    tensors random QuantTensors instead, drawn in their rows directly (quant_pack.random_quant);
+    the embedding of such a model is drawn uniform (same root mean square), from random bits,
+    which is several times faster than normal draws (an 8B model's is half a billion weights).
     """
     shapes = expected_tensors(cfg)
+    formats = formats or {}
     seeds = np.random.SeedSequence(seed).spawn(len(shapes))
+    fmts = [formats.get(n, FORMAT_BF16) for n in shapes]
+    quick = [any(f != FORMAT_BF16 for f in formats.values())] * len(shapes)
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds)
+        arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds, fmts, quick)
         tensors = dict(zip(shapes.keys(), arrays))
     return Model(cfg, tensors, name=name, source=f"random:{name}:seed={seed}")
 
 
 def synthetic_model(shape: str = "stories15M", seed: int = 0, max_seq: int | None = None) -> Model:
-    """A preset of SHAPES with random weights, built in memory (the embedded default is stories15M)."""
-    if shape not in SHAPES:
-        raise InvalidArgumentError(f"unknown synthetic shape {shape!r} (choose from {', '.join(SHAPES)})")
+    """A preset of SHAPES with random weights, built in memory (the embedded default is stories15M;
+    the quantized presets' matrices are in the formats preset_formats gives)."""
+    formats = preset_formats(shape)  # refuses an unknown shape
     cfg = SHAPES[shape]
     if max_seq is not None:
         cfg = dataclasses.replace(cfg, max_seq=max_seq)
-    return random_model(cfg, seed=seed, name=shape)
+    return random_model(cfg, seed=seed, name=shape, formats=formats)

@@ -5,20 +5,33 @@ from __future__ import annotations
 import numpy as np
 
 from arcpy.checks import require
+from arcpy.codes import FORMAT_BF16
 from arcpy.errors import InvalidArgumentError
-from arcpy.model.config import EMBED, LM_HEAD, ModelConfig, expected_tensors
+from arcpy.model.config import EMBED, LM_HEAD, ModelConfig, expected_tensors, is_matrix
+from arcpy.model.quant import QuantTensor
+
+Tensor = np.ndarray | QuantTensor
 
 
 class Model:
-    """A config and its weights as bf16 words. Weights loaded from files may be read-only mmap views."""
+    """A config and its weights: bf16 words (uint16, C-contiguous; from files, often read-only
+    mmap views), or for the matrix tensors (config.is_matrix) a QuantTensor in one of arc.h's
+    quantized formats. `notes` are lines about how the weights were made (a loader's), for the
+    caller to show."""
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], name: str, source: str):
+    def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], name: str, source: str,
+                 notes: tuple[str, ...] | list[str] = ()):
         expected = expected_tensors(config)
         for tname, shape in expected.items():
             t = tensors.get(tname)
             require(t is not None, f"model {name}: missing tensor {tname}")
-            require(t.dtype == np.uint16 and t.flags.c_contiguous,
-                    f"model {name}: tensor {tname} must be C-contiguous uint16 bf16 words, got {t.dtype}")
+            if isinstance(t, QuantTensor):
+                require(is_matrix(tname), f"model {name}: tensor {tname} must be bf16 words; only the "
+                        f"projections and the lm_head may be quantized, got {t.format_name}")
+            else:
+                require(isinstance(t, np.ndarray) and t.dtype == np.uint16 and t.flags.c_contiguous,
+                        f"model {name}: tensor {tname} must be C-contiguous uint16 bf16 words"
+                        f"{' or a QuantTensor' if is_matrix(tname) else ''}, got {getattr(t, 'dtype', type(t).__name__)}")
             require(t.shape == shape, f"model {name}: tensor {tname} has shape {t.shape}, expected {shape}")
         extra = sorted(set(tensors) - set(expected))
         require(not extra, f"model {name}: unexpected tensor {extra[0] if extra else ''}")
@@ -26,16 +39,44 @@ class Model:
         self.tensors = dict(tensors)
         self.name = name
         self.source = source
+        self.notes = tuple(notes)
 
-    def tensor(self, name: str) -> np.ndarray:
+    def tensor(self, name: str) -> Tensor:
         try:
             return self.tensors[name]
         except KeyError:
             raise InvalidArgumentError(f"model {self.name}: no tensor named {name}") from None
 
-    def lm_head(self) -> np.ndarray:
+    def lm_head(self) -> Tensor:
         """The (vocab, dim) output projection: the embedding table when tied."""
         return self.tensors[EMBED] if self.config.tied_embeddings else self.tensors[LM_HEAD]
 
+    def format_of(self, name: str) -> int:
+        """arc.h's arc_format of a tensor: FORMAT_BF16, or its QuantTensor's format."""
+        t = self.tensor(name)
+        return t.format if isinstance(t, QuantTensor) else FORMAT_BF16
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any tensor is held in a quantized format."""
+        return any(isinstance(t, QuantTensor) for t in self.tensors.values())
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of every tensor as held (what the device stores, the RoPE table aside)."""
+        return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights streamed to decode one token, as the tensors are held: the bandwidth
+        floor of a step. Every layer tensor, the final norm and the lm_head are read whole
+        (quantized ones as their rows' bytes); of an untied embedding table only the token's row
+        is read; tied, the table is the lm_head and counts once. For a bf16 model it is
+        config.weight_bytes."""
+        embed = self.tensors[EMBED]
+        n = sum(t.nbytes for name, t in self.tensors.items() if name != EMBED)
+        return n + (embed.nbytes if self.config.tied_embeddings else embed.nbytes // embed.shape[0])
+
     def __repr__(self) -> str:
-        return f"Model(name={self.name!r}, source={self.source!r}, n_params={self.config.n_params})"
+        held = ", quantized" if self.quantized else ""
+        return f"Model(name={self.name!r}, source={self.source!r}, n_params={self.config.n_params}{held})"
