@@ -1,4 +1,5 @@
-"""`arcpy`: a small CLI for smoke tests. info, smoke, generate (the main job), bench."""
+"""`arcpy`: the command line. generate (the main job), serve (the OpenAI HTTP API); info, smoke and
+bench for checking a machine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import click
 from arcpy import __version__, _lib
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
+from arcpy.serve.command import main as serve_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -98,6 +100,9 @@ def bench(shapes, tokens, runs):
 def generate(**options):
     """The main job (same as python -m arcpy.decode)."""
     sys.exit(cli_decode(**options))
+
+
+main.add_command(serve_command, "serve")
 
 
 if __name__ == "__main__":
