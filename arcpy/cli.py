@@ -1,5 +1,5 @@
-"""`arcpy`: the command line. generate (the main job), serve (the OpenAI HTTP API); info, smoke and
-bench for checking a machine."""
+"""`arcpy`: the command line. generate (the main job), serve (the OpenAI HTTP API), chat (in the
+terminal); info, smoke and bench for checking a machine."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import click
 
 from arcpy import __version__, _lib
+from arcpy.chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
 from arcpy.serve.command import main as serve_command
@@ -103,6 +104,7 @@ def generate(**options):
 
 
 main.add_command(serve_command, "serve")
+main.add_command(chat_command, "chat")
 
 
 if __name__ == "__main__":
