@@ -149,17 +149,16 @@ def test_a_request_past_the_timeout_is_a_504_and_the_server_goes_on(slow_model):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_cuts_the_stream_closes_the_engine_and_exits_0(slow_model, sig):
-    s = Server("--model", str(slow_model), "--backend", "numpy")
-    stream = Streaming(s)
-    stream.read_content(2)
-    started = time.perf_counter()
-    s.proc.send_signal(sig)
-    rest = [line for line in stream.lines if line.startswith("data: ")]
-    stream.close()
-    assert json.loads(rest[-1][6:])["error"]["code"] == "shutdown"
-    code = s.stop(timeout=30)
-    assert code == 0, s.log
-    assert time.perf_counter() - started < 10
-    log = s.log
+    with Server("--model", str(slow_model), "--backend", "numpy") as s:
+        stream = Streaming(s)
+        stream.read_content(2)
+        started = time.perf_counter()
+        s.proc.send_signal(sig)
+        rest = [line for line in stream.lines if line.startswith("data: ")]
+        stream.close()
+        assert json.loads(rest[-1][6:])["error"]["code"] == "shutdown"
+        assert s.stop(timeout=30) == 0, s.log
+        assert time.perf_counter() - started < 10
+        log = s.log
     assert "engine closed" in log and "arcpy serve: stopped; the engine is closed" in log
     assert "Traceback" not in log, log
