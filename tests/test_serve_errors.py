@@ -6,11 +6,16 @@ route (404) or method (405)."""
 from __future__ import annotations
 
 import itertools
+import socket
+import subprocess
+import sys
 
 import httpx
 import openai
 import pytest
-from serve_helpers import Server, make_text_model
+from serve_helpers import Server, make_text_model, server_env
+
+from arcpy.model import SHAPES, random_model, save_model
 
 KEY = "sekret-key"
 MAX_BODY = 4096
@@ -165,3 +170,36 @@ def test_no_field_value_makes_a_500(server):
     for name, value in itertools.product(["prompt", "echo", "best_of", "suffix", "logprobs"], VALUES):
         r = post(server, "/v1/completions", {**COMPLETION, name: value})
         assert r.status_code in (200, 400), (name, value, r.text)
+
+
+def serve(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "arcpy.serve", *args], capture_output=True, text=True,
+                          env=server_env(), stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def test_a_busy_port_is_one_line_before_the_model_loads(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = serve("--model", str(tmp_path), "--port", str(port))
+    assert out.returncode == 1 and "loaded" not in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/nonexistent/m.gguf"], "error: --model /nonexistent/m.gguf: no such file or directory"),
+    (["--api-key", " "], "error: --api-key is empty"),
+    (["--max-queue", "-1"], "Invalid value for '--max-queue'"),
+    (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid:"),
+])
+def test_a_bad_flag_is_one_line(tmp_path, args, message):
+    out = serve(*(["--model", str(tmp_path)] if "--model" not in args else []), "--port", "0", *args)
+    assert out.returncode in (1, 2) and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.lower().startswith("error")]) == 1
+
+
+def test_a_model_without_a_tokenizer_is_refused(tmp_path):
+    save_model(random_model(SHAPES["qwen-tiny"], seed=5, name="ids-only"), tmp_path)
+    out = serve("--model", str(tmp_path), "--port", "0", "--backend", "numpy")
+    assert out.returncode == 2 and "has no tokenizer (tokenizer.json)" in out.stderr and "Traceback" not in out.stderr

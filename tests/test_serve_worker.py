@@ -59,8 +59,8 @@ def test_pieces_cross_from_a_thread_in_order_and_none_is_lost():
         thread = threading.Thread(target=lambda: [channel.put(i) for i in range(n)])
         thread.start()
         got, takes = [], 0
-        while len(got) < n:
-            got += await channel.take()
+        while not got or got[-1] != n - 1:  # the last one put
+            got += await asyncio.wait_for(channel.take(), 30)
             takes += 1
         thread.join()
         return got, takes, n

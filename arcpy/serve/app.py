@@ -40,6 +40,7 @@ log = logging.getLogger("arcpy.serve")
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 _GONE, _TIMED_OUT = object(), object()  # the event loop's own marks in a job's channel
+INLINE_PROMPT_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,15 @@ class Service:
         self.metrics = worker.metrics
         self.started = int(time.time())
         self.fingerprint = f"arcpy-{__version__}-{worker.backend}"
+
+    def warm_up(self) -> None:
+        """Compile the chat template and run the tokenizer once, so that the first request does
+        not pay for it (a thread)."""
+        if self.text is None:
+            return
+        with contextlib.suppress(ArcError):
+            request_ids(self.text, Request(messages=[{"role": "user", "content": "Hello."}]))
+            request_ids(self.text, Request(prompt="Hello."))
 
     def authorize(self, request: HttpRequest) -> None:
         key = self.settings.api_key
@@ -91,7 +101,7 @@ class Service:
             raise bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
     def prompt_ids(self, request: Request) -> list[int]:
-        """The prompt as token ids, checked against the vocabulary and the context (a thread)."""
+        """The prompt as token ids, checked against the vocabulary and the context."""
         try:
             ids = request_ids(self.text, request)
         except ArcError as exc:  # the chat template refused the messages, or they are too long for it
@@ -117,7 +127,11 @@ class Service:
             return Response(status_code=499)  # nobody to answer
         s = self.settings
         call = parse(kind, body, s.model_name, s.defaults)
-        ids = await run_in_threadpool(self.prompt_ids, call.request)
+        r = call.request
+        size = len(r.prompt or "") + sum(len(m.content) for m in r.messages or ())
+        # A short prompt is rendered and encoded here (well under a millisecond): a thread's
+        # round trip would cost more than it saves. A long one goes to the thread pool.
+        ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
         shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
         job = Job(replace(call.request, prompt=None, messages=None, prompt_ids=ids),
                   Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
@@ -292,6 +306,7 @@ def create_app(service: Service) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        await run_in_threadpool(service.warm_up)  # the thread pool's first use costs ~15 ms
         yield
         await run_in_threadpool(service.worker.close)  # the worker thread closes the engine
 

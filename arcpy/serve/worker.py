@@ -224,10 +224,10 @@ class Worker:
         self.device_name = ctx.name() if ctx is not None else "CPU (NumPy reference backend)"
 
     def _warm(self, engine) -> None:
-        """One short sequence per sampler, so the first request meets no first-use costs (kernel
-        modules load lazily on CUDA)."""
+        """One short sequence per sampler, detokenized as a request's are, so that the first
+        request meets no first-use costs (kernel modules load lazily on CUDA)."""
         for sampling in (Sampling(), Sampling(temperature=1.0, seed=0)):
-            list(engine.generate(Request(prompt_ids=(0,), max_new_tokens=2, sampling=sampling)))
+            list(engine.stream(Request(prompt_ids=(0,), max_new_tokens=2, sampling=sampling)))
 
     def _next(self) -> Job | None:
         with self._cond:
