@@ -221,7 +221,8 @@ class Worker:
         dev = engine.device
         self.backend, self.max_seq, self.vocab = engine.backend, dev.max_seq, dev.vocab
         ctx = getattr(dev, "ctx", None)
-        self.device_name = ctx.name() if ctx is not None else "CPU (NumPy reference backend)"
+        cpu = "CPU (NumPy reference backend)" if engine.backend == "numpy" else engine.backend
+        self.device_name = ctx.name() if ctx is not None else cpu
 
     def _warm(self, engine) -> None:
         """One short sequence per sampler, detokenized as a request's are, so that the first
