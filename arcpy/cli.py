@@ -1,4 +1,5 @@
-"""`arcpy`: a small CLI for smoke tests. info, smoke, generate (the main job), bench."""
+"""`arcpy`: the command line. generate (the main job), serve (the OpenAI HTTP API), chat (in the
+terminal); info, smoke and bench for checking a machine."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import sys
 import click
 
 from arcpy import __version__, _lib
+from arcpy.chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
+from arcpy.serve.command import main as serve_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -98,6 +101,10 @@ def bench(shapes, tokens, runs):
 def generate(**options):
     """The main job (same as python -m arcpy.decode)."""
     sys.exit(cli_decode(**options))
+
+
+main.add_command(serve_command, "serve")
+main.add_command(chat_command, "chat")
 
 
 if __name__ == "__main__":

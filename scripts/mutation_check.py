@@ -1,6 +1,6 @@
-"""Prove that the control-logic tests can fail: break the driver, the gate, the engine and the
-sampler on purpose, one named mutation at a time, and require the tests that name the behaviour
-to fail.
+"""Prove that the control-logic tests can fail: break the driver, the gate, the engine, the
+sampler and the server's worker on purpose, one named mutation at a time, and require the tests
+that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
 never touched), the named tests run there against the copy, and the check fails if any named
@@ -216,6 +216,21 @@ MUTATIONS = [
         "                    yield from self._take(self.device.poll_ring().published)\n",
         "                except DeviceFaultError:\n",
         ("tests/test_burst.py::test_tokens_that_land_before_a_sticky_fault_are_yielded_before_it",),
+    ),
+    Mutation(
+        "the server's worker never looks at a cancel",
+        "arcpy/serve/worker.py",
+        "                    if job.cancelled:\n                        break\n",
+        "                    if False:\n                        break\n",
+        ("tests/test_serve_worker.py::test_the_queue_is_bounded_a_cancelled_job_leaves_it_and_stop_ends_everything",
+         "tests/test_serve_queue.py::test_a_client_that_leaves_cancels_its_sequence_and_the_next_request_starts[False]"),
+    ),
+    Mutation(
+        "the hand-off to the event loop keeps only the last piece of a batch",
+        "arcpy/serve/worker.py",
+        "                    items, self._items = self._items, []\n",
+        "                    items, self._items = self._items[-1:], []\n",
+        ("tests/test_serve_worker.py::test_pieces_cross_from_a_thread_in_order_and_none_is_lost",),
     ),
 ]
 

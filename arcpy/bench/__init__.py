@@ -4,4 +4,6 @@ kernel of the step alone, and Hugging Face `generate` on the same shapes.
     loop     the device loop against the host path, the bandwidth floor, the regression guard
     kernels  the step's kernels one by one, replayed in graphs
     hf       transformers on the same shapes, where torch imports
+    serve    the server from outside: `arcpy serve` in a child process, a client that stamps each
+             streamed piece (scripts/serve_bench.py, scripts/load_test.py)
 """

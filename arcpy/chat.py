@@ -1,0 +1,251 @@
+"""`arcpy chat` (and `python -m arcpy.chat`): a conversation with a model in the terminal.
+
+Each answer streams to stdout as it lands; notes go to stderr. The whole conversation goes through
+the model's chat template every turn; when it no longer leaves room for an answer in the context,
+the oldest turns are dropped (the system message stays) and a note says so.
+
+    /reset    forget the conversation (the system message stays)
+    /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
+    Ctrl-C    during an answer: stop that answer (what was shown stays in the conversation)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import click
+
+from arcpy import _lib, demo
+from arcpy.decode import demo_model, load, note
+from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.loop import gate
+from arcpy.loop.engine import Engine
+from arcpy.loop.prompt import request_ids
+from arcpy.loop.request import Request
+from arcpy.sampling import Sampling
+from arcpy.text import TextSpec
+
+PROMPT = ">>> "
+HELP = ("/reset forgets the conversation, /exit ends it (so do Ctrl-D and Ctrl-C at the prompt); "
+        "Ctrl-C during an answer stops it")
+DEFAULT_MAX_NEW = 512
+
+
+@dataclass
+class Reply:
+    text: str
+    stopped: bool            # Ctrl-C cut it
+    dropped: int = 0         # earlier turns left out to fit the context
+    summary: str = ""        # the engine's statistics
+
+
+class Conversation:
+    """The history of one chat and how each turn is asked of the engine."""
+
+    def __init__(self, engine: Engine, text: TextSpec, system: str | None = None,
+                 max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None):
+        self.engine, self.text, self.system = engine, text, system
+        self.max_new_tokens, self.stop, self.sampling = max_new_tokens, tuple(stop), sampling or Sampling()
+        self.turns: list[tuple[str, str]] = []  # (user, assistant)
+
+    def reset(self) -> None:
+        self.turns.clear()
+
+    def messages(self, user: str, turns) -> list[dict]:
+        out = [{"role": "system", "content": self.system}] if self.system is not None else []
+        for asked, answered in turns:
+            out += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
+        return out + [{"role": "user", "content": user}]
+
+    def fit(self, user: str) -> tuple[list[int], int]:
+        """The prompt's token ids for `user` after the history, and how many of the oldest turns
+        were left out so that the answer has room: its budget, or a quarter of the context."""
+        context = self.engine.device.max_seq
+        room = min(self.max_new_tokens, context // 4)
+        for dropped in range(len(self.turns) + 1):
+            ids = request_ids(self.text, Request(messages=self.messages(user, self.turns[dropped:])))
+            if len(ids) + room <= context:
+                return ids, dropped
+        if len(ids) < context:
+            return ids, len(self.turns)
+        raise InvalidArgumentError(f"the message takes {len(ids)} tokens with the template; the context holds "
+                                   f"{context} (--max-seq)")
+
+    def answer(self, user: str, write: Callable[[str], None], stop_asked: Callable[[], bool]) -> Reply:
+        """Stream the answer to `user` through `write`; stop at the piece after `stop_asked()`."""
+        ids, dropped = self.fit(user)
+        if dropped:
+            del self.turns[:dropped]
+        request = Request(prompt_ids=ids, max_new_tokens=self.max_new_tokens, stop=self.stop,
+                          sampling=self.sampling)
+        shown, stopped = [], False
+        try:
+            with contextlib.closing(self.engine.stream(request)) as pieces:
+                for piece in pieces:
+                    if piece.text:
+                        write(piece.text)
+                        shown.append(piece.text)
+                    if stop_asked():
+                        stopped = True
+                        break
+        except KeyboardInterrupt:  # a second Ctrl-C, inside the engine
+            self.engine.finish()
+            stopped = True
+        self.turns.append((user, "".join(shown)))
+        st = self.engine.stats
+        return Reply("".join(shown), stopped, dropped, st.summary() + f", finished: {st.finish_reason}")
+
+
+class StopKey:
+    """Ctrl-C during an answer: the first asks the answer to stop at its next piece, a second
+    interrupts at once. Elsewhere Ctrl-C is Python's KeyboardInterrupt."""
+
+    def __init__(self):
+        self.asked = False
+
+    def __call__(self) -> bool:
+        return self.asked
+
+    @contextlib.contextmanager
+    def armed(self):
+        self.asked = False
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(signum, frame):
+            if self.asked:
+                raise KeyboardInterrupt
+            self.asked = True
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def converse(conversation: Conversation, read: Callable[[str], str] = input, out=None, err=None,
+             stop_key: StopKey | None = None, stats: bool = False) -> int:
+    """The session: read a line, answer it, until /exit, Ctrl-D or Ctrl-C at the prompt. The exit
+    status (0)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    stop_key = stop_key or StopKey()
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    while True:
+        try:
+            line = read(PROMPT)
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return 0
+        command = line.strip()
+        if not command:
+            continue
+        if command.startswith("/") and len(command.split()) == 1:
+            if command in ("/exit", "/quit"):
+                return 0
+            if command == "/reset":
+                conversation.reset()
+                err.write("(the conversation is forgotten)\n")
+            else:
+                err.write(f"{HELP}\n" if command == "/help" else f"unknown command {command}: {HELP}\n")
+            continue
+        try:
+            with stop_key.armed():
+                reply = conversation.answer(line, write, stop_key)
+        except ArcError as exc:
+            err.write(f"error: {exc}\n")
+            continue
+        out.write("\n")
+        out.flush()
+        if reply.dropped:
+            err.write(f"(the {reply.dropped} oldest turn{'s' if reply.dropped > 1 else ''} left out to fit the "
+                      "context)\n")
+        if reply.stopped:
+            err.write("[stopped]\n")
+        if stats:
+            err.write(f"({reply.summary})\n")
+
+
+@click.command("chat", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_path", type=click.Path(), default=None,
+              help="A Hugging Face model directory or a .gguf file with a chat template. Default: the demo model.")
+@click.option("--system", default=None, help="The system message.")
+@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW, show_default=True,
+              help="At most this many new tokens per answer.")
+@click.option("--stop", "stop_strings", multiple=True, help="Also end an answer at this text (repeatable).")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True)
+@click.option("--device-loop/--host-path", "device_loop", default=None,
+              help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
+                   "backend has one).")
+@click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="Device-loop steps enqueued per burst.")
+@click.option("--max-seq", type=click.IntRange(min=1), default=None,
+              help="Context length to allocate, at most the model's (default: the model's, at most 4096).")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
+              help="Seed of the sampler (with --temperature): every answer drawn from it.")
+@click.option("--stats", is_flag=True, help="After each answer, its statistics on stderr.")
+def main(**options):
+    """Chat with a model in the terminal: the answer streams as it lands."""
+    sys.exit(run(**options))
+
+
+def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq, temperature,
+        top_k, top_p, seed, stats, read=input) -> int:
+    """The session, start to end; the exit status. Mistakes are one line on stderr."""
+    try:
+        sampling = Sampling(temperature, top_k, top_p, seed)
+        if any(not s for s in stop_strings):
+            raise click.UsageError("--stop must not be empty")
+        gate.read_all()
+        if backend == "cuda" and not _lib.cuda_available()[0]:
+            raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
+        if model_path is None:  # the demo model, fetched first where it is absent
+            if demo.demo_model_path() is None and demo.offline():
+                raise click.UsageError(f"give --model: the demo model is not fetched and {demo.OFFLINE} is on "
+                                       f"({demo.FETCH_HINT})")
+            model_path = str(demo_model(False))
+        model, text = load(model_path, None)
+        if text is None or text.chat_template is None:
+            raise click.UsageError(f"{model.name} has no {'tokenizer' if text is None else 'chat template'}: "
+                                   "arcpy chat needs both (arcpy generate takes a plain prompt)")
+        if max_seq is not None and max_seq > model.config.max_seq:
+            raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
+        backend = _lib.auto_backend() if backend == "auto" else backend
+        if backend == "numpy":
+            note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+        with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text) as engine:
+            if sys.stdin.isatty() and read is input:
+                with contextlib.suppress(ImportError):
+                    import readline  # noqa: F401 - line editing and history for input()
+            click.echo(f"chat with {model.name} (backend {backend}); {HELP}", err=True)
+            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling)
+            return converse(conversation, read, stats=stats)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+    except ArcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except MemoryError:
+        click.echo("error: out of host memory (a model or context too large for this machine)", err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        return 130
+
+
+if __name__ == "__main__":
+    main()

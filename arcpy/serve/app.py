@@ -1,0 +1,353 @@
+"""The ASGI application (Starlette): the OpenAI routes, /health and /metrics.
+
+A completion request is read (at most --max-body bytes), parsed (schema), its prompt rendered and
+encoded off the event loop and checked against the context, then queued for the worker. Its
+response waits for the first event before it sends a status, so a request that fails before its
+first token still gets its own status (400, 500, 503, 504); once the stream began, a failure is
+an error event, which OpenAI's clients raise. While it waits, the response also listens for the
+client leaving: then the job is cancelled (dropped from the queue, or cut at its next token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from arcpy import __version__
+from arcpy.errors import ArcError
+from arcpy.loop import gate
+from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.request import Request
+from arcpy.serve.metrics import CONTENT_TYPE
+from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
+from arcpy.serve.shape import SSE_HEADERS, Shaper
+from arcpy.serve.worker import (
+    FAULT,
+    INTERNAL,
+    INVALID,
+    SHUTDOWN,
+    Channel,
+    Done,
+    Failed,
+    Job,
+    QueueFull,
+    Unavailable,
+    Worker,
+)
+
+log = logging.getLogger("arcpy.serve")
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_GONE, _TIMED_OUT = object(), object()  # the event loop's own marks in a job's channel
+INLINE_PROMPT_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_name: str
+    model_max_seq: int            # the model's own context, for the message of a too-long prompt
+    api_key: str | None = None
+    max_body: int = 1 << 20
+    timeout: float | None = 600.0  # per request, from its arrival; None: none
+    defaults: Defaults = Defaults()
+
+
+class Service:
+    """What the routes share: the worker, the model's text, the settings."""
+
+    def __init__(self, worker: Worker, text, settings: Settings):
+        self.worker, self.text, self.settings = worker, text, settings
+        self.metrics = worker.metrics
+        self.started = int(time.time())
+        self.fingerprint = f"arcpy-{__version__}-{worker.backend}"
+
+    def warm_up(self) -> None:
+        """Compile the chat template and run the tokenizer once, so that the first request does
+        not pay for it (a thread)."""
+        if self.text is None:
+            return
+        with contextlib.suppress(ArcError):
+            request_ids(self.text, Request(messages=[{"role": "user", "content": "Hello."}]))
+            request_ids(self.text, Request(prompt="Hello."))
+
+    def authorize(self, request: HttpRequest) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, "no API key: send the header 'Authorization: Bearer KEY' (this server's --api-key)",
+                           code="invalid_api_key")
+        if not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+
+    async def read_json(self, request: HttpRequest):
+        limit = self.settings.max_body
+        length = request.headers.get("content-length", "")
+        too_big = ApiError(413, f"the request body is larger than {limit} bytes (the server's --max-body)",
+                           code="request_too_large")
+        if length.isdigit() and int(length) > limit:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+
+    def prompt_ids(self, request: Request) -> list[int]:
+        """The prompt as token ids, checked against the vocabulary and the context."""
+        try:
+            ids = request_ids(self.text, request)
+        except ArcError as exc:  # the chat template refused the messages, or they are too long for it
+            raise bad(str(exc), param="messages" if request.messages else "prompt") from None
+        vocab, context = self.worker.vocab, self.worker.max_seq
+        for t in ids:
+            if t >= vocab:
+                raise bad(f"prompt: token id {t} is outside the vocabulary [0, {vocab})", param="prompt")
+        if len(ids) >= context:
+            fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
+                   if context < self.settings.model_max_seq else "the model's own limit")
+            raise bad(f"the prompt has {len(ids)} tokens, but the context holds {context} positions and leaves "
+                      f"no room to generate ({fix})", param="messages" if request.messages else "prompt",
+                      code="context_length_exceeded")
+        return ids
+
+    async def complete(self, request: HttpRequest, kind: str):
+        arrived = time.perf_counter()
+        self.authorize(request)
+        try:
+            body = await self.read_json(request)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody to answer
+        s = self.settings
+        call = parse(kind, body, s.model_name, s.defaults)
+        r = call.request
+        size = len(r.prompt or "") + sum(len(m.content) for m in r.messages or ())
+        # A short prompt is rendered and encoded here (well under a millisecond): a thread's
+        # round trip would cost more than it saves. A long one goes to the thread pool.
+        ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
+        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
+        job = Job(replace(call.request, prompt=None, messages=None, prompt_ids=ids),
+                  Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
+        try:
+            self.worker.submit(job)
+        except QueueFull as exc:
+            raise ApiError(503, f"{exc}: try again shortly", type="server_error", code="queue_full",
+                           headers={"retry-after": "1"}) from None
+        except Unavailable as exc:
+            raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
+        return JobResponse(self, job, call, shaper)
+
+
+_FAILED_STATUS = {INVALID: (400, "invalid_request_error"), FAULT: (500, "server_error"),
+                  INTERNAL: (500, "server_error"), SHUTDOWN: (503, "server_error")}
+
+
+class JobResponse:
+    """The answer to one job, whole or streamed; an ASGI application of its own."""
+
+    def __init__(self, service: Service, job: Job, call: Call, shaper: Shaper):
+        self.service, self.job, self.call, self.shaper = service, job, call, shaper
+        self.ended = False     # the job's last event was read
+        self.started = False   # the status was sent
+
+    async def __call__(self, scope, receive, send) -> None:
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(self._watch(receive))
+        timeout = self.service.settings.timeout
+        timer = None
+        if timeout is not None:
+            timer = loop.call_at(loop.time() + max(0.0, timeout - (time.perf_counter() - self.job.arrived)),
+                                 self._cancel, _TIMED_OUT, "timeout")
+        try:
+            await (self._stream(send) if self.call.stream else self._whole(send))
+        except OSError:  # the client is gone (the server's send raised)
+            pass
+        finally:
+            watcher.cancel()
+            if timer is not None:
+                timer.cancel()
+            if not self.ended:
+                self.service.worker.cancel(self.job, "disconnect")
+
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._cancel(_GONE, "disconnect")
+
+    def _cancel(self, mark, reason: str) -> None:
+        self.job.channel.put(mark)
+        self.service.worker.cancel(self.job, reason)
+
+    def _error(self, item) -> ApiError | None:
+        """The error a job's last event stands for; None for a sequence that ended by itself."""
+        if isinstance(item, Failed):
+            status, kind = _FAILED_STATUS.get(item.kind, (503, "server_error"))
+            return ApiError(status, item.message, type=kind, code=item.kind)
+        if item is _TIMED_OUT or (isinstance(item, Done) and item.stats.finish_reason == "cancelled"
+                                  and self.job.cancelled == "timeout"):
+            return ApiError(504, f"the request ran past the server's --timeout of "
+                                 f"{self.service.settings.timeout:g} s", type="server_error", code="timeout")
+        if isinstance(item, Done) and item.stats.finish_reason == "cancelled":
+            return ApiError(503, "the server is shutting down", type="server_error", code=SHUTDOWN)
+        return None
+
+    async def _whole(self, send) -> None:
+        texts = []
+        while True:
+            for item in await self.job.channel.take():
+                if isinstance(item, Piece):
+                    texts.append(item.text)
+                    continue
+                self.ended = True
+                if item is _GONE:
+                    return
+                error = self._error(item)
+                if error is not None:
+                    return await self._send_json(send, error.status, error.body())
+                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats))
+
+    async def _stream(self, send) -> None:
+        while True:
+            texts, end = [], None
+            for item in await self.job.channel.take():
+                if isinstance(item, Piece):
+                    texts.append(item.text)
+                else:
+                    end = item
+                    break
+            if end is _GONE:
+                self.ended = True
+                return
+            error = None if end is None else self._error(end)
+            data = b""
+            if not self.started:
+                if error is not None:
+                    self.ended = True
+                    return await self._send_json(send, error.status, error.body())
+                await send({"type": "http.response.start", "status": 200, "headers": self._headers(
+                    b"text/event-stream; charset=utf-8", SSE_HEADERS)})
+                self.started = True
+                data = self.shaper.first_chunk()
+            text = "".join(texts)
+            if text:
+                data += self.shaper.text_chunk(text)
+            if end is not None:
+                self.ended = True
+                data += self.shaper.error_event(error.body()) if error else self.shaper.last_chunks(end.stats)
+            if data or end is not None:
+                await send({"type": "http.response.body", "body": data, "more_body": end is None})
+            if end is not None:
+                return
+
+    def _headers(self, content_type: bytes, extra: dict) -> list:
+        return ([(b"content-type", content_type), (b"x-request-id", self.shaper.id.encode())]
+                + [(k.encode(), v.encode()) for k, v in extra.items()])
+
+    async def _send_json(self, send, status: int, body: dict) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode()
+        headers = self._headers(b"application/json", {"content-length": str(len(data))})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+
+def create_app(service: Service) -> Starlette:
+    async def chat(request):
+        return await service.complete(request, CHAT)
+
+    async def completions(request):
+        return await service.complete(request, COMPLETION)
+
+    def model_card():
+        return {"id": service.settings.model_name, "object": "model", "created": service.started,
+                "owned_by": "arcpy", "max_model_len": service.worker.max_seq}
+
+    async def models(request):
+        service.authorize(request)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request):
+        service.authorize(request)
+        name = request.path_params["name"]
+        if name != service.settings.model_name:
+            raise ApiError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
+        return JSONResponse(model_card())
+
+    async def health(request):
+        state = service.worker.state()
+        ok = state["alive"] and not state["poisoned"]
+        w = service.worker
+        return JSONResponse({"status": "ok" if ok else "unavailable", "model": service.settings.model_name,
+                             "backend": w.backend, "device": w.device_name, "max_seq": w.max_seq,
+                             "device_loop_latched": gate.LATCH.reason, **state}, status_code=200 if ok else 503)
+
+    async def metrics(request):
+        return Response(await run_in_threadpool(service.metrics.text), media_type=CONTENT_TYPE)
+
+    async def api_error(request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(request, exc: HTTPException):
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        error = ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)),
+                         code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request, exc: Exception):
+        log.exception("internal error on %s", request.url.path, exc_info=exc)
+        error = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await run_in_threadpool(service.warm_up)  # the thread pool's first use costs ~15 ms
+        yield
+        await run_in_threadpool(service.worker.close)  # the worker thread closes the engine
+
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{name:path}", model, methods=["GET"]),
+              Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        ApiError: api_error, HTTPException: http_error, Exception: internal_error})
+    return _Counted(app, service.metrics)
+
+
+class _Counted:
+    """Counts every response by route and status (arcpy_http_responses_total)."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in ROUTES else "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.responses.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)

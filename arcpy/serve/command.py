@@ -1,0 +1,206 @@
+"""`arcpy serve` (and `python -m arcpy.serve`): the OpenAI-compatible HTTP server on uvicorn.
+
+Start-up in order: every flag checked, the address bound (a busy port fails before the model
+loads), the model and its tokenizer read, the engine built and warmed up in its worker thread,
+then the server runs. SIGINT or SIGTERM stops it: no new requests, the running and queued ones
+are cut (a 503, or an error event in a stream that began), the engine is closed, exit status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+import click
+
+from arcpy import _lib, demo
+from arcpy.decode import demo_model, load, note
+from arcpy.errors import ArcError, NoDeviceError
+from arcpy.loop import gate
+from arcpy.loop.engine import Engine
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS
+from arcpy.sampling import Sampling
+from arcpy.serve.schema import Defaults
+
+# The decoding thread spins on the ring while tokens land; Python hands the GIL to a waiting thread
+# only after the switch interval (5 ms by default), so the event loop would wait that long to send
+# each token. A short interval bounds that wait; it costs nothing while the event loop is idle.
+SWITCH_INTERVAL = 1e-4
+GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take to close
+
+
+@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_path", type=click.Path(), default=None,
+              help="A Hugging Face model directory or a .gguf file, with a tokenizer. Default: the demo model.")
+@click.option("--model-name", default=None,
+              help="The id clients send as `model` [default: the model's file or folder name].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free one, printed at start).")
+@click.option("--api-key", envvar="ARCPY_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 (also read from ARCPY_API_KEY).")
+@click.option("--max-queue", type=click.IntRange(0, 1_000_000), default=32, show_default=True,
+              help="Requests that may wait while one is decoded; beyond that a 503 with Retry-After.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds a request may take from its arrival (queue included); 0: no limit.")
+@click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest request body in bytes (beyond it: 413).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW_TOKENS, show_default=True,
+              help="New tokens for a request that sets no max_tokens.")
+@click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=1.0, show_default=True,
+              help="Temperature for a request that sets none (OpenAI's default is 1; 0 is greedy).")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+              help="top_p for a request that sets none.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="top_k for a request that sets none (0: off).")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True)
+@click.option("--device-loop/--host-path", "device_loop", default=None,
+              help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
+                   "backend has one).")
+@click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="Device-loop steps enqueued per burst (a cancel takes effect within one).")
+@click.option("--max-seq", type=click.IntRange(min=1), default=None,
+              help="Context length to allocate, at most the model's (default: the model's, at most 4096).")
+@click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
+              help="Python's thread switch interval in seconds: how long the event loop may wait for the "
+                   "decoding thread to let go of the interpreter.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+@click.option("--access-log/--no-access-log", default=True, show_default=True, help="One line per HTTP request.")
+def main(**options):
+    """Serve a model over the OpenAI HTTP API (chat and text completions, streamed or whole)."""
+    sys.exit(run(**options))
+
+
+def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
+        top_p, top_k, backend, device_loop, burst, max_seq, switch_interval, log_level, access_log) -> int:
+    """The server, start to stop; the exit status. Mistakes are one line on stderr."""
+    try:
+        if api_key is not None and not api_key.strip():
+            raise click.UsageError("--api-key is empty")
+        if model_path is None:  # the demo model, fetched first where it is absent
+            if demo.demo_model_path() is None and demo.offline():
+                raise click.UsageError(f"give --model: the demo model is not fetched and {demo.OFFLINE} is on "
+                                       f"({demo.FETCH_HINT})")
+            model_path = str(demo_model(False))
+        if not model_path.strip() or not os.path.exists(model_path):
+            raise click.UsageError(f"--model {model_path}: no such file or directory")
+        defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k)
+        Sampling(defaults.temperature, top_k, top_p)
+        gate.read_all()
+        if backend == "cuda" and not _lib.cuda_available()[0]:
+            raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
+        sock = _bind(host, port)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+    except (ArcError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    _configure_logging(log_level)
+    worker = None
+    try:
+        worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
+                                   backend, device_loop, burst, max_seq)
+        bound = sock.getsockname()
+        where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
+                   f"{worker.device_name}; context {worker.max_seq}); Ctrl-C stops", err=True)
+        _serve(app, sock, worker, switch_interval, log_level, access_log)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+    except ArcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except MemoryError:
+        click.echo("error: out of host memory (a model or context too large for this machine)", err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        return 130
+    finally:
+        if worker is not None:
+            worker.close()
+        sock.close()
+    click.echo("arcpy serve: stopped; the engine is closed", err=True)
+    return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound now (it listens once the server runs: until then a client is
+    refused, not left waiting)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise OSError(f"--host {host}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, backend, device_loop,
+           burst, max_seq):
+    from arcpy.serve.app import Service, Settings, create_app
+    from arcpy.serve.metrics import Metrics
+    from arcpy.serve.worker import Worker
+
+    model, text = load(model_path, None)
+    if text is None:
+        raise click.UsageError(f"{model.name} has no tokenizer (tokenizer.json): the server answers text")
+    if max_seq is not None and max_seq > model.config.max_seq:
+        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
+    backend = _lib.auto_backend() if backend == "auto" else backend
+    if backend == "numpy":
+        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+
+    def build():
+        return Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text)
+
+    worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
+    name = model_name or model.name
+    settings = Settings(name, model.config.max_seq, api_key, max_body, timeout or None, defaults)
+    return worker, create_app(Service(worker, text, settings)), name
+
+
+def _serve(app, sock, worker, switch_interval: float, log_level: str, access_log: bool) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            worker.stop()  # cut the running and queued requests, so that connections close now
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+                            timeout_graceful_shutdown=GRACEFUL_SECONDS)
+    sys.setswitchinterval(switch_interval)
+    # uvicorn catches SIGINT and SIGTERM, stops, then raises the signal again for the handler it
+    # found: this one, so that a clean stop ends in the `return 0` above.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        Server(config).run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    logger = logging.getLogger("arcpy")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""The OpenAI API's request bodies -> an arcpy Request: /v1/chat/completions and /v1/completions.
+
+Every field OpenAI defines for these endpoints is used, or accepted at its neutral value (null,
+0, false, ...), or refused with a 400 that names it; a field OpenAI does not define is refused
+too, as OpenAI refuses it. Nothing here raises anything but ApiError at a client mistake.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from arcpy.checks import is_int, quoted
+from arcpy.errors import ArcError
+from arcpy.loop.request import Request
+from arcpy.sampling import MIN_TEMPERATURE, Sampling
+
+CHAT, COMPLETION = "chat", "completion"
+MAX_STOPS = 4              # OpenAI's limit on stop sequences
+MAX_TEMPERATURE = 2.0      # OpenAI's range is [0, 2]
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class ApiError(Exception):
+    """A reply in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets (the server's flags)."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0   # OpenAI's default
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed request: what to ask the engine, and how to answer."""
+
+    kind: str            # CHAT or COMPLETION
+    request: Request     # messages (chat) or a prompt: text, or token ids
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+
+
+def _neutral_zero(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
+
+
+# Fields OpenAI defines that arcpy does not implement: accepted only at these values (and null).
+_CHAT_NEUTRAL = {
+    "frequency_penalty": _neutral_zero,
+    "presence_penalty": _neutral_zero,
+    "logprobs": lambda v: v is False,
+    "top_logprobs": _neutral_zero,
+    "logit_bias": lambda v: v == {},
+    "tools": lambda v: v == [],
+    "tool_choice": lambda v: v == "none",
+    "parallel_tool_calls": lambda v: isinstance(v, bool),
+    "response_format": lambda v: v == {"type": "text"},
+    "modalities": lambda v: v == ["text"],
+    "store": lambda v: v is False,
+    "metadata": lambda v: isinstance(v, dict),
+    "service_tier": lambda v: isinstance(v, str),
+    "user": lambda v: isinstance(v, str),
+}
+_COMPLETION_NEUTRAL = {
+    "frequency_penalty": _neutral_zero,
+    "presence_penalty": _neutral_zero,
+    "logprobs": _neutral_zero,
+    "logit_bias": lambda v: v == {},
+    "echo": lambda v: v is False,
+    "best_of": lambda v: v == 1,
+    "suffix": lambda v: v == "",
+    "user": lambda v: isinstance(v, str),
+}
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
+_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens"}, COMPLETION: set(_COMMON) | {"prompt"}}
+_NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
+
+
+def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
+    """A request body (parsed JSON) -> Call. `model` is the name this server answers to."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {_kind(body)}")
+    for name in body:
+        if name not in _USED[kind] and name not in _NEUTRAL[kind]:
+            raise bad(f"unrecognized request argument supplied: {quoted(name)}", param=name)
+    for name, neutral in _NEUTRAL[kind].items():
+        if body.get(name) is not None and not neutral(body[name]):
+            raise bad(f"{name} {quoted(body[name])} is not supported by arcpy (leave it out)", param=name)
+    given = body.get("model")
+    if not isinstance(given, str):
+        raise bad("model: required, a string (GET /v1/models lists the one this server answers to)"
+                  if given is None else f"model must be a string, got {_kind(given)}", param="model")
+    if given != model:
+        raise ApiError(404, f"the model {quoted(given)} does not exist: this server answers to {quoted(model)}",
+                       param="model", code="model_not_found")
+    n = _optional(body, "n", _int)
+    if n is not None and n != 1:
+        raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
+    stream = _optional(body, "stream", _bool) or False
+    include_usage = _stream_options(body, stream)
+    source = _messages(body) if kind == CHAT else _prompt(body)
+    try:
+        request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
+                          sampling=_sampling(body, defaults))
+    except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
+        raise bad(str(exc)) from None
+    return Call(kind, request, stream, include_usage)
+
+
+def _kind(v) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(v), "a number")
+
+
+def _optional(body: dict, name: str, read):
+    value = body.get(name)
+    return None if value is None else read(value, name)
+
+
+def _int(v, name: str) -> int:
+    if not is_int(v):
+        raise bad(f"{name} must be an integer, got {quoted(v)}", param=name)
+    return int(v)
+
+
+def _number(v, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"{name} must be a number, got {quoted(v)}", param=name)
+    try:
+        v = float(v)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v):
+        raise bad(f"{name} must be a finite number", param=name)
+    return v
+
+
+def _bool(v, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise bad(f"{name} must be true or false, got {quoted(v)}", param=name)
+    return v
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise bad("stream_options is only allowed when stream is true", param="stream_options")
+    if not isinstance(options, dict):
+        raise bad(f"stream_options must be an object, got {_kind(options)}", param="stream_options")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise bad(f"stream_options: unrecognized field {quoted(unknown[0])}", param="stream_options")
+    return _optional(options, "include_usage", _bool) or False
+
+
+def _budget(body: dict, kind: str, defaults: Defaults) -> int:
+    given = {name: _optional(body, name, _int) for name in ("max_tokens", "max_completion_tokens")}
+    values = {v for v in given.values() if v is not None}
+    if len(values) > 1:
+        raise bad("max_tokens and max_completion_tokens disagree: give one of them", param="max_tokens")
+    if not values:
+        return defaults.max_tokens
+    budget = values.pop()
+    name = "max_tokens" if given["max_tokens"] is not None else "max_completion_tokens"
+    if budget < 1:
+        raise bad(f"{name} must be at least 1, got {budget}", param=name)
+    return budget
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad(f"stop must be a string or an array of strings, got {quoted(stop)}", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"stop takes at most {MAX_STOPS} sequences, got {len(stops)}", param="stop")
+    if any(not s for s in stops):
+        raise bad("a stop sequence must not be empty", param="stop")
+    return tuple(stops)
+
+
+def _sampling(body: dict, defaults: Defaults) -> Sampling:
+    temperature = _optional(body, "temperature", _number)
+    temperature = defaults.temperature if temperature is None else temperature
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise bad(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature:g}", param="temperature")
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0  # greedy in all but name (arcpy.sampling)
+    top_p = _optional(body, "top_p", _number)
+    top_p = defaults.top_p if top_p is None else top_p
+    if not 0.0 < top_p <= 1.0:
+        raise bad(f"top_p must be in (0, 1], got {top_p:g}", param="top_p")
+    top_k = _optional(body, "top_k", _int)
+    top_k = defaults.top_k if top_k is None else top_k
+    if top_k == -1:
+        top_k = 0  # -1 is "off" in other servers' dialect
+    if top_k < 0:
+        raise bad(f"top_k must be 0 (off) or a positive integer, got {top_k}", param="top_k")
+    seed = _optional(body, "seed", _int)
+    if seed is not None:
+        if not -2**63 <= seed < 2**64:
+            raise bad(f"seed must be a 64-bit integer, got {quoted(seed)}", param="seed")
+        seed %= 2**64  # OpenAI's seeds are signed
+    return Sampling(temperature, top_k, top_p, seed)
+
+
+def _messages(body: dict) -> dict:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages: required, a non-empty array of {\"role\", \"content\"} objects", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"{where} must be an object with role and content, got {_kind(m)}", param=where)
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise bad(f"{where}: unsupported field {quoted(extra[0])} (arcpy takes role, content and name)",
+                      param=f"{where}.{extra[0]}")
+        role = m.get("role")
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+        if role not in ROLES:
+            raise bad(f"{where}: unknown role {quoted(m.get('role'))} (known: {', '.join(ROLES)}, developer)",
+                      param=f"{where}.role")
+        out.append({"role": role, "content": _content(m.get("content"), where)})
+    return {"messages": out}
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or an array of text parts, joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise bad(f"{where}.content[{j}]: only text parts are supported"
+                          + (f", got type {quoted(kind)}" if kind is not None else ""), param=f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
+              param=f"{where}.content")
+
+
+def _prompt(body: dict) -> dict:
+    """A completion's prompt: a string, or token ids; a one-item array of either."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt is empty", param="prompt")
+        return {"prompt": prompt}
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise bad("prompt: a token id must be >= 0", param="prompt")
+        return {"prompt_ids": prompt}
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad(f"prompt holds {len(prompt)} prompts: arcpy answers one prompt per request", param="prompt")
+    raise bad("prompt: required, a string or an array of token ids" if prompt is None or prompt == []
+              else f"prompt must be a string or an array of token ids, got {quoted(prompt)}", param="prompt")

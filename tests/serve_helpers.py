@@ -1,0 +1,41 @@
+"""What the server's tests share: a small model with a tokenizer, and `arcpy serve` in a subprocess
+on a free port, ready once /health answers (arcpy.bench.serve)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from arcpy.bench.serve import ServerProcess, child_env
+from arcpy.model import SHAPES, random_model, save_model
+
+server_env = child_env
+
+WORDS = ["?", "hello", "there", "general", "kenobi", "END"] + [f"w{i}" for i in range(58)]
+
+
+def make_text_model(d: Path, shape: str = "qwen-tiny", seed: int = 5, eos: str = "END", words=(),
+                    **changes) -> Path:
+    """A model directory with random weights, a word-level tokenizer.json (WORDS, `words`, then
+    x<i>), `eos` its end-of-sequence token, and a chat template that writes each message's content
+    and a space."""
+    cfg = dataclasses.replace(SHAPES[shape], **changes)
+    save_model(random_model(cfg, seed=seed, name=d.name), d)
+    vocab = {w: i for i, w in enumerate(dict.fromkeys([*WORDS, *words]))}
+    vocab.update({f"x{i}": i for i in range(len(vocab), cfg.vocab)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens([eos])
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": eos, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+    return d
+
+
+def Server(*args, env: dict | None = None, ready_timeout: float = 180.0) -> ServerProcess:
+    """`python -m arcpy.serve --port 0 ARGS`, ready once /health answers."""
+    return ServerProcess(args, env=env, ready_timeout=ready_timeout)

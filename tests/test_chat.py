@@ -1,0 +1,149 @@
+"""`arcpy chat`: the conversation loop driven with scripted input (history, /reset, /exit, a stopped
+answer, the oldest turns left out to fit the context), and the real program in a terminal (pty):
+answers stream, Ctrl-C stops an answer and the session goes on, Ctrl-D ends it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+
+import pexpect
+import pytest
+from serve_helpers import make_text_model, server_env
+
+from arcpy.chat import PROMPT, Conversation, converse
+from arcpy.loading import load_checkpoint
+from arcpy.loop.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_text_model(tmp_path_factory.mktemp("chat") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    model, text = load_checkpoint(model_dir)
+    with Engine.load(model, "numpy", text=text) as e:
+        yield e
+
+
+def alone(engine, messages, n=6) -> str:
+    return "".join(engine.chat(messages, max_new_tokens=n))
+
+
+def script(*lines):
+    """input() that answers with `lines`, then Ctrl-D."""
+    it = iter(lines)
+
+    def read(prompt):
+        assert prompt == PROMPT
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+    return read
+
+
+def test_each_turn_sees_the_history_and_reset_forgets_it(engine):
+    conv = Conversation(engine, engine.text, system="general", max_new_tokens=6)
+    out, err = io.StringIO(), io.StringIO()
+    assert converse(conv, script("hello there", "kenobi", "/reset", "kenobi", "/exit", "never read"), out, err) == 0
+    sys_msg = {"role": "system", "content": "general"}
+    first = alone(engine, [sys_msg, {"role": "user", "content": "hello there"}])
+    second = alone(engine, [sys_msg, {"role": "user", "content": "hello there"},
+                            {"role": "assistant", "content": first}, {"role": "user", "content": "kenobi"}])
+    fresh = alone(engine, [sys_msg, {"role": "user", "content": "kenobi"}])
+    assert out.getvalue().splitlines() == [first, second, fresh]
+    assert second != fresh  # the history changed the answer, and /reset took it away
+    assert "forgotten" in err.getvalue()
+    assert conv.turns == [("kenobi", fresh)]
+
+
+def test_ctrl_d_and_ctrl_c_at_the_prompt_end_the_session(engine):
+    def interrupted(prompt):
+        raise KeyboardInterrupt
+
+    conv = Conversation(engine, engine.text, max_new_tokens=4)
+    assert converse(conv, script(), io.StringIO(), io.StringIO()) == 0
+    assert converse(conv, interrupted, io.StringIO(), io.StringIO()) == 0
+
+
+class StopAfter:
+    """A Ctrl-C that arrives once `n` pieces were asked about."""
+
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def __call__(self):
+        self.seen += 1
+        return self.seen > self.n
+
+    def armed(self):
+        self.seen = 0
+        return contextlib.nullcontext(self)
+
+
+def test_a_stopped_answer_ends_at_once_stays_in_the_history_and_the_session_goes_on(engine):
+    conv = Conversation(engine, engine.text, max_new_tokens=40)
+    out, err = io.StringIO(), io.StringIO()
+    assert converse(conv, script("hello there", "general"), out, err, stop_key=StopAfter(3)) == 0
+    assert err.getvalue().count("[stopped]") == 2
+    assert engine.stats.finish_reason == "cancelled" and engine.stats.tokens <= 4
+    full = alone(engine, [{"role": "user", "content": "hello there"}], 40)
+    assert full.startswith(conv.turns[0][1]) and len(conv.turns[0][1]) < len(full)
+    assert len(conv.turns) == 2
+
+
+def test_unknown_commands_are_explained_and_empty_lines_ignored(engine):
+    conv = Conversation(engine, engine.text, max_new_tokens=2)
+    out, err = io.StringIO(), io.StringIO()
+    converse(conv, script("", "   ", "/wat", "/help"), out, err)
+    assert "unknown command /wat" in err.getvalue() and "/reset forgets" in err.getvalue()
+    assert conv.turns == []
+
+
+def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
+    model, text = load_checkpoint(model_dir)
+    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
+        conv = Conversation(small, text, system="general", max_new_tokens=8)
+        out, err = io.StringIO(), io.StringIO()
+        long = " ".join(["hello"] * 12)
+        converse(conv, script(long, long, long, long), out, err)
+        assert "oldest turn" in err.getvalue() and "left out to fit the context" in err.getvalue()
+        assert len(out.getvalue().split()) == 4 * 8  # every message was answered, 8 words each
+        converse(conv, script(" ".join(["hello"] * 45)), out, err)
+        assert "error: the message takes 46 tokens" in err.getvalue() and "context holds 40" in err.getvalue()
+
+
+def spawn(*args, timeout=120):
+    return pexpect.spawn(sys.executable, ["-m", "arcpy.chat", "--backend", "numpy", *args], env=server_env(),
+                         encoding="utf-8", timeout=timeout)
+
+
+def test_in_a_terminal_answers_stream_and_ctrl_d_ends_the_session(model_dir, engine):
+    child = spawn("--model", str(model_dir), "-n", "6")
+    child.expect_exact(PROMPT)
+    child.sendline("hello there")
+    child.expect_exact(alone(engine, [{"role": "user", "content": "hello there"}]))
+    child.expect_exact(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_in_a_terminal_ctrl_c_stops_the_answer_not_the_session(tmp_path):
+    slow = make_text_model(tmp_path / "slow", shape="stories15M")  # about 12 ms a token here
+    child = spawn("--model", str(slow), "-n", "1000")
+    child.expect_exact(PROMPT)
+    child.sendline("hello there")
+    child.expect(r"\w+ \w+ \w+")  # the answer is streaming
+    child.sendintr()
+    child.expect_exact("[stopped]", timeout=10)
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
