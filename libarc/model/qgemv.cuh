@@ -15,10 +15,10 @@
 #include "gemv_common.cuh"
 #include "quant.cuh"
 
-// 16-byte loads a lane keeps in flight per batch: a Q8_0 unit takes two.
-constexpr int qgemv_batch(int f, int nr) {
-    return (f == ARC_FORMAT_Q8_0 ? 4 : 8) / nr > 0 ? (f == ARC_FORMAT_Q8_0 ? 4 : 8) / nr : 1;
-}
+// Units a lane keeps in flight per batch, over its NR rows: 4 (a unit is 16 or 32 bytes of quants
+// plus its scales; with 8, and the first batch held through the staging, the kernels spill).
+constexpr int QGEMV_UNITS = 4;
+constexpr int qgemv_batch(int nr) { return QGEMV_UNITS / nr > 0 ? QGEMV_UNITS / nr : 1; }
 
 // Shared memory of the staged input, per unit: 32 int8 values, dx, and the two half sums.
 constexpr size_t QGEMV_STAGE_BYTES = 32 + 4 + 8;
@@ -48,6 +48,27 @@ __device__ __forceinline__ void qload_batch(const uint8_t *const (&wr)[NR], cons
     }
 }
 
+// acc[r] += the dots of a batch of units (U of them, stride `step` from `base`) of NR rows.
+template <int F, int NR, int U>
+__device__ __forceinline__ void qdot_batch(const UnitRaw (&raw)[NR][U], int base, int step, int units,
+                                           const int4 *staged, const float *dxs, const int2 *sums, float (&acc)[NR]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + step * u;
+        if (v < units) {
+            UnitInput in;
+            in.xa = staged[2 * v];
+            in.xb = staged[2 * v + 1];
+            in.dx = dxs[v];
+            const int2 s = sums[v];
+            in.s0 = s.x;
+            in.s1 = s.y;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], v, in);
+        }
+    }
+}
+
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R and
 // KS as in gemv_kernel. Dynamic shared memory: units * QGEMV_STAGE_BYTES.
 // Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
@@ -57,7 +78,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
              const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
              int accumulate, float *__restrict__ y, GemvArgmax am) {
     constexpr int NR = GATED ? 2 * R : R;
-    constexpr int U = qgemv_batch(F, NR);
+    constexpr int U = qgemv_batch(NR);
     constexpr int GROUPS = GEMV_WARPS / KS;
     constexpr int STEP = 32 * KS;
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
@@ -72,6 +93,19 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
 
     pdl_launch_dependents();
+    // Before the wait: the quants of the first batch of the block's first task (weights no kernel
+    // writes), so that their DRAM latency overlaps the kernel before and the staging below. (The
+    // scales follow after the staging: holding them too through it costs spills.)
+    UnitRaw first_batch[NR][U];
+    if (blockIdx.x < block_tasks) {
+        const uint8_t *wr[NR];
+        qtask_rows<R, GATED>(w, L.bytes, blockIdx.x * GROUPS + group, rows, wr);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+                if (first + STEP * u < units) load_quants<F>(wr[r], first + STEP * u, first_batch[r][u]);
+    }
     pdl_wait();
 
     // The input: the norm's scale first (every block sums the squares in the same order as the
@@ -80,44 +114,67 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     float inv = 1.0f;
     if (norm_w != nullptr) {
         float ss = 0.0f;
-        for (int v = tid; v < cols / 8; v += GEMV_THREADS) {
-            const float4 a = x4[2 * v], b = x4[2 * v + 1];
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        for (int v0 = tid; v0 < cols / 8; v0 += GEMV_THREADS * GEMV_STAGE) {
+            float4 a[GEMV_STAGE], b[GEMV_STAGE];  // every load in flight before any use
+#pragma unroll
+            for (int k = 0; k < GEMV_STAGE; ++k) {
+                const int v = v0 + k * GEMV_THREADS;
+                a[k] = b[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (v < cols / 8) {
+                    a[k] = x4[2 * v];
+                    b[k] = x4[2 * v + 1];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < GEMV_STAGE; ++k) {
+                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+                ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
+            }
         }
         inv = rsqrtf(block_sum(ss, red) / (float)cols + eps);
     }
     const int part = tid % 8;  // the unit's values 4 * part .. 4 * part + 3
     int *words = reinterpret_cast<int *>(staged);
-    for (int base = warp * 4; base < units; base += GEMV_THREADS / 8) {
-        // A warp's 4 units advance together, so the shuffles below always have all 32 lanes.
-        const int u0 = base + lane / 8, u = u0 < units ? u0 : units - 1;
-        float4 v = x4[8 * u + part];
-        if (norm_w != nullptr) {
-            const uint2 g = *reinterpret_cast<const uint2 *>(norm_w + 32 * u + 4 * part);
-            v.x = v.x * inv * bf16_lo(g.x);
-            v.y = v.y * inv * bf16_hi(g.x);
-            v.z = v.z * inv * bf16_lo(g.y);
-            v.w = v.w * inv * bf16_hi(g.y);
+    constexpr int PER = GEMV_THREADS / 8;  // units a block pass covers
+    for (int base = warp * 4; base < units; base += PER * GEMV_STAGE) {
+        // A warp's units advance together, so the shuffles below always have all 32 lanes; the
+        // loads of GEMV_STAGE passes are all in flight before any is used.
+        float4 v[GEMV_STAGE];
+        uint2 g[GEMV_STAGE];
+#pragma unroll
+        for (int k = 0; k < GEMV_STAGE; ++k) {
+            const int u0 = base + k * PER + lane / 8, u = u0 < units ? u0 : units - 1;
+            v[k] = x4[8 * u + part];
+            if (norm_w != nullptr) g[k] = *reinterpret_cast<const uint2 *>(norm_w + 32 * u + 4 * part);
         }
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int q0 = max(-127, min(127, __float2int_rn(v.x * scale)));
-        const int q1 = max(-127, min(127, __float2int_rn(v.y * scale)));
-        const int q2 = max(-127, min(127, __float2int_rn(v.z * scale)));
-        const int q3 = max(-127, min(127, __float2int_rn(v.w * scale)));
-        int s = q0 + q1 + q2 + q3;
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);  // lanes 0-3 of the 8: the first half's sum
-        const int other = __shfl_xor_sync(0xffffffffu, s, 4);
-        if (u0 < units) {
-            words[8 * u + part] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
-            if (part == 0) {
-                dxs[u] = amax / 127.0f;
-                sums[u] = make_int2(s, other);
+#pragma unroll
+        for (int k = 0; k < GEMV_STAGE; ++k) {
+            const int u0 = base + k * PER + lane / 8;
+            if (norm_w != nullptr) {
+                v[k].x = v[k].x * inv * bf16_lo(g[k].x);
+                v[k].y = v[k].y * inv * bf16_hi(g[k].x);
+                v[k].z = v[k].z * inv * bf16_lo(g[k].y);
+                v[k].w = v[k].w * inv * bf16_hi(g[k].y);
+            }
+            float amax = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+            const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const int q0 = max(-127, min(127, __float2int_rn(v[k].x * scale)));
+            const int q1 = max(-127, min(127, __float2int_rn(v[k].y * scale)));
+            const int q2 = max(-127, min(127, __float2int_rn(v[k].z * scale)));
+            const int q3 = max(-127, min(127, __float2int_rn(v[k].w * scale)));
+            int sum = q0 + q1 + q2 + q3;
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 0-3 of the 8: the first half's sum
+            const int other = __shfl_xor_sync(0xffffffffu, sum, 4);
+            if (u0 < units) {
+                words[8 * u0 + part] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
+                if (part == 0) {
+                    dxs[u0] = amax / 127.0f;
+                    sums[u0] = make_int2(sum, other);
+                }
             }
         }
     }
@@ -132,24 +189,20 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         float acc[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-        for (int base = first; base < units; base += STEP * U) {
+        int base = first;
+        if (bt == blockIdx.x) {  // the batch whose quants were loaded before the wait
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+                    if (base + STEP * u < units) load_rest<F>(wr[r], L, base + STEP * u, first_batch[r][u]);
+            qdot_batch<F, NR, U>(first_batch, base, STEP, units, staged, dxs, sums, acc);
+            base += STEP * U;
+        }
+        for (; base < units; base += STEP * U) {
             UnitRaw raw[NR][U];
             qload_batch<F, NR, U>(wr, L, base, STEP, units, raw);
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int v = base + STEP * u;
-                if (v < units) {
-                    UnitInput in;
-                    in.xa = staged[2 * v];
-                    in.xb = staged[2 * v + 1];
-                    in.dx = dxs[v];
-                    const int2 s = sums[v];
-                    in.s0 = s.x;
-                    in.s1 = s.y;
-#pragma unroll
-                    for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], v, in);
-                }
-            }
+            qdot_batch<F, NR, U>(raw, base, STEP, units, staged, dxs, sums, acc);
         }
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
     }

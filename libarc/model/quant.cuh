@@ -74,15 +74,20 @@ __device__ __forceinline__ uint4 load_nc128(const void *p) {
     return r;
 }
 
-// Unit u of the row at `row` (format F, layout L): every load issued, none used.
+// Unit u of the row at `row` (format F, layout L), in two parts: its quants (the bulk of its
+// bytes), then the rest (high bits and scales). Every load issued, none used.
 template <int F>
-__device__ __forceinline__ void load_unit(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
+__device__ __forceinline__ void load_quants(const uint8_t *row, int u, UnitRaw &r) {
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = load_nc128(row + 32 * u);
         r.q1 = load_nc128(row + 32 * u + 16);
     } else {
         r.q0 = load_nc128(row + 16 * u);
     }
+}
+
+template <int F>
+__device__ __forceinline__ void load_rest(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
     if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(row + L.b + 4 * u);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(row + L.b + 8 * u);
     if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(row + L.c + 2 * u);
@@ -92,6 +97,12 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, const RowLayout &L
         r.s.x = load_nc16(row + L.c + 16 * (u / 8) + 2 * (u % 8));
         r.s.y = load_nc16(row + L.d + 2 * (u / 8));
     }
+}
+
+template <int F>
+__device__ __forceinline__ void load_unit(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
+    load_quants<F>(row, u, r);
+    load_rest<F>(row, L, u, r);
 }
 
 __device__ __forceinline__ float half_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
