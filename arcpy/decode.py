@@ -40,6 +40,7 @@ from arcpy.text import TextSpec
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
+WEIGHTS = {"auto": None, "quantized": True, "bf16": False}  # --weights -> load_checkpoint's `quantized`
 _IDS = re.compile(r"[0-9]+(?:[ ,]+[0-9]+)*")
 MAX_ID_DIGITS = 10  # a token id is below 2**31
 
@@ -78,6 +79,9 @@ def decode_options(f):
                      help="Also stop at this token id (repeatable); the model's end-of-sequence ids always stop."),
         click.option("--stop", "stop_strings", multiple=True,
                      help="Stop at this text (repeatable); no part of it is printed."),
+        click.option("--weights", type=click.Choice(sorted(WEIGHTS)), default="auto", show_default=True,
+                     help="A GGUF file's quantized matrices: kept quantized, made bf16, or auto (quantized where the "
+                          "model reads 1 GiB a token or more in bf16: below that bf16 decodes faster)."),
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
                      help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
@@ -143,9 +147,10 @@ def demo_model(offline: bool) -> Path | None:
         raise ArcError(f"{exc} ({demo.OFFLINE}=1 decodes the synthetic stories15M instead)") from exc
 
 
-def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | None]:
+def load(model_path: str | None, shape: str | None, weights: str = "auto") -> tuple[Model, TextSpec | None]:
     """The model and its text (None without a tokenizer); the demo model where neither is given.
-    Nothing is on the GPU yet."""
+    `weights` (WEIGHTS) says how a GGUF file's quantized tensors are held. Nothing is on the GPU
+    yet."""
     if model_path is None and shape is None:
         path = demo_model(demo.offline())
         if path is None:
@@ -156,7 +161,7 @@ def load(model_path: str | None, shape: str | None) -> tuple[Model, TextSpec | N
         return synthetic_model(shape), None
     started = time.perf_counter()
     with ProgressBar(f"loading {Path(model_path).name}") as bar:
-        model, text = load_checkpoint(model_path, progress=bar)
+        model, text = load_checkpoint(model_path, progress=bar, quantized=WEIGHTS[weights])
     click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
     for line in model.notes:
         note(line)
@@ -181,6 +186,7 @@ class RunOptions:
     device_loop: bool | None
     burst: int
     max_seq: int | None
+    weights: str = "auto"       # WEIGHTS
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
 
@@ -208,7 +214,8 @@ def _ready(stream) -> bool:
 
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
-         device_loop, burst, max_seq, temperature, top_k, top_p, seed, stdin=None) -> tuple[Request, RunOptions]:
+         device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto",
+         stdin=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -249,7 +256,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source = {"prompt": prompt}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling)
-    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq,
+    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights,
                                question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None)
 
@@ -322,7 +329,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     status: 0, or 130 when interrupted (the statistics so far are still reported). Errors raise:
     arcpy.ArcError, or click.UsageError for what the command line asked wrongly."""
     out = out or sys.stdout
-    model, text = load(run.model_path, run.shape)
+    model, text = load(run.model_path, run.shape, run.weights)
     request = with_prompt(request, model, text, run)
     backend = _lib.auto_backend() if run.backend == "auto" else run.backend
     if backend == "numpy":

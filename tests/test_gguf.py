@@ -274,7 +274,7 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
 
 def test_quantized_is_true_or_false(tmp_path):
     path = write_model(tmp_path / "m.gguf", random_model(TINY, seed=5))
-    with pytest.raises(InvalidArgumentError, match="quantized must be True or False, got 'no'"):
+    with pytest.raises(InvalidArgumentError, match=r"quantized must be True, False or None \(auto\), got 'no'"):
         load_gguf(path, quantized="no")
 
 
@@ -284,7 +284,7 @@ def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
     types["blk.1.attn_q.weight"] = Q.Q4_0  # kept quantized
     path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
-                          "--backend", "numpy"], capture_output=True, text=True, timeout=300)
+                          "--backend", "numpy", "--weights", "quantized"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert [line for line in out.stderr.splitlines() if line.startswith("note: m.gguf")] == [
         "note: m.gguf: 3 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
@@ -325,7 +325,7 @@ def write_k_model(path: Path, cfg: ModelConfig, qtype: Q, rng, tied: bool = Fals
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_k_quant_weights_load_as_the_gguf_package_dequantizes_them(tmp_path, qtype):
     stored = write_k_model(tmp_path / "m.gguf", WIDE, qtype, np.random.default_rng(6))
-    model, _ = load_gguf(tmp_path / "m.gguf")
+    model, _ = load_gguf(tmp_path / "m.gguf", quantized=True)
     kept = qtype in KEPT
     q = model.tensors["model.layers.1.self_attn.q_proj.weight"]
     k = model.tensors["model.layers.0.self_attn.k_proj.weight"]
@@ -881,7 +881,7 @@ def smollm2_path() -> Path:
 
 
 def test_smollm2_q4_1_loads_encodes_round_trip_and_continues_greedily():
-    model, text = load_gguf(smollm2_path())
+    model, text = load_gguf(smollm2_path(), quantized=True)
     cfg = model.config
     assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab) == (576, 30, 9, 3, 1536, 49152)
     assert cfg.head_dim == 64 and cfg.rope_theta == 100000.0

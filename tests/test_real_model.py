@@ -32,7 +32,22 @@ needs_file = pytest.mark.skipif(FILE is None, reason=f"the demo model is not fet
 @pytest.fixture(scope="module")
 def smollm2():
     from arcpy.loading import load_gguf
-    return load_gguf(FILE)
+    return load_gguf(FILE)  # auto: at 135M in bf16 (arcpy.loading.AUTO_QUANTIZED_MIN_BYTES)
+
+
+@pytest.fixture(scope="module")
+def smollm2_quantized():
+    from arcpy.loading import load_gguf
+    return load_gguf(FILE, quantized=True)  # Q4_1 projections, a Q8_0 lm_head
+
+
+@needs_file
+def test_the_demo_model_is_held_in_bf16_by_default_and_quantized_on_request(smollm2, smollm2_quantized, monkeypatch):
+    from arcpy import loading
+    assert not smollm2[0].quantized and any("weights held in bf16" in n for n in smollm2[0].notes)
+    assert smollm2_quantized[0].quantized
+    monkeypatch.setattr(loading, "AUTO_QUANTIZED_MIN_BYTES", 0)  # a model past the threshold keeps them
+    assert loading.load_gguf(FILE)[0].quantized
 
 
 def test_the_golden_file_has_prompts_to_check_exactly():
@@ -105,8 +120,9 @@ def test_a_stop_string_ends_the_answer_and_never_reaches_the_output():
 @needs_file
 @pytest.mark.parametrize("loop", [False, True], ids=["host-path", "device-loop"])
 @pytest.mark.parametrize("case", CLEAR, ids=lambda c: c["question"])
-def test_gpu_decodes_the_golden_ids(smollm2, case, loop):
-    model, text = smollm2
+@pytest.mark.parametrize("weights", ["bf16", "quantized"])
+def test_gpu_decodes_the_golden_ids(smollm2, smollm2_quantized, case, loop, weights):
+    model, text = smollm2 if weights == "bf16" else smollm2_quantized
     with Engine.load(model, "cuda", max_seq=MAX_SEQ, device_loop=loop, burst=8, environ={},
                      latch=FallbackLatch()) as eng:
         got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
