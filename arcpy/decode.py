@@ -81,7 +81,7 @@ def decode_options(f):
                      help="Stop at this text (repeatable); no part of it is printed."),
         click.option("--weights", type=click.Choice(sorted(WEIGHTS)), default="auto", show_default=True,
                      help="A GGUF file's quantized matrices: kept quantized, made bf16, or auto (quantized where the "
-                          "model reads 1 GiB a token or more in bf16: below that bf16 decodes faster)."),
+                          "model reads 1 GiB a token or more in bf16; below that bf16 decodes faster)."),
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
                      help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "

@@ -17,8 +17,9 @@ from arcpy.text import TextSpec, gguf_text_spec, load_text_spec
 # Below this many bytes of bf16 weights read a token, a model decodes faster in bf16 than in the
 # file's quantized formats: a quantized GEMV's fixed cost per launch (5 to 10 us on the H200,
 # against 3 to 4 for the bf16 one: docs/PERF.md) outweighs the bytes it saves. Measured on the
-# H200, 2026-12-01: SmolLM2-135M (0.27 GB a token in bf16) 2,321 tok/s in bf16 and 1,767 as Q4_1;
-# the Llama-3.2-1B dims (2.5 GB) 1,238 in bf16 and 1,692 as Q4_K_M.
+# H200, 2026-12-01, device loop at burst 16, us a token: the SmolLM2-135M dims (0.27 GB a token in
+# bf16) 427 in bf16, 552 as Q4_1, 513 as Q8_0; stories110M (0.22 GB) 204 and 247 as Q4_1; the
+# Llama-3.2-1B dims (2.47 GB) 822 and 513 as Q4_1.
 AUTO_QUANTIZED_MIN_BYTES = 1 << 30
 
 
