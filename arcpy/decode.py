@@ -339,6 +339,9 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
+        report_memory = getattr(engine.device, "memory_report", None)
+        if report_memory is not None:
+            click.echo(report_memory(), err=True)
         printer = Printer(text, out)
         started = time.perf_counter()
         stamps: list[float] = []

@@ -115,3 +115,19 @@ def test_llama1b_q4km_decodes_on_both_paths_alike():
         assert loop_engine.stats.host_waits == 0
     finally:
         dev.close()
+
+
+def test_the_memory_report_counts_what_the_model_holds():
+    model = synthetic_model("tiny-quant", seed=3)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    try:
+        weights, kv, act = dev.forward.memory()
+        free, total = dev.ctx.memory()
+        cfg = model.config
+        assert model.stored_bytes <= weights < model.stored_bytes + 64 * 1024  # + alignment padding
+        assert kv == 2 * cfg.n_layers * cfg.n_kv_heads * MAX_SEQ * cfg.head_dim * 2
+        assert act > 0 and 0 < free < total
+        line = dev.memory_report()
+        assert line.startswith(f"on {dev.ctx.name()}: weights ") and " GB left" in line
+    finally:
+        dev.close()

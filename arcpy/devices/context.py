@@ -44,6 +44,12 @@ class Context:
         """Poll until the stream is idle: start-up and teardown only."""
         spin_until(self.query, IDLE_SPINS, "waiting for the GPU to go idle")
 
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes of the device's memory. Start-up and reports only."""
+        free, total = self.ffi.new("uint64_t *"), self.ffi.new("uint64_t *")
+        _lib.check(self.lib.arc_context_memory(self.ptr, free, total))
+        return int(free[0]), int(total[0])
+
     def counters(self) -> Counters:
         c = self.ffi.new("arc_counters *")
         _lib.check(self.lib.arc_context_counters(self.ptr, c))

@@ -132,6 +132,15 @@ class CudaDevice:
             self._prompt_in_use = False
         return idle
 
+    def memory_report(self) -> str:
+        """One line: what the model takes on the device and what is left."""
+        gb = 1e9
+        free, total = self.ctx.memory()
+        parts = self.forward.memory() if hasattr(self.forward, "memory") else None
+        held = "" if parts is None else (f"weights {parts[0] / gb:.2f} GB, KV cache {parts[1] / gb:.2f} GB, "
+                                         f"activations {parts[2] / gb:.2f} GB; ")
+        return f"on {self.ctx.name()}: {held}{free / gb:.1f} of {total / gb:.1f} GB left"
+
     def counters(self) -> Counters:
         return self.ctx.counters()
 

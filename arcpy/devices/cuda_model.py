@@ -133,6 +133,12 @@ class CudaModel:
     def prefill(self, tokens, n: int, start: int) -> None:
         _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
 
+    def memory(self) -> tuple[int, int, int]:
+        """Device bytes of (weights, KV cache, activations) this forward holds."""
+        w, kv, act = (self.ffi.new("uint64_t *") for _ in range(3))
+        _lib.check(self.lib.arc_model_memory(self.ptr, w, kv, act))
+        return int(w[0]), int(kv[0]), int(act[0])
+
     def close(self) -> None:
         if self.ptr is not None:
             self.lib.arc_model_destroy(self.ptr)
