@@ -228,8 +228,9 @@ int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model
  *   Q4_K, Q5_K  d * sc * q - dmin * m (sc, m: the unit's 6-bit scale and min)
  *   Q6_K  d * scale * (q - 32)
  * The quantized GEMVs quantize their input too, per unit: amax = max |x| over the unit's 32
- * inputs (after the fused norm), x_q = rint(x * (127 / amax)) (0 where amax is 0), dx =
- * amax / 127; the unit's dot is dx times an exact integer sum of q * x_q, scaled as above. */
+ * inputs (after the fused norm), x_q = rint(x * (127 / amax)) clamped to [-127, 127] (0 where
+ * amax is 0; +-127 where 127 / amax overflows), dx = amax / 127; the unit's dot is dx times an
+ * exact integer sum of q * x_q, scaled as above. */
 typedef enum arc_format {
     ARC_FORMAT_BF16 = 0,
     ARC_FORMAT_Q8_0 = 1,
