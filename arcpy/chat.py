@@ -20,8 +20,8 @@ from typing import Callable
 
 import click
 
-from arcpy import _lib, demo
-from arcpy.decode import demo_model, load, note
+from arcpy import _lib
+from arcpy.decode import load, model_or_demo, note, one_line_errors
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -205,18 +205,14 @@ def main(**options):
 def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq, temperature,
         top_k, top_p, seed, stats, read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
-    try:
+    with one_line_errors() as errors:
         sampling = Sampling(temperature, top_k, top_p, seed)
         if any(not s for s in stop_strings):
             raise click.UsageError("--stop must not be empty")
         gate.read_all()
         if backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
-        if model_path is None:  # the demo model, fetched first where it is absent
-            if demo.demo_model_path() is None and demo.offline():
-                raise click.UsageError(f"give --model: the demo model is not fetched and {demo.OFFLINE} is on "
-                                       f"({demo.FETCH_HINT})")
-            model_path = str(demo_model(False))
+        model_path = model_or_demo(model_path)
         model, text = load(model_path, None)
         if text is None or text.chat_template is None:
             raise click.UsageError(f"{model.name} has no {'tokenizer' if text is None else 'chat template'}: "
@@ -233,18 +229,7 @@ def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, 
             click.echo(f"chat with {model.name} (backend {backend}); {HELP}", err=True)
             conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling)
             return converse(conversation, read, stats=stats)
-    except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        return 2
-    except ArcError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1
-    except MemoryError:
-        click.echo("error: out of host memory (a model or context too large for this machine)", err=True)
-        return 1
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        return 130
+    return errors.status
 
 
 if __name__ == "__main__":

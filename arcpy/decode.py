@@ -147,6 +147,17 @@ def demo_model(offline: bool) -> Path | None:
         raise ArcError(f"{exc} ({demo.OFFLINE}=1 decodes the synthetic stories15M instead)") from exc
 
 
+def model_or_demo(model_path: str | None) -> str:
+    """--model, or for a command that needs a real model the demo model's file, fetched first where
+    it is absent (unless ARC_OFFLINE forbids it: then a usage error)."""
+    if model_path is not None:
+        return model_path
+    if demo.demo_model_path() is None and demo.offline():
+        raise click.UsageError(f"give --model: the demo model is not fetched and {demo.OFFLINE} is on "
+                               f"({demo.FETCH_HINT})")
+    return str(demo_model(False))
+
+
 def load(model_path: str | None, shape: str | None, weights: str = "auto") -> tuple[Model, TextSpec | None]:
     """The model and its text (None without a tokenizer); the demo model where neither is given.
     `weights` (WEIGHTS) says how a GGUF file's quantized tensors are held. Nothing is on the GPU
@@ -305,23 +316,40 @@ class Printer:
         self.out.flush()
 
 
+class one_line_errors:
+    """`with one_line_errors() as errors:` around a command's work: every error a user can meet
+    becomes one line on stderr and an exit status in `errors.status` (2 for a usage mistake, 1
+    for an arcpy error or no memory, 130 when interrupted; 0 when nothing went wrong)."""
+
+    def __enter__(self) -> "one_line_errors":
+        self.status = 0
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is None:
+            return False
+        if issubclass(kind, KeyboardInterrupt):
+            click.echo("\ninterrupted", err=True)
+            self.status = 130
+            return True
+        if issubclass(kind, click.UsageError):
+            message, self.status = exc.format_message(), 2
+        elif issubclass(kind, ArcError):
+            message, self.status = str(exc), 1
+        elif issubclass(kind, MemoryError):
+            message, self.status = "out of host memory (a model or context too large for this machine)", 1
+        else:
+            return False
+        click.echo(f"error: {message}", err=True)
+        return True
+
+
 def cli_decode(out=None, **options) -> int:
     """The command line: every argument checked, then the request run; every error one line on
     stderr. The exit status."""
-    try:
+    with one_line_errors() as errors:
         return run_decode(*plan(**options), out)
-    except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        return 2
-    except ArcError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1
-    except MemoryError:
-        click.echo("error: out of host memory (a model or context too large for this machine)", err=True)
-        return 1
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        return 130
+    return errors.status
 
 
 def run_decode(request: Request, run: RunOptions, out=None) -> int:

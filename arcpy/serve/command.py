@@ -16,8 +16,8 @@ import sys
 
 import click
 
-from arcpy import _lib, demo
-from arcpy.decode import demo_model, load, note
+from arcpy import _lib
+from arcpy.decode import load, model_or_demo, note, one_line_errors
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -81,11 +81,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     try:
         if api_key is not None and not api_key.strip():
             raise click.UsageError("--api-key is empty")
-        if model_path is None:  # the demo model, fetched first where it is absent
-            if demo.demo_model_path() is None and demo.offline():
-                raise click.UsageError(f"give --model: the demo model is not fetched and {demo.OFFLINE} is on "
-                                       f"({demo.FETCH_HINT})")
-            model_path = str(demo_model(False))
+        model_path = model_or_demo(model_path)
         if not model_path.strip() or not os.path.exists(model_path):
             raise click.UsageError(f"--model {model_path}: no such file or directory")
         defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k)
@@ -102,30 +98,21 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
         return 1
     _configure_logging(log_level)
     worker = None
-    try:
-        worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                   backend, device_loop, burst, max_seq)
-        bound = sock.getsockname()
-        where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
-                   f"{worker.device_name}; context {worker.max_seq}); Ctrl-C stops", err=True)
-        _serve(app, sock, worker, switch_interval, log_level, access_log)
-    except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        return 2
-    except ArcError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1
-    except MemoryError:
-        click.echo("error: out of host memory (a model or context too large for this machine)", err=True)
-        return 1
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        return 130
-    finally:
-        if worker is not None:
-            worker.close()
-        sock.close()
+    with one_line_errors() as errors:
+        try:
+            worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
+                                       backend, device_loop, burst, max_seq)
+            bound = sock.getsockname()
+            where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+            click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
+                       f"{worker.device_name}; context {worker.max_seq}); Ctrl-C stops", err=True)
+            _serve(app, sock, worker, switch_interval, log_level, access_log)
+        finally:
+            if worker is not None:
+                worker.close()
+            sock.close()
+    if errors.status:
+        return errors.status
     click.echo("arcpy serve: stopped; the engine is closed", err=True)
     return 0
 

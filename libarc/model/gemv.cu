@@ -242,23 +242,12 @@ struct GemvArgs {
     const GemvArgmax *am;
 };
 
-// Enough blocks to keep every SM at its occupancy limit, but no more than there is work (so
-// every block has a task).
 template <int R, int KS, bool GATED, bool WX, bool AM>
 static int launch_gemv_kernel(arc_context *ctx, const GemvArgs &a) {
     auto kernel = gemv_kernel<R, KS, GATED, WX, AM>;
     const size_t smem = WX ? 0 : (size_t)a.cols * sizeof(float);
-    // Above 48 KiB with the kernel's static shared memory (red, part, wbest: under 1 KiB), the
-    // launch needs the opt-in; a host-side attribute, legal while capturing.
-    if (smem + 1024 > 48 * 1024)
-        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 0;
-    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
-    if (per_sm < 1) per_sm = 1;
-    const long long groups = GEMV_WARPS / KS;
-    const long long needed = ((a.rows + R - 1) / R + groups - 1) / groups;
-    const long long most = (long long)ctx->sm_count * per_sm;
-    const int blocks = (int)(needed < most ? needed : most);
+    int blocks = 0;
+    ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = GATED ? "gemv_kernel<swiglu>" : AM ? "gemv_kernel<argmax>" : "gemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
                           a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
@@ -273,17 +262,10 @@ static int launch_gemv_shape(arc_context *ctx, const GemvArgs &a) {
     return launch_gemv_kernel<R, KS, GATED, WX, false>(ctx, a);
 }
 
-// The limits every GEMV entry point shares; `who` names the entry point in the message.
+// The limits of the bf16 GEMVs: the shared ones, and rows of whole 16-byte vectors.
 static int check_gemv(const char *who, const GemvArgs &a) {
-    ARC_REQUIRE_AS(who, a.w && a.x && a.y, "null pointer (w, x and y are required)");
-    ARC_REQUIRE_AS(who, a.rows > 0, "rows must be positive, got %d", a.rows);
+    ARC_TRY(check_gemv_io(who, a.w, a.x, a.rows, a.cols, a.norm_w, a.eps, a.y));
     ARC_REQUIRE_AS(who, a.cols > 0 && a.cols % 8 == 0, "cols must be a positive multiple of 8, got %d", a.cols);
-    ARC_REQUIRE_AS(who, a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
-    ARC_REQUIRE_AS(who, (uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, (uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
-    ARC_REQUIRE_AS(who, (const void *)a.y != (const void *)a.x, "y must not alias x");
     return ARC_OK;
 }
 

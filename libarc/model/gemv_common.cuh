@@ -94,3 +94,35 @@ static inline int gemv_split(const arc_context *ctx, int32_t rows, int32_t nvec,
     *ks_out = ks;
     return r;
 }
+
+// The limits every GEMV entry point shares, bf16 or quantized; `who` names it in the message.
+static inline int check_gemv_io(const char *who, const void *w, const float *x, int32_t rows, int32_t cols,
+                                const uint16_t *norm_w, float eps, const float *y) {
+    ARC_REQUIRE_AS(who, w && x && y, "null pointer (w, x and y are required)");
+    ARC_REQUIRE_AS(who, rows > 0, "rows must be positive, got %d", rows);
+    ARC_REQUIRE_AS(who, cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", cols, GEMV_MAX_COLS);
+    ARC_REQUIRE_AS(who, (uintptr_t)w % 16 == 0, "weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, (uintptr_t)x % 16 == 0, "x must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, norm_w == nullptr || (uintptr_t)norm_w % 16 == 0, "norm weights must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, norm_w == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
+    ARC_REQUIRE_AS(who, (const void *)y != (const void *)x, "y must not alias x");
+    return ARC_OK;
+}
+
+// The grid of a GEMV launch of `kernel` (R rows a task, KS warps a task, `smem` bytes of dynamic
+// shared memory): enough blocks to keep every SM at the kernel's occupancy limit, but no more
+// than there is work (so every block has a task). Above 48 KiB with the kernels' static shared
+// memory (under 1 KiB) the launch needs the opt-in: a host-side attribute, legal while capturing.
+template <typename Kernel>
+static int gemv_blocks(arc_context *ctx, Kernel kernel, size_t smem, int32_t rows, int r, int ks, int *blocks) {
+    if (smem + 1024 > 48 * 1024)
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per_sm = 0;
+    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
+    if (per_sm < 1) per_sm = 1;
+    const long long groups = GEMV_WARPS / ks;
+    const long long needed = ((rows + r - 1) / r + groups - 1) / groups;
+    const long long most = (long long)ctx->sm_count * per_sm;
+    *blocks = (int)(needed < most ? needed : most);
+    return ARC_OK;
+}

@@ -228,15 +228,8 @@ template <int F, int R, int KS, bool GATED, bool AM>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
     auto kernel = qgemv_kernel<F, R, KS, GATED, AM>;
     const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
-    if (smem + 1024 > 48 * 1024)
-        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 0;
-    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
-    if (per_sm < 1) per_sm = 1;
-    const long long groups = GEMV_WARPS / KS;
-    const long long needed = ((a.rows + R - 1) / R + groups - 1) / groups;
-    const long long most = (long long)ctx->sm_count * per_sm;
-    const int blocks = (int)(needed < most ? needed : most);
+    int blocks = 0;
+    ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = GATED ? "qgemv_kernel<swiglu>" : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
                           a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});

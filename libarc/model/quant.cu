@@ -28,15 +28,8 @@ extern "C" int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out)
 static int launch_qgemv(arc_context *ctx, const char *who, const QgemvArgs &a, bool gated) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
     ARC_TRY(check_format_shape(who, a.format, a.cols));
-    ARC_REQUIRE_AS(who, a.w && a.x && a.y, "null pointer (w, x and y are required)");
-    ARC_REQUIRE_AS(who, a.rows > 0 && a.rows <= (gated ? INT32_MAX / 2 : INT32_MAX), "rows must be positive, got %d",
-                   a.rows);
-    ARC_REQUIRE_AS(who, a.cols <= GEMV_MAX_COLS, "cols %d exceeds the limit %d", a.cols, GEMV_MAX_COLS);
-    ARC_REQUIRE_AS(who, (uintptr_t)a.w % 16 == 0, "weights must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, (uintptr_t)a.x % 16 == 0, "x must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, a.norm_w == nullptr || (uintptr_t)a.norm_w % 16 == 0, "norm weights must be 16-byte aligned");
-    ARC_REQUIRE_AS(who, a.norm_w == nullptr || a.eps > 0.0f, "eps must be positive, got %g", (double)a.eps);
-    ARC_REQUIRE_AS(who, (const void *)a.y != (const void *)a.x, "y must not alias x");
+    ARC_TRY(check_gemv_io(who, a.w, a.x, a.rows, a.cols, a.norm_w, a.eps, a.y));
+    ARC_REQUIRE_AS(who, !gated || a.rows <= INT32_MAX / 2, "rows %d too large", a.rows);
     ARC_REQUIRE_AS(who, !(gated && a.am), "the gated GEMV takes no argmax");
     return format_is_k(a.format) ? launch_qgemv_k(ctx, a, gated) : launch_qgemv_q8_q4(ctx, a, gated);
 }
