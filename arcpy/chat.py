@@ -21,7 +21,7 @@ from typing import Callable
 import click
 
 from arcpy import _lib
-from arcpy.decode import load, model_or_demo, note, one_line_errors
+from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, with_options
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -183,14 +183,7 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW, show_default=True,
               help="At most this many new tokens per answer.")
 @click.option("--stop", "stop_strings", multiple=True, help="Also end an answer at this text (repeatable).")
-@click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True)
-@click.option("--device-loop/--host-path", "device_loop", default=None,
-              help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
-                   "backend has one).")
-@click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
-              help="Device-loop steps enqueued per burst.")
-@click.option("--max-seq", type=click.IntRange(min=1), default=None,
-              help="Context length to allocate, at most the model's (default: the model's, at most 4096).")
+@with_options(engine_options())
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)

@@ -60,6 +60,29 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
+    """The options that say how the engine runs, shared by decode, chat and serve: --backend,
+    --device-loop/--host-path, --burst, --max-seq."""
+    return [
+        click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
+        click.option("--device-loop/--host-path", "device_loop", default=None,
+                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
+                          "backend has one)."),
+        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
+        click.option("--max-seq", type=click.IntRange(min=1), default=None,
+                     help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
+    ]
+
+
+def with_options(options: list):
+    """A decorator applying click options in the order listed (the first shows first in --help)."""
+    def apply(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return apply
+
+
 def decode_options(f):
     options = [
         click.version_option(__version__, "--version", prog_name="arcpy"),
@@ -82,14 +105,7 @@ def decode_options(f):
         click.option("--weights", type=click.Choice(sorted(WEIGHTS)), default="auto", show_default=True,
                      help="A GGUF file's quantized matrices: kept quantized, made bf16, or auto (quantized where the "
                           "model reads 1 GiB a token or more in bf16; below that bf16 decodes faster)."),
-        click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
-        click.option("--device-loop/--host-path", "device_loop", default=None,
-                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
-                          "backend has one)."),
-        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
-                     help="Device-loop steps enqueued per burst."),
-        click.option("--max-seq", type=click.IntRange(min=1), default=None,
-                     help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
+        *engine_options(),
         click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True),
@@ -97,9 +113,7 @@ def decode_options(f):
                      help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
                           "Default: a fresh one."),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return with_options(options)(f)
 
 
 def note(message: str) -> None:

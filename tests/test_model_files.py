@@ -1153,20 +1153,25 @@ def header_near_the_limit(kind: str) -> tuple[bytes, bytes]:
     return b'{"w":[' + b"[]," * (room // 3) + b"[]]}", b""  # nested empty lists
 
 
+def timed_error(directory):
+    """(the one-line error of loading `directory`, seconds it took, peak traced bytes)."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        msg = hostile_error(directory)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return msg, time.perf_counter() - start, peak
+
+
 @pytest.mark.parametrize("kind", ["tiny-entries", "metadata-keys", "long-shape", "nested-lists"])
 def test_a_header_near_the_size_limit_is_refused_quickly_and_in_little_memory(tmp_path, kind):
     write_config(tmp_path)
     header, data = header_near_the_limit(kind)
     assert MAX_HEADER_BYTES - 1000 < len(header) <= MAX_HEADER_BYTES
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        msg = hostile_error(tmp_path)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    seconds = time.perf_counter() - start
+    msg, seconds, peak = timed_error(tmp_path)
     assert "header holds more JSON items than" in msg
     assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
 
@@ -1176,14 +1181,7 @@ def test_an_index_near_the_size_limit_is_refused_quickly_and_in_little_memory(tm
     entry = b'"t########":"model-00001-of-00002.safetensors"'
     index = b'{"weight_map":{' + counted(entry, (MAX_HEADER_BYTES - 100) // (len(entry) + 1)) + b"}}"
     (tmp_path / "model.safetensors.index.json").write_bytes(index)
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        msg = hostile_error(tmp_path)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    seconds = time.perf_counter() - start
+    msg, seconds, peak = timed_error(tmp_path)
     assert "safetensors index holds more than 65996 JSON items" in msg
     assert seconds < 2 and peak < 32 * 2**20, f"{seconds:.1f} s, peak {peak / 2**20:.0f} MiB"
 

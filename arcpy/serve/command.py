@@ -17,7 +17,7 @@ import sys
 import click
 
 from arcpy import _lib
-from arcpy.decode import load, model_or_demo, note, one_line_errors
+from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, with_options
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -56,14 +56,7 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="top_p for a request that sets none.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
               help="top_k for a request that sets none (0: off).")
-@click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True)
-@click.option("--device-loop/--host-path", "device_loop", default=None,
-              help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
-                   "backend has one).")
-@click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True,
-              help="Device-loop steps enqueued per burst (a cancel takes effect within one).")
-@click.option("--max-seq", type=click.IntRange(min=1), default=None,
-              help="Context length to allocate, at most the model's (default: the model's, at most 4096).")
+@with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
                    "decoding thread to let go of the interpreter.")
