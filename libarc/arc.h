@@ -57,9 +57,8 @@ int arc_stream_query(arc_context *ctx);
 /* The device's free and total memory in bytes (start-up and reports; not for the step path). */
 int arc_context_memory(arc_context *ctx, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* Memory. Host buffers are pinned and mapped: the GPU writes them, the host reads them with
- * plain loads. Copies are asynchronous on the context's stream; a device-to-host copy must
- * target a pinned buffer so that it can never block. */
+/* Memory. Host buffers are pinned and mapped (the GPU writes, the host reads with plain loads).
+ * Copies are asynchronous on the stream; a device-to-host copy must target pinned memory. */
 int arc_device_alloc(arc_context *ctx, uint64_t bytes, void **out);
 int arc_device_free(arc_context *ctx, void *ptr);
 int arc_host_alloc(arc_context *ctx, uint64_t bytes, void **host_out, void **device_out);
@@ -73,8 +72,7 @@ int arc_graph_capture_begin(arc_context *ctx);
 int arc_graph_capture_end(arc_context *ctx, arc_graph **out);
 int arc_graph_launch(arc_graph *graph);
 int arc_graph_destroy(arc_graph *graph);
-/* The number of nodes (kernels, copies, memsets) the captured graph holds, counted at capture
- * end: what one launch replays, for benchmarks. */
+/* The nodes (kernels, copies, memsets) one launch replays, counted at capture end. */
 int arc_graph_node_count(arc_graph *graph, uint64_t *count);
 
 /* Counters the context keeps of its own CUDA work, for per-token accounting. */
@@ -99,6 +97,7 @@ typedef struct arc_ring_state {
     int32_t fault_token;   /* the offending token, when fault != 0 */
     int32_t fault_pos;     /* the position it was to be written at */
     uint32_t stopped;      /* id of the last burst a stop id ended, 0 if none */
+    uint32_t steps;        /* speculative steps whose commit ran since the ring was reset */
 } arc_ring_state;
 
 typedef enum arc_fault {
@@ -137,6 +136,9 @@ int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_
  * arc_loop_enqueue_sample_commit or arc_loop_enqueue_draw_commit is the first step of a burst:
  * its token lands in the ring like every other. arc_loop_enqueue_step begins its burst itself. */
 int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id);
+/* arc_loop_begin_burst, the burst publishing at most max_tokens (>= 1) tokens: later commits
+ * publish nothing, as after a stop id (speculative steps publish a varying number each). */
+int arc_loop_begin_burst_limit(arc_loop *loop, uint32_t burst_id, uint32_t max_tokens);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 
@@ -163,9 +165,9 @@ int arc_sample(arc_context *ctx, const float *logits, int32_t n, const arc_sampl
 int arc_sample_max_vocab(arc_context *ctx, int32_t *out);
 
 /* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
- * (raw 16-bit words) or quantized (arc_format, below), except the RoPE inverse frequencies
- * (float32); the KV cache is bf16; every activation is float32. The forward reads the token and the position from an arc_loop, so a
- * graph captured once replays unchanged at every position. */
+ * (raw 16-bit words) or quantized (arc_format, below), the RoPE inverse frequencies float32; the
+ * KV cache is bf16, activations float32. The forward reads the token and the position from an
+ * arc_loop, so a graph captured once replays unchanged at every position. */
 typedef enum arc_tensor {
     ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
     ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
@@ -381,13 +383,41 @@ int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *in
                              uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                              int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out);
 
-/* ---- Test hooks: the scripted model and fault injection. Not part of the decode API: they
- * exist so that the loop and its fault detection can be tested on a GPU without a model. ---- */
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy, bf16 weights). The
+ * draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first)
+ * in the loop's history, and the <= k tokens that followed it. The verify forward: the token and
+ * the drafts at positions p..p+k in one pass (tensor-core products on inputs split hi + lo in
+ * bf16, near float32; float32 attention). The accept: row 0's argmax, then row i's while draft i
+ * matched row i - 1's, each through the commit's checks (and the burst's limit); then .steps.
+ * The history (max_seq ids) gets every commit's token; this writes tokens[0..n) at start..
+ * (device or mapped memory), stream-ordered. ---- */
+int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
+/* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing. */
+int arc_model_speculate_reserve(arc_model *model, int32_t k);
+/* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
+int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);
+/* The last step's rows (device memory): logits (k + 1, vocab) float32, their inputs tokens[0..k]
+ * (the token, then the drafts; tokens[k + 1]: drafts proposed). */
+int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
 
-/* The scripted model: a stand-in forward for testing the loop. It reads the token and the
- * position the way the real forward does and writes logits[vocab] whose argmax is
- * (token * mul + position * add + bias) mod vocab. mode selects a misbehaviour at position
- * at_pos. */
+/* hi, lo (rows, cols) bf16, hi = bf16(v), lo = bf16(v - hi), v = n(x) for x (rows, cols) float32,
+ * n per row as in arc_op_gemv (norm_weight NULL: v = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
+int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols, const uint16_t *norm_weight,
+                      float eps, uint16_t *hi, uint16_t *lo);
+/* y (rows, n) = (hi + lo) (rows, k) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32
+ * sums, each weight read once for all rows. rows 1..8, k % 32 == 0, no bias with accumulate;
+ * hi, lo and w 16-byte aligned, y 8-byte aligned. */
+int arc_op_skinny(arc_context *ctx, const uint16_t *hi, const uint16_t *lo, const uint16_t *w, int32_t rows,
+                  int32_t n, int32_t k, const uint16_t *bias, int32_t accumulate, float *y);
+/* h = silu((hi + lo) Wg^T) * ((hi + lo) Wu^T) -> h_hi + h_lo (rows, n) bf16; w_gate_up = [Wg; Wu]. */
+int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *hi, const uint16_t *lo, const uint16_t *w_gate_up,
+                         int32_t rows, int32_t n, int32_t k, uint16_t *h_hi, uint16_t *h_lo);
+
+/* ---- Test hooks: Not part of the decode API; the loop and its faults on a GPU, no model. ---- */
+
+/* The scripted model: reads the token and the position as the forward does and writes
+ * logits[vocab] whose argmax is (token * mul + position * add + bias) mod vocab; mode selects a
+ * misbehaviour at position at_pos. */
 typedef enum arc_script_mode {
     ARC_SCRIPT_NORMAL = 0,
     ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */

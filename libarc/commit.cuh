@@ -10,12 +10,14 @@ struct CommitArgs {
     DeviceState *st;
     RingHeader *ring;
     int32_t *slots;
+    int32_t *history;
     int vocab, max_seq, capacity;
 };
 
 // The commit arguments of a loop's step graphs.
 inline CommitArgs commit_args(arc_loop *loop) {
-    return CommitArgs{loop->state, loop->ring_dev, loop->slots_dev, loop->vocab, loop->max_seq, loop->capacity};
+    return CommitArgs{loop->state, loop->ring_dev, loop->slots_dev, loop->history, loop->vocab, loop->max_seq,
+                      loop->capacity};
 }
 
 // True for NaN and +-inf: the exponent bits all set. A bit test, so no compiler flag can fold it.
@@ -29,13 +31,14 @@ __device__ __forceinline__ bool nonfinite(float v) {
 // it lies, so a broken forward is reported as broken, not as a token out of range. Otherwise
 // feeds the token to the next forward, bumps the position, and publishes the token: slot first,
 // then a system-wide fence, then the count, so a host that sees the count sees the slot. A stop
-// id ends the burst: later steps of the same burst publish nothing.
-__device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
+// id ends the burst: later steps of the same burst publish nothing, as do those past the burst's
+// limit of tokens. The token also goes into the history at its position (drafts read it).
+// Returns whether the token was published.
+__device__ inline bool publish_token(const CommitArgs &c, int tok, float value) {
     DeviceState *st = c.st;
     RingHeader *ring = c.ring;
     volatile int32_t *slots = c.slots;
-    if (st->lose_in >= 0 && st->lose_in-- == 0) return;  // injected: as if never launched
-    if (st->fault != 0 || st->stopped == st->burst) return;
+    if (st->fault != 0 || st->stopped == st->burst || st->published == st->limit) return false;
     int next = st->position + 1;
     uint32_t code = ARC_FAULT_NONE;
     if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
@@ -47,10 +50,11 @@ __device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
         ring->fault_pos = next;
         __threadfence_system();
         ring->fault = code;
-        return;
+        return false;
     }
     st->token = (uint32_t)tok;
     st->position = next;
+    c.history[next] = tok;
     uint32_t n = st->published;
     slots[n % (uint32_t)c.capacity] = tok;
     __threadfence_system();
@@ -65,4 +69,17 @@ __device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
             break;
         }
     }
+    return true;
+}
+
+// True when fault injection says this commit is lost (as if its launch never ran).
+__device__ inline bool commit_lost(const CommitArgs &c) {
+    DeviceState *st = c.st;
+    return st->lose_in >= 0 && st->lose_in-- == 0;
+}
+
+// The commit of a one-token step.
+__device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
+    if (commit_lost(c)) return;
+    publish_token(c, tok, value);
 }

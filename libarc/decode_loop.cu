@@ -30,12 +30,25 @@ __global__ void set_stop_ids_kernel(DeviceState *st, StopIds stops) {
     for (int k = 0; k < ARC_MAX_STOP_IDS; ++k) st->stop_ids[k] = stops.ids[k];
 }
 
-__global__ void begin_burst_kernel(DeviceState *st, uint32_t burst) { st->burst = burst; }
+// The burst's limit counts from what is published when it begins: max_tokens 0 means none
+// (the count would take 2^32 - 1 more tokens to reach it).
+__global__ void begin_burst_kernel(DeviceState *st, uint32_t burst, uint32_t max_tokens) {
+    st->burst = burst;
+    st->limit = st->published + (max_tokens ? max_tokens : 0xFFFFFFFFu);
+}
 
 __global__ void reset_ring_kernel(DeviceState *st) {
     st->published = 0;
     st->fault = 0;
     st->stopped = 0;
+    st->steps = 0;
+    st->limit = 0xFFFFFFFFu;
+}
+
+// history[start + i] = tokens[i] for i < n.
+__global__ void set_history_kernel(int32_t *history, const int32_t *tokens, int n, int start) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        history[start + i] = tokens[i];
 }
 
 __global__ void inject_kernel(DeviceState *st, int32_t n) { st->lose_in = n; }
@@ -48,6 +61,7 @@ enum { PINNED_HEADER = 64 };
 static void loop_release(arc_loop *loop) {
     if (loop->ring_host) cudaFreeHost(loop->ring_host);
     if (loop->state) cudaFree(loop->state);
+    if (loop->history) cudaFree(loop->history);
     free(loop);
 }
 
@@ -65,8 +79,12 @@ static int loop_init(arc_loop *loop) {
     loop->slots_dev = (int32_t *)((char *)d + PINNED_HEADER);
     ARC_CUDA(ctx, cudaMalloc(&loop->state, sizeof(DeviceState)));
     ARC_CUDA(ctx, cudaMemsetAsync(loop->state, 0, sizeof(DeviceState), ctx->stream));
+    ARC_CUDA(ctx, cudaMalloc(&loop->history, (size_t)loop->max_seq * sizeof(int32_t)));
+    ARC_CUDA(ctx, cudaMemsetAsync(loop->history, 0, (size_t)loop->max_seq * sizeof(int32_t), ctx->stream));
     inject_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, -1);
     ARC_LAUNCHED(ctx, "inject_kernel");
+    reset_ring_kernel<<<1, 1, 0, ctx->stream>>>(loop->state);
+    ARC_LAUNCHED(ctx, "reset_ring_kernel");
     return ARC_OK;
 }
 
@@ -155,20 +173,41 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     r->fault_token = 0;
     r->fault_pos = 0;
     r->stopped = 0;
+    r->steps = 0;
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start) {
+    ARC_REQUIRE(loop && tokens, "null argument");
+    ARC_REQUIRE(n >= 1 && start >= 0 && (int64_t)start + n <= loop->max_seq,
+                "%d tokens at position %d do not fit max_seq %d", n, start, loop->max_seq);
+    arc_context *ctx = loop->ctx;
+    const int blocks = (n + 255) / 256 < 64 ? (n + 255) / 256 : 64;
+    set_history_kernel<<<blocks, 256, 0, ctx->stream>>>(loop->history, tokens, n, start);
+    ARC_LAUNCHED(ctx, "set_history_kernel");
     return ARC_OK;
 }
 
 // The commits enqueued after this belong to burst `burst_id` (a stop id ends that burst). Written
 // to the device only when the id changes: once per burst.
-extern "C" int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id) {
-    ARC_REQUIRE(loop, "loop is null");
-    ARC_REQUIRE(burst_id != 0, "burst id 0 is reserved");
+static int begin_burst(arc_loop *loop, uint32_t burst_id, uint32_t max_tokens, const char *who) {
+    ARC_REQUIRE_AS(who, loop, "loop is null");
+    ARC_REQUIRE_AS(who, burst_id != 0, "burst id 0 is reserved");
     if (burst_id == loop->burst) return ARC_OK;
     arc_context *ctx = loop->ctx;
-    begin_burst_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, burst_id);
+    begin_burst_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, burst_id, max_tokens);
     ARC_LAUNCHED(ctx, "begin_burst_kernel");
     loop->burst = burst_id;
     return ARC_OK;
+}
+
+extern "C" int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id) {
+    return begin_burst(loop, burst_id, 0, __func__);
+}
+
+extern "C" int arc_loop_begin_burst_limit(arc_loop *loop, uint32_t burst_id, uint32_t max_tokens) {
+    ARC_REQUIRE(max_tokens >= 1, "a burst publishes at least one token (max_tokens %u)", max_tokens);
+    return begin_burst(loop, burst_id, max_tokens, __func__);
 }
 
 // One step of burst `burst_id`: a launch of the step graph.
@@ -187,6 +226,7 @@ extern "C" int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint
 extern "C" int arc_ring_poll(arc_loop *loop, arc_ring_state *state) {
     ARC_REQUIRE(loop && state, "null argument");
     const RingHeader *r = loop->ring_host;
+    state->steps = r->steps;
     state->stopped = r->stopped;
     state->fault = r->fault;
     std::atomic_thread_fence(std::memory_order_acquire);

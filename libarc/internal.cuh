@@ -82,6 +82,7 @@ struct RingHeader {
     volatile int32_t fault_token;
     volatile int32_t fault_pos;
     volatile uint32_t stopped;
+    volatile uint32_t steps;  // speculative steps whose commit ran
 };
 
 struct DeviceState {
@@ -91,6 +92,8 @@ struct DeviceState {
     uint32_t fault;       // device copy of RingHeader::fault (sticky)
     uint32_t stopped;     // burst id a stop id ended
     uint32_t burst;       // the burst the next commits belong to
+    uint32_t limit;       // the published count at which this burst stops publishing
+    uint32_t steps;       // device copy of RingHeader::steps
     int32_t lose_in;      // fault injection: commits until a lost one, -1 when disarmed
     int32_t n_stop_ids;
     int32_t stop_ids[ARC_MAX_STOP_IDS];
@@ -113,6 +116,7 @@ struct arc_loop {
     int32_t *slots_host;
     int32_t *slots_dev;
     DeviceState *state;   // device memory
+    int32_t *history;     // device memory, max_seq token ids: the token at each position
 };
 
 // Every CUDA call on a context goes through one of these: counted, checked, and on failure

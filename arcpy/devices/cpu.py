@@ -14,6 +14,7 @@ from arcpy.devices.reference import ReferenceModel
 class NumpyDevice:
     supports_loop = supports_sampling = False
     supports_prefill = True
+    speculate_k = speculate_ngram = 0
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference

@@ -54,8 +54,9 @@ class CudaDevice:
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         self.forward = forward
         self.owns_context = owns_context
-        self.loop = self.graph = self.step_graph = self.draw_graph = None
+        self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
         self.supports_loop = self.supports_sampling = False
+        self.speculate_k = self.speculate_ngram = 0
         self.supports_prefill = forward.supports_prefill
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
@@ -108,6 +109,16 @@ class CudaDevice:
             self.draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
                 self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width))))
             self.supports_sampling = True
+
+    def capture_speculation(self, k: int, ngram: int) -> None:
+        """The speculative step's graph: draft, verify forward of k + 1 rows, accept and commit.
+        Refused (InvalidArgumentError) by a forward without one, or with quantized weights."""
+        fwd = self.forward
+        if not hasattr(fwd, "enqueue_speculate"):
+            raise InvalidArgumentError("this device's forward has no speculative step")
+        fwd.reserve_speculation(k)
+        self.spec_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram))
+        self.speculate_k, self.speculate_ngram = k, ngram
 
     def _capture(self, enqueue: Callable[[], None]):
         _lib.check(self.lib.arc_graph_capture_begin(self.ctx.ptr))
@@ -164,12 +175,25 @@ class CudaDevice:
         if not (n >= 1 and 0 <= start and start + n <= self.max_seq):
             raise InvalidArgumentError(f"a prefill of {n} tokens at position {start} does not fit max_seq "
                                        f"{self.max_seq}")
+        self._stage_prompt(tokens)
+        self.forward.prefill(self._prompt_dev, n, start)
+        if self.speculate_k:  # the prompt is the history the drafts are looked up in
+            _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, start))
+
+    def _stage_prompt(self, tokens) -> None:
         if self._prompt_in_use:
             spin_until(self.stream_query, IDLE_SPINS, "prefill: waiting for the previous prompt's forward")
-        self._prompt[:n] = tokens
+        self._prompt[:len(tokens)] = tokens
         self._idle = False
         self._prompt_in_use = True
-        self.forward.prefill(self._prompt_dev, n, start)
+
+    def set_history(self, tokens) -> None:
+        n = len(tokens)
+        if not (self.speculate_k and 1 <= n <= self.max_seq):
+            raise InvalidArgumentError(f"a history of {n} tokens needs a speculative step and at most max_seq "
+                                       f"{self.max_seq} tokens")
+        self._stage_prompt(tokens)
+        _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, 0))
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._idle = False
@@ -238,10 +262,20 @@ class CudaDevice:
         commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
         _lib.check(commit(self.loop, fwd.logits, fwd.width))
 
+    def begin_burst(self, burst_id: int, max_tokens: int) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_loop_begin_burst_limit(self.loop, burst_id, max_tokens))
+
+    def enqueue_spec_step(self, burst_id: int) -> None:
+        if self.spec_graph is None:
+            raise InvalidArgumentError("this device has no speculative step (capture_speculation)")
+        self._idle = False
+        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.spec_graph, burst_id))
+
     def poll_ring(self) -> RingState:
         s = self._state
         self.lib.arc_ring_poll(self.loop, s)
-        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped)
+        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped, s.steps)
 
     def read_ring(self, first: int, count: int) -> list[int]:
         _lib.check(self.lib.arc_ring_read(self.loop, first, count, self._tokens))
@@ -256,11 +290,12 @@ class CudaDevice:
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.step_graph, self.draw_graph):
+        for g in (self.graph, self.step_graph, self.draw_graph, self.spec_graph):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
-        self.graph = self.step_graph = self.draw_graph = None
+        self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
         self.supports_loop = self.supports_sampling = False
+        self.speculate_k = 0
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None
@@ -272,11 +307,12 @@ class CudaDevice:
 
 
 def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool = True,
-                     vocab_limit: int | None = None) -> CudaDevice:
+                     vocab_limit: int | None = None, speculate: int = 0, ngram: int = 3) -> CudaDevice:
     """Load `model` onto GPU 0, in order: a context; the config validated and the weights uploaded;
     the loop's state; one warm-up forward; the graphs captured (unless `use_graph` is off: the
     eager forward, no device loop). `vocab_limit` narrows the valid token ids below the lm_head's
-    width, as a padded head does. The device owns all of it: close it, or use it in a `with`."""
+    width, as a padded head does. `speculate` > 0 also captures the speculative step with that
+    many drafts, looked up by n-grams of up to `ngram` tokens. The device owns all of it: close it, or use it in a `with`."""
     ctx = Context(0)
     try:
         forward = CudaModel(ctx, model, max_seq or model.config.max_seq)
@@ -288,6 +324,8 @@ def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool =
         device.warm_up()
         if use_graph:
             device.capture()
+            if speculate:
+                device.capture_speculation(speculate, ngram)
     except BaseException:
         device.close()
         raise

@@ -130,6 +130,13 @@ class CudaModel:
         # The argmax and its commit in the lm_head's kernel: a node less than after the forward.
         _lib.check(self.lib.arc_model_forward_commit(self.ptr, loop))
 
+    def reserve_speculation(self, k: int) -> None:
+        """Buffers for speculative steps of k drafts (bf16 weights only: libarc refuses others)."""
+        _lib.check(self.lib.arc_model_speculate_reserve(self.ptr, k))
+
+    def enqueue_speculate(self, loop, ngram: int) -> None:
+        _lib.check(self.lib.arc_model_forward_speculate(self.ptr, loop, ngram))
+
     def prefill(self, tokens, n: int, start: int) -> None:
         _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
 

@@ -20,6 +20,7 @@ import numpy as np
 from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
 from arcpy.devices.protocol import Counters, RingState
 from arcpy.devices.scripted import scripted_next
+from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
 from arcpy.sampling import Sampler, Sampling
 
@@ -44,6 +45,8 @@ class FakeScript:
     supports_prefill: bool = True         # a prompt goes through in one forward
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
+    speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
+    speculate_ngram: int = 3
 
 
 @dataclass
@@ -78,6 +81,12 @@ class FakeDevice:
         self.dev_fault = FAULT_NONE
         self.sticky = False
         self.steps_enqueued = 0
+        self.speculate_k, self.speculate_ngram = self.script.speculate_k, self.script.speculate_ngram
+        self.history = [0] * self.max_seq  # the loop's token history (drafts read it)
+        self.limit = None  # the ring count at which the burst stops publishing
+        self.burst = 0  # the burst id last begun
+        self.spec_steps = 0  # speculative steps whose commit ran
+        self.drafts: list[list[int]] = []  # each speculative step's drafts, in order
         self.calls = Counters()
         self.log: list[str] = []
         self.closed = False
@@ -128,6 +137,13 @@ class FakeDevice:
         s = self.script
         if op.kind == "input":
             self.token, self.position = op.arg
+        elif op.kind == "history":
+            tokens, start = op.arg
+            self.history[start:start + len(tokens)] = tokens
+        elif op.kind == "burst":
+            self.limit = None if op.arg is None else len(self.ring) + op.arg
+        elif op.kind == "spec":
+            self._speculate(op)
         elif op.kind in ("forward", "prefill"):
             # A prefill leaves what a forward of its last token at its last position would.
             token, position, eager = (self.token, self.position, op.arg) if op.kind == "forward" else (*op.arg, False)
@@ -140,29 +156,59 @@ class FakeDevice:
                 self.sticky = True
                 self.queue.clear()
                 return
-            if op.step in s.lost_steps or self.dev_fault or self.stopped == op.arg:
+            if op.step in s.lost_steps:
                 return
             logits, tok = self._forward(self.token, self.position)
-            nxt_pos = self.position + 1
             if self.sampler is not None and self.position != s.nan_at_position:
-                tok = self.sampler.sample(logits, nxt_pos)
-            code = FAULT_NONE
-            if op.step == s.fault_word_at:
-                code = s.fault_code
-            elif self.position == s.nan_at_position:
-                code = FAULT_NONFINITE
-            elif not 0 <= tok < self.vocab:
-                code = FAULT_TOKEN_RANGE
-            elif nxt_pos >= self.max_seq:
-                code = FAULT_POSITION_RANGE
-            if code:
-                self.dev_fault = code
-                self.fault = RingState(0, code, tok, nxt_pos)
-                return
-            self.token, self.position = tok, nxt_pos
-            self.ring.append(tok)
-            if s.honor_stop_ids and tok in self.stop_ids:
-                self.stopped = op.arg
+                tok = self.sampler.sample(logits, self.position + 1)
+            self._commit(op, tok)
+
+    def _commit(self, op: _Op, tok: int) -> bool:
+        """The commit's checks and publication of `tok`, as commit.cuh's publish_token."""
+        s = self.script
+        if self.dev_fault or self.stopped == op.arg or (self.limit is not None and len(self.ring) >= self.limit):
+            return False
+        nxt_pos = self.position + 1
+        code = FAULT_NONE
+        if op.step == s.fault_word_at:
+            code = s.fault_code
+        elif self.position == s.nan_at_position:
+            code = FAULT_NONFINITE
+        elif not 0 <= tok < self.vocab:
+            code = FAULT_TOKEN_RANGE
+        elif nxt_pos >= self.max_seq:
+            code = FAULT_POSITION_RANGE
+        if code:
+            self.dev_fault = code
+            self.fault = RingState(0, code, tok, nxt_pos)
+            return False
+        self.token, self.position = tok, nxt_pos
+        self.history[nxt_pos] = tok
+        self.ring.append(tok)
+        if s.honor_stop_ids and tok in self.stop_ids:
+            self.stopped = op.arg
+        return True
+
+    def _speculate(self, op: _Op) -> None:
+        """A speculative step: drafts from the history, the model's token after each row, and
+        the accepted run committed token by token (speculate.cu's accept)."""
+        s = self.script
+        if op.step == s.sticky_fault_at:
+            self.sticky = True
+            self.queue.clear()
+            return
+        if op.step in s.lost_steps:
+            return
+        p = self.position
+        self.history[p] = self.token
+        drafts = draft(self.history[:p + 1], self.speculate_k, self.speculate_ngram)
+        self.drafts.append(drafts)
+        rows = [self.token, *drafts]
+        for i, row_token in enumerate(rows):
+            made = self._forward(row_token, p + i)[1]
+            if not self._commit(op, made) or i >= len(drafts) or drafts[i] != made:
+                break
+        self.spec_steps += 1
 
     # DeviceOps
     def set_input(self, token: int, position: int) -> None:
@@ -195,6 +241,8 @@ class FakeDevice:
         self._count()
         self.prefills.append((tokens, start))
         self._enqueue(_Op("prefill", (tokens[-1], start + len(tokens) - 1)))
+        if self.speculate_k:
+            self._enqueue(_Op("history", (tokens, start)))
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._count(1, 0 if eager else 1)
@@ -218,6 +266,7 @@ class FakeDevice:
         if not self.stream_query():
             return False
         self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0
+        self.spec_steps, self.limit = 0, None
         return True
 
     def set_stop_ids(self, ids: tuple[int, ...]) -> None:
@@ -236,6 +285,7 @@ class FakeDevice:
         self.sampler = None if sampling is None or sampling.is_greedy() else Sampler(sampling)
 
     def enqueue_step(self, burst_id: int, graphs: int = 1) -> None:
+        self.begin_burst(burst_id, None)
         self._count(3, graphs)
         step = self.steps_enqueued
         self.steps_enqueued += 1
@@ -248,10 +298,34 @@ class FakeDevice:
         # counted as a step for the fault script, with no graph launch.
         self.enqueue_step(burst_id, graphs=0)
 
+    def set_history(self, tokens) -> None:
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens or len(tokens) > self.max_seq:
+            raise InvalidArgumentError(f"a history of {len(tokens)} tokens does not fit max_seq {self.max_seq}")
+        self._count()
+        self._enqueue(_Op("history", (tokens, 0)))
+
+    def begin_burst(self, burst_id: int, max_tokens: int | None) -> None:
+        # As arc_loop_begin_burst(_limit): written to the device only when the id changes.
+        if burst_id != self.burst:
+            self._count()
+            self._enqueue(_Op("burst", max_tokens))
+            self.burst = burst_id
+
+    def enqueue_spec_step(self, burst_id: int) -> None:
+        if not self.speculate_k:
+            raise InvalidArgumentError("this device has no speculative step")
+        self.begin_burst(burst_id, None)
+        self._count(1, 1)
+        step = self.steps_enqueued
+        self.steps_enqueued += 1
+        self.log.append(f"spec {step} burst {burst_id}")
+        self._enqueue(_Op("spec", burst_id, step))
+
     def poll_ring(self) -> RingState:
         self._tick()
         f = self.fault
-        return RingState(len(self.ring), f.fault, f.fault_token, f.fault_pos, self.stopped)
+        return RingState(len(self.ring), f.fault, f.fault_token, f.fault_pos, self.stopped, self.spec_steps)
 
     def read_ring(self, first: int, count: int) -> list[int]:
         if first + count > len(self.ring):

@@ -30,6 +30,7 @@ class RingState:
     fault_token: int = 0
     fault_pos: int = 0
     stopped: int = 0
+    steps: int = 0  # speculative steps whose commit ran since the ring was reset
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class DeviceOps(Protocol):
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
     supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)
+    speculate_k: int         # drafts a speculative step verifies (0: the device has no such step)
+    speculate_ngram: int     # the longest n-gram its draft looks up
 
     # Both paths
     def set_input(self, token: int, position: int) -> None: ...
@@ -74,6 +77,13 @@ class DeviceOps(Protocol):
     # A step of burst `burst_id` without its forward: the sampler and the commit on the logits a
     # prefill left, so the prompt's next token lands in the ring like every other.
     def enqueue_commit(self, burst_id: int) -> None: ...
+    # Speculative steps (speculate_k > 0; greedy): the prompt's ids go into the loop's history by
+    # enqueue_prefill, or by set_history when the prompt goes through token by token.
+    def set_history(self, tokens: Sequence[int]) -> None: ...
+    # The commits enqueued after this belong to burst `burst_id`, which publishes at most
+    # `max_tokens` tokens.
+    def begin_burst(self, burst_id: int, max_tokens: int) -> None: ...
+    def enqueue_spec_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
 

@@ -42,6 +42,7 @@ class BurstDriver:
         self.max_spins = max_spins
         self.query_every = query_every
         self.published = 0
+        self.steps = 0  # speculative steps whose commit ran, as the ring counts them
         self.burst_id = 0
         self.host_waits = 0
 
@@ -53,6 +54,7 @@ class BurstDriver:
         if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
             self.host_waits += 1
         self.published = 0
+        self.steps = 0
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
 
@@ -105,6 +107,54 @@ class BurstDriver:
                 raise HangError(
                     f"device loop: no token and no error in {self.max_spins} polls "
                     f"({self.published - base} of {steps} steps published)")
+
+    def run_speculative(self, steps: int, max_tokens: int, first_commit: bool = False) -> Iterator[int]:
+        """Enqueue `steps` speculative steps (after the prefill's commit with `first_commit`), in a
+        burst that publishes at most `max_tokens` tokens, and yield each token as it lands. Each
+        step publishes one token or more, so the burst ends when the ring holds `max_tokens` more
+        tokens, when a stop id ended it, or when the ring's step count says every step ran. The
+        fault signals are those of `run`; idle-but-short means the stream is idle yet a step
+        never counted itself and the tokens fall short of the limit."""
+        if steps < 1 or max_tokens < 1:
+            raise ValueError("a speculative burst has at least one step and one token")
+        self.burst_id = self.burst_id % 0xFFFFFFFF + 1
+        self.device.begin_burst(self.burst_id, max_tokens)
+        if first_commit:
+            self.device.enqueue_commit(self.burst_id)
+        for _ in range(steps):
+            self.device.enqueue_spec_step(self.burst_id)
+        base, base_steps = self.published, self.steps
+        want = base + max_tokens
+        idle_seen = False
+        spins = 0
+        while self.published < want:
+            state = self.device.poll_ring()  # the step count is read before the tokens it covers
+            if state.published > self.published:
+                yield from self._take(state.published)
+                spins = 0
+            self.steps = state.steps
+            if self.published >= want or state.steps - base_steps >= steps:
+                return
+            if state.fault:
+                raise fault_error(state)
+            if state.stopped == self.burst_id:
+                return
+            if idle_seen:
+                raise ShortBurstError(
+                    f"device loop: the stream is idle but only {state.steps - base_steps} of {steps} "
+                    f"speculative steps ran (burst {self.burst_id})")
+            spins += 1
+            if spins % self.query_every == 0:
+                try:
+                    idle_seen = self.device.stream_query()
+                except DeviceFaultError:
+                    yield from self._take(self.device.poll_ring().published)
+                    raise
+            if spins >= self.max_spins:
+                yield from self._take(self.device.poll_ring().published)
+                raise HangError(
+                    f"device loop: no token and no error in {self.max_spins} polls "
+                    f"({state.steps - base_steps} of {steps} speculative steps ran)")
 
     def _take(self, published: int) -> Iterator[int]:
         """Yield the tokens the ring holds beyond those already taken."""

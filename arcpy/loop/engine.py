@@ -43,6 +43,7 @@ from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
+from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
@@ -60,6 +61,7 @@ class _Sequence:
     loop: bool
     budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
     prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
+    policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop, greedy)
     produced: int = 0        # tokens handed out
     finished: bool = False
 
@@ -71,11 +73,13 @@ class Engine:
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
                  burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
-                 prefill: bool = True):
+                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None):
         if not (isinstance(burst, int) and 1 <= burst <= 1024):
             raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
         self.device = device
         self.prefill = prefill  # off: the prompt goes through the decode step token by token
+        self.speculate = speculate  # off: never a speculative step, even where the device has one
+        self.step_cost = step_cost or StepCost()  # seconds a step of each kind takes, across sequences
         self.backend = backend
         self.burst = burst
         self.environ = environ
@@ -99,11 +103,12 @@ class Engine:
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
-             environ: Mapping[str, str] | None = None, text=None, **kw) -> "Engine":
+             environ: Mapping[str, str] | None = None, text=None, drafts: int = 0, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
-        The engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
+        `drafts` > 0 captures speculative steps of that many drafts (cuda, bf16 weights). The
+        engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
         if max_seq is None:
@@ -116,7 +121,7 @@ class Engine:
         use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
         if backend == "cuda":
             from arcpy.devices.cuda import open_cuda_device
-            device = open_cuda_device(model, max_seq, use_graph)
+            device = open_cuda_device(model, max_seq, use_graph, speculate=drafts if use_graph else 0)
         elif backend == "numpy":
             from arcpy.devices.cpu import NumpyDevice
             from arcpy.devices.reference import ReferenceModel
@@ -183,6 +188,7 @@ class Engine:
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
+        policy = speculation(dev, self.speculate, admitted, sampler.greedy, prompt, self.step_cost, self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
@@ -199,13 +205,15 @@ class Engine:
                     dev.enqueue_forward()
                 if admitted:
                     dev.set_input(prompt[-1], len(prompt) - 1)
+                if policy is not None:  # the prefill writes the history itself
+                    dev.set_history(prompt)
         except DeviceFaultError as exc:
             self._poison(str(exc))
             raise
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill)
+                             prefilled=prefill, policy=policy)
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -307,10 +315,10 @@ class Engine:
         seq = self.seq
         try:
             if seq.loop:
-                steps = min(self.burst, seq.max_new - seq.produced)
                 first_commit, seq.prefilled = seq.prefilled, False
                 try:
-                    yield from self.driver.run(steps, first_commit)
+                    yield from burst(self.driver, seq.policy, self.stats, self.step_cost, self.burst,
+                                     seq.max_new - seq.produced, first_commit)
                     return
                 except LoopFault as exc:
                     self._fall_back(str(exc))
@@ -321,6 +329,7 @@ class Engine:
 
     def _host_step(self) -> int:
         seq, dev = self.seq, self.device
+        self.stats.weight_reads += 1
         if seq.prefilled:
             seq.prefilled = False  # the prefill left this step's logits
         else:

@@ -41,6 +41,26 @@ class GenerationStats:
     seed: int | None = None  # a sampled sequence's seed (drawn when none was given): it reproduces it
     prefill: bool = False    # the prompt went through the model in one forward
     stop_id: int | None = None  # the stop id that ended it (finish_reason stop_id); never handed out
+    speculation: str = "off"  # "on", or "off" with the reason
+    drafts: int = 0           # drafts a speculative step verifies (k)
+    spec_steps: int = 0       # speculative steps enqueued
+    spec_tokens: int = 0      # tokens those bursts produced
+    weight_reads: int = 0     # forwards that read the weights to produce tokens (a prefill counts one)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a speculative step produced, on average (1 to drafts + 1)."""
+        return self.spec_tokens / self.spec_steps if self.spec_steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """The share of draft slots accepted: (tokens - steps) / (steps * drafts)."""
+        slots = self.spec_steps * self.drafts
+        return (self.spec_tokens - self.spec_steps) / slots if slots else 0.0
+
+    @property
+    def tokens_per_weight_read(self) -> float:
+        return self.tokens / self.weight_reads if self.weight_reads else 0.0
 
     def per_token(self, value: int) -> float:
         return value / self.tokens if self.tokens else 0.0
@@ -54,4 +74,7 @@ class GenerationStats:
                 f"path {self.path}, backend {self.backend}; per token: "
                 f"{self.per_token(self.graph_launches):.2f} graph launches, "
                 f"{self.per_token(self.cuda_calls):.2f} CUDA calls, "
-                f"{self.per_token(self.host_waits):.2f} host waits")
+                f"{self.per_token(self.host_waits):.2f} host waits"
+                + (f"; speculation: {self.spec_steps} steps, {self.tokens_per_step:.2f} tokens a step, "
+                   f"{self.acceptance:.0%} of drafts accepted, {self.tokens_per_weight_read:.2f} tokens a "
+                   f"weight read" if self.spec_steps else ""))

@@ -236,6 +236,30 @@ struct PrefillBuffers {
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
 
+// A speculative step's buffers for k drafts (rows = k + 1), one allocation (speculate.cu); an
+// arc_model holds one, all zero until arc_model_speculate_reserve.
+struct SpecBuffers {
+    void *mem;
+    uint64_t bytes;
+    int32_t k;
+    float *x;          // residual streams (rows, dim)
+    uint16_t *hi, *lo; // a product's input, split (rows, max(dim, q_dim))
+    uint16_t *h_hi, *h_lo;  // the SwiGLU output, split (rows, ffn_dim)
+    float *qkv;        // (rows, q_dim + 2 kv_dim)
+    float *att;        // (rows, q_dim)
+    float *logits;     // (rows, vocab)
+    int32_t *tokens;   // the rows' tokens (rows), then the number of drafts
+    int32_t *positions;  // (rows)
+    unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key)
+};
+void spec_buffers_release(SpecBuffers *b);
+
+// The verify forward's attention (verify_attention.cu): q and k of qkv (rows, stride) rotated in
+// place, k and v to the cache at each row's position, then out (rows, n_heads, hd) float32.
+int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
+                            const float *inv_freq, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
+                            int n_kv_heads, int hd, int max_seq, float *out);
+
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
 // else written to *out and *value_out; `who` names the entry point in errors.
 int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
@@ -269,6 +293,7 @@ struct ModelParts {
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
     float *logits;
     PrefillBuffers *prefill;
+    SpecBuffers *spec;
     uint64_t dequant_elems;  // weights of the largest quantized matrix the prefill reads (0: none)
 };
 

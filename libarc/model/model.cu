@@ -49,6 +49,7 @@ struct arc_model {
     float *logits;   // (vocab)
     float *scratch;  // attention partials
     PrefillBuffers prefill;  // the prefill's activations, once reserved (prefill.cu)
+    SpecBuffers spec;        // a speculative step's, once reserved (speculate.cu)
 };
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
@@ -208,6 +209,7 @@ static void model_release(arc_model *m) {
     if (m->kv) cudaFree(m->kv);
     if (m->act) cudaFree(m->act);
     prefill_buffers_release(&m->prefill);
+    spec_buffers_release(&m->spec);
     free(m->uploaded);
     free(m->format);
     free(m->bytes);
@@ -379,6 +381,7 @@ ModelParts model_parts(arc_model *m) {
     p.scratch = m->scratch;
     p.logits = m->logits;
     p.prefill = &m->prefill;
+    p.spec = &m->spec;
     p.dequant_elems = m->dequant_elems;
     return p;
 }
@@ -387,6 +390,6 @@ extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *k
     ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
     *weights = model->weight_bytes;
     *kv_cache = 2 * model->kv_layer_elems * model->cfg.n_layers * sizeof(uint16_t);
-    *activations = model->act_bytes + model->prefill.bytes;
+    *activations = model->act_bytes + model->prefill.bytes + model->spec.bytes;
     return ARC_OK;
 }

@@ -1,0 +1,244 @@
+// speculate.cu -- the speculative step: more than one token per read of the weights, decided on
+// the device, so the loop's host still only enqueues steps and reads the ring.
+//
+// One step, all of it captured once into a graph:
+//   1 draft        the latest earlier occurrence of the sequence's last n tokens (n = ngram down
+//                  to 1) in the loop's history; the k tokens that followed it are the drafts
+//   2 the verify forward over rows [token, drafts] at positions p..p+k, every weight read once:
+//                  per layer split (norm) -> skinny qkv -> rope + cache -> attention -> split ->
+//                  skinny Wo (+x) -> split (norm) -> skinny SwiGLU -> skinny Wdown (+x); then the
+//                  lm_head over every row
+//   3 argmax       each row's argmax key (one atomic max a block)
+//   4 accept       commits the argmax of row 0, and of row i + 1 while draft i + 1 equals the
+//                  argmax of row i: each published token is what the model produces after the
+//                  tokens before it. The commit's checks (range, position, non-finite, stop ids,
+//                  the burst's limit) apply to each; a stop id ends the run. Then the step count.
+// Rejected rows leave cache rows past the new position; the next step's rows overwrite them
+// before any attention reads them.
+#include "../commit.cuh"
+#include "head_argmax.cuh"
+#include "kernels.cuh"
+
+enum { DRAFT_THREADS = 1024, SPEC_MAX_K = 7, SPEC_MAX_NGRAM = 8, ROWMAX_THREADS = 256, ROWMAX_BLOCKS = 32 };
+
+void spec_buffers_release(SpecBuffers *b) {
+    if (b->mem) cudaFree(b->mem);
+    *b = SpecBuffers{};
+}
+
+// The draft: writes the rows' tokens (the current token, then up to k drafts, padded with the
+// current token), their positions, the number of drafts, and clears the argmax keys. The longest
+// match wins, then the latest: one key per candidate end j < p, (match length << 32) | j.
+__global__ void __launch_bounds__(DRAFT_THREADS)
+draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, int32_t *tokens, int32_t *positions,
+             unsigned long long *keys) {
+    __shared__ unsigned long long wbest[DRAFT_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int p = st->position, tid = threadIdx.x;
+    const int32_t tok = (int32_t)st->token;
+    unsigned long long best = 0;
+    for (int j = tid; j < p; j += DRAFT_THREADS) {
+        int len = 0;
+        // history[p] is the current token (the commit or the prompt wrote it); compare with tok.
+        while (len < ngram && j - len >= 0 && history[j - len] == (len == 0 ? tok : history[p - len])) ++len;
+        if (len > 0) {
+            const unsigned long long key = (unsigned long long)len << 32 | (uint32_t)j;
+            best = key > best ? key : best;
+        }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        const unsigned long long o = __shfl_down_sync(0xffffffffu, best, off);
+        best = o > best ? o : best;
+    }
+    if (tid % 32 == 0) wbest[tid / 32] = best;
+    __syncthreads();
+    if (tid != 0) return;
+    for (int w = 1; w < DRAFT_THREADS / 32; ++w) best = wbest[w] > best ? wbest[w] : best;
+    int n = 0;
+    if (best != 0) {
+        const int j = (int)(uint32_t)best;
+        n = min(k, p - j);
+        for (int i = 0; i < n; ++i) tokens[1 + i] = history[j + 1 + i];
+    }
+    for (int i = n; i < k; ++i) tokens[1 + i] = tok;
+    tokens[0] = tok;
+    tokens[k + 1] = n;
+    for (int i = 0; i <= k; ++i) {
+        positions[i] = p + i;
+        keys[i] = 0;
+    }
+}
+
+// x[i] = float(embed[tokens[i]]), one block a row.
+__global__ void __launch_bounds__(256)
+verify_embed_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float *x) {
+    pdl_launch_dependents();
+    pdl_wait();
+    embed_row(table, vocab, dim, (uint32_t)tokens[blockIdx.x], x + (size_t)blockIdx.x * dim, 256);
+}
+
+// keys[row] = the argmax key of logits[row] (width values): blocks stride over the row, each adds
+// its best by an atomic max (the result does not depend on the order).
+__global__ void __launch_bounds__(ROWMAX_THREADS)
+rowmax_kernel(const float *__restrict__ logits, int width, unsigned long long *keys) {
+    __shared__ unsigned long long wbest[ROWMAX_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int row = blockIdx.y;
+    const float *x = logits + (size_t)row * width;
+    unsigned long long best = 0;
+    for (int i = blockIdx.x * ROWMAX_THREADS + threadIdx.x; i < width; i += gridDim.x * ROWMAX_THREADS) {
+        const unsigned long long key = argmax_key(x[i], i);
+        best = key > best ? key : best;
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        const unsigned long long o = __shfl_down_sync(0xffffffffu, best, off);
+        best = o > best ? o : best;
+    }
+    if (threadIdx.x % 32 == 0) wbest[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < ROWMAX_THREADS / 32; ++w) best = wbest[w] > best ? wbest[w] : best;
+    atomicMax(&keys[row], best);
+}
+
+// The accept and its commits (one thread), then the step count: after the tokens, so a host that
+// sees the count sees every token of the step.
+__global__ void accept_kernel(CommitArgs c, const int32_t *tokens, const unsigned long long *keys, int k) {
+    pdl_wait();
+    if (commit_lost(c)) return;
+    const int drafted = tokens[k + 1];
+    for (int i = 0; i <= k; ++i) {
+        const unsigned long long key = keys[i];
+        const uint32_t ok = (uint32_t)(key >> 32);
+        const int tok = (int)~(uint32_t)key;
+        const float value = ok == 0xffffffffu ? __uint_as_float(0x7fc00000u) : key_value(ok);
+        if (!publish_token(c, tok, value)) break;
+        if (i >= drafted || tokens[i + 1] != tok) break;  // draft i + 1 was not what the model made
+    }
+    DeviceState *st = c.st;
+    st->steps += 1;
+    __threadfence_system();
+    c.ring->steps = st->steps;
+}
+
+static bool all_bf16(arc_model *model, const ModelParts &mp) {
+    if (mp.lm_head.format != ARC_FORMAT_BF16) return false;
+    for (int l = 0; l < mp.cfg.n_layers; ++l) {
+        const LayerParts lw = model_layer(model, l);
+        const Weight ws[6] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate_up, lw.w_down};
+        for (const Weight &w : ws)
+            if (w.format != ARC_FORMAT_BF16) return false;
+    }
+    return true;
+}
+
+extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
+    ARC_REQUIRE(model, "model is null");
+    const ModelParts mp = model_parts(model);
+    const arc_model_config &c = mp.cfg;
+    arc_context *ctx = mp.ctx;
+    ARC_REQUIRE(k >= 0 && k <= SPEC_MAX_K, "k must be in 0..%d, got %d", SPEC_MAX_K, k);
+    ARC_REQUIRE(!ctx->capturing, "the speculative step's buffers cannot be reserved while a graph is being captured");
+    SpecBuffers *b = mp.spec;
+    if (k == 0) {
+        spec_buffers_release(b);
+        return ARC_OK;
+    }
+    ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
+    ARC_REQUIRE(c.head_dim % 8 == 0 && c.head_dim <= 128, "speculative steps need head_dim a multiple of 8 up to "
+                "128, got %d", c.head_dim);
+    ARC_REQUIRE(c.dim % 32 == 0 && c.ffn_dim % 32 == 0 && mp.q_dim % 32 == 0,
+                "speculative steps need dim, ffn_dim and the query width to be multiples of 32");
+    const uint64_t rows = (uint64_t)k + 1, wide = (uint64_t)(c.dim > mp.q_dim ? c.dim : mp.q_dim);
+    const uint64_t sizes[11] = {rows * c.dim * 4, rows * wide * 2, rows * wide * 2, rows * c.ffn_dim * 2,
+                                rows * c.ffn_dim * 2, rows * mp.qkv_rows * 4, rows * mp.q_dim * 4,
+                                rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 8};
+    uint64_t off[11], at = 0;
+    for (int i = 0; i < 11; ++i) {
+        off[i] = at;
+        at = (at + sizes[i] + 255) / 256 * 256;
+    }
+    void *mem = nullptr;
+    ARC_CUDA(ctx, cudaMalloc(&mem, at));  // on failure the old reservation stands
+    spec_buffers_release(b);
+    uint8_t *base = (uint8_t *)mem;
+    b->mem = mem;
+    b->bytes = at;
+    b->k = k;
+    b->x = (float *)(base + off[0]);
+    b->hi = (uint16_t *)(base + off[1]);
+    b->lo = (uint16_t *)(base + off[2]);
+    b->h_hi = (uint16_t *)(base + off[3]);
+    b->h_lo = (uint16_t *)(base + off[4]);
+    b->qkv = (float *)(base + off[5]);
+    b->att = (float *)(base + off[6]);
+    b->logits = (float *)(base + off[7]);
+    b->tokens = (int32_t *)(base + off[8]);
+    b->positions = (int32_t *)(base + off[9]);
+    b->keys = (unsigned long long *)(base + off[10]);
+    ARC_CUDA(ctx, cudaMemsetAsync(mem, 0, at, ctx->stream));
+    return ARC_OK;
+}
+
+// The verify forward over the rows the draft wrote: logits (rows, vocab).
+static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuffers &b, int rows) {
+    arc_context *ctx = mp.ctx;
+    const arc_model_config &c = mp.cfg;
+    const int dim = c.dim, ffn = c.ffn_dim, q_dim = mp.q_dim;
+    const float eps = c.rms_eps;
+    ARC_TRY(arc_launch_pdl(ctx, "verify_embed_kernel", verify_embed_kernel, dim3(rows), dim3(256), 0, mp.embed,
+                           c.vocab, dim, (const int32_t *)b.tokens, b.x));
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerParts lw = model_layer(model, l);
+        const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
+        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.attn_norm, eps, b.hi, b.lo));
+        ARC_TRY(arc_op_skinny(ctx, b.hi, b.lo, wqkv, rows, mp.qkv_rows, dim, lw.bqkv, 0, b.qkv));
+        ARC_TRY(launch_verify_attention(ctx, b.qkv, rows, mp.qkv_rows, b.positions, mp.inv_freq, lw.k_cache,
+                                        lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att));
+        ARC_TRY(arc_op_split_rows(ctx, b.att, rows, q_dim, nullptr, 0.0f, b.hi, b.lo));
+        ARC_TRY(arc_op_skinny(ctx, b.hi, b.lo, (const uint16_t *)lw.wo.p, rows, dim, q_dim, nullptr, 1, b.x));
+        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.mlp_norm, eps, b.hi, b.lo));
+        ARC_TRY(arc_op_skinny_swiglu(ctx, b.hi, b.lo, (const uint16_t *)lw.w_gate_up.p, rows, ffn, dim, b.h_hi,
+                                     b.h_lo));
+        ARC_TRY(arc_op_skinny(ctx, b.h_hi, b.h_lo, (const uint16_t *)lw.w_down.p, rows, dim, ffn, nullptr, 1, b.x));
+    }
+    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, mp.final_norm, eps, b.hi, b.lo));
+    return arc_op_skinny(ctx, b.hi, b.lo, (const uint16_t *)mp.lm_head.p, rows, c.vocab, dim, nullptr, 0, b.logits);
+}
+
+extern "C" int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram) {
+    ARC_REQUIRE(model && loop, "null argument");
+    const ModelParts mp = model_parts(model);
+    arc_context *ctx = mp.ctx;
+    const arc_model_config &c = mp.cfg;
+    const SpecBuffers &b = *mp.spec;
+    ARC_REQUIRE(b.k > 0, "no speculative buffers: call arc_model_speculate_reserve first");
+    ARC_REQUIRE(ngram >= 1 && ngram <= SPEC_MAX_NGRAM, "ngram must be in 1..%d, got %d", SPEC_MAX_NGRAM, ngram);
+    ARC_REQUIRE(loop->ctx == ctx, "the loop and the model belong to different contexts");
+    ARC_REQUIRE(loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
+    ARC_REQUIRE(loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
+                c.max_seq);
+    ARC_TRY(model_check_uploaded(model, __func__));
+    const int rows = b.k + 1;
+    ARC_TRY(arc_launch_pdl(ctx, "draft_kernel", draft_kernel, dim3(1), dim3(DRAFT_THREADS), 0, loop->state,
+                           loop->history, b.k, ngram, b.tokens, b.positions, b.keys));
+    ARC_TRY(verify_forward(model, mp, b, rows));
+    ARC_TRY(arc_launch_pdl(ctx, "rowmax_kernel", rowmax_kernel, dim3(ROWMAX_BLOCKS, rows), dim3(ROWMAX_THREADS), 0,
+                           (const float *)b.logits, c.vocab, b.keys));
+    const int st = arc_launch_pdl(ctx, "accept_kernel", accept_kernel, dim3(1), dim3(1), 0, commit_args(loop),
+                                  (const int32_t *)b.tokens, (const unsigned long long *)b.keys, b.k);
+    if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
+    return st;
+}
+
+extern "C" int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows) {
+    ARC_REQUIRE(model && logits && tokens && rows, "null argument");
+    const SpecBuffers &b = *model_parts(model).spec;
+    ARC_REQUIRE(b.k > 0, "no speculative buffers: call arc_model_speculate_reserve first");
+    *logits = b.logits;
+    *tokens = b.tokens;
+    *rows = b.k + 1;
+    return ARC_OK;
+}

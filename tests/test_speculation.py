@@ -1,0 +1,228 @@
+"""Speculative steps, CPU tier: the drafts' definition and its incremental form, the estimate of
+what speculation gains, the policy, and the loop's control logic against FakeDevice, whose
+speculative step drafts, verifies and accepts as libarc's does (one model token a verify row)."""
+
+import random
+
+import pytest
+
+from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.drafting import Acceptance, NgramIndex, draft
+from arcpy.errors import FaultWordError, ShortBurstError
+from arcpy.loop import gate
+from arcpy.loop.burst import BurstDriver
+from arcpy.loop.engine import DEVICE_LOOP, Engine
+from arcpy.loop.speculate import COST_PRIOR, PLAIN, SPECULATIVE, SpecPolicy, StepCost
+from arcpy.loop.stats import STOP_ID, TOKEN_BUDGET
+from arcpy.sampling import Sampling
+
+PROMPT = [1, 2, 3]
+
+
+def cycle_next(tok, pos):
+    """A model whose output repeats: every token has one successor (a cycle of 17)."""
+    return (tok * 5 + 1) % 17
+
+
+def drift_next(tok, pos):
+    """Repeats in stretches of 12 positions, then changes the rule: drafts match, then miss."""
+    return (tok * 5 + 1 + pos // 12) % 17
+
+
+def reference(n, rule, prompt=PROMPT):
+    tok, pos, out = prompt[-1], len(prompt) - 1, []
+    for _ in range(n):
+        tok = rule(tok, pos)
+        pos += 1
+        out.append(tok)
+    return out
+
+
+@pytest.fixture
+def latch():
+    return gate.FallbackLatch()
+
+
+def engine(latch, rule=cycle_next, k=4, **kw):
+    script = FakeScript(next_token=rule, speculate_k=k, **kw.pop("script", {}))
+    # The fake's timing means nothing: the policy weighs steps by the prior cost alone.
+    return Engine(FakeDevice(script), "fake", device_loop=True, environ={}, latch=latch,
+                  step_cost=StepCost(measure=False), **kw)
+
+
+# --- the drafts ---------------------------------------------------------------------------------
+
+def test_draft_proposes_what_followed_the_latest_longest_match():
+    #          0  1  2  3  4  5  6  7  8  9
+    history = [5, 6, 7, 8, 9, 6, 7, 1, 2, 7]
+    # last 1-gram [7] ends at 2 and 6; no longer match ([2, 7] never occurred): latest j = 6
+    assert draft(history, 3, 3) == [1, 2, 7]
+    assert draft(history + [1], 4, 3) == [2, 7, 1]   # [7, 1] occurred at 6..7: longer wins
+    assert draft(history, 2, 3) == [1, 2]            # at most k
+    assert draft([4, 4], 5, 2) == [4]                # never past the current position
+    assert draft([1, 2, 3], 4, 3) == []              # nothing repeats
+    assert draft([3], 4, 3) == []
+
+
+def test_the_longest_match_beats_a_later_shorter_one():
+    history = [1, 2, 9, 5, 2, 8, 1, 2]
+    # [1, 2] ends at 1 (then 9); [2] alone ends later at 4 (then 8): the longer match wins
+    assert draft(history, 1, 3) == [9]
+    assert draft(history, 1, 1) == [8]  # with 1-grams only, the latest
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_incremental_index_drafts_exactly_as_the_definition(seed):
+    rng = random.Random(seed)
+    alphabet = rng.choice([3, 5, 40])
+    ngram, k = rng.choice([1, 2, 3, 8]), rng.choice([1, 4, 7])
+    index = NgramIndex(ngram)
+    history = []
+    for _ in range(300):
+        tok = rng.randrange(alphabet)
+        history.append(tok)
+        index.append(tok)
+        assert index.draft(k) == draft(history, k, ngram)
+
+
+def test_acceptance_counts_what_each_step_would_make():
+    est = Acceptance(k=3, ngram=2, prompt=[1, 2, 3, 1], weight=1.0)  # weight 1: the last step
+    assert est._draft == [2, 3, 1]
+    for tok in (2, 3, 1):
+        est.push(tok)
+        assert est.steps == 0  # still inside the step: each draft matched
+    est.push(2)  # the model's own token after three accepted drafts: a step of 4
+    assert (est.steps, est.tokens_per_step) == (1, 4.0)
+    est.push(9)  # the next step's draft was [3, 1, 2]: missed at once, a step of 1
+    assert (est.steps, est.tokens_per_step) == (2, 1.0)
+
+
+# --- the policy ---------------------------------------------------------------------------------
+
+def test_step_cost_uses_the_prior_until_both_kinds_are_measured():
+    cost = StepCost(weight=1.0)
+    assert cost.ratio() == COST_PRIOR
+    cost.record(PLAIN, 4, 0.004)
+    assert cost.ratio() == COST_PRIOR
+    cost.record(SPECULATIVE, 2, 0.0025)
+    assert cost.ratio() == pytest.approx(1.25)
+    cost.record(PLAIN, 0, 1.0)  # no steps: ignored
+    assert cost.ratio() == pytest.approx(1.25)
+    fixed = StepCost(measure=False)
+    fixed.record(PLAIN, 4, 0.004)
+    fixed.record(SPECULATIVE, 4, 0.1)
+    assert fixed.ratio() == COST_PRIOR
+
+
+def test_policy_speculates_while_drafts_pay_for_the_step_and_sizes_bursts_by_them():
+    cost = StepCost(weight=1.0)
+    policy = SpecPolicy(4, 3, [0, 1, 2, 3], cost)
+    assert policy.speculate()  # optimistic start: 1 + k / 2 tokens a step expected
+    assert policy.steps(burst=16, remaining=6) == 2  # 6 tokens at 3 a step: never past the budget
+    assert policy.steps(burst=2, remaining=100) == 2
+    assert policy.steps(burst=16, remaining=1) == 1
+    for tok in range(7, 17):  # nothing repeats: steps of 1 token
+        policy.push(tok)
+    assert not policy.speculate()
+
+
+# --- the driver and the engine on FakeDevice ------------------------------------------------------
+
+def driver_for(rule=cycle_next, stop_ids=(), k=4, **kw):
+    dev = FakeDevice(FakeScript(next_token=rule, speculate_k=k, **kw))
+    drv = BurstDriver(dev, max_spins=10_000, query_every=16)
+    drv.begin_sequence(stop_ids)
+    dev.enqueue_prefill(PROMPT, 0)
+    dev.set_input(PROMPT[-1], len(PROMPT) - 1)
+    return dev, drv
+
+
+def test_speculative_burst_yields_the_models_tokens_and_more_than_one_a_step():
+    dev, drv = driver_for()
+    got = list(drv.run_speculative(steps=24, max_tokens=200))
+    assert got == reference(len(got), cycle_next)
+    assert dev.spec_steps == drv.steps == 24
+    assert len(got) > 24 + 20  # once the cycle repeats, drafts are accepted
+    assert all(len(d) <= 4 for d in dev.drafts)
+
+
+def test_the_burst_limit_stops_publication_mid_step():
+    dev, drv = driver_for()
+    list(drv.run_speculative(steps=20, max_tokens=200))  # learn the cycle
+    got = list(drv.run_speculative(steps=3, max_tokens=5))
+    assert len(got) == 5 and len(dev.ring) == drv.published
+    assert dev.ring[-5:] == got
+
+
+def test_a_stop_id_inside_an_accepted_run_ends_the_sequence_there():
+    want = reference(60, cycle_next)
+    stop = want[30]
+    dev, drv = driver_for(stop_ids=(stop,))
+    got = []
+    for _ in range(20):
+        got += drv.run_speculative(steps=4, max_tokens=100)
+        if got and got[-1] == stop:
+            break
+    assert got == want[:want.index(stop) + 1]
+    assert dev.ring == got  # nothing after the stop id was published
+
+
+def test_a_lost_speculative_step_is_idle_but_short():
+    dev, drv = driver_for(lost_steps=frozenset({2}))
+    with pytest.raises(ShortBurstError, match="speculative steps ran"):
+        list(drv.run_speculative(steps=4, max_tokens=100))
+
+
+def test_a_latched_fault_word_in_a_speculative_step_raises_after_the_tokens_before_it():
+    dev, drv = driver_for(fault_word_at=3)
+    got = []
+    with pytest.raises(FaultWordError):
+        for tok in drv.run_speculative(steps=6, max_tokens=100):
+            got.append(tok)
+    assert got == dev.ring and got == reference(len(got), cycle_next)
+
+
+@pytest.mark.parametrize("rule", [cycle_next, drift_next])
+@pytest.mark.parametrize("burst", [1, 4, 16])
+@pytest.mark.parametrize("prefill", [True, False])
+def test_engine_tokens_are_those_of_the_plain_loop(latch, rule, burst, prefill):
+    spec = engine(latch, rule, burst=burst, prefill=prefill)
+    plain = engine(latch, rule, k=0, burst=burst, prefill=prefill)
+    got = list(spec.generate(PROMPT, 97))
+    assert got == list(plain.generate(PROMPT, 97)) == reference(97, rule)
+    st = spec.stats
+    assert st.path == DEVICE_LOOP and st.finish_reason == TOKEN_BUDGET and st.tokens == 97
+    assert st.speculation == "on" and plain.stats.speculation == "off"
+    if rule is cycle_next and burst > 1:
+        assert st.tokens_per_step > 2 and st.tokens_per_weight_read > 2
+        assert 0 < st.acceptance <= 1
+
+
+def test_engine_stops_at_a_stop_id_drafted_inside_a_run(latch):
+    want = reference(80, cycle_next)
+    stop = want[40]
+    eng = engine(latch, burst=8)
+    got = list(eng.generate(PROMPT, 80, stop_ids=[stop]))
+    assert got == want[:want.index(stop)]
+    assert eng.stats.finish_reason == STOP_ID and eng.stats.stop_id == stop
+
+
+def test_sampled_requests_run_the_plain_loop_and_say_why(latch):
+    eng = engine(latch, burst=4)
+    list(eng.generate(PROMPT, 20, sampling=Sampling(temperature=0.8, seed=5)))
+    assert eng.stats.speculation.startswith("off: speculation is greedy only")
+    assert eng.stats.spec_steps == 0 and eng.device.spec_steps == 0
+
+
+def test_text_without_repetition_leaves_speculation_after_a_burst_or_two(latch):
+    eng = engine(latch, rule=lambda tok, pos: (tok * 7 + pos * pos) % 61, script={"vocab": 64}, burst=4)
+    list(eng.generate(PROMPT, 120))
+    st = eng.stats
+    assert st.spec_steps <= 8  # two speculative bursts at most, then the estimate says no
+    assert st.weight_reads >= 116
+
+
+def test_engine_without_speculation_never_speculates(latch):
+    eng = engine(latch, burst=4, speculate=False)
+    assert list(eng.generate(PROMPT, 30)) == reference(30, cycle_next)
+    assert eng.stats.speculation == "off" and eng.device.spec_steps == 0
