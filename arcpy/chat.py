@@ -195,8 +195,8 @@ def main(**options):
     sys.exit(run(**options))
 
 
-def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq, temperature,
-        top_k, top_p, seed, stats, read=input) -> int:
+def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq, drafts,
+        temperature, top_k, top_p, seed, stats, read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
         sampling = Sampling(temperature, top_k, top_p, seed)
@@ -215,7 +215,8 @@ def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, 
         backend = _lib.auto_backend() if backend == "auto" else backend
         if backend == "numpy":
             note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-        with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text) as engine:
+        with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
+                         drafts=drafts) as engine:
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()

@@ -62,7 +62,7 @@ def parse_ids(text: str) -> list[int]:
 
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
-    --device-loop/--host-path, --burst, --max-seq."""
+    --device-loop/--host-path, --burst, --max-seq, --speculate."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
@@ -71,6 +71,10 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
         click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
                      help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
+        click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
+                     help="Drafts a speculative step verifies, 0 for none: where the text repeats earlier text, the "
+                          "device loop makes up to that many tokens more per read of the weights (greedy "
+                          "requests, bf16 weights; chosen burst by burst, only where it pays)."),
     ]
 
 
@@ -212,6 +216,7 @@ class RunOptions:
     burst: int
     max_seq: int | None
     weights: str = "auto"       # WEIGHTS
+    drafts: int = 0             # speculative steps of this many drafts (0: none)
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
 
@@ -239,7 +244,7 @@ def _ready(stream) -> bool:
 
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
-         device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto",
+         device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
          stdin=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
@@ -281,7 +286,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source = {"prompt": prompt}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling)
-    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights,
+    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
                                question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None)
 
@@ -377,7 +382,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
-                     text=text) as engine:
+                     text=text, drafts=run.drafts) as engine:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)

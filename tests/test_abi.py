@@ -66,7 +66,7 @@ def test_cdef_region_has_no_macros_and_parses_in_cffi():
     assert "#" not in CDEF
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    assert ffi.sizeof("arc_ring_state") == 20
+    assert ffi.sizeof("arc_ring_state") == 24
 
 
 def test_every_entry_point_returns_a_status_but_the_three_readers():

@@ -57,6 +57,7 @@ class CudaDevice:
         self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
         self.supports_loop = self.supports_sampling = False
         self.speculate_k = self.speculate_ngram = 0
+        self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
@@ -324,7 +325,9 @@ def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool =
         device.warm_up()
         if use_graph:
             device.capture()
-            if speculate:
+            if speculate and model.quantized:
+                device.speculation_refused = "the model holds quantized matrices; speculative steps read bf16 weights"
+            elif speculate:
                 device.capture_speculation(speculate, ngram)
     except BaseException:
         device.close()

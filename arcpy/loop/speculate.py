@@ -79,8 +79,9 @@ def speculation(device, allowed: bool, admitted: bool, greedy: bool, prompt: Seq
     """A sequence's policy, or None where it does not speculate (stats.speculation says why).
     `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop."""
     k = getattr(device, "speculate_k", 0)
+    refused = getattr(device, "speculation_refused", "")
     if not (k and allowed):
-        stats.speculation = "off"
+        stats.speculation = f"off: {refused}" if refused and allowed else "off"
     elif not admitted:
         stats.speculation = "off: only the device loop speculates"
     elif not greedy:

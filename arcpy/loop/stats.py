@@ -77,4 +77,5 @@ class GenerationStats:
                 f"{self.per_token(self.host_waits):.2f} host waits"
                 + (f"; speculation: {self.spec_steps} steps, {self.tokens_per_step:.2f} tokens a step, "
                    f"{self.acceptance:.0%} of drafts accepted, {self.tokens_per_weight_read:.2f} tokens a "
-                   f"weight read" if self.spec_steps else ""))
+                   f"weight read" if self.spec_steps else "")
+                + (f"; speculation {self.speculation}" if self.speculation.startswith("off:") else ""))

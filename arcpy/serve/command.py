@@ -69,7 +69,7 @@ def main(**options):
 
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
-        top_p, top_k, backend, device_loop, burst, max_seq, switch_interval, log_level, access_log) -> int:
+        top_p, top_k, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level, access_log) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -94,7 +94,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       backend, device_loop, burst, max_seq)
+                                       backend, device_loop, burst, max_seq, drafts)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
@@ -129,7 +129,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, backend, device_loop,
-           burst, max_seq):
+           burst, max_seq, drafts):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
@@ -144,7 +144,8 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
 
     def build():
-        return Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text)
+        return Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
+                           drafts=drafts)
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
     name = model_name or model.name
