@@ -9,6 +9,11 @@ transformers import).
     python scripts/bench.py --json bench.json
     python scripts/bench.py --shapes stories15M,llama1B --runs 3 --no-hf --json bench.json
     python scripts/bench.py --shapes llama1B-q4km,llama8B-q4km,llama8B-q8,llama70B-q4km --json quant.json
+    python scripts/bench.py --shapes "" --speculation --json spec.json
+
+--speculation adds the device loop with speculative steps beside the plain one (arcpy.bench.speculate):
+what a speculative step costs, and tokens/s on prompts that repeat earlier text and on free text, on
+--spec-shapes and on the demo model (SmolLM2-135M) when it is fetched.
 
 The quantized presets (their matrices in arc.h's quantized formats, llama.cpp's Q4_K_M mix or Q8_0)
 run with the same parts; their floor is the bytes of their rows, and Hugging Face is not run on them.
@@ -23,9 +28,12 @@ import sys
 
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import loop as bench
+from arcpy.bench import speculate as spec_bench
+from arcpy.demo import demo_model_path
 from arcpy.errors import ArcError
 
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
+SPEC_SHAPES = "smollm2-135M,llama1B,llama8B"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--hf-compile", action="store_true",
                     help="let transformers torch.compile the static-cache generate (off by default: on "
                          "the H200 the compile took 14 to 65 s per shape; the warm-up time is reported)")
+    ap.add_argument("--speculation", action=argparse.BooleanOptionalAction, default=False,
+                    help="the speculation benchmark too (default off)")
+    ap.add_argument("--spec-shapes", default=SPEC_SHAPES, help=f"its synthetic shapes (default {SPEC_SHAPES})")
     ap.add_argument("--json", help="write the report here")
     return ap.parse_args(argv)
 
@@ -72,6 +83,15 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bench.format_table(report))
+    if args.speculation:
+        try:
+            report["speculation"] = spec_bench.run([s for s in args.spec_shapes.split(",") if s], args.tokens,
+                                                   args.runs, demo_model_path(), progress)
+        except ArcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        save(report)
+        print(spec_bench.format_table(report["speculation"]))
     return 0
 
 

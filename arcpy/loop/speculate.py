@@ -31,11 +31,12 @@ COST_PRIOR = 1.3  # a speculative step in plain steps, until both kinds are meas
 
 class StepCost:
     """Seconds per step of each kind: a moving average over whole bursts. With `measure` off the
-    ratio stays the prior (a policy that does not depend on timing, for tests)."""
+    ratio stays the prior (a policy that does not depend on timing; prior 0 speculates always)."""
 
-    def __init__(self, weight: float = 0.3, measure: bool = True):
+    def __init__(self, weight: float = 0.3, measure: bool = True, prior: float = COST_PRIOR):
         self.weight = weight
         self.measure = measure
+        self.prior = prior
         self.seconds: dict[str, float] = {}
 
     def record(self, kind: str, steps: int, seconds: float) -> None:
@@ -49,7 +50,7 @@ class StepCost:
         """A speculative step's cost in plain steps."""
         if PLAIN in self.seconds and SPECULATIVE in self.seconds:
             return self.seconds[SPECULATIVE] / self.seconds[PLAIN]
-        return COST_PRIOR
+        return self.prior
 
 
 class SpecPolicy:

@@ -1,0 +1,184 @@
+"""The speculation benchmark: the device loop with and without speculative steps, on the same
+prompts and the same device, and what one speculative step costs.
+
+- Step cost: a burst of plain steps and a burst of speculative steps at the same positions, timed
+  whole, per step; their ratio is what a speculative step must make up in tokens.
+- Generations (greedy, burst 16): tokens/s of the plain loop and of the loop with speculation (the
+  policy choosing burst by burst), the tokens per speculative step, the share of drafts accepted,
+  the tokens per weight read, and whether the two made the same tokens.
+- Cases: on synthetic shapes, a prompt whose continuation repeats earlier text (a passage, its
+  greedy continuation, then the passage again) and a random one; on the real model (the demo
+  SmolLM2 file, when fetched), an extractive prompt (quote a paragraph), a code edit and free
+  text, through its chat template.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from arcpy.bench.loop import bench_max_seq
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.errors import ArcError
+from arcpy.loop.burst import BurstDriver
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.request import Request
+from arcpy.model import synthetic_model
+
+DRAFTS = 7
+BURST = 16
+
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wound the great "
+             "clockwork, trimmed the wick, and polished the lens until it shone. Ships far out at sea saw the "
+             "beam sweep across the water and knew that the rocks were near. In winter the storms came, and "
+             "he kept the light burning through the longest nights, writing each passing ship in his log.")
+CODE = '''def summarize(records):
+    total = 0
+    count = 0
+    largest = None
+    for record in records:
+        value = record["amount"]
+        total = total + value
+        count = count + 1
+        if largest is None or value > largest:
+            largest = value
+    average = total / count if count else 0
+    return {"total": total, "count": count, "largest": largest, "average": average}
+'''
+REAL_CASES = {
+    "extractive": "Repeat this paragraph exactly, word for word:\n\n" + PARAGRAPH,
+    "code edit": "Rename the variable `total` to `running_sum` in this Python function. Reply with the whole "
+                 "function and nothing else.\n\n" + CODE,
+    "free text": "Write a short story about a fox who learns to sing.",
+}
+
+
+def step_costs(device, steps: int = 32, runs: int = 5) -> dict:
+    """Microseconds per plain step and per speculative step, each from whole bursts of `steps`
+    at the same positions after the same random prompt (median of `runs`)."""
+    prompt = np.random.default_rng(7).integers(3, device.vocab, 64).tolist()
+    drv = BurstDriver(device)
+    out = {}
+    for kind in ("plain", "speculative"):
+        per_step = []
+        for i in range(runs + 1):
+            drv.begin_sequence(())
+            device.enqueue_prefill(prompt, 0)
+            device.set_input(prompt[-1], len(prompt) - 1)
+            list(drv.run(1, first_commit=True))
+            t0 = time.perf_counter()
+            if kind == "plain":
+                list(drv.run(steps))
+            else:
+                list(drv.run_speculative(steps, 10 * steps))
+            if i > 0:
+                per_step.append((time.perf_counter() - t0) / steps * 1e6)
+        out[f"{kind}_us"] = statistics.median(per_step)
+    out["ratio"] = out["speculative_us"] / out["plain_us"]
+    return out
+
+
+def _generate(engine: Engine, request: Request) -> tuple[list[int], float]:
+    stamps, toks = [], []
+    for piece in engine.stream(request):
+        if piece.token is not None:
+            toks.append(piece.token)
+            stamps.append(time.perf_counter())
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+    return toks, rate
+
+
+def compare(device, request: Request, runs: int, text=None) -> dict:
+    """The plain loop and the loop with speculation on one request: median tokens/s of each (the
+    first run of each warms up), and the speculative run's statistics."""
+    row = {}
+    tokens = {}
+    for kind, speculate in (("plain", False), ("speculative", True)):
+        eng = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
+                     speculate=speculate)
+        eng.text = text
+        rates = []
+        for i in range(runs + 1):
+            toks, rate = _generate(eng, request)
+            if i > 0:
+                rates.append(rate)
+        tokens[kind] = toks
+        st = eng.stats
+        row[f"{kind}_tok_s"] = statistics.median(rates)
+        if speculate:
+            row.update(tokens=st.tokens, spec_steps=st.spec_steps, tokens_per_step=st.tokens_per_step,
+                       acceptance=st.acceptance, tokens_per_weight_read=st.tokens_per_weight_read)
+    row["speedup"] = row["speculative_tok_s"] / row["plain_tok_s"] if row["plain_tok_s"] else 0.0
+    row["identical"] = tokens["plain"] == tokens["speculative"]
+    return row
+
+
+def bench_shape(shape: str, tokens: int, runs: int) -> dict:
+    model = synthetic_model(shape, seed=0)
+    with open_cuda_device(model, max_seq=min(bench_max_seq(model.config), 2048), speculate=DRAFTS) as device:
+        del model
+        out = {"shape": shape, "drafts": DRAFTS, "step": step_costs(device, runs=runs)}
+        rng = np.random.default_rng(3)
+        passage = rng.integers(3, device.vocab, 64).tolist()
+        plain = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
+                       speculate=False)
+        continuation = list(plain.generate(passage, 128))
+        cases = {"repeats earlier text": passage + continuation + passage,
+                 "random prompt": rng.integers(3, device.vocab, 64).tolist()}
+        out["cases"] = {name: compare(device, Request(prompt_ids=ids, max_new_tokens=tokens), runs)
+                        for name, ids in cases.items()}
+    return out
+
+
+def bench_real(path: str, tokens: int, runs: int) -> dict:
+    from arcpy.loading import load_gguf
+    model, text = load_gguf(path)
+    with open_cuda_device(model, max_seq=2048, speculate=DRAFTS) as device:
+        out = {"model": model.name, "drafts": DRAFTS, "step": step_costs(device, runs=runs), "cases": {}}
+        for name, prompt in REAL_CASES.items():
+            request = Request(messages=[{"role": "user", "content": prompt}], max_new_tokens=tokens,
+                              stop_ids=text.eos_ids)
+            out["cases"][name] = compare(device, request, runs, text)
+    return out
+
+
+def run(shapes, tokens: int, runs: int, real_model: str | None,
+        progress: Callable[[str], None] = lambda line: None) -> dict:
+    report = {"drafts": DRAFTS, "burst": BURST, "tokens": tokens, "runs": runs, "shapes": []}
+    for shape in shapes:
+        t0 = time.perf_counter()
+        try:
+            report["shapes"].append(bench_shape(shape, tokens, runs))
+        except ArcError as exc:
+            report["shapes"].append({"shape": shape, "error": str(exc)})
+        progress(f"speculation {shape}: {time.perf_counter() - t0:.0f} s")
+    if real_model:
+        t0 = time.perf_counter()
+        report["real"] = bench_real(real_model, tokens, runs)
+        progress(f"speculation on {real_model}: {time.perf_counter() - t0:.0f} s")
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [f"speculation: {report['drafts']} drafts a step, burst {report['burst']}, "
+             f"{report['tokens']} tokens, median of {report['runs']}"]
+    parts = [(s.get("shape"), s) for s in report["shapes"]]
+    if "real" in report:
+        parts.append((report["real"]["model"], report["real"]))
+    for name, part in parts:
+        if "error" in part:
+            lines.append(f"  {name}: {part['error']}")
+            continue
+        step = part["step"]
+        lines.append(f"  {name}: plain step {step['plain_us']:.0f} us, speculative step {step['speculative_us']:.0f} us "
+                     f"({step['ratio']:.2f}x)")
+        for case, row in part["cases"].items():
+            lines.append(f"    {case:22s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "
+                         f"{row['speculative_tok_s']:8.1f} tok/s  {row['speedup']:.2f}x  "
+                         f"{row['tokens_per_step']:.2f} tok/step  {row['acceptance']:.0%} accepted  "
+                         f"same tokens: {'yes' if row['identical'] else 'NO'}")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""GPU tier: speculative steps in the device loop (marker `gpu`).
+
+- The verify forward's rows against the decode forward at the same positions, row by row.
+- The loop with speculation against the loop without it, token for token, on synthetic shapes
+  (one with q/k/v biases), with speculation forced on every burst and with the policy; a budget
+  that ends inside an accepted run; a stop id; a lost step, which falls back to the host path.
+- The real model (SmolLM2-135M) on an extractive prompt: the same ids as the plain loop, with
+  drafts accepted; and its golden ids with speculation on.
+- A quantized model declines speculation and says why.
+"""
+
+import numpy as np
+import pytest
+from test_real_model import CLEAR, FILE, needs_file
+
+from arcpy import _lib
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.loop.burst import BurstDriver
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.request import Request
+from arcpy.loop.speculate import StepCost
+from arcpy.model import synthetic_model
+
+pytestmark = pytest.mark.gpu
+K = 7
+
+
+def repeating_prompt(vocab: int, seed: int = 0) -> list[int]:
+    """A passage, something else, then the passage's start again: the model's continuation may
+    follow the passage, and the drafts will propose it."""
+    rng = np.random.default_rng(seed)
+    passage = rng.integers(3, vocab, 48).tolist()
+    return [1] + passage + rng.integers(3, vocab, 8).tolist() + passage[:12]
+
+
+@pytest.fixture(scope="module", params=["stories15M", "gqa", "qwen-tiny"])
+def device(request):
+    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=512, speculate=K)
+    yield dev
+    dev.close()
+
+
+def engine(dev, *, speculate=True, always=False, burst=8, latch=None):
+    cost = StepCost(measure=False, prior=0.0) if always else None
+    return Engine(dev, "cuda", device_loop=True, burst=burst, environ={}, latch=latch or FallbackLatch(),
+                  speculate=speculate, step_cost=cost)
+
+
+def test_verify_rows_are_the_decode_forwards_logits_at_their_positions(device):
+    ctx, lib, ffi = device.ctx, device.lib, device.ffi
+    prompt = repeating_prompt(device.vocab)
+    drv = BurstDriver(device, max_spins=50_000_000)
+    drv.begin_sequence(())
+    device.enqueue_prefill(prompt, 0)
+    device.set_input(prompt[-1], len(prompt) - 1)
+    list(drv.run_speculative(1, 1000, first_commit=True))  # the prefill's token, then one step at p
+    p = len(prompt)
+    ctx.wait_idle()
+    lp, tp, rp = ffi.new("const float **"), ffi.new("const int32_t **"), ffi.new("int32_t *")
+    _lib.check(lib.arc_model_speculation(device.forward.ptr, lp, tp, rp))
+    rows, width = int(rp[0]), device.forward.width
+    assert rows == K + 1
+    logits, _ = ctx.pinned((rows, width), np.float32)
+    tokens, _ = ctx.pinned((rows + 1,), np.int32)
+    ctx.download_async(logits, lp[0])
+    ctx.download_async(tokens, tp[0])
+    ctx.wait_idle()
+    verify, toks = logits.copy(), tokens.copy()
+    assert 0 <= toks[rows] <= K
+    for i in range(rows):  # the decode forward of row i's token at p + i reads the rows before it
+        device.set_input(int(toks[i]), p + i)
+        device.enqueue_forward()
+        device.enqueue_logits_to_host()
+        while not device.stream_query():
+            pass
+        ref = device.host_logits()
+        scale = float(np.abs(ref).max())
+        diff = float(np.abs(verify[i] - ref).max())
+        assert diff <= 2e-3 * scale + 1e-4, f"row {i}: max |diff| {diff:.3g} (logits up to {scale:.3g})"
+        top2 = np.sort(ref)[-2:]
+        if top2[1] - top2[0] > 20 * diff:
+            assert int(np.argmax(verify[i])) == int(np.argmax(ref))
+
+
+@pytest.mark.parametrize("always", [True, False], ids=["every-burst", "policy"])
+@pytest.mark.parametrize("burst", [1, 8])
+def test_speculative_loop_gives_the_plain_loops_tokens(device, always, burst):
+    prompt = repeating_prompt(device.vocab)
+    plain = engine(device, speculate=False, burst=burst)
+    want = list(plain.generate(prompt, 160))
+    spec = engine(device, always=always, burst=burst)
+    got = list(spec.generate(prompt, 160))
+    assert got == want
+    st = spec.stats
+    assert st.path == DEVICE_LOOP and st.speculation == "on" and st.tokens == 160
+    if always:
+        assert st.spec_steps > 0 and 1.0 <= st.tokens_per_step <= K + 1
+
+
+@pytest.mark.parametrize("budget", [1, 2, 9, 37])
+def test_the_budget_holds_inside_an_accepted_run(device, budget):
+    prompt = repeating_prompt(device.vocab, seed=1)
+    want = list(engine(device, speculate=False).generate(prompt, budget))
+    spec = engine(device, always=True, burst=16)
+    assert list(spec.generate(prompt, budget)) == want
+    assert spec.stats.tokens == budget
+
+
+def test_a_stop_id_ends_the_speculative_loop_where_it_ends_the_plain_one(device):
+    prompt = repeating_prompt(device.vocab, seed=2)
+    out = list(engine(device, speculate=False).generate(prompt, 120))
+    stop = out[70]
+    want = out[:out.index(stop)]
+    spec = engine(device, always=True, burst=16)
+    assert list(spec.generate(prompt, 120, stop_ids=[stop])) == want
+    assert spec.stats.stop_id == stop
+
+
+def test_a_lost_speculative_step_falls_back_to_the_host_path_with_the_same_tokens(device):
+    prompt = repeating_prompt(device.vocab, seed=3)
+    want = list(engine(device, speculate=False).generate(prompt, 64))
+    latch = FallbackLatch()
+    spec = engine(device, always=True, burst=8, latch=latch)
+    gen = spec.generate(prompt, 64)
+    got = [next(gen)]
+    device.inject_lost_step(1)
+    got += list(gen)
+    assert got == want
+    assert spec.stats.path == f"{DEVICE_LOOP}+{HOST}" and latch.latched
+    assert "speculative steps ran" in spec.stats.fallback
+
+
+def test_a_quantized_model_declines_speculation_and_says_why():
+    with open_cuda_device(synthetic_model("tiny-quant", seed=1), max_seq=256, speculate=K) as dev:
+        eng = engine(dev)
+        toks = list(eng.generate([1, 5, 9], 8))
+        assert len(toks) == 8 and dev.speculate_k == 0
+        assert eng.stats.speculation.startswith("off: the model holds quantized matrices")
+
+
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wound the great "
+             "clockwork, trimmed the wick, and polished the lens until it shone. Ships far out at sea "
+             "saw the beam sweep across the water and knew that the rocks were near.")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from arcpy.loading import load_gguf
+    return load_gguf(FILE)
+
+
+@needs_file
+def test_real_model_extractive_prompt_same_ids_with_drafts_accepted(smollm2):
+    model, text = smollm2
+    request = Request(messages=[{"role": "user", "content": "Repeat this paragraph exactly, word for word:\n\n"
+                                 + PARAGRAPH}], max_new_tokens=120, stop_ids=text.eos_ids)
+    with Engine.load(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
+                     drafts=K) as eng:
+        eng.speculate = False
+        plain = [p.token for p in eng.stream(request) if p.token is not None]
+        plain_stats = eng.stats
+        eng.speculate = True
+        got = [p.token for p in eng.stream(request) if p.token is not None]
+        st = eng.stats
+    assert got == plain
+    assert plain_stats.speculation == "off" and st.speculation == "on"
+    assert st.tokens_per_step > 1.5, st.summary()
+
+
+@needs_file
+@pytest.mark.parametrize("case", CLEAR, ids=lambda c: c["question"])
+def test_real_model_golden_ids_with_speculation(smollm2, case):
+    model, text = smollm2
+    with Engine.load(model, "cuda", max_seq=256, burst=8, environ={}, latch=FallbackLatch(), drafts=K,
+                     step_cost=StepCost(measure=False, prior=0.0)) as eng:
+        got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
+        assert eng.stats.speculation == "on" and eng.stats.spec_steps > 0
+    assert got == case["ids"][:-1]
