@@ -21,7 +21,7 @@ from typing import Callable
 import click
 
 from arcpy import _lib
-from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, with_options
+from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, speculation_note, with_options
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -217,6 +217,7 @@ def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, 
             note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
         with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
                          drafts=drafts) as engine:
+            speculation_note(drafts, engine)
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()

@@ -78,6 +78,14 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
     ]
 
 
+def speculation_note(drafts: int, engine) -> None:
+    """A note where --speculate was asked for and the engine cannot take it."""
+    device = engine.device
+    if drafts and not getattr(device, "speculate_k", 0):
+        why = getattr(device, "speculation_refused", "") or f"the {engine.backend} backend has no device loop to run it"
+        note(f"--speculate {drafts} has no effect: {why}")
+
+
 def with_options(options: list):
     """A decorator applying click options in the order listed (the first shows first in --help)."""
     def apply(f):
@@ -383,6 +391,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
                      text=text, drafts=run.drafts) as engine:
+        speculation_note(run.drafts, engine)
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)

@@ -37,6 +37,7 @@ typedef enum arc_status {
 
 /* Limits a caller sizes its arrays by. */
 enum { ARC_MAX_STOP_IDS = 8 };  /* arc_loop_set_stop_ids takes at most this many ids */
+enum { ARC_SPLIT_PARTS = 3 };   /* bf16 parts of a speculative verify's inputs (arc_op_split_rows) */
 
 typedef struct arc_context arc_context;
 typedef struct arc_graph arc_graph;
@@ -396,22 +397,21 @@ int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32
 int arc_model_speculate_reserve(arc_model *model, int32_t k);
 /* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
 int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);
-/* The last step's rows (device memory): logits (k + 1, vocab) float32, their inputs tokens[0..k]
- * (the token, then the drafts; tokens[k + 1]: drafts proposed). */
+/* The last step's rows: logits (k + 1, vocab) float32, inputs tokens[0..k], tokens[k + 1] drafts. */
 int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
 
-/* hi, lo (rows, cols) bf16, hi = bf16(v), lo = bf16(v - hi), v = n(x) for x (rows, cols) float32,
- * n per row as in arc_op_gemv (norm_weight NULL: v = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
+/* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v),
+ * p1 = bf16(v - p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in
+ * arc_op_gemv (norm_weight NULL: v = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
 int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols, const uint16_t *norm_weight,
-                      float eps, uint16_t *hi, uint16_t *lo);
-/* y (rows, n) = (hi + lo) (rows, k) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32
- * sums, each weight read once for all rows. rows 1..8, k % 32 == 0, no bias with accumulate;
- * hi, lo and w 16-byte aligned, y 8-byte aligned. */
-int arc_op_skinny(arc_context *ctx, const uint16_t *hi, const uint16_t *lo, const uint16_t *w, int32_t rows,
-                  int32_t n, int32_t k, const uint16_t *bias, int32_t accumulate, float *y);
-/* h = silu((hi + lo) Wg^T) * ((hi + lo) Wu^T) -> h_hi + h_lo (rows, n) bf16; w_gate_up = [Wg; Wu]. */
-int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *hi, const uint16_t *lo, const uint16_t *w_gate_up,
-                         int32_t rows, int32_t n, int32_t k, uint16_t *h_hi, uint16_t *h_lo);
+                      float eps, uint16_t *parts);
+/* y (rows, n) = x (rows, k, in parts) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32
+ * sums, each weight read once. rows 1..8, k % 32 == 0, no bias with accumulate; x, w 16-byte
+ * aligned, y 8-byte. With w_gate_up = [Wg; Wu]: h = silu(x Wg^T) * (x Wu^T), in parts. */
+int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n, int32_t k,
+                  const uint16_t *bias, int32_t accumulate, float *y);
+int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
+                         int32_t k, uint16_t *h);
 
 /* ---- Test hooks: Not part of the decode API; the loop and its faults on a GPU, no model. ---- */
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from arcpy import _lib
-from arcpy.bench.kernels import _capture, time_graph
+from arcpy.bench.kernels import capture_graph, time_graph
 from arcpy.devices.context import Context, sampling_struct
 from arcpy.errors import ArcError
 from arcpy.sampling import Sampling
@@ -49,12 +49,12 @@ def run(label: str) -> None:
             ctx.upload_async(d, x)
             ctx.wait_idle()
             row = []
-            g = _capture(ctx, [lambda: _lib.check(lib.arc_argmax(ctx.ptr, logits, v, out, val))] * 20)
+            g = capture_graph(ctx, [lambda: _lib.check(lib.arc_argmax(ctx.ptr, logits, v, out, val))] * 20)
             row.append(("argmax", statistics.median(time_graph(ctx, g, 20, 5))))
             lib.arc_graph_destroy(g)
             for name, s in SETTINGS.items():
                 st = sampling_struct(ffi, s)
-                g = _capture(ctx, [lambda j=j: _lib.check(lib.arc_sample(ctx.ptr, logits, v, st, 100 + j, out))
+                g = capture_graph(ctx, [lambda j=j: _lib.check(lib.arc_sample(ctx.ptr, logits, v, st, 100 + j, out))
                                    for j in range(20)])
                 row.append((name, statistics.median(time_graph(ctx, g, 20, 5))))
                 lib.arc_graph_destroy(g)

@@ -81,6 +81,8 @@ def test_a_terminal_is_never_read_and_the_built_in_question_is_shown(text_model)
     (["--temperature", "1", "--top-p", "0"], "top-p"),
     (["--prompt-ids", "1 " + "9" * 5000], "is too large (at most 2147483647)"),
     (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf: no such file or directory"),
+    (["--speculate", "8"], "--speculate"),
+    (["--speculate", "-1"], "--speculate"),
 ])
 def test_every_argument_is_checked_before_the_model_loads(text_model, args, message):
     model = [] if "--model" in args else ["--model", str(text_model)]
@@ -89,6 +91,14 @@ def test_every_argument_is_checked_before_the_model_loads(text_model, args, mess
     assert "Traceback" not in out.stderr and "loaded " not in out.stderr, out.stderr
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith(("error:", "Error:"))]
     assert len(errors) == 1 and message in out.stderr, out.stderr
+
+
+def test_speculate_on_a_backend_without_a_device_loop_decodes_plainly_and_says_so():
+    out = decode("--shape", "stories15M", "--prompt-ids", "1 2 3", "-n", "4", "--speculate", "7", "--backend", "numpy")
+    assert out.returncode == 0, out.stderr
+    plain = decode("--shape", "stories15M", "--prompt-ids", "1 2 3", "-n", "4", "--backend", "numpy")
+    assert out.stdout == plain.stdout and out.stdout.strip()
+    assert "--speculate 7 has no effect: the numpy backend has no device loop" in out.stderr
 
 
 def test_a_seed_without_temperature_gets_a_note():

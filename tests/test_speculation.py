@@ -114,15 +114,31 @@ def test_step_cost_uses_the_prior_until_both_kinds_are_measured():
     assert fixed.ratio() == COST_PRIOR
 
 
-def test_policy_speculates_while_drafts_pay_for_the_step_and_sizes_bursts_by_them():
-    cost = StepCost(weight=1.0)
+def test_policy_starts_plain_speculates_once_drafts_would_pay_and_sizes_bursts_by_them():
+    cost = StepCost(measure=False)
     policy = SpecPolicy(4, 3, [0, 1, 2, 3], cost)
-    assert policy.speculate()  # optimistic start: 1 + k / 2 tokens a step expected
-    assert policy.steps(burst=16, remaining=6) == 2  # 6 tokens at 3 a step: never past the budget
+    assert not policy.speculate()  # one token a step until the tokens show otherwise
+    for tok in [0, 1, 2, 3] * 3:  # the prompt again: every draft matches
+        policy.push(tok)
+    assert policy.speculate()
+    tps = policy.acceptance.tokens_per_step
+    assert tps > 2.0
+    assert policy.steps(burst=16, remaining=10) == max(1, int(10 // tps))  # never past the budget
     assert policy.steps(burst=2, remaining=100) == 2
     assert policy.steps(burst=16, remaining=1) == 1
-    for tok in range(7, 17):  # nothing repeats: steps of 1 token
+    for tok in range(7, 27):  # nothing repeats: steps of 1 token
         policy.push(tok)
+    assert not policy.speculate()
+
+
+def test_policy_weighs_the_measured_cost_of_a_speculative_step():
+    cost = StepCost(weight=1.0)
+    policy = SpecPolicy(4, 3, [5, 6, 7, 8], cost)
+    for tok in [5, 6, 7, 8] * 2:
+        policy.push(tok)
+    assert policy.speculate()
+    cost.record(PLAIN, 16, 0.016)
+    cost.record(SPECULATIVE, 16, 0.016 * (policy.acceptance.tokens_per_step + 1))  # dearer than it gains
     assert not policy.speculate()
 
 
@@ -214,11 +230,11 @@ def test_sampled_requests_run_the_plain_loop_and_say_why(latch):
     assert eng.stats.spec_steps == 0 and eng.device.spec_steps == 0
 
 
-def test_text_without_repetition_leaves_speculation_after_a_burst_or_two(latch):
+def test_text_without_repetition_never_speculates(latch):
     eng = engine(latch, rule=lambda tok, pos: (tok * 7 + pos * pos) % 61, script={"vocab": 64}, burst=4)
     list(eng.generate(PROMPT, 120))
     st = eng.stats
-    assert st.spec_steps <= 8  # two speculative bursts at most, then the estimate says no
+    assert st.spec_steps == 0 and st.speculation == "on"  # allowed, never chosen
     assert st.weight_reads >= 116
 
 

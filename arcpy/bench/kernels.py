@@ -127,7 +127,7 @@ def launches_per_replay(target_s: float, one_launch_s: float, cap: int = MAX_GRA
     return max(1, min(cap, round(target_s / one_launch_s)))
 
 
-class _Buffers:
+class Buffers:
     """The device buffers of one shape's kernels, freed together."""
 
     def __init__(self, ctx: Context, seed: int = 0):
@@ -194,7 +194,7 @@ class _Buffers:
 class _Shape:
     """Weights for every layer, KV cache, activations: what the step's kernels read and write."""
 
-    def __init__(self, buf: _Buffers, cfg: ModelConfig, max_seq: int, positions: list[int],
+    def __init__(self, buf: Buffers, cfg: ModelConfig, max_seq: int, positions: list[int],
                  formats: dict[str, int] | None = None):
         ffi, lib, f32 = buf.ffi, buf.lib, self.f32
         self.cfg, self.max_seq, self.buf, self.ffi = cfg, max_seq, buf, ffi
@@ -313,7 +313,7 @@ class _Shape:
         return [lambda l=l: _lib.check(op(l)) for l in range(L)]
 
 
-def _capture(ctx: Context, launches: list):
+def capture_graph(ctx: Context, launches: list):
     """A graph of `launches` in order; capture is ended (and a partial graph freed) on failure."""
     ffi, lib = ctx.ffi, ctx.lib
     gp = ffi.new("arc_graph **")
@@ -350,13 +350,13 @@ def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays:
     docstring): each row is its KernelSpec with `us` (median µs per launch) and `runs_us`.
     `formats` (tensor name -> arc_format) holds a quantized preset's matrices in its formats."""
     with Context(0) as ctx:
-        buf = _Buffers(ctx)
+        buf = Buffers(ctx)
         try:
             shape = _Shape(buf, cfg, max_seq, positions, formats)
             ctx.wait_idle()
             rows = []
             for spec in kernel_specs(cfg, positions, formats):
-                graph = _capture(ctx, shape.launches(spec))
+                graph = capture_graph(ctx, shape.launches(spec))
                 try:
                     us = time_graph(ctx, graph, cfg.n_layers, replays)
                 finally:
@@ -410,7 +410,7 @@ def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
     gate/up product counts both halves)."""
     rows = []
     with Context(0) as ctx:
-        buf = _Buffers(ctx)
+        buf = Buffers(ctx)
         try:
             lib, ffi, NULL = ctx.lib, ctx.ffi, ctx.ffi.NULL
             for name, n, k, swiglu in gemm_shapes(cfg):
@@ -424,7 +424,7 @@ def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
                     out = ffi.cast("float *", buf.alloc(m * n * 4))
                     op = lambda: lib.arc_op_gemm_bf16(ctx.ptr, a, w, m, n, k, NULL, 0, out)
                 ctx.wait_idle()
-                graph = _capture(ctx, [lambda op=op: _lib.check(op())] * cfg.n_layers)
+                graph = capture_graph(ctx, [lambda op=op: _lib.check(op())] * cfg.n_layers)
                 try:
                     us = time_graph(ctx, graph, cfg.n_layers, replays)
                 finally:

@@ -6,10 +6,13 @@ prompts and the same device, and what one speculative step costs.
 - Generations (greedy, burst 16): tokens/s of the plain loop and of the loop with speculation (the
   policy choosing burst by burst), the tokens per speculative step, the share of drafts accepted,
   the tokens per weight read, and whether the two made the same tokens.
-- Cases: on synthetic shapes, a prompt whose continuation repeats earlier text (a passage, its
-  greedy continuation, then the passage again) and a random one; on the real model (the demo
-  SmolLM2 file, when fetched), an extractive prompt (quote a paragraph), a code edit and free
-  text, through its chat template.
+- Cases: on synthetic shapes, a random prompt (random weights do not repeat themselves: the
+  policy should keep to the plain loop) and a prompt whose continuation repeats earlier text. For
+  the latter the shape's attention and MLP outputs are zeroed (Wo = Wdown = 0, every weight still
+  read at full cost), so the next token is a function of the last one alone and the greedy
+  continuation falls into a cycle; the prompt is the continuation up to one full turn of it. On
+  the real model (the demo SmolLM2 file, when fetched): an extractive prompt (quote a paragraph),
+  a code edit and free text, through its chat template.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from typing import Callable
 
 import numpy as np
 
+from arcpy import _lib
+from arcpy.bench.kernels import Buffers, capture_graph, gemm_shapes, time_graph
 from arcpy.bench.loop import bench_max_seq
+from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
 from arcpy.loop.burst import BurstDriver
@@ -82,6 +88,53 @@ def step_costs(device, steps: int = 32, runs: int = 5) -> dict:
     return out
 
 
+SKINNY_ROWS = (1, 4, 8)
+L2_BYTES = 50 << 20
+
+
+def skinny_report(cfg, replays: int) -> list[dict]:
+    """Each product of the verify forward timed alone against the decode's GEMV of the same matrix:
+    µs per launch and the weights' GB/s, for 1, 4 and 8 rows (graphs of launches over distinct
+    copies of the matrix, so that no launch finds it in L2)."""
+    out = []
+    shapes = gemm_shapes(cfg) + [("lm_head", cfg.vocab, cfg.dim, False)]
+    with Context(0) as ctx:
+        buf = Buffers(ctx)
+        try:
+            lib, ffi, NULL = ctx.lib, ctx.ffi, ctx.ffi.NULL
+            for name, n, k, swiglu in shapes:
+                w_rows = 2 * n if swiglu else n
+                nbytes = w_rows * k * 2
+                copies = max(2, min(cfg.n_layers, -(-4 * L2_BYTES // nbytes)))
+                ws = [ffi.cast("uint16_t *", buf.random_bf16(nbytes)) for _ in range(copies)]
+                x = ffi.cast("float *", buf.random_bf16(8 * k * 4))
+                parts = ffi.cast("uint16_t *", buf.random_bf16(3 * 8 * k * 2))
+                y = ffi.cast("float *", buf.alloc(8 * w_rows * 4))
+                h = ffi.cast("uint16_t *", buf.alloc(3 * 8 * n * 2))
+                row = {"name": name, "n": w_rows, "k": k}
+                kinds = [("gemv", 1)] + [(f"skinny{r}", r) for r in SKINNY_ROWS]
+                for kind, r in kinds:
+                    if kind == "gemv":
+                        op = (lambda w: lib.arc_op_gemv_swiglu(ctx.ptr, w, x, n, k, NULL, 0.0, y)) if swiglu else \
+                            (lambda w: lib.arc_op_gemv(ctx.ptr, w, x, n, k, NULL, NULL, 0.0, 0, y))
+                    else:
+                        op = (lambda w, r=r: lib.arc_op_skinny_swiglu(ctx.ptr, parts, w, r, n, k, h)) if swiglu else \
+                            (lambda w, r=r: lib.arc_op_skinny(ctx.ptr, parts, w, r, n, k, NULL, 0, y))
+                    ctx.wait_idle()
+                    graph = capture_graph(ctx, [lambda w=w, op=op: _lib.check(op(w)) for w in ws])
+                    try:
+                        us = statistics.median(time_graph(ctx, graph, copies, replays))
+                    finally:
+                        ctx.wait_idle()
+                        _lib.check(lib.arc_graph_destroy(graph))
+                    row[f"{kind}_us"] = us
+                    row[f"{kind}_GBps"] = nbytes / us / 1e3
+                out.append(row)
+        finally:
+            buf.free()
+    return out
+
+
 def _generate(engine: Engine, request: Request) -> tuple[list[int], float]:
     stamps, toks = [], []
     for piece in engine.stream(request):
@@ -117,20 +170,48 @@ def compare(device, request: Request, runs: int, text=None) -> dict:
     return row
 
 
+MAX_SEQ = 4096
+
+
+def looping(model) -> None:
+    """Zero every layer's Wo and Wdown in place: the residual stream stays the token's embedding,
+    so the next token depends on the last one alone (the forward still reads every weight)."""
+    for name, array in model.tensors.items():
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            array[...] = 0
+
+
+def one_turn(device, tokens: int) -> list[int]:
+    """The looping model's greedy continuation of [1], up to the first token that closes a cycle
+    (at most MAX_SEQ - tokens - 1 tokens: the answer must still fit)."""
+    plain = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
+                   speculate=False)
+    out, seen = [1], {1}
+    for tok in plain.generate([1], MAX_SEQ - tokens - 2):
+        out.append(tok)
+        if tok in seen:
+            break
+        seen.add(tok)
+    return out
+
+
 def bench_shape(shape: str, tokens: int, runs: int) -> dict:
-    model = synthetic_model(shape, seed=0)
-    with open_cuda_device(model, max_seq=min(bench_max_seq(model.config), 2048), speculate=DRAFTS) as device:
-        del model
-        out = {"shape": shape, "drafts": DRAFTS, "step": step_costs(device, runs=runs)}
-        rng = np.random.default_rng(3)
-        passage = rng.integers(3, device.vocab, 64).tolist()
-        plain = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
-                       speculate=False)
-        continuation = list(plain.generate(passage, 128))
-        cases = {"repeats earlier text": passage + continuation + passage,
-                 "random prompt": rng.integers(3, device.vocab, 64).tolist()}
-        out["cases"] = {name: compare(device, Request(prompt_ids=ids, max_new_tokens=tokens), runs)
-                        for name, ids in cases.items()}
+    out = {"shape": shape, "drafts": DRAFTS, "cases": {}}
+    for case in ("random prompt", "repeats earlier text"):
+        model = synthetic_model(shape, seed=0)
+        cfg = model.config
+        if case != "random prompt":
+            looping(model)
+        with open_cuda_device(model, max_seq=min(bench_max_seq(model.config), MAX_SEQ), speculate=DRAFTS) as device:
+            del model
+            if case == "random prompt":
+                out["step"] = step_costs(device, runs=runs)
+                ids = np.random.default_rng(3).integers(3, device.vocab, 64).tolist()
+            else:
+                ids = one_turn(device, tokens)
+            out["cases"][case] = compare(device, Request(prompt_ids=ids, max_new_tokens=tokens), runs)
+            out["cases"][case]["prompt_tokens"] = len(ids)
+    out["products"] = skinny_report(cfg, runs)
     return out
 
 
@@ -176,6 +257,10 @@ def format_table(report: dict) -> str:
         step = part["step"]
         lines.append(f"  {name}: plain step {step['plain_us']:.0f} us, speculative step {step['speculative_us']:.0f} us "
                      f"({step['ratio']:.2f}x)")
+        for prod in part.get("products", []):
+            cells = "  ".join(f"{kind} {prod[kind + '_us']:7.1f} us {prod[kind + '_GBps']:5.0f} GB/s"
+                              for kind in ["gemv"] + [f"skinny{r}" for r in SKINNY_ROWS])
+            lines.append(f"    {prod['name']:15s} {prod['n']:6d}x{prod['k']:<6d} {cells}")
         for case, row in part["cases"].items():
             lines.append(f"    {case:22s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "
                          f"{row['speculative_tok_s']:8.1f} tok/s  {row['speedup']:.2f}x  "

@@ -11,8 +11,9 @@ choice is made per burst, from two measurements:
   across sequences (`StepCost`), with a prior for the kind not yet measured.
 
 A burst speculates when the expected tokens per speculative step exceed the cost of such a step
-in plain steps; so k is in effect 0 where nothing repeats, and text without repetition runs the
-plain loop after a speculative burst or two.
+in plain steps by a margin; so k is in effect 0 where nothing repeats. A sequence starts on the
+plain loop (the estimate starts at one token a step) and turns to speculation as soon as the
+tokens it has made show drafts that would have matched.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from arcpy.loop.stats import GenerationStats
 
 PLAIN, SPECULATIVE = "plain", "speculative"
 COST_PRIOR = 1.3  # a speculative step in plain steps, until both kinds are measured on this device
+MARGIN = 1.1      # the expected gain a burst must show before it speculates
 
 
 class StepCost:
@@ -54,18 +56,17 @@ class StepCost:
 
 
 class SpecPolicy:
-    """One sequence's choice, burst by burst. Starts optimistic (the first burst speculates unless
-    the prompt itself says drafts will not match), then follows the estimate."""
+    """One sequence's choice, burst by burst, from the estimate of what its drafts would make."""
 
     def __init__(self, k: int, ngram: int, prompt: Sequence[int], cost: StepCost):
-        self.acceptance = Acceptance(k, ngram, prompt, prior=1.0 + k / 2)
+        self.acceptance = Acceptance(k, ngram, prompt, prior=1.0)
         self.cost = cost
 
     def push(self, tok: int) -> None:
         self.acceptance.push(tok)
 
     def speculate(self) -> bool:
-        return self.acceptance.tokens_per_step > self.cost.ratio()
+        return self.acceptance.tokens_per_step > MARGIN * self.cost.ratio()
 
     def steps(self, burst: int, remaining: int) -> int:
         """Speculative steps for a burst of at most `burst` steps and `remaining` tokens: never so

@@ -243,8 +243,8 @@ struct SpecBuffers {
     uint64_t bytes;
     int32_t k;
     float *x;          // residual streams (rows, dim)
-    uint16_t *hi, *lo; // a product's input, split (rows, max(dim, q_dim))
-    uint16_t *h_hi, *h_lo;  // the SwiGLU output, split (rows, ffn_dim)
+    uint16_t *parts;   // a product's input, split (ARC_SPLIT_PARTS, rows, max(dim, q_dim))
+    uint16_t *h;       // the SwiGLU output, split (ARC_SPLIT_PARTS, rows, ffn_dim)
     float *qkv;        // (rows, q_dim + 2 kv_dim)
     float *att;        // (rows, q_dim)
     float *logits;     // (rows, vocab)

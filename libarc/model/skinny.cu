@@ -3,8 +3,10 @@
 // decode's GEMV, this is a stream of bf16 weights through the SMs; its speed is the bandwidth it
 // reaches, and the extra rows ride along on tensor cores that are otherwise idle.
 //
-// Each input is split into two bf16 parts, X = hi + lo (arc_op_split_rows), so that the products
-// keep close to float32 precision: acc += W hi, acc += W lo, mma.sync m16n8k16 with float32 sums.
+// Each input is split into ARC_SPLIT_PARTS = 3 bf16 parts, X = X0 + X1 + X2 exactly
+// (arc_op_split_rows: a float32 significand is three bf16 significands long), so that every product
+// of a weight and a part is exact and only the float32 sums round: acc += W X0, acc' += W X1 + W X2,
+// mma.sync m16n8k16.
 // The weight rows are the MMA's A operand (16 rows a tile), the activation rows its B operand
 // (8 columns; those past `rows` are zeros and never written). Fragments come straight from
 // global memory, no shared-memory staging: see skinny_kernel for the k permutation that makes
@@ -28,13 +30,23 @@ enum { SPLIT_THREADS = 256 };
 enum SkinnyEpilogue { SKINNY_STORE = 0, SKINNY_ACCUMULATE = 1, SKINNY_SWIGLU = 2 };
 
 struct SkinnyArgs {
-    const uint16_t *hi, *lo;  // (rows, k) bf16
+    const uint16_t *x;        // (ARC_SPLIT_PARTS, rows, k) bf16: the input's parts
     const uint16_t *w;        // (n, k) bf16; SWIGLU: (2 n, k), [Wg; Wu]
     int rows, n, k;
     const uint16_t *bias;     // (n) or null; STORE only
     float *y;                 // (rows, n): STORE, ACCUMULATE
-    uint16_t *h_hi, *h_lo;    // (rows, n): SWIGLU
+    uint16_t *h;              // (ARC_SPLIT_PARTS, rows, n): SWIGLU, h split as the input is
 };
+
+// v = bf16(v) + bf16(r1) + bf16(r2) exactly, r1 = v - p0, r2 = r1 - p1 (each difference exact in
+// float32; __fsub_rn keeps it from fusing with the product that made v). Non-finite v gives
+// non-finite parts.
+__device__ __forceinline__ void split3(float v, uint16_t (&part)[ARC_SPLIT_PARTS]) {
+    part[0] = f32_to_bf16(v);
+    const float r1 = __fsub_rn(v, bf16_to_f32(part[0]));
+    part[1] = f32_to_bf16(r1);
+    part[2] = f32_to_bf16(__fsub_rn(r1, bf16_to_f32(part[1])));
+}
 
 // The weight row that tile row `r` (0..15) of A operand m holds in the block whose first output
 // is n0. Plain: MT consecutive 16-row tiles. SWIGLU: m = 0 the gate rows, m = 1 the up rows of
@@ -66,12 +78,12 @@ __device__ __forceinline__ void skinny_load_w(const uint4 *const (&wp)[MT][2], i
     }
 }
 
-// Y tile of (hi + lo) W^T: MT A operands of 16 weight rows, 8 activation rows; epilogue EPI.
+// Y tile of (X0 + X1 + X2) W^T: MT A operands of 16 weight rows, 8 activation rows; epilogue EPI.
 // Launch: ceil(n / OUT) blocks of SKINNY_THREADS threads, OUT = 16 (SWIGLU) or 16 MT outputs.
 //
 // The k permutation. In a 32-wide k chunk, lane (g = lane / 4, t = lane % 4) loads 8 consecutive
 // bf16 (one uint4, words x y z w, element e at k = 8 t + e, the lower e in a word's low half) of
-// W row g, of W row g + 8 and of X row g (hi and lo each). m16n8k16 wants, with kk its own k
+// W row g, of W row g + 8 and of X row g (each part). m16n8k16 wants, with kk its own k
 // index 0..15: A a0 (row g, kk 2t, 2t+1), a1 (row g+8, kk 2t, 2t+1), a2 (row g, kk 2t+8, 2t+9),
 // a3 (row g+8, kk 2t+8, 2t+9); B b0 (kk 2t, 2t+1, col g), b1 (kk 2t+8, 2t+9, col g); C c0 c1
 // (row g, cols 2t, 2t+1), c2 c3 (row g+8, cols 2t, 2t+1). MMA 0 takes words x, y of every
@@ -110,11 +122,14 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
     if (count > 0) skinny_load_w<MT, U>(wp, 0, count, wt);
     pdl_wait();
 
-    // Activation row g of hi and lo; lanes past `rows` hold zeros (B's columns past rows).
+    // Activation row g of each part; lanes past `rows` hold zeros (B's columns past rows).
     const bool has_x = g < p.rows;
-    const uint4 *xh = reinterpret_cast<const uint4 *>(p.hi) + (has_x ? g : 0) * kv + first;
-    const uint4 *xl = reinterpret_cast<const uint4 *>(p.lo) + (has_x ? g : 0) * kv + first;
-    // Four independent sums a tile (MMA 0 or 1, hi or lo), so that MMAs do not wait on each other.
+    const uint4 *xp[ARC_SPLIT_PARTS];
+#pragma unroll
+    for (int q = 0; q < ARC_SPLIT_PARTS; ++q)
+        xp[q] = reinterpret_cast<const uint4 *>(p.x) + ((size_t)q * p.rows + (has_x ? g : 0)) * kv + first;
+    // Four independent sums a tile (MMA 0 or 1; part 0, or parts 1 and 2), so that MMAs do not
+    // wait on each other, and the small parts are summed apart from the large one.
     float acc[MT][4][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -125,13 +140,13 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
 
     for (int j0 = 0; j0 < count; j0 += U) {
         if (j0 > 0) skinny_load_w<MT, U>(wp, j0, count, wt);
-        uint4 xa[U], xb[U];
+        uint4 xs[U][ARC_SPLIT_PARTS];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const bool ok = has_x && j0 + u < count;
             const size_t off = (size_t)(j0 + u) * STEP;
-            xa[u] = ok ? xh[off] : make_uint4(0, 0, 0, 0);
-            xb[u] = ok ? xl[off] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int q = 0; q < ARC_SPLIT_PARTS; ++q) xs[u][q] = ok ? xp[q][off] : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -141,10 +156,12 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
                 const uint4 r0 = wt[u][m][0], r8 = wt[u][m][1];
                 const uint32_t a0[4] = {r0.x, r8.x, r0.y, r8.y};  // MMA 0: elements 0..3
                 const uint32_t a1[4] = {r0.z, r8.z, r0.w, r8.w};  // MMA 1: elements 4..7
-                mma_bf16_16816(acc[m][0], a0, xa[u].x, xa[u].y);
-                mma_bf16_16816(acc[m][1], a0, xb[u].x, xb[u].y);
-                mma_bf16_16816(acc[m][2], a1, xa[u].z, xa[u].w);
-                mma_bf16_16816(acc[m][3], a1, xb[u].z, xb[u].w);
+                mma_bf16_16816(acc[m][0], a0, xs[u][0].x, xs[u][0].y);
+                mma_bf16_16816(acc[m][1], a0, xs[u][1].x, xs[u][1].y);
+                mma_bf16_16816(acc[m][1], a0, xs[u][2].x, xs[u][2].y);
+                mma_bf16_16816(acc[m][2], a1, xs[u][0].z, xs[u][0].w);
+                mma_bf16_16816(acc[m][3], a1, xs[u][1].z, xs[u][1].w);
+                mma_bf16_16816(acc[m][3], a1, xs[u][2].z, xs[u][2].w);
             }
         }
     }
@@ -172,10 +189,10 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
             gs += part[w][o * 8 + r];
             us += part[w][128 + o * 8 + r];
         }
-        const float h = silu(gs) * us;  // __fsub_rn below: h is the rounded product, not fused
-        const uint16_t hh = f32_to_bf16(h);
-        p.h_hi[(size_t)r * p.n + col] = hh;
-        p.h_lo[(size_t)r * p.n + col] = f32_to_bf16(__fsub_rn(h, bf16_to_f32(hh)));
+        uint16_t part[ARC_SPLIT_PARTS];
+        split3(silu(gs) * us, part);
+#pragma unroll
+        for (int q = 0; q < ARC_SPLIT_PARTS; ++q) p.h[((size_t)q * p.rows + r) * p.n + col] = part[q];
     } else {
         float s = 0.0f;
 #pragma unroll
@@ -187,22 +204,12 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
     }
 }
 
-// Two values split: the words of bf16(v) returned, of bf16(v - bf16(v)) in lo (element 0 in the low
-// halves). The difference is exact; __fsub_rn keeps it from fusing with the product that made v.
-__device__ __forceinline__ uint32_t split_pair(float v0, float v1, uint32_t &lo) {
-    const uint16_t h0 = f32_to_bf16(v0), h1 = f32_to_bf16(v1);
-    const uint16_t l0 = f32_to_bf16(__fsub_rn(v0, bf16_to_f32(h0)));
-    const uint16_t l1 = f32_to_bf16(__fsub_rn(v1, bf16_to_f32(h1)));
-    lo = (uint32_t)l0 | (uint32_t)l1 << 16;
-    return (uint32_t)h0 | (uint32_t)h1 << 16;
-}
-
-// hi, lo (rows, cols) of v = n(x): hi = bf16(v), lo = bf16(v - hi), n the GEMV's fused RMSNorm
-// (x * rsqrtf(mean(x^2) + eps) * norm_w, as rmsnorm_rows in prefill.cu) or, with norm_w null, the
-// identity. One block per row. Limits: cols % 8 == 0; x, norm_w, hi and lo 16-byte aligned.
+// The parts (rows, cols each) of v = n(x): v = p0 + p1 + p2 exactly (split3), n the GEMV's fused
+// RMSNorm (x * rsqrtf(mean(x^2) + eps) * norm_w, as rmsnorm_rows in prefill.cu) or, with norm_w
+// null, the identity. One block per row. Limits: cols % 8 == 0; x, norm_w and parts 16-byte aligned.
 __global__ void __launch_bounds__(SPLIT_THREADS)
-split_rows_kernel(const float *__restrict__ x, int cols, const uint16_t *__restrict__ norm_w, float eps,
-                  uint16_t *__restrict__ hi, uint16_t *__restrict__ lo) {
+split_rows_kernel(const float *__restrict__ x, int rows, int cols, const uint16_t *__restrict__ norm_w, float eps,
+                  uint16_t *__restrict__ parts) {
     __shared__ float red[SPLIT_THREADS / 32];
     pdl_launch_dependents();
     pdl_wait();  // x is the previous kernel's output
@@ -220,24 +227,27 @@ split_rows_kernel(const float *__restrict__ x, int cols, const uint16_t *__restr
         inv = rsqrtf(ss / (float)cols + eps);
     }
     const uint4 *nw = reinterpret_cast<const uint4 *>(norm_w);
-    uint4 *hr = reinterpret_cast<uint4 *>(hi + (size_t)row * cols);
-    uint4 *lr = reinterpret_cast<uint4 *>(lo + (size_t)row * cols);
     for (int v = threadIdx.x; v < nvec; v += SPLIT_THREADS) {
-        float4 a = xr[2 * v], b = xr[2 * v + 1];
+        const float4 a = xr[2 * v], b = xr[2 * v + 1];
+        float e[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         if (norm_w != nullptr) {
             const uint4 gw = nw[v];
-            a.x = a.x * inv * bf16_lo(gw.x); a.y = a.y * inv * bf16_hi(gw.x);
-            a.z = a.z * inv * bf16_lo(gw.y); a.w = a.w * inv * bf16_hi(gw.y);
-            b.x = b.x * inv * bf16_lo(gw.z); b.y = b.y * inv * bf16_hi(gw.z);
-            b.z = b.z * inv * bf16_lo(gw.w); b.w = b.w * inv * bf16_hi(gw.w);
+            const uint32_t gws[4] = {gw.x, gw.y, gw.z, gw.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) e[i] = e[i] * inv * (i % 2 ? bf16_hi(gws[i / 2]) : bf16_lo(gws[i / 2]));
         }
-        uint4 h, l;
-        h.x = split_pair(a.x, a.y, l.x);
-        h.y = split_pair(a.z, a.w, l.y);
-        h.z = split_pair(b.x, b.y, l.z);
-        h.w = split_pair(b.z, b.w, l.w);
-        hr[v] = h;
-        lr[v] = l;
+        uint16_t q[8][ARC_SPLIT_PARTS];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) split3(e[i], q[i]);
+#pragma unroll
+        for (int k = 0; k < ARC_SPLIT_PARTS; ++k) {
+            uint4 out;
+            out.x = (uint32_t)q[0][k] | (uint32_t)q[1][k] << 16;
+            out.y = (uint32_t)q[2][k] | (uint32_t)q[3][k] << 16;
+            out.z = (uint32_t)q[4][k] | (uint32_t)q[5][k] << 16;
+            out.w = (uint32_t)q[6][k] | (uint32_t)q[7][k] << 16;
+            reinterpret_cast<uint4 *>(parts + ((size_t)k * rows + row) * cols)[v] = out;
+        }
     }
 }
 
@@ -263,57 +273,50 @@ static int launch_skinny(arc_context *ctx, const SkinnyArgs &p) {
 // The limits both products share; `who` names the entry point.
 static int check_skinny(const char *who, const arc_context *ctx, const SkinnyArgs &p) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
-    ARC_REQUIRE_AS(who, p.hi && p.lo && p.w, "null pointer (hi, lo and w are required)");
+    ARC_REQUIRE_AS(who, p.x && p.w, "null pointer (x and w are required)");
     ARC_REQUIRE_AS(who, p.rows >= 1 && p.rows <= SKINNY_MAX_ROWS, "rows must be in 1..%d, got %d", SKINNY_MAX_ROWS,
                    p.rows);
     ARC_REQUIRE_AS(who, p.n > 0, "n must be positive, got %d", p.n);
     ARC_REQUIRE_AS(who, p.k > 0 && p.k % SKINNY_K == 0, "k must be a positive multiple of %d, got %d", SKINNY_K, p.k);
-    ARC_REQUIRE_AS(who, (uintptr_t)p.hi % 16 == 0 && (uintptr_t)p.lo % 16 == 0 && (uintptr_t)p.w % 16 == 0,
-                   "hi, lo and w must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, (uintptr_t)p.x % 16 == 0 && (uintptr_t)p.w % 16 == 0, "x and w must be 16-byte aligned");
     return ARC_OK;
 }
 
 extern "C" int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols,
-                                 const uint16_t *norm_weight, float eps, uint16_t *hi, uint16_t *lo) {
+                                 const uint16_t *norm_weight, float eps, uint16_t *parts) {
     ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(x && hi && lo, "null pointer (x, hi and lo are required)");
+    ARC_REQUIRE(x && parts, "null pointer (x and parts are required)");
     ARC_REQUIRE(rows >= 1 && rows <= SKINNY_MAX_ROWS, "rows must be in 1..%d, got %d", SKINNY_MAX_ROWS, rows);
     ARC_REQUIRE(cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
-    ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)hi % 16 == 0 && (uintptr_t)lo % 16 == 0 &&
-                    (uintptr_t)norm_weight % 16 == 0,
-                "x, norm_weight, hi and lo must be 16-byte aligned");
+    ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)parts % 16 == 0 && (uintptr_t)norm_weight % 16 == 0,
+                "x, norm_weight and parts must be 16-byte aligned");
     ARC_REQUIRE(norm_weight == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
-    ARC_REQUIRE(hi != lo && (const void *)hi != (const void *)x && (const void *)lo != (const void *)x,
-                "hi, lo and x must be distinct");
-    return arc_launch_pdl(ctx, "split_rows_kernel", split_rows_kernel, dim3(rows), dim3(SPLIT_THREADS), 0, x, cols,
-                          norm_weight, eps, hi, lo);
+    ARC_REQUIRE((const void *)parts != (const void *)x, "parts and x must be distinct");
+    return arc_launch_pdl(ctx, "split_rows_kernel", split_rows_kernel, dim3(rows), dim3(SPLIT_THREADS), 0, x, rows,
+                          cols, norm_weight, eps, parts);
 }
 
-extern "C" int arc_op_skinny(arc_context *ctx, const uint16_t *hi, const uint16_t *lo, const uint16_t *w,
-                             int32_t rows, int32_t n, int32_t k, const uint16_t *bias, int32_t accumulate, float *y) {
-    const SkinnyArgs p = {hi, lo, w, rows, n, k, bias, y, nullptr, nullptr};
+extern "C" int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n,
+                             int32_t k, const uint16_t *bias, int32_t accumulate, float *y) {
+    const SkinnyArgs p = {x, w, rows, n, k, bias, y, nullptr};
     ARC_TRY(check_skinny(__func__, ctx, p));
     ARC_REQUIRE(y, "null pointer (y is required)");
     ARC_REQUIRE(!(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
     ARC_REQUIRE((uintptr_t)y % 8 == 0, "y must be 8-byte aligned");
-    ARC_REQUIRE((const void *)y != (const void *)hi && (const void *)y != (const void *)lo &&
-                    (const void *)y != (const void *)w,
-                "y must not alias hi, lo or w");
+    ARC_REQUIRE((const void *)y != (const void *)x && (const void *)y != (const void *)w, "y must not alias x or w");
     const int mt = skinny_tiles(ctx, n);
     if (accumulate)
         return mt == 2 ? launch_skinny<2, SKINNY_ACCUMULATE>(ctx, p) : launch_skinny<1, SKINNY_ACCUMULATE>(ctx, p);
     return mt == 2 ? launch_skinny<2, SKINNY_STORE>(ctx, p) : launch_skinny<1, SKINNY_STORE>(ctx, p);
 }
 
-extern "C" int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *hi, const uint16_t *lo,
-                                    const uint16_t *w_gate_up, int32_t rows, int32_t n, int32_t k, uint16_t *h_hi,
-                                    uint16_t *h_lo) {
-    const SkinnyArgs p = {hi, lo, w_gate_up, rows, n, k, nullptr, nullptr, h_hi, h_lo};
+extern "C" int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
+                                    int32_t n, int32_t k, uint16_t *h) {
+    const SkinnyArgs p = {x, w_gate_up, rows, n, k, nullptr, nullptr, h};
     ARC_TRY(check_skinny(__func__, ctx, p));
-    ARC_REQUIRE(h_hi && h_lo, "null pointer (h_hi and h_lo are required)");
+    ARC_REQUIRE(h, "null pointer (h is required)");
     ARC_REQUIRE(n % 8 == 0 && n <= INT32_MAX / 2, "n must be a multiple of 8 (and 2 n an int32), got %d", n);
-    ARC_REQUIRE((uintptr_t)h_hi % 2 == 0 && (uintptr_t)h_lo % 2 == 0, "h_hi and h_lo must be 2-byte aligned");
-    ARC_REQUIRE(h_hi != h_lo && h_hi != hi && h_hi != lo && h_lo != hi && h_lo != lo,
-                "h_hi and h_lo must be distinct and must not alias hi or lo");
+    ARC_REQUIRE((uintptr_t)h % 2 == 0, "h must be 2-byte aligned");
+    ARC_REQUIRE((const void *)h != (const void *)x, "h must not alias x");
     return launch_skinny<2, SKINNY_SWIGLU>(ctx, p);
 }

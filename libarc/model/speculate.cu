@@ -152,11 +152,11 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     ARC_REQUIRE(c.dim % 32 == 0 && c.ffn_dim % 32 == 0 && mp.q_dim % 32 == 0,
                 "speculative steps need dim, ffn_dim and the query width to be multiples of 32");
     const uint64_t rows = (uint64_t)k + 1, wide = (uint64_t)(c.dim > mp.q_dim ? c.dim : mp.q_dim);
-    const uint64_t sizes[11] = {rows * c.dim * 4, rows * wide * 2, rows * wide * 2, rows * c.ffn_dim * 2,
-                                rows * c.ffn_dim * 2, rows * mp.qkv_rows * 4, rows * mp.q_dim * 4,
-                                rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 8};
-    uint64_t off[11], at = 0;
-    for (int i = 0; i < 11; ++i) {
+    const uint64_t sizes[9] = {rows * c.dim * 4, ARC_SPLIT_PARTS * rows * wide * 2, ARC_SPLIT_PARTS * rows * c.ffn_dim * 2,
+                               rows * mp.qkv_rows * 4, rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4,
+                               rows * 4, rows * 8};
+    uint64_t off[9], at = 0;
+    for (int i = 0; i < 9; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -168,16 +168,14 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     b->bytes = at;
     b->k = k;
     b->x = (float *)(base + off[0]);
-    b->hi = (uint16_t *)(base + off[1]);
-    b->lo = (uint16_t *)(base + off[2]);
-    b->h_hi = (uint16_t *)(base + off[3]);
-    b->h_lo = (uint16_t *)(base + off[4]);
-    b->qkv = (float *)(base + off[5]);
-    b->att = (float *)(base + off[6]);
-    b->logits = (float *)(base + off[7]);
-    b->tokens = (int32_t *)(base + off[8]);
-    b->positions = (int32_t *)(base + off[9]);
-    b->keys = (unsigned long long *)(base + off[10]);
+    b->parts = (uint16_t *)(base + off[1]);
+    b->h = (uint16_t *)(base + off[2]);
+    b->qkv = (float *)(base + off[3]);
+    b->att = (float *)(base + off[4]);
+    b->logits = (float *)(base + off[5]);
+    b->tokens = (int32_t *)(base + off[6]);
+    b->positions = (int32_t *)(base + off[7]);
+    b->keys = (unsigned long long *)(base + off[8]);
     ARC_CUDA(ctx, cudaMemsetAsync(mem, 0, at, ctx->stream));
     return ARC_OK;
 }
@@ -193,19 +191,18 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerParts lw = model_layer(model, l);
         const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
-        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.attn_norm, eps, b.hi, b.lo));
-        ARC_TRY(arc_op_skinny(ctx, b.hi, b.lo, wqkv, rows, mp.qkv_rows, dim, lw.bqkv, 0, b.qkv));
+        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.attn_norm, eps, b.parts));
+        ARC_TRY(arc_op_skinny(ctx, b.parts, wqkv, rows, mp.qkv_rows, dim, lw.bqkv, 0, b.qkv));
         ARC_TRY(launch_verify_attention(ctx, b.qkv, rows, mp.qkv_rows, b.positions, mp.inv_freq, lw.k_cache,
                                         lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att));
-        ARC_TRY(arc_op_split_rows(ctx, b.att, rows, q_dim, nullptr, 0.0f, b.hi, b.lo));
-        ARC_TRY(arc_op_skinny(ctx, b.hi, b.lo, (const uint16_t *)lw.wo.p, rows, dim, q_dim, nullptr, 1, b.x));
-        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.mlp_norm, eps, b.hi, b.lo));
-        ARC_TRY(arc_op_skinny_swiglu(ctx, b.hi, b.lo, (const uint16_t *)lw.w_gate_up.p, rows, ffn, dim, b.h_hi,
-                                     b.h_lo));
-        ARC_TRY(arc_op_skinny(ctx, b.h_hi, b.h_lo, (const uint16_t *)lw.w_down.p, rows, dim, ffn, nullptr, 1, b.x));
+        ARC_TRY(arc_op_split_rows(ctx, b.att, rows, q_dim, nullptr, 0.0f, b.parts));
+        ARC_TRY(arc_op_skinny(ctx, b.parts, (const uint16_t *)lw.wo.p, rows, dim, q_dim, nullptr, 1, b.x));
+        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.mlp_norm, eps, b.parts));
+        ARC_TRY(arc_op_skinny_swiglu(ctx, b.parts, (const uint16_t *)lw.w_gate_up.p, rows, ffn, dim, b.h));
+        ARC_TRY(arc_op_skinny(ctx, b.h, (const uint16_t *)lw.w_down.p, rows, dim, ffn, nullptr, 1, b.x));
     }
-    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, mp.final_norm, eps, b.hi, b.lo));
-    return arc_op_skinny(ctx, b.hi, b.lo, (const uint16_t *)mp.lm_head.p, rows, c.vocab, dim, nullptr, 0, b.logits);
+    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, mp.final_norm, eps, b.parts));
+    return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, dim, nullptr, 0, b.logits);
 }
 
 extern "C" int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram) {
