@@ -48,6 +48,12 @@ class StepCost:
         old = self.seconds.get(kind)
         self.seconds[kind] = per if old is None else old + self.weight * (per - old)
 
+    def ready(self) -> bool:
+        """Whether a plain step has been timed here (always, when not measuring): the ratio means
+        nothing before. The first burst of a sequence carries the prefill and is not timed, so the
+        second burst of the first sequence is a plain one."""
+        return not self.measure or PLAIN in self.seconds
+
     def ratio(self) -> float:
         """A speculative step's cost in plain steps."""
         if PLAIN in self.seconds and SPECULATIVE in self.seconds:
@@ -66,7 +72,7 @@ class SpecPolicy:
         self.acceptance.push(tok)
 
     def speculate(self) -> bool:
-        return self.acceptance.tokens_per_step > MARGIN * self.cost.ratio()
+        return self.cost.ready() and self.acceptance.tokens_per_step > MARGIN * self.cost.ratio()
 
     def steps(self, burst: int, remaining: int) -> int:
         """Speculative steps for a burst of at most `burst` steps and `remaining` tokens: never so
