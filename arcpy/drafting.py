@@ -2,7 +2,8 @@
 
 A speculative step at position p (the current token is history[p]) looks for the latest earlier
 occurrence of the sequence's last n tokens, n from `ngram` down to 1 (the longest that occurs
-wins, then the latest), and proposes the tokens that followed it, at most k and never past p.
+wins, then the latest), ending at j, and proposes the k tokens that followed it: history[j + 1..p],
+repeated with that period where it is shorter than k (a sequence that loops goes on looping).
 `draft` is that definition, written plainly; `NgramIndex` gives the same drafts incrementally, in
 constant time a token, for the host's estimate of what speculation would gain (`Acceptance`).
 """
@@ -27,8 +28,13 @@ def draft(history: Sequence[int], k: int, ngram: int) -> list[int]:
             best = max(best, (n, j))
     if best[0] == 0:
         return []
-    j = best[1]
-    return list(history[j + 1:j + 1 + min(k, p - j)])
+    return _follow(history, best[1], k)
+
+
+def _follow(history: Sequence[int], j: int, k: int) -> list[int]:
+    """The k tokens after a match ending at j: history[j + 1..p] with period p - j."""
+    period = len(history) - 1 - j
+    return [history[j + 1 + i % period] for i in range(k)]
 
 
 class NgramIndex:
@@ -55,7 +61,7 @@ class NgramIndex:
         for n in range(min(self.ngram, p + 1), 0, -1):
             j = self.ends[n].get(tuple(h[p - n + 1:]))
             if j is not None:
-                return h[j + 1:j + 1 + min(k, p - j)]
+                return _follow(h, j, k)
         return []
 
 

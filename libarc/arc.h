@@ -386,9 +386,9 @@ int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *in
 
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy, bf16 weights). The
  * draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first)
- * in the loop's history, and the <= k tokens that followed it. The verify forward: the token and
- * the drafts at positions p..p+k in one pass (tensor-core products on inputs split hi + lo in
- * bf16, near float32; float32 attention). The accept: row 0's argmax, then row i's while draft i
+ * in the loop's history, and the k tokens that followed it (periodic past p). The verify forward:
+ * the token and the drafts at positions p..p+k in one pass (tensor-core products on inputs split
+ * exactly in bf16 parts; float32 attention). The accept: row 0's argmax, then row i's while draft i
  * matched row i - 1's, each through the commit's checks (and the burst's limit); then .steps.
  * The history (max_seq ids) gets every commit's token; this writes tokens[0..n) at start..
  * (device or mapped memory), stream-ordered. ---- */

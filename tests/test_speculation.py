@@ -57,9 +57,10 @@ def test_draft_proposes_what_followed_the_latest_longest_match():
     history = [5, 6, 7, 8, 9, 6, 7, 1, 2, 7]
     # last 1-gram [7] ends at 2 and 6; no longer match ([2, 7] never occurred): latest j = 6
     assert draft(history, 3, 3) == [1, 2, 7]
-    assert draft(history + [1], 4, 3) == [2, 7, 1]   # [7, 1] occurred at 6..7: longer wins
+    assert draft(history + [1], 4, 3) == [2, 7, 1, 2]  # [7, 1] occurred at 6..7: longer wins
     assert draft(history, 2, 3) == [1, 2]            # at most k
-    assert draft([4, 4], 5, 2) == [4]                # never past the current position
+    assert draft([4, 4], 5, 2) == [4, 4, 4, 4, 4]    # a loop goes on looping
+    assert draft([1, 5, 6, 1], 5, 3) == [5, 6, 1, 5, 6]  # with the period of the match
     assert draft([1, 2, 3], 4, 3) == []              # nothing repeats
     assert draft([3], 4, 3) == []
 

@@ -3,7 +3,8 @@
 //
 // One step, all of it captured once into a graph:
 //   1 draft        the latest earlier occurrence of the sequence's last n tokens (n = ngram down
-//                  to 1) in the loop's history; the k tokens that followed it are the drafts
+//                  to 1) in the loop's history; the k tokens that followed it are the drafts (the
+//                  stretch from the match to the current token repeated, where it is shorter)
 //   2 the verify forward over rows [token, drafts] at positions p..p+k, every weight read once:
 //                  per layer split (norm) -> skinny qkv -> rope + cache -> attention -> split ->
 //                  skinny Wo (+x) -> split (norm) -> skinny SwiGLU -> skinny Wdown (+x); then the
@@ -56,10 +57,10 @@ draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, i
     if (tid != 0) return;
     for (int w = 1; w < DRAFT_THREADS / 32; ++w) best = wbest[w] > best ? wbest[w] : best;
     int n = 0;
-    if (best != 0) {
+    if (best != 0) {  // what followed the match, repeated with its period p - j where it runs out
         const int j = (int)(uint32_t)best;
-        n = min(k, p - j);
-        for (int i = 0; i < n; ++i) tokens[1 + i] = history[j + 1 + i];
+        n = k;
+        for (int i = 0; i < n; ++i) tokens[1 + i] = history[j + 1 + i % (p - j)];
     }
     for (int i = n; i < k; ++i) tokens[1 + i] = tok;
     tokens[0] = tok;
