@@ -197,15 +197,15 @@ MUTATIONS = [
         "            if state.published > self.published:\n"
         "                yield from self._take(state.published)\n"
         "                spins = 0\n"
-        "                continue\n"
-        "            if state.fault:\n"
-        "                raise fault_error(state)\n",
+        "                if not speculative:\n"
+        "                    continue\n",
         "            if state.fault:\n"
         "                raise fault_error(state)\n"
         "            if state.published > self.published:\n"
         "                yield from self._take(state.published)\n"
         "                spins = 0\n"
-        "                continue\n",
+        "                if not speculative:\n"
+        "                    continue\n",
         ("tests/test_burst.py::test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first",
          "tests/test_burst.py::test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_back"),
     ),
@@ -216,6 +216,35 @@ MUTATIONS = [
         "                    yield from self._take(self.device.poll_ring().published)\n",
         "                except DeviceFaultError:\n",
         ("tests/test_burst.py::test_tokens_that_land_before_a_sticky_fault_are_yielded_before_it",),
+    ),
+    Mutation(
+        "a speculative burst gives the device no token limit",
+        "arcpy/loop/burst.py",
+        "        self.device.begin_burst(self.burst_id, max_tokens)\n",
+        "        self.device.begin_burst(self.burst_id, None)\n",
+        ("tests/test_speculation.py::test_the_burst_limit_stops_publication_mid_step",),
+    ),
+    Mutation(
+        "a speculative burst ends one step before its last step ran",
+        "arcpy/loop/burst.py",
+        "            if self.published >= want or state.steps - base_steps >= steps:\n",
+        "            if self.published >= want or state.steps - base_steps >= steps - 1:\n",
+        ("tests/test_speculation.py::test_speculative_burst_yields_the_models_tokens_and_more_than_one_a_step",),
+    ),
+    Mutation(
+        "the estimate of what drafts make ignores the drafts that matched",
+        "arcpy/drafting.py",
+        "        made = self._matched + 1\n",
+        "        made = 1\n",
+        ("tests/test_speculation.py::test_acceptance_counts_what_each_step_would_make",
+         "tests/test_speculation.py::test_policy_starts_plain_speculates_once_drafts_would_pay_and_sizes_bursts_by_them"),
+    ),
+    Mutation(
+        "sampled requests speculate",
+        "arcpy/loop/speculate.py",
+        "    elif not greedy:\n",
+        "    elif False:\n",
+        ("tests/test_speculation.py::test_sampled_requests_run_the_plain_loop_and_say_why",),
     ),
     Mutation(
         "the server's worker never looks at a cancel",

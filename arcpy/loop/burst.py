@@ -75,38 +75,7 @@ class BurstDriver:
                 self.device.enqueue_commit(self.burst_id)
             else:
                 self.device.enqueue_step(self.burst_id)
-        base = self.published
-        want = base + steps
-        idle_seen = False
-        spins = 0
-        while self.published < want:
-            state = self.device.poll_ring()
-            if state.published > self.published:
-                yield from self._take(state.published)
-                spins = 0
-                continue
-            if state.fault:
-                raise fault_error(state)
-            if state.stopped == self.burst_id:
-                return
-            if idle_seen:
-                # The stream was idle before this poll, so nothing more can land.
-                raise ShortBurstError(
-                    f"device loop: the stream is idle but only {self.published - base} of {steps} "
-                    f"steps published a token (burst {self.burst_id})")
-            spins += 1
-            if spins % self.query_every == 0:
-                # Query, then poll once more before judging: a token may land between the two.
-                try:
-                    idle_seen = self.device.stream_query()
-                except DeviceFaultError:
-                    yield from self._take(self.device.poll_ring().published)
-                    raise
-            if spins >= self.max_spins:
-                yield from self._take(self.device.poll_ring().published)
-                raise HangError(
-                    f"device loop: no token and no error in {self.max_spins} polls "
-                    f"({self.published - base} of {steps} steps published)")
+        yield from self._drain(self.published + steps, steps, speculative=False)
 
     def run_speculative(self, steps: int, max_tokens: int, first_commit: bool = False) -> Iterator[int]:
         """Enqueue `steps` speculative steps (after the prefill's commit with `first_commit`), in a
@@ -123,28 +92,43 @@ class BurstDriver:
             self.device.enqueue_commit(self.burst_id)
         for _ in range(steps):
             self.device.enqueue_spec_step(self.burst_id)
+        yield from self._drain(self.published + max_tokens, steps, speculative=True)
+
+    def _drain(self, want: int, steps: int, speculative: bool) -> Iterator[int]:
+        """Yield the burst's tokens as they land, until the ring count reaches `want`, a stop id
+        ended the burst, or (speculative) the ring's step count says all `steps` ran; the three
+        fault signals are checked between polls that bring nothing new."""
         base, base_steps = self.published, self.steps
-        want = base + max_tokens
         idle_seen = False
         spins = 0
+
+        def progress(state) -> str:
+            if speculative:
+                return f"{state.steps - base_steps} of {steps} speculative steps ran"
+            return f"{self.published - base} of {steps} steps published a token"
+
         while self.published < want:
             state = self.device.poll_ring()  # the step count is read before the tokens it covers
             if state.published > self.published:
                 yield from self._take(state.published)
                 spins = 0
-            self.steps = state.steps
-            if self.published >= want or state.steps - base_steps >= steps:
-                return
+                if not speculative:
+                    continue
+            if speculative:
+                self.steps = state.steps
+                if self.published >= want or state.steps - base_steps >= steps:
+                    return
             if state.fault:
                 raise fault_error(state)
             if state.stopped == self.burst_id:
                 return
             if idle_seen:
-                raise ShortBurstError(
-                    f"device loop: the stream is idle but only {state.steps - base_steps} of {steps} "
-                    f"speculative steps ran (burst {self.burst_id})")
+                # The stream was idle before this poll, so nothing more can land.
+                raise ShortBurstError(f"device loop: the stream is idle but only {progress(state)} "
+                                      f"(burst {self.burst_id})")
             spins += 1
             if spins % self.query_every == 0:
+                # Query, then poll once more before judging: a token may land between the two.
                 try:
                     idle_seen = self.device.stream_query()
                 except DeviceFaultError:
@@ -152,9 +136,8 @@ class BurstDriver:
                     raise
             if spins >= self.max_spins:
                 yield from self._take(self.device.poll_ring().published)
-                raise HangError(
-                    f"device loop: no token and no error in {self.max_spins} polls "
-                    f"({state.steps - base_steps} of {steps} speculative steps ran)")
+                raise HangError(f"device loop: no token and no error in {self.max_spins} polls "
+                                f"({progress(state)})")
 
     def _take(self, published: int) -> Iterator[int]:
         """Yield the tokens the ring holds beyond those already taken."""
