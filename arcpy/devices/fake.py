@@ -152,16 +152,21 @@ class FakeDevice:
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
         elif op.kind == "step":
-            if op.step == s.sticky_fault_at:
-                self.sticky = True
-                self.queue.clear()
-                return
-            if op.step in s.lost_steps:
+            if self._gone(op):
                 return
             logits, tok = self._forward(self.token, self.position)
             if self.sampler is not None and self.position != s.nan_at_position:
                 tok = self.sampler.sample(logits, self.position + 1)
             self._commit(op, tok)
+
+    def _gone(self, op: _Op) -> bool:
+        """A step the script breaks: a sticky fault (the stream is poisoned), or a lost launch."""
+        s = self.script
+        if op.step == s.sticky_fault_at:
+            self.sticky = True
+            self.queue.clear()
+            return True
+        return op.step in s.lost_steps
 
     def _commit(self, op: _Op, tok: int) -> bool:
         """The commit's checks and publication of `tok`, as commit.cuh's publish_token."""
@@ -192,12 +197,7 @@ class FakeDevice:
     def _speculate(self, op: _Op) -> None:
         """A speculative step: drafts from the history, the model's token after each row, and
         the accepted run committed token by token (speculate.cu's accept)."""
-        s = self.script
-        if op.step == s.sticky_fault_at:
-            self.sticky = True
-            self.queue.clear()
-            return
-        if op.step in s.lost_steps:
+        if self._gone(op):
             return
         p = self.position
         self.history[p] = self.token

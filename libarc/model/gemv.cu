@@ -21,26 +21,6 @@ enum { GEMV_WX = 4 };
 // The input vectors a lane holds under WX: one batch covers the row.
 constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
 
-// acc + dot(8 bf16 weights, 8 floats a.xyzw b.xyzw); element 0 is the low half of w.x.
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
-    acc = fmaf(bf16_lo(w.x), a.x, acc);
-    acc = fmaf(bf16_hi(w.x), a.y, acc);
-    acc = fmaf(bf16_lo(w.y), a.z, acc);
-    acc = fmaf(bf16_hi(w.y), a.w, acc);
-    acc = fmaf(bf16_lo(w.z), b.x, acc);
-    acc = fmaf(bf16_hi(w.z), b.y, acc);
-    acc = fmaf(bf16_lo(w.w), b.z, acc);
-    acc = fmaf(bf16_hi(w.w), b.w, acc);
-    return acc;
-}
-
-// ss plus the squares of 8 inputs a.xyzw b.xyzw, in the order both input paths add them.
-__device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-    ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-    return ss;
-}
-
 // 8 inputs times inv times their 8 bf16 norm weights g (element 0 the low half of g.x).
 __device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g) {
     a.x = a.x * inv * bf16_lo(g.x); a.y = a.y * inv * bf16_hi(g.x);

@@ -207,6 +207,26 @@ __device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, in
     }
 }
 
+// acc + dot(8 bf16 weights, 8 floats a.xyzw b.xyzw); element 0 is the low half of w.x.
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+    acc = fmaf(bf16_lo(w.x), a.x, acc);
+    acc = fmaf(bf16_hi(w.x), a.y, acc);
+    acc = fmaf(bf16_lo(w.y), a.z, acc);
+    acc = fmaf(bf16_hi(w.y), a.w, acc);
+    acc = fmaf(bf16_lo(w.z), b.x, acc);
+    acc = fmaf(bf16_hi(w.z), b.y, acc);
+    acc = fmaf(bf16_lo(w.w), b.z, acc);
+    acc = fmaf(bf16_hi(w.w), b.w, acc);
+    return acc;
+}
+
+// ss plus the squares of 8 inputs a.xyzw b.xyzw, in the order every fused or row norm adds them.
+__device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    return ss;
+}
+
 // Element d of a head row x (float32) under rotate-half RoPE: d pairs with d +- half, angle i =
 // d mod half with cosine c[i] and sine s[i]. Explicit roundings (no fused multiply-add), as the
 // reference computes it; the decode attention and the prefill rotate identically.

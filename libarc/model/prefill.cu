@@ -43,9 +43,7 @@ rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w,
     const float4 *row = reinterpret_cast<const float4 *>(x + (size_t)i * dim);
     float ss = 0.0f;
     for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
-        const float4 a = row[2 * v], b = row[2 * v + 1];
-        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        ss = add_sq8(ss, row[2 * v], row[2 * v + 1]);
     }
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)dim + eps);

@@ -219,9 +219,7 @@ split_rows_kernel(const float *__restrict__ x, int rows, int cols, const uint16_
     if (norm_w != nullptr) {  // uniform over the block
         float ss = 0.0f;
         for (int v = threadIdx.x; v < nvec; v += SPLIT_THREADS) {
-            const float4 a = xr[2 * v], b = xr[2 * v + 1];
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+            ss = add_sq8(ss, xr[2 * v], xr[2 * v + 1]);
         }
         ss = block_sum(ss, red);
         inv = rsqrtf(ss / (float)cols + eps);

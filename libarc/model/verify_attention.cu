@@ -88,14 +88,7 @@ verify_attention_kernel(const float *__restrict__ qkv, int stride, const int32_t
                 const uint4 g = kr[v];
                 const float4 qa = *reinterpret_cast<const float4 *>(q + 8 * v);
                 const float4 qb = *reinterpret_cast<const float4 *>(q + 8 * v + 4);
-                dot = fmaf(bf16_lo(g.x), qa.x, dot);
-                dot = fmaf(bf16_hi(g.x), qa.y, dot);
-                dot = fmaf(bf16_lo(g.y), qa.z, dot);
-                dot = fmaf(bf16_hi(g.y), qa.w, dot);
-                dot = fmaf(bf16_lo(g.z), qb.x, dot);
-                dot = fmaf(bf16_hi(g.z), qb.y, dot);
-                dot = fmaf(bf16_lo(g.w), qb.z, dot);
-                dot = fmaf(bf16_hi(g.w), qb.w, dot);
+                dot = dot8(g, qa, qb, dot);
             }
             s = dot * scale_log2;
         }
