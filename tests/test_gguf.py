@@ -272,6 +272,31 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
         assert model.notes == ()
 
 
+def test_a_layer_whose_gate_and_up_differ_in_type_holds_both_in_bf16_and_says_why(tmp_path):
+    """The GPU reads a layer's [gate; up] as one matrix of one format: where a file gives them two
+    types, both are made bf16 (their values rounded), the other layers stay quantized."""
+    source = random_model(TINY, seed=7)
+    tensors = gguf_tensors(source)
+    types = {name: Q.Q8_0 for name, x in tensors.items() if x.ndim == 2}
+    types["blk.0.ffn_up.weight"] = Q.Q4_0
+    path = write_gguf(tmp_path / "mixed.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    model, _ = load_gguf(path, quantized=True)
+    for layer, held_quantized in ((0, False), (1, True)):
+        for part in ("gate", "up"):
+            hf = f"model.layers.{layer}.mlp.{part}_proj.weight"
+            name = gguf_name(hf)
+            loaded = model.tensors[hf]
+            assert isinstance(loaded, QuantTensor) is held_quantized, hf
+            stored = dequantize(quantize(tensors[name], types[name]), types[name])
+            want = stored if held_quantized else bf16_to_f32(f32_to_bf16(stored))
+            assert np.array_equal(held(loaded), want), hf
+    assert isinstance(model.tensors["model.layers.0.mlp.down_proj.weight"], QuantTensor)
+    assert model.format_of("model.layers.1.mlp.gate_proj.weight") == model.format_of("model.layers.1.mlp.up_proj.weight")
+    assert model.notes == ("mixed.gguf: 2 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, "
+                           "Q5_K, Q6_K quantized, and reads a layer's ffn_gate and ffn_up as one matrix of one type (of "
+                           "two types in blk 0)): Q8_0 ffn_gate.weight (blk 0); Q4_0 ffn_up.weight (blk 0)",)
+
+
 def test_quantized_is_true_or_false(tmp_path):
     path = write_model(tmp_path / "m.gguf", random_model(TINY, seed=5))
     with pytest.raises(InvalidArgumentError, match=r"quantized must be True, False or None \(auto\), got 'no'"):

@@ -306,13 +306,27 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         tensors[LM_HEAD] = from_gguf(info.qtype, info.shape, f.raw(info), f"{f.path}: tensor {quoted(info.name)}")
         if progress is not None:
             progress(total, total)
-    notes = [_dequantized_note(f.path, dequantized)] if dequantized else []
+    notes = [_dequantized_note(f.path, dequantized, ckpt)] if dequantized else []
     return Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
 
 
+_PAIRED = {"mlp.gate_proj.weight": "mlp.up_proj.weight", "mlp.up_proj.weight": "mlp.gate_proj.weight"}
+
+
+def _partner(hf_name: str) -> str | None:
+    """The other half of a layer's [gate; up] matrix, which the GPU reads as one, in one format."""
+    head, _, tail = hf_name.partition(".mlp.")
+    other = _PAIRED.get("mlp." + tail)
+    return f"{head}.{other}" if other and tail else None
+
+
 def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
-    """Whether a tensor stays quantized: a matrix of a kept type, unless all-bf16 was asked for."""
-    return ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS
+    """Whether a tensor stays quantized: a matrix of a kept type, unless all-bf16 was asked for,
+    or (gate, up) it is the half of a layer's [gate; up] whose other half is of another type."""
+    if not (ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS):
+        return False
+    partner = _partner(hf_name)
+    return partner is None or ckpt.file.tensors[_gguf_name(partner)].qtype == info.qtype
 
 
 def _unpermute(t: Tensor, n_heads: int) -> Tensor:
@@ -321,8 +335,8 @@ def _unpermute(t: Tensor, n_heads: int) -> Tensor:
     return unpermute_rotary_rows(t, n_heads)
 
 
-def _dequantized_note(path: Path, infos: list[TensorInfo]) -> str:
-    """One line: which quantized tensors were made bf16, by type, layers as ranges."""
+def _dequantized_note(path: Path, infos: list[TensorInfo], ckpt: GGUFCheckpoint) -> str:
+    """One line: which quantized tensors were made bf16, by type, layers as ranges, and why."""
     groups: dict[tuple[str, str], list[int]] = {}
     for info in infos:
         parts = info.name.split(".")
@@ -333,8 +347,13 @@ def _dequantized_note(path: Path, infos: list[TensorInfo]) -> str:
     listed = "; ".join(f"{qtype} {name}" + (f" (blk {_ranges(layers)})" if layers else "")
                        for (qtype, name), layers in groups.items())
     kept = ", ".join(t.name for t in GGUF_FORMATS)
+    mixed = sorted({int(info.name.split(".")[1]) for info in infos
+                    if info.qtype in GGUF_FORMATS and info.name.split(".")[-2] == "ffn_gate"})
+    why = f"the GPU keeps {kept} quantized" + (
+        f", and reads a layer's ffn_gate and ffn_up as one matrix of one type (of two types in blk "
+        f"{_ranges(mixed)})" if mixed else "")
     return (f"{path.name}: {len(infos)} quantized tensor{'s' if len(infos) != 1 else ''} dequantized to bf16 "
-            f"(the GPU keeps {kept} quantized): {listed}")
+            f"({why}): {listed}")
 
 
 def _ranges(numbers: list[int]) -> str:
