@@ -17,7 +17,7 @@ import sys
 import click
 
 from arcpy import _lib
-from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, with_options
+from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, speculation_note, with_options
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -144,8 +144,10 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
 
     def build():
-        return Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
-                           drafts=drafts)
+        engine = Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
+                             drafts=drafts)
+        speculation_note(drafts, engine)
+        return engine
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
     name = model_name or model.name
