@@ -43,6 +43,7 @@ def assert_close(what, got, want, atol, rtol) -> None:
     got = np.asarray(got, dtype=np.float64).reshape(want.shape)
     tol = (np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape) + rtol * np.abs(want)).ravel()
     got, want = got.ravel(), want.ravel()
+    assert np.isfinite(want).all(), f"{what}: the NumPy reference itself is not finite"
     diff = np.abs(got - want)
     bad = ~np.isfinite(got) | (diff > tol)
     if bad.any():

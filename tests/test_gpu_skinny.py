@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
 from gpu_buffers import f32p, u16p
+from test_gpu_prefill import assert_close
 
 import arcpy
 from arcpy import _lib
@@ -52,22 +53,6 @@ EXACT_MIN = 2.0 ** -110        # below this a split need not be exact (module do
 # silu and the product in float32 (expf within 2 ulps, then a sum, a quotient, a product, each
 # rounded once) move h by a few ulps of itself; the split of h is exact.
 SWIGLU_RTOL = 16 * EPS32
-
-
-def assert_close(what, got, want, atol, rtol) -> None:
-    """|got - want| <= atol + rtol * |want| everywhere (atol a scalar or shaped as want), got
-    finite; else the first mismatches."""
-    want = np.asarray(want, dtype=F64)
-    got = np.asarray(got, dtype=F64).reshape(want.shape)
-    tol = (np.broadcast_to(np.asarray(atol, dtype=F64), want.shape) + rtol * np.abs(want)).ravel()
-    got, want = got.ravel(), want.ravel()
-    assert np.isfinite(want).all(), f"{what}: the NumPy reference itself is not finite"
-    diff = np.abs(got - want)
-    bad = ~np.isfinite(got) | (diff > tol)
-    if bad.any():
-        idx = np.flatnonzero(bad)
-        lines = [f"  [{i}] got {got[i]!r} want {want[i]!r} diff {diff[i]:.3g} tol {tol[i]:.3g}" for i in idx[:10]]
-        pytest.fail(f"{what}: {idx.size} of {got.size} out of tolerance; first:\n" + "\n".join(lines))
 
 
 def split(v):
