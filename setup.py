@@ -3,9 +3,12 @@ CUDA 13.0 wheels (nvidia-cuda-nvcc and friends, build requirements in pyproject.
 
 Never a system CUDA: nvcc is looked up only inside the installed `nvidia` wheels, and cudart is
 linked statically, so the library needs only the driver (libcuda.so.1) at run time.
-ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last).
+ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last). With 90
+among them, model/gemm_sm90.cu is compiled for sm_90a alone, against the CUTLASS headers of the
+nvidia-cutlass wheel (also a build requirement); without it, that file builds its stand-ins.
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -21,9 +24,9 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCHS = "80;90"
 # The sources whose device code takes longest to compile start first, so that none of them
-# begins last and runs alone (measured one at a time, sm_90 alone: attention.cu 13 s, gemm.cu
-# 12 s, qgemv_k.cu 12 s, qgemv_q8_q4.cu, gemv.cu 5 s).
-SLOW_FIRST = ("model/attention.cu", "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
+# begins last and runs alone (measured one at a time, sm_90 alone: gemm_sm90.cu 32 s,
+# attention.cu 13 s, gemm.cu 12 s, qgemv_k.cu 12 s, qgemv_q8_q4.cu, gemv.cu 5 s).
+SLOW_FIRST = ("model/gemm_sm90.cu", "model/attention.cu", "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu")
 
@@ -43,11 +46,31 @@ def find_cuda_wheels():
          "'nvidia-cuda-crt==13.0.*' 'nvidia-nvvm==13.0.*' 'nvidia-cuda-cccl==13.0.*')")
 
 
-def arch_flags():
+# Compiled for sm_90a only (its kernel uses wgmma and TMA), when the targets include 90.
+SM90A = "model/gemm_sm90.cu"
+
+
+def find_cutlass():
+    """The include folder of the nvidia-cutlass wheel, located without importing it."""
+    spec = importlib.util.find_spec("cutlass_library")
+    for entry in (spec.submodule_search_locations or []) if spec else []:
+        top = Path(entry) / "source" / "include"
+        if (top / "cutlass" / "cutlass.h").is_file():
+            return top
+    fail("the CUTLASS headers were not found: install the build requirements (pip does this for "
+         "`pip install .`; by hand: pip install 'nvidia-cutlass==4.2.*')")
+
+
+def cuda_archs():
     raw = os.environ.get("ARC_CUDA_ARCHS", DEFAULT_ARCHS)
     archs = [a.strip() for a in re.split(r"[;,\s]+", raw) if a.strip()]
     if not archs or not all(re.fullmatch(r"[1-9][0-9]a?", a) for a in archs):
         fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90'")
+    return archs
+
+
+def arch_flags():
+    archs = cuda_archs()
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     last = archs[-1]
     flags.append(f"-gencode=arch=compute_{last},code=compute_{last}")
@@ -86,7 +109,11 @@ def compile_libarc(target: Path):
         obj = objdir / (src.stem + ".o")
         name = src.relative_to(ROOT / "libarc").as_posix()
         extra = ["-x", "c++"] if name in HOST_ONLY else slow_threads if name in SLOW_FIRST else []
-        run([nvcc, *common, *extra, "-c", str(src), "-o", str(obj)], env)
+        flags = common
+        if name == SM90A and any(a.rstrip("a") == "90" for a in cuda_archs()):
+            flags = [f for f in common if not f.startswith("-gencode")]
+            extra = ["-gencode=arch=compute_90a,code=sm_90a", "-DARC_SM90A", f"-I{find_cutlass()}"]
+        run([nvcc, *flags, *extra, "-c", str(src), "-o", str(obj)], env)
         return obj
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:

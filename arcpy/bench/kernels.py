@@ -407,13 +407,17 @@ def gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int, bool]]:
 def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
     """Each product of a prefill chunk of m tokens timed alone (graphs of n_layers launches over
     one layer's weights, back to back): µs per launch and TFLOP/s (2 m n k over the time; the
-    gate/up product counts both halves)."""
+    gate/up product counts both halves). Beside arc_op_gemm_swiglu_bf16, the gate/up product
+    alone in float32: what the prefill runs before its SwiGLU where the product goes to the sm_90
+    kernel (libarc/model/gemm.cu)."""
     rows = []
+    shapes = gemm_shapes(cfg)
+    shapes.insert(3, ("gate/up product", 2 * cfg.ffn_dim, cfg.dim, False))
     with Context(0) as ctx:
         buf = Buffers(ctx)
         try:
             lib, ffi, NULL = ctx.lib, ctx.ffi, ctx.ffi.NULL
-            for name, n, k, swiglu in gemm_shapes(cfg):
+            for name, n, k, swiglu in shapes:
                 w_rows = 2 * n if swiglu else n
                 a = ffi.cast("uint16_t *", buf.random_bf16(m * k * 2))
                 w = ffi.cast("uint16_t *", buf.random_bf16(w_rows * k * 2))

@@ -7,6 +7,8 @@
 // by the row so that the eight rows one ldmatrix reads fall on distinct banks. One kernel template,
 // four tile shapes: large tiles for long products, small ones so that short products (a small
 // model, a short chunk) still occupy every SM. Choosing the shape is all that depends on speed.
+// On an sm_90 GPU the products large enough to fill it go to gemm_sm90.cu instead (TMA and wgmma).
+#include "gemm_sm90.cuh"
 #include "kernels.cuh"
 
 enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunks per tile row
@@ -261,14 +263,26 @@ static int check_gemm(const char *who, const GemmArgs &p) {
     return ARC_OK;
 }
 
+// Whether a product of m x n_w (k deep) runs on gemm_sm90.cu: on an sm_90 GPU, when it has at
+// least half a wave of that kernel's 128 x 256 tiles (measured on the H200, docs/PERF.md: 1.3 to
+// 2.3x this file's kernel on the 1B and 8B products, even with SmolLM2's gate/up, behind it on
+// the smaller ones), and float32 rows of whole 16-byte vectors.
+static bool on_sm90(const arc_context *ctx, int m, int n_w) {
+    if (!gemm_sm90_available(ctx) || n_w % 4 != 0) return false;
+    const long long tiles = (long long)((m + 127) / 128) * ((n_w + 255) / 256);
+    return 2 * tiles >= ctx->sm_count;
+}
+
 // Checks the arguments common to both entry points (their pointers are checked already), picks
-// the tile shape and launches.
+// the kernel and the tile shape, and launches.
 static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, int epilogue) {
     if (!ctx) return arc_fail(ARC_INVALID_ARGUMENT, who, "ctx is null");
     int st = check_gemm(who, p);
     if (st != ARC_OK) return st;
     const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
     if (n_w > GEMM_MAX_N) return arc_fail(ARC_INVALID_ARGUMENT, who, "W has %d rows, more than %d", n_w, GEMM_MAX_N);
+    if (epilogue != EPI_SWIGLU && !p.bias && (uintptr_t)p.c % 16 == 0 && on_sm90(ctx, p.m, n_w))
+        return gemm_sm90(ctx, who, p.a, p.w, p.m, p.n, p.k, p.c, epilogue == EPI_ACCUMULATE);
     const int tile = pick_tile(ctx, p.m, n_w);
     if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
     if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
@@ -293,4 +307,41 @@ extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, cons
     ARC_REQUIRE((const void *)h != (const void *)a, "h must not alias a");
     GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h};
     return gemm_checked(ctx, __func__, p, EPI_SWIGLU);
+}
+
+// ---- SwiGLU from a float32 product: the prefill's gate/up on gemm_sm90.cu ----------------------
+
+enum { SWIGLU_THREADS = 256 };
+
+// h[r, j] = bf16(silu(s[r, j]) * s[r, n + j]) for r < rows, j < n (n even): s the product
+// a [Wg; Wu]^T (rows, 2 n) float32, h (rows, n) bf16; the formula of gemm_kernel's SWIGLU epilogue.
+__global__ void __launch_bounds__(SWIGLU_THREADS)
+swiglu_rows_kernel(const float *__restrict__ s, int rows, int n, uint16_t *__restrict__ h) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const long long pairs = (long long)rows * (n / 2);
+    for (long long i = blockIdx.x * (long long)SWIGLU_THREADS + threadIdx.x; i < pairs;
+         i += (long long)gridDim.x * SWIGLU_THREADS) {
+        const long long r = i / (n / 2), j = 2 * (i % (n / 2));
+        const float2 g = *reinterpret_cast<const float2 *>(s + r * 2 * n + j);
+        const float2 u = *reinterpret_cast<const float2 *>(s + r * 2 * n + n + j);
+        *reinterpret_cast<uint32_t *>(h + r * n + j) = pack_bf16x2(silu(g.x) * u.x, silu(g.y) * u.y);
+    }
+}
+
+int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
+                     int32_t n, int32_t k, uint16_t *h, float *scratch, int32_t scratch_rows) {
+    if (!scratch || scratch_rows <= 0 || !on_sm90(ctx, m < scratch_rows ? m : scratch_rows, 2 * n) ||
+        (uintptr_t)scratch % 16 != 0)
+        return arc_op_gemm_swiglu_bf16(ctx, a, w_gate_up, m, n, k, h);
+    ARC_REQUIRE_AS(who, n % 2 == 0 && k % 8 == 0 && m > 0, "bad shape m %d, n %d, k %d", m, n, k);
+    for (int32_t r0 = 0; r0 < m; r0 += scratch_rows) {
+        const int32_t rows = m - r0 < scratch_rows ? m - r0 : scratch_rows;
+        ARC_TRY(gemm_sm90(ctx, who, a + (size_t)r0 * k, w_gate_up, rows, 2 * n, k, scratch, false));
+        const long long pairs = (long long)rows * (n / 2), most = (long long)ctx->sm_count * 8;
+        const long long blocks = (pairs + SWIGLU_THREADS - 1) / SWIGLU_THREADS;
+        ARC_TRY(arc_launch_pdl(ctx, "swiglu_rows_kernel", swiglu_rows_kernel, dim3((unsigned)(blocks < most ? blocks : most)),
+                               dim3(SWIGLU_THREADS), 0, (const float *)scratch, rows, n, h + (size_t)r0 * n));
+    }
+    return ARC_OK;
 }

@@ -252,7 +252,14 @@ struct PrefillBuffers {
     uint16_t *att;  // attention output, bf16 (max_chunk, q_dim)
     uint16_t *h;    // SwiGLU output, bf16 (max_chunk, ffn_dim)
     uint16_t *wdq;  // a quantized matrix dequantized for its product, bf16 (the model's dequant_elems)
+    float *gu;      // where the gate/up product runs on gemm_sm90.cu: (gu_rows, 2 ffn_dim) float32
+    int32_t gu_rows;
 };
+// h (m, n) = bf16(silu(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), as
+// arc_op_gemm_swiglu_bf16; where the product fills an sm_90 GPU, it runs on gemm_sm90.cu in
+// chunks of scratch_rows rows of a through scratch (scratch_rows, 2 n) float32, then SwiGLU.
+int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
+                     int32_t n, int32_t k, uint16_t *h, float *scratch, int32_t scratch_rows);
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
 

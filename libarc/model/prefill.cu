@@ -10,15 +10,19 @@
 //   5 gemm           x += att Wo^T
 //   6 rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
 //   7 gemm_swiglu    h = bf16(silu(xn Wg^T) * (xn Wu^T))                     (c, ffn_dim)
+//                    (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
 //   8 gemm           x += h Wdown^T
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
 #include <math.h>
 
+#include "gemm_sm90.cuh"
 #include "kernels.cuh"
 
 enum { ROWS_THREADS = 256 };
+// The most the gate/up product's float32 scratch takes on an sm_90 GPU (prefill_chunk).
+constexpr uint64_t GU_BYTES = 128ull << 20;
 
 // x[i] (dim) = float(table[tokens[i]]), one block per row i. An id outside [0, vocab) fills the
 // row with NaN rather than read out of bounds. Limits: dim % 8 == 0, table and x 16-byte aligned.
@@ -77,12 +81,21 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     if (chunk <= b->max_chunk) return ARC_OK;
 
     const uint64_t rows = (uint64_t)chunk;
-    const uint64_t sizes[7] = {
+    // The gate/up product's float32 rows, on an sm_90 GPU: as many as GU_BYTES hold (whole tiles
+    // of 128, at least one), no more than a chunk has.
+    int32_t gu_rows = 0;
+    if (gemm_sm90_available(ctx)) {
+        const uint64_t fit = GU_BYTES / (8ull * (uint64_t)c.ffn_dim) / 128 * 128;
+        const uint64_t want = fit < 128 ? 128 : fit;
+        gu_rows = (int32_t)(want < rows ? want : rows);
+    }
+    const uint64_t sizes[8] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4,
         rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
+        (uint64_t)gu_rows * c.ffn_dim * 8,
     };
-    uint64_t off[7], at = 0;
-    for (int i = 0; i < 7; ++i) {
+    uint64_t off[8], at = 0;
+    for (int i = 0; i < 8; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -100,6 +113,8 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->att = (uint16_t *)(base + off[4]);
     b->h = (uint16_t *)(base + off[5]);
     b->wdq = mp.dequant_elems ? (uint16_t *)(base + off[6]) : nullptr;
+    b->gu = gu_rows ? (float *)(base + off[7]) : nullptr;
+    b->gu_rows = gu_rows;
     return ARC_OK;
 }
 
@@ -158,7 +173,7 @@ static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *
         ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.mlp_norm, n, dim, eps, b.xn));
         const int32_t gate_up_rows = 2 * ffn;
         ARC_TRY(bf16_matrix(ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_swiglu_bf16(ctx, b.xn, w, n, ffn, dim, b.h));
+        ARC_TRY(gemm_swiglu_rows(ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, b.h, b.gu, b.gu_rows));
         ARC_TRY(bf16_matrix(ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
         ARC_TRY(arc_op_gemm_bf16(ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x));
     }
