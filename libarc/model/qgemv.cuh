@@ -23,49 +23,99 @@ constexpr int qgemv_batch(int nr) { return QGEMV_UNITS / nr > 0 ? QGEMV_UNITS / 
 // Shared memory of the staged input, per unit: 32 int8 values, dx, and the two half sums.
 constexpr size_t QGEMV_STAGE_BYTES = 32 + 4 + 8;
 
-// The unit's rows of task `task`: R output rows (GATED: their gate rows, then their up rows).
-// A partial last task re-reads the last row; its result is never written.
+// The rows of task `task`: R output rows (GATED: their gate rows, then their up rows), as row
+// indices; a row lies at w + index * row_bytes. A partial last task re-reads the last row; its
+// result is never written. (An index and one multiply-add per load cost fewer registers than a
+// 64-bit pointer per row.)
 template <int R, bool GATED>
-__device__ __forceinline__ void qtask_rows(const uint8_t *w, uint32_t row_bytes, int task, int rows,
-                                           const uint8_t *(&wr)[GATED ? 2 * R : R]) {
+__device__ __forceinline__ void qtask_rows(int task, int rows, uint32_t (&rix)[GATED ? 2 * R : R]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = min(task * R + r, rows - 1);
-        wr[r] = w + (size_t)row * row_bytes;
-        if constexpr (GATED) wr[R + r] = w + ((size_t)rows + row) * row_bytes;
+        rix[r] = (uint32_t)row;
+        if constexpr (GATED) rix[R + r] = (uint32_t)(rows + row);
     }
 }
 
-template <int F, int NR, int U>
-__device__ __forceinline__ void qload_batch(const uint8_t *const (&wr)[NR], const RowLayout &L, int base, int step,
-                                            int units, UnitRaw (&raw)[NR][U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int v = base + step * u;
-#pragma unroll
-        for (int r = 0; r < NR; ++r)
-            if (v < units) load_unit<F>(wr[r], L, v, raw[r][u]);
+// Where unit u's arrays lie in row 0 (quants, high bits, scales, Q6_K's d); a row adds its
+// offset. The units of a batch, u + STEP * k, lie at fixed distances from these (STEP is a
+// multiple of 32, so of the 8 units of a superblock), which the loads below add as constants.
+struct UnitAddr {
+    const uint8_t *q, *b, *c, *d;
+};
+
+template <int F>
+__device__ __forceinline__ UnitAddr unit_addr(const uint8_t *w, const RowLayout &L, uint32_t u) {
+    UnitAddr a;
+    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : 16u) * u;
+    a.b = w + L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * u;
+    // Q4_0, Q8_0: 2u; Q4_1: 4u; Q4_K, Q5_K: 16 (u / 8); Q6_K: 16 (u / 8) + 2 (u % 8) = 2u
+    a.c = w + L.c + (F == ARC_FORMAT_Q4_1 ? 4u * u : F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K ? 16u * (u / 8) : 2u * u);
+    a.d = w + L.d + 2u * (u / 8);
+    return a;
+}
+
+// The two parts of quant.cuh's load_unit for unit u + STEP * k of the row at offset `ro`, with
+// `a` = unit_addr(u): its quants, then the rest (high bits and scales). Every load issued, none used.
+template <int F, int STEP>
+__device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        r.q0 = load_nc128(a.q + ro + 32 * STEP * k);
+        r.q1 = load_nc128(a.q + ro + 32 * STEP * k + 16);
+    } else {
+        r.q0 = load_nc128(a.q + ro + 16 * STEP * k);
     }
 }
 
-// acc[r] += the dots of a batch of units (U of them, stride `step` from `base`) of NR rows.
-template <int F, int NR, int U>
-__device__ __forceinline__ void qdot_batch(const UnitRaw (&raw)[NR][U], int base, int step, int units,
-                                           const int4 *staged, const float *dxs, const int2 *sums, float (&acc)[NR]) {
+template <int F, int STEP>
+__device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(a.b + ro + 8 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(a.c + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(a.c + ro + 2 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q6_K) {
+        r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+        r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
+    }
+}
+
+// The row offset of row index `ri`.
+__device__ __forceinline__ size_t qrow_offset(uint32_t ri, uint32_t row_bytes) { return (size_t)ri * row_bytes; }
+
+// The quantized input of unit v, from the staging.
+__device__ __forceinline__ UnitInput qinput(const int4 *staged, const float *dxs, const int2 *sums, int v) {
+    UnitInput in;
+    in.xa = staged[2 * v];
+    in.xb = staged[2 * v + 1];
+    in.dx = dxs[v];
+    const int2 s = sums[v];
+    in.s0 = s.x;
+    in.s1 = s.y;
+    return in;
+}
+
+// acc[r] += the dots of a full batch of units (U of them, base + STEP * u, all < units) of NR rows.
+template <int F, int NR, int U, int STEP>
+__device__ __forceinline__ void qfull_batch(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR],
+                                            int base, const KSlot &ks, const int4 *staged, const float *dxs,
+                                            const int2 *sums, float (&acc)[NR]) {
+    UnitRaw raw[NR][U];
+    const UnitAddr a = unit_addr<F>(w, L, (uint32_t)base);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int v = base + step * u;
-        if (v < units) {
-            UnitInput in;
-            in.xa = staged[2 * v];
-            in.xb = staged[2 * v + 1];
-            in.dx = dxs[v];
-            const int2 s = sums[v];
-            in.s0 = s.x;
-            in.s1 = s.y;
+    for (int r = 0; r < NR; ++r) {
+        const size_t ro = qrow_offset(rix[r], L.bytes);
 #pragma unroll
-            for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], v, in);
+        for (int u = 0; u < U; ++u) {
+            load_quants_at<F, STEP>(a, ro, u, raw[r][u]);
+            load_rest_at<F, STEP>(a, ro, u, raw[r][u]);
         }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], ks, in);
     }
 }
 
@@ -96,15 +146,18 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     // Before the wait: the quants of the first batch of the block's first task (weights no kernel
     // writes), so that their DRAM latency overlaps the kernel before and the staging below. (The
     // scales follow after the staging: holding them too through it costs spills.)
+    // Units past the end (only where units < STEP * U) load the last unit instead: the loads need
+    // no branches, and the dots below skip them.
     UnitRaw first_batch[NR][U];
     if (blockIdx.x < block_tasks) {
-        const uint8_t *wr[NR];
-        qtask_rows<R, GATED>(w, L.bytes, blockIdx.x * GROUPS + group, rows, wr);
+        uint32_t rix[NR];
+        qtask_rows<R, GATED>(blockIdx.x * GROUPS + group, rows, rix);
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) {
+            const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(first + STEP * u, units - 1));
 #pragma unroll
-            for (int r = 0; r < NR; ++r)
-                if (first + STEP * u < units) load_quants<F>(wr[r], first + STEP * u, first_batch[r][u]);
+            for (int r = 0; r < NR; ++r) load_quants_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
+        }
     }
     pdl_wait();
 
@@ -180,29 +233,41 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     }
     __syncthreads();
 
+    // The scale and min of a _K unit depend on its place j = u % 8 in the superblock, the same for
+    // all of a lane's units (first + STEP * k, STEP a multiple of 32).
+    const KSlot ks = k_slot(first % 8);
     unsigned long long best = 0;  // AM: the best key of the rows this lane wrote
     // The loop bound is uniform over the block: every warp reaches the barriers of the epilogue.
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
         const int task = bt * GROUPS + group;
-        const uint8_t *wr[NR];
-        qtask_rows<R, GATED>(w, L.bytes, task, rows, wr);
+        uint32_t rix[NR];
+        qtask_rows<R, GATED>(task, rows, rix);
         float acc[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
         int base = first;
         if (bt == blockIdx.x) {  // the batch whose quants were loaded before the wait
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+            for (int u = 0; u < U; ++u) {
+                const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
 #pragma unroll
-                for (int r = 0; r < NR; ++r)
-                    if (base + STEP * u < units) load_rest<F>(wr[r], L, base + STEP * u, first_batch[r][u]);
-            qdot_batch<F, NR, U>(first_batch, base, STEP, units, staged, dxs, sums, acc);
+                for (int r = 0; r < NR; ++r) load_rest_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (base + STEP * u < units) {
+                    const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(first_batch[r][u], ks, in);
+                }
+            }
             base += STEP * U;
         }
-        for (; base < units; base += STEP * U) {
-            UnitRaw raw[NR][U];
-            qload_batch<F, NR, U>(wr, L, base, STEP, units, raw);
-            qdot_batch<F, NR, U>(raw, base, STEP, units, staged, dxs, sums, acc);
+        // Full batches, then the units left (fewer than a batch), one at a time.
+        for (; base + STEP * (U - 1) < units; base += STEP * U)
+            qfull_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+        if constexpr (U > 1) {
+            for (; base < units; base += STEP) qfull_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
         }
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
     }

@@ -146,9 +146,54 @@ struct UnitInput {
     int s0, s1;
 };
 
-// dot(unit u's weights, its input), as arc.h defines it: exact integer sums, then the scales.
+// What the dot of a unit needs of its place in a _K superblock (unit j = u % 8), decoded once: a
+// lane's units all have the same j (qgemv.cuh). The 6-bit scale of k_scale_min is
+// ((y >> sh) & my) | ((w >> tw) & 0xf), its min the same with z and (w >> tw) >> 4: for j < 4
+// sh = 8j, my = 63 and tw = 32 (the w term shifted out); else sh = 8(j - 4) + 2, my = 0x30
+// and tw = 8(j - 4).
+struct KSlot {
+    uint32_t sh, my, tw;
+};
+
+__device__ __forceinline__ KSlot k_slot(int j) {
+    const uint32_t t = 8u * (uint32_t)(j & 3);
+    return j < 4 ? KSlot{t, 63u, 32u} : KSlot{t + 2u, 0x30u, t};
+}
+
+// dp4a with a's bytes unsigned (they reach 0xf0 below) and b's signed.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The byte `sel` picks of w, sign-extended (prmt's sign-replicating selectors 0x8880, 0x9991).
+__device__ __forceinline__ int prmt_sext(uint32_t w, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(w), "r"(sel));
+    return (int)d;
+}
+
+// c + the sum over a 4-bit unit of weight times input (Q4_0, Q4_1, Q4_K): the high nibbles are
+// multiplied in place, as 16 times their value (bytes up to 0xf0, hence unsigned), in a chain
+// started at 16c whose sum, a multiple of 16, is shifted down exactly before the low nibbles
+// join it. One mask per word instead of a shift and a mask for the high nibbles.
+__device__ __forceinline__ int q4_sum(const UnitRaw &r, const UnitInput &x, int c) {
+    int h = dp4a_us(r.q0.x & 0xf0f0f0f0u, x.xb.x, 16 * c);
+    h = dp4a_us(r.q0.y & 0xf0f0f0f0u, x.xb.y, h);
+    h = dp4a_us(r.q0.z & 0xf0f0f0f0u, x.xb.z, h);
+    h = dp4a_us(r.q0.w & 0xf0f0f0f0u, x.xb.w, h);
+    int s = __dp4a((int)(r.q0.x & 0x0f0f0f0fu), x.xa.x, h >> 4);
+    s = __dp4a((int)(r.q0.y & 0x0f0f0f0fu), x.xa.y, s);
+    s = __dp4a((int)(r.q0.z & 0x0f0f0f0fu), x.xa.z, s);
+    return __dp4a((int)(r.q0.w & 0x0f0f0f0fu), x.xa.w, s);
+}
+
+// dot(a unit's weights, its input), as arc.h defines it: exact integer sums, then the scales.
+// k: the unit's place in its superblock (_K formats; k_slot). The integer sums are those of the
+// plain formula, only grouped differently (a chain may start at the term it is added to).
 template <int F>
-__device__ __forceinline__ float dot_unit(const UnitRaw &r, int u, const UnitInput &x) {
+__device__ __forceinline__ float dot_unit(const UnitRaw &r, const KSlot &k, const UnitInput &x) {
     if constexpr (F == ARC_FORMAT_Q8_0) {
         int acc = __dp4a((int)r.q0.x, x.xa.x, 0);
         acc = __dp4a((int)r.q0.y, x.xa.y, acc);
@@ -159,10 +204,21 @@ __device__ __forceinline__ float dot_unit(const UnitRaw &r, int u, const UnitInp
         acc = __dp4a((int)r.q1.z, x.xb.z, acc);
         acc = __dp4a((int)r.q1.w, x.xb.w, acc);
         return half_lo(r.s.x) * x.dx * (float)acc;
+    } else if constexpr (F == ARC_FORMAT_Q4_0) {  // slo + shi - 8 * (s0 + s1)
+        return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, -8 * (x.s0 + x.s1));
+    } else if constexpr (F == ARC_FORMAT_Q4_1) {  // slo + shi
+        return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, 0) + half_hi(r.s.x) * x.dx * (float)(x.s0 + x.s1);
+    } else if constexpr (F == ARC_FORMAT_Q4_K) {  // slo + shi, the scale and min as k_scale_min's
+        const uint32_t wt = __funnelshift_rc(r.s.w, 0u, k.tw);
+        const int sc = (int)(((r.s.y >> k.sh) & k.my) | (wt & 0xfu));
+        const int m = (int)(((r.s.z >> k.sh) & k.my) | ((wt >> 4) & 0xfu));
+        return half_lo(r.s.x) * (float)sc * x.dx * (float)q4_sum(r, x, 0) -
+               half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
     } else {
         const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
-        int slo = 0, shi = 0;
+        // Q6_K: slo - 32 * s0 and shi - 32 * s1, each chain started at its offset
+        int slo = F == ARC_FORMAT_Q6_K ? -32 * x.s0 : 0, shi = F == ARC_FORMAT_Q6_K ? -32 * x.s1 : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             uint32_t lo, hi;
@@ -170,16 +226,13 @@ __device__ __forceinline__ float dot_unit(const UnitRaw &r, int u, const UnitInp
             slo = __dp4a((int)lo, xa[i], slo);
             shi = __dp4a((int)hi, xb[i], shi);
         }
-        if constexpr (F == ARC_FORMAT_Q4_0) {
-            return half_lo(r.s.x) * x.dx * (float)(slo + shi - 8 * (x.s0 + x.s1));
-        } else if constexpr (F == ARC_FORMAT_Q4_1) {
-            return half_lo(r.s.x) * x.dx * (float)(slo + shi) + half_hi(r.s.x) * x.dx * (float)(x.s0 + x.s1);
-        } else if constexpr (F == ARC_FORMAT_Q6_K) {
-            const int sa = (int)(int8_t)(r.s.x & 0xffu), sb = (int)(int8_t)((r.s.x >> 8) & 0xffu);
-            return half_lo(r.s.y) * x.dx * (float)(sa * (slo - 32 * x.s0) + sb * (shi - 32 * x.s1));
-        } else {  // Q4_K, Q5_K
-            int sc, m;
-            k_scale_min(r.s, u % 8, sc, m);
+        if constexpr (F == ARC_FORMAT_Q6_K) {
+            const int sa = prmt_sext(r.s.x, 0x8880u), sb = prmt_sext(r.s.x, 0x9991u);
+            return half_lo(r.s.y) * x.dx * (float)(sa * slo + sb * shi);
+        } else {  // Q5_K
+            const uint32_t wt = __funnelshift_rc(r.s.w, 0u, k.tw);
+            const int sc = (int)(((r.s.y >> k.sh) & k.my) | (wt & 0xfu));
+            const int m = (int)(((r.s.z >> k.sh) & k.my) | ((wt >> 4) & 0xfu));
             return half_lo(r.s.x) * (float)sc * x.dx * (float)(slo + shi) -
                    half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
         }
