@@ -108,20 +108,6 @@ __device__ __forceinline__ void load_unit(const uint8_t *row, const RowLayout &L
 __device__ __forceinline__ float half_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
 __device__ __forceinline__ float half_hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
 
-// The 6-bit scale and min of unit j (0..7) of a _K superblock whose 12 scale bytes follow d and
-// dmin (s.y, s.z, s.w): GGUF's get_scale_min_k4.
-__device__ __forceinline__ void k_scale_min(const uint4 &s, int j, int &sc, int &m) {
-    const int t = 8 * (j & 3);
-    const uint32_t yb = s.y >> t, zb = s.z >> t, wb = s.w >> t;  // bytes j%4, 4 + j%4, 8 + j%4
-    if (j < 4) {
-        sc = (int)(yb & 63u);
-        m = (int)(zb & 63u);
-    } else {
-        sc = (int)((wb & 0xfu) | ((yb >> 2) & 0x30u));
-        m = (int)(((wb >> 4) & 0xfu) | ((zb >> 2) & 0x30u));
-    }
-}
-
 // Word i (0..3) of a 4-bit unit unpacked: the low nibbles (weights 4i..4i+3) and the high ones
 // (16 + 4i..), each in the low bits of a byte, with the high bits of Q5_K and Q6_K put above.
 template <int F>
@@ -146,11 +132,11 @@ struct UnitInput {
     int s0, s1;
 };
 
-// What the dot of a unit needs of its place in a _K superblock (unit j = u % 8), decoded once: a
-// lane's units all have the same j (qgemv.cuh). The 6-bit scale of k_scale_min is
-// ((y >> sh) & my) | ((w >> tw) & 0xf), its min the same with z and (w >> tw) >> 4: for j < 4
-// sh = 8j, my = 63 and tw = 32 (the w term shifted out); else sh = 8(j - 4) + 2, my = 0x30
-// and tw = 8(j - 4).
+// Where unit j (0..7) of a _K superblock finds its 6-bit scale and min among the 12 scale bytes
+// that follow d and dmin (s.y, s.z, s.w), as GGUF's get_scale_min_k4 reads them: the scale is
+// ((y >> sh) & my) | ((w >> tw) & 0xf), the min the same with z and (w >> tw) >> 4; for j < 4
+// sh = 8j, my = 63 and tw = 32 (the w term shifted out), else sh = 8(j - 4) + 2, my = 0x30 and
+// tw = 8(j - 4). Decoded once a lane: all of a lane's units have the same j (qgemv.cuh).
 struct KSlot {
     uint32_t sh, my, tw;
 };
@@ -158,6 +144,13 @@ struct KSlot {
 __device__ __forceinline__ KSlot k_slot(int j) {
     const uint32_t t = 8u * (uint32_t)(j & 3);
     return j < 4 ? KSlot{t, 63u, 32u} : KSlot{t + 2u, 0x30u, t};
+}
+
+// The scale and min of the unit at k of the superblock whose 16 bytes are s.
+__device__ __forceinline__ void k_scale_min(const uint4 &s, const KSlot &k, int &sc, int &m) {
+    const uint32_t wt = __funnelshift_rc(s.w, 0u, k.tw);
+    sc = (int)(((s.y >> k.sh) & k.my) | (wt & 0xfu));
+    m = (int)(((s.z >> k.sh) & k.my) | ((wt >> 4) & 0xfu));
 }
 
 // dp4a with a's bytes unsigned (they reach 0xf0 below) and b's signed.
@@ -208,10 +201,9 @@ __device__ __forceinline__ float dot_unit(const UnitRaw &r, const KSlot &k, cons
         return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, -8 * (x.s0 + x.s1));
     } else if constexpr (F == ARC_FORMAT_Q4_1) {  // slo + shi
         return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, 0) + half_hi(r.s.x) * x.dx * (float)(x.s0 + x.s1);
-    } else if constexpr (F == ARC_FORMAT_Q4_K) {  // slo + shi, the scale and min as k_scale_min's
-        const uint32_t wt = __funnelshift_rc(r.s.w, 0u, k.tw);
-        const int sc = (int)(((r.s.y >> k.sh) & k.my) | (wt & 0xfu));
-        const int m = (int)(((r.s.z >> k.sh) & k.my) | ((wt >> 4) & 0xfu));
+    } else if constexpr (F == ARC_FORMAT_Q4_K) {  // slo + shi
+        int sc, m;
+        k_scale_min(r.s, k, sc, m);
         return half_lo(r.s.x) * (float)sc * x.dx * (float)q4_sum(r, x, 0) -
                half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
     } else {
@@ -230,9 +222,8 @@ __device__ __forceinline__ float dot_unit(const UnitRaw &r, const KSlot &k, cons
             const int sa = prmt_sext(r.s.x, 0x8880u), sb = prmt_sext(r.s.x, 0x9991u);
             return half_lo(r.s.y) * x.dx * (float)(sa * slo + sb * shi);
         } else {  // Q5_K
-            const uint32_t wt = __funnelshift_rc(r.s.w, 0u, k.tw);
-            const int sc = (int)(((r.s.y >> k.sh) & k.my) | (wt & 0xfu));
-            const int m = (int)(((r.s.z >> k.sh) & k.my) | ((wt >> 4) & 0xfu));
+            int sc, m;
+            k_scale_min(r.s, k, sc, m);
             return half_lo(r.s.x) * (float)sc * x.dx * (float)(slo + shi) -
                    half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
         }
@@ -265,7 +256,7 @@ __device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out
             zero = 32;
         } else {
             int sc, m;
-            k_scale_min(r.s, u % 8, sc, m);
+            k_scale_min(r.s, k_slot(u % 8), sc, m);
             scale_lo = scale_hi = half_lo(r.s.x) * (float)sc;
             off_lo = off_hi = half_hi(r.s.x) * (float)m;
         }
