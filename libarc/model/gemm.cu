@@ -263,12 +263,14 @@ static int check_gemm(const char *who, const GemmArgs &p) {
     return ARC_OK;
 }
 
-// Whether a product of m x n_w (k deep) runs on gemm_sm90.cu: on an sm_90 GPU, when it has at
-// least half a wave of that kernel's 128 x 256 tiles (measured on the H200, docs/PERF.md: 1.3 to
-// 2.3x this file's kernel on the 1B and 8B products, even with SmolLM2's gate/up, behind it on
-// the smaller ones), and float32 rows of whole 16-byte vectors.
+// Whether a product of m x n_w runs on gemm_sm90.cu: on an sm_90 GPU, when it has at least half
+// a wave of that kernel's 128 x 256 tiles (measured on the H200, docs/PERF.md: 1.3 to 2.3x this
+// file's kernel on the 1B and 8B products, even with SmolLM2's gate/up, behind it on the smaller
+// ones) and more than one tile of rows (its clusters pair two along m: a 128-token prompt's
+// prefill took 25.2-25.6 ms on it against 22.2-22.7 here, llama8B-q8 and -q4km), and float32
+// rows of whole 16-byte vectors.
 static bool on_sm90(const arc_context *ctx, int m, int n_w) {
-    if (!gemm_sm90_available(ctx) || n_w % 4 != 0) return false;
+    if (!gemm_sm90_available(ctx) || n_w % 4 != 0 || m <= 128) return false;
     const long long tiles = (long long)((m + 127) / 128) * ((n_w + 255) / 256);
     return 2 * tiles >= ctx->sm_count;
 }
