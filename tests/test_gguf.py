@@ -923,3 +923,23 @@ def test_smollm2_q4_1_loads_encodes_round_trip_and_continues_greedily():
     prompt = tok.encode("The capital of France is").ids
     out = ReferenceModel(model, max_seq=16).greedy(prompt, 2)
     assert tok.decode(out).strip().startswith("Paris"), tok.decode(out)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+def test_the_main_job_decodes_a_quantized_file_and_says_how_its_matrices_are_held(tmp_path, qtype):
+    """`python -m arcpy.decode --model FILE.gguf` on a file of Q4_K or Q8_0 matrices: they stay
+    in their format (on the GPU the decode's GEMVs read them so; here the NumPy backend), and the
+    model's line says so."""
+    path = tmp_path / "m.gguf"
+    if qtype == Q.Q4_K:
+        write_k_model(path, WIDE, qtype, np.random.default_rng(8))
+    else:
+        tensors = gguf_tensors(random_model(TINY, seed=8))
+        types = {name: qtype for name, x in tensors.items() if x.ndim == 2}
+        write_gguf(path, tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
+                          "--backend", "numpy", "--weights", "quantized"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    model_line = [line for line in out.stderr.splitlines() if line.startswith("model ")]
+    assert len(model_line) == 1 and f", matrices 15 {qtype.name}; prompt 2 tokens" in model_line[0], out.stderr
+    assert "finished: token_budget; 3 tokens;" in out.stderr
