@@ -50,7 +50,7 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
     for (int u = 0; u < U; ++u) {
         const int v = base + step * u;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_weights(wr[r] + v) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_nc128(wr[r] + v) : make_uint4(0, 0, 0, 0);
     }
 }
 

@@ -1,5 +1,5 @@
 // gemv_common.cuh -- what the bf16 GEMV (gemv.cu) and the quantized one (qgemv.cu) share: the
-// streaming weight load, the work split by shape, and the end of a row task (the split-K sum,
+// work split by shape, and the end of a row task (the split-K sum,
 // the epilogue that writes the rows, the argmax key of the lm_head).
 #pragma once
 
@@ -14,16 +14,6 @@ enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, 
 
 // The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
 constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
-
-// A 16-byte weight load that bypasses L1: weights are streamed once, and L1 is better left to
-// the staged input and to other blocks.
-__device__ __forceinline__ uint4 load_weights(const uint4 *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
 
 // The end of a row task of R output rows whose NR accumulators (GATED: the gate rows', then the
 // up rows') each lane holds: the warp's sums, the KS warps' partial sums added in a fixed order

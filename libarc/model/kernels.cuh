@@ -143,6 +143,31 @@ enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
 // each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq);
 
+// Global loads that skip L1 (weights stream through once: L1 is better left to what is reused),
+// from data no kernel of the step writes (.nc).
+__device__ __forceinline__ uint32_t load_nc32(const void *p) {
+    uint32_t r;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint32_t load_nc16(const void *p) {
+    unsigned short r;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 load_nc64(const void *p) {
+    uint2 r;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 load_nc128(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
 // ---- Tensor cores (sm_80+), for the prefill's matrix products and attention ----------------
 
 // 16 bytes global -> shared without a register round trip; with valid false the 16 bytes are

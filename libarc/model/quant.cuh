@@ -51,29 +51,6 @@ struct UnitRaw {
     uint4 s;
 };
 
-__device__ __forceinline__ uint32_t load_nc32(const void *p) {
-    uint32_t r;
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ uint32_t load_nc16(const void *p) {
-    unsigned short r;
-    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ uint2 load_nc64(const void *p) {
-    uint2 r;
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ uint4 load_nc128(const void *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
-
 // Unit u of the row at `row` (format F, layout L), in two parts: its quants (the bulk of its
 // bytes), then the rest (high bits and scales). Every load issued, none used.
 template <int F>

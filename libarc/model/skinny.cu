@@ -73,7 +73,7 @@ __device__ __forceinline__ void skinny_load_w(const uint4 *const (&wp)[MT][2], i
         for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                wt[u][m][h] = j < count ? load_weights(wp[m][h] + (size_t)j * (SKINNY_WARPS * SKINNY_K / 8))
+                wt[u][m][h] = j < count ? load_nc128(wp[m][h] + (size_t)j * (SKINNY_WARPS * SKINNY_K / 8))
                                         : make_uint4(0, 0, 0, 0);
     }
 }
