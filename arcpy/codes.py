@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # arc_status
 ARC_OK = 0
@@ -37,3 +37,14 @@ FORMAT_NAMES = {
     FORMAT_BF16: "bf16", FORMAT_Q8_0: "Q8_0", FORMAT_Q4_0: "Q4_0", FORMAT_Q4_1: "Q4_1",
     FORMAT_Q4_K: "Q4_K", FORMAT_Q5_K: "Q5_K", FORMAT_Q6_K: "Q6_K",
 }
+
+# arc_layer_op: the ops of the layer program, in the order a Llama layer runs them (arc.h)
+OP_ATTN_IN = 0
+OP_QK_NORM = 1
+OP_ATTEND = 2
+OP_ATTN_OUT = 3
+OP_FFN_IN = 4
+OP_FFN_OUT = 5
+OP_NAMES = {OP_ATTN_IN: "ATTN_IN", OP_QK_NORM: "QK_NORM", OP_ATTEND: "ATTEND", OP_ATTN_OUT: "ATTN_OUT",
+            OP_FFN_IN: "FFN_IN", OP_FFN_OUT: "FFN_OUT"}
+MAX_LAYER_OPS = 8

@@ -38,18 +38,17 @@ typedef enum arc_status {
 /* Limits a caller sizes its arrays by. */
 enum { ARC_MAX_STOP_IDS = 8 };  /* arc_loop_set_stop_ids takes at most this many ids */
 enum { ARC_SPLIT_PARTS = 3 };   /* bf16 parts of a speculative verify's inputs (arc_op_split_rows) */
+enum { ARC_MAX_LAYER_OPS = 8 }; /* arc_layer_program lists at most this many ops */
 
 typedef struct arc_context arc_context;
 typedef struct arc_graph arc_graph;
 typedef struct arc_loop arc_loop;
 typedef struct arc_model arc_model;
-
 /* Library */
 int arc_abi_version(void);
 const char *arc_status_string(int status);
 const char *arc_last_error(void);
 int arc_device_count(int *count);
-
 /* Context: one device, one non-blocking stream. */
 int arc_context_create(int device, arc_context **out);
 int arc_context_destroy(arc_context *ctx);
@@ -58,8 +57,8 @@ int arc_stream_query(arc_context *ctx);
 /* The device's free and total memory in bytes (start-up and reports; not for the step path). */
 int arc_context_memory(arc_context *ctx, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* Memory. Host buffers are pinned and mapped (the GPU writes, the host reads with plain loads).
- * Copies are asynchronous on the stream; a device-to-host copy must target pinned memory. */
+/* Memory. Host buffers are pinned and mapped (the GPU writes, the host reads with plain loads). Copies are
+ * asynchronous on the stream; a device-to-host copy must target pinned memory. */
 int arc_device_alloc(arc_context *ctx, uint64_t bytes, void **out);
 int arc_device_free(arc_context *ctx, void *ptr);
 int arc_host_alloc(arc_context *ctx, uint64_t bytes, void **host_out, void **device_out);
@@ -67,7 +66,6 @@ int arc_host_free(arc_context *ctx, void *host_ptr);
 int arc_enqueue_copy_to_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
 int arc_enqueue_copy_to_host(arc_context *ctx, void *pinned_dst, const void *src, uint64_t bytes);
 int arc_enqueue_copy_on_device(arc_context *ctx, void *dst, const void *src, uint64_t bytes);
-
 /* Graphs: capture what is enqueued on the context's stream between begin and end. */
 int arc_graph_capture_begin(arc_context *ctx);
 int arc_graph_capture_end(arc_context *ctx, arc_graph **out);
@@ -86,12 +84,11 @@ typedef struct arc_counters {
 
 int arc_context_counters(arc_context *ctx, arc_counters *out);
 
-/* The decode loop's state: the token and position the forward reads (device memory), the
- * stop ids, the host-mapped ring the commit publishes into, and the fault word. A step graph is
- * captured once: the forward, then arc_loop_enqueue_sample_commit (the argmax, whose last block
- * commits), or arc_model_forward_commit (both in one); arc_loop_enqueue_step replays it. vocab is the range of valid token ids; the logits
- * may be wider (a padded lm_head), and an argmax that lands in the padding is a fault, not a
- * token. */
+/* The decode loop's state: the token and position the forward reads (device memory), the stop ids, the host-mapped
+ * ring the commit publishes into, and the fault word. A step graph is captured once: the forward, then
+ * arc_loop_enqueue_sample_commit (the argmax, whose last block commits), or arc_model_forward_commit (both in one);
+ * arc_loop_enqueue_step replays it. vocab is the range of valid token ids; the logits may be wider (a padded
+ * lm_head), and an argmax that lands in the padding is a fault, not a token. */
 typedef struct arc_ring_state {
     uint32_t published;    /* tokens published since the ring was reset */
     uint32_t fault;        /* 0, or an arc_fault code latched by the commit kernel */
@@ -108,8 +105,7 @@ typedef enum arc_fault {
     ARC_FAULT_NONFINITE = 3        /* the winning logit is NaN or infinite: the forward broke */
 } arc_fault;
 
-int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity,
-                    arc_loop **out);
+int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity, arc_loop **out);
 int arc_loop_destroy(arc_loop *loop);
 int arc_loop_token_input(arc_loop *loop, const uint32_t **token, const int32_t **position);
 int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
@@ -117,11 +113,10 @@ int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
 int arc_loop_reset_ring(arc_loop *loop);
 int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width);
 
-/* Sampling in the loop. A second step graph captures the forward, then
- * arc_loop_enqueue_draw_commit (the draw of arc_sample below, whose chosen token the same commit
- * publishes), reading the parameters arc_loop_set_sampling last wrote (stream-ordered, like the
- * stop ids), so one captured graph serves every sampling request. The draw is at position
- * (the loop's position + 1): the position the drawn token takes. */
+/* Sampling in the loop. A second step graph captures the forward, then arc_loop_enqueue_draw_commit (the draw of
+ * arc_sample below, whose chosen token the same commit publishes), reading the parameters arc_loop_set_sampling
+ * last wrote (stream-ordered, like the stop ids), so one captured graph serves every sampling request. The draw is
+ * at position (the loop's position + 1): the position the drawn token takes. */
 typedef struct arc_sampling {
     double temperature;  /* > 0 and finite, with 1 / temperature finite in float32 */
     double top_p;        /* in (0, 1]; 1 is off */
@@ -132,10 +127,10 @@ typedef struct arc_sampling {
 int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling);
 int arc_loop_enqueue_draw_commit(arc_loop *loop, const float *logits, int32_t width);
 int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id);
-/* What a step does after its forward, without the forward: the commits enqueued after
- * arc_loop_begin_burst belong to that burst, so a prompt's forward (arc_model_prefill) followed by
- * arc_loop_enqueue_sample_commit or arc_loop_enqueue_draw_commit is the first step of a burst:
- * its token lands in the ring like every other. arc_loop_enqueue_step begins its burst itself. */
+/* What a step does after its forward, without the forward: the commits enqueued after arc_loop_begin_burst belong
+ * to that burst, so a prompt's forward (arc_model_prefill) followed by arc_loop_enqueue_sample_commit or
+ * arc_loop_enqueue_draw_commit is the first step of a burst: its token lands in the ring like every other.
+ * arc_loop_enqueue_step begins its burst itself. */
 int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id);
 /* arc_loop_begin_burst, the burst publishing at most max_tokens (>= 1) tokens: later commits
  * publish nothing, as after a stop id (speculative steps publish a varying number each). */
@@ -143,32 +138,30 @@ int arc_loop_begin_burst_limit(arc_loop *loop, uint32_t burst_id, uint32_t max_t
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 
-/* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above
- * everything, as NumPy's argmax; the winning value into *value_out unless value_out is NULL.
- * out and value_out may be device memory or mapped host pointers. */
+/* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above everything, as NumPy's
+ * argmax; the winning value into *value_out unless value_out is NULL. out and value_out may be device memory or
+ * mapped host pointers. */
 int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out);
 
-/* The draw: one token from logits[n] at sequence position `position`, written to *out (device
- * memory or a mapped host pointer), or -1 when the largest logit is not finite. In order:
- * l = logits + 0 (no negative zero); candidates ordered by larger logit, then lower id;
- * m = max l; w = exp32((l - m) * float(1 / temperature)) in float32, exp32 being e^x from
- * float32 multiplies and adds alone (arcpy/sampling.py defines it), and integer weights
- * q = rint(w * 2^40); top-k keeps the first top_k candidates; top-p keeps the shortest prefix of
- * those whose q-sum is at least ceil(S * p32 / 2^32), S their q-sum and p32 = rint(top_p * 2^32)
- * clamped to [1, 2^32]; then x = word 0 of Philox4x32-10 with counter (position, 0, 0, 0)
- * (64-bit position in words 0-1) and key (seed), target = floor(S' * x / 2^32) with S' the kept
- * q-sum, and the token is the first kept id, in ascending id order, whose running q-sum exceeds
- * target. Every step after the weights is integer arithmetic, so a host that computes the same
- * weights draws the same token. n <= arc_sample_max_vocab(). */
+/* The draw: one token from logits[n] at sequence position `position`, written to *out (device memory or a mapped
+ * host pointer), or -1 when the largest logit is not finite. In order: l = logits + 0 (no negative zero);
+ * candidates ordered by larger logit, then lower id; m = max l; w = exp32((l - m) * float(1 / temperature)) in
+ * float32, exp32 being e^x from float32 multiplies and adds alone (arcpy/sampling.py defines it), and integer
+ * weights q = rint(w * 2^40); top-k keeps the first top_k candidates; top-p keeps the shortest prefix of those
+ * whose q-sum is at least ceil(S * p32 / 2^32), S their q-sum and p32 = rint(top_p * 2^32) clamped to [1, 2^32];
+ * then x = word 0 of Philox4x32-10 with counter (position, 0, 0, 0) (64-bit position in words 0-1) and key (seed),
+ * target = floor(S' * x / 2^32) with S' the kept q-sum, and the token is the first kept id, in ascending id order,
+ * whose running q-sum exceeds target. Every step after the weights is integer arithmetic, so a host that computes
+ * the same weights draws the same token. n <= arc_sample_max_vocab(). */
 int arc_sample(arc_context *ctx, const float *logits, int32_t n, const arc_sampling *sampling,
                int64_t position, int32_t *out);
 /* The largest vocabulary the draw handles on this context's device. */
 int arc_sample_max_vocab(arc_context *ctx, int32_t *out);
 
-/* The model: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) at batch 1. Weights are bf16
- * (raw 16-bit words) or quantized (arc_format, below), the RoPE inverse frequencies float32; the
- * KV cache is bf16, activations float32. The forward reads the token and the position from an
- * arc_loop, so a graph captured once replays unchanged at every position. */
+/* The model: a decoder of the Llama family and its kin (below: what a family changes) at batch 1. Weights are bf16
+ * (raw 16-bit words) or quantized (arc_format, below), the RoPE inverse frequencies float32; the KV cache is bf16,
+ * activations float32. The forward reads the token and the position from an arc_loop, so a graph captured once
+ * replays unchanged at every position. */
 typedef enum arc_tensor {
     ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
     ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
@@ -185,9 +178,17 @@ typedef enum arc_tensor {
     ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim) */
     ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
     ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
-    ARC_TENSOR_ROPE_INV_FREQ = 15   /* (head_dim / 2) float32 */
+    ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32: the layer's RoPE frequencies */
+    ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm */
+    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm */
+    ARC_TENSOR_COUNT = 18
 } arc_tensor;
 
+/* What a family changes in the layer, as data (zero keeps the Llama behaviour). qk_norm: each head of q and k RMS-
+ * normed by Q_NORM / K_NORM (rms_eps) after the projection, before RoPE (Qwen3). rope_dim: RoPE rotates a head's
+ * first rope_dim elements (even; 0: head_dim), element i pairing with i + rope_dim / 2 at angle float(pos) *
+ * inv_freq[i] of the layer's own table (zeros: a layer without RoPE); the rest pass unrotated (Phi-3). rope_factor:
+ * cos and sin times it (YaRN's and LongRoPE's attention factor; 0: 1). */
 typedef struct arc_model_config {
     int32_t dim;
     int32_t n_layers;
@@ -200,9 +201,25 @@ typedef struct arc_model_config {
     float rms_eps;
     int32_t tied_embeddings;
     int32_t qkv_bias;
+    int32_t qk_norm;
+    int32_t rope_dim;
+    float rope_factor;
 } arc_model_config;
-
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+
+/* The layer program: the sequence of one decoder layer, written once and run by the decode step (GEMVs), the
+ * speculative verify (skinny products), the prefill (tensor-core products) and arcpy's NumPy reference, each op in
+ * its own form. arc_layer_program lists a layer's ops in order into ops (ARC_MAX_LAYER_OPS entries); host only, no
+ * context. x is the residual stream (float32). */
+typedef enum arc_layer_op {
+    ARC_OP_ATTN_IN = 0,   /* qkv = [Wq; Wk; Wv] @ rmsnorm(x, ATTN_NORM) (+ [bq; bk; bv]) */
+    ARC_OP_QK_NORM = 1,   /* each head of q and k = rmsnorm(head, Q_NORM / K_NORM) */
+    ARC_OP_ATTEND = 2,    /* q, k rotated (the layer's table); k, v -> the cache; att = attention */
+    ARC_OP_ATTN_OUT = 3,  /* x += Wo @ att */
+    ARC_OP_FFN_IN = 4,    /* h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
+    ARC_OP_FFN_OUT = 5    /* x += Wdown @ h */
+} arc_layer_op;
+int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 
 /* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD) may be held in
  * one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
@@ -247,45 +264,42 @@ typedef enum arc_format {
 /* Bytes of one row of `cols` weights in `format` (bf16: 2 * cols). Host only; no context. */
 int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out);
 
-/* arc_model_create with a format for each tensor: formats[tensor * n_layers + layer] (global
- * tensors at layer 0), ARC_TENSOR_ROPE_INV_FREQ + 1 entries per layer; NULL means bf16
- * throughout. A tensor's upload then takes rows * arc_format_row_bytes(format, cols) bytes. */
+/* arc_model_create with a format for each tensor: formats[tensor * n_layers + layer] (global tensors at layer 0),
+ * ARC_TENSOR_COUNT entries per layer; NULL means bf16 throughout. A tensor's upload then takes rows *
+ * arc_format_row_bytes(format, cols) bytes. */
 int arc_model_create_formats(arc_context *ctx, const arc_model_config *config, const int32_t *formats,
                              arc_model **out);
 int arc_model_destroy(arc_model *model);
-int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host,
-                     uint64_t bytes);
+int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host, uint64_t bytes);
 int arc_model_forward(arc_model *model, arc_loop *loop);
-/* The greedy step in one kernel less: the forward, with its lm_head also taking the argmax of the
- * logits and committing it to loop as arc_loop_enqueue_sample_commit does (the same token, the
- * same faults; the logits are written as well). Captured, it is the greedy step graph. */
+/* The greedy step in one kernel less: the forward, with its lm_head also taking the argmax of the logits and
+ * committing it to loop as arc_loop_enqueue_sample_commit does (the same token, the same faults; the logits are
+ * written as well). Captured, it is the greedy step graph. */
 int arc_model_forward_commit(arc_model *model, arc_loop *loop);
 int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
-/* Device bytes the model holds: its weights, its KV cache, and its activations (the decode's and,
- * once reserved, the prefill's, with its scratch for dequantized matrices). */
+/* Device bytes the model holds: its weights, its KV cache, and its activations (the decode's and, once reserved,
+ * the prefill's, with its scratch for dequantized matrices). */
 int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations);
 
 /* Kernels, one entry point each (the forward launches the same launchers). */
-/* Each enqueues on the context's stream and returns at once; pointers are device pointers
- * (token may be a mapped host pointer). bf16 arguments are raw 16-bit words. Token and position
- * are read on the device, as in the forward. */
+/* Each enqueues on the context's stream and returns at once; pointers are device pointers (token may be a mapped
+ * host pointer). bf16 arguments are raw 16-bit words. Token and position are read on the device, as in the forward. */
 
-/* x[dim] = float(table[*token, :]); table (vocab, dim). dim % 8 == 0, table and x 16-byte
- * aligned. A token outside [0, vocab) writes NaN into x. */
+/* x[dim] = float(table[*token, :]); table (vocab, dim). dim % 8 == 0, table and x 16-byte aligned. A token outside
+ * [0, vocab) writes NaN into x. */
 int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
                      const uint32_t *token, float *x);
 
-/* y[rows] = W[rows, cols] @ n(x) (+ bias[rows]) (+ y if accumulate != 0), where n(x) = x, or
- * x * rsqrt(mean(x^2) + eps) * norm_weight[cols] when norm_weight is not NULL. bias and
- * norm_weight are optional (NULL). cols % 8 == 0, cols <= 49152, W, x and norm_weight 16-byte
- * aligned, y distinct from x. */
+/* y[rows] = W[rows, cols] @ n(x) (+ bias[rows]) (+ y if accumulate != 0), where n(x) = x, or x * rsqrt(mean(x^2) +
+ * eps) * norm_weight[cols] when norm_weight is not NULL. bias and norm_weight are optional (NULL). cols % 8 == 0,
+ * cols <= 49152, W, x and norm_weight 16-byte aligned, y distinct from x. */
 int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                 const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                 float *y);
 
-/* arc_op_gemv without bias or accumulation, and the argmax of y (arc_argmax's rule: NaN first,
- * then the largest value, ties to the lowest row) -> *out, its value -> *value_out (if not
- * NULL): the lm_head of arc_model_forward_commit. Same limits. */
+/* arc_op_gemv without bias or accumulation, and the argmax of y (arc_argmax's rule: NaN first, then the largest
+ * value, ties to the lowest row) -> *out, its value -> *value_out (if not NULL): the lm_head of
+ * arc_model_forward_commit. Same limits. */
 int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                        const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out);
 
@@ -294,11 +308,10 @@ int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int3
 int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                        int32_t cols, const uint16_t *norm_weight, float eps, float *y);
 
-/* The quantized GEMVs: arc_op_gemv, arc_op_gemv_argmax and arc_op_gemv_swiglu over W held in
- * `format` (a quantized arc_format): rows rows of arc_format_row_bytes(format, cols) bytes each
- * (for the swiglu, 2 * rows rows: the gate's, then the up's), 16-byte aligned. The input is
- * quantized per unit (see arc_format). cols % 32 == 0 (% 256 for the _K formats), cols <= 49152;
- * otherwise the limits of the bf16 GEMVs. */
+/* The quantized GEMVs: arc_op_gemv, arc_op_gemv_argmax and arc_op_gemv_swiglu over W held in `format` (a quantized
+ * arc_format): rows rows of arc_format_row_bytes(format, cols) bytes each (for the swiglu, 2 * rows rows: the
+ * gate's, then the up's), 16-byte aligned. The input is quantized per unit (see arc_format). cols % 32 == 0 (% 256
+ * for the _K formats), cols <= 49152; otherwise the limits of the bf16 GEMVs. */
 int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows, int32_t cols,
                  const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
 int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
@@ -307,91 +320,79 @@ int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const f
 int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t rows,
                         int32_t cols, const uint16_t *norm_weight, float eps, float *y);
 
-/* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix
- * products read of a quantized tensor. out 16-byte aligned. */
-int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols,
-                      uint16_t *out);
+/* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix products read of a
+ * quantized tensor. out 16-byte aligned. */
+int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols, uint16_t *out);
 
 /* The scratch arc_op_attention needs, in bytes. */
-int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
-                                   uint64_t *bytes);
+int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes);
 
-/* One token's attention with its rotary embedding and KV-cache write:
- * qkv = [q (n_heads, head_dim) | k (n_kv_heads, head_dim) | v (n_kv_heads, head_dim)] float32,
- * unrotated, as the QKV projection writes it. q and k are rotated for position *pos
- * (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],
- * inv_freq float32 (head_dim / 2)); k and v, rounded to bf16, are stored at row *pos of k_cache
- * and v_cache, each (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) =
- * softmax(q k^T / sqrt(head_dim)) v over rows 0..*pos, query head h reading kv head
- * h / (n_heads / n_kv_heads). qkv is not written. head_dim even and <= 128, n_heads <= 1024,
- * max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside
+/* One token's attention with its rotary embedding and KV-cache write: qkv = [q (n_heads, head_dim) | k (n_kv_heads,
+ * head_dim) | v (n_kv_heads, head_dim)] float32, unrotated, as the QKV projection writes it. q and k are rotated
+ * for position *pos (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],
+ * inv_freq float32 (head_dim / 2)); k and v, rounded to bf16, are stored at row *pos of k_cache and v_cache, each
+ * (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over rows
+ * 0..*pos, query head h reading kv head h / (n_heads / n_kv_heads). qkv is not written. head_dim even and <= 128,
+ * n_heads <= 1024, max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside
  * [0, max_seq) writes NaN to out and nothing to the caches. */
 int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
 
-/* The prefill: a chunk of prompt tokens through the whole model in one forward. The matrix
- * products run on tensor cores with bf16 inputs and float32 sums: a product's input (the normed
- * activations, the attention output, the SwiGLU output) is rounded to bf16, the residual stream
- * stays float32, and the KV cache is written exactly as the decode writes it for each position
- * (up to those roundings upstream). */
+/* The prefill: a chunk of prompt tokens through the whole model in one forward. The matrix products run on tensor
+ * cores with bf16 inputs and float32 sums: a product's input (the normed activations, the attention output, the
+ * SwiGLU output) is rounded to bf16, the residual stream stays float32, and the KV cache is written exactly as the
+ * decode writes it for each position (up to those roundings upstream). */
 
-/* Reserves the prefill's activations for chunks of up to max_chunk tokens (allocates; call at
- * load time, not per request; a chunk is never longer than the model's max_seq, so at most that
- * many are reserved). A later call with a larger max_chunk reallocates; a smaller one keeps the
- * reservation. Not while a graph is being captured. */
+/* Reserves the prefill's activations for chunks of up to max_chunk tokens (allocates; call at load time, not per
+ * request; a chunk is never longer than the model's max_seq, so at most that many are reserved). A later call with
+ * a larger max_chunk reallocates; a smaller one keeps the reservation. Not while a graph is being captured. */
 int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk);
-/* The forward over tokens[0..n) at positions start..start+n-1: the KV cache written for every one
- * of them, and the logits of the last (position start+n-1) written where arc_model_logits points,
- * what arc_model_forward would leave there for that token. In chunks of at most the reserved
- * size, enqueued on the context's stream; no host wait, no synchronize. `tokens` is device memory
- * or a mapped host pointer (read on the device). Requires n >= 1, start >= 0,
- * start + n <= max_seq, a reservation, every tensor uploaded. Token ids are not checked on the
- * device (an id outside the vocabulary writes NaN, as the decode embedding does); the caller
- * validates them. */
+/* The forward over tokens[0..n) at positions start..start+n-1: the KV cache written for every one of them, and the
+ * logits of the last (position start+n-1) written where arc_model_logits points, what arc_model_forward would leave
+ * there for that token. In chunks of at most the reserved size, enqueued on the context's stream; no host wait, no
+ * synchronize. `tokens` is device memory or a mapped host pointer (read on the device). Requires n >= 1, start >=
+ * 0, start + n <= max_seq, a reservation, every tensor uploaded. Token ids are not checked on the device (an id
+ * outside the vocabulary writes NaN, as the decode embedding does); the caller validates them. */
 int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start);
-/* The model's KV cache (device memory): k and v, each (n_layers, n_kv_heads, max_seq, head_dim)
- * bf16; rows the forward or the prefill have not written hold zeros. */
+/* The model's KV cache (device memory): k and v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16; rows the
+ * forward or the prefill have not written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
 
 /* The prefill's kernels, one entry point each, as arc_op_* above (the prefill launches the same
  * launchers). */
 
-/* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight
- * matrix as the model stores it), c float32, on tensor cores with float32 sums. bias is optional
- * (NULL) and does not combine with accumulate. k % 8 == 0, n <= 4194240; a and w 16-byte
- * aligned, c 8-byte aligned and distinct from a and w. */
+/* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight matrix as the
+ * model stores it), c float32, on tensor cores with float32 sums. bias is optional (NULL) and does not combine with
+ * accumulate. k % 8 == 0, n <= 4194240; a and w 16-byte aligned, c 8-byte aligned and distinct from a and w. */
 int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n, int32_t k,
                      const uint16_t *bias, int32_t accumulate, float *c);
 
-/* h (m, n) bf16 = silu(a @ Wg^T) * (a @ Wu^T), rounded to nearest even, where w_gate_up =
- * [Wg; Wu] (2 * n, k) bf16. n even, 2 * n <= 4194240, h 4-byte aligned and distinct from a;
- * otherwise as arc_op_gemm_bf16. */
+/* h (m, n) bf16 = silu(a @ Wg^T) * (a @ Wu^T), rounded to nearest even, where w_gate_up = [Wg; Wu] (2 * n, k) bf16.
+ * n even, 2 * n <= 4194240, h 4-byte aligned and distinct from a; otherwise as arc_op_gemm_bf16. */
 int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m, int32_t n,
                             int32_t k, uint16_t *h);
 
-/* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache
- * writes: qkv (n, q | k | v) float32, each row as arc_op_attention reads it (unrotated). q and k
- * are rotated at each token's position as arc_op_attention rotates them; k and v, rounded to bf16,
- * are stored at rows start..start+n-1 of k_cache and v_cache (n_kv_heads, max_seq, head_dim); q,
- * rounded to bf16, goes to q_scratch (n, n_heads, head_dim). Then out (n, n_heads, head_dim) bf16 =
- * softmax(q k^T / sqrt(head_dim)) v, the query at position p over cache rows 0..p (the rows of
- * earlier positions must have been written), query head h reading kv head
- * h / (n_heads / n_kv_heads); the probabilities are rounded to bf16 for the product with v.
- * head_dim even and <= 128, n >= 1, start >= 0, start + n <= max_seq <= 1048576; the caches and
- * q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte aligned. */
+/* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache writes: qkv (n, q |
+ * k | v) float32, each row as arc_op_attention reads it (unrotated). q and k are rotated at each token's position
+ * as arc_op_attention rotates them; k and v, rounded to bf16, are stored at rows start..start+n-1 of k_cache and
+ * v_cache (n_kv_heads, max_seq, head_dim); q, rounded to bf16, goes to q_scratch (n, n_heads, head_dim). Then out
+ * (n, n_heads, head_dim) bf16 = softmax(q k^T / sqrt(head_dim)) v, the query at position p over cache rows 0..p
+ * (the rows of earlier positions must have been written), query head h reading kv head h / (n_heads / n_kv_heads);
+ * the probabilities are rounded to bf16 for the product with v. head_dim even and <= 128, n >= 1, start >= 0, start
+ * + n <= max_seq <= 1048576; the caches and q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte
+ * aligned. */
 int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                              uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                              int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out);
 
-/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy, bf16 weights). The
- * draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first)
- * in the loop's history, and the k tokens that followed it (periodic past p). The verify forward:
- * the token and the drafts at positions p..p+k in one pass (tensor-core products on inputs split
- * exactly in bf16 parts; float32 attention). The accept: row 0's argmax, then row i's while draft i
- * matched row i - 1's, each through the commit's checks (and the burst's limit); then .steps.
- * The history (max_seq ids) gets every commit's token; this writes tokens[0..n) at start..
- * (device or mapped memory), stream-ordered. ---- */
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy, bf16 weights). The draft: the latest
+ * earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history, and the k
+ * tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions p..p+k in
+ * one pass (tensor-core products on inputs split exactly in bf16 parts; float32 attention). The accept: row 0's
+ * argmax, then row i's while draft i matched row i - 1's, each through the commit's checks (and the burst's limit);
+ * then .steps. The history (max_seq ids) gets every commit's token; this writes tokens[0..n) at start.. (device or
+ * mapped memory), stream-ordered. ---- */
 int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
 /* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing. */
 int arc_model_speculate_reserve(arc_model *model, int32_t k);
@@ -400,14 +401,14 @@ int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram)
 /* The last step's rows: logits (k + 1, vocab) float32, inputs tokens[0..k], tokens[k + 1] drafts. */
 int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
 
-/* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v),
- * p1 = bf16(v - p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in
- * arc_op_gemv (norm_weight NULL: v = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
+/* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v), p1 = bf16(v -
+ * p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in arc_op_gemv (norm_weight NULL: v
+ * = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
 int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols, const uint16_t *norm_weight,
                       float eps, uint16_t *parts);
-/* y (rows, n) = x (rows, k, in parts) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32
- * sums, each weight read once. rows 1..8, k % 32 == 0, no bias with accumulate; x, w 16-byte
- * aligned, y 8-byte. With w_gate_up = [Wg; Wu]: h = silu(x Wg^T) * (x Wu^T), in parts. */
+/* y (rows, n) = x (rows, k, in parts) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32 sums, each weight
+ * read once. rows 1..8, k % 32 == 0, no bias with accumulate; x, w 16-byte aligned, y 8-byte. With w_gate_up = [Wg;
+ * Wu]: h = silu(x Wg^T) * (x Wu^T), in parts. */
 int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n, int32_t k,
                   const uint16_t *bias, int32_t accumulate, float *y);
 int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
@@ -415,9 +416,8 @@ int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_
 
 /* ---- Test hooks: Not part of the decode API; the loop and its faults on a GPU, no model. ---- */
 
-/* The scripted model: reads the token and the position as the forward does and writes
- * logits[vocab] whose argmax is (token * mul + position * add + bias) mod vocab; mode selects a
- * misbehaviour at position at_pos. */
+/* The scripted model: reads the token and the position as the forward does and writes logits[vocab] whose argmax is
+ * (token * mul + position * add + bias) mod vocab; mode selects a misbehaviour at position at_pos. */
 typedef enum arc_script_mode {
     ARC_SCRIPT_NORMAL = 0,
     ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */
@@ -437,8 +437,8 @@ typedef struct arc_script {
 
 int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
 
-/* Fault injection: the n-th commit executed from now (0: the next) does nothing, as if its
- * launch had silently been lost. n < 0 disarms. Stream-ordered. */
+/* Fault injection: the n-th commit executed from now (0: the next) does nothing, as if its launch had silently been
+ * lost. n < 0 disarms. Stream-ordered. */
 int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
 
 /* arc-cdef-end */

@@ -23,6 +23,7 @@ import pytest
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.files import read_json_file
 from arcpy.model import (
+    LinearScaling,
     EMBED,
     FINAL_NORM,
     LM_HEAD,
@@ -272,7 +273,7 @@ def test_unsupported_architecture_is_refused_by_name(arch):
         config_from_hf(d, "cfg.json")
 
 
-@pytest.mark.parametrize("rope_type", ["linear", "yarn", "dynamic", "longrope"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "mrope", "su"])
 def test_unsupported_rope_scaling_type_is_refused(rope_type):
     d = llama3_8b_config()
     d["rope_scaling"] = {"rope_type": rope_type, "factor": 4.0}
@@ -283,7 +284,9 @@ def test_unsupported_rope_scaling_type_is_refused(rope_type):
 def test_legacy_rope_scaling_type_key_is_read():
     d = llama3_8b_config()
     d["rope_scaling"] = {"type": "linear", "factor": 2.0}
-    with pytest.raises(ModelFileError, match="unsupported rope scaling type 'linear'"):
+    assert config_from_hf(d, "c").rope_scaling == LinearScaling(2.0)
+    d["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    with pytest.raises(ModelFileError, match="unsupported rope scaling type 'dynamic'"):
         config_from_hf(d, "c")
 
 
@@ -601,8 +604,8 @@ def test_unsupported_architecture_in_a_directory_names_the_config_file(tmp_path)
 
 def test_unsupported_rope_type_in_a_directory_is_refused(tmp_path):
     write_tiny_dir(tmp_path)
-    write_config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    assert "unsupported rope scaling type 'yarn'" in load_error(tmp_path)
+    write_config(tmp_path, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    assert "unsupported rope scaling type 'dynamic'" in load_error(tmp_path)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import numpy as np
 
 from arcpy import _lib
 from arcpy.devices.context import Context
+from arcpy.devices.program import native_config
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, QuantTensor, layer_prefix, rope_inv_freq
 
@@ -21,6 +22,8 @@ PREFILL_CHUNK = 2048
 # Tensor ids of arc.h's arc_tensor, by the name suffix of the Hugging Face layout.
 _LAYER_TENSORS = {
     "input_layernorm.weight": "ARC_TENSOR_ATTN_NORM",
+    "self_attn.q_norm.weight": "ARC_TENSOR_Q_NORM",
+    "self_attn.k_norm.weight": "ARC_TENSOR_K_NORM",
     "self_attn.q_proj.weight": "ARC_TENSOR_WQ",
     "self_attn.k_proj.weight": "ARC_TENSOR_WK",
     "self_attn.v_proj.weight": "ARC_TENSOR_WV",
@@ -47,11 +50,7 @@ class CudaModel:
         if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
             raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
-        c = self.ffi.new("arc_model_config *")
-        c.dim, c.n_layers, c.n_heads, c.n_kv_heads = cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads
-        c.head_dim, c.ffn_dim, c.vocab, c.max_seq = cfg.head_dim, cfg.ffn_dim, cfg.vocab, max_seq
-        c.rms_eps = cfg.rms_eps
-        c.tied_embeddings, c.qkv_bias = int(cfg.tied_embeddings), int(cfg.qkv_bias)
+        c = native_config(self.ffi, cfg, max_seq)
         pp = self.ffi.new("arc_model **")
         if model.quantized:
             formats = self.ffi.new("int32_t[]", self._formats(model))
@@ -91,9 +90,9 @@ class CudaModel:
 
     def _formats(self, model: Model) -> list[int]:
         """arc_model_create_formats' table: formats[tensor * n_layers + layer], global tensors at
-        layer 0, ARC_TENSOR_ROPE_INV_FREQ + 1 tensors; bf16 (0) wherever nothing is quantized."""
+        layer 0, ARC_TENSOR_COUNT tensors; bf16 (0) wherever nothing is quantized."""
         n_layers = model.config.n_layers
-        table = [0] * ((self.lib.ARC_TENSOR_ROPE_INV_FREQ + 1) * n_layers)
+        table = [0] * (self.lib.ARC_TENSOR_COUNT * n_layers)
         for name in model.tensors:
             tensor, layer = self._place(name)
             table[getattr(self.lib, tensor) * n_layers + layer] = model.format_of(name)
@@ -106,7 +105,8 @@ class CudaModel:
                 self._check_rows(name, array)
                 array = array.data
             self._put(tensor, layer, array)
-        self._put("ARC_TENSOR_ROPE_INV_FREQ", 0, rope_inv_freq(model.config))
+        for layer in range(model.config.n_layers):
+            self._put("ARC_TENSOR_ROPE_INV_FREQ", layer, rope_inv_freq(model.config, layer))
         # The copies read pageable memory the arrays own: wait for them once, here.
         self.ctx.wait_idle()
 

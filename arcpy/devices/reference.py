@@ -32,6 +32,8 @@ import math
 
 import numpy as np
 
+from arcpy.codes import OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_IN, OP_FFN_OUT, OP_QK_NORM
+from arcpy.devices.program import layer_program
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,
@@ -60,18 +62,20 @@ def gemv(W: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -> np.nda
     return y + bias if bias is not None else y
 
 
-def rope(x_heads: np.ndarray, pos, inv_freq: np.ndarray) -> np.ndarray:
+def rope(x_heads: np.ndarray, pos, inv_freq: np.ndarray, factor: float = 1.0) -> np.ndarray:
     """x_heads (n, head_dim) f32 rotated for position `pos` -> new (n, head_dim) f32 array; or
     x_heads (T, n, head_dim) with pos (T,), row t rotated for position pos[t].
 
-    Rotate-half pairing: (x[i], x[i + head_dim/2]) for i < head_dim/2, angle pos * inv_freq[i].
+    Rotate-half pairing over the first 2 * len(inv_freq) elements: (x[i], x[i + half]) for i < half,
+    angle pos * inv_freq[i], cos and sin each times `factor` (float32); the elements past them pass
+    unrotated (partial rotary).
     """
-    half = x_heads.shape[-1] // 2
+    half = inv_freq.shape[-1]
     p = np.asarray(pos, dtype=F32)
     angle = (p[:, None, None] if p.ndim else p) * inv_freq.astype(F32, copy=False)
-    cos, sin = np.cos(angle), np.sin(angle)
-    x1, x2 = x_heads[..., :half], x_heads[..., half:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    cos, sin = np.cos(angle) * F32(factor), np.sin(angle) * F32(factor)
+    x1, x2, rest = x_heads[..., :half], x_heads[..., half:2 * half], x_heads[..., 2 * half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_kv_heads: int) -> np.ndarray:
@@ -158,6 +162,9 @@ class _Layer:
         t = lambda n: weights_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
         bias = model.config.qkv_bias
         self.attn_norm = t("input_layernorm.weight")
+        qk_norm = model.config.qk_norm
+        self.q_norm, self.k_norm = ((t(f"self_attn.{p}_norm.weight") if qk_norm else None) for p in "qk")
+        self.inv_freq = rope_inv_freq(model.config, i)
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
         self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
         self.wo = t("self_attn.o_proj.weight")
@@ -165,6 +172,60 @@ class _Layer:
         self.w_gate = t("mlp.gate_proj.weight")
         self.w_up = t("mlp.up_proj.weight")
         self.w_down = t("mlp.down_proj.weight")
+
+
+def _exact(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+class _RowOps:
+    """The reference's form of each op of the layer program (arc.h: arc_layer_op), over T rows at
+    positions start..start+T-1: one row for the decode and the verify, a chunk for the prefill."""
+
+    def __init__(self, m: "ReferenceModel", tokens: list[int], start: int, r):
+        self.m, self.cfg, self.start, self.r, self.t = m, m.config, start, r, len(tokens)
+        self.positions = start + np.arange(self.t)
+        self.x = m.embed[tokens]  # (T, dim), a copy
+        self.run = self._dispatch()
+
+    def _dispatch(self):
+        table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
+                 OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out}
+
+        def run(op: int, li: int, L: _Layer) -> None:
+            table[op](li, L)
+        return run
+
+    def attn_in(self, li: int, L: _Layer) -> None:
+        h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
+        c, t, hd = self.cfg, self.t, self.cfg.head_dim
+        self.q = linear(h, L.wq, L.bq).reshape(t, c.n_heads, hd)
+        self.k = linear(h, L.wk, L.bk).reshape(t, c.n_kv_heads, hd)
+        self.v = linear(h, L.wv, L.bv).reshape(t, c.n_kv_heads, hd)
+
+    def qk_norm(self, li: int, L: _Layer) -> None:
+        self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
+        self.k = rmsnorm(self.k, L.k_norm, self.cfg.rms_eps)
+
+    def attend(self, li: int, L: _Layer) -> None:
+        c, m, start, t = self.cfg, self.m, self.start, self.t
+        factor = c.rope_attention_factor
+        q = self.r(rope(self.q, self.positions, L.inv_freq, factor))
+        k = rope(self.k, self.positions, L.inv_freq, factor)
+        m.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
+        m.v_cache[li, :, start:start + t] = round_bf16(self.v).transpose(1, 0, 2)
+        rounded = self.r is not _exact
+        self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded))
+
+    def attn_out(self, li: int, L: _Layer) -> None:
+        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
+
+    def ffn_in(self, li: int, L: _Layer) -> None:
+        h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
+        self.h = self.r(swiglu(linear(h, L.w_gate), linear(h, L.w_up)))
+
+    def ffn_out(self, li: int, L: _Layer) -> None:
+        self.x = self.x + linear(self.h, L.w_down)
 
 
 class ReferenceModel:
@@ -185,9 +246,9 @@ class ReferenceModel:
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
+        self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.quantized = model.quantized
         self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
-        self.inv_freq = rope_inv_freq(cfg)
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
@@ -204,22 +265,7 @@ class ReferenceModel:
         self._check_token(token)
         if not _is_int(pos) or not 0 <= pos < self.max_seq:
             raise InvalidArgumentError(f"position {pos!r} out of range 0..{self.max_seq - 1}")
-        token, pos = int(token), int(pos)
-        hd = cfg.head_dim
-        x = embedding(self.embed, token)  # residual stream (dim,)
-        for li, L in enumerate(self.layers):
-            # attention block: norm, project, rotate, cache (rounded to bf16), attend, project back
-            h = rmsnorm(x, L.attn_norm, cfg.rms_eps)
-            q = rope(gemv(L.wq, h, L.bq).reshape(cfg.n_heads, hd), pos, self.inv_freq)
-            k = rope(gemv(L.wk, h, L.bk).reshape(cfg.n_kv_heads, hd), pos, self.inv_freq)
-            v = gemv(L.wv, h, L.bv).reshape(cfg.n_kv_heads, hd)
-            self.k_cache[li, :, pos] = round_bf16(k)
-            self.v_cache[li, :, pos] = round_bf16(v)
-            att = attention(q, self.k_cache[li], self.v_cache[li], pos, cfg.n_kv_heads)
-            x = x + gemv(L.wo, att.reshape(-1))
-            # MLP block
-            h = rmsnorm(x, L.mlp_norm, cfg.rms_eps)
-            x = x + gemv(L.w_down, swiglu(gemv(L.w_gate, h), gemv(L.w_up, h)))
+        x = self._run_rows([int(token)], int(pos), self.layers, _exact)[0]
         if not logits:
             return None
         return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
@@ -269,22 +315,18 @@ class ReferenceModel:
 
     def _prefill_chunk(self, tokens: list[int], start: int, bf16_products: bool) -> np.ndarray:
         """The chunk's tokens through every layer -> their residual streams (T, dim) f32."""
-        cfg, t, hd = self.config, len(tokens), self.config.head_dim
-        r = round_bf16 if bf16_products else (lambda a: a)
-        positions = start + np.arange(t)
-        x = self.embed[tokens]  # (T, dim), a copy
-        for li, L in enumerate(self._product_layers(bf16_products)):
-            h = r(rmsnorm(x, L.attn_norm, cfg.rms_eps))
-            q = r(rope(linear(h, L.wq, L.bq).reshape(t, cfg.n_heads, hd), positions, self.inv_freq))
-            k = rope(linear(h, L.wk, L.bk).reshape(t, cfg.n_kv_heads, hd), positions, self.inv_freq)
-            v = linear(h, L.wv, L.bv).reshape(t, cfg.n_kv_heads, hd)
-            self.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
-            self.v_cache[li, :, start:start + t] = round_bf16(v).transpose(1, 0, 2)
-            att = r(causal_attention(q, self.k_cache[li], self.v_cache[li], start, cfg.n_kv_heads, bf16_products))
-            x = x + linear(att.reshape(t, -1), L.wo)
-            h = r(rmsnorm(x, L.mlp_norm, cfg.rms_eps))
-            x = x + linear(r(swiglu(linear(h, L.w_gate), linear(h, L.w_up))), L.w_down)
-        return x
+        return self._run_rows(tokens, start, self._product_layers(bf16_products),
+                              round_bf16 if bf16_products else _exact)
+
+    def _run_rows(self, tokens: list[int], start: int, layers: list[_Layer], r) -> np.ndarray:
+        """Rows of tokens at positions start.. through every layer's program (libarc's
+        arc_layer_program, the one the CUDA forwards run) -> their residual streams (T, dim) f32.
+        `r` is applied to what enters a matrix product (bf16 rounding for the prefill's form)."""
+        ops = _RowOps(self, tokens, start, r)
+        for li, L in enumerate(layers):
+            for op in self.programs[li]:
+                ops.run(op, li, L)
+        return ops.x
 
     def greedy(self, prompt: list[int], n_new: int, start_pos: int = 0) -> list[int]:
         """Feed `prompt` from `start_pos`, then pick `n_new` tokens greedily; returns the new tokens."""

@@ -7,7 +7,7 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     bf16         bf16 words <-> float32
     quant        quantized rows as libarc reads them: QuantTensor, dequantize, the quantized GEMV's arithmetic
     quant_pack   GGUF blocks repacked into those rows, and random quantized tensors
-    config       ModelConfig, RopeScaling, RoPE frequencies, the tensor table of a config
+    config       ModelConfig, its RoPE scalings, RoPE frequencies, the tensor table of a config
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
     safetensors  the safetensors reader and writer
@@ -24,8 +24,11 @@ from arcpy.model.config import (
     EMBED,
     FINAL_NORM,
     LM_HEAD,
+    LinearScaling,
+    LongRopeScaling,
     ModelConfig,
     RopeScaling,
+    YarnScaling,
     expected_tensors,
     is_matrix,
     iter_tensors,
@@ -41,7 +44,8 @@ from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
 from arcpy.model.tensors import Model
 
 __all__ = [
-    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "MAX_HEADER_BYTES", "Model", "ModelConfig",
+    "EMBED", "FINAL_NORM", "GGUFCheckpoint", "LM_HEAD", "LinearScaling", "LongRopeScaling", "MAX_HEADER_BYTES",
+    "Model", "ModelConfig", "YarnScaling",
     "PICKLE_SUFFIXES", "QuantTensor", "RopeScaling", "SHAPES", "bf16_to_f32", "config_from_hf",
     "config_to_hf", "dequantize", "expected_tensors", "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors",
     "layer_prefix", "load_gguf_model", "load_model", "open_gguf", "preset_formats", "qgemv_reference",

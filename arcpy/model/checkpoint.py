@@ -86,6 +86,39 @@ def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
     raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
+# Fused projections some families store (Phi-3: qkv_proj, gate_up_proj) -> the parts they stack.
+_FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+          "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
+    """Each fused projection replaced by its parts: consecutive row ranges of the same bytes, so
+    nothing is copied. A fused tensor whose rows do not add up to its parts' is one error line."""
+    expected = expected_tensors(dataclasses.replace(cfg, n_layers=1))
+    out = dict(entries)
+    for name, e in entries.items():
+        if not name.startswith("model.layers."):
+            continue
+        layer, _, suffix = name[len("model.layers."):].partition(".")
+        parts = _FUSED.get(suffix)
+        if parts is None:
+            continue
+        rows = [expected[layer_prefix(0) + part][0] for part in parts]
+        cols = expected[layer_prefix(0) + parts[0]][1]
+        if e.shape != (sum(rows), cols):
+            raise ModelFileError(f"{e.file}: tensor {quoted(name)} has shape {quoted(list(e.shape))}, config expects "
+                                 f"{[sum(rows), cols]} ({' + '.join(map(str, rows))} rows)")
+        row_bytes, at = e.nbytes // sum(rows), e.start
+        del out[name]
+        for part, n in zip(parts, rows):
+            part_name = f"model.layers.{layer}.{part}"
+            if part_name in entries:
+                raise ModelFileError(f"{e.file}: tensor {quoted(part_name)} is stored both alone and in {quoted(name)}")
+            out[part_name] = dataclasses.replace(e, shape=(n, cols), start=at, nbytes=n * row_bytes)
+            at += n * row_bytes
+    return out
+
+
 def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory: Path) -> dict[str, tuple]:
     """Match the files' tensors against the config -> the expected table, name -> shape."""
     # iter_tensors stops at the first tensor the files lack, so a config claiming far more
@@ -142,7 +175,7 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries = _weight_files(directory, cfg)
+    entries = _unfused(_weight_files(directory, cfg), cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
     tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}

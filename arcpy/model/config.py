@@ -1,4 +1,5 @@
-"""The shape and numerics of a Llama-family decoder, its RoPE frequencies, and its tensor table."""
+"""The shape and numerics of a decoder of the Llama family and its kin (the layer program's data),
+its RoPE frequencies, and its tensor table."""
 
 from __future__ import annotations
 
@@ -39,8 +40,73 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LinearScaling:
+    """Positions slowed by `factor` ("rope_type": "linear"): every frequency divided by it."""
+
+    factor: float
+
+    def __post_init__(self) -> None:
+        require(is_finite_real(self.factor) and self.factor > 0,
+                f"rope_scaling.factor must be a finite number > 0, got {quoted(self.factor)}")
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN ("rope_type": "yarn"): frequencies blended between interpolated (divided by `factor`)
+    and kept, by a linear ramp over the pairs whose wavelengths fall between beta_fast and
+    beta_slow rotations of the original context; cos and sin times `attention_factor`."""
+
+    factor: float
+    original_max_position_embeddings: int
+    attention_factor: float
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("factor", "attention_factor", "beta_fast", "beta_slow"):
+            v = getattr(self, field)
+            require(is_finite_real(v) and v > 0, f"rope_scaling.{field} must be a finite number > 0, got {quoted(v)}")
+        orig = self.original_max_position_embeddings
+        require(is_int(orig) and 0 < orig < _INT32_LIMIT,
+                f"rope_scaling.original_max_position_embeddings must be a positive int32, got {quoted(orig)}")
+        require(isinstance(self.truncate, bool), "rope_scaling.truncate must be true or false")
+
+
+@dataclass(frozen=True)
+class LongRopeScaling:
+    """LongRoPE ("rope_type": "longrope", Phi-3 and Phi-4): pair i's frequency divided by a factor
+    of its own, cos and sin times `attention_factor`. A model whose context (max_seq) exceeds the
+    original one takes the long factors, else the short ones: chosen once, by the context."""
+
+    short_factors: tuple[float, ...]
+    long_factors: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float
+
+    def __post_init__(self) -> None:
+        for field in ("short_factors", "long_factors"):
+            v = getattr(self, field)
+            require(isinstance(v, tuple) and v and all(is_finite_real(f) and f > 0 for f in v),
+                    f"rope_scaling.{field} must be a non-empty list of finite numbers > 0")
+        require(len(self.short_factors) == len(self.long_factors),
+                "rope_scaling's short and long factors must be as many")
+        orig = self.original_max_position_embeddings
+        require(is_int(orig) and 0 < orig < _INT32_LIMIT,
+                f"rope_scaling.original_max_position_embeddings must be a positive int32, got {quoted(orig)}")
+        require(is_finite_real(self.attention_factor) and self.attention_factor > 0,
+                f"rope_scaling.attention_factor must be a finite number > 0, got {quoted(self.attention_factor)}")
+
+    def factors(self, max_seq: int) -> tuple[float, ...]:
+        return self.long_factors if max_seq > self.original_max_position_embeddings else self.short_factors
+
+
+Scaling = RopeScaling | LinearScaling | YarnScaling | LongRopeScaling
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Llama-family decoder. Invariants are checked on construction."""
+    """Shape and numerics of a decoder. Invariants are checked on construction."""
 
     dim: int
     n_layers: int
@@ -52,9 +118,14 @@ class ModelConfig:
     max_seq: int
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: Scaling | None = None
     tied_embeddings: bool = False
     qkv_bias: bool = False
+    # The layer program's data (libarc/arc.h documents each): q and k heads RMS-normed before RoPE;
+    # RoPE over the first rope_dim elements of a head (0: all of them); layers without RoPE.
+    qk_norm: bool = False
+    rope_dim: int = 0
+    no_rope_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -67,17 +138,38 @@ class ModelConfig:
         # The kernels add eps in float32: it must stay a positive, finite float32 there.
         require(is_real(eps) and 0 < eps < 1 and np.float32(eps) > 0,
                 f"rms_eps must be a number in (0, 1) that float32 keeps non-zero, got {quoted(eps)}")
-        require(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
-                f"rope_scaling must be None or RopeScaling, got {type(self.rope_scaling).__name__}")
+        require(self.rope_scaling is None or isinstance(self.rope_scaling, Scaling),
+                f"rope_scaling must be None or a scaling of config.py, got {type(self.rope_scaling).__name__}")
+        rd = self.rope_dim
+        require(is_int(rd) and 0 <= rd <= self.head_dim and rd % 2 == 0,
+                f"rope_dim must be even and in 0..head_dim ({self.head_dim}), got {quoted(rd)}")
+        if isinstance(self.rope_scaling, LongRopeScaling):
+            require(len(self.rope_scaling.short_factors) == self.rotary_dim // 2,
+                    f"rope_scaling has {len(self.rope_scaling.short_factors)} factors, the rotation "
+                    f"{self.rotary_dim // 2} pairs")
+        nr = self.no_rope_layers
+        require(isinstance(nr, tuple) and all(is_int(i) and 0 <= i < self.n_layers for i in nr)
+                and list(nr) == sorted(set(nr)),
+                f"no_rope_layers must be ascending distinct layer indices below {self.n_layers}, got {quoted(nr)}")
         theta = self.rope_theta
         # A base at or below 1 would make later pairs rotate as fast or faster than the first.
         require(is_finite_real(theta) and theta > 1,
                 f"rope_theta must be a finite number > 1, got {quoted(theta)}")
-        require(_rope_in_float32_range(float(theta), self.head_dim, self.rope_scaling),
+        require(_rope_in_float32_range(float(theta), self.rotary_dim, self.rope_scaling),
                 f"rope_theta {quoted(theta)} with head_dim {self.head_dim} and this scaling gives "
                 "frequencies float32 cannot hold")
-        require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool),
-                "tied_embeddings and qkv_bias must be bool")
+        require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool)
+                and isinstance(self.qk_norm, bool), "tied_embeddings, qkv_bias and qk_norm must be bool")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The elements of a head RoPE rotates (the first ones; the rest pass unrotated)."""
+        return self.rope_dim or self.head_dim
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """What cos and sin are multiplied by: YaRN's and LongRoPE's attention factor, else 1."""
+        return float(getattr(self.rope_scaling, "attention_factor", 1.0))
 
     @property
     def q_dim(self) -> int:
@@ -110,21 +202,33 @@ def _rope_in_float32_range(theta: float, head_dim: int, rs: RopeScaling | None) 
     # last pair, and Llama 3 scaling moves each one between f and f/factor: bounding those ends
     # bounds every frequency without computing head_dim/2 of them.
     lowest = theta ** (-(head_dim - 2) / head_dim)
-    factor = rs.factor if rs is not None else 1.0
-    return min(lowest, lowest / factor) >= _F32_TINY and max(1.0, 1.0 / factor) <= _F32_MAX
+    if isinstance(rs, LongRopeScaling):
+        factors = (min(rs.short_factors + rs.long_factors), max(rs.short_factors + rs.long_factors))
+    else:
+        factors = (getattr(rs, "factor", 1.0),)
+    return all(min(lowest, lowest / f) >= _F32_TINY and max(1.0, 1.0 / f) <= _F32_MAX for f in factors)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies (head_dim//2,) float32: theta**(-2i/head_dim), Llama 3 scaled if configured.
+def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
+    """Inverse frequencies of a layer (rotary_dim // 2,) float32: theta**(-2i/rotary_dim), scaled
+    as the config's rope_scaling says; zeros for a layer without RoPE (its rotation is then the
+    identity). Computed in float64, rounded once to float32.
 
     Llama 3 rule: wavelengths longer than original/low_freq_factor are slowed by `factor`, those
     shorter than original/high_freq_factor are kept, and the band between blends the two linearly
-    in original/wavelength. Computed in float64, rounded once to float32.
+    in original/wavelength. Linear: every frequency divided by factor. YaRN: pair i keeps its
+    frequency by a weight ramping from 1 (pairs at or below the dimension where a wavelength makes
+    beta_fast turns in the original context) to 0 (at or above beta_slow's), and takes freq/factor
+    by the rest. LongRoPE: pair i's frequency divided by factor i (long or short by the context).
     """
-    i = np.arange(cfg.head_dim // 2, dtype=np.float64)
-    freq = float(cfg.rope_theta) ** (-2.0 * i / cfg.head_dim)
+    dim = cfg.rotary_dim
+    if layer in cfg.no_rope_layers:
+        return np.zeros(dim // 2, dtype=np.float32)
+    i = np.arange(dim // 2, dtype=np.float64)
+    theta = float(cfg.rope_theta)
+    freq = theta ** (-2.0 * i / dim)
     rs = cfg.rope_scaling
-    if rs is not None:
+    if isinstance(rs, RopeScaling):
         orig = float(rs.original_max_position_embeddings)
         wavelen = 2.0 * math.pi / freq
         slow = wavelen > orig / rs.low_freq_factor
@@ -132,6 +236,21 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         blend = (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
         mixed = (1.0 - blend) * freq / rs.factor + blend * freq
         freq = np.where(slow, freq / rs.factor, np.where(fast, freq, mixed))
+    elif isinstance(rs, LinearScaling):
+        freq = freq / rs.factor
+    elif isinstance(rs, YarnScaling):
+        def at(turns: float) -> float:  # the (fractional) pair whose wavelength makes `turns` turns
+            return dim * math.log(rs.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(theta))
+        low, high = at(rs.beta_fast), at(rs.beta_slow)
+        if rs.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        keep = 1.0 - np.clip((i - low) / (high - low), 0.0, 1.0)
+        freq = freq / rs.factor * (1.0 - keep) + freq * keep
+    elif isinstance(rs, LongRopeScaling):
+        freq = freq / np.asarray(rs.factors(cfg.max_seq), dtype=np.float64)
     return freq.astype(np.float32)
 
 
@@ -158,6 +277,9 @@ def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
         yield p + "input_layernorm.weight", (d,)
+        if cfg.qk_norm:
+            yield p + "self_attn.q_norm.weight", (cfg.head_dim,)
+            yield p + "self_attn.k_norm.weight", (cfg.head_dim,)
         yield p + "self_attn.q_proj.weight", (q, d)
         yield p + "self_attn.k_proj.weight", (kv, d)
         yield p + "self_attn.v_proj.weight", (kv, d)

@@ -9,13 +9,15 @@ except where null has a meaning (no rope scaling, no sliding window).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping
 
 from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
-from arcpy.model.config import ModelConfig, RopeScaling
+from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling
 
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen3ForCausalLM": "qwen3", "SmolLM3ForCausalLM": "smollm3", "Phi3ForCausalLM": "phi3"}
 _IGNORED_ROPE_TYPES = (None, "default")
 _MISSING = object()
 
@@ -82,40 +84,121 @@ def _family(d: Mapping, source: str) -> str:
     return _ARCHITECTURES[known[0]]
 
 
-def _rope_from_hf(d: Mapping, source: str) -> tuple[float, RopeScaling | None]:
-    # Newer configs group the rope settings under "rope_parameters"; older ones use top-level keys.
+def _rope_params(d: Mapping, source: str) -> dict:
+    """The rope settings: newer configs group them under "rope_parameters", older ones use
+    top-level keys and "rope_scaling". Returns one dict (the scaling's keys, rope_theta and
+    partial_rotary_factor where the file has them)."""
     params = d.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise ModelFileError(f"{source}: key 'rope_parameters' must be an object or null")
-    theta = _number(params if params is not None and "rope_theta" in params else d, "rope_theta", source, 10000.0)
     rs = params if params is not None else d.get("rope_scaling")
-    if rs is None:
-        return theta, None
-    if not isinstance(rs, dict):
+    if rs is not None and not isinstance(rs, dict):
         raise ModelFileError(f"{source}: key 'rope_scaling' must be an object or null")
+    out = {k: d[k] for k in ("rope_theta", "partial_rotary_factor") if k in d}
+    out.update(rs or {})
+    return out
+
+
+def _factors(rs: Mapping, key: str, source: str) -> tuple[float, ...]:
+    v = _get(rs, key, source)
+    if not isinstance(v, list) or not v or not all(is_finite_real(f) for f in v):
+        raise ModelFileError(f"{source}: key '{key}' must be a non-empty list of finite numbers")
+    return tuple(float(f) for f in v)
+
+
+def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
+    """The RoPE scaling the settings name (llama3, linear, yarn, longrope), with Hugging Face's
+    defaults; None for the default rope."""
     rope_type = rs.get("rope_type", rs.get("type"))
     if rope_type in _IGNORED_ROPE_TYPES:
-        return theta, None
-    if rope_type != "llama3":
-        raise ModelFileError(f"{source}: unsupported rope scaling type {quoted(rope_type)} (supported: llama3)")
+        return None
+    max_pos = _int(d, "max_position_embeddings", source)
+    if rope_type == "llama3":
+        return RopeScaling(factor=_number(rs, "factor", source), low_freq_factor=_number(rs, "low_freq_factor", source),
+                           high_freq_factor=_number(rs, "high_freq_factor", source),
+                           original_max_position_embeddings=_int(rs, "original_max_position_embeddings", source))
+    if rope_type == "linear":
+        return LinearScaling(factor=_number(rs, "factor", source))
+    if rope_type == "yarn":
+        orig = _int(rs, "original_max_position_embeddings", source, _int(d, "original_max_position_embeddings",
+                                                                          source, max_pos))
+        factor = rs.get("factor")
+        factor = max_pos / orig if factor is None else _number(rs, "factor", source)
+        attention = rs.get("attention_factor")
+        if attention is None:
+            mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
+            if mscale and mscale_all:
+                attention = _yarn_mscale(factor, _number(rs, "mscale", source)) / _yarn_mscale(
+                    factor, _number(rs, "mscale_all_dim", source))
+            else:
+                attention = _yarn_mscale(factor, 1.0)
+        else:
+            attention = _number(rs, "attention_factor", source)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+        return YarnScaling(factor=factor, original_max_position_embeddings=orig, attention_factor=attention,
+                           beta_fast=_number({"b": beta_fast}, "b", source), beta_slow=_number({"b": beta_slow}, "b", source),
+                           truncate=_flag(rs, "truncate", source, True))
+    if rope_type == "longrope":
+        orig = _int(rs, "original_max_position_embeddings", source, _int(d, "original_max_position_embeddings",
+                                                                          source, max_pos))
+        factor = rs.get("factor")
+        factor = max_pos / orig if factor is None else _number(rs, "factor", source)
+        attention = rs.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        else:
+            attention = _number(rs, "attention_factor", source)
+        return LongRopeScaling(short_factors=_factors(rs, "short_factor", source),
+                               long_factors=_factors(rs, "long_factor", source),
+                               original_max_position_embeddings=orig, attention_factor=attention)
+    raise ModelFileError(f"{source}: unsupported rope scaling type {quoted(rope_type)} "
+                         "(supported: llama3, linear, yarn, longrope)")
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _rope_from_hf(d: Mapping, source: str, head_dim: int) -> tuple[float, Scaling | None, int]:
+    """(rope_theta, scaling, rope_dim) of a config: rope_dim 0 where RoPE rotates whole heads."""
+    rs = _rope_params(d, source)
+    theta = _number(rs, "rope_theta", source, 10000.0)
+    fraction = _number(rs, "partial_rotary_factor", source, 1.0)
+    rope_dim = int(head_dim * fraction)
+    if not 0 < fraction <= 1 or rope_dim % 2 or rope_dim == 0:
+        raise ModelFileError(f"{source}: partial_rotary_factor {fraction} of head_dim {head_dim} gives {rope_dim} "
+                             "rotated elements; an even number in 2..head_dim is needed")
     try:
-        scaling = RopeScaling(
-            factor=_number(rs, "factor", source),
-            low_freq_factor=_number(rs, "low_freq_factor", source),
-            high_freq_factor=_number(rs, "high_freq_factor", source),
-            original_max_position_embeddings=_int(rs, "original_max_position_embeddings", source),
-        )
+        scaling = _scaling(rs, d, source)
     except InvalidArgumentError as e:
         raise ModelFileError(f"{source}: {e}") from None
-    return theta, scaling
+    return theta, scaling, 0 if rope_dim == head_dim else rope_dim
+
+
+def _no_rope_layers(d: Mapping, family: str, n_layers: int, source: str) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: its no_rope_layers list (1 rotates, 0 does not), else every
+    no_rope_layer_interval-th layer (4 by default)."""
+    if family != "smollm3":
+        return ()
+    flags = d.get("no_rope_layers")
+    if flags is None:
+        every = _int(d, "no_rope_layer_interval", source, 4)
+        if every <= 0:
+            raise ModelFileError(f"{source}: key 'no_rope_layer_interval' must be positive, got {every}")
+        return tuple(i for i in range(n_layers) if (i + 1) % every == 0)
+    if not isinstance(flags, list) or len(flags) < n_layers or not all(f in (0, 1) and is_int(f) for f in flags):
+        raise ModelFileError(f"{source}: key 'no_rope_layers' must list 0 or 1 for each of the {n_layers} layers")
+    return tuple(i for i in range(n_layers) if flags[i] == 0)
 
 
 def config_from_hf(d: dict, source: str) -> ModelConfig:
     """A Hugging Face config.json dict -> ModelConfig. `source` names the file in error messages.
 
-    Accepts Llama, Mistral and Qwen2 decoders. A Mistral sliding window shorter than the context is
-    honoured exactly by capping max_seq at the window (attention then never reaches past it); an
-    active Qwen2 sliding window is refused. Llama's attention_bias also adds an o_proj bias, which
+    Accepts Llama, Mistral, Qwen2, Qwen3 (q/k norms), SmolLM3 (layers without RoPE) and Phi-3 /
+    Phi-4 (partial rotary, LongRoPE; fused qkv and gate_up, split by the checkpoint reader)
+    decoders. A Mistral or Phi-3 sliding window shorter than the context is honoured exactly by
+    capping max_seq at the window (attention then never reaches past it); an active Qwen sliding
+    window is refused. Llama's attention_bias also adds an o_proj bias, which
     this engine does not carry, so it is refused rather than dropped.
     """
     if not isinstance(d, dict):
@@ -140,20 +223,24 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
         raise ModelFileError(f"{source}: key 'num_attention_heads' must be a positive int")
     max_seq = _int(d, "max_position_embeddings", source)
     window = d.get("sliding_window")
-    if _flag(d, "use_sliding_window", source, family == "mistral") and window is not None:
-        if family != "mistral":
+    # Mistral and Phi-3 window every layer: a context no longer than the window is exact.
+    capped = family in ("mistral", "phi3")
+    if _flag(d, "use_sliding_window", source, capped) and window is not None:
+        if not capped:
             raise ModelFileError(f"{source}: unsupported active sliding window (use_sliding_window=true)")
         if not is_int(window) or window <= 0:
             raise ModelFileError(f"{source}: key 'sliding_window' must be a positive int, got {quoted(window)}")
         max_seq = min(max_seq, window)
-    theta, scaling = _rope_from_hf(d, source)
+    head_dim = _int(d, "head_dim", source, default=dim // n_heads)
+    n_layers = _int(d, "num_hidden_layers", source)
+    theta, scaling, rope_dim = _rope_from_hf(d, source, head_dim)
     try:
         return ModelConfig(
             dim=dim,
-            n_layers=_int(d, "num_hidden_layers", source),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=_int(d, "num_key_value_heads", source, default=n_heads),
-            head_dim=_int(d, "head_dim", source, default=dim // n_heads),
+            head_dim=head_dim,
             ffn_dim=_int(d, "intermediate_size", source),
             vocab=_int(d, "vocab_size", source),
             max_seq=max_seq,
@@ -162,17 +249,48 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
             rope_scaling=scaling,
             tied_embeddings=_flag(d, "tie_word_embeddings", source, False),
             qkv_bias=qkv_bias,
+            qk_norm=family == "qwen3",
+            rope_dim=rope_dim,
+            no_rope_layers=_no_rope_layers(d, family, n_layers, source),
         )
     except InvalidArgumentError as e:
         raise ModelFileError(f"{source}: {e}") from None
 
 
+def _family_of(cfg: ModelConfig) -> str:
+    """The family whose config.json says what cfg holds (the first whose features cover it)."""
+    if cfg.qkv_bias:
+        return "qwen2"
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.no_rope_layers:
+        return "smollm3"
+    if cfg.rope_dim or isinstance(cfg.rope_scaling, LongRopeScaling):
+        return "phi3"
+    return "llama"
+
+
+_CLASSES = {family: name for name, family in _ARCHITECTURES.items()}
+
+
+def _scaling_to_hf(rs: Scaling) -> dict:
+    if isinstance(rs, RopeScaling):
+        return {"rope_type": "llama3", **dataclasses.asdict(rs)}
+    if isinstance(rs, LinearScaling):
+        return {"rope_type": "linear", "factor": rs.factor}
+    if isinstance(rs, YarnScaling):
+        return {"rope_type": "yarn", **dataclasses.asdict(rs)}
+    return {"rope_type": "longrope", "short_factor": list(rs.short_factors), "long_factor": list(rs.long_factors),
+            "original_max_position_embeddings": rs.original_max_position_embeddings,
+            "attention_factor": rs.attention_factor}
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
     """ModelConfig -> a config.json dict that `config_from_hf` reads back to the same config."""
-    qwen = cfg.qkv_bias  # only Qwen2 carries q/k/v biases without an o_proj bias
+    family = _family_of(cfg)
     d = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": [_CLASSES[family]],
+        "model_type": family,
         "hidden_size": cfg.dim,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
@@ -188,10 +306,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
     }
-    if qwen:
+    if family.startswith("qwen"):
         d["use_sliding_window"] = False
     else:
         d["attention_bias"] = False
+    if family == "smollm3":
+        d["no_rope_layers"] = [int(i not in cfg.no_rope_layers) for i in range(cfg.n_layers)]
+    if cfg.rope_dim:
+        d["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim
     if cfg.rope_scaling is not None:
-        d["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
+        d["rope_scaling"] = _scaling_to_hf(cfg.rope_scaling)
     return d

@@ -77,7 +77,7 @@ __device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh
 // QKV GEMV writes it; head h reads kv head h / group. k_cache, v_cache (n_kv_heads, max_seq, hd)
 // bf16, this layer's; the rows before *pos are read, row *pos is written (rotated k and v, rounded
 // to nearest even) by the first query head of each kv head, and the scores use those rounded
-// values, as the reference does. RoPE: element i pairs with i + hd/2, angle float(pos) * inv_freq[i].
+// values, as the reference does. RoPE as `rope` says (kernels.cuh: RopeArgs, rope_rotate_half).
 // A block writes o_part[head][blockIdx.y][hd] = sum_t exp(s_t - m) v_t and ml_part[head][blockIdx.y]
 // = (m, sum_t exp(s_t - m)) over its chunks' positions t, s_t = (q . k_t) * scale, m their max;
 // the last of the head's blocks holding chunks to finish (a ticket on done[head], which it
@@ -90,7 +90,7 @@ __device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh
 // Limits: hd even and <= 128 (VEC == 8 needs hd % 8 == 0, and LP * VEC >= hd).
 template <int VEC, int LP, bool MULTI>
 __global__ void __launch_bounds__(ATTN_THREADS, 1)
-attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_freq, uint16_t *k_cache,
+attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache,
                  uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
                  const int32_t *__restrict__ pos_ptr, float scale, float *__restrict__ o_part,
                  float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
@@ -107,7 +107,7 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     const int split = blockIdx.y, stride = gridDim.y;  // this block's chunks: split, split + stride, ...
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % LP, pw = lane / LP;
-    const int nvh = hd / VEC, half = hd / 2;
+    const int nvh = hd / VEC, half = rope.half;
 
     // Before the wait: the position (written before this step began), the rotation's angles, and
     // the cached rows of earlier positions of the block's first chunk; nothing that the kernels of
@@ -122,7 +122,7 @@ attention_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_fr
     const int ns = pos / CHUNK + 1;  // chunks at or before the position
     if (split >= ns) return;
     const bool holds_new = (ns - 1) % stride == split;  // the block whose last chunk holds pos
-    for (int i = tid; i < half; i += ATTN_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[i]), &sin_t[i], &cos_t[i]);
+    for (int i = tid; i < half; i += ATTN_THREADS) rope_angles(rope, pos, i, &sin_t[i], &cos_t[i]);
     const size_t head_base = (size_t)kvh * max_seq * hd;
     float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
     {
@@ -357,7 +357,8 @@ uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t 
 
 // What every variant is launched with.
 struct AttnArgs {
-    const float *qkv, *inv_freq;
+    const float *qkv;
+    RopeArgs rope;
     uint16_t *k, *v;
     int n_heads, n_kv_heads, hd, max_seq, splits;
     const int32_t *pos;
@@ -374,15 +375,15 @@ static int launch_attention(arc_context *ctx, const AttnArgs &a) {
     const dim3 grid(a.n_heads, blocks);
     auto kernel = blocks < a.splits ? attention_kernel<VEC, LP, true> : attention_kernel<VEC, LP, false>;
     return arc_launch_pdl(ctx, "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
-                          a.inv_freq, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale,
+                          a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale,
                           a.o_part, a.ml_part, a.done, a.out);
 }
 
-extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
-                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
+int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
+                   float *scratch, float *out) {
     ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(qkv && inv_freq && k_cache && v_cache && pos && scratch && out,
+    ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && pos && scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
@@ -395,9 +396,10 @@ extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float 
     ARC_REQUIRE((uintptr_t)k_cache % (variant.vec * 2) == 0 && (uintptr_t)v_cache % (variant.vec * 2) == 0,
                 "the caches must be %d-byte aligned", variant.vec * 2);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
+    ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     AttnArgs a;
     a.qkv = qkv;
-    a.inv_freq = inv_freq;
+    a.rope = rope;
     a.k = k_cache;
     a.v = v_cache;
     a.n_heads = n_heads;
@@ -415,6 +417,13 @@ extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float 
     if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
     if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);
     return launch_attention<8, 16>(ctx, a);
+}
+
+extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
+    return attention_rope(ctx, qkv, RopeArgs{inv_freq, head_dim / 2, 1.0f}, k_cache, v_cache, n_heads, n_kv_heads,
+                          head_dim, max_seq, pos, scratch, out);
 }
 
 extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,

@@ -2,20 +2,53 @@
 // no host wait and no host decision on device data, so that it can be captured into a graph once
 // and replayed.
 //
-// Per layer it launches 5 kernels (one more GEMV where Wq, Wk and Wv differ in format):
-//   1 gemv         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv])
-//   2 attention    rotate q and k (RoPE), k and v -> KV cache at pos (bf16), then attention over
-//                  chunks of positions, the last block of a head combining them -> att
-//   3 gemv         x += Wo @ att
-//   4 gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-//   5 gemv         x += Wdown @ h
-// plus the embedding before the layers and logits = lm_head @ rmsnorm(x, final_norm) after (in the
-// greedy step graph with the argmax and its commit in the same kernel: arc_model_forward_commit).
-// Every kernel is launched with programmatic dependent launch (kernels.cuh: pdl_wait): the next
-// one is scheduled while the previous one finishes, and waits on the device for its data. Work
-// enqueued after the forward with a plain launch or a copy is ordered as usual. A GEMV's weights
-// may be bf16 or quantized (arc_format): gemv_weight and its kin pick the kernel.
-#include "kernels.cuh"
+// The embedding, then each layer's program (layer.cuh) as the decode runs its ops:
+//   ATTN_IN   gemv         qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv]), one GEMV a
+//                          run of parts of one format
+//   QK_NORM   head_norm    each q and k head RMS-normed (norms.cu)
+//   ATTEND    attention    rotate q and k (the layer's RoPE), k and v -> KV cache at pos (bf16),
+//                          then attention over chunks of positions, the last block of a head
+//                          combining them -> att
+//   ATTN_OUT  gemv         x += Wo @ att
+//   FFN_IN    gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
+//   FFN_OUT   gemv         x += Wdown @ h
+// and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
+// and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
+// programmatic dependent launch (kernels.cuh: pdl_wait): the next one is scheduled while the
+// previous one finishes, and waits on the device for its data. Work enqueued after the forward
+// with a plain launch or a copy is ordered as usual. A GEMV's weights may be bf16 or quantized
+// (arc_format): gemv_weight and its kin pick the kernel.
+#include "layer.cuh"
+
+// The decode's form of each op: one row, GEMVs, the token's position read on the device.
+struct DecodeOps {
+    const ModelParts &p;
+    const int32_t *pos;
+
+    int attn_in(const LayerParts &lw) {
+        return gemv_qkv(p.ctx, lw, p.q_dim, p.kv_dim, p.x, p.cfg.dim, p.cfg.rms_eps, p.qkv);
+    }
+    int qk_norm(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        return launch_head_norm(p.ctx, p.qkv, 1, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
+                                lw.k_norm, c.rms_eps);
+    }
+    int attend(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        return attention_rope(p.ctx, p.qkv, layer_rope(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
+                              c.head_dim, c.max_seq, pos, p.scratch, p.att);
+    }
+    int attn_out(const LayerParts &lw) {
+        return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1, p.x);
+    }
+    int ffn_in(const LayerParts &lw) {
+        return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps, p.h);
+    }
+    int ffn_out(const LayerParts &lw) {
+        return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1,
+                           p.x);
+    }
+};
 
 // The forward; with commit, its lm_head takes the argmax and commits it to the loop.
 static int forward(arc_model *model, arc_loop *loop, bool commit, const char *who) {
@@ -32,40 +65,16 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
 
-    // Shapes, activations and the global weights, named as the calls below use them.
-    const int32_t dim = c.dim, ffn_dim = c.ffn_dim, vocab = c.vocab, max_seq = c.max_seq;
-    const int32_t n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, hd = c.head_dim;
-    const int32_t q_dim = parts.q_dim;
-    const float eps = c.rms_eps;
-    float *x = parts.x, *qkv = parts.qkv, *att = parts.att, *h = parts.h;
-    float *scratch = parts.scratch, *logits = parts.logits;
-    const uint16_t *embed = parts.embed, *final_norm = parts.final_norm;
-    const Weight lm_head = parts.lm_head;
-    const float *inv_freq = parts.inv_freq;
-    const uint16_t *no_bias = nullptr, *no_norm = nullptr;
-
     // x = embed[token]
-    ARC_TRY(arc_op_embedding(ctx, embed, vocab, dim, token, x));
-    for (int l = 0; l < c.n_layers; ++l) {
-        const LayerParts lw = model_layer(model, l);
-        uint16_t *k_cache = lw.k_cache, *v_cache = lw.v_cache;
-
-        // qkv = [Wq; Wk; Wv] @ rmsnorm(x, attn_norm) (+ [bq; bk; bv]), one GEMV a run of one format
-        ARC_TRY(gemv_qkv(ctx, lw, q_dim, parts.kv_dim, x, dim, eps, qkv));
-        // q, k rotated at pos; k, v -> cache at pos; att = softmax(q k^T / sqrt(hd)) v over 0..pos
-        ARC_TRY(arc_op_attention(ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, pos,
-                                 scratch, att));
-        // x += Wo @ att
-        ARC_TRY(gemv_weight(ctx, lw.wo, att, dim, q_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
-        // h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
-        ARC_TRY(gemv_swiglu_weight(ctx, lw.w_gate_up, x, ffn_dim, dim, lw.mlp_norm, eps, h));
-        // x += Wdown @ h
-        ARC_TRY(gemv_weight(ctx, lw.w_down, h, dim, ffn_dim, no_bias, no_norm, /*eps=*/0.0f, /*accumulate=*/1, x));
-    }
+    ARC_TRY(arc_op_embedding(ctx, parts.embed, c.vocab, c.dim, token, parts.x));
+    DecodeOps ops{parts, pos};
+    ARC_TRY(run_layers(model, parts, ops));
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
-    if (commit) return gemv_argmax_weight(ctx, who, lm_head, x, vocab, dim, final_norm, eps, logits, loop);
-    ARC_TRY(gemv_weight(ctx, lm_head, x, vocab, dim, no_bias, final_norm, eps, /*accumulate=*/0, logits));
-    return ARC_OK;
+    if (commit)
+        return gemv_argmax_weight(ctx, who, parts.lm_head, parts.x, c.vocab, c.dim, parts.final_norm, c.rms_eps,
+                                  parts.logits, loop);
+    return gemv_weight(ctx, parts.lm_head, parts.x, c.vocab, c.dim, nullptr, parts.final_norm, c.rms_eps,
+                       /*accumulate=*/0, parts.logits);
 }
 
 extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) { return forward(model, loop, false, __func__); }

@@ -252,14 +252,46 @@ __device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
     return ss;
 }
 
-// Element d of a head row x (float32) under rotate-half RoPE: d pairs with d +- half, angle i =
-// d mod half with cosine c[i] and sine s[i]. Explicit roundings (no fused multiply-add), as the
-// reference computes it; the decode attention and the prefill rotate identically.
+// A layer's RoPE as the attention kernels apply it: the layer's frequencies (half of them), the
+// rotated elements 0..2 half - 1 of a head (the rest pass unrotated), and the factor cos and sin
+// are multiplied by (arc.h: rope_dim, rope_factor).
+struct RopeArgs {
+    const float *inv_freq;
+    int half;
+    float factor;
+};
+
+// The cosine and sine of pair i at position pos, the factor applied, as the reference computes
+// them: angle float(pos) * inv_freq[i] rounded once, sincos in float32, each times the factor.
+__device__ __forceinline__ void rope_angles(const RopeArgs &r, int pos, int i, float *s, float *c) {
+    sincosf(__fmul_rn((float)pos, r.inv_freq[i]), s, c);
+    *s = __fmul_rn(*s, r.factor);
+    *c = __fmul_rn(*c, r.factor);
+}
+
+// Element d of a head row x (float32) under rotate-half RoPE of `half` pairs: d < half pairs with
+// d + half, d < 2 half with d - half (angle i = d mod half, cosine c[i], sine s[i]), and an element
+// past the rotated ones is x[d]. Explicit roundings (no fused multiply-add), as the reference
+// computes it; the decode, the prefill and the verify rotate identically.
 __device__ __forceinline__ float rope_rotate_half(const float *x, int d, int half, const float *c, const float *s) {
     if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
+    if (d >= 2 * half) return x[d];
     const int i = d - half;
     return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
 }
+
+// arc_op_attention and arc_op_prefill_attention with a layer's RoPE (RopeArgs): the forward and
+// the prefill launch these; the entry points rotate every element at factor 1.
+int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
+                   float *scratch, float *out);
+int prefill_attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                           int32_t start, uint16_t *q_scratch, uint16_t *out);
+// Each q and k head of qkv (rows, stride) float32, in place: head * rsqrt(mean(head^2) + eps) *
+// w, w = q_norm for the n_heads q heads, k_norm for the n_kv_heads k heads (norms.cu).
+int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
+                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps);
 
 // The prefill's tensor-core launchers (gemm.cu, prefill_attention.cu) are the arc_op_gemm_bf16,
 // arc_op_gemm_swiglu_bf16 and arc_op_prefill_attention entry points of arc.h.
@@ -309,7 +341,7 @@ void spec_buffers_release(SpecBuffers *b);
 // The verify forward's attention (verify_attention.cu): q and k of qkv (rows, stride) rotated in
 // place, k and v to the cache at each row's position, then out (rows, n_heads, hd) float32.
 int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
-                            const float *inv_freq, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
+                            RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
                             int n_kv_heads, int hd, int max_seq, float *out);
 
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
@@ -331,6 +363,8 @@ struct Weight {
 // parts of one format are read as one matrix from the first.
 struct LayerParts {
     const uint16_t *attn_norm, *bqkv, *mlp_norm;
+    const uint16_t *q_norm, *k_norm;  // (head_dim) each, with qk_norm; else null
+    const float *inv_freq;            // the layer's RoPE frequencies (rope_dim / 2)
     Weight wq, wk, wv, wo, w_gate_up, w_down;
     uint16_t *k_cache, *v_cache;
 };
@@ -341,7 +375,6 @@ struct ModelParts {
     int32_t q_dim, kv_dim, qkv_rows;
     const uint16_t *embed, *final_norm;
     Weight lm_head;  // the embedding when tied
-    const float *inv_freq;
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
     float *logits;
     PrefillBuffers *prefill;

@@ -5,23 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layer.cuh"
 #include "quant.cuh"
 
-enum { TENSOR_COUNT = ARC_TENSOR_ROPE_INV_FREQ + 1, ALIGN = 256 };
+enum { TENSOR_COUNT = ARC_TENSOR_COUNT, ALIGN = 256 };
 
 static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
     "ARC_TENSOR_EMBED",  "ARC_TENSOR_ATTN_NORM", "ARC_TENSOR_WQ",         "ARC_TENSOR_WK",
     "ARC_TENSOR_WV",     "ARC_TENSOR_BQ",        "ARC_TENSOR_BK",         "ARC_TENSOR_BV",
     "ARC_TENSOR_WO",     "ARC_TENSOR_MLP_NORM",  "ARC_TENSOR_W_GATE",     "ARC_TENSOR_W_UP",
     "ARC_TENSOR_W_DOWN", "ARC_TENSOR_FINAL_NORM", "ARC_TENSOR_LM_HEAD",   "ARC_TENSOR_ROPE_INV_FREQ",
+    "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM",
 };
 
 static bool per_layer(int t) {
-    return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD &&
-           t != ARC_TENSOR_ROPE_INV_FREQ;
+    return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD;
 }
 
 static bool is_bias(int t) { return t == ARC_TENSOR_BQ || t == ARC_TENSOR_BK || t == ARC_TENSOR_BV; }
+static bool is_head_norm(int t) { return t == ARC_TENSOR_Q_NORM || t == ARC_TENSOR_K_NORM; }
+
+// The rotated elements of a head: rope_dim, or all of them where it is 0.
+static int32_t rope_dim_of(const arc_model_config &c) { return c.rope_dim ? c.rope_dim : c.head_dim; }
 
 struct arc_model {
     arc_context *ctx;
@@ -68,6 +73,7 @@ static void tensor_shape(const arc_model *m, int t, uint64_t *rows, uint64_t *co
     case ARC_TENSOR_WO: r = dim; k = q; break;
     case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; break;
     case ARC_TENSOR_W_DOWN: r = dim; k = ffn; break;
+    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; break;
     default: break;  // the norms: (dim)
     }
     *rows = r;
@@ -78,7 +84,7 @@ static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_laye
 
 // Bytes of tensor t of layer l in its format.
 static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
-    if (t == ARC_TENSOR_ROPE_INV_FREQ) return (uint64_t)(m->cfg.head_dim / 2) * 4;
+    if (t == ARC_TENSOR_ROPE_INV_FREQ) return (uint64_t)(rope_dim_of(m->cfg) / 2) * 4;
     uint64_t rows, cols, row = 0;
     tensor_shape(m, t, &rows, &cols);
     arc_format_row_bytes(m->format[slot(m, t, l)], (int32_t)cols, &row);  // formats checked at create
@@ -101,8 +107,12 @@ static void build_size_table(arc_model *m) {
     put(ARC_TENSOR_EMBED, 0, false);
     put(ARC_TENSOR_FINAL_NORM, 0, false);
     if (!c.tied_embeddings) put(ARC_TENSOR_LM_HEAD, 0, false);
-    put(ARC_TENSOR_ROPE_INV_FREQ, 0, false);
     for (int l = 0; l < c.n_layers; ++l) {
+        put(ARC_TENSOR_ROPE_INV_FREQ, l, false);
+        if (c.qk_norm) {
+            put(ARC_TENSOR_Q_NORM, l, false);
+            put(ARC_TENSOR_K_NORM, l, false);
+        }
         put(ARC_TENSOR_ATTN_NORM, l, false);
         put(ARC_TENSOR_WQ, l, false);
         put(ARC_TENSOR_WK, l, true);
@@ -201,6 +211,32 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->tied_embeddings == 0 || c->tied_embeddings == 1,
                 "config.tied_embeddings must be 0 or 1, got %d", c->tied_embeddings);
     ARC_REQUIRE(c->qkv_bias == 0 || c->qkv_bias == 1, "config.qkv_bias must be 0 or 1, got %d", c->qkv_bias);
+    ARC_REQUIRE(c->qk_norm == 0 || c->qk_norm == 1, "config.qk_norm must be 0 or 1, got %d", c->qk_norm);
+    ARC_REQUIRE(c->rope_dim >= 0 && c->rope_dim % 2 == 0 && c->rope_dim <= c->head_dim,
+                "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c->head_dim, c->rope_dim);
+    ARC_REQUIRE(c->rope_factor >= 0.0f && isfinite(c->rope_factor),
+                "config.rope_factor must be finite and not negative (0: 1), got %g", (double)c->rope_factor);
+    return ARC_OK;
+}
+
+int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
+    (void)layer;  // every layer of today's families runs the same ops; its data differ (RoPE table)
+    int n = 0;
+    ops[n++] = ARC_OP_ATTN_IN;
+    if (c.qk_norm) ops[n++] = ARC_OP_QK_NORM;
+    ops[n++] = ARC_OP_ATTEND;
+    ops[n++] = ARC_OP_ATTN_OUT;
+    ops[n++] = ARC_OP_FFN_IN;
+    ops[n++] = ARC_OP_FFN_OUT;
+    return n;
+}
+
+extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count) {
+    ARC_REQUIRE(config && ops && count, "null argument");
+    // Only what the program reads is checked: a shape the kernels cannot run still has a program.
+    ARC_REQUIRE(config->qk_norm == 0 || config->qk_norm == 1, "config.qk_norm must be 0 or 1, got %d", config->qk_norm);
+    ARC_REQUIRE(layer >= 0 && layer < config->n_layers, "layer must be in [0, %d), got %d", config->n_layers, layer);
+    *count = layer_program(*config, layer, ops);
     return ARC_OK;
 }
 
@@ -316,6 +352,8 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
         ARC_REQUIRE(layer == 0, "%s is a global tensor: layer must be 0, got %d", name, layer);
     ARC_REQUIRE(!is_bias(tensor) || c.qkv_bias, "%s: the model was created without q/k/v biases (qkv_bias = 0)",
                 name);
+    ARC_REQUIRE(!is_head_norm(tensor) || c.qk_norm, "%s: the model was created without q/k norms (qk_norm = 0)",
+                name);
     ARC_REQUIRE(tensor != ARC_TENSOR_LM_HEAD || !c.tied_embeddings,
                 "%s: the model ties the lm_head to the embedding (tied_embeddings = 1)", name);
     const uint64_t want = model->bytes[slot(model, tensor, layer)];
@@ -351,6 +389,9 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
     p.bqkv = m->cfg.qkv_bias ? bf16_at(m, ARC_TENSOR_BQ, l) : nullptr;
     p.mlp_norm = bf16_at(m, ARC_TENSOR_MLP_NORM, l);
+    p.q_norm = m->cfg.qk_norm ? bf16_at(m, ARC_TENSOR_Q_NORM, l) : nullptr;
+    p.k_norm = m->cfg.qk_norm ? bf16_at(m, ARC_TENSOR_K_NORM, l) : nullptr;
+    p.inv_freq = reinterpret_cast<const float *>(tensor_at(m, ARC_TENSOR_ROPE_INV_FREQ, l));
     p.wq = weight_at(m, ARC_TENSOR_WQ, l);
     p.wk = weight_at(m, ARC_TENSOR_WK, l);
     p.wv = weight_at(m, ARC_TENSOR_WV, l);
@@ -373,7 +414,6 @@ ModelParts model_parts(arc_model *m) {
     p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
     p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);
     p.lm_head = weight_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
-    p.inv_freq = reinterpret_cast<const float *>(tensor_at(m, ARC_TENSOR_ROPE_INV_FREQ, 0));
     p.x = m->x;
     p.qkv = m->qkv;
     p.att = m->att;

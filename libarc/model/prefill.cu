@@ -2,23 +2,27 @@
 // whole model together, so each weight is read once per chunk instead of once per token, and the
 // products run on tensor cores (gemm.cu) instead of the decode's GEMVs.
 //
-// Per chunk of c tokens: the embedding rows, then per layer 8 kernels:
-//   1 rmsnorm_rows   xn = bf16(rmsnorm(x, attn_norm))                       (c, dim)
-//   2 gemm           qkv = xn [Wq; Wk; Wv]^T (+ [bq; bk; bv])                (c, q_dim + 2 kv_dim) f32
-//   3 rope_kv        q, k rotated at their positions; k, v -> cache rows; q -> bf16
-//   4 flash_prefill  att = causal attention over the cache                   (c, q_dim) bf16
-//   5 gemm           x += att Wo^T
-//   6 rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
-//   7 gemm_swiglu    h = bf16(silu(xn Wg^T) * (xn Wu^T))                     (c, ffn_dim)
-//                    (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
-//   8 gemm           x += h Wdown^T
+// Per chunk of c tokens: the embedding rows, then each layer's program (layer.cuh) as the prefill
+// runs its ops:
+//   ATTN_IN   rmsnorm_rows   xn = bf16(rmsnorm(x, attn_norm))                     (c, dim)
+//             gemm           qkv = xn [Wq; Wk; Wv]^T (+ [bq; bk; bv])              (c, q_dim + 2 kv_dim) f32
+//   QK_NORM   head_norm      each q and k head RMS-normed in place (norms.cu)
+//   ATTEND    rope_kv        q, k rotated at their positions (the layer's RoPE); k, v -> cache
+//                            rows; q -> bf16
+//             flash_prefill  att = causal attention over the cache                 (c, q_dim) bf16
+//   ATTN_OUT  gemm           x += att Wo^T
+//   FFN_IN    rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
+//             gemm_swiglu    h = bf16(silu(xn Wg^T) * (xn Wu^T))                   (c, ffn_dim)
+//                            (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
+//   FFN_OUT   gemm           x += h Wdown^T
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
+// A quantized matrix is dequantized to bf16 into a scratch before its product.
 #include <math.h>
 
 #include "gemm_sm90.cuh"
-#include "kernels.cuh"
+#include "layer.cuh"
 
 enum { ROWS_THREADS = 256 };
 // The most the gate/up product's float32 scratch takes on an sm_90 GPU (prefill_chunk).
@@ -148,36 +152,63 @@ static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *row
     return ARC_OK;
 }
 
+// The prefill's form of each op, for one chunk of n tokens at positions start..start + n - 1.
+struct PrefillOps {
+    const ModelParts &p;
+    int n, start;
+
+    int attn_in(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
+        const int32_t rows[3] = {p.q_dim, p.kv_dim, p.kv_dim};
+        const uint16_t *w;
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.attn_norm, n, p.cfg.dim, p.cfg.rms_eps, b.xn));
+        ARC_TRY(bf16_matrix(p.ctx, parts, rows, 3, p.cfg.dim, b.wdq, &w));
+        return arc_op_gemm_bf16(p.ctx, b.xn, w, n, p.qkv_rows, p.cfg.dim, lw.bqkv, /*accumulate=*/0, b.qkv);
+    }
+    int qk_norm(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        return launch_head_norm(p.ctx, p.prefill->qkv, n, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
+                                lw.k_norm, c.rms_eps);
+    }
+    int attend(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        const PrefillBuffers &b = *p.prefill;
+        return prefill_attention_rope(p.ctx, b.qkv, layer_rope(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
+                                      c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att);
+    }
+    int attn_out(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim;
+        const uint16_t *w;
+        ARC_TRY(bf16_matrix(p.ctx, &lw.wo, &dim, 1, p.q_dim, b.wdq, &w));
+        return arc_op_gemm_bf16(p.ctx, b.att, w, n, dim, p.q_dim, nullptr, /*accumulate=*/1, b.x);
+    }
+    int ffn_in(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim, gate_up_rows = 2 * ffn;
+        const uint16_t *w;
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, b.xn));
+        ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
+        return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, b.h, b.gu, b.gu_rows);
+    }
+    int ffn_out(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        const uint16_t *w;
+        ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
+        return arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x);
+    }
+};
+
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
 // residual streams afterwards.
 static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *tokens, int n, int start) {
-    arc_context *ctx = mp.ctx;
     const arc_model_config &c = mp.cfg;
-    const PrefillBuffers &b = *mp.prefill;
-    const int dim = c.dim, ffn = c.ffn_dim, q_dim = mp.q_dim;
-    const float eps = c.rms_eps;
-    ARC_TRY(arc_launch_pdl(ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
-                           c.vocab, dim, tokens, b.x));
-    for (int l = 0; l < c.n_layers; ++l) {
-        const LayerParts lw = model_layer(model, l);
-        const Weight qkv_parts[3] = {lw.wq, lw.wk, lw.wv};
-        const int32_t qkv_rows[3] = {q_dim, mp.kv_dim, mp.kv_dim};
-        const uint16_t *w;
-        ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.attn_norm, n, dim, eps, b.xn));
-        ARC_TRY(bf16_matrix(ctx, qkv_parts, qkv_rows, 3, dim, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.xn, w, n, mp.qkv_rows, dim, lw.bqkv, /*accumulate=*/0, b.qkv));
-        ARC_TRY(arc_op_prefill_attention(ctx, b.qkv, mp.inv_freq, lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
-                                         c.head_dim, c.max_seq, n, start, b.q, b.att));
-        ARC_TRY(bf16_matrix(ctx, &lw.wo, &dim, 1, q_dim, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.att, w, n, dim, q_dim, nullptr, /*accumulate=*/1, b.x));
-        ARC_TRY(launch_rmsnorm_rows(ctx, b.x, lw.mlp_norm, n, dim, eps, b.xn));
-        const int32_t gate_up_rows = 2 * ffn;
-        ARC_TRY(bf16_matrix(ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
-        ARC_TRY(gemm_swiglu_rows(ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, b.h, b.gu, b.gu_rows));
-        ARC_TRY(bf16_matrix(ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_bf16(ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x));
-    }
-    return ARC_OK;
+    ARC_TRY(arc_launch_pdl(mp.ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
+                           c.vocab, c.dim, tokens, mp.prefill->x));
+    PrefillOps ops{mp, n, start};
+    return run_layers(model, mp, ops);
 }
 
 extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {

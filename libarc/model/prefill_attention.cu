@@ -15,18 +15,18 @@
 enum { ROPE_THREADS = 128, FLASH_Q = 64, FLASH_KV = 64, FLASH_THREADS = 128 };
 
 // q_out[i] (n_heads, hd) bf16, and cache rows start + i of k_cache, v_cache, for chunk token i =
-// blockIdx.x: q and k rotated (rotate-half, angle float(start + i) * inv_freq[j]) from
+// blockIdx.x: q and k rotated at position start + i as `rope` says (kernels.cuh) from
 // qkv[i] = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, all rounded to
 // nearest even. Launch: grid (n), ROPE_THREADS threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM.
 __global__ void __launch_bounds__(ROPE_THREADS)
-rope_kv_kernel(const float *__restrict__ qkv, const float *__restrict__ inv_freq, uint16_t *__restrict__ k_cache,
+rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__restrict__ k_cache,
                uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int start,
                uint16_t *__restrict__ q_out) {
     __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
-    const int i = blockIdx.x, pos = start + i, half = hd / 2, tid = threadIdx.x;
+    const int i = blockIdx.x, pos = start + i, half = rope.half, tid = threadIdx.x;
     pdl_launch_dependents();
     // The angles need only the weights: computed before the wait.
-    for (int j = tid; j < half; j += ROPE_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[j]), &sin_t[j], &cos_t[j]);
+    for (int j = tid; j < half; j += ROPE_THREADS) rope_angles(rope, pos, j, &sin_t[j], &cos_t[j]);
     pdl_wait();
     __syncthreads();
     const float *row = qkv + (size_t)i * (n_heads + 2 * n_kv_heads) * hd;
@@ -234,12 +234,11 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
                           v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, out);
 }
 
-extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
-                                        uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                        int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
-                                        uint16_t *out) {
+int prefill_attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                           int32_t start, uint16_t *q_scratch, uint16_t *out) {
     ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(qkv && inv_freq && k_cache && v_cache && q_scratch && out,
+    ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && q_scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, q_scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
@@ -253,11 +252,20 @@ extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, cons
     ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0 && (uintptr_t)q_scratch % align == 0,
                 "the caches and q_scratch must be %d-byte aligned", align);
     ARC_REQUIRE((uintptr_t)out % 4 == 0, "out must be 4-byte aligned");
-    ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, inv_freq,
+    ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
+    ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope,
                            k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
     if (head_dim <= 32)
         return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
     if (head_dim <= 64)
         return launch_flash<64>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
     return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+}
+
+extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                        uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                        int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
+                                        uint16_t *out) {
+    return prefill_attention_rope(ctx, qkv, RopeArgs{inv_freq, head_dim / 2, 1.0f}, k_cache, v_cache, n_heads,
+                                  n_kv_heads, head_dim, max_seq, n, start, q_scratch, out);
 }

@@ -6,9 +6,10 @@
 //                  to 1) in the loop's history; the k tokens that followed it are the drafts (the
 //                  stretch from the match to the current token repeated, where it is shorter)
 //   2 the verify forward over rows [token, drafts] at positions p..p+k, every weight read once:
-//                  per layer split (norm) -> skinny qkv -> rope + cache -> attention -> split ->
-//                  skinny Wo (+x) -> split (norm) -> skinny SwiGLU -> skinny Wdown (+x); then the
-//                  lm_head over every row
+//                  each layer's program (layer.cuh) as the verify runs its ops: ATTN_IN split
+//                  (norm) -> skinny qkv; QK_NORM head_norm; ATTEND rope + cache -> attention;
+//                  ATTN_OUT split -> skinny Wo (+x); FFN_IN split (norm) -> skinny SwiGLU;
+//                  FFN_OUT skinny Wdown (+x); then the lm_head over every row
 //   3 argmax       each row's argmax key (one atomic max a block)
 //   4 accept       commits the argmax of row 0, and of row i + 1 while draft i + 1 equals the
 //                  argmax of row i: each published token is what the model produces after the
@@ -18,7 +19,7 @@
 // before any attention reads them.
 #include "../commit.cuh"
 #include "head_argmax.cuh"
-#include "kernels.cuh"
+#include "layer.cuh"
 
 enum { DRAFT_THREADS = 1024, SPEC_MAX_K = 7, SPEC_MAX_NGRAM = 8, ROWMAX_THREADS = 256, ROWMAX_BLOCKS = 32 };
 
@@ -181,29 +182,53 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     return ARC_OK;
 }
 
+// The verify's form of each op: the step's rows, skinny tensor-core products over inputs split
+// in bf16 parts, float32 attention.
+struct VerifyOps {
+    const ModelParts &p;
+    const SpecBuffers &b;
+    int rows;
+
+    int attn_in(const LayerParts &lw) {
+        const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
+        ARC_TRY(arc_op_split_rows(p.ctx, b.x, rows, p.cfg.dim, lw.attn_norm, p.cfg.rms_eps, b.parts));
+        return arc_op_skinny(p.ctx, b.parts, wqkv, rows, p.qkv_rows, p.cfg.dim, lw.bqkv, 0, b.qkv);
+    }
+    int qk_norm(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        return launch_head_norm(p.ctx, b.qkv, rows, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
+                                lw.k_norm, c.rms_eps);
+    }
+    int attend(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_rope(c, lw), lw.k_cache,
+                                       lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att);
+    }
+    int attn_out(const LayerParts &lw) {
+        ARC_TRY(arc_op_split_rows(p.ctx, b.att, rows, p.q_dim, nullptr, 0.0f, b.parts));
+        return arc_op_skinny(p.ctx, b.parts, (const uint16_t *)lw.wo.p, rows, p.cfg.dim, p.q_dim, nullptr, 1, b.x);
+    }
+    int ffn_in(const LayerParts &lw) {
+        const int dim = p.cfg.dim;
+        ARC_TRY(arc_op_split_rows(p.ctx, b.x, rows, dim, lw.mlp_norm, p.cfg.rms_eps, b.parts));
+        return arc_op_skinny_swiglu(p.ctx, b.parts, (const uint16_t *)lw.w_gate_up.p, rows, p.cfg.ffn_dim, dim, b.h);
+    }
+    int ffn_out(const LayerParts &lw) {
+        return arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 1,
+                             b.x);
+    }
+};
+
 // The verify forward over the rows the draft wrote: logits (rows, vocab).
 static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuffers &b, int rows) {
     arc_context *ctx = mp.ctx;
     const arc_model_config &c = mp.cfg;
-    const int dim = c.dim, ffn = c.ffn_dim, q_dim = mp.q_dim;
-    const float eps = c.rms_eps;
     ARC_TRY(arc_launch_pdl(ctx, "verify_embed_kernel", verify_embed_kernel, dim3(rows), dim3(256), 0, mp.embed,
-                           c.vocab, dim, (const int32_t *)b.tokens, b.x));
-    for (int l = 0; l < c.n_layers; ++l) {
-        const LayerParts lw = model_layer(model, l);
-        const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
-        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.attn_norm, eps, b.parts));
-        ARC_TRY(arc_op_skinny(ctx, b.parts, wqkv, rows, mp.qkv_rows, dim, lw.bqkv, 0, b.qkv));
-        ARC_TRY(launch_verify_attention(ctx, b.qkv, rows, mp.qkv_rows, b.positions, mp.inv_freq, lw.k_cache,
-                                        lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att));
-        ARC_TRY(arc_op_split_rows(ctx, b.att, rows, q_dim, nullptr, 0.0f, b.parts));
-        ARC_TRY(arc_op_skinny(ctx, b.parts, (const uint16_t *)lw.wo.p, rows, dim, q_dim, nullptr, 1, b.x));
-        ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, lw.mlp_norm, eps, b.parts));
-        ARC_TRY(arc_op_skinny_swiglu(ctx, b.parts, (const uint16_t *)lw.w_gate_up.p, rows, ffn, dim, b.h));
-        ARC_TRY(arc_op_skinny(ctx, b.h, (const uint16_t *)lw.w_down.p, rows, dim, ffn, nullptr, 1, b.x));
-    }
-    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, dim, mp.final_norm, eps, b.parts));
-    return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, dim, nullptr, 0, b.logits);
+                           c.vocab, c.dim, (const int32_t *)b.tokens, b.x));
+    VerifyOps ops{mp, b, rows};
+    ARC_TRY(run_layers(model, mp, ops));
+    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, c.dim, mp.final_norm, c.rms_eps, b.parts));
+    return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, c.dim, nullptr, 0, b.logits);
 }
 
 extern "C" int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram) {

@@ -15,18 +15,19 @@
 enum { VROPE_THREADS = 128, VATT_THREADS = 128, VATT_WARPS = VATT_THREADS / 32, VATT_MAX_HD = 128 };
 
 // Row i = blockIdx.x of qkv (rows, q | k | v), float32, rotated in place (q and k) at position
-// positions[i]; k and v rounded to bf16 into cache row positions[i] when it is below max_seq.
+// positions[i] as `rope` says (kernels.cuh); k and v rounded to bf16 into cache row positions[i]
+// when it is below max_seq.
 __global__ void __launch_bounds__(VROPE_THREADS)
-verify_rope_kernel(float *__restrict__ qkv, int stride, const int32_t *__restrict__ positions,
-                   const float *__restrict__ inv_freq, uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache,
-                   int n_heads, int n_kv_heads, int hd, int max_seq) {
+verify_rope_kernel(float *__restrict__ qkv, int stride, const int32_t *__restrict__ positions, const RopeArgs rope,
+                   uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd,
+                   int max_seq) {
     __shared__ float cs[VATT_MAX_HD / 2], sn[VATT_MAX_HD / 2];
     pdl_launch_dependents();
     pdl_wait();
-    const int i = blockIdx.x, half = hd / 2, tid = threadIdx.x;
+    const int i = blockIdx.x, half = rope.half, tid = threadIdx.x;
     const int pos = positions[i];
     const bool store = pos >= 0 && pos < max_seq;
-    for (int t = tid; t < half; t += VROPE_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[t]), &sn[t], &cs[t]);
+    for (int t = tid; t < half; t += VROPE_THREADS) rope_angles(rope, pos, t, &sn[t], &cs[t]);
     __syncthreads();
     float *row = qkv + (size_t)i * stride;
     const int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
@@ -35,21 +36,16 @@ verify_rope_kernel(float *__restrict__ qkv, int stride, const int32_t *__restric
         const int h = idx / half, d = idx % half;
         float *x = row + h * hd;  // q heads, then k heads (they follow q in the row)
         const float x0 = x[d], x1 = x[d + half];
-        const float r0 = __fsub_rn(__fmul_rn(x0, cs[d]), __fmul_rn(x1, sn[d]));
-        const float r1 = __fadd_rn(__fmul_rn(x1, cs[d]), __fmul_rn(x0, sn[d]));
-        x[d] = r0;
-        x[d + half] = r1;
-        if (h >= n_heads && store) {
-            uint16_t *kr = k_cache + ((size_t)(h - n_heads) * max_seq + pos) * hd;
-            kr[d] = f32_to_bf16(r0);
-            kr[d + half] = f32_to_bf16(r1);
-        }
+        x[d] = __fsub_rn(__fmul_rn(x0, cs[d]), __fmul_rn(x1, sn[d]));
+        x[d + half] = __fadd_rn(__fmul_rn(x1, cs[d]), __fmul_rn(x0, sn[d]));
     }
     if (!store) return;
-    const float *v = row + q_dim + kv_dim;
+    __syncthreads();  // k rotated (and its unrotated elements as they are) before it is stored
     for (int e = tid; e < kv_dim; e += VROPE_THREADS) {
         const int h = e / hd, d = e % hd;
-        v_cache[((size_t)h * max_seq + pos) * hd + d] = f32_to_bf16(v[e]);
+        const size_t at = ((size_t)h * max_seq + pos) * hd + d;
+        k_cache[at] = f32_to_bf16(row[q_dim + e]);
+        v_cache[at] = f32_to_bf16(row[q_dim + kv_dim + e]);
     }
 }
 
@@ -132,12 +128,13 @@ verify_attention_kernel(const float *__restrict__ qkv, int stride, const int32_t
 }
 
 int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
-                            const float *inv_freq, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
+                            RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
                             int n_kv_heads, int hd, int max_seq, float *out) {
     ARC_REQUIRE(hd % 8 == 0 && hd <= VATT_MAX_HD, "head_dim must be a multiple of 8 and at most %d, got %d",
                 VATT_MAX_HD, hd);
+    ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= hd, "RoPE of %d pairs in a head of %d", rope.half, hd);
     ARC_TRY(arc_launch_pdl(ctx, "verify_rope_kernel", verify_rope_kernel, dim3(rows), dim3(VROPE_THREADS), 0, qkv,
-                           stride, positions, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq));
+                           stride, positions, rope, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq));
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)hd));
     return arc_launch_pdl(ctx, "verify_attention_kernel", verify_attention_kernel, dim3(n_heads, rows),
                           dim3(VATT_THREADS), 0, (const float *)qkv, stride, positions, (const uint16_t *)k_cache,

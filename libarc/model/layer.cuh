@@ -1,0 +1,41 @@
+// layer.cuh -- the layer program (arc.h: arc_layer_op) and the loop that runs it: every forward
+// (the decode step, the speculative verify, the prefill) walks the same ops of each layer, each op
+// enqueued in that forward's own form. A family's differences live in the config and so in the
+// program; no forward writes the sequence of a layer out itself.
+#pragma once
+
+#include "kernels.cuh"
+
+// The ops of layer `layer` of a model of config c, in order, into ops (ARC_MAX_LAYER_OPS entries);
+// returns their count (model.cu).
+int layer_program(const arc_model_config &c, int layer, int32_t *ops);
+
+// The RoPE of a layer: its own frequencies, the config's rotated elements and factor.
+inline RopeArgs layer_rope(const arc_model_config &c, const LayerParts &lw) {
+    return RopeArgs{lw.inv_freq, (c.rope_dim ? c.rope_dim : c.head_dim) / 2, c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
+}
+
+// Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
+// attend, attn_out, ffn_in, ffn_out), each taking the layer's parts and enqueuing the op.
+template <class Exec>
+int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
+    int32_t ops[ARC_MAX_LAYER_OPS];
+    for (int l = 0; l < mp.cfg.n_layers; ++l) {
+        const LayerParts lw = model_layer(model, l);
+        const int n = layer_program(mp.cfg, l, ops);
+        for (int i = 0; i < n; ++i) {
+            int st;
+            switch (ops[i]) {
+            case ARC_OP_ATTN_IN: st = exec.attn_in(lw); break;
+            case ARC_OP_QK_NORM: st = exec.qk_norm(lw); break;
+            case ARC_OP_ATTEND: st = exec.attend(lw); break;
+            case ARC_OP_ATTN_OUT: st = exec.attn_out(lw); break;
+            case ARC_OP_FFN_IN: st = exec.ffn_in(lw); break;
+            case ARC_OP_FFN_OUT: st = exec.ffn_out(lw); break;
+            default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
+            }
+            if (st != ARC_OK) return st;
+        }
+    }
+    return ARC_OK;
+}

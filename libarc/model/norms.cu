@@ -1,0 +1,51 @@
+// norms.cu -- the per-head norm of q and k (the layer program's ARC_OP_QK_NORM): after the QKV
+// projection, before RoPE, each head of q and of k is RMS-normed over its head_dim elements by
+// its own weights. The decode, the verify and the prefill all hold q and k as float32 rows of
+// [q | k | v], so one kernel serves the three.
+#include "kernels.cuh"
+
+enum { HNORM_THREADS = 128, HNORM_WARPS = HNORM_THREADS / 32, HNORM_PER_LANE = ATTN_MAX_HEAD_DIM / 32 };
+
+// One warp a (row, head): x = qkv[row] + head * hd, x = x * rsqrt(mean(x^2) + eps) * w in place,
+// w = q_norm for heads 0..n_heads - 1, k_norm for the n_kv_heads k heads after them; v untouched.
+// Launch: ceil(rows * (n_heads + n_kv_heads) / HNORM_WARPS) blocks of HNORM_THREADS.
+// Limits: hd <= ATTN_MAX_HEAD_DIM.
+__global__ void __launch_bounds__(HNORM_THREADS)
+head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int n_kv_heads, int hd,
+                 const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();  // qkv is the projection's output
+    const int heads = n_heads + n_kv_heads, lane = threadIdx.x % 32;
+    const int task = blockIdx.x * HNORM_WARPS + threadIdx.x / 32;
+    if (task >= rows * heads) return;
+    const int r = task / heads, h = task % heads;
+    float *x = qkv + (size_t)r * stride + (size_t)h * hd;
+    const uint16_t *w = h < n_heads ? q_norm : k_norm;
+    float v[HNORM_PER_LANE], ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HNORM_PER_LANE; ++e) {
+        const int d = lane + 32 * e;
+        v[e] = d < hd ? x[d] : 0.0f;
+        ss = fmaf(v[e], v[e], ss);
+    }
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int e = 0; e < HNORM_PER_LANE; ++e) {
+        const int d = lane + 32 * e;
+        if (d < hd) x[d] = v[e] * inv * bf16_to_f32(w[d]);
+    }
+}
+
+int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
+                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps) {
+    ARC_REQUIRE(qkv && q_norm && k_norm, "null pointer (qkv, q_norm and k_norm are required)");
+    ARC_REQUIRE(rows > 0 && n_heads > 0 && n_kv_heads > 0, "rows %d, n_heads %d, n_kv_heads %d must be positive",
+                rows, n_heads, n_kv_heads);
+    ARC_REQUIRE(head_dim > 0 && head_dim <= ATTN_MAX_HEAD_DIM, "head_dim must be in [1, %d], got %d",
+                ATTN_MAX_HEAD_DIM, head_dim);
+    const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads);
+    const unsigned blocks = (unsigned)((tasks + HNORM_WARPS - 1) / HNORM_WARPS);
+    return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, qkv,
+                          (int)rows, (int)stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, q_norm, k_norm, eps);
+}
