@@ -223,6 +223,10 @@ MODELS = {
     "stories15M": lambda: synthetic_model("stories15M", seed=7, max_seq=1024),      # MHA, head_dim 48
     "qwen-tiny": lambda: synthetic_model("qwen-tiny", seed=7, max_seq=512),        # biases, GQA, head_dim 32
     "gqa": lambda: synthetic_model("gqa", seed=7, max_seq=1024),                   # GQA 32/8, head_dim 64
+    # the families' features: q/k norms and YaRN; partial rotary and LongRoPE; layers without RoPE
+    "qwen3-tiny": lambda: synthetic_model("qwen3-tiny", seed=7, max_seq=1024),
+    "phi3-tiny": lambda: synthetic_model("phi3-tiny", seed=7, max_seq=1024),
+    "smollm3-tiny": lambda: synthetic_model("smollm3-tiny", seed=7, max_seq=1024),
     "hd128": lambda: random_model(ModelConfig(dim=512, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=128,
                                               ffn_dim=1376, vocab=1000, max_seq=512, rope_theta=500000.0),
                                   seed=7, name="hd128"),                           # MHA, head_dim 128, untied

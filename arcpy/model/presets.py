@@ -13,7 +13,17 @@ import numpy as np
 from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
-from arcpy.model.config import EMBED, FINAL_NORM, LM_HEAD, ModelConfig, RopeScaling, expected_tensors, is_matrix
+from arcpy.model.config import (
+    EMBED,
+    FINAL_NORM,
+    LM_HEAD,
+    LongRopeScaling,
+    ModelConfig,
+    RopeScaling,
+    YarnScaling,
+    expected_tensors,
+    is_matrix,
+)
 from arcpy.model.quant_pack import random_quant
 from arcpy.model.tensors import Model
 
@@ -42,6 +52,26 @@ SHAPES: dict[str, ModelConfig] = {
     # Qwen2 style: q/k/v biases, large theta; small enough for fast tests.
     "qwen-tiny": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=384,
                              vocab=512, max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qkv_bias=True),
+    # The families' features in small models, every one active (tests): Qwen3's q/k norms with
+    # YaRN past its original context; Phi-3's partial rotary (3/4 of a head) with LongRoPE's long
+    # factors (the context exceeds the original); SmolLM3's layers without RoPE (every 4th).
+    "qwen3-tiny": ModelConfig(dim=256, n_layers=3, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
+                              max_seq=4096, rms_eps=1e-6, rope_theta=1000000.0, tied_embeddings=True, qk_norm=True,
+                              rope_scaling=YarnScaling(4.0, 1024, 0.1 * math.log(4.0) + 1.0)),
+    "phi3-tiny": ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
+                             max_seq=4096, rope_theta=10000.0, tied_embeddings=True, rope_dim=48,
+                             rope_scaling=LongRopeScaling(tuple(1.0 + 0.02 * i for i in range(24)),
+                                                          tuple(1.0 + 0.5 * i for i in range(24)), 512,
+                                                          math.sqrt(1 + math.log(8.0) / math.log(512)))),
+    "smollm3-tiny": ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
+                                max_seq=4096, rope_theta=5000000.0, tied_embeddings=True, no_rope_layers=(3,)),
+    # The real dims of Qwen3-8B and Phi-4-mini (benchmarks).
+    "qwen3-8B": ModelConfig(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=12288,
+                            vocab=151936, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True),
+    "phi4-mini": ModelConfig(dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, head_dim=128, ffn_dim=8192,
+                             vocab=200064, max_seq=8192, rope_theta=10000.0, tied_embeddings=True, rope_dim=96,
+                             rope_scaling=LongRopeScaling((1.0,) * 48, tuple(1.0 + 0.6 * i for i in range(48)), 4096,
+                                                          math.sqrt(1 + math.log(32.0) / math.log(4096)))),
 }
 # The Llama-3-70B shape (80 layers, GQA 64/8, untied): quantized only (141 GB of bf16 fit no GPU).
 _LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=28672,
@@ -88,6 +118,8 @@ _QUANTIZED = {
     "llama1B-q4km": (dataclasses.replace(SHAPES["llama1B"], tied_embeddings=False), _q4_k_m),
     "llama8B-q4km": (SHAPES["llama8B"], _q4_k_m),
     "llama8B-q8": (SHAPES["llama8B"], lambda name, layer, n_layers: FORMAT_Q8_0),
+    "qwen3-8B-q4km": (SHAPES["qwen3-8B"], _q4_k_m),
+    "phi4-mini-q4km": (dataclasses.replace(SHAPES["phi4-mini"], tied_embeddings=False), _q4_k_m),
     "llama70B-q4km": (_LLAMA70B, _q4_k_m),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
