@@ -27,7 +27,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 # arc_tensor ids, as arc.h numbers them.
 EMBED, ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN, FINAL_NORM, LM_HEAD, INV_FREQ = range(16)
-PER_LAYER = (ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN)
+PER_LAYER = (ATTN_NORM, WQ, WK, WV, BQ, BK, BV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN, INV_FREQ)  # a RoPE table a layer
 
 
 def assert_close(what: str, got, want, atol, rtol) -> None:
@@ -490,7 +490,7 @@ def test_model_upload_checks_tensor_layer_and_size(rig_factory):
     weights = random_weights(rig.cfg, 3)
     wq = weights[(WQ, 0)]
     cases = [
-        ("unknown tensor id 16", lambda: rig.upload(16, 0, wq)),
+        ("unknown tensor id 18", lambda: rig.upload(18, 0, wq)),
         ("unknown tensor id -1", lambda: rig.upload(-1, 0, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, 2, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, -1, wq)),
@@ -501,8 +501,9 @@ def test_model_upload_checks_tensor_layer_and_size(rig_factory):
          lambda: rig.upload(WQ, 0, wq.ravel()[:-1])),
         (f"ARC_TENSOR_WK \\(layer 1\\) takes exactly {wq.nbytes} bytes, got {wq.nbytes + 2}",
          lambda: rig.upload(WK, 1, np.concatenate([wq.ravel(), wq.ravel()[:1]]))),
-        ("ARC_TENSOR_ROPE_INV_FREQ \\(layer 0\\) takes exactly 96 bytes",
-         lambda: rig.upload(INV_FREQ, 0, np.zeros(25, F32))),
+        ("ARC_TENSOR_ROPE_INV_FREQ \\(layer 1\\) takes exactly 96 bytes",
+         lambda: rig.upload(INV_FREQ, 1, np.zeros(25, F32))),
+        ("ARC_TENSOR_Q_NORM: the model was created without q/k norms", lambda: rig.upload(16, 0, wq[0].copy())),
     ]
     for message, call in cases:
         with pytest.raises(arcpy.InvalidArgumentError, match=message):
