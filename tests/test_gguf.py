@@ -636,9 +636,10 @@ def bad_model(tmp_path, meta=None, drop=(), extra=None, **kw) -> Path:
 
 def test_other_architectures_are_refused_by_name(tmp_path):
     path = write_gguf(tmp_path / "p.gguf", gguf_tensors(random_model(TINY)),
-                      {k.replace("llama.", "phi3."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
-                      arch="phi3")
-    assert "unsupported architecture 'phi3' (supported: llama, qwen2)" in load_error(path)
+                      {k.replace("llama.", "gemma3."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
+                      arch="gemma3")
+    assert ("unsupported architecture 'gemma3' (supported: llama, qwen2, qwen3, smollm3, mistral3, phi3)"
+            in load_error(path))
 
 
 def test_missing_tensor_is_named(tmp_path):
@@ -661,11 +662,14 @@ def test_tensor_of_a_type_that_cannot_be_dequantized_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("meta, expected", [
-    ({"llama.rope.scaling.type": "yarn"}, "unsupported rope scaling type 'yarn'"),
+    ({"llama.rope.scaling.type": "dynamic", "llama.rope.scaling.factor": 2.0}, "unsupported rope scaling type 'dynamic'"),
+    ({"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 2.0},
+     "LongRoPE scaling needs tensor 'rope_factors_short.weight' of shape"),
+    ({"llama.attention.temperature_scale": 0.1}, "llama.attention.temperature_scale is not supported"),
     ({"llama.expert_count": 8}, "mixture-of-experts"),
     ({"llama.block_count": "2"}, "'llama.block_count' must be an integer, got '2'"),
     ({"llama.vocab_size": 300}, "llama.vocab_size 300 differs from the 267 tokens"),
-    ({"llama.rope.dimension_count": 8}, "8 rotated dims are not supported"),
+    ({"llama.rope.dimension_count": 7}, "7 rotated dims are not supported"),
     ({"llama.attention.head_count_kv": 3}, "multiple of n_kv_heads"),
     ({"llama.rope.freq_base": float("inf")}, "'llama.rope.freq_base' must be a finite number"),
     ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer model 'bert'"),
