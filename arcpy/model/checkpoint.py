@@ -19,6 +19,7 @@ from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
 from arcpy.files import read_json_file
 from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
+from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.quant import QuantTensor
@@ -41,7 +42,7 @@ def _most_tensors(cfg: ModelConfig) -> int:
     """The most entries one file of a checkpoint of `cfg` may list: its table, an lm_head even when
     tied, and the buffers tolerated per layer. Counted from one layer's table, not listed: a config
     may claim a billion layers."""
-    one_layer = expected_tensors(dataclasses.replace(cfg, n_layers=1, tied_embeddings=False))
+    one_layer = expected_tensors(single_layer(cfg, tied_embeddings=False))
     per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
     outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
     return outside + cfg.n_layers * (per_layer + len(_HARMLESS_SUFFIXES))
@@ -94,7 +95,7 @@ _FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_
 def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
     """Each fused projection replaced by its parts: consecutive row ranges of the same bytes, so
     nothing is copied. A fused tensor whose rows do not add up to its parts' is one error line."""
-    expected = expected_tensors(dataclasses.replace(cfg, n_layers=1))
+    expected = expected_tensors(single_layer(cfg))
     out = dict(entries)
     for name, e in entries.items():
         if not name.startswith("model.layers."):

@@ -4,6 +4,7 @@ its RoPE frequencies, and its tensor table."""
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -305,6 +306,12 @@ _MATRIX_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_
 def is_matrix(name: str) -> bool:
     """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
     return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
+
+
+def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
+    """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
+    return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
+                               **changes)
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

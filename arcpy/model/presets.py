@@ -27,6 +27,11 @@ from arcpy.model.config import (
 from arcpy.model.quant_pack import random_quant
 from arcpy.model.tensors import Model
 
+def _f32(values) -> tuple[float, ...]:
+    """Values as float32 holds them: what a GGUF file stores of LongRoPE's factors."""
+    return tuple(float(v) for v in np.array(list(values), dtype=np.float32))
+
+
 SHAPES: dict[str, ModelConfig] = {
     # The llama2.c "stories" shapes, with random weights instead of the trained ones.
     "stories15M": ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, head_dim=48, ffn_dim=768,
@@ -60,8 +65,8 @@ SHAPES: dict[str, ModelConfig] = {
                               rope_scaling=YarnScaling(4.0, 1024, 0.1 * math.log(4.0) + 1.0)),
     "phi3-tiny": ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
                              max_seq=4096, rope_theta=10000.0, tied_embeddings=True, rope_dim=48,
-                             rope_scaling=LongRopeScaling(tuple(1.0 + 0.02 * i for i in range(24)),
-                                                          tuple(1.0 + 0.5 * i for i in range(24)), 512,
+                             rope_scaling=LongRopeScaling(_f32(1.0 + 0.02 * i for i in range(24)),
+                                                          _f32(1.0 + 0.5 * i for i in range(24)), 512,
                                                           math.sqrt(1 + math.log(8.0) / math.log(512)))),
     "smollm3-tiny": ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
                                 max_seq=4096, rope_theta=5000000.0, tied_embeddings=True, no_rope_layers=(3,)),
@@ -70,7 +75,7 @@ SHAPES: dict[str, ModelConfig] = {
                             vocab=151936, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True),
     "phi4-mini": ModelConfig(dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, head_dim=128, ffn_dim=8192,
                              vocab=200064, max_seq=8192, rope_theta=10000.0, tied_embeddings=True, rope_dim=96,
-                             rope_scaling=LongRopeScaling((1.0,) * 48, tuple(1.0 + 0.6 * i for i in range(48)), 4096,
+                             rope_scaling=LongRopeScaling((1.0,) * 48, _f32(1.0 + 0.6 * i for i in range(48)), 4096,
                                                           math.sqrt(1 + math.log(32.0) / math.log(4096)))),
 }
 # The Llama-3-70B shape (80 layers, GQA 64/8, untied): quantized only (141 GB of bf16 fit no GPU).

@@ -1,0 +1,338 @@
+"""The families beyond Llama (CPU tier): Qwen3, SmolLM3, Phi-3/Phi-4 and the text model of Mistral
+Small 3, from config.json and safetensors and from GGUF files written under llama.cpp's names;
+their layer programs; their RoPE tables.
+
+A file written here holds a random model of the family's preset (arcpy.model.presets: every
+feature of the family active); loading it must give back that model, tensor for tensor, with the
+family's config, and the NumPy reference must decode it as it decodes the preset itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from test_gguf import BYTE_VOCAB, converter_permute, gguf_name, load_error, put
+from gguf import GGUFWriter
+
+from arcpy.codes import OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_IN, OP_FFN_OUT, OP_QK_NORM
+from arcpy.devices.program import describe, layer_program
+from arcpy.devices.reference import ReferenceModel
+from arcpy.errors import ModelFileError
+from arcpy.model import (
+    SHAPES,
+    LongRopeScaling,
+    Model,
+    YarnScaling,
+    bf16_to_f32,
+    config_from_hf,
+    config_to_hf,
+    load_model,
+    random_model,
+    rope_inv_freq,
+    save_safetensors,
+)
+
+FAMILIES = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "smollm3": "smollm3-tiny"}
+V = len(BYTE_VOCAB["tokenizer.ggml.tokens"])
+
+
+def preset(family: str, max_seq: int = 1024):
+    cfg = dataclasses.replace(SHAPES[FAMILIES[family]], vocab=V, max_seq=max_seq)
+    return random_model(cfg, seed=5, name=family)
+
+
+# --- layer programs ---------------------------------------------------------------------------
+
+
+def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
+    llama = [OP_ATTN_IN, OP_ATTEND, OP_ATTN_OUT, OP_FFN_IN, OP_FFN_OUT]
+    assert layer_program(SHAPES["gqa"], 0) == llama
+    assert layer_program(SHAPES["qwen3-tiny"], 2) == [OP_ATTN_IN, OP_QK_NORM, *llama[1:]]
+    assert describe(layer_program(SHAPES["qwen3-tiny"], 0)) == "ATTN_IN QK_NORM ATTEND ATTN_OUT FFN_IN FFN_OUT"
+    for name in ("phi3-tiny", "smollm3-tiny"):  # what they change is data: the rotation, the tables
+        assert layer_program(SHAPES[name], 0) == llama
+
+
+def test_a_layer_outside_the_model_has_no_program():
+    with pytest.raises(Exception, match=r"layer must be in \[0, 3\), got 3"):
+        layer_program(SHAPES["qwen3-tiny"], 3)
+
+
+def test_the_reference_runs_the_q_k_norms_the_program_lists():
+    """With the norm weights scaled, a model with QK_NORM in its program computes other logits; the
+    same scaling leaves a model whose program lacks it unchanged (it reads no such weights)."""
+    model = preset("qwen3", max_seq=64)
+    tokens = [3, 17, 40, 5, 99]
+    base = ReferenceModel(model).prefill(tokens)
+    scaled = dict(model.tensors)
+    for name in scaled:
+        if name.endswith("k_norm.weight"):
+            scaled[name] = np.ascontiguousarray((scaled[name].astype(np.uint32) + 0x0080).astype(np.uint16))
+    other = ReferenceModel(Model(model.config, scaled, name="scaled", source="test")).prefill(tokens)
+    assert np.max(np.abs(other - base)) > 1e-3
+
+
+# --- RoPE tables ------------------------------------------------------------------------------
+
+
+def test_a_layer_without_rope_has_a_zero_table_and_the_others_the_base():
+    cfg = SHAPES["smollm3-tiny"]
+    assert cfg.no_rope_layers == (3,)
+    assert not np.any(rope_inv_freq(cfg, 3))
+    want = (cfg.rope_theta ** (-np.arange(0, 64, 2) / 64)).astype(np.float32)
+    np.testing.assert_allclose(rope_inv_freq(cfg, 0), want, rtol=1e-6)
+
+
+def test_partial_rotary_rotates_only_the_first_elements():
+    cfg = SHAPES["phi3-tiny"]
+    assert cfg.rotary_dim == 48 and rope_inv_freq(cfg).shape == (24,)
+    from arcpy.devices.reference import rope
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    y = rope(x, 37, rope_inv_freq(cfg), cfg.rope_attention_factor)
+    np.testing.assert_array_equal(y[:, 48:], x[:, 48:])
+    assert not np.allclose(y[:, :48], x[:, :48])
+
+
+def test_longrope_takes_the_long_factors_only_past_the_original_context():
+    cfg = SHAPES["phi3-tiny"]
+    rs = cfg.rope_scaling
+    base = cfg.rope_theta ** (-np.arange(0, 48, 2) / 48)
+    long_ = rope_inv_freq(dataclasses.replace(cfg, max_seq=rs.original_max_position_embeddings + 1))
+    short = rope_inv_freq(dataclasses.replace(cfg, max_seq=rs.original_max_position_embeddings))
+    np.testing.assert_allclose(long_, base / np.array(rs.long_factors), rtol=1e-6)
+    np.testing.assert_allclose(short, base / np.array(rs.short_factors), rtol=1e-6)
+
+
+def test_yarn_keeps_the_fast_pairs_and_interpolates_the_slow_ones():
+    cfg = SHAPES["qwen3-tiny"]
+    rs = cfg.rope_scaling
+    base = cfg.rope_theta ** (-np.arange(0, 64, 2) / 64)
+    got = rope_inv_freq(cfg).astype(np.float64)
+    # A pair whose wavelength makes more than beta_fast turns in the original context is kept; one
+    # with fewer than beta_slow is divided by the factor; those between lie between.
+    turns = rs.original_max_position_embeddings * base / (2 * math.pi)
+    np.testing.assert_allclose(got[turns > 2 * rs.beta_fast], base[turns > 2 * rs.beta_fast], rtol=1e-6)
+    slow = turns < rs.beta_slow / 2
+    np.testing.assert_allclose(got[slow], base[slow] / rs.factor, rtol=1e-6)
+    assert np.all((got >= base / rs.factor * (1 - 1e-6)) & (got <= base * (1 + 1e-6)))
+    assert cfg.rope_attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+
+
+# --- config.json and safetensors --------------------------------------------------------------
+
+
+def hf_config(family: str) -> dict:
+    return config_to_hf(preset(family).config)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_json_round_trips_each_family(family):
+    cfg = preset(family).config
+    d = config_to_hf(cfg)
+    assert d["model_type"] == family
+    assert config_from_hf(json.loads(json.dumps(d)), "c") == cfg
+
+
+def test_qwen3_config_reads_its_yarn_the_way_its_files_write_it():
+    d = hf_config("qwen3")
+    d["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    rs = config_from_hf(d, "c").rope_scaling
+    assert rs == YarnScaling(4.0, 256, 0.1 * math.log(4.0) + 1.0)
+    d["rope_scaling"]["attention_factor"] = 1.5
+    assert config_from_hf(d, "c").rope_scaling.attention_factor == 1.5
+
+
+def test_smollm3_reads_its_no_rope_list_or_interval():
+    d = hf_config("smollm3")
+    d["no_rope_layers"] = [1, 0, 1, 1]
+    assert config_from_hf(d, "c").no_rope_layers == (1,)
+    del d["no_rope_layers"]
+    assert config_from_hf(d, "c").no_rope_layers == (3,)  # every 4th by default
+    d["no_rope_layers"] = [1, 2, 1, 1]
+    with pytest.raises(ModelFileError, match="'no_rope_layers' must list 0 or 1 for each of the 4 layers"):
+        config_from_hf(d, "c")
+
+
+def test_phi3_config_reads_partial_rotary_and_longrope_with_its_defaults():
+    d = hf_config("phi3")
+    rs = d.pop("rope_scaling")
+    d["original_max_position_embeddings"] = rs["original_max_position_embeddings"]
+    d["rope_scaling"] = {"type": "longrope", "short_factor": rs["short_factor"], "long_factor": rs["long_factor"]}
+    cfg = config_from_hf(d, "c")
+    assert cfg.rope_dim == 48 and cfg.rotary_dim == 48
+    factor = d["max_position_embeddings"] / d["original_max_position_embeddings"]
+    assert cfg.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(factor) / math.log(512)))
+    d["partial_rotary_factor"] = 0.71  # 45.4 elements
+    with pytest.raises(ModelFileError, match="partial_rotary_factor 0.71 of head_dim 64 gives 45"):
+        config_from_hf(d, "c")
+    d["partial_rotary_factor"] = 0.75
+    d["rope_scaling"]["short_factor"] = d["rope_scaling"]["long_factor"] = [1.0] * 5
+    with pytest.raises(ModelFileError, match="rope_scaling has 5 factors, the rotation 24 pairs"):
+        config_from_hf(d, "c")
+
+
+def write_fused_checkpoint(tmp_path, model):
+    """Phi-3's files: q, k, v in one qkv_proj; gate and up in one gate_up_proj."""
+    t = dict(model.tensors)
+    for i in range(model.config.n_layers):
+        p = f"model.layers.{i}."
+        t[p + "self_attn.qkv_proj.weight"] = np.concatenate([t.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        t[p + "mlp.gate_up_proj.weight"] = np.concatenate([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")])
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(model.config)))
+    save_safetensors(tmp_path / "model.safetensors", t, "BF16")
+    return t
+
+
+def test_phi3_fused_projections_are_read_as_their_parts(tmp_path):
+    model = preset("phi3")
+    write_fused_checkpoint(tmp_path, model)
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    assert set(loaded.tensors) == set(model.tensors)
+    for name, words in model.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+
+
+def test_a_fused_projection_of_the_wrong_shape_is_one_line(tmp_path):
+    model = preset("phi3")
+    t = write_fused_checkpoint(tmp_path, model)
+    t["model.layers.1.mlp.gate_up_proj.weight"] = t["model.layers.1.mlp.gate_up_proj.weight"][:-2]
+    save_safetensors(tmp_path / "model.safetensors", t, "BF16")
+    with pytest.raises(ModelFileError, match=r"tensor 'model.layers.1.mlp.gate_up_proj.weight' has shape "
+                                             r"\[1534, 256\], config expects \[1536, 256\] \(768 \+ 768 rows\)"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, family):
+    model = preset(family, max_seq=128)
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(model.config)))
+    save_safetensors(tmp_path / "model.safetensors", model.tensors, "BF16")
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    tokens = [5, 9, 200, 31, 7, 64]
+    np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), ReferenceModel(model).prefill(tokens))
+
+
+# --- GGUF -------------------------------------------------------------------------------------
+
+GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3"}
+PERMUTED = {"smollm3"}  # llama.cpp's converter reorders q/k rows of these (LlamaModel's subclasses)
+
+
+def gguf_meta(arch: str, cfg) -> dict:
+    a = arch + "."
+    meta = {a + "embedding_length": cfg.dim, a + "block_count": cfg.n_layers, a + "attention.head_count": cfg.n_heads,
+            a + "attention.head_count_kv": cfg.n_kv_heads, a + "feed_forward_length": cfg.ffn_dim,
+            a + "context_length": cfg.max_seq, a + "rope.freq_base": float(cfg.rope_theta),
+            a + "rope.dimension_count": cfg.rotary_dim, a + "attention.key_length": cfg.head_dim,
+            a + "attention.value_length": cfg.head_dim, a + "attention.layer_norm_rms_epsilon": float(cfg.rms_eps)}
+    rs = cfg.rope_scaling
+    if isinstance(rs, YarnScaling):
+        meta.update({a + "rope.scaling.type": "yarn", a + "rope.scaling.factor": float(rs.factor),
+                     a + "rope.scaling.original_context_length": rs.original_max_position_embeddings})
+    if isinstance(rs, LongRopeScaling):
+        meta.update({a + "rope.scaling.type": "longrope", a + "rope.scaling.attn_factor": float(rs.attention_factor),
+                     a + "rope.scaling.original_context_length": rs.original_max_position_embeddings})
+    return {**meta, **BYTE_VOCAB}
+
+
+def family_gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
+    """The model's tensors as llama.cpp's converter writes them for the family (float32 values)."""
+    cfg, out = model.config, {}
+    for hf, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if family in PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            x = converter_permute(x, cfg.n_heads if "q_proj" in hf else cfg.n_kv_heads)
+        if hf.endswith(("q_norm.weight", "k_norm.weight")):
+            i, which = hf.split(".")[2], hf.split(".")[-2][0]
+            out[f"blk.{i}.attn_{which}_norm.weight"] = x
+        else:
+            out[gguf_name(hf)] = x
+    if family == "phi3":
+        for i in range(cfg.n_layers):
+            b = f"blk.{i}."
+            out[b + "attn_qkv.weight"] = np.concatenate([out.pop(b + f"attn_{x}.weight") for x in "qkv"])
+            out[b + "ffn_up.weight"] = np.concatenate([out.pop(b + "ffn_gate.weight"), out.pop(b + "ffn_up.weight")])
+        rs = cfg.rope_scaling
+        out["rope_factors_long.weight"] = np.array(rs.long_factors, np.float32)
+        out["rope_factors_short.weight"] = np.array(rs.short_factors, np.float32)
+    return out
+
+
+def write_family_gguf(path, family: str, model, meta_overrides=None, drop=()) -> str:
+    w = GGUFWriter(path, GGUF_ARCH[family])
+    for key, value in {**gguf_meta(GGUF_ARCH[family], model.config), **(meta_overrides or {})}.items():
+        put(w, key, value)
+    for name, x in family_gguf_tensors(family, model).items():
+        if name not in drop:
+            w.add_tensor(name, np.ascontiguousarray(x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def same_config(got, want) -> bool:
+    """Equal, but for the scaling's attention factor, which a GGUF file holds as float32 and the
+    reader gives back as the shortest decimal float32 prints."""
+    a, b = got.rope_scaling, want.rope_scaling
+    if a is not None and hasattr(a, "attention_factor"):
+        assert a.attention_factor == pytest.approx(b.attention_factor, rel=1e-7)
+        got = dataclasses.replace(got, rope_scaling=dataclasses.replace(a, attention_factor=b.attention_factor))
+    return got == want
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gguf_of_each_family_loads_as_the_preset(tmp_path, family):
+    model = preset(family)
+    loaded = load_model(write_family_gguf(tmp_path / "m.gguf", family, model))
+    assert same_config(loaded.config, model.config)
+    assert set(loaded.tensors) == set(model.tensors)
+    for name, words in model.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+
+
+def test_mistral3_text_gguf_loads_as_a_llama_with_its_head_size(tmp_path):
+    cfg = dataclasses.replace(SHAPES["gqa"], dim=256, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=512,
+                              vocab=V, max_seq=256, rope_theta=1e9, rope_scaling=None)
+    model = random_model(cfg, seed=2)
+    w = GGUFWriter(tmp_path / "m.gguf", "mistral3")
+    for key, value in gguf_meta("mistral3", cfg).items():
+        put(w, key, value)
+    for hf, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if hf.endswith(("q_proj.weight", "k_proj.weight")):
+            x = converter_permute(x, cfg.n_heads if "q_proj" in hf else cfg.n_kv_heads)
+        w.add_tensor(gguf_name(hf), np.ascontiguousarray(x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loaded = load_model(tmp_path / "m.gguf")
+    assert loaded.config == cfg and cfg.q_dim != cfg.dim
+    for name, words in model.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+
+
+def test_phi3_gguf_without_its_rope_factors_is_one_line(tmp_path):
+    path = write_family_gguf(tmp_path / "m.gguf", "phi3", preset("phi3"), drop=("rope_factors_long.weight",))
+    assert "LongRoPE scaling needs tensor 'rope_factors_long.weight' of shape [24]" in load_error(path, load_model)
+
+
+def test_phi3_gguf_with_a_fused_tensor_of_the_wrong_shape_is_one_line(tmp_path):
+    model = preset("phi3")
+    cfg = dataclasses.replace(model.config, n_kv_heads=4)  # the file's qkv rows are then too few
+    path = write_family_gguf(tmp_path / "m.gguf", "phi3", model, {"phi3.attention.head_count_kv": cfg.n_kv_heads})
+    assert ("tensor 'blk.0.attn_qkv.weight' has shape [512, 256], config expects [768, 256] (the parts 256 + 256 + 256)"
+            in load_error(path, load_model))
+
+
+def test_phi3_gguf_window_caps_the_context(tmp_path):
+    path = write_family_gguf(tmp_path / "m.gguf", "phi3", preset("phi3"), {"phi3.attention.sliding_window": 200})
+    assert load_model(path).config.max_seq == 200
