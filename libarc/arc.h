@@ -181,29 +181,27 @@ typedef enum arc_tensor {
     ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32: the layer's RoPE frequencies */
     ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm */
     ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm */
-    ARC_TENSOR_COUNT = 18
+    ARC_TENSOR_POST_ATTN_NORM = 18, /* per layer (dim), only with post_norms */
+    ARC_TENSOR_POST_FFN_NORM = 19,  /* per layer (dim), only with post_norms */
+    ARC_TENSOR_COUNT = 20
 } arc_tensor;
+typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
 
-/* What a family changes in the layer, as data (zero keeps the Llama behaviour). qk_norm: each head of q and k RMS-
- * normed by Q_NORM / K_NORM (rms_eps) after the projection, before RoPE (Qwen3). rope_dim: RoPE rotates a head's
- * first rope_dim elements (even; 0: head_dim), element i pairing with i + rope_dim / 2 at angle float(pos) *
- * inv_freq[i] of the layer's own table (zeros: a layer without RoPE); the rest pass unrotated (Phi-3). rope_factor:
- * cos and sin times it (YaRN's and LongRoPE's attention factor; 0: 1). */
+/* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
+ * of a head pairs with i + rope_dim / 2 at angle float(pos) * inv_freq[i] of the layer's own table
+ * (zeros: a layer without RoPE). Layer l is windowed when sliding_window > 0, unless window_pattern
+ * n > 0 and l % n == n - 1: its query at p then attends p - sliding_window + 1..p only. */
 typedef struct arc_model_config {
-    int32_t dim;
-    int32_t n_layers;
-    int32_t n_heads;
-    int32_t n_kv_heads;
-    int32_t head_dim;
-    int32_t ffn_dim;
-    int32_t vocab;
-    int32_t max_seq;
+    int32_t dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, max_seq;
     float rms_eps;
-    int32_t tied_embeddings;
-    int32_t qkv_bias;
-    int32_t qk_norm;
-    int32_t rope_dim;
-    float rope_factor;
+    int32_t tied_embeddings, qkv_bias;  /* 0 or 1 each: the lm_head is the embedding; q/k/v biases */
+    int32_t qk_norm;         /* q, k heads RMS-normed by Q_NORM / K_NORM before RoPE (Qwen3, Gemma 3) */
+    int32_t rope_dim;        /* RoPE rotates a head's first rope_dim elements (even; 0: head_dim) */
+    float rope_factor;       /* cos and sin times it (YaRN's, LongRoPE's attention factor; 0: 1) */
+    int32_t post_norms;      /* attention and FFN outputs RMS-normed before the residual add (Gemma 3) */
+    int32_t activation;      /* the GLU's, an arc_activation */
+    float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
+    int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 
@@ -216,8 +214,10 @@ typedef enum arc_layer_op {
     ARC_OP_QK_NORM = 1,   /* each head of q and k = rmsnorm(head, Q_NORM / K_NORM) */
     ARC_OP_ATTEND = 2,    /* q, k rotated (the layer's table); k, v -> the cache; att = attention */
     ARC_OP_ATTN_OUT = 3,  /* x += Wo @ att */
-    ARC_OP_FFN_IN = 4,    /* h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
-    ARC_OP_FFN_OUT = 5    /* x += Wdown @ h */
+    ARC_OP_FFN_IN = 4,    /* h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
+    ARC_OP_FFN_OUT = 5,   /* x += Wdown @ h */
+    ARC_OP_ATTN_OUT_NORM = 6,  /* x += rmsnorm(Wo @ att, POST_ATTN_NORM) */
+    ARC_OP_FFN_OUT_NORM = 7    /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 

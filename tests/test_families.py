@@ -18,12 +18,22 @@ import pytest
 from test_gguf import BYTE_VOCAB, converter_permute, gguf_name, load_error, put
 from gguf import GGUFWriter
 
-from arcpy.codes import OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_IN, OP_FFN_OUT, OP_QK_NORM
+from arcpy.codes import (
+    OP_ATTEND,
+    OP_ATTN_IN,
+    OP_ATTN_OUT,
+    OP_ATTN_OUT_NORM,
+    OP_FFN_IN,
+    OP_FFN_OUT,
+    OP_FFN_OUT_NORM,
+    OP_QK_NORM,
+)
 from arcpy.devices.program import describe, layer_program
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import ModelFileError
 from arcpy.model import (
     SHAPES,
+    LinearScaling,
     LongRopeScaling,
     Model,
     YarnScaling,
@@ -32,11 +42,12 @@ from arcpy.model import (
     config_to_hf,
     load_model,
     random_model,
+    save_model,
     rope_inv_freq,
     save_safetensors,
 )
 
-FAMILIES = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "smollm3": "smollm3-tiny"}
+FAMILIES = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "smollm3": "smollm3-tiny", "gemma3": "gemma3-tiny"}
 V = len(BYTE_VOCAB["tokenizer.ggml.tokens"])
 
 
@@ -55,6 +66,8 @@ def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
     assert describe(layer_program(SHAPES["qwen3-tiny"], 0)) == "ATTN_IN QK_NORM ATTEND ATTN_OUT FFN_IN FFN_OUT"
     for name in ("phi3-tiny", "smollm3-tiny"):  # what they change is data: the rotation, the tables
         assert layer_program(SHAPES[name], 0) == llama
+    assert layer_program(SHAPES["gemma3-tiny"], 2) == [OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_OUT_NORM, OP_FFN_IN,
+                                                       OP_FFN_OUT_NORM]
 
 
 def test_a_layer_outside_the_model_has_no_program():
@@ -133,7 +146,7 @@ def hf_config(family: str) -> dict:
 def test_config_json_round_trips_each_family(family):
     cfg = preset(family).config
     d = config_to_hf(cfg)
-    assert d["model_type"] == family
+    assert d["model_type"] == {"gemma3": "gemma3_text"}.get(family, family)
     assert config_from_hf(json.loads(json.dumps(d)), "c") == cfg
 
 
@@ -210,8 +223,7 @@ def test_a_fused_projection_of_the_wrong_shape_is_one_line(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, family):
     model = preset(family, max_seq=128)
-    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(model.config)))
-    save_safetensors(tmp_path / "model.safetensors", model.tensors, "BF16")
+    save_model(model, tmp_path)
     loaded = load_model(tmp_path)
     assert loaded.config == model.config
     tokens = [5, 9, 200, 31, 7, 64]
@@ -220,7 +232,9 @@ def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, fami
 
 # --- GGUF -------------------------------------------------------------------------------------
 
-GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3"}
+GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "smollm3": "smollm3", "gemma3": "gemma3"}
+GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
 PERMUTED = {"smollm3"}  # llama.cpp's converter reorders q/k rows of these (LlamaModel's subclasses)
 
 
@@ -238,6 +252,12 @@ def gguf_meta(arch: str, cfg) -> dict:
     if isinstance(rs, LongRopeScaling):
         meta.update({a + "rope.scaling.type": "longrope", a + "rope.scaling.attn_factor": float(rs.attention_factor),
                      a + "rope.scaling.original_context_length": rs.original_max_position_embeddings})
+    if isinstance(rs, LinearScaling):
+        meta.update({a + "rope.scaling.type": "linear", a + "rope.scaling.factor": float(rs.factor)})
+    if cfg.sliding_window:
+        meta.update({a + "attention.sliding_window": cfg.sliding_window,
+                     a + "attention.sliding_window_pattern": cfg.window_pattern,
+                     a + "rope.freq_base_swa": float(cfg.rope_local_theta)})
     return {**meta, **BYTE_VOCAB}
 
 
@@ -248,9 +268,12 @@ def family_gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
         x = bf16_to_f32(words)
         if family in PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
             x = converter_permute(x, cfg.n_heads if "q_proj" in hf else cfg.n_kv_heads)
+        module = hf.split(".")[-2]
         if hf.endswith(("q_norm.weight", "k_norm.weight")):
             i, which = hf.split(".")[2], hf.split(".")[-2][0]
             out[f"blk.{i}.attn_{which}_norm.weight"] = x
+        elif family == "gemma3" and module in GEMMA_NORMS:
+            out[f"blk.{hf.split('.')[2]}.{GEMMA_NORMS[module]}.weight"] = x
         else:
             out[gguf_name(hf)] = x
     if family == "phi3":
@@ -336,3 +359,66 @@ def test_phi3_gguf_with_a_fused_tensor_of_the_wrong_shape_is_one_line(tmp_path):
 def test_phi3_gguf_window_caps_the_context(tmp_path):
     path = write_family_gguf(tmp_path / "m.gguf", "phi3", preset("phi3"), {"phi3.attention.sliding_window": 200})
     assert load_model(path).config.max_seq == 200
+
+
+# --- Gemma 3 ----------------------------------------------------------------------------------
+
+
+def test_gemma3_files_store_norms_less_one_and_the_reader_adds_it(tmp_path):
+    from arcpy.model.safetensors import read_bf16_words, read_header
+    model = preset("gemma3", max_seq=64)
+    save_model(model, tmp_path)
+    entries = read_header(tmp_path / "model.safetensors", 1000)
+    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.1.self_attn.k_norm.weight",
+                 "model.norm.weight"):
+        stored = bf16_to_f32(read_bf16_words(name, entries[name], {}))
+        np.testing.assert_array_equal(stored + 1, bf16_to_f32(model.tensors[name]), err_msg=name)
+    np.testing.assert_array_equal(read_bf16_words("model.embed_tokens.weight", entries["model.embed_tokens.weight"], {}),
+                                  model.tensors["model.embed_tokens.weight"])
+
+
+def test_gemma3_config_reads_layer_kinds_and_its_rope_by_kind():
+    d = hf_config("gemma3")
+    cfg = config_from_hf(d, "c")
+    assert [cfg.window(i) for i in range(6)] == [32, 32, 0, 32, 32, 0]
+    assert cfg.activation == "gelu_tanh" and cfg.post_norms and cfg.qk_norm
+    assert cfg.embed_scale == pytest.approx(16.0) and cfg.scores_scale == pytest.approx(192 ** -0.5)
+    d["layer_types"] = ["sliding_attention", "full_attention"] * 3
+    assert [config_from_hf(d, "c").window(i) for i in range(6)] == [32, 0, 32, 0, 32, 0]
+    d["layer_types"] = ["full_attention"] + ["sliding_attention"] * 5
+    with pytest.raises(ModelFileError, match=r"every n-th layer full attention.*got full attention at layers \[0\]"):
+        config_from_hf(d, "c")
+    d = hf_config("gemma3")
+    d["rope_parameters"] = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    cfg2 = config_from_hf(d, "c")
+    assert cfg2.rope_scaling == LinearScaling(8.0) and cfg2.rope_local_theta == 10000.0 and cfg2.rope_theta == 1e6
+    d["final_logit_softcapping"] = 30.0
+    with pytest.raises(ModelFileError, match="final_logit_softcapping is not supported"):
+        config_from_hf(d, "c")
+
+
+def test_gemma3_layers_take_their_own_rope_base_and_only_global_ones_the_scaling():
+    cfg = SHAPES["gemma3-tiny"]
+    i = np.arange(0, 256, 2) / 256
+    np.testing.assert_allclose(rope_inv_freq(cfg, 0), 10000.0 ** -i, rtol=1e-6)
+    np.testing.assert_allclose(rope_inv_freq(cfg, 2), 1e6 ** -i / 8.0, rtol=1e-6)
+
+
+def test_the_reference_window_hides_positions_before_it():
+    """A windowed layer's output at p does not depend on a token more than `window` back: change
+    the first token, and the logits at a position past the window change only through the global
+    layers. With every layer windowed they do not change at all."""
+    import dataclasses as dc
+    cfg = dc.replace(SHAPES["gemma3-tiny"], vocab=V, max_seq=128, window_pattern=0, sliding_window=8, n_layers=2)
+    model = random_model(cfg, seed=3)
+    a = [5] + [9, 14, 2, 77, 31, 8, 40, 3, 12, 60, 1]
+    b = [6] + a[1:]
+    # layer 0 at position 11 reads 4..11 only; layer 1 reads layer 0's outputs at 4..11, which read 0..11
+    # at the earliest from position 4 - 7 < 0: so use a two-window gap: positions >= 2 * 8 - 1 = 15.
+    a += [21, 22, 23, 24, 25]
+    b += [21, 22, 23, 24, 25]
+    la, lb = ReferenceModel(model).prefill(a), ReferenceModel(model).prefill(b)
+    np.testing.assert_array_equal(la, lb)
+    full = random_model(dc.replace(cfg, sliding_window=0), seed=3)
+    assert np.max(np.abs(ReferenceModel(full).prefill(a) - ReferenceModel(full).prefill(b))) > 1e-4

@@ -11,6 +11,7 @@ from arcpy.devices.context import Context
 from arcpy.devices.program import native_config
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, QuantTensor, layer_prefix, rope_inv_freq
+from arcpy.model.config import norm_names
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
 # chunk, each reading all the weights again. Measured on the H200 (docs/PERF.md): 2,048 meets the
@@ -31,12 +32,19 @@ _LAYER_TENSORS = {
     "self_attn.k_proj.bias": "ARC_TENSOR_BK",
     "self_attn.v_proj.bias": "ARC_TENSOR_BV",
     "self_attn.o_proj.weight": "ARC_TENSOR_WO",
-    "post_attention_layernorm.weight": "ARC_TENSOR_MLP_NORM",
     "mlp.gate_proj.weight": "ARC_TENSOR_W_GATE",
     "mlp.up_proj.weight": "ARC_TENSOR_W_UP",
     "mlp.down_proj.weight": "ARC_TENSOR_W_DOWN",
 }
 _GLOBAL_TENSORS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
+_NORM_TENSORS = {"ffn": "ARC_TENSOR_MLP_NORM", "post_attn": "ARC_TENSOR_POST_ATTN_NORM",
+                 "post_ffn": "ARC_TENSOR_POST_FFN_NORM"}
+
+
+def _norm_tensors(cfg) -> dict[str, str]:
+    """The norms after attention, by their names in a model of cfg (the Llama names without one)."""
+    names = norm_names(cfg) if cfg is not None else {"ffn": "post_attention_layernorm.weight"}
+    return {name: _NORM_TENSORS[role] for role, name in names.items()}
 
 
 class CudaModel:
@@ -78,15 +86,16 @@ class CudaModel:
                                 "or load the model with quantized=False)") from None
 
     @staticmethod
-    def _place(name: str) -> tuple[str, int]:
-        """(arc_tensor name, layer) of a tensor of the Hugging Face layout."""
+    def _place(name: str, cfg=None) -> tuple[str, int]:
+        """(arc_tensor name, layer) of a tensor of the Hugging Face layout of a model of cfg."""
         if name in _GLOBAL_TENSORS:
             return _GLOBAL_TENSORS[name], 0
         layer_s, _, suffix = name[len("model.layers."):].partition(".")
-        if not name.startswith("model.layers.") or suffix not in _LAYER_TENSORS:
+        table = {**_LAYER_TENSORS, **_norm_tensors(cfg)}
+        if not name.startswith("model.layers.") or suffix not in table:
             raise InvalidArgumentError(f"tensor {name} has no place in the model")
         assert name == layer_prefix(int(layer_s)) + suffix
-        return _LAYER_TENSORS[suffix], int(layer_s)
+        return table[suffix], int(layer_s)
 
     def _formats(self, model: Model) -> list[int]:
         """arc_model_create_formats' table: formats[tensor * n_layers + layer], global tensors at
@@ -94,13 +103,13 @@ class CudaModel:
         n_layers = model.config.n_layers
         table = [0] * (self.lib.ARC_TENSOR_COUNT * n_layers)
         for name in model.tensors:
-            tensor, layer = self._place(name)
+            tensor, layer = self._place(name, model.config)
             table[getattr(self.lib, tensor) * n_layers + layer] = model.format_of(name)
         return table
 
     def _upload(self, model: Model) -> None:
         for name, array in model.tensors.items():
-            tensor, layer = self._place(name)
+            tensor, layer = self._place(name, model.config)
             if isinstance(array, QuantTensor):
                 self._check_rows(name, array)
                 array = array.data

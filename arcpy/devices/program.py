@@ -10,6 +10,7 @@ from __future__ import annotations
 from arcpy import _lib
 from arcpy.codes import OP_NAMES
 from arcpy.model import ModelConfig
+from arcpy.model.config import ACTIVATIONS
 
 
 def native_config(ffi, cfg: ModelConfig, max_seq: int | None = None):
@@ -22,6 +23,9 @@ def native_config(ffi, cfg: ModelConfig, max_seq: int | None = None):
     c.tied_embeddings, c.qkv_bias, c.qk_norm = int(cfg.tied_embeddings), int(cfg.qkv_bias), int(cfg.qk_norm)
     c.rope_dim = cfg.rope_dim
     c.rope_factor = cfg.rope_attention_factor
+    c.post_norms, c.activation = int(cfg.post_norms), ACTIVATIONS.index(cfg.activation)
+    c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.scores_scale
+    c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
     return c
 
 

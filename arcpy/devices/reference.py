@@ -32,7 +32,16 @@ import math
 
 import numpy as np
 
-from arcpy.codes import OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_IN, OP_FFN_OUT, OP_QK_NORM
+from arcpy.codes import (
+    OP_ATTEND,
+    OP_ATTN_IN,
+    OP_ATTN_OUT,
+    OP_ATTN_OUT_NORM,
+    OP_FFN_IN,
+    OP_FFN_OUT,
+    OP_FFN_OUT_NORM,
+    OP_QK_NORM,
+)
 from arcpy.devices.program import layer_program
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
@@ -44,6 +53,7 @@ from arcpy.model import (
     dequantize,
     f32_to_bf16,
     layer_prefix,
+    norm_names,
     rope_inv_freq,
 )
 
@@ -96,20 +106,25 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int,
 
 
 def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-                     n_kv_heads: int, round_probs: bool = False) -> np.ndarray:
+                     n_kv_heads: int, round_probs: bool = False, scale: float | None = None,
+                     window: int = 0) -> np.ndarray:
     """The attention of T tokens at positions start..start+T-1, each over cached positions 0..its own.
 
     q (T, n_heads, head_dim) f32; k_cache, v_cache (n_kv_heads, >= start+T, head_dim) f32
     -> (T, n_heads, head_dim) f32. round_probs: the unnormalized probabilities are rounded to bf16
-    for the product with v and the sum divided out after it, as libarc's prefill does.
+    for the product with v and the sum divided out after it, as libarc's prefill does. scale: the
+    scores' factor (default 1/sqrt(head_dim)); window > 0: the query at p attends p - window + 1..p.
     """
     t, n_heads, head_dim = q.shape
     group, seen = n_heads // n_kv_heads, start + t
     qg = q.reshape(t, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)  # (kv, group, T, hd)
     k = k_cache[:, None, :seen]
     v = v_cache[:, None, :seen]
-    scores = np.matmul(qg, k.transpose(0, 1, 3, 2)) * F32(1.0 / math.sqrt(head_dim))  # (kv, group, T, seen)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    scores = np.matmul(qg, k.transpose(0, 1, 3, 2)) * F32(scale)  # (kv, group, T, seen)
     future = np.arange(seen)[None, :] > (start + np.arange(t))[:, None]
+    if window > 0:
+        future |= np.arange(seen)[None, :] <= (start + np.arange(t))[:, None] - window
     scores = np.where(future, F32(-np.inf), scores)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     if round_probs:
@@ -129,6 +144,15 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gate, up (ffn,) f32 -> silu(gate) * up (ffn,) f32."""
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for very negative g; g/inf -> 0 is right
         return gate / (F32(1.0) + np.exp(-gate)) * up
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gate, up f32 -> gelu_tanh(gate) * up f32: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))."""
+    inner = F32(0.7978845608028654) * (gate + F32(0.044715) * gate * gate * gate)
+    return F32(0.5) * gate * (F32(1.0) + np.tanh(inner)) * up
+
+
+GLUS = {"silu": swiglu, "gelu_tanh": geglu}
 
 
 def embedding(table: np.ndarray, token: int) -> np.ndarray:
@@ -168,7 +192,10 @@ class _Layer:
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
         self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
         self.wo = t("self_attn.o_proj.weight")
-        self.mlp_norm = t("post_attention_layernorm.weight")
+        norms = norm_names(model.config)
+        self.mlp_norm = t(norms["ffn"])
+        self.post_attn_norm = t(norms["post_attn"]) if "post_attn" in norms else None
+        self.post_ffn_norm = t(norms["post_ffn"]) if "post_ffn" in norms else None
         self.w_gate = t("mlp.gate_proj.weight")
         self.w_up = t("mlp.up_proj.weight")
         self.w_down = t("mlp.down_proj.weight")
@@ -185,12 +212,13 @@ class _RowOps:
     def __init__(self, m: "ReferenceModel", tokens: list[int], start: int, r):
         self.m, self.cfg, self.start, self.r, self.t = m, m.config, start, r, len(tokens)
         self.positions = start + np.arange(self.t)
-        self.x = m.embed[tokens]  # (T, dim), a copy
+        self.x = m.embed[tokens] * F32(m.config.embed_scale)  # (T, dim), a copy
         self.run = self._dispatch()
 
     def _dispatch(self):
         table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
-                 OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out}
+                 OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
+                 OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm}
 
         def run(op: int, li: int, L: _Layer) -> None:
             table[op](li, L)
@@ -215,17 +243,25 @@ class _RowOps:
         m.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
         m.v_cache[li, :, start:start + t] = round_bf16(self.v).transpose(1, 0, 2)
         rounded = self.r is not _exact
-        self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded))
+        self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
+                                           c.scores_scale, c.window(li)))
 
     def attn_out(self, li: int, L: _Layer) -> None:
         self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
 
     def ffn_in(self, li: int, L: _Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
-        self.h = self.r(swiglu(linear(h, L.w_gate), linear(h, L.w_up)))
+        self.h = self.r(GLUS[self.cfg.activation](linear(h, L.w_gate), linear(h, L.w_up)))
 
     def ffn_out(self, li: int, L: _Layer) -> None:
         self.x = self.x + linear(self.h, L.w_down)
+
+    def attn_out_norm(self, li: int, L: _Layer) -> None:
+        t = linear(self.att.reshape(self.t, -1), L.wo)
+        self.x = self.x + rmsnorm(t, L.post_attn_norm, self.cfg.rms_eps)
+
+    def ffn_out_norm(self, li: int, L: _Layer) -> None:
+        self.x = self.x + rmsnorm(linear(self.h, L.w_down), L.post_ffn_norm, self.cfg.rms_eps)
 
 
 class ReferenceModel:

@@ -33,6 +33,7 @@ from arcpy.model.config import (
     is_matrix,
     iter_tensors,
     layer_prefix,
+    norm_names,
     rope_inv_freq,
 )
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
@@ -48,7 +49,7 @@ __all__ = [
     "Model", "ModelConfig", "YarnScaling",
     "PICKLE_SUFFIXES", "QuantTensor", "RopeScaling", "SHAPES", "bf16_to_f32", "config_from_hf",
     "config_to_hf", "dequantize", "expected_tensors", "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors",
-    "layer_prefix", "load_gguf_model", "load_model", "open_gguf", "preset_formats", "qgemv_reference",
+    "layer_prefix", "load_gguf_model", "norm_names", "load_model", "open_gguf", "preset_formats", "qgemv_reference",
     "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
     "save_safetensors", "synthetic_model", "unpermute_rotary_rows",
 ]

@@ -21,7 +21,8 @@ from arcpy.files import read_json_file
 from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
-from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
+from arcpy.model.hf import config_from_hf, config_to_hf, norm_offset
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -171,7 +172,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     cfg_path = directory / "config.json"
     if not os.path.lexists(cfg_path):
         raise ModelFileError(f"{cfg_path}: missing config.json")
-    cfg = config_from_hf(read_json_file(cfg_path, "config"), str(cfg_path))
+    doc = read_json_file(cfg_path, "config")
+    cfg = config_from_hf(doc, str(cfg_path))
     if max_seq is not None:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
@@ -180,7 +182,17 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
     tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
+    shift = norm_offset(doc)
+    if shift:
+        tensors = _shifted_norms(tensors, shift)
     return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
+
+
+def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
+    """Every norm's weights plus `shift`, in float32, rounded once to bf16 (a family whose files
+    store w for a factor of w + shift); the rest untouched."""
+    return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift)) if name.endswith("norm.weight") else t
+            for name, t in tensors.items()}
 
 
 def save_model(model: Model, directory) -> None:
@@ -191,5 +203,8 @@ def save_model(model: Model, directory) -> None:
             "...), and safetensors files hold bf16 here: load it with quantized=False to save it")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
-    save_safetensors(directory / "model.safetensors", model.tensors, "BF16")
+    doc = config_to_hf(model.config)
+    (directory / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
+    shift = norm_offset(doc)
+    save_safetensors(directory / "model.safetensors", _shifted_norms(model.tensors, -shift) if shift else model.tensors,
+                     "BF16")

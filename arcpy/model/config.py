@@ -15,6 +15,7 @@ from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 _INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
+ACTIVATIONS = ("silu", "gelu_tanh")  # arc.h's arc_activation, in its order
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,17 @@ class ModelConfig:
     qk_norm: bool = False
     rope_dim: int = 0
     no_rope_layers: tuple[int, ...] = ()
+    # Gemma 3's: the attention's and the FFN's outputs RMS-normed before their residual adds; the
+    # GLU's activation ("silu" or "gelu_tanh"); the embedding rows' factor; the scores' factor (None:
+    # 1/sqrt(head_dim)); a window of positions for the layers it applies to (every one, or all but
+    # every window_pattern-th), whose RoPE base is rope_local_theta, unscaled, where that is set.
+    post_norms: bool = False
+    activation: str = "silu"
+    embed_scale: float = 1.0
+    attn_scale: float | None = None
+    sliding_window: int = 0
+    window_pattern: int = 0
+    rope_local_theta: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -160,7 +172,32 @@ class ModelConfig:
                 f"rope_theta {quoted(theta)} with head_dim {self.head_dim} and this scaling gives "
                 "frequencies float32 cannot hold")
         require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool)
-                and isinstance(self.qk_norm, bool), "tied_embeddings, qkv_bias and qk_norm must be bool")
+                and isinstance(self.qk_norm, bool) and isinstance(self.post_norms, bool),
+                "tied_embeddings, qkv_bias, qk_norm and post_norms must be bool")
+        require(self.activation in ACTIVATIONS,
+                f"activation must be one of {', '.join(ACTIVATIONS)}, got {quoted(self.activation)}")
+        for field in ("embed_scale",) + (("attn_scale",) if self.attn_scale is not None else ()):
+            v = getattr(self, field)
+            require(is_finite_real(v) and 0 < v < _F32_MAX, f"{field} must be a finite number > 0, got {quoted(v)}")
+        for field in ("sliding_window", "window_pattern"):
+            v = getattr(self, field)
+            require(is_int(v) and 0 <= v < _INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
+        local = self.rope_local_theta
+        require(local is None or (is_finite_real(local) and local > 1
+                                  and _rope_in_float32_range(float(local), self.rotary_dim, None)),
+                f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
+
+    def window(self, layer: int) -> int:
+        """The positions layer `layer`'s attention reads back from the current one (0: all)."""
+        if self.sliding_window == 0:
+            return 0
+        n = self.window_pattern
+        return 0 if n > 0 and layer % n == n - 1 else self.sliding_window
+
+    @property
+    def scores_scale(self) -> float:
+        """What q . k is multiplied by before the softmax."""
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @property
     def rotary_dim(self) -> int:
@@ -215,7 +252,7 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
     as the config's rope_scaling says; zeros for a layer without RoPE (its rotation is then the
     identity). Computed in float64, rounded once to float32.
 
-    Llama 3 rule: wavelengths longer than original/low_freq_factor are slowed by `factor`, those
+    A windowed layer of a config with rope_local_theta takes that base, unscaled. Llama 3 rule: wavelengths longer than original/low_freq_factor are slowed by `factor`, those
     shorter than original/high_freq_factor are kept, and the band between blends the two linearly
     in original/wavelength. Linear: every frequency divided by factor. YaRN: pair i keeps its
     frequency by a weight ramping from 1 (pairs at or below the dimension where a wavelength makes
@@ -226,9 +263,10 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
     if layer in cfg.no_rope_layers:
         return np.zeros(dim // 2, dtype=np.float32)
     i = np.arange(dim // 2, dtype=np.float64)
-    theta = float(cfg.rope_theta)
+    local = cfg.rope_local_theta is not None and cfg.window(layer) > 0
+    theta = float(cfg.rope_local_theta if local else cfg.rope_theta)
     freq = theta ** (-2.0 * i / dim)
-    rs = cfg.rope_scaling
+    rs = None if local else cfg.rope_scaling
     if isinstance(rs, RopeScaling):
         orig = float(rs.original_max_position_embeddings)
         wavelen = 2.0 * math.pi / freq
@@ -267,6 +305,17 @@ def layer_prefix(i: int) -> str:
     return f"model.layers.{i}."
 
 
+def norm_names(cfg: ModelConfig) -> dict[str, str]:
+    """The layer's norms after attention, by role, under their Hugging Face names: the FFN's input
+    norm ("ffn"), and with post_norms the attention's and the FFN's output norms. Gemma names its
+    FFN input norm pre_feedforward_layernorm and its attention output norm post_attention_layernorm,
+    the name Llama gives its FFN input norm."""
+    if not cfg.post_norms:
+        return {"ffn": "post_attention_layernorm.weight"}
+    return {"ffn": "pre_feedforward_layernorm.weight", "post_attn": "post_attention_layernorm.weight",
+            "post_ffn": "post_feedforward_layernorm.weight"}
+
+
 def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor a model of this config stores, (name, shape), in a fixed order.
 
@@ -289,7 +338,8 @@ def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield p + "self_attn.k_proj.bias", (kv,)
             yield p + "self_attn.v_proj.bias", (kv,)
         yield p + "self_attn.o_proj.weight", (d, q)
-        yield p + "post_attention_layernorm.weight", (d,)
+        for norm in norm_names(cfg).values():
+            yield p + norm, (d,)
         yield p + "mlp.gate_proj.weight", (f, d)
         yield p + "mlp.up_proj.weight", (f, d)
         yield p + "mlp.down_proj.weight", (d, f)

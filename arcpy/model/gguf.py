@@ -75,7 +75,11 @@ _ROPE_FREQS = "rope_freqs.weight"
 _ROPE_LONG, _ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 # qwen2: q/k/v biases; qwen3: q/k norms; smollm3: every 4th layer without RoPE; mistral3: the text
 # model of Mistral Small 3.x; phi3 (Phi-3, Phi-4): partial rotary, LongRoPE, fused qkv and gate/up.
-_ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "mistral3", "phi3")
+_ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "mistral3", "phi3", "gemma3")
+# gemma3's norms after attention: its own output norms, and the FFN's input norm as llama's.
+_POST_NORM_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                    "post_feedforward_layernorm": "post_ffw_norm"}
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0  # llama.cpp's defaults where the file names none
 # Their converter reorders q/k rows for interleaved RoPE (module docstring); the others rotate halves.
 _PERMUTED = ("llama", "smollm3", "mistral3")
 _NO_ROPE_EVERY = 4  # smollm3: layers i with (i + 1) % 4 == 0 have no RoPE, as llama.cpp runs them
@@ -200,9 +204,11 @@ def _config(f: GGUFFile) -> ModelConfig:
         if m.number(a + key, 0.0) != 0.0:
             raise ModelFileError(f"{path}: {a}{key} is not supported")
     max_seq = m.integer(a + "context_length")
-    window = m.integer(a + "attention.sliding_window", 0) if arch == "phi3" else 0
-    if window > 0:  # Phi-3 windows every layer: a context no longer than the window is exact
+    window = m.integer(a + "attention.sliding_window", 0) if arch in ("phi3", "gemma3") else 0
+    if window > 0 and arch == "phi3":  # Phi-3 windows every layer: a context no longer than the window is exact
         max_seq = min(max_seq, window)
+    if m.number(a + "final_logit_softcapping", 0.0) != 0.0:
+        raise ModelFileError(f"{path}: {a}final_logit_softcapping is not supported")
     tokens = m.values.get("tokenizer.ggml.tokens")
     vocab = len(tokens) if isinstance(tokens, list) else m.integer(a + "vocab_size")
     stated = m.integer(a + "vocab_size", vocab)
@@ -219,10 +225,11 @@ def _config(f: GGUFFile) -> ModelConfig:
             rope_scaling=_scaling(f, a, rope_dim),
             tied_embeddings=_GLOBAL_NAMES[LM_HEAD] not in f.tensors,
             qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             rope_dim=0 if rope_dim == head_dim else rope_dim,
             no_rope_layers=tuple(i for i in range(m.integer(a + "block_count")) if (i + 1) % _NO_ROPE_EVERY == 0)
             if arch == "smollm3" else (),
+            **(_gemma3(m, a, dim, n_heads, head_dim, window) if arch == "gemma3" else {}),
         )
         if _ROPE_FREQS in f.tensors:
             orig = m.integer(a + "rope.scaling.original_context_length", _LLAMA3_CONTEXT)
@@ -230,6 +237,21 @@ def _config(f: GGUFFile) -> ModelConfig:
     except InvalidArgumentError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
+
+
+def _gemma3(m, a: str, dim: int, n_heads: int, head_dim: int, window: int) -> dict:
+    """gemma3's fields as llama.cpp runs them: post-norms (the files store Gemma's norms with their
+    1 added), GELU, the embedding scaled by sqrt(dim), the scores by 1/sqrt(head_dim) (by
+    1/sqrt(dim / heads) for the 62-layer 27B), a window on all but every 6th layer (or the file's
+    sliding_window_pattern), whose RoPE base is rope.freq_base_swa (10000 by default), unscaled."""
+    big = m.integer(a + "block_count") == 62
+    out = {"post_norms": True, "activation": "gelu_tanh", "embed_scale": math.sqrt(dim),
+           "attn_scale": 1.0 / math.sqrt(dim // n_heads if big else head_dim)}
+    if window > 0:
+        out.update(sliding_window=window, window_pattern=m.integer(a + "attention.sliding_window_pattern",
+                                                                   _GEMMA3_PATTERN),
+                   rope_local_theta=m.number(a + "rope.freq_base_swa", _GEMMA3_LOCAL_BASE))
+    return out
 
 
 def _scaling(f: GGUFFile, a: str, rope_dim: int) -> Scaling | None:
@@ -323,12 +345,13 @@ def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
                                 .swapaxes(1, 2).reshape(w.shape))
 
 
-def _gguf_name(hf_name: str) -> str:
+def _gguf_name(hf_name: str, post_norms: bool = False) -> str:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight (or .bias)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER_NAMES[module]}.{kind}"
+    names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if post_norms else _LAYER_NAMES
+    return f"blk.{layer}.{names[module]}.{kind}"
 
 
 def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
@@ -338,7 +361,7 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     wanted: dict[str, TensorInfo] = {}
     # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
     for hf_name, shape in iter_tensors(file_cfg):
-        name = _gguf_name(hf_name)
+        name = _gguf_name(hf_name, cfg.post_norms)
         info = f.tensors.get(name)
         if info is None:
             raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}")

@@ -17,7 +17,10 @@ from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                  "Qwen3ForCausalLM": "qwen3", "SmolLM3ForCausalLM": "smollm3", "Phi3ForCausalLM": "phi3"}
+                  "Qwen3ForCausalLM": "qwen3", "SmolLM3ForCausalLM": "smollm3", "Phi3ForCausalLM": "phi3",
+                  "Gemma3ForCausalLM": "gemma3"}
+# The activations a GLU may take, by the names config.json gives them.
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _IGNORED_ROPE_TYPES = (None, "default")
 _MISSING = object()
 
@@ -191,6 +194,50 @@ def _no_rope_layers(d: Mapping, family: str, n_layers: int, source: str) -> tupl
     return tuple(i for i in range(n_layers) if flags[i] == 0)
 
 
+def norm_offset(d: Mapping) -> float:
+    """What a family's files store its norms' factors less by: Gemma's norms scale by (1 + w)."""
+    return 1.0 if d.get("model_type") in ("gemma3", "gemma3_text") or d.get("architectures") == [
+        "Gemma3ForCausalLM"] else 0.0
+
+
+def _gemma3(d: Mapping, n_layers: int, head_dim: int, source: str) -> dict:
+    """Gemma 3's fields: post-norms, the embedding scaled by sqrt(hidden_size), the scores by
+    query_pre_attn_scalar^-1/2, and a window on the layers layer_types (or sliding_window_pattern)
+    names sliding, whose RoPE base is rope_local_base_freq, unscaled."""
+    dim = _int(d, "hidden_size", source)
+    out = {"post_norms": True, "embed_scale": math.sqrt(dim),
+           "attn_scale": _number(d, "query_pre_attn_scalar", source, float(head_dim)) ** -0.5}
+    kinds = d.get("layer_types")
+    if kinds is None:
+        every = _int(d, "sliding_window_pattern", source, 6)
+        kinds = ["full_attention" if every > 0 and i % every == every - 1 else "sliding_attention"
+                 for i in range(n_layers)]
+    if not isinstance(kinds, list) or len(kinds) != n_layers or not set(kinds) <= {"full_attention",
+                                                                                    "sliding_attention"}:
+        raise ModelFileError(f"{source}: key 'layer_types' must name full_attention or sliding_attention for each "
+                             f"of the {n_layers} layers")
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    every = full[0] + 1 if full else 0
+    if [i for i in range(n_layers) if every and i % every == every - 1] != full:
+        raise ModelFileError(f"{source}: layer_types must make every n-th layer full attention, the others sliding "
+                             f"(got full attention at layers {full})")
+    window = _int(d, "sliding_window", source)
+    if full != list(range(n_layers)):
+        out.update(sliding_window=window, window_pattern=every)
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        local = params.get("sliding_attention")
+        if not isinstance(local, dict) or local.get("rope_type", "default") != "default":
+            raise ModelFileError(f"{source}: rope_parameters.sliding_attention must be the default rope")
+        out["rope_local_theta"] = _number(local, "rope_theta", source)
+        glob = {**d, "rope_parameters": params["full_attention"]}
+        theta, scaling, _ = _rope_from_hf(glob, source, head_dim)
+        out["full_attention"] = (theta, scaling)
+    else:
+        out["rope_local_theta"] = _number(d, "rope_local_base_freq", source, 10000.0)
+    return out
+
+
 def config_from_hf(d: dict, source: str) -> ModelConfig:
     """A Hugging Face config.json dict -> ModelConfig. `source` names the file in error messages.
 
@@ -204,9 +251,13 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     if not isinstance(d, dict):
         raise ModelFileError(f"{source}: config must be a JSON object")
     family = _family(d, source)
-    act = _str(d, "hidden_act", source, "silu")
-    if act != "silu":
-        raise ModelFileError(f"{source}: unsupported hidden_act {quoted(act)} (supported: silu)")
+    act_key = "hidden_activation" if "hidden_activation" in d else "hidden_act"
+    act = _str(d, act_key, source, "silu")
+    if act not in _ACTIVATIONS:
+        raise ModelFileError(f"{source}: unsupported {act_key} {quoted(act)} (supported: {', '.join(_ACTIVATIONS)})")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if d.get(key) is not None:
+            raise ModelFileError(f"{source}: {key} is not supported")
     if _flag(d, "mlp_bias", source, False):
         raise ModelFileError(f"{source}: unsupported mlp_bias=true")
     attention_bias = _flag(d, "attention_bias", source, False)
@@ -225,7 +276,9 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     window = d.get("sliding_window")
     # Mistral and Phi-3 window every layer: a context no longer than the window is exact.
     capped = family in ("mistral", "phi3")
-    if _flag(d, "use_sliding_window", source, capped) and window is not None:
+    if family == "gemma3":
+        pass  # its windowed layers are read below (_gemma3)
+    elif _flag(d, "use_sliding_window", source, capped) and window is not None:
         if not capped:
             raise ModelFileError(f"{source}: unsupported active sliding window (use_sliding_window=true)")
         if not is_int(window) or window <= 0:
@@ -234,8 +287,13 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     head_dim = _int(d, "head_dim", source, default=dim // n_heads)
     n_layers = _int(d, "num_hidden_layers", source)
     theta, scaling, rope_dim = _rope_from_hf(d, source, head_dim)
+    extra = _gemma3(d, n_layers, head_dim, source) if family == "gemma3" else {}
+    if "full_attention" in extra:  # Gemma 3's rope settings by layer kind
+        theta, scaling = extra.pop("full_attention")
     try:
         return ModelConfig(
+            **extra,
+            activation=_ACTIVATIONS[act],
             dim=dim,
             n_layers=n_layers,
             n_heads=n_heads,
@@ -249,7 +307,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
             rope_scaling=scaling,
             tied_embeddings=_flag(d, "tie_word_embeddings", source, False),
             qkv_bias=qkv_bias,
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "gemma3"),
             rope_dim=rope_dim,
             no_rope_layers=_no_rope_layers(d, family, n_layers, source),
         )
@@ -261,6 +319,8 @@ def _family_of(cfg: ModelConfig) -> str:
     """The family whose config.json says what cfg holds (the first whose features cover it)."""
     if cfg.qkv_bias:
         return "qwen2"
+    if cfg.post_norms:
+        return "gemma3"
     if cfg.qk_norm:
         return "qwen3"
     if cfg.no_rope_layers:
@@ -303,9 +363,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "rope_theta": cfg.rope_theta,
         "rope_scaling": None,
         "tie_word_embeddings": cfg.tied_embeddings,
-        "hidden_act": "silu",
+        "hidden_act": {v: k for k, v in _ACTIVATIONS.items()}[cfg.activation],
         "torch_dtype": "bfloat16",
     }
+    if family == "gemma3":
+        d.update(model_type="gemma3_text", hidden_activation=d.pop("hidden_act"),
+                 query_pre_attn_scalar=cfg.scores_scale ** -2, sliding_window=cfg.sliding_window or None,
+                 layer_types=["sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.n_layers)],
+                 rope_local_base_freq=cfg.rope_local_theta)
     if family.startswith("qwen"):
         d["use_sliding_window"] = False
     else:

@@ -17,6 +17,7 @@ from arcpy.model.config import (
     EMBED,
     FINAL_NORM,
     LM_HEAD,
+    LinearScaling,
     LongRopeScaling,
     ModelConfig,
     RopeScaling,
@@ -70,7 +71,20 @@ SHAPES: dict[str, ModelConfig] = {
                                                           math.sqrt(1 + math.log(8.0) / math.log(512)))),
     "smollm3-tiny": ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
                                 max_seq=4096, rope_theta=5000000.0, tied_embeddings=True, no_rope_layers=(3,)),
-    # The real dims of Qwen3-8B and Phi-4-mini (benchmarks).
+    # Gemma 3's: head_dim 256, q/k norms, post-norms, GELU, the embedding scaled by sqrt(dim), its
+    # own scores' scale, a 32-position window on all but every 3rd layer (Gemma 3's files: 6th),
+    # whose RoPE base is its own; linear scaling on the global layers.
+    "gemma3-tiny": ModelConfig(dim=256, n_layers=6, n_heads=2, n_kv_heads=1, head_dim=256, ffn_dim=768, vocab=1024,
+                               max_seq=4096, rms_eps=1e-6, rope_theta=1000000.0, tied_embeddings=True, qk_norm=True,
+                               rope_scaling=LinearScaling(8.0), post_norms=True, activation="gelu_tanh",
+                               embed_scale=16.0, attn_scale=1 / math.sqrt(192), sliding_window=32, window_pattern=3,
+                               rope_local_theta=10000.0),
+    # The real dims of Qwen3-8B, Phi-4-mini and Gemma-3-4B (benchmarks).
+    "gemma3-4B": ModelConfig(dim=2560, n_layers=34, n_heads=8, n_kv_heads=4, head_dim=256, ffn_dim=10240,
+                             vocab=262208, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, tied_embeddings=True,
+                             qk_norm=True, rope_scaling=LinearScaling(8.0), post_norms=True, activation="gelu_tanh",
+                             embed_scale=math.sqrt(2560), attn_scale=1 / 16.0, sliding_window=1024, window_pattern=6,
+                             rope_local_theta=10000.0),
     "qwen3-8B": ModelConfig(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=12288,
                             vocab=151936, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True),
     "phi4-mini": ModelConfig(dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, head_dim=128, ffn_dim=8192,
@@ -125,6 +139,7 @@ _QUANTIZED = {
     "llama8B-q8": (SHAPES["llama8B"], lambda name, layer, n_layers: FORMAT_Q8_0),
     "qwen3-8B-q4km": (SHAPES["qwen3-8B"], _q4_k_m),
     "phi4-mini-q4km": (dataclasses.replace(SHAPES["phi4-mini"], tied_embeddings=False), _q4_k_m),
+    "gemma3-4B-q4km": (dataclasses.replace(SHAPES["gemma3-4B"], tied_embeddings=False), _q4_k_m),
     "llama70B-q4km": (_LLAMA70B, _q4_k_m),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding

@@ -80,6 +80,7 @@ __device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh
 // values, as the reference does. RoPE as `rope` says (kernels.cuh: RopeArgs, rope_rotate_half).
 // A block writes o_part[head][blockIdx.y][hd] = sum_t exp(s_t - m) v_t and ml_part[head][blockIdx.y]
 // = (m, sum_t exp(s_t - m)) over its chunks' positions t, s_t = (q . k_t) * scale, m their max;
+// with window > 0 only positions t > *pos - window count (the chunks wholly before are skipped);
 // the last of the head's blocks holding chunks to finish (a ticket on done[head], which it
 // resets) writes out[head][:] = the partials merged in block order (row stride `splits`, at
 // least gridDim.y). When one block holds every chunk it writes out at once.
@@ -92,7 +93,7 @@ template <int VEC, int LP, bool MULTI>
 __global__ void __launch_bounds__(ATTN_THREADS, 1)
 attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache,
                  uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
-                 const int32_t *__restrict__ pos_ptr, float scale, float *__restrict__ o_part,
+                 const int32_t *__restrict__ pos_ptr, float scale, int window, float *__restrict__ o_part,
                  float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
     using L = AttnLayout<VEC, LP>;
     constexpr int E = L::E, CHUNK = L::CHUNK;
@@ -119,14 +120,16 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
             for (int d = tid; d < hd; d += ATTN_THREADS) out[(size_t)head * hd + d] = __uint_as_float(0x7fc00000u);
         return;
     }
-    const int ns = pos / CHUNK + 1;  // chunks at or before the position
-    if (split >= ns) return;
-    const bool holds_new = (ns - 1) % stride == split;  // the block whose last chunk holds pos
+    // The positions attended: lo..pos (lo > 0 only in a windowed layer), in chunks c_lo..ns - 1.
+    const int lo = window > 0 && pos >= window ? pos - window + 1 : 0;
+    const int ns = pos / CHUNK + 1, c_lo = lo / CHUNK, nc = ns - c_lo;
+    if (split >= nc) return;
+    const bool holds_new = (nc - 1) % stride == split;  // the block whose last chunk holds pos
     for (int i = tid; i < half; i += ATTN_THREADS) rope_angles(rope, pos, i, &sin_t[i], &cos_t[i]);
     const size_t head_base = (size_t)kvh * max_seq * hd;
     float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
     {
-        const int start = split * CHUNK, n = min(CHUNK, pos + 1 - start);
+        const int start = (c_lo + split) * CHUNK, n = min(CHUNK, pos + 1 - start);
         load_chunk<VEC, LP>(k_cache + head_base + (size_t)start * hd, hd, nvh, min(n, pos - start), warp, pw, sub, kf);
         load_chunk<VEC, LP>(v_cache + head_base + (size_t)start * hd, hd, nvh, min(n, pos - start), warp, pw, sub, vf);
     }
@@ -167,7 +170,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     float m = -INFINITY, l = 0.0f, acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (int c = split, it = 0;; c += stride, ++it) {
+    for (int c = c_lo + split, it = 0;; c += stride, ++it) {
         const int start = c * CHUNK;
         const int n = min(CHUNK, pos + 1 - start);  // positions of this chunk, the new one included
         const int tp = pos - start;                 // the new position's row, when < CHUNK
@@ -206,7 +209,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
             for (int e = 0; e < E; ++e) d = fmaf(qf[e], kf[u][e], d);
 #pragma unroll
             for (int off = LP / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-            s[u] = t < n ? d * scale : -INFINITY;
+            s[u] = t < n && start + t >= lo ? d * scale : -INFINITY;
             mc = fmaxf(mc, s[u]);
         }
         // The maximum so far: over the warp's rows (lanes of other rows are LP apart), then over
@@ -262,7 +265,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     float2 stat = make_float2(m, wsum[0]);
 #pragma unroll
     for (int w = 1; w < ATTN_WARPS; ++w) stat.y += wsum[w];
-    const int parts = min(ns, stride);  // the head's blocks holding chunks
+    const int parts = min(nc, stride);  // the head's blocks holding chunks
     if (parts == 1) {
         for (int d = tid; d < hd; d += ATTN_THREADS) {
             float o = 0.0f;
@@ -320,7 +323,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
 }
 
 // The layout of a head size: 16-byte rows where head_dim % 8 == 0 (lanes per row by width),
-// 4-byte ones otherwise. Chunk sizes follow: 256, 128, 64 and 32 positions.
+// 4-byte ones otherwise (head_dim <= 128 then). Chunk sizes follow: 256, 128, 64, 32 and 32 positions.
 struct AttnVariant {
     int vec, lp;
 };
@@ -329,7 +332,8 @@ static AttnVariant attn_variant(int32_t hd) {
     if (hd % 8 != 0) return {2, 32};
     if (hd <= 32) return {8, 4};
     if (hd <= 64) return {8, 8};
-    return {8, 16};
+    if (hd <= 128) return {8, 16};
+    return {8, 32};
 }
 
 static int attn_chunk(int32_t hd) { return ATTN_THREADS / attn_variant(hd).lp * ATTN_UNROLL; }
@@ -363,6 +367,7 @@ struct AttnArgs {
     int n_heads, n_kv_heads, hd, max_seq, splits;
     const int32_t *pos;
     float scale;
+    int window;
     float *o_part;
     float2 *ml_part;
     unsigned *done;
@@ -375,21 +380,22 @@ static int launch_attention(arc_context *ctx, const AttnArgs &a) {
     const dim3 grid(a.n_heads, blocks);
     auto kernel = blocks < a.splits ? attention_kernel<VEC, LP, true> : attention_kernel<VEC, LP, false>;
     return arc_launch_pdl(ctx, "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
-                          a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale,
+                          a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale, a.window,
                           a.o_part, a.ml_part, a.done, a.out);
 }
 
-int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
-                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
-                   float *scratch, float *out) {
+int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
+                    int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
+                    float *scratch, float *out) {
     ARC_REQUIRE(ctx, "ctx is null");
+    const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && pos && scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
     ARC_REQUIRE(n_heads <= ARC_ATTN_MAX_GROUPS, "at most %d heads, got %d", ARC_ATTN_MAX_GROUPS, n_heads);
-    ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM,
-                "head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, head_dim);
+    ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM && (head_dim <= 128 || head_dim % 8 == 0),
+                "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
                 ATTN_MAX_SEQ, max_seq);
     const AttnVariant variant = attn_variant(head_dim);
@@ -397,6 +403,8 @@ int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *
                 "the caches must be %d-byte aligned", variant.vec * 2);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
+    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0f && isfinite(spec.scale), "window %d, scale %g", spec.window,
+                (double)spec.scale);
     AttnArgs a;
     a.qkv = qkv;
     a.rope = rope;
@@ -408,7 +416,8 @@ int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *
     a.max_seq = max_seq;
     a.splits = attention_splits(head_dim, max_seq);
     a.pos = pos;
-    a.scale = (float)(1.0 / sqrt((double)head_dim));
+    a.scale = spec.scale;
+    a.window = spec.window;
     a.o_part = scratch;
     a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * a.splits * head_dim);
     a.done = ctx->attn_done;
@@ -416,14 +425,16 @@ int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *
     if (variant.vec == 2) return launch_attention<2, 32>(ctx, a);
     if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
     if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);
-    return launch_attention<8, 16>(ctx, a);
+    if (variant.lp == 16) return launch_attention<8, 16>(ctx, a);
+    return launch_attention<8, 32>(ctx, a);
 }
 
 extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                 uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                 int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
-    return attention_rope(ctx, qkv, RopeArgs{inv_freq, head_dim / 2, 1.0f}, k_cache, v_cache, n_heads, n_kv_heads,
-                          head_dim, max_seq, pos, scratch, out);
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, (float)(1.0 / sqrt((double)head_dim)), 0};
+    return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
+                           out);
 }
 
 extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,

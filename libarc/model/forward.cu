@@ -10,8 +10,9 @@
 //                          then attention over chunks of positions, the last block of a head
 //                          combining them -> att
 //   ATTN_OUT  gemv         x += Wo @ att
-//   FFN_IN    gemv_swiglu  h = silu(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
+//   FFN_IN    gemv_swiglu  h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
 //   FFN_OUT   gemv         x += Wdown @ h
+//   ATTN_OUT_NORM, FFN_OUT_NORM  the same product to t, then add_norm_rows: x += rmsnorm(t)
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
 // programmatic dependent launch (kernels.cuh: pdl_wait): the next one is scheduled while the
@@ -35,18 +36,28 @@ struct DecodeOps {
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return attention_rope(p.ctx, p.qkv, layer_rope(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
-                              c.head_dim, c.max_seq, pos, p.scratch, p.att);
+        return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
+                               c.head_dim, c.max_seq, pos, p.scratch, p.att);
     }
     int attn_out(const LayerParts &lw) {
         return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1, p.x);
     }
     int ffn_in(const LayerParts &lw) {
-        return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps, p.h);
+        return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps,
+                                  p.cfg.activation, p.h);
     }
     int ffn_out(const LayerParts &lw) {
         return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1,
                            p.x);
+    }
+    int attn_out_norm(const LayerParts &lw) {
+        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, /*accumulate=*/0, p.t));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps);
+    }
+    int ffn_out_norm(const LayerParts &lw) {
+        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, /*accumulate=*/0,
+                            p.t));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps);
     }
 };
 
@@ -66,7 +77,7 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
 
     // x = embed[token]
-    ARC_TRY(arc_op_embedding(ctx, parts.embed, c.vocab, c.dim, token, parts.x));
+    ARC_TRY(embedding_scaled(ctx, parts.embed, c.vocab, c.dim, token, embed_scale(c), parts.x));
     DecodeOps ops{parts, pos};
     ARC_TRY(run_layers(model, parts, ops));
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop

@@ -22,6 +22,7 @@ struct GemmArgs {
     const uint16_t *bias;   // (n) or null; STORE only
     float *c;               // (m, n) float32: STORE, ACCUMULATE
     uint16_t *h;            // (m, n) bf16: SWIGLU
+    int act;                // SWIGLU: the arc_activation of the GLU
 };
 
 // Element offset of (row, 8-element chunk) in a tile of rows of GEMM_BK elements.
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArg
                     if (col >= p.n) continue;  // n is even: col + 1 < n too
                     const float *gate = &acc[i][j][half * 2], *up = &acc[i][j + T::NI / 2][half * 2];
                     *reinterpret_cast<uint32_t *>(p.h + (size_t)row * p.n + col) =
-                        pack_bf16x2(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
+                        pack_bf16x2(glu(gate[0], up[0], p.act), glu(gate[1], up[1], p.act));
                 }
             } else {
 #pragma unroll
@@ -301,24 +302,30 @@ extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint1
     return gemm_checked(ctx, __func__, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
 }
 
+// arc_op_gemm_swiglu_bf16 under any arc_activation; `who` names the entry point.
+static int gemm_glu(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
+                    int32_t n, int32_t k, int act, uint16_t *h) {
+    ARC_REQUIRE_AS(who, a && w_gate_up && h, "null pointer (a, w_gate_up and h are required)");
+    ARC_REQUIRE_AS(who, n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
+    ARC_REQUIRE_AS(who, (uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
+    ARC_REQUIRE_AS(who, (const void *)h != (const void *)a, "h must not alias a");
+    GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h, act};
+    return gemm_checked(ctx, who, p, EPI_SWIGLU);
+}
+
 extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
                                        int32_t n, int32_t k, uint16_t *h) {
-    ARC_REQUIRE(a && w_gate_up && h, "null pointer (a, w_gate_up and h are required)");
-    ARC_REQUIRE(n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
-    ARC_REQUIRE((uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
-    ARC_REQUIRE((const void *)h != (const void *)a, "h must not alias a");
-    GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h};
-    return gemm_checked(ctx, __func__, p, EPI_SWIGLU);
+    return gemm_glu(ctx, __func__, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
 }
 
 // ---- SwiGLU from a float32 product: the prefill's gate/up on gemm_sm90.cu ----------------------
 
 enum { SWIGLU_THREADS = 256 };
 
-// h[r, j] = bf16(silu(s[r, j]) * s[r, n + j]) for r < rows, j < n (n even): s the product
+// h[r, j] = bf16(act(s[r, j]) * s[r, n + j]) for r < rows, j < n (n even): s the product
 // a [Wg; Wu]^T (rows, 2 n) float32, h (rows, n) bf16; the formula of gemm_kernel's SWIGLU epilogue.
 __global__ void __launch_bounds__(SWIGLU_THREADS)
-swiglu_rows_kernel(const float *__restrict__ s, int rows, int n, uint16_t *__restrict__ h) {
+swiglu_rows_kernel(const float *__restrict__ s, int rows, int n, int act, uint16_t *__restrict__ h) {
     pdl_launch_dependents();
     pdl_wait();
     const long long pairs = (long long)rows * (n / 2);
@@ -327,15 +334,15 @@ swiglu_rows_kernel(const float *__restrict__ s, int rows, int n, uint16_t *__res
         const long long r = i / (n / 2), j = 2 * (i % (n / 2));
         const float2 g = *reinterpret_cast<const float2 *>(s + r * 2 * n + j);
         const float2 u = *reinterpret_cast<const float2 *>(s + r * 2 * n + n + j);
-        *reinterpret_cast<uint32_t *>(h + r * n + j) = pack_bf16x2(silu(g.x) * u.x, silu(g.y) * u.y);
+        *reinterpret_cast<uint32_t *>(h + r * n + j) = pack_bf16x2(glu(g.x, u.x, act), glu(g.y, u.y, act));
     }
 }
 
 int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
-                     int32_t n, int32_t k, uint16_t *h, float *scratch, int32_t scratch_rows) {
+                     int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows) {
     if (!scratch || scratch_rows <= 0 || !on_sm90(ctx, m < scratch_rows ? m : scratch_rows, 2 * n) ||
         (uintptr_t)scratch % 16 != 0)
-        return arc_op_gemm_swiglu_bf16(ctx, a, w_gate_up, m, n, k, h);
+        return gemm_glu(ctx, who, a, w_gate_up, m, n, k, act, h);
     ARC_REQUIRE_AS(who, n % 2 == 0 && k % 8 == 0 && m > 0, "bad shape m %d, n %d, k %d", m, n, k);
     for (int32_t r0 = 0; r0 < m; r0 += scratch_rows) {
         const int32_t rows = m - r0 < scratch_rows ? m - r0 : scratch_rows;
@@ -343,7 +350,7 @@ int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const
         const long long pairs = (long long)rows * (n / 2), most = (long long)ctx->sm_count * 8;
         const long long blocks = (pairs + SWIGLU_THREADS - 1) / SWIGLU_THREADS;
         ARC_TRY(arc_launch_pdl(ctx, "swiglu_rows_kernel", swiglu_rows_kernel, dim3((unsigned)(blocks < most ? blocks : most)),
-                               dim3(SWIGLU_THREADS), 0, (const float *)scratch, rows, n, h + (size_t)r0 * n));
+                               dim3(SWIGLU_THREADS), 0, (const float *)scratch, rows, n, act, h + (size_t)r0 * n));
     }
     return ARC_OK;
 }

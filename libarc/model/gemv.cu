@@ -305,8 +305,13 @@ extern "C" int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const flo
     return launch_gemv_argmax(ctx, __func__, w, x, rows, cols, norm_weight, eps, y, nullptr, out, value_out);
 }
 
+// arc_op_gemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
+int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
+             const uint16_t *norm_weight, float eps, int act, float *y) {
+    return launch_gemv<true>(ctx, who, GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr});
+}
+
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                                   int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return launch_gemv<true>(ctx, __func__,
-                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, /*accumulate=*/0, y, nullptr});
+    return gemv_glu(ctx, __func__, w_gate_up, x, rows, cols, norm_weight, eps, ARC_ACT_SILU, y);
 }

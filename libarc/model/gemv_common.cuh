@@ -17,8 +17,8 @@ constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr
 
 // The end of a row task of R output rows whose NR accumulators (GATED: the gate rows', then the
 // up rows') each lane holds: the warp's sums, the KS warps' partial sums added in a fixed order
-// (the result does not depend on timing), then the rows written: silu(gate) * up, or the dot
-// (+ bias) (+ y when accumulate). AM: the best argmax key of the rows this lane wrote joins
+// (the result does not depend on timing), then the rows written: act(gate) * up (GATED: the
+// `accumulate` slot carries the arc_activation), or the dot (+ bias) (+ y when accumulate). AM: the best argmax key of the rows this lane wrote joins
 // `best`. With KS > 1 every warp of the block must call this, since it holds __syncthreads.
 template <int R, int KS, bool GATED, bool AM, int NR>
 __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
@@ -50,7 +50,7 @@ __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int
             if (row >= rows) break;
             float out;
             if constexpr (GATED) {
-                out = silu(acc[r]) * acc[R + r];
+                out = glu(acc[r], acc[R + r], accumulate);
             } else {
                 out = acc[r];
                 if (bias != nullptr) out += bf16_to_f32(bias[row]);

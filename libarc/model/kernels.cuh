@@ -133,11 +133,19 @@ int arc_launch_pdl(arc_context *ctx, const char *name, void (*kernel)(Params...)
 
 // silu(g) = g / (1 + exp(-g)); for very negative g, exp overflows to inf and g / inf = -0.
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+// GELU, tanh form: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), in float32 (Gemma's GLU).
+__device__ __forceinline__ float gelu_tanh(float g) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+// The GLU of a gate and an up value under an arc_activation: act(g) * u.
+__device__ __forceinline__ float glu(float g, float u, int act) {
+    return (act == ARC_ACT_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
+}
 
 // The GEMV stages its input as float32 in shared memory: 192 KiB of it at most.
 enum { GEMV_MAX_COLS = 49152 };
 // Attention's limits (its chunk of positions per block depends on head_dim: attention.cu).
-enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 128 };
+enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256 };
 
 // The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
 // each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
@@ -209,11 +217,11 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// x[dim] = float(table[tok, :]), table bf16 (vocab, dim), by the block's threads (nthreads of them);
+// x[dim] = float(table[tok, :]) * scale, table bf16 (vocab, dim), by the block's threads (nthreads);
 // a token outside [0, vocab) fills x with NaN instead of reading out of bounds. dim % 8 == 0,
 // table and x 16-byte aligned. The decode's embedding and the prefill's rows gather alike.
 __device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, int vocab, int dim, uint32_t tok,
-                                          float *__restrict__ x, int nthreads) {
+                                          float scale, float *__restrict__ x, int nthreads) {
     const int nvec = dim / 8;
     float4 *x4 = reinterpret_cast<float4 *>(x);
     if (tok >= (uint32_t)vocab) {
@@ -227,8 +235,9 @@ __device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, in
     const uint4 *row = reinterpret_cast<const uint4 *>(table + (size_t)tok * dim);
     for (int v = threadIdx.x; v < nvec; v += nthreads) {
         const uint4 g = row[v];
-        x4[2 * v] = make_float4(bf16_lo(g.x), bf16_hi(g.x), bf16_lo(g.y), bf16_hi(g.y));
-        x4[2 * v + 1] = make_float4(bf16_lo(g.z), bf16_hi(g.z), bf16_lo(g.w), bf16_hi(g.w));
+        x4[2 * v] = make_float4(bf16_lo(g.x) * scale, bf16_hi(g.x) * scale, bf16_lo(g.y) * scale, bf16_hi(g.y) * scale);
+        x4[2 * v + 1] = make_float4(bf16_lo(g.z) * scale, bf16_hi(g.z) * scale, bf16_lo(g.w) * scale,
+                                    bf16_hi(g.w) * scale);
     }
 }
 
@@ -261,6 +270,14 @@ struct RopeArgs {
     float factor;
 };
 
+// What a layer's attention does besides attend: its RoPE, the scores' factor, and its window
+// (0: every position; else a query at p attends p - window + 1..p).
+struct AttnSpec {
+    RopeArgs rope;
+    float scale;
+    int window;
+};
+
 // The cosine and sine of pair i at position pos, the factor applied, as the reference computes
 // them: angle float(pos) * inv_freq[i] rounded once, sincos in float32, each times the factor.
 __device__ __forceinline__ void rope_angles(const RopeArgs &r, int pos, int i, float *s, float *c) {
@@ -280,12 +297,16 @@ __device__ __forceinline__ float rope_rotate_half(const float *x, int d, int hal
     return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
 }
 
-// arc_op_attention and arc_op_prefill_attention with a layer's RoPE (RopeArgs): the forward and
-// the prefill launch these; the entry points rotate every element at factor 1.
-int attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+// arc_op_embedding with the rows scaled (a config's embed_scale).
+int embedding_scaled(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim, const uint32_t *token,
+                     float scale, float *x);
+// arc_op_attention and arc_op_prefill_attention as a layer runs them (AttnSpec): the forward and
+// the prefill launch these; the entry points rotate every element at factor 1, scale the scores by
+// 1 / sqrt(head_dim) and attend every position.
+int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                    int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
                    float *scratch, float *out);
-int prefill_attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
                            int32_t start, uint16_t *q_scratch, uint16_t *out);
 // Each q and k head of qkv (rows, stride) float32, in place: head * rsqrt(mean(head^2) + eps) *
@@ -311,12 +332,13 @@ struct PrefillBuffers {
     uint16_t *wdq;  // a quantized matrix dequantized for its product, bf16 (the model's dequant_elems)
     float *gu;      // where the gate/up product runs on gemm_sm90.cu: (gu_rows, 2 ffn_dim) float32
     int32_t gu_rows;
+    float *t;       // with post_norms: a product's output before its norm (max_chunk, dim) float32
 };
-// h (m, n) = bf16(silu(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), as
-// arc_op_gemm_swiglu_bf16; where the product fills an sm_90 GPU, it runs on gemm_sm90.cu in
-// chunks of scratch_rows rows of a through scratch (scratch_rows, 2 n) float32, then SwiGLU.
+// h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), act an arc_activation,
+// as arc_op_gemm_swiglu_bf16; where the product fills an sm_90 GPU, it runs on gemm_sm90.cu in
+// chunks of scratch_rows rows of a through scratch (scratch_rows, 2 n) float32, then the GLU.
 int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
-                     int32_t n, int32_t k, uint16_t *h, float *scratch, int32_t scratch_rows);
+                     int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows);
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
 
@@ -332,6 +354,7 @@ struct SpecBuffers {
     float *qkv;        // (rows, q_dim + 2 kv_dim)
     float *att;        // (rows, q_dim)
     float *logits;     // (rows, vocab)
+    float *t;          // with post_norms: a product's output before its norm (rows, dim)
     int32_t *tokens;   // the rows' tokens (rows), then the number of drafts
     int32_t *positions;  // (rows)
     unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key)
@@ -341,7 +364,7 @@ void spec_buffers_release(SpecBuffers *b);
 // The verify forward's attention (verify_attention.cu): q and k of qkv (rows, stride) rotated in
 // place, k and v to the cache at each row's position, then out (rows, n_heads, hd) float32.
 int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
-                            RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
+                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
                             int n_kv_heads, int hd, int max_seq, float *out);
 
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
@@ -365,6 +388,8 @@ struct LayerParts {
     const uint16_t *attn_norm, *bqkv, *mlp_norm;
     const uint16_t *q_norm, *k_norm;  // (head_dim) each, with qk_norm; else null
     const float *inv_freq;            // the layer's RoPE frequencies (rope_dim / 2)
+    const uint16_t *post_attn_norm, *post_ffn_norm;  // (dim) each, with post_norms; else null
+    int window;                       // the positions its attention reads (0: all)
     Weight wq, wk, wv, wo, w_gate_up, w_down;
     uint16_t *k_cache, *v_cache;
 };
@@ -376,6 +401,7 @@ struct ModelParts {
     const uint16_t *embed, *final_norm;
     Weight lm_head;  // the embedding when tied
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
+    float *t;                            // with post_norms: a product's output before its norm (dim)
     float *logits;
     PrefillBuffers *prefill;
     SpecBuffers *spec;
@@ -392,7 +418,16 @@ int model_check_uploaded(const arc_model *m, const char *who);
 int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
                 const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float *y);
+                       const uint16_t *norm_weight, float eps, int act, float *y);
+// arc_op_gemv_swiglu and arc_op_skinny_swiglu under an arc_activation; `who` names the caller.
+int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
+             const uint16_t *norm_weight, float eps, int act, float *y);
+int skinny_glu(arc_context *ctx, const char *who, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
+               int32_t n, int32_t k, int act, uint16_t *h);
+// x[r] += rmsnorm(t[r], w) for rows r of dim floats: a product's output normed before the residual
+// add (ARC_OP_ATTN_OUT_NORM, ARC_OP_FFN_OUT_NORM; norms.cu).
+int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,
+                         float eps);
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
                        const uint16_t *norm_weight, float eps, float *y, arc_loop *loop);
 // y = [Wq; Wk; Wv] @ n(x) (+ [bq; bk; bv]): one GEMV for each run of parts of one format.

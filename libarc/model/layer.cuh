@@ -4,19 +4,30 @@
 // program; no forward writes the sequence of a layer out itself.
 #pragma once
 
+#include <math.h>
+
 #include "kernels.cuh"
 
 // The ops of layer `layer` of a model of config c, in order, into ops (ARC_MAX_LAYER_OPS entries);
-// returns their count (model.cu).
+// returns their count (model.cu). layer_window: the positions the layer's attention reads (0: all).
 int layer_program(const arc_model_config &c, int layer, int32_t *ops);
+int layer_window(const arc_model_config &c, int layer);
 
-// The RoPE of a layer: its own frequencies, the config's rotated elements and factor.
-inline RopeArgs layer_rope(const arc_model_config &c, const LayerParts &lw) {
-    return RopeArgs{lw.inv_freq, (c.rope_dim ? c.rope_dim : c.head_dim) / 2, c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
+// The embedding rows' factor.
+inline float embed_scale(const arc_model_config &c) { return c.embed_scale > 0.0f ? c.embed_scale : 1.0f; }
+
+// A layer's attention: its own RoPE frequencies, the config's rotated elements, RoPE factor and
+// scores' factor, and the layer's window.
+inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
+    const RopeArgs rope{lw.inv_freq, (c.rope_dim ? c.rope_dim : c.head_dim) / 2,
+                        c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
+    const float scale = c.attn_scale > 0.0f ? c.attn_scale : (float)(1.0 / sqrt((double)c.head_dim));
+    return AttnSpec{rope, scale, lw.window};
 }
 
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
-// attend, attn_out, ffn_in, ffn_out), each taking the layer's parts and enqueuing the op.
+// attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm), each taking the layer's parts
+// and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -32,6 +43,8 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_ATTN_OUT: st = exec.attn_out(lw); break;
             case ARC_OP_FFN_IN: st = exec.ffn_in(lw); break;
             case ARC_OP_FFN_OUT: st = exec.ffn_out(lw); break;
+            case ARC_OP_ATTN_OUT_NORM: st = exec.attn_out_norm(lw); break;
+            case ARC_OP_FFN_OUT_NORM: st = exec.ffn_out_norm(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

@@ -15,7 +15,7 @@ static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
     "ARC_TENSOR_WV",     "ARC_TENSOR_BQ",        "ARC_TENSOR_BK",         "ARC_TENSOR_BV",
     "ARC_TENSOR_WO",     "ARC_TENSOR_MLP_NORM",  "ARC_TENSOR_W_GATE",     "ARC_TENSOR_W_UP",
     "ARC_TENSOR_W_DOWN", "ARC_TENSOR_FINAL_NORM", "ARC_TENSOR_LM_HEAD",   "ARC_TENSOR_ROPE_INV_FREQ",
-    "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM",
+    "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM", "ARC_TENSOR_POST_ATTN_NORM", "ARC_TENSOR_POST_FFN_NORM",
 };
 
 static bool per_layer(int t) {
@@ -24,6 +24,7 @@ static bool per_layer(int t) {
 
 static bool is_bias(int t) { return t == ARC_TENSOR_BQ || t == ARC_TENSOR_BK || t == ARC_TENSOR_BV; }
 static bool is_head_norm(int t) { return t == ARC_TENSOR_Q_NORM || t == ARC_TENSOR_K_NORM; }
+static bool is_post_norm(int t) { return t == ARC_TENSOR_POST_ATTN_NORM || t == ARC_TENSOR_POST_FFN_NORM; }
 
 // The rotated elements of a head: rope_dim, or all of them where it is 0.
 static int32_t rope_dim_of(const arc_model_config &c) { return c.rope_dim ? c.rope_dim : c.head_dim; }
@@ -51,6 +52,7 @@ struct arc_model {
     float *qkv;      // (q_dim + 2 * kv_dim)
     float *att;      // attention output (q_dim)
     float *h;        // swiglu output (ffn_dim)
+    float *t;        // a product's output before its post-norm (dim)
     float *logits;   // (vocab)
     float *scratch;  // attention partials
     PrefillBuffers prefill;  // the prefill's activations, once reserved (prefill.cu)
@@ -123,6 +125,10 @@ static void build_size_table(arc_model *m) {
             put(ARC_TENSOR_BV, l, true);
         }
         put(ARC_TENSOR_WO, l, false);
+        if (c.post_norms) {
+            put(ARC_TENSOR_POST_ATTN_NORM, l, false);
+            put(ARC_TENSOR_POST_FFN_NORM, l, false);
+        }
         put(ARC_TENSOR_MLP_NORM, l, false);
         put(ARC_TENSOR_W_GATE, l, false);
         put(ARC_TENSOR_W_UP, l, true);
@@ -196,7 +202,8 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->n_kv_heads > 0, "config.n_kv_heads must be positive, got %d", c->n_kv_heads);
     ARC_REQUIRE(c->n_heads % c->n_kv_heads == 0, "config.n_heads (%d) must be a multiple of n_kv_heads (%d)",
                 c->n_heads, c->n_kv_heads);
-    ARC_REQUIRE(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= ATTN_MAX_HEAD_DIM,
+    ARC_REQUIRE(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= ATTN_MAX_HEAD_DIM &&
+                    (c->head_dim <= 128 || c->head_dim % 8 == 0),
                 "config.head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, c->head_dim);
     const long long q_dim = (long long)c->n_heads * c->head_dim;
     ARC_REQUIRE(q_dim % 8 == 0 && q_dim <= GEMV_MAX_COLS,
@@ -216,25 +223,42 @@ static int check_config(const arc_model_config *c) {
                 "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c->head_dim, c->rope_dim);
     ARC_REQUIRE(c->rope_factor >= 0.0f && isfinite(c->rope_factor),
                 "config.rope_factor must be finite and not negative (0: 1), got %g", (double)c->rope_factor);
+    ARC_REQUIRE(c->post_norms == 0 || c->post_norms == 1, "config.post_norms must be 0 or 1, got %d", c->post_norms);
+    ARC_REQUIRE(c->activation == ARC_ACT_SILU || c->activation == ARC_ACT_GELU_TANH,
+                "config.activation must be an arc_activation (0 or 1), got %d", c->activation);
+    ARC_REQUIRE(c->embed_scale >= 0.0f && isfinite(c->embed_scale) && c->attn_scale >= 0.0f && isfinite(c->attn_scale),
+                "config.embed_scale and attn_scale must be finite and not negative (0: default), got %g and %g",
+                (double)c->embed_scale, (double)c->attn_scale);
+    ARC_REQUIRE(c->sliding_window >= 0 && c->window_pattern >= 0,
+                "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
+                c->window_pattern);
     return ARC_OK;
 }
 
 int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
-    (void)layer;  // every layer of today's families runs the same ops; its data differ (RoPE table)
+    (void)layer;  // every layer of today's families runs the same ops; their data differ (RoPE, window)
     int n = 0;
     ops[n++] = ARC_OP_ATTN_IN;
     if (c.qk_norm) ops[n++] = ARC_OP_QK_NORM;
     ops[n++] = ARC_OP_ATTEND;
-    ops[n++] = ARC_OP_ATTN_OUT;
+    ops[n++] = c.post_norms ? ARC_OP_ATTN_OUT_NORM : ARC_OP_ATTN_OUT;
     ops[n++] = ARC_OP_FFN_IN;
-    ops[n++] = ARC_OP_FFN_OUT;
+    ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
     return n;
+}
+
+int layer_window(const arc_model_config &c, int layer) {
+    if (c.sliding_window <= 0) return 0;
+    const bool global = c.window_pattern > 0 && layer % c.window_pattern == c.window_pattern - 1;
+    return global ? 0 : c.sliding_window;
 }
 
 extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count) {
     ARC_REQUIRE(config && ops && count, "null argument");
     // Only what the program reads is checked: a shape the kernels cannot run still has a program.
     ARC_REQUIRE(config->qk_norm == 0 || config->qk_norm == 1, "config.qk_norm must be 0 or 1, got %d", config->qk_norm);
+    ARC_REQUIRE(config->post_norms == 0 || config->post_norms == 1, "config.post_norms must be 0 or 1, got %d",
+                config->post_norms);
     ARC_REQUIRE(layer >= 0 && layer < config->n_layers, "layer must be in [0, %d), got %d", config->n_layers, layer);
     *count = layer_program(*config, layer, ops);
     return ARC_OK;
@@ -275,16 +299,17 @@ static int model_init(arc_model *m, const int32_t *formats) {
     // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
     ARC_CUDA(ctx, cudaMemsetAsync(m->kv, 0, kv_bytes, ctx->stream));
 
-    uint64_t at = 0, off[6];
-    const uint64_t sizes[6] = {
+    uint64_t at = 0, off[7];
+    const uint64_t sizes[7] = {
         (uint64_t)c.dim * 4,
         (uint64_t)m->qkv_rows * 4,
         (uint64_t)m->q_dim * 4,
         (uint64_t)c.ffn_dim * 4,
         (uint64_t)c.vocab * 4,
         arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+        c.post_norms ? (uint64_t)c.dim * 4 : 0,
     };
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 7; ++i) {
         off[i] = at;
         at = align_up(at + sizes[i]);
     }
@@ -298,6 +323,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     m->h = (float *)(base + off[3]);
     m->logits = (float *)(base + off[4]);
     m->scratch = (float *)(base + off[5]);
+    m->t = (float *)(base + off[6]);
     return ARC_OK;
 }
 
@@ -354,6 +380,8 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
                 name);
     ARC_REQUIRE(!is_head_norm(tensor) || c.qk_norm, "%s: the model was created without q/k norms (qk_norm = 0)",
                 name);
+    ARC_REQUIRE(!is_post_norm(tensor) || c.post_norms,
+                "%s: the model was created without post-attention and post-FFN norms (post_norms = 0)", name);
     ARC_REQUIRE(tensor != ARC_TENSOR_LM_HEAD || !c.tied_embeddings,
                 "%s: the model ties the lm_head to the embedding (tied_embeddings = 1)", name);
     const uint64_t want = model->bytes[slot(model, tensor, layer)];
@@ -392,6 +420,9 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.q_norm = m->cfg.qk_norm ? bf16_at(m, ARC_TENSOR_Q_NORM, l) : nullptr;
     p.k_norm = m->cfg.qk_norm ? bf16_at(m, ARC_TENSOR_K_NORM, l) : nullptr;
     p.inv_freq = reinterpret_cast<const float *>(tensor_at(m, ARC_TENSOR_ROPE_INV_FREQ, l));
+    p.post_attn_norm = m->cfg.post_norms ? bf16_at(m, ARC_TENSOR_POST_ATTN_NORM, l) : nullptr;
+    p.post_ffn_norm = m->cfg.post_norms ? bf16_at(m, ARC_TENSOR_POST_FFN_NORM, l) : nullptr;
+    p.window = layer_window(m->cfg, l);
     p.wq = weight_at(m, ARC_TENSOR_WQ, l);
     p.wk = weight_at(m, ARC_TENSOR_WK, l);
     p.wv = weight_at(m, ARC_TENSOR_WV, l);
@@ -419,6 +450,7 @@ ModelParts model_parts(arc_model *m) {
     p.att = m->att;
     p.h = m->h;
     p.scratch = m->scratch;
+    p.t = m->t;
     p.logits = m->logits;
     p.prefill = &m->prefill;
     p.spec = &m->spec;

@@ -1,4 +1,5 @@
-// norms.cu -- the per-head norm of q and k (the layer program's ARC_OP_QK_NORM): after the QKV
+// norms.cu -- the norms of the layer program that no product fuses: the per-head norm of q and k
+// (ARC_OP_QK_NORM), and the post-norm of a product's output before its residual add. After the QKV
 // projection, before RoPE, each head of q and of k is RMS-normed over its head_dim elements by
 // its own weights. The decode, the verify and the prefill all hold q and k as float32 rows of
 // [q | k | v], so one kernel serves the three.
@@ -48,4 +49,47 @@ int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride,
     const unsigned blocks = (unsigned)((tasks + HNORM_WARPS - 1) / HNORM_WARPS);
     return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, qkv,
                           (int)rows, (int)stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, q_norm, k_norm, eps);
+}
+
+enum { ADDNORM_THREADS = 256 };
+
+// x[r] += t[r] * rsqrt(mean(t[r]^2) + eps) * w, one block a row r (dim floats): the output of the
+// attention's or the FFN's last product normed before its residual add. The squares are summed in
+// add_sq8's order. Limits: dim % 8 == 0; x, t and w 16-byte aligned.
+__global__ void __launch_bounds__(ADDNORM_THREADS)
+add_norm_rows_kernel(float *__restrict__ x, const float *__restrict__ t, int dim, const uint16_t *__restrict__ w,
+                     float eps) {
+    __shared__ float red[ADDNORM_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();  // t is the product's output
+    const int r = blockIdx.x, nvec = dim / 8;
+    const float4 *row = reinterpret_cast<const float4 *>(t + (size_t)r * dim);
+    float4 *out = reinterpret_cast<float4 *>(x + (size_t)r * dim);
+    float ss = 0.0f;
+    for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) ss = add_sq8(ss, row[2 * v], row[2 * v + 1]);
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)dim + eps);
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
+        const float4 a = row[2 * v], b = row[2 * v + 1];
+        const uint4 g = wv[v];
+        float4 xa = out[2 * v], xb = out[2 * v + 1];
+        xa.x += a.x * inv * bf16_lo(g.x); xa.y += a.y * inv * bf16_hi(g.x);
+        xa.z += a.z * inv * bf16_lo(g.y); xa.w += a.w * inv * bf16_hi(g.y);
+        xb.x += b.x * inv * bf16_lo(g.z); xb.y += b.y * inv * bf16_hi(g.z);
+        xb.z += b.z * inv * bf16_lo(g.w); xb.w += b.w * inv * bf16_hi(g.w);
+        out[2 * v] = xa;
+        out[2 * v + 1] = xb;
+    }
+}
+
+int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,
+                         float eps) {
+    ARC_REQUIRE(x && t && w, "null pointer (x, t and w are required)");
+    ARC_REQUIRE(rows > 0 && dim > 0 && dim % 8 == 0, "rows %d must be positive, dim %d a positive multiple of 8", rows,
+                dim);
+    ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)t % 16 == 0 && (uintptr_t)w % 16 == 0,
+                "x, t and w must be 16-byte aligned");
+    return arc_launch_pdl(ctx, "add_norm_rows_kernel", add_norm_rows_kernel, dim3(rows), dim3(ADDNORM_THREADS), 0, x,
+                          t, (int)dim, w, eps);
 }

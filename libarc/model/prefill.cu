@@ -12,9 +12,10 @@
 //             flash_prefill  att = causal attention over the cache                 (c, q_dim) bf16
 //   ATTN_OUT  gemm           x += att Wo^T
 //   FFN_IN    rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
-//             gemm_swiglu    h = bf16(silu(xn Wg^T) * (xn Wu^T))                   (c, ffn_dim)
+//             gemm_swiglu    h = bf16(act(xn Wg^T) * (xn Wu^T))                    (c, ffn_dim)
 //                            (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
 //   FFN_OUT   gemm           x += h Wdown^T
+//   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
@@ -31,11 +32,12 @@ constexpr uint64_t GU_BYTES = 128ull << 20;
 // x[i] (dim) = float(table[tokens[i]]), one block per row i. An id outside [0, vocab) fills the
 // row with NaN rather than read out of bounds. Limits: dim % 8 == 0, table and x 16-byte aligned.
 __global__ void __launch_bounds__(ROWS_THREADS)
-embed_rows_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float *__restrict__ x) {
+embed_rows_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float scale,
+                  float *__restrict__ x) {
     pdl_launch_dependents();
     pdl_wait();  // the tokens may come from an earlier kernel
     const int i = blockIdx.x;
-    embed_row(table, vocab, dim, (uint32_t)tokens[i], x + (size_t)i * dim, ROWS_THREADS);
+    embed_row(table, vocab, dim, (uint32_t)tokens[i], scale, x + (size_t)i * dim, ROWS_THREADS);
 }
 
 // xn[i] = bf16(x[i] * rsqrt(mean(x[i]^2) + eps) * w), the decode GEMV's fused norm (same formula)
@@ -93,13 +95,13 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
         const uint64_t want = fit < 128 ? 128 : fit;
         gu_rows = (int32_t)(want < rows ? want : rows);
     }
-    const uint64_t sizes[8] = {
+    const uint64_t sizes[9] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4,
         rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
-        (uint64_t)gu_rows * c.ffn_dim * 8,
+        (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0,
     };
-    uint64_t off[8], at = 0;
-    for (int i = 0; i < 8; ++i) {
+    uint64_t off[9], at = 0;
+    for (int i = 0; i < 9; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -119,6 +121,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->wdq = mp.dequant_elems ? (uint16_t *)(base + off[6]) : nullptr;
     b->gu = gu_rows ? (float *)(base + off[7]) : nullptr;
     b->gu_rows = gu_rows;
+    b->t = c.post_norms ? (float *)(base + off[8]) : nullptr;
     return ARC_OK;
 }
 
@@ -174,8 +177,8 @@ struct PrefillOps {
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         const PrefillBuffers &b = *p.prefill;
-        return prefill_attention_rope(p.ctx, b.qkv, layer_rope(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
-                                      c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att);
+        return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
+                                       c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att);
     }
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
@@ -190,7 +193,8 @@ struct PrefillOps {
         const uint16_t *w;
         ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, b.xn));
         ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
-        return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, b.h, b.gu, b.gu_rows);
+        return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, p.cfg.activation, b.h, b.gu,
+                                b.gu_rows);
     }
     int ffn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
@@ -199,6 +203,22 @@ struct PrefillOps {
         ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
         return arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x);
     }
+    int attn_out_norm(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim;
+        const uint16_t *w;
+        ARC_TRY(bf16_matrix(p.ctx, &lw.wo, &dim, 1, p.q_dim, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_bf16(p.ctx, b.att, w, n, dim, p.q_dim, nullptr, /*accumulate=*/0, b.t));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_attn_norm, p.cfg.rms_eps);
+    }
+    int ffn_out_norm(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        const uint16_t *w;
+        ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
+        ARC_TRY(arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/0, b.t));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps);
+    }
 };
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
@@ -206,7 +226,7 @@ struct PrefillOps {
 static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *tokens, int n, int start) {
     const arc_model_config &c = mp.cfg;
     ARC_TRY(arc_launch_pdl(mp.ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
-                           c.vocab, c.dim, tokens, mp.prefill->x));
+                           c.vocab, c.dim, tokens, embed_scale(c), mp.prefill->x));
     PrefillOps ops{mp, n, start};
     return run_layers(model, mp, ops);
 }

@@ -77,15 +77,16 @@ __device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, s
 // out (n, n_heads, hd) bf16 for the 64 queries of tile gridDim.y - 1 - blockIdx.y (the longest
 // first) and head blockIdx.x: query i at position start + i attends to cache rows 0..start + i of
 // kv head head / (n_heads / n_kv_heads). q (n, n_heads, hd) bf16, rotated; the caches
-// (n_kv_heads, max_seq, hd) bf16, rows up to start + n - 1 written. scale_log2 = log2(e) /
-// sqrt(hd). Launch: grid (n_heads, ceil(n / 64)), FLASH_THREADS threads, 5 * 64 * D * 2 bytes of
+// (n_kv_heads, max_seq, hd) bf16, rows up to start + n - 1 written. scale_log2 = log2(e) times
+// the scores' factor; with window > 0 the query at p attends rows p - window + 1..p only, and the
+// tiles wholly before every query's window are not read. Launch: grid (n_heads, ceil(n / 64)), FLASH_THREADS threads, 5 * 64 * D * 2 bytes of
 // dynamic shared memory. Limits: hd even, hd <= D; q and the caches 16-byte aligned when hd % 8
 // == 0, else 4-byte.
 template <int D>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k_cache,
                      const uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int n,
-                     int start, float scale_log2, uint16_t *__restrict__ out) {
+                     int start, float scale_log2, int window, uint16_t *__restrict__ out) {
     constexpr int KD = D / 16;   // k16 steps of q . k
     constexpr int NT = FLASH_KV / 8;  // n8 key tiles of a score row
     extern __shared__ __align__(128) uint16_t smem[];
@@ -93,16 +94,17 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
     const int head = blockIdx.x, kvh = head / (n_heads / n_kv_heads);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * FLASH_Q;
-    const int kv_end = start + min(q0 + FLASH_Q, n);  // keys [0, kv_end) reach some query here
-    const int tiles = (kv_end + FLASH_KV - 1) / FLASH_KV;
+    const int kv_end = start + min(q0 + FLASH_Q, n);  // keys [kv_begin, kv_end) reach some query here
+    const int kv_begin = window > 0 && start + q0 >= window ? start + q0 - window + 1 : 0;
+    const int j0 = kv_begin / FLASH_KV, tiles = (kv_end + FLASH_KV - 1) / FLASH_KV;
     const size_t q_stride = (size_t)n_heads * hd;
     const uint16_t *k_src = k_cache + (size_t)kvh * max_seq * hd, *v_src = v_cache + (size_t)kvh * max_seq * hd;
 
     pdl_launch_dependents();
     pdl_wait();  // q and the cache rows of this chunk are the previous kernel's output
     load_rows<D>(qs, q + (size_t)q0 * q_stride + (size_t)head * hd, q_stride, n - q0, hd, tid);
-    load_rows<D>(ks, k_src, hd, kv_end, hd, tid);
-    load_rows<D>(vs, v_src, hd, kv_end, hd, tid);
+    load_rows<D>(ks, k_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
+    load_rows<D>(vs, v_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
     cp_async_commit();
 
     // Rows g and g + 8 of the warp's 16 queries are this thread's: their maximum (in log2 units)
@@ -116,22 +118,22 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
     uint32_t qf[KD][4];
 
-    for (int j = 0; j < tiles; ++j) {
-        const int k0 = j * FLASH_KV;
+    for (int j = j0; j < tiles; ++j) {
+        const int k0 = j * FLASH_KV, buf = (j - j0) & 1;  // the tile's buffer
         if (j + 1 < tiles) {
-            const int nb = (j + 1) & 1, k1 = k0 + FLASH_KV;
+            const int nb = buf ^ 1, k1 = k0 + FLASH_KV;
             load_rows<D>(ks + nb * FLASH_KV * D, k_src + (size_t)k1 * hd, hd, kv_end - k1, hd, tid);
             load_rows<D>(vs + nb * FLASH_KV * D, v_src + (size_t)k1 * hd, hd, kv_end - k1, hd, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kd = 0; kd < KD; ++kd)
                 ldmatrix_x4(smem_addr(qs + row_offset<D>(warp * 16 + lane % 16, kd * 2 + lane / 16)), qf[kd]);
         }
-        const uint16_t *kt = ks + (j & 1) * FLASH_KV * D, *vt = vs + (j & 1) * FLASH_KV * D;
+        const uint16_t *kt = ks + buf * FLASH_KV * D, *vt = vs + buf * FLASH_KV * D;
 
         float s[NT][4];
 #pragma unroll
@@ -150,14 +152,16 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
             }
         }
 
-        // Scale to log2 units; mask keys past a row's position (only tiles reaching the diagonal).
-        const bool masked = k0 + FLASH_KV - 1 > start + q0;
+        // Scale to log2 units; mask keys past a row's position (only tiles reaching the diagonal) and,
+        // windowed, keys at or before its position - window (only tiles reaching below a window).
+        const bool masked = k0 + FLASH_KV - 1 > start + q0 || (window > 0 && k0 <= start + q0 + FLASH_Q - 1 - window);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = k0 + nt * 8 + 2 * t + (e & 1), qpos = qpos0 + (e >> 1) * 8;
-                s[nt][e] = masked && (key > qpos || key >= kv_end) ? -INFINITY : s[nt][e] * scale_log2;
+                s[nt][e] = masked && (key > qpos || key >= kv_end || (window > 0 && key <= qpos - window))
+                               ? -INFINITY : s[nt][e] * scale_log2;
             }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -166,14 +170,17 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
             for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // Key 0 is in every row's first tile, so the maximum is finite from the first tile on.
+            // Unwindowed, key 0 is in every row's first tile, so the maximum is finite from the first
+            // tile on; windowed, a row's first tiles may hold none of its keys: while its maximum is
+            // -inf the exponentials are taken against 0 (every one of them 0, the sums unchanged).
             const float m_new = fmaxf(m_run[r], mx);
-            const float alpha = exp2f(m_run[r] - m_new);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = exp2f(m_run[r] - m_use);
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                s[nt][2 * r] = exp2f(s[nt][2 * r] - m_new);
-                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_new);
+                s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
+                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
                 sum += s[nt][2 * r] + s[nt][2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha + sum;
@@ -223,20 +230,22 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
 
 template <int D>
 static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        int n_heads, int n_kv_heads, int hd, int max_seq, int n, int start, uint16_t *out) {
+                        int n_heads, int n_kv_heads, int hd, int max_seq, int n, int start, const AttnSpec &spec,
+                        uint16_t *out) {
     auto kernel = flash_prefill_kernel<D>;
     const int smem = 5 * 64 * D * 2;
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)hd));
+    const float scale_log2 = (float)(1.4426950408889634 * (double)spec.scale);
     const dim3 grid(n_heads, (n + FLASH_Q - 1) / FLASH_Q);
     return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, grid, dim3(FLASH_THREADS), (size_t)smem, q, k_cache,
-                          v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, out);
+                          v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, spec.window, out);
 }
 
-int prefill_attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
-                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
-                           int32_t start, uint16_t *q_scratch, uint16_t *out) {
+int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
+                            uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
+                            int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out) {
+    const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && q_scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, q_scratch and out are required)");
@@ -253,19 +262,28 @@ int prefill_attention_rope(arc_context *ctx, const float *qkv, RopeArgs rope, ui
                 "the caches and q_scratch must be %d-byte aligned", align);
     ARC_REQUIRE((uintptr_t)out % 4 == 0, "out must be 4-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
+    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0f && isfinite(spec.scale), "window %d, scale %g", spec.window,
+                (double)spec.scale);
     ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope,
                            k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
     if (head_dim <= 32)
-        return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+        return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
+                                out);
     if (head_dim <= 64)
-        return launch_flash<64>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
-    return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, out);
+        return launch_flash<64>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
+                                out);
+    if (head_dim <= 128)
+        return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
+                                 spec, out);
+    return launch_flash<256>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
+                             out);
 }
 
 extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                         uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                         int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
                                         uint16_t *out) {
-    return prefill_attention_rope(ctx, qkv, RopeArgs{inv_freq, head_dim / 2, 1.0f}, k_cache, v_cache, n_heads,
-                                  n_kv_heads, head_dim, max_seq, n, start, q_scratch, out);
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, (float)(1.0 / sqrt((double)head_dim)), 0};
+    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
+                                   q_scratch, out);
 }

@@ -64,12 +64,18 @@ extern "C" int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void 
                                value_out);
 }
 
-extern "C" int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x,
-                                   int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return launch_qgemv(ctx, __func__,
-                        QgemvArgs{format, (const uint8_t *)w_gate_up, x, rows, cols, nullptr, norm_weight, eps, 0, y,
+// arc_op_qgemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
+static int qgemv_glu(arc_context *ctx, const char *who, int32_t format, const void *w_gate_up, const float *x,
+                     int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, int act, float *y) {
+    return launch_qgemv(ctx, who,
+                        QgemvArgs{format, (const uint8_t *)w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y,
                                   nullptr},
                         true);
+}
+
+extern "C" int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x,
+                                   int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
+    return qgemv_glu(ctx, __func__, format, w_gate_up, x, rows, cols, norm_weight, eps, ARC_ACT_SILU, y);
 }
 
 // out[rows, cols] = bf16 of W's weights; thread t of the grid-stride loop decodes unit t % units
@@ -133,10 +139,10 @@ int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_
 }
 
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float *y) {
+                       const uint16_t *norm_weight, float eps, int act, float *y) {
     if (w.format == ARC_FORMAT_BF16)
-        return arc_op_gemv_swiglu(ctx, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, y);
-    return arc_op_qgemv_swiglu(ctx, w.format, w.p, x, rows, cols, norm_weight, eps, y);
+        return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, act, y);
+    return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, x, rows, cols, norm_weight, eps, act, y);
 }
 
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,

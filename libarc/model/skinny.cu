@@ -36,6 +36,7 @@ struct SkinnyArgs {
     const uint16_t *bias;     // (n) or null; STORE only
     float *y;                 // (rows, n): STORE, ACCUMULATE
     uint16_t *h;              // (ARC_SPLIT_PARTS, rows, n): SWIGLU, h split as the input is
+    int act;                  // SWIGLU: the arc_activation of the GLU
 };
 
 // v = bf16(v) + bf16(r1) + bf16(r2) exactly, r1 = v - p0, r2 = r1 - p1 (each difference exact in
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
             us += part[w][128 + o * 8 + r];
         }
         uint16_t part[ARC_SPLIT_PARTS];
-        split3(silu(gs) * us, part);
+        split3(glu(gs, us, p.act), part);
 #pragma unroll
         for (int q = 0; q < ARC_SPLIT_PARTS; ++q) p.h[((size_t)q * p.rows + r) * p.n + col] = part[q];
     } else {
@@ -308,13 +309,18 @@ extern "C" int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t
     return mt == 2 ? launch_skinny<2, SKINNY_STORE>(ctx, p) : launch_skinny<1, SKINNY_STORE>(ctx, p);
 }
 
+int skinny_glu(arc_context *ctx, const char *who, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
+               int32_t n, int32_t k, int act, uint16_t *h) {
+    const SkinnyArgs p = {x, w_gate_up, rows, n, k, nullptr, nullptr, h, act};
+    ARC_TRY(check_skinny(who, ctx, p));
+    ARC_REQUIRE_AS(who, h, "null pointer (h is required)");
+    ARC_REQUIRE_AS(who, n % 8 == 0 && n <= INT32_MAX / 2, "n must be a multiple of 8 (and 2 n an int32), got %d", n);
+    ARC_REQUIRE_AS(who, (uintptr_t)h % 2 == 0, "h must be 2-byte aligned");
+    ARC_REQUIRE_AS(who, (const void *)h != (const void *)x, "h must not alias x");
+    return launch_skinny<2, SKINNY_SWIGLU>(ctx, p);
+}
+
 extern "C" int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
                                     int32_t n, int32_t k, uint16_t *h) {
-    const SkinnyArgs p = {x, w_gate_up, rows, n, k, nullptr, nullptr, h};
-    ARC_TRY(check_skinny(__func__, ctx, p));
-    ARC_REQUIRE(h, "null pointer (h is required)");
-    ARC_REQUIRE(n % 8 == 0 && n <= INT32_MAX / 2, "n must be a multiple of 8 (and 2 n an int32), got %d", n);
-    ARC_REQUIRE((uintptr_t)h % 2 == 0, "h must be 2-byte aligned");
-    ARC_REQUIRE((const void *)h != (const void *)x, "h must not alias x");
-    return launch_skinny<2, SKINNY_SWIGLU>(ctx, p);
+    return skinny_glu(ctx, __func__, x, w_gate_up, rows, n, k, ARC_ACT_SILU, h);
 }

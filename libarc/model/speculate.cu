@@ -74,10 +74,11 @@ draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, i
 
 // x[i] = float(embed[tokens[i]]), one block a row.
 __global__ void __launch_bounds__(256)
-verify_embed_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float *x) {
+verify_embed_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const int32_t *tokens, float scale,
+                    float *x) {
     pdl_launch_dependents();
     pdl_wait();
-    embed_row(table, vocab, dim, (uint32_t)tokens[blockIdx.x], x + (size_t)blockIdx.x * dim, 256);
+    embed_row(table, vocab, dim, (uint32_t)tokens[blockIdx.x], scale, x + (size_t)blockIdx.x * dim, 256);
 }
 
 // keys[row] = the argmax key of logits[row] (width values): blocks stride over the row, each adds
@@ -149,16 +150,16 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
         return ARC_OK;
     }
     ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
-    ARC_REQUIRE(c.head_dim % 8 == 0 && c.head_dim <= 128, "speculative steps need head_dim a multiple of 8 up to "
-                "128, got %d", c.head_dim);
+    ARC_REQUIRE(c.head_dim % 8 == 0 && c.head_dim <= ATTN_MAX_HEAD_DIM, "speculative steps need head_dim a multiple "
+                "of 8 up to %d, got %d", ATTN_MAX_HEAD_DIM, c.head_dim);
     ARC_REQUIRE(c.dim % 32 == 0 && c.ffn_dim % 32 == 0 && mp.q_dim % 32 == 0,
                 "speculative steps need dim, ffn_dim and the query width to be multiples of 32");
     const uint64_t rows = (uint64_t)k + 1, wide = (uint64_t)(c.dim > mp.q_dim ? c.dim : mp.q_dim);
-    const uint64_t sizes[9] = {rows * c.dim * 4, ARC_SPLIT_PARTS * rows * wide * 2, ARC_SPLIT_PARTS * rows * c.ffn_dim * 2,
+    const uint64_t sizes[10] = {rows * c.dim * 4, ARC_SPLIT_PARTS * rows * wide * 2, ARC_SPLIT_PARTS * rows * c.ffn_dim * 2,
                                rows * mp.qkv_rows * 4, rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4,
-                               rows * 4, rows * 8};
-    uint64_t off[9], at = 0;
-    for (int i = 0; i < 9; ++i) {
+                               rows * 4, rows * 8, c.post_norms ? rows * c.dim * 4 : 0};
+    uint64_t off[10], at = 0;
+    for (int i = 0; i < 10; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -178,6 +179,7 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     b->tokens = (int32_t *)(base + off[6]);
     b->positions = (int32_t *)(base + off[7]);
     b->keys = (unsigned long long *)(base + off[8]);
+    b->t = c.post_norms ? (float *)(base + off[9]) : nullptr;
     ARC_CUDA(ctx, cudaMemsetAsync(mem, 0, at, ctx->stream));
     return ARC_OK;
 }
@@ -201,7 +203,7 @@ struct VerifyOps {
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_rope(c, lw), lw.k_cache,
+        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_attn(c, lw), lw.k_cache,
                                        lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att);
     }
     int attn_out(const LayerParts &lw) {
@@ -211,11 +213,22 @@ struct VerifyOps {
     int ffn_in(const LayerParts &lw) {
         const int dim = p.cfg.dim;
         ARC_TRY(arc_op_split_rows(p.ctx, b.x, rows, dim, lw.mlp_norm, p.cfg.rms_eps, b.parts));
-        return arc_op_skinny_swiglu(p.ctx, b.parts, (const uint16_t *)lw.w_gate_up.p, rows, p.cfg.ffn_dim, dim, b.h);
+        return skinny_glu(p.ctx, "arc_model_forward_speculate", b.parts, (const uint16_t *)lw.w_gate_up.p, rows,
+                          p.cfg.ffn_dim, dim, p.cfg.activation, b.h);
     }
     int ffn_out(const LayerParts &lw) {
         return arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 1,
                              b.x);
+    }
+    int attn_out_norm(const LayerParts &lw) {
+        ARC_TRY(arc_op_split_rows(p.ctx, b.att, rows, p.q_dim, nullptr, 0.0f, b.parts));
+        ARC_TRY(arc_op_skinny(p.ctx, b.parts, (const uint16_t *)lw.wo.p, rows, p.cfg.dim, p.q_dim, nullptr, 0, b.t));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps);
+    }
+    int ffn_out_norm(const LayerParts &lw) {
+        ARC_TRY(arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 0,
+                              b.t));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps);
     }
 };
 
@@ -224,7 +237,7 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
     arc_context *ctx = mp.ctx;
     const arc_model_config &c = mp.cfg;
     ARC_TRY(arc_launch_pdl(ctx, "verify_embed_kernel", verify_embed_kernel, dim3(rows), dim3(256), 0, mp.embed,
-                           c.vocab, c.dim, (const int32_t *)b.tokens, b.x));
+                           c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
     ARC_TRY(run_layers(model, mp, ops));
     ARC_TRY(arc_op_split_rows(ctx, b.x, rows, c.dim, mp.final_norm, c.rms_eps, b.parts));

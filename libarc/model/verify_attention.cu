@@ -12,7 +12,7 @@
 
 #include "kernels.cuh"
 
-enum { VROPE_THREADS = 128, VATT_THREADS = 128, VATT_WARPS = VATT_THREADS / 32, VATT_MAX_HD = 128 };
+enum { VROPE_THREADS = 128, VATT_THREADS = 128, VATT_WARPS = VATT_THREADS / 32, VATT_MAX_HD = ATTN_MAX_HEAD_DIM };
 
 // Row i = blockIdx.x of qkv (rows, q | k | v), float32, rotated in place (q and k) at position
 // positions[i] as `rope` says (kernels.cuh); k and v rounded to bf16 into cache row positions[i]
@@ -49,8 +49,8 @@ verify_rope_kernel(float *__restrict__ qkv, int stride, const int32_t *__restric
     }
 }
 
-// out[i] (n_heads, hd) float32 for row i = blockIdx.y, head blockIdx.x: softmax(q k^T / sqrt(hd)) v
-// over cache rows 0..min(positions[i], max_seq - 1). Each warp takes every VATT_WARPS-th block of 32
+// out[i] (n_heads, hd) float32 for row i = blockIdx.y, head blockIdx.x: softmax(q k^T * scale) v
+// over cache rows 0..min(positions[i], max_seq - 1) (windowed: the last `window` of them). Each warp takes every VATT_WARPS-th block of 32
 // positions: a lane scores one position (its whole k row against q in shared memory), the warp
 // rescales its running sum (online softmax, base 2), then adds the 32 weighted v rows, a lane
 // holding elements lane + 32 e of the output. The warps' partials are combined in a fixed order.
@@ -58,7 +58,7 @@ verify_rope_kernel(float *__restrict__ qkv, int stride, const int32_t *__restric
 __global__ void __launch_bounds__(VATT_THREADS)
 verify_attention_kernel(const float *__restrict__ qkv, int stride, const int32_t *__restrict__ positions,
                         const uint16_t *__restrict__ k_cache, const uint16_t *__restrict__ v_cache, int n_heads,
-                        int n_kv_heads, int hd, int max_seq, float scale_log2, float *__restrict__ out) {
+                        int n_kv_heads, int hd, int max_seq, float scale_log2, int window, float *__restrict__ out) {
     constexpr int E = VATT_MAX_HD / 32;
     __shared__ __align__(16) float q[VATT_MAX_HD];
     __shared__ float wm[VATT_WARPS], wl[VATT_WARPS], wacc[VATT_WARPS][VATT_MAX_HD];
@@ -68,13 +68,14 @@ verify_attention_kernel(const float *__restrict__ qkv, int stride, const int32_t
     const int kvh = head / (n_heads / n_kv_heads);
     const int last = min(positions[i], max_seq - 1);
     const int n = last < 0 ? 1 : last + 1;
+    const int lo = window > 0 && n > window ? n - window : 0;  // a windowed row attends lo..last
     for (int d = tid; d < hd; d += VATT_THREADS) q[d] = qkv[(size_t)i * stride + head * hd + d];
     __syncthreads();
     const uint16_t *kb = k_cache + (size_t)kvh * max_seq * hd, *vb = v_cache + (size_t)kvh * max_seq * hd;
     float m = -INFINITY, l = 0.0f, acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (int b0 = warp * 32; b0 < n; b0 += VATT_WARPS * 32) {
+    for (int b0 = lo + warp * 32; b0 < n; b0 += VATT_WARPS * 32) {
         const int j = b0 + lane;
         float s = -INFINITY;
         if (j < n) {
@@ -128,15 +129,16 @@ verify_attention_kernel(const float *__restrict__ qkv, int stride, const int32_t
 }
 
 int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
-                            RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
+                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
                             int n_kv_heads, int hd, int max_seq, float *out) {
     ARC_REQUIRE(hd % 8 == 0 && hd <= VATT_MAX_HD, "head_dim must be a multiple of 8 and at most %d, got %d",
                 VATT_MAX_HD, hd);
+    const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= hd, "RoPE of %d pairs in a head of %d", rope.half, hd);
     ARC_TRY(arc_launch_pdl(ctx, "verify_rope_kernel", verify_rope_kernel, dim3(rows), dim3(VROPE_THREADS), 0, qkv,
                            stride, positions, rope, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq));
-    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)hd));
+    const float scale_log2 = (float)(1.4426950408889634 * (double)spec.scale);
     return arc_launch_pdl(ctx, "verify_attention_kernel", verify_attention_kernel, dim3(n_heads, rows),
                           dim3(VATT_THREADS), 0, (const float *)qkv, stride, positions, (const uint16_t *)k_cache,
-                          (const uint16_t *)v_cache, n_heads, n_kv_heads, hd, max_seq, scale_log2, out);
+                          (const uint16_t *)v_cache, n_heads, n_kv_heads, hd, max_seq, scale_log2, spec.window, out);
 }
