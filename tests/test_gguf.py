@@ -509,7 +509,8 @@ def test_byte_level_vocabulary_encodes_by_merge_rank_and_decodes_back(tmp_path):
 
 @pytest.mark.parametrize("pre, pieces", [
     ("smollm", ["1", "2", "3", "4"]),    # digits one by one: no merge reaches across them
-    ("default", ["12", "34"]),           # GPT-2's split keeps the number whole
+    ("gpt-2", ["12", "34"]),             # GPT-2's split keeps the number whole
+    ("default", ["12", "3", "4"]),       # llama.cpp's default cuts runs of digits in threes: 123|4
     ("llama-bpe", ["12", "3", "4"]),     # Llama 3's split cuts numbers into threes: 123|4
 ])
 def test_pre_tokenizer_name_picks_the_split(tmp_path, pre, pieces):
@@ -671,6 +672,8 @@ def test_tensor_of_a_type_that_cannot_be_dequantized_is_refused(tmp_path):
     ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer model 'bert'"),
     ({"tokenizer.ggml.eos_token_id": 9999}, "'tokenizer.ggml.eos_token_id' is 9999, outside the vocabulary"),
     ({"tokenizer.ggml.merges": ["h e", "nospace"]}, "merge 'nospace' is not two tokens"),
+    ({"tokenizer.ggml.merges": ["h e", " e"]}, "merge ' e' is not two tokens"),
+    ({"tokenizer.ggml.pre": "kimi-k2"}, "unsupported pre-tokenizer 'kimi-k2' (tokenizer.ggml.pre)"),
     ({"tokenizer.ggml.token_type": [1, 1]}, "'tokenizer.ggml.token_type' must be a list of 267 integers"),
     ({"general.alignment": 48}, "general.alignment must be a power of two, got 48"),
 ], ids=lambda v: str(v)[:40])
