@@ -528,6 +528,22 @@ def test_eot_joins_eos_and_llama3_vocabularies_start_with_bos_by_default(tmp_pat
     assert text.eos_ids == (2, 0) and text.add_bos and text.bos_id == 1
 
 
+def test_a_gemma4_vocabulary_is_bpe_on_utf8_with_spaces_as_u2581_and_always_starts_with_bos(tmp_path):
+    pieces = ["t", "h", "e", "\u2581", "he", "\u2581t", "\u2581the"]
+    tokens = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    meta = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.pre": "qwen2",  # gemma4 reads as "gemma4"
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3] * 3 + [6] * 256 + [1] * len(pieces),
+            "tokenizer.ggml.merges": ["h e", "\u2581 t", "\u2581t he"], "tokenizer.ggml.add_bos_token": False}
+    cfg = dataclasses.replace(TINY, vocab=len(tokens))
+    path = write_gguf(tmp_path / "g.gguf", gguf_tensors(random_model(cfg)), {**llama_meta(cfg), **BYTE_VOCAB, **meta})
+    _, text = load_gguf(path)
+    tok = text.tokenizer
+    assert [tokens[i] for i in tok.encode(" the\n\nthe").ids] == ["\u2581the", "<0x0A>", "<0x0A>", "t", "he"]
+    assert [tokens[i] for i in tok.encode("\u00e9").ids] == ["<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode(" the \u00e9\nthe").ids) == " the \u00e9\nthe"
+    assert text.add_bos and text.bos_id == 1  # as llama.cpp, whatever add_bos_token says
+
+
 SPM_BYTES = [f"<0x{b:02X}>" for b in range(256)]
 # Pieces and scores. "ll" outscores "he", and "el" outscores both: "hello" must become he|llo only
 # when "el" is absent, so the scores, not the order of the list, decide.
