@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 from llamacpp_sdist import llamacpp_models
+from tokenizers import Regex, pre_tokenizers
 
 from arcpy.errors import ModelFileError
 from arcpy.model.gguf_file import read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
 from arcpy.text import encode, gguf_text_spec
+from arcpy.text.pretokenize import PRE_TOKENIZERS
 
 # The sdist's vocabularies (its hash is pinned, so the list is too): those arcpy reads, and those
 # it refuses with what the refusal names.
@@ -74,6 +76,18 @@ def test_every_case_encodes_to_llama_cpps_ids(models, name):
             wrong.append(f"{text[:60]!r}: {got[:24]} instead of {want[:24]}")
     assert expected, f"{vocab.name}.inp holds no cases"
     assert not wrong, f"{len(wrong)} of {len(expected)} cases differ:\n" + "\n".join(wrong)
+
+
+def test_every_pre_tokenizer_name_cuts_every_case_into_pieces_of_it(models):
+    """The names without a vocabulary here: each one's expressions compile, and cut llama.cpp's
+    texts into pieces that are the text, in order."""
+    texts = {t for n in READ if n not in NO_CASES for t in cases(models / f"ggml-vocab-{n}.gguf")}
+    for name, pre in PRE_TOKENIZERS.items():
+        pre.pre_tokenizer()
+        splits = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(rx), "isolated") for rx in pre.splits])
+        for text in texts:
+            pieces = [piece for piece, _ in splits.pre_tokenize_str(text)]
+            assert "".join(pieces) == text and all(pieces), (name, text)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
