@@ -19,7 +19,8 @@ class Vocabulary:
     """`kind` "gpt2" is byte-level BPE (`tokens` and ranked `merges`, split first as the
     pre-tokenizer named `pre` does); "gemma4" is BPE on UTF-8 (`pre` is "gemma4"); "llama" is
     SentencePiece (`tokens` with `scores` and `types`, <0xNN> byte tokens, U+2581 for a space).
-    Ids are checked against len(tokens). `add_bos` None means the file does not say. `source` names the file in messages."""
+    Ids are checked against len(tokens). `add_bos` None means the file does not say. `source`
+    names the file in messages."""
 
     source: str
     kind: str

@@ -11,7 +11,7 @@ does.
 from __future__ import annotations
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
