@@ -261,6 +261,20 @@ MUTATIONS = [
         "                    items, self._items = self._items[-1:], []\n",
         ("tests/test_serve_worker.py::test_pieces_cross_from_a_thread_in_order_and_none_is_lost",),
     ),
+    Mutation(
+        "a qwen2 vocabulary's words are cut by GPT-2's expression",
+        "arcpy/text/pretokenize.py",
+        '    **_names(_QWEN2_PRE, "qwen2",',
+        '    **_names(_GPT2_PRE, "qwen2",',
+        ("tests/test_tokenizer_vectors.py::test_every_case_encodes_to_llama_cpps_ids[qwen2]",),
+    ),
+    Mutation(
+        "a gemma4 vocabulary starts with BOS only where its file says so",
+        "arcpy/text/pretokenize.py",
+        "add_bos=True, bos_always=True, byte_level=False)",
+        "add_bos=True, byte_level=False)",
+        ("tests/test_gguf.py::test_a_gemma4_vocabulary_is_bpe_on_utf8_with_spaces_as_u2581_and_always_starts_with_bos",),
+    ),
 ]
 
 

@@ -509,7 +509,8 @@ def test_byte_level_vocabulary_encodes_by_merge_rank_and_decodes_back(tmp_path):
 
 @pytest.mark.parametrize("pre, pieces", [
     ("smollm", ["1", "2", "3", "4"]),    # digits one by one: no merge reaches across them
-    ("default", ["12", "34"]),           # GPT-2's split keeps the number whole
+    ("gpt-2", ["12", "34"]),             # GPT-2's split keeps the number whole
+    ("default", ["12", "3", "4"]),       # llama.cpp's default cuts runs of digits in threes: 123|4
     ("llama-bpe", ["12", "3", "4"]),     # Llama 3's split cuts numbers into threes: 123|4
 ])
 def test_pre_tokenizer_name_picks_the_split(tmp_path, pre, pieces):
@@ -525,6 +526,22 @@ def test_eot_joins_eos_and_llama3_vocabularies_start_with_bos_by_default(tmp_pat
     write_gguf(path, gguf_tensors(random_model(TINY)), {**llama_meta(TINY), **w_meta})
     _, text = load_gguf(path)
     assert text.eos_ids == (2, 0) and text.add_bos and text.bos_id == 1
+
+
+def test_a_gemma4_vocabulary_is_bpe_on_utf8_with_spaces_as_u2581_and_always_starts_with_bos(tmp_path):
+    pieces = ["t", "h", "e", "\u2581", "he", "\u2581t", "\u2581the"]
+    tokens = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    meta = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.pre": "qwen2",  # gemma4 reads as "gemma4"
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3] * 3 + [6] * 256 + [1] * len(pieces),
+            "tokenizer.ggml.merges": ["h e", "\u2581 t", "\u2581t he"], "tokenizer.ggml.add_bos_token": False}
+    cfg = dataclasses.replace(TINY, vocab=len(tokens))
+    path = write_gguf(tmp_path / "g.gguf", gguf_tensors(random_model(cfg)), {**llama_meta(cfg), **BYTE_VOCAB, **meta})
+    _, text = load_gguf(path)
+    tok = text.tokenizer
+    assert [tokens[i] for i in tok.encode(" the\n\nthe").ids] == ["\u2581the", "<0x0A>", "<0x0A>", "t", "he"]
+    assert [tokens[i] for i in tok.encode("\u00e9").ids] == ["<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode(" the \u00e9\nthe").ids) == " the \u00e9\nthe"
+    assert text.add_bos and text.bos_id == 1  # as llama.cpp, whatever add_bos_token says
 
 
 SPM_BYTES = [f"<0x{b:02X}>" for b in range(256)]
@@ -675,6 +692,8 @@ def test_tensor_of_a_type_that_cannot_be_dequantized_is_refused(tmp_path):
     ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer model 'bert'"),
     ({"tokenizer.ggml.eos_token_id": 9999}, "'tokenizer.ggml.eos_token_id' is 9999, outside the vocabulary"),
     ({"tokenizer.ggml.merges": ["h e", "nospace"]}, "merge 'nospace' is not two tokens"),
+    ({"tokenizer.ggml.merges": ["h e", " e"]}, "merge ' e' is not two tokens"),
+    ({"tokenizer.ggml.pre": "kimi-k2"}, "unsupported pre-tokenizer 'kimi-k2' (tokenizer.ggml.pre)"),
     ({"tokenizer.ggml.token_type": [1, 1]}, "'tokenizer.ggml.token_type' must be a list of 267 integers"),
     ({"general.alignment": 48}, "general.alignment must be a power of two, got 48"),
 ], ids=lambda v: str(v)[:40])

@@ -6,6 +6,7 @@ ids before a sequence and ids back into text as they land.
     spec      TextSpec: the tokenizer, BOS/EOS ids, add_bos, the chat template
     loader    load_text_spec: a Hugging Face model directory's text files -> TextSpec
     gguf      gguf_text_spec: a GGUF file's Vocabulary (arcpy.vocabulary) -> TextSpec
+    pretokenize  llama.cpp's pre-tokenizers by name: how a BPE vocabulary's text is cut into words
     codec     encode, decode, StreamDecoder (ids -> text as they land)
     specials  special-token strings in a user's text are encoded as text
     chat      chat_ids, render_chat: messages -> prompt ids (or text) through the template

@@ -1,29 +1,25 @@
 """A tokenizer from a GGUF file's Vocabulary (arcpy.vocabulary): the TextSpec of the file.
 
 llama.cpp describes a vocabulary by a tokenizer kind and lists: "gpt2" is byte-level BPE (tokens
-and ranked merges, split first by a pre-tokenizer named in tokenizer.ggml.pre), "llama" is
-SentencePiece (pieces with scores and types, <0xNN> byte tokens, U+2581 for a space). Both are
-rebuilt as `tokenizers` BPE models that encode and decode ordinary text the way llama.cpp does.
+and ranked merges, split first by the pre-tokenizer named in tokenizer.ggml.pre: see
+arcpy.text.pretokenize), "gemma4" is BPE on raw UTF-8 (spaces as U+2581, <0xNN> byte tokens),
+"llama" is SentencePiece (pieces with scores and types, <0xNN> byte tokens, U+2581 for a space).
+All are rebuilt as `tokenizers` BPE models that encode and decode ordinary text the way llama.cpp
+does.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
+from arcpy.text.pretokenize import PreTokenizer, pre_tokenizer_named
 from arcpy.text.spec import TextSpec
 from arcpy.vocabulary import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocabulary
 
 _SPACE = "\u2581"  # SentencePiece's visible space
-# llama.cpp's pre-tokenizer names -> the split they stand for; any other name gets GPT-2's.
-_LLAMA3_PRE = ("llama3", "llama-v3", "llama-bpe", "falcon3")
-_DIGITS_PRE = ("smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva-7b")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# Byte-level vocabularies that llama.cpp starts with BOS unless the file says otherwise.
-_BOS_PRE = _LLAMA3_PRE + ("tekken", "chameleon")
 _MAX_MERGE_CHARS = 64 * 1024 * 1024  # what a SentencePiece vocabulary's merges may name, in characters
 
 
@@ -32,15 +28,17 @@ def gguf_text_spec(v: Vocabulary) -> TextSpec:
 
     The tokenizer adds no special tokens itself: `add_bos` says whether a prompt starts with bos_id.
     """
-    if v.kind == "gpt2":
-        tok, add_bos_default = _byte_level_bpe(v), v.pre in _BOS_PRE
+    if v.kind in ("gpt2", "gemma4"):
+        pre = pre_tokenizer_named(v.source, v.pre)
+        tok, add_bos_default = _bpe_split_first(v, pre), pre.add_bos
     elif v.kind == "llama":
-        tok, add_bos_default = _sentencepiece_bpe(v), True
+        pre, tok, add_bos_default = None, _sentencepiece_bpe(v), True
     else:
-        raise ModelFileError(f"{v.source}: unsupported tokenizer model {quoted(v.kind)} (supported: gpt2, llama)")
+        raise ModelFileError(f"{v.source}: unsupported tokenizer model {quoted(v.kind)} "
+                             "(supported: gpt2, gemma4, llama)")
     _add_special_tokens(tok, v.tokens, v.types)
     add_bos = v.add_bos
-    if add_bos is None:
+    if add_bos is None or (pre is not None and pre.bos_always):
         add_bos = add_bos_default and v.bos_id is not None
     return TextSpec(tokenizer=tok, bos_id=v.bos_id, eos_ids=v.eos_ids, add_bos=add_bos,
                     chat_template=v.chat_template)
@@ -57,25 +55,28 @@ def _bpe(v: Vocabulary, merges: list[tuple[str, str]], **options) -> Tokenizer:
         raise ModelFileError(f"{v.source}: the tokenizer cannot be built ({quoted(str(e), 120)})") from None
 
 
-def _byte_level_bpe(v: Vocabulary) -> Tokenizer:
-    """GPT-2 style byte-level BPE: the tokens and ranked merges, split as the pre-tokenizer name says."""
+def _merge_pairs(v: Vocabulary) -> list[tuple[str, str]]:
+    """The merges as (left, right): llama.cpp cuts each at its first space after the first character."""
     pairs = []
     for m in v.merges:
-        left, sep, right = m.partition(" ")
-        if not (sep and left and right):
+        cut = m.find(" ", 1)
+        if cut < 0 or cut == len(m) - 1:
             raise ModelFileError(f"{v.source}: merge {quoted(m)} is not two tokens separated by a space")
-        pairs.append((left, right))
-    llama3 = v.pre in _LLAMA3_PRE
-    tok = _bpe(v, pairs, ignore_merges=llama3)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not llama3)
-    if llama3:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"),
-                                                     byte_level])
-    elif v.pre in _DIGITS_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        pairs.append((m[:cut], m[cut + 1:]))
+    return pairs
+
+
+def _bpe_split_first(v: Vocabulary, pre: PreTokenizer) -> Tokenizer:
+    """BPE on the words the pre-tokenizer cuts: GPT-2's bytes-as-characters, or (Gemma 4) raw
+    UTF-8 with spaces as U+2581 and <0xNN> tokens for bytes no token covers."""
+    if pre.byte_level:
+        tok = _bpe(v, _merge_pairs(v), ignore_merges=pre.ignore_merges)
+        tok.decoder = decoders.ByteLevel()
     else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
+        tok = _bpe(v, _merge_pairs(v), ignore_merges=pre.ignore_merges, byte_fallback=bool(np.any(v.types == BYTE)))
+        tok.normalizer = normalizers.Replace(" ", _SPACE)
+        tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.pre_tokenizer = pre.pre_tokenizer()
     return tok
 
 
