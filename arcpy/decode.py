@@ -324,7 +324,7 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
             fix = "that is the model's own limit: shorten the prompt"
         raise InvalidArgumentError(f"the prompt has {len(ids)} tokens, but the context holds {context} positions "
                                    f"and leaves no room to generate: {fix}")
-    return dataclasses.replace(request, prompt=None, messages=None, prompt_ids=ids)
+    return dataclasses.replace(request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids)
 
 
 class Printer:
