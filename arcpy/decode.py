@@ -2,6 +2,7 @@
 
     python -m arcpy.decode                                  # the demo model answers a question
     python -m arcpy.decode --model DIR_OR_GGUF --chat --prompt "Why is the sky blue?"
+    python -m arcpy.decode --model QWEN3.gguf --chat --template-kwarg enable_thinking=false --prompt "Hi"
     python -m arcpy.decode --shape stories15M --prompt-ids "1 2 3"
     python -m arcpy.decode --help
 
@@ -13,6 +14,7 @@ Errors are one line on stderr and a non-zero exit.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import select
@@ -36,7 +38,7 @@ from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
-from arcpy.text import TextSpec
+from arcpy.text import TextSpec, check_template_kwargs
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -78,6 +80,43 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
     ]
 
 
+def template_options(what: str = "A keyword argument for the chat template") -> list:
+    """The options for the chat template, shared by decode, chat and serve: --template-kwarg."""
+    return [
+        click.option("--template-kwarg", "template_kwargs", multiple=True, metavar="KEY=VALUE",
+                     help=f"{what} (repeatable), e.g. enable_thinking=false; VALUE is read as JSON where it "
+                          "parses as JSON, else as a string."),
+    ]
+
+
+def parse_template_kwargs(pairs) -> dict:
+    """--template-kwarg KEY=VALUE options -> the template's keyword arguments, checked. A value
+    is JSON where it parses as JSON (false, 3, ["a"], "3"), else the string it is."""
+    out = {}
+    for pair in pairs:
+        name, eq, text = pair.partition("=")
+        if not eq or not name:
+            raise click.UsageError(f"--template-kwarg takes KEY=VALUE (e.g. enable_thinking=false), got {quoted(pair)}")
+        if name in out:
+            raise click.UsageError(f"--template-kwarg {quoted(name)} is given twice")
+        out[name] = _json_or_text(text)
+    try:
+        return check_template_kwargs(out, "--template-kwarg")
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _refuse(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text, parse_constant=_refuse)  # NaN and Infinity stay text
+    except (ValueError, RecursionError):
+        return text
+
+
 def speculation_note(drafts: int, engine) -> None:
     """A note where --speculate was asked for and the engine cannot take it."""
     device = engine.device
@@ -108,6 +147,7 @@ def decode_options(f):
         click.option("--prompt-ids", default=None, help="The prompt as token ids, e.g. '1 450 4996'."),
         click.option("--chat", is_flag=True, help="Render the prompt through the model's chat template."),
         click.option("--system", default=None, help="A system message for --chat."),
+        *template_options(),
         click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=None,
                      help=f"At most this many new tokens [default: 64; {DEMO_MAX_NEW} for the demo question]."),
         click.option("--stop-id", "stop_ids", type=click.IntRange(min=0), multiple=True,
@@ -227,6 +267,7 @@ class RunOptions:
     drafts: int = 0             # speculative steps of this many drafts (0: none)
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
+    template_kwargs: dict = dataclasses.field(default_factory=dict)  # --template-kwarg, for the question
 
 
 def read_prompt(prompt: str | None, prompt_ids: str | None, stdin=None) -> str | None:
@@ -253,7 +294,7 @@ def _ready(stream) -> bool:
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
          device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         stdin=None) -> tuple[Request, RunOptions]:
+         template_kwargs=(), stdin=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -266,6 +307,9 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         raise click.UsageError("--model is empty: name a model directory or a .gguf file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
+    kwargs = parse_template_kwargs(template_kwargs)
+    if kwargs and not chat:
+        raise click.UsageError("--template-kwarg needs --chat")
     if chat and prompt_ids is not None:
         raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
     if shape is not None and (prompt is not None or chat or stop_strings):
@@ -293,10 +337,11 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
     else:
         source = {"prompt": prompt}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
-                      stop_ids=stop_ids, stop=stop_strings, sampling=sampling)
+                      stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
+                      template_kwargs=kwargs if "messages" in source else {})
     return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
                                question=prompt is None and prompt_ids is None,
-                               budget_given=max_new_tokens is not None)
+                               budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
 
 def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunOptions) -> Request:
@@ -305,7 +350,8 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
     if run.question and text is not None:
         click.echo(f"question: {DEMO_QUESTION}", err=True)
         request = dataclasses.replace(request, prompt_ids=None, messages=[{"role": "user", "content": DEMO_QUESTION}],
-                                      max_new_tokens=request.max_new_tokens if run.budget_given else DEMO_MAX_NEW)
+                                      max_new_tokens=request.max_new_tokens if run.budget_given else DEMO_MAX_NEW,
+                                      template_kwargs=run.template_kwargs)
     if request.is_text and text is None:
         raise click.UsageError(f"{'--chat' if request.messages else '--prompt'} needs a model with a tokenizer; "
                                f"{model.name} has none: use --prompt-ids")
