@@ -21,6 +21,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llamacpp_sdist import llamacpp_models
 
 from arcpy.errors import InvalidArgumentError
+from arcpy.loop.prompt import request_ids
+from arcpy.loop.request import Request
 from arcpy.model.gguf_file import read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
 from arcpy.text import TextSpec, chat_ids, encode, gguf_text_spec, render_chat
@@ -160,6 +162,8 @@ def test_qwen3_prompt_ids_have_the_markup_as_control_tokens_and_no_bos(qwen3):
     assert ids == encode(qwen3, text, parse_special=True)
     assert (count(qwen3, ids, "<|im_start|>"), count(qwen3, ids, "<|im_end|>")) == (5, 4)
     assert not qwen3.add_bos and qwen3.bos_id not in ids
+    thinking_off = Request(messages=CHAT, template_kwargs={"enable_thinking": False})
+    assert request_ids(qwen3, thinking_off) == ids != request_ids(qwen3, Request(messages=CHAT))
 
 
 # -- SmolLM3 ------------------------------------------------------------------------------------
