@@ -80,7 +80,10 @@ def _download(dest: Path) -> Path:
         if any(sign in said for sign in UNREACHABLE):
             pytest.skip(f"pip cannot reach the package index for {PACKAGE}=={VERSION}: {last[0]}")
         pytest.fail(f"pip could not download {PACKAGE}=={VERSION}: {last[0]}")
-    [sdist] = dest.glob("*.tar.gz")
+    found = sorted(dest.glob("*.tar.gz"))
+    if len(found) != 1:
+        pytest.fail(f"pip reported success but left {len(found)} sdists for {PACKAGE}=={VERSION}, not one")
+    sdist = found[0]
     digest = hashlib.sha256()
     with open(sdist, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

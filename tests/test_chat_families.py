@@ -66,25 +66,25 @@ def write_vocab_gguf(path, tokens, types, template_text, *, kind="llama", scores
     return path
 
 
+def vocabulary_of(path):
+    """The Vocabulary arcpy reads from a vocabulary-only GGUF file."""
+    f = read_gguf(path)
+    return read_vocabulary(f.meta, len(f.meta.strings("tokenizer.ggml.tokens")))
+
+
 def read_spec(path):
     """The TextSpec arcpy reads from a GGUF file: its tokenizer and its chat template."""
-    f = read_gguf(path)
-    return gguf_text_spec(read_vocabulary(f.meta, len(f.meta.strings("tokenizer.ggml.tokens"))))
+    return gguf_text_spec(vocabulary_of(path))
 
 
 def spec_with(tmp_path, vocab: str, template_text: str):
     """llama.cpp's ggml-vocab-`vocab`.gguf tokenizer, written again with `template_text`."""
-    v = _vocabulary(vocab)
+    v = vocabulary_of(llamacpp_models() / f"ggml-vocab-{vocab}.gguf")
     path = write_vocab_gguf(tmp_path / f"{vocab}.gguf", v.tokens, v.types, template_text, kind=v.kind,
                             scores=v.scores, merges=v.merges, pre=v.pre if v.kind == "gpt2" else None,
                             bos=v.bos_id, eos=v.eos_ids[0] if v.eos_ids else None, add_bos=v.add_bos,
                             add_space_prefix=v.add_space_prefix)
     return read_spec(path)
-
-
-def _vocabulary(vocab: str):
-    f = read_gguf(llamacpp_models() / f"ggml-vocab-{vocab}.gguf")
-    return read_vocabulary(f.meta, len(f.meta.strings("tokenizer.ggml.tokens")))
 
 
 def small_spec(tmp_path, template_text: str, bos: str | None, eos: str, controls, add_bos: bool):
@@ -241,7 +241,7 @@ def test_phi35_prompt_ids_start_with_bos_which_the_template_does_not_write(phi35
     assert (count(phi35, ids, "<|user|>"), count(phi35, ids, "<|assistant|>"), count(phi35, ids, "<|end|>")) == (2, 2, 4)
 
 
-def test_the_phi3_vocabulary_files_own_template_writes_bos_once(tmp_path):
+def test_the_phi3_vocabulary_files_own_template_writes_bos_once():
     phi3 = read_spec(llamacpp_models() / "ggml-vocab-phi-3.gguf")
     assert rendered(phi3, CHAT) == "<s>" + PHI_TURNS + "<|assistant|>\n"  # this one drops the system message
     ids = chat_ids(phi3, CHAT)
