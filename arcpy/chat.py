@@ -21,13 +21,13 @@ from typing import Callable
 import click
 
 from arcpy import _lib
-from arcpy.decode import (engine_options, load, model_or_demo, note, one_line_errors, parse_template_kwargs,
-                          speculation_note, template_options, with_options)
+from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
+from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 

@@ -18,12 +18,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from arcpy.chat import Conversation, converse
 from arcpy.chat import run as run_chat
-from arcpy.decode import parse_template_kwargs, plan
+from arcpy.decode import plan
 from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
+from arcpy.options import parse_template_kwargs
 from arcpy.serve.schema import CHAT, ApiError, Defaults, parse
 from arcpy.text import TextSpec, chat_ids, check_template_kwargs, encode, render_chat
 from arcpy.text.chat import SET_BY_ARCPY
