@@ -8,8 +8,7 @@ that arcpy sets or that the sandbox defines.
 
 `chat_ids` is the prompt to decode: the template's markup becomes the model's control tokens, and
 the messages' own text (and the strings of the keyword arguments) stays text, whatever it holds
-(arcpy.text.specials). `render_chat` is the
-same prompt as text, to show.
+(arcpy.text.specials). `render_chat` is the same prompt as text, to show.
 """
 
 from __future__ import annotations
