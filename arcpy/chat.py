@@ -21,12 +21,13 @@ from typing import Callable
 import click
 
 from arcpy import _lib
-from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, speculation_note, with_options
+from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
-from arcpy.loop.request import Request
+from arcpy.loop.request import Request, TemplateKwargs
+from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 
@@ -48,9 +49,11 @@ class Conversation:
     """The history of one chat and how each turn is asked of the engine."""
 
     def __init__(self, engine: Engine, text: TextSpec, system: str | None = None,
-                 max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None):
+                 max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None,
+                 template_kwargs=None):
         self.engine, self.text, self.system = engine, text, system
         self.max_new_tokens, self.stop, self.sampling = max_new_tokens, tuple(stop), sampling or Sampling()
+        self.template_kwargs = TemplateKwargs(template_kwargs)  # checked once, for every turn
         self.turns: list[tuple[str, str]] = []  # (user, assistant)
 
     def reset(self) -> None:
@@ -68,7 +71,8 @@ class Conversation:
         context = self.engine.device.max_seq
         room = min(self.max_new_tokens, context // 4)
         for dropped in range(len(self.turns) + 1):
-            ids = request_ids(self.text, Request(messages=self.messages(user, self.turns[dropped:])))
+            ids = request_ids(self.text, Request(messages=self.messages(user, self.turns[dropped:]),
+                                                 template_kwargs=self.template_kwargs))
             if len(ids) + room <= context:
                 return ids, dropped
         if len(ids) < context:
@@ -180,6 +184,7 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 @click.option("--model", "model_path", type=click.Path(), default=None,
               help="A Hugging Face model directory or a .gguf file with a chat template. Default: the demo model.")
 @click.option("--system", default=None, help="The system message.")
+@with_options(template_options())
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW, show_default=True,
               help="At most this many new tokens per answer.")
 @click.option("--stop", "stop_strings", multiple=True, help="Also end an answer at this text (repeatable).")
@@ -195,11 +200,12 @@ def main(**options):
     sys.exit(run(**options))
 
 
-def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq, drafts,
-        temperature, top_k, top_p, seed, stats, read=input) -> int:
+def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq,
+        drafts, temperature, top_k, top_p, seed, stats, read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
         sampling = Sampling(temperature, top_k, top_p, seed)
+        kwargs = parse_template_kwargs(template_kwargs)
         if any(not s for s in stop_strings):
             raise click.UsageError("--stop must not be empty")
         gate.read_all()
@@ -222,7 +228,7 @@ def run(model_path, system, max_new_tokens, stop_strings, backend, device_loop, 
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()
             click.echo(f"chat with {model.name} (backend {backend}); {HELP}", err=True)
-            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling)
+            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs)
             return converse(conversation, read, stats=stats)
     return errors.status
 

@@ -2,6 +2,7 @@
 
     python -m arcpy.decode                                  # the demo model answers a question
     python -m arcpy.decode --model DIR_OR_GGUF --chat --prompt "Why is the sky blue?"
+    python -m arcpy.decode --model QWEN3.gguf --chat --template-kwarg enable_thinking=false --prompt "Hi"
     python -m arcpy.decode --shape stories15M --prompt-ids "1 2 3"
     python -m arcpy.decode --help
 
@@ -36,6 +37,7 @@ from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
+from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
 from arcpy.text import TextSpec
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -60,39 +62,12 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
-    """The options that say how the engine runs, shared by decode, chat and serve: --backend,
-    --device-loop/--host-path, --burst, --max-seq, --speculate."""
-    return [
-        click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
-        click.option("--device-loop/--host-path", "device_loop", default=None,
-                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
-                          "backend has one)."),
-        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
-        click.option("--max-seq", type=click.IntRange(min=1), default=None,
-                     help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
-        click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
-                     help="Drafts a speculative step verifies, 0 for none: where the text repeats earlier text, the "
-                          "device loop makes up to that many tokens more per read of the weights (greedy "
-                          "requests, bf16 weights; chosen burst by burst, only where it pays)."),
-    ]
-
-
 def speculation_note(drafts: int, engine) -> None:
     """A note where --speculate was asked for and the engine cannot take it."""
     device = engine.device
     if drafts and not getattr(device, "speculate_k", 0):
         why = getattr(device, "speculation_refused", "") or f"the {engine.backend} backend has no device loop to run it"
         note(f"--speculate {drafts} has no effect: {why}")
-
-
-def with_options(options: list):
-    """A decorator applying click options in the order listed (the first shows first in --help)."""
-    def apply(f):
-        for option in reversed(options):
-            f = option(f)
-        return f
-    return apply
 
 
 def decode_options(f):
@@ -108,6 +83,7 @@ def decode_options(f):
         click.option("--prompt-ids", default=None, help="The prompt as token ids, e.g. '1 450 4996'."),
         click.option("--chat", is_flag=True, help="Render the prompt through the model's chat template."),
         click.option("--system", default=None, help="A system message for --chat."),
+        *template_options(),
         click.option("-n", "--max-new-tokens", type=click.IntRange(min=0), default=None,
                      help=f"At most this many new tokens [default: 64; {DEMO_MAX_NEW} for the demo question]."),
         click.option("--stop-id", "stop_ids", type=click.IntRange(min=0), multiple=True,
@@ -227,6 +203,7 @@ class RunOptions:
     drafts: int = 0             # speculative steps of this many drafts (0: none)
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
+    template_kwargs: dict = dataclasses.field(default_factory=dict)  # --template-kwarg, for the question
 
 
 def read_prompt(prompt: str | None, prompt_ids: str | None, stdin=None) -> str | None:
@@ -253,7 +230,7 @@ def _ready(stream) -> bool:
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
          device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         stdin=None) -> tuple[Request, RunOptions]:
+         template_kwargs=(), stdin=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -266,6 +243,9 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         raise click.UsageError("--model is empty: name a model directory or a .gguf file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
+    kwargs = parse_template_kwargs(template_kwargs)
+    if kwargs and not chat:
+        raise click.UsageError("--template-kwarg needs --chat")
     if chat and prompt_ids is not None:
         raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
     if shape is not None and (prompt is not None or chat or stop_strings):
@@ -293,10 +273,11 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
     else:
         source = {"prompt": prompt}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
-                      stop_ids=stop_ids, stop=stop_strings, sampling=sampling)
+                      stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
+                      template_kwargs=kwargs if "messages" in source else {})
     return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
                                question=prompt is None and prompt_ids is None,
-                               budget_given=max_new_tokens is not None)
+                               budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
 
 def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunOptions) -> Request:
@@ -305,7 +286,8 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
     if run.question and text is not None:
         click.echo(f"question: {DEMO_QUESTION}", err=True)
         request = dataclasses.replace(request, prompt_ids=None, messages=[{"role": "user", "content": DEMO_QUESTION}],
-                                      max_new_tokens=request.max_new_tokens if run.budget_given else DEMO_MAX_NEW)
+                                      max_new_tokens=request.max_new_tokens if run.budget_given else DEMO_MAX_NEW,
+                                      template_kwargs=run.template_kwargs)
     if request.is_text and text is None:
         raise click.UsageError(f"{'--chat' if request.messages else '--prompt'} needs a model with a tokenizer; "
                                f"{model.name} has none: use --prompt-ids")
@@ -324,7 +306,7 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
             fix = "that is the model's own limit: shorten the prompt"
         raise InvalidArgumentError(f"the prompt has {len(ids)} tokens, but the context holds {context} positions "
                                    f"and leaves no room to generate: {fix}")
-    return dataclasses.replace(request, prompt=None, messages=None, prompt_ids=ids)
+    return dataclasses.replace(request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids)
 
 
 class Printer:

@@ -1,6 +1,6 @@
 """Prove that the control-logic tests can fail: break the driver, the gate, the engine, the
-sampler and the server's worker on purpose, one named mutation at a time, and require the tests
-that name the behaviour to fail.
+sampler, the server's worker and the chat template's keyword arguments on purpose, one named
+mutation at a time, and require the tests that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
 never touched), the named tests run there against the copy, and the check fails if any named
@@ -274,6 +274,28 @@ MUTATIONS = [
         "add_bos=True, bos_always=True, byte_level=False)",
         "add_bos=True, byte_level=False)",
         ("tests/test_gguf.py::test_a_gemma4_vocabulary_is_bpe_on_utf8_with_spaces_as_u2581_and_always_starts_with_bos",),
+    ),
+    Mutation(
+        "the chat template never sees a request's keyword arguments",
+        "arcpy/loop/prompt.py",
+        "template_kwargs=request.template_kwargs)",
+        "template_kwargs=None)",
+        ("tests/test_template_kwargs.py::test_a_request_carries_them_to_the_prompt",
+         "tests/test_template_kwargs.py::test_the_chat_command_renders_every_turn_with_them"),
+    ),
+    Mutation(
+        "a template keyword argument may replace a name that arcpy sets",
+        "arcpy/text/chat.py",
+        "        if name in SET_BY_ARCPY:\n",
+        "        if False:\n",
+        ("tests/test_template_kwargs.py::test_a_name_arcpy_sets_or_the_sandbox_defines_cannot_be_given[messages]",),
+    ),
+    Mutation(
+        "a template keyword argument's special-token strings become control tokens",
+        "arcpy/text/chat.py",
+        "    context.update(_marked(marks, kwargs))\n",
+        "    context.update(kwargs)\n",
+        ("tests/test_template_kwargs.py::test_special_token_strings_in_an_argument_are_text",),
     ),
 ]
 

@@ -15,13 +15,14 @@ from arcpy.model import SHAPES, random_model, save_model
 server_env = child_env
 
 WORDS = ["?", "hello", "there", "general", "kenobi", "END"] + [f"w{i}" for i in range(58)]
+LEAD_TEMPLATE = "{% if lead is defined %}{{ lead }} {% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
 def make_text_model(d: Path, shape: str = "qwen-tiny", seed: int = 5, eos: str = "END", words=(),
                     **changes) -> Path:
     """A model directory with random weights, a word-level tokenizer.json (WORDS, `words`, then
     x<i>), `eos` its end-of-sequence token, and a chat template that writes each message's content
-    and a space."""
+    and a space, after the template keyword argument `lead` and a space where it is given."""
     cfg = dataclasses.replace(SHAPES[shape], **changes)
     save_model(random_model(cfg, seed=seed, name=d.name), d)
     vocab = {w: i for i, w in enumerate(dict.fromkeys([*WORDS, *words]))}
@@ -32,7 +33,7 @@ def make_text_model(d: Path, shape: str = "qwen-tiny", seed: int = 5, eos: str =
     tok.add_special_tokens([eos])
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": eos, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+        "eos_token": eos, "chat_template": LEAD_TEMPLATE}))
     return d
 
 

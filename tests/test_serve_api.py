@@ -67,6 +67,15 @@ def test_chat_answers_what_the_engine_answers_alone(client, alone):
     assert reply.object == "chat.completion" and reply.model == "tiny" and reply.id.startswith("chatcmpl-")
 
 
+def test_chat_template_kwargs_reach_the_template(client, alone):
+    lead = {"lead": "general kenobi"}
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0,
+                                           extra_body={"chat_template_kwargs": lead})
+    want, _, _ = alone(messages=MESSAGES, max_new_tokens=6, template_kwargs=lead)
+    assert reply.choices[0].message.content == want and want != alone(messages=MESSAGES, max_new_tokens=6)[0]
+    assert reply.usage.prompt_tokens == 5  # "general kenobi general hello there"
+
+
 def test_a_streamed_chat_is_the_same_text(client, alone):
     stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0,
                                             stream=True, stream_options={"include_usage": True})

@@ -65,6 +65,10 @@ def error_of(r: httpx.Response, status: int) -> dict:
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content", "only text parts"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls", "unsupported"),
+    ({"chat_template_kwargs": ["lead"]}, "chat_template_kwargs", "must be an object, got an array"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "arcpy sets it"),
+    ({"chat_template_kwargs": {"raise_exception": 1}}, "chat_template_kwargs", "function the template sandbox"),
+    ({"chat_template_kwargs": {"lead": {"x": [2**70]}}}, "chat_template_kwargs", "lead.x[0]: the integer is too large"),
 ])
 def test_a_malformed_field_is_a_400_that_names_it(server, change, param, words):
     error = error_of(post(server, "/v1/chat/completions", {**CHAT, **change}), 400)
@@ -86,6 +90,11 @@ def test_a_lone_surrogate_in_a_message_is_a_400(server):
 def test_a_bad_completion_prompt_is_a_400(server, prompt, words):
     error = error_of(post(server, "/v1/completions", {**COMPLETION, "prompt": prompt}), 400)
     assert words in error["message"], error
+
+
+def test_template_kwargs_are_for_chat_completions_only(server):
+    error = error_of(post(server, "/v1/completions", {**COMPLETION, "chat_template_kwargs": {"lead": "hello"}}), 400)
+    assert error["param"] == "chat_template_kwargs" and "unrecognized request argument" in error["message"], error
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b"\xff\xfe", b"[" * 100_000 + b"]" * 100_000])
@@ -192,6 +201,8 @@ def test_a_busy_port_is_one_line_before_the_model_loads(tmp_path):
     (["--api-key", " "], "error: --api-key is empty"),
     (["--max-queue", "-1"], "Invalid value for '--max-queue'"),
     (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid:"),
+    (["--template-kwarg", "enable_thinking"], "--template-kwarg takes KEY=VALUE"),
+    (["--template-kwarg", "messages=[]"], "--template-kwarg: 'messages' cannot be given"),
 ])
 def test_a_bad_flag_is_one_line(tmp_path, args, message):
     out = serve(*(["--model", str(tmp_path)] if "--model" not in args else []), "--port", "0", *args)

@@ -21,7 +21,7 @@ class Piece:
 
 def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     """The prompt's token ids: as given, or encoded (a text prompt), or rendered through the
-    chat template and encoded (messages)."""
+    chat template with the request's template keyword arguments, and encoded (messages)."""
     if request.prompt_ids is not None:
         return list(request.prompt_ids)
     if text is None:
@@ -30,7 +30,7 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     if request.prompt is not None:
         ids = encode(text, request.prompt)  # special-token strings in it stay text
     else:  # only the template's own markup becomes special tokens
-        ids = chat_ids(text, [m.as_dict() for m in request.messages])
+        ids = chat_ids(text, [m.as_dict() for m in request.messages], template_kwargs=request.template_kwargs)
     if not ids:
         raise InvalidArgumentError("the prompt encodes to no tokens")
     return ids

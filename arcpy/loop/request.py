@@ -3,18 +3,23 @@ engine's `stream`, `generate` and `chat` take it.
 
 One of three prompts: `prompt_ids` (token ids, fed as they are), `prompt` (text, encoded with
 special-token strings as ordinary text) or `messages` (a conversation, rendered through the
-model's chat template: only the template's own markup becomes special tokens). Then the budget of
-new tokens, what stops the answer (token ids, on the device; strings, on the host, never shown),
-and the sampling (temperature, top-k, top-p and the seed; arcpy.sampling).
+model's chat template: only the template's own markup becomes special tokens), with the template's
+keyword arguments where it takes some (`template_kwargs`, e.g. {"enable_thinking": False}). Then
+the budget of new tokens, what stops the answer (token ids, on the device; strings, on the host,
+never shown), and the sampling (temperature, top-k, top-p and the seed; arcpy.sampling).
 """
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
+from arcpy.text import check_template_kwargs
 
 ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates know
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -36,6 +41,35 @@ class Message:
         return {"role": self.role, "content": self.content}
 
 
+class TemplateKwargs(Mapping):
+    """A request's keyword arguments for the chat template, checked (arcpy.text.check_template_kwargs):
+    read-only, hashable like the rest of a Request, equal to a dict of the same items."""
+
+    def __init__(self, values: Mapping | None = None):
+        self._items = check_template_kwargs(values)
+        self._json = json.dumps(self._items, sort_keys=True)
+
+    def __getitem__(self, name: str):
+        return copy.deepcopy(self._items[name])
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, TemplateKwargs):
+            return self._json == other._json
+        return isinstance(other, Mapping) and self._items == dict(other)
+
+    def __hash__(self) -> int:
+        return hash(self._json)
+
+    def __repr__(self) -> str:
+        return f"TemplateKwargs({self._items!r})"
+
+
 @dataclass(frozen=True)
 class Request:
     prompt: str | None = None
@@ -45,6 +79,7 @@ class Request:
     stop_ids: tuple[int, ...] = ()   # besides the model's end-of-sequence ids, which always stop
     stop: tuple[str, ...] = ()       # stop strings: the answer ends before the first one
     sampling: Sampling = field(default_factory=Sampling)
+    template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
 
     def __post_init__(self):
         given = [name for name in ("prompt", "prompt_ids", "messages") if getattr(self, name) is not None]
@@ -65,6 +100,10 @@ class Request:
             raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {quoted(self.max_new_tokens)}")
         object.__setattr__(self, "stop_ids", _ids(self.stop_ids, "stop_ids"))
         object.__setattr__(self, "stop", _stops(self.stop))
+        if not isinstance(self.template_kwargs, TemplateKwargs):
+            object.__setattr__(self, "template_kwargs", TemplateKwargs(self.template_kwargs))
+        if self.template_kwargs and self.messages is None:
+            raise InvalidArgumentError("template_kwargs are for the chat template: give messages, not a prompt")
         if not isinstance(self.sampling, Sampling):
             raise InvalidArgumentError(f"sampling must be an arcpy.sampling.Sampling, got "
                                        f"{type(self.sampling).__name__}")

@@ -145,7 +145,7 @@ class Service:
         # round trip would cost more than it saves. A long one goes to the thread pool.
         ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
         shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
-        job = Job(replace(call.request, prompt=None, messages=None, prompt_ids=ids),
+        job = Job(replace(call.request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids),
                   Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
         try:
             self.worker.submit(job)

@@ -17,11 +17,12 @@ import sys
 import click
 
 from arcpy import _lib
-from arcpy.decode import engine_options, load, model_or_demo, note, one_line_errors, speculation_note, with_options
+from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
-from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
+from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
 from arcpy.sampling import Sampling
 from arcpy.serve.schema import Defaults
 
@@ -56,6 +57,8 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="top_p for a request that sets none.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
               help="top_k for a request that sets none (0: off).")
+@with_options(template_options("A keyword argument for the chat template of every chat request, under the "
+                              "request's own chat_template_kwargs"))
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
@@ -69,7 +72,8 @@ def main(**options):
 
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
-        top_p, top_k, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level, access_log) -> int:
+        top_p, top_k, template_kwargs, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level,
+        access_log) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -77,7 +81,8 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
         model_path = model_or_demo(model_path)
         if not model_path.strip() or not os.path.exists(model_path):
             raise click.UsageError(f"--model {model_path}: no such file or directory")
-        defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k)
+        defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k,
+                            TemplateKwargs(parse_template_kwargs(template_kwargs)))
         Sampling(defaults.temperature, top_k, top_p)
         gate.read_all()
         if backend == "cuda" and not _lib.cuda_available()[0]:

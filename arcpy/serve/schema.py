@@ -2,7 +2,10 @@
 
 Every field OpenAI defines for these endpoints is used, or accepted at its neutral value (null,
 0, false, ...), or refused with a 400 that names it; a field OpenAI does not define is refused
-too, as OpenAI refuses it. Nothing here raises anything but ApiError at a client mistake.
+too, as OpenAI refuses it, but for `chat_template_kwargs` on chat completions, the extension that
+vLLM and other servers take: keyword arguments for the model's chat template (e.g.
+{"enable_thinking": false}), over the server's own (--template-kwarg). Nothing here raises
+anything but ApiError at a client mistake.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
 from arcpy.errors import ArcError
-from arcpy.loop.request import Request
+from arcpy.loop.request import Request, TemplateKwargs
+from arcpy.text import check_template_kwargs
 from arcpy.sampling import MIN_TEMPERATURE, Sampling
 
 CHAT, COMPLETION = "chat", "completion"
@@ -52,6 +56,7 @@ class Defaults:
     temperature: float = 1.0   # OpenAI's default
     top_p: float = 1.0
     top_k: int = 0
+    template_kwargs: TemplateKwargs = field(default_factory=TemplateKwargs)  # for a chat request
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,8 @@ _COMPLETION_NEUTRAL = {
     "user": lambda v: isinstance(v, str),
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
-_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens"}, COMPLETION: set(_COMMON) | {"prompt"}}
+_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs"},
+         COMPLETION: set(_COMMON) | {"prompt"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
 
@@ -122,7 +128,10 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
         raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
     stream = _optional(body, "stream", _bool) or False
     include_usage = _stream_options(body, stream)
-    source = _messages(body) if kind == CHAT else _prompt(body)
+    if kind == CHAT:
+        source = {**_messages(body), "template_kwargs": _template_kwargs(body, defaults)}
+    else:
+        source = _prompt(body)
     try:
         request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
                           sampling=_sampling(body, defaults))
@@ -252,6 +261,17 @@ def _messages(body: dict) -> dict:
                       param=f"{where}.role")
         out.append({"role": role, "content": _content(m.get("content"), where)})
     return {"messages": out}
+
+
+def _template_kwargs(body: dict, defaults: Defaults) -> dict:
+    """chat_template_kwargs over the server's own, checked."""
+    given = body.get("chat_template_kwargs")
+    if given is not None and not isinstance(given, dict):
+        raise bad(f"chat_template_kwargs must be an object, got {_kind(given)}", param="chat_template_kwargs")
+    try:
+        return check_template_kwargs({**defaults.template_kwargs, **(given or {})}, "chat_template_kwargs")
+    except ArcError as exc:
+        raise bad(str(exc), param="chat_template_kwargs") from None
 
 
 def _content(content, where: str) -> str:

@@ -2,23 +2,32 @@
 
 The template runs in arcpy.text.sandbox: jinja2's immutable sandbox, bounded in time and in what it
 builds. It sees the names Hugging Face templates use: messages, add_generation_prompt, bos_token
-and eos_token (where the model has them).
+and eos_token (where the model has them), and the request's template keyword arguments
+(`template_kwargs`, e.g. Qwen3's enable_thinking=False): names of JSON values, none of them one
+that arcpy sets or that the sandbox defines.
 
 `chat_ids` is the prompt to decode: the template's markup becomes the model's control tokens, and
-the messages' own text stays text, whatever it holds (arcpy.text.specials). `render_chat` is the
-same prompt as text, to show.
+the messages' own text (and the strings of the keyword arguments) stays text, whatever it holds
+(arcpy.text.specials). `render_chat` is the same prompt as text, to show.
 """
 
 from __future__ import annotations
 
-from arcpy.checks import quoted
+import math
+from collections.abc import Mapping
+
+from arcpy.checks import is_int, quoted
 from arcpy.errors import InvalidArgumentError
 from arcpy.text.codec import led_by_bos
-from arcpy.text.sandbox import render_template
+from arcpy.text.sandbox import GLOBALS, render_template
 from arcpy.text.spec import TextSpec
 from arcpy.text.specials import Marks
 
-__all__ = ["chat_ids", "render_chat"]
+__all__ = ["chat_ids", "check_template_kwargs", "render_chat"]
+
+SET_BY_ARCPY = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # what _context writes
+MAX_KWARG_DEPTH = 16   # arrays and objects nested in a keyword argument, at most
+MAX_KWARG_INT_BITS = 64
 
 
 def _check_messages(messages) -> list[dict]:
@@ -39,45 +48,136 @@ def _check_messages(messages) -> list[dict]:
         if not isinstance(content, str):
             raise InvalidArgumentError(f"messages[{i}]: 'content' must be a string, got {quoted(content)}")
         for key, text in (("role", role), ("content", content)):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer takes it
-                raise InvalidArgumentError(f"messages[{i}]: '{key}' is not valid Unicode "
-                                           f"({e.reason} at index {e.start})") from None
+            _check_unicode(text, f"messages[{i}]: '{key}'")
         out.append({"role": role, "content": content})
     return out
 
 
-def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True) -> str:
+def check_template_kwargs(value, what: str = "template_kwargs") -> dict:
+    """`value` (None, or a mapping of names to JSON values: null, booleans, numbers, strings,
+    arrays, objects) checked and copied, as the template's keyword arguments. A name that arcpy
+    sets itself (SET_BY_ARCPY) or that the sandbox defines (raise_exception, namespace, ...) is
+    refused, as is anything that is not JSON. `what` names the argument in errors."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{what} must be an object of names to JSON values, got {_kind(value)}")
+    out = {}
+    for name, v in value.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"{what}: a name must be a non-empty string, got {quoted(name)}")
+        _check_unicode(name, f"{what}: the name {quoted(name)}")
+        if name in SET_BY_ARCPY:
+            raise InvalidArgumentError(f"{what}: {quoted(name)} cannot be given: arcpy sets it for the template "
+                                       f"itself (from the messages and the model)")
+        if name in GLOBALS:
+            raise InvalidArgumentError(f"{what}: {quoted(name)} cannot be given: it is a function the template "
+                                       "sandbox provides")
+        out[name] = _json(v, f"{what}: {name}", 1)
+    return out
+
+
+def _json(value, where: str, depth: int):
+    """A copy of `value`, a JSON value (arrays as lists), or one error line naming where it fails."""
+    if value is None or isinstance(value, bool):
+        return value
+    if is_int(value):
+        if int(value).bit_length() > MAX_KWARG_INT_BITS:
+            raise InvalidArgumentError(f"{where}: the integer is too large (at most {MAX_KWARG_INT_BITS} bits)")
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"{where}: the number must be finite, got {quoted(value)}")
+        return value
+    if isinstance(value, str):
+        _check_unicode(value, where)
+        return value
+    if not isinstance(value, (list, tuple, Mapping)):
+        raise InvalidArgumentError(f"{where} must be a JSON value (null, true/false, a number, a string, an array "
+                                   f"or an object), got {_kind(value)}")
+    if depth >= MAX_KWARG_DEPTH:
+        raise InvalidArgumentError(f"{where}: arrays and objects are nested more than {MAX_KWARG_DEPTH} deep")
+    if not isinstance(value, Mapping):
+        return [_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise InvalidArgumentError(f"{where}: an object's keys must be strings, got {quoted(k)}")
+        _check_unicode(k, f"{where}: the key {quoted(k)}")
+        out[k] = _json(v, f"{where}.{k}", depth + 1)
+    return out
+
+
+def _check_unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer takes it
+        raise InvalidArgumentError(f"{what} is not valid Unicode ({e.reason} at index {e.start})") from None
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _strings(value):
+    """Every string in a JSON value, the keys of its objects too."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _marked(marks: Marks, value):
+    """A JSON value with each of its strings marked (its special-token strings stay text)."""
+    if isinstance(value, str):
+        return marks.mark(value)
+    if isinstance(value, dict):
+        return {marks.mark(k): _marked(marks, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_marked(marks, v) for v in value]
+    return value
+
+
+def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]) by the model's chat
-    template, ending with the assistant's header when `add_generation_prompt`. To show: the ids
-    to decode are `chat_ids`."""
-    return render_template(spec.chat_template, _context(spec, messages, add_generation_prompt))
+    template, ending with the assistant's header when `add_generation_prompt`; `template_kwargs`
+    are more names for the template (check_template_kwargs). To show: the ids to decode are
+    `chat_ids`."""
+    return render_template(spec.chat_template, _context(spec, messages, add_generation_prompt, template_kwargs))
 
 
-def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True) -> list[int]:
+def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None) -> list[int]:
     """The prompt's token ids for `messages`, led by BOS where the model wants it and the template
     wrote none. The template's markup becomes control tokens; a special-token string inside a
-    message ('<|im_start|>' typed by a user) is encoded as the characters it is, as though the
-    tokenizer did not know it. Messages without one give exactly
-    encode(spec, render_chat(spec, messages), parse_special=True)."""
-    context = _context(spec, messages, add_generation_prompt)
+    message ('<|im_start|>' typed by a user) or inside a string of `template_kwargs` is encoded
+    as the characters it is, as though the tokenizer did not know it. Messages and arguments
+    without one give exactly encode(spec, render_chat(...), parse_special=True)."""
+    context = _context(spec, messages, add_generation_prompt, template_kwargs)
+    kwargs = {k: v for k, v in context.items() if k not in SET_BY_ARCPY}
     given = [context.get("bos_token") or "", context.get("eos_token") or ""]
     given += [text for m in context["messages"] for text in m.values()]
+    given += list(_strings(kwargs))
     marks = Marks(spec.tokenizer, [spec.chat_template, *given])
     for m in context["messages"]:
         m["role"], m["content"] = marks.mark(m["role"]), marks.mark(m["content"])
+    context.update(_marked(marks, kwargs))
     ids = marks.encode(render_template(spec.chat_template, context))
     return led_by_bos(spec, ids, spec.add_bos)
 
 
-def _context(spec: TextSpec, messages, add_generation_prompt) -> dict:
+def _context(spec: TextSpec, messages, add_generation_prompt, template_kwargs) -> dict:
     """What the template sees."""
     if spec.chat_template is None:
         raise InvalidArgumentError("this model has no chat template: give it a plain-text prompt")
     if not isinstance(add_generation_prompt, bool):
         raise InvalidArgumentError(f"add_generation_prompt must be True or False, got {quoted(add_generation_prompt)}")
-    context = {"messages": _check_messages(messages), "add_generation_prompt": add_generation_prompt}
+    context = check_template_kwargs(template_kwargs)
+    context.update(messages=_check_messages(messages), add_generation_prompt=add_generation_prompt)
     # A token the model lacks stays undefined, as in transformers: `bos_token is defined` holds.
     if spec.bos_id is not None:
         context["bos_token"] = spec.token_text(spec.bos_id)

@@ -367,6 +367,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 _ENV = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation])
 del _ENV.globals["lipsum"]
 _ENV.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+GLOBALS = frozenset(_ENV.globals)  # the names every template sees besides its context
 _ENV.filters = {name: _guarded(f, _CHECKS.get(name)) for name, f in FILTERS.items() if name not in _DROPPED}
 _ENV.filters.update(join=_guarded(_join, pay=False), tojson=_guarded(_tojson, pay=False),
                     _arc_loop_items=_loop_items, _arc_output=_output, _arc_concat=_concat,

@@ -1,0 +1,76 @@
+"""The command-line options that decode, chat and serve share: how the engine runs, and the chat
+template's keyword arguments (--template-kwarg KEY=VALUE, parsed and checked here)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from arcpy.checks import quoted
+from arcpy.errors import InvalidArgumentError
+from arcpy.text import check_template_kwargs
+
+
+def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
+    """The options that say how the engine runs, shared by decode, chat and serve: --backend,
+    --device-loop/--host-path, --burst, --max-seq, --speculate."""
+    return [
+        click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
+        click.option("--device-loop/--host-path", "device_loop", default=None,
+                     help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
+                          "backend has one)."),
+        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
+        click.option("--max-seq", type=click.IntRange(min=1), default=None,
+                     help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
+        click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
+                     help="Drafts a speculative step verifies, 0 for none: where the text repeats earlier text, the "
+                          "device loop makes up to that many tokens more per read of the weights (greedy "
+                          "requests, bf16 weights; chosen burst by burst, only where it pays)."),
+    ]
+
+
+def template_options(what: str = "A keyword argument for the chat template") -> list:
+    """The options for the chat template, shared by decode, chat and serve: --template-kwarg."""
+    return [
+        click.option("--template-kwarg", "template_kwargs", multiple=True, metavar="KEY=VALUE",
+                     help=f"{what} (repeatable), e.g. enable_thinking=false; VALUE is read as JSON where it "
+                          "parses as JSON, else as a string."),
+    ]
+
+
+def parse_template_kwargs(pairs) -> dict:
+    """--template-kwarg KEY=VALUE options -> the template's keyword arguments, checked. A value
+    is JSON where it parses as JSON (false, 3, ["a"], "3"), else the string it is."""
+    out = {}
+    for pair in pairs:
+        name, eq, text = pair.partition("=")
+        if not eq or not name:
+            raise click.UsageError(f"--template-kwarg takes KEY=VALUE (e.g. enable_thinking=false), got {quoted(pair)}")
+        if name in out:
+            raise click.UsageError(f"--template-kwarg {quoted(name)} is given twice")
+        out[name] = _json_or_text(text)
+    try:
+        return check_template_kwargs(out, "--template-kwarg")
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _refuse(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text, parse_constant=_refuse)  # NaN and Infinity stay text
+    except (ValueError, RecursionError):
+        return text
+
+
+def with_options(options: list):
+    """A decorator applying click options in the order listed (the first shows first in --help)."""
+    def apply(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return apply
