@@ -227,7 +227,19 @@ def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, fami
     loaded = load_model(tmp_path)
     assert loaded.config == model.config
     tokens = [5, 9, 200, 31, 7, 64]
-    np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), ReferenceModel(model).prefill(tokens))
+    want = ReferenceModel(model).prefill(tokens)
+    if family != "gemma3":
+        np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), want)
+        return
+    # Gemma's files hold each norm's factor less 1, rounded to bf16: a factor far from 1 (the
+    # preset's final norm has some near -1) comes back within one bf16 step of itself.
+    for name, words in model.tensors.items():
+        got, exp = bf16_to_f32(loaded.tensors[name]), bf16_to_f32(words)
+        if name.endswith("norm.weight"):
+            np.testing.assert_allclose(got, exp, rtol=2 ** -7, atol=0, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, exp, err_msg=name)
+    np.testing.assert_allclose(ReferenceModel(loaded).prefill(tokens), want, rtol=0, atol=0.05 * np.abs(want).max())
 
 
 # --- GGUF -------------------------------------------------------------------------------------
@@ -314,6 +326,8 @@ def same_config(got, want) -> bool:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_of_each_family_loads_as_the_preset(tmp_path, family):
     model = preset(family)
+    if family == "gemma3":  # its files hold no scores' scale: llama.cpp's is 1/sqrt(head_dim) below 62 layers
+        model = Model(dataclasses.replace(model.config, attn_scale=1 / 16), model.tensors, name="g", source="test")
     loaded = load_model(write_family_gguf(tmp_path / "m.gguf", family, model))
     assert same_config(loaded.config, model.config)
     assert set(loaded.tensors) == set(model.tensors)
@@ -370,9 +384,12 @@ def test_gemma3_files_store_norms_less_one_and_the_reader_adds_it(tmp_path):
     save_model(model, tmp_path)
     entries = read_header(tmp_path / "model.safetensors", 1000)
     for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.1.self_attn.k_norm.weight",
-                 "model.norm.weight"):
+                 "model.layers.5.post_feedforward_layernorm.weight"):  # factors near 1: w = factor - 1 exactly
         stored = bf16_to_f32(read_bf16_words(name, entries[name], {}))
         np.testing.assert_array_equal(stored + 1, bf16_to_f32(model.tensors[name]), err_msg=name)
+    loaded = load_model(tmp_path)
+    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.2.self_attn.q_norm.weight"):
+        np.testing.assert_array_equal(loaded.tensors[name], model.tensors[name], err_msg=name)
     np.testing.assert_array_equal(read_bf16_words("model.embed_tokens.weight", entries["model.embed_tokens.weight"], {}),
                                   model.tensors["model.embed_tokens.weight"])
 

@@ -3,7 +3,8 @@
 Shapes: the synthetic stories15M (head_dim 48), a grouped-query shape (32 heads, 8 KV heads,
 head_dim 64, Llama 3 rope scaling, untied head), and the families' features (presets.py):
 qwen3-tiny (q/k norms, YaRN), phi3-tiny (partial rotary, LongRoPE), smollm3-tiny (a layer
-without RoPE). Logits must agree with the reference within a
+without RoPE), gemma3-tiny (head_dim 256, post-norms, GELU, scaled embedding and scores, a
+32-position window on 4 of its 6 layers, a RoPE base per layer kind). Logits must agree with the reference within a
 bf16-level tolerance at positions 0, 1, 100 and 2000; the replayed graph must equal the eager
 forward bit for bit; greedy decoding must pick the reference's token wherever the reference's
 top-two margin exceeds the error measured at that step.
@@ -18,7 +19,7 @@ from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = ["stories15M", "gqa", "qwen3-tiny", "phi3-tiny", "smollm3-tiny"]
+SHAPES = ["stories15M", "gqa", "qwen3-tiny", "phi3-tiny", "smollm3-tiny", "gemma3-tiny"]
 CHECK_POSITIONS = (0, 1, 100, 2000)
 MAX_SEQ = 2048
 

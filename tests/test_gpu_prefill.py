@@ -227,6 +227,8 @@ MODELS = {
     "qwen3-tiny": lambda: synthetic_model("qwen3-tiny", seed=7, max_seq=1024),
     "phi3-tiny": lambda: synthetic_model("phi3-tiny", seed=7, max_seq=1024),
     "smollm3-tiny": lambda: synthetic_model("smollm3-tiny", seed=7, max_seq=1024),
+    # Gemma 3's: head_dim 256, post-norms, GELU, windows of 32 positions crossing every chunk
+    "gemma3-tiny": lambda: synthetic_model("gemma3-tiny", seed=7, max_seq=1024),
     "hd128": lambda: random_model(ModelConfig(dim=512, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=128,
                                               ffn_dim=1376, vocab=1000, max_seq=512, rope_theta=500000.0),
                                   seed=7, name="hd128"),                           # MHA, head_dim 128, untied

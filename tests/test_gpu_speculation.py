@@ -34,7 +34,8 @@ def repeating_prompt(vocab: int, seed: int = 0) -> list[int]:
     return [1] + passage + rng.integers(3, vocab, 8).tolist() + passage[:12]
 
 
-@pytest.fixture(scope="module", params=["stories15M", "gqa", "qwen-tiny", "qwen3-tiny", "phi3-tiny", "smollm3-tiny"])
+@pytest.fixture(scope="module", params=["stories15M", "gqa", "qwen-tiny", "qwen3-tiny", "phi3-tiny", "smollm3-tiny",
+                                                   "gemma3-tiny"])
 def device(request):
     dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=512, speculate=K)
     yield dev
