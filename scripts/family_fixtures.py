@@ -19,13 +19,17 @@ For each family (FAMILIES below) it writes OUTDIR/<family>/:
 - golden.npz: tokens (int32: n_prompt random ids, then the 64 ids transformers picks greedily in
   float32), n_prompt, logits (float32 (n_prompt + 64, vocab): one forward over the whole sequence,
   the bf16 weights upcast to float32), margin (top-1 minus top-2 at each position);
+- golden-q8_0.npz: the same tokens, logits and margins with model-q8_0.gguf's weights dequantized;
+- gemma3 only, golden-gguf.npz and golden-gguf-q8_0.npz: the goldens of llama.cpp's reading of its
+  GGUF, which has no query_pre_attn_scalar (see gguf_attention_scale_note in build_family);
 - golden.json: the versions used and every configuration fact a loader needs, plus how far the
   logits move when each of the family's features is switched off (so each one is shown active).
 
 The checks: the safetensors hold the model's weights; every GGUF tensor, read back with
 gguf.GGUFReader and its transform undone, equals the safetensors tensor (Q8_0: within half a
-quantization step); the GGUF metadata says what the config says; the tokenizers load; and, for the
-archs transformers can load from GGUF, transformers' model from model.gguf gives the golden logits.
+quantization step); the GGUF metadata says what the config says; the goldens recompute; the
+tokenizers load; and, for the archs transformers can load from GGUF (qwen3, gemma3, phi3),
+transformers' models from the GGUF files give the golden logits.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ PRE_REGEX = {
 # otherwise they take the last ids. Roles name the ids config.json and tokenizer_config.json give.
 FAMILIES = {
     "qwen3": dict(
-        hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1001, n_prompt=32,
+        hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1001, q_gain=3.0, n_prompt=32,
         config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
@@ -104,7 +108,7 @@ FAMILIES = {
         about="Qwen3: QK-norm (q_norm/k_norm over each head), head_dim 32 != hidden/heads 16, GQA 4:2, "
               "untied output, NEOX RoPE theta 1e6"),
     "qwen3-yarn": dict(
-        hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1002, n_prompt=80,
+        hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1002, q_gain=3.0, n_prompt=80,
         config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
@@ -115,7 +119,7 @@ FAMILIES = {
         about="Qwen3 as above with YaRN RoPE scaling (factor 4, original context 64; the prompt alone is "
               "80 tokens)"),
     "gemma3": dict(
-        hf_class="Gemma3ForCausalLM", config_class="Gemma3TextConfig", arch="GEMMA3", seed=1003, n_prompt=40,
+        hf_class="Gemma3ForCausalLM", config_class="Gemma3TextConfig", arch="GEMMA3", seed=1003, q_gain=6.0, n_prompt=40,
         config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=12, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
                     sliding_window=16,
@@ -132,7 +136,7 @@ FAMILIES = {
               "!= head_dim 16; GQA 4:2; QK-norm; post-attention and post-FFN norms; "
               "GELU-tanh; embeddings scaled by sqrt(hidden); tied; no logit softcapping (as Gemma-3-4B)"),
     "phi3": dict(
-        hf_class="Phi3ForCausalLM", config_class="Phi3Config", arch="PHI3", seed=1004, n_prompt=72,
+        hf_class="Phi3ForCausalLM", config_class="Phi3Config", arch="PHI3", seed=1004, q_gain=3.0, n_prompt=72,
         config=dict(hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
                     rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=True,
@@ -146,7 +150,7 @@ FAMILIES = {
         about="Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, partial rotary 0.75 (24 of 32 dims, NEOX), "
               "LongRoPE with short/long factors (original context 64, max 256), GQA 4:2, tied"),
     "smollm3": dict(
-        hf_class="SmolLM3ForCausalLM", config_class="SmolLM3Config", arch="SMOLLM3", seed=1005, n_prompt=32,
+        hf_class="SmolLM3ForCausalLM", config_class="SmolLM3Config", arch="SMOLLM3", seed=1005, q_gain=3.0, n_prompt=32,
         config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
@@ -157,7 +161,7 @@ FAMILIES = {
                            ("<|im_end|>", "eos")]),
         about="SmolLM3: 8 layers, no RoPE on every 4th (layers 3 and 7), GQA 4:2, llama RoPE theta 5e6, tied"),
     "mistral3": dict(
-        hf_class="MistralForCausalLM", config_class="MistralConfig", arch="MISTRAL3", seed=1006, n_prompt=32,
+        hf_class="MistralForCausalLM", config_class="MistralConfig", arch="MISTRAL3", seed=1006, q_gain=3.0, n_prompt=32,
         config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000000.0},
@@ -381,26 +385,45 @@ def make_config(fam: dict, voc: dict):
     return cfg
 
 
-def random_weights(model: torch.nn.Module, seed: int, zero_centered_norms: bool) -> None:
-    """Every parameter drawn anew (fixed seed), then rounded to bf16: embeddings/output N(0, 0.5^2),
-    matrices N(0, 1/fan_in), norm weights 1 + N(0, 0.1^2) (Gemma's zero-centred ones N(0, 0.1^2))."""
+def random_weights(model: torch.nn.Module, seed: int, zero_centered_norms: bool, tied: bool, q_gain: float,
+                   q_rows: int) -> None:
+    """Every parameter drawn anew (fixed seed), then rounded to bf16. Matrices N(0, 1/fan_in); norm
+    weights 1 + N(0, 0.1^2), as Gemma's zero-centred ones store them (w such that 1 + w is that).
+    Untied embeddings and output N(0, 0.5^2). Tied embeddings N(0, 0.1^2) with the final norm's
+    weights 5 (1 + N(0, 0.1^2)) instead: the logits keep their spread while the input embedding stays
+    small beside what the layers add (a large tied embedding makes the model repeat a token). The
+    queries are scaled by q_gain (q_norm's weights, or q_proj's rows, or qkv_proj's first q_rows
+    rows), so that attention is sharp: soft attention averages the positions together, and a random
+    model then says the same thing everywhere and the positional features hardly matter."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
-                w = 0.1 * torch.randn(p.shape, generator=g)
-                if not zero_centered_norms:
-                    w += 1.0
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                if tied and name == "model.norm.weight":
+                    w = 5.0 * w
+                if name.endswith("self_attn.q_norm.weight"):
+                    w = q_gain * w
+                if zero_centered_norms:
+                    w = w - 1.0
             elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
-                w = 0.5 * torch.randn(p.shape, generator=g)
+                w = (0.1 if tied else 0.5) * torch.randn(p.shape, generator=g)
             else:
                 w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1])
+                if name.endswith("self_attn.q_proj.weight"):
+                    w = q_gain * w
+                if name.endswith("self_attn.qkv_proj.weight"):
+                    w[:q_rows] *= q_gain
             p.copy_(w.to(torch.bfloat16).to(torch.float32))
 
 
 def build_model(fam: dict, cfg):
-    model = getattr(transformers, fam["hf_class"])(cfg).float().eval()
-    random_weights(model, fam["seed"], zero_centered_norms=fam["arch"] == "GEMMA3")
+    model = new_model(fam, cfg)
+    has_qk_norm = fam["arch"] in ("QWEN3", "GEMMA3")
+    assert has_qk_norm == any(n.endswith("q_norm.weight") for n, _ in model.named_parameters())
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    random_weights(model, fam["seed"], zero_centered_norms=fam["arch"] == "GEMMA3", tied=cfg.tie_word_embeddings,
+                   q_gain=fam["q_gain"], q_rows=cfg.num_attention_heads * head_dim)
     if cfg.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
@@ -432,29 +455,29 @@ def prompt_range(fam: dict, voc: dict) -> tuple[int, int]:
     return 0, VOCAB - len(voc["specials"])
 
 
-def golden_run(model, fam: dict, voc: dict, prompt: list[int] | None = None) -> dict:
-    """The golden sequence and logits. The prompt: n_prompt ids drawn with numpy's
-    default_rng([seed, attempt]) for attempt 0, 1, ..., the first whose 64 greedy steps all have a
-    top-1/top-2 margin of at least MIN_MARGIN (so that the greedy ids do not hang on rounding);
-    the attempt's number is recorded. A given `prompt` is taken as it is."""
+def golden_run(models: list, fam: dict, voc: dict) -> tuple[int, list[dict]]:
+    """The golden sequences and logits, one for each of `models` (the same weights; gemma3 has a
+    second model, llama.cpp's reading of its GGUF). The prompt, shared: n_prompt ids drawn with
+    numpy's default_rng([seed, attempt]) for attempt 0, 1, ..., the first for which every model's
+    64 greedy steps all have a top-1/top-2 margin of at least MIN_MARGIN (so that the greedy ids
+    do not hang on rounding). Returns the attempt's number and the goldens."""
     lo, hi = prompt_range(fam, voc)
     n = fam["n_prompt"]
-    attempts = [None] if prompt is not None else range(MAX_ATTEMPTS)
-    for attempt in attempts:
-        p = prompt if prompt is not None else \
-            [int(x) for x in np.random.default_rng([fam["seed"], attempt]).integers(lo, hi, size=n)]
-        seq = greedy(model, p, 0.0 if prompt is not None else MIN_MARGIN)
-        if seq is None:
-            continue
-        tokens = np.array(seq, dtype=np.int32)
-        logits = forward_logits(model, tokens)
-        top2 = np.sort(logits, axis=1)[:, -2:]
-        margin = (top2[:, 1] - top2[:, 0]).astype(np.float32)
-        picked = np.argmax(logits[n - 1:-1], axis=1)
-        if not np.array_equal(picked, tokens[n:]) or (prompt is None and margin[n - 1:-1].min() < MIN_MARGIN):
-            continue        # the one forward disagrees with the steps (cannot happen above the margin)
-        return dict(tokens=tokens, n_prompt=np.int32(n), logits=logits.astype(np.float32), margin=margin,
-                    attempt=np.int32(-1 if attempt is None else attempt))
+    for attempt in range(MAX_ATTEMPTS):
+        prompt = [int(x) for x in np.random.default_rng([fam["seed"], attempt]).integers(lo, hi, size=n)]
+        out = []
+        for model in models:
+            seq = greedy(model, prompt, MIN_MARGIN)
+            if seq is None:
+                break
+            tokens = np.array(seq, dtype=np.int32)
+            lm = logits_and_margin(model, tokens)
+            if not np.array_equal(np.argmax(lm["logits"][n - 1:-1], axis=1), tokens[n:]) or \
+                    lm["margin"][n - 1:-1].min() < MIN_MARGIN:
+                break       # the one forward disagrees with the steps (not above the margin, in practice)
+            out.append(dict(tokens=tokens, n_prompt=np.int32(n), **lm))
+        if len(out) == len(models):
+            return attempt, out
     raise RuntimeError(f"no prompt in {MAX_ATTEMPTS} attempts has every greedy margin >= {MIN_MARGIN}")
 
 
@@ -468,9 +491,7 @@ def ablations(fam: dict, cfg, model, tokens: np.ndarray, logits: np.ndarray) -> 
         c = copy.deepcopy(cfg)
         for k, v in changes.items():
             setattr(c, k, v)
-        m = getattr(transformers, fam["hf_class"])(c).float().eval()
-        m.load_state_dict(sd)
-        return m
+        return new_model(fam, c, sd)
 
     def record(key, m):
         l2 = forward_logits(m, tokens)
@@ -672,7 +693,7 @@ def write_gguf(fam: dict, voc: dict, d: Path, path: Path, q8: bool) -> None:
     ftype = gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.MOSTLY_BF16
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"arcpy test fixture {d.name}")
+    w.add_name("arcpy test fixture")  # no family name: llama.cpp keys Phi-3 token quirks on "phi3" in it
     write_params(w, fam, hf)
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -700,6 +721,59 @@ def gguf_kv(reader: "gguf.GGUFReader") -> dict:
     return out
 
 
+def gguf_as_hf(fam: dict, hf: dict, path: Path, hf_names: list[str]) -> tuple[dict, dict, dict]:
+    """A GGUF read back (gguf.GGUFReader) under the HF names, its transforms undone (Q/K rows
+    unpermuted, Gemma's norms less 1; fused tensors stay fused, as the HF model has them):
+    (metadata, {HF name: (float32 array, GGML type)}, {rope factor tensor: array})."""
+    arch = getattr(gguf.MODEL_ARCH, fam["arch"])
+    names = gguf.get_tensor_name_map(arch, hf["num_hidden_layers"])
+    to_hf = {names.get_name(k, try_suffixes=(".weight", ".bias")): k for k in hf_names}
+    r = gguf.GGUFReader(str(path))
+    out, extra = {}, {}
+    for t in r.tensors:
+        qt = gguf.GGMLQuantizationType(t.tensor_type)
+        x = gguf.quants.dequantize(t.data, qt).astype(np.float32)
+        x = x.reshape([int(n) for n in reversed(t.shape)])    # ggml's ne is numpy's shape reversed
+        if t.name.startswith("rope_factors_"):
+            extra[t.name] = x
+            continue
+        k = to_hf[t.name]
+        if fam["arch"] in PERMUTE_QK and k.endswith("q_proj.weight"):
+            x = unpermute_qk(x, hf["num_attention_heads"])
+        if fam["arch"] in PERMUTE_QK and k.endswith("k_proj.weight"):
+            x = unpermute_qk(x, hf["num_key_value_heads"])
+        if fam["arch"] == "GEMMA3" and k.endswith("norm.weight"):
+            x = x - 1.0     # exact: the GGUF holds fl(1 + w)
+        out[k] = (x, qt)
+    return gguf_kv(r), out, extra
+
+
+def new_model(fam: dict, cfg, state: dict | None = None):
+    m = getattr(transformers, fam["hf_class"])(cfg).float().eval()
+    m.config._attn_implementation = "eager"
+    if state is not None:
+        missing, unexpected = m.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+        assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tie_word_embeddings else set()), \
+            (missing, unexpected)
+    return m
+
+
+def logits_and_margin(model, tokens: np.ndarray) -> dict:
+    logits = forward_logits(model, tokens)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    return dict(logits=logits.astype(np.float32), margin=(top2[:, 1] - top2[:, 0]).astype(np.float32))
+
+
+def q8_golden(fam: dict, cfg, d: Path, tokens: np.ndarray, n_prompt: int) -> dict:
+    """transformers' float32 logits over `tokens` (teacher-forced) with model-q8_0.gguf's weights,
+    dequantized and put back under the HF names."""
+    hf = json.loads((d / "config.json").read_text())
+    names = list(load_file(str(d / "model.safetensors")))
+    _, sd, _ = gguf_as_hf(fam, hf, d / "model-q8_0.gguf", names)
+    m = new_model(fam, cfg, {k: v for k, (v, _) in sd.items()})
+    return dict(tokens=tokens, n_prompt=np.int32(n_prompt), **logits_and_margin(m, tokens))
+
+
 def check_family(name: str, fam: dict, d: Path, report: list[str]) -> None:
     hf = json.loads((d / "config.json").read_text())
     g = np.load(d / "golden.npz")
@@ -711,19 +785,17 @@ def check_family(name: str, fam: dict, d: Path, report: list[str]) -> None:
     assert ("lm_head.weight" in st) == (not tied), "lm_head.weight present iff untied"
 
     # the HF model from the directory gives the golden logits
-    model = getattr(transformers, fam["hf_class"]).from_pretrained(d, dtype=torch.float32).eval()
+    model = getattr(transformers, fam["hf_class"]).from_pretrained(d, dtype=torch.float32,
+                                                                 attn_implementation="eager").eval()
     err = float(np.abs(forward_logits(model, g["tokens"]) - g["logits"]).max())
     assert err < 1e-4, f"{name}: from_pretrained logits differ by {err}"
+    n = int(g["n_prompt"])
+    assert np.array_equal(np.argmax(g["logits"][n - 1:-1], 1), g["tokens"][n:])
 
     n_head, n_kv = hf["num_attention_heads"], hf["num_key_value_heads"]
     arch = getattr(gguf.MODEL_ARCH, fam["arch"])
-    names = gguf.get_tensor_name_map(arch, hf["num_hidden_layers"])
-    to_hf = {}
-    for k in st:
-        to_hf[names.get_name(k, try_suffixes=(".weight", ".bias"))] = k
     for fname, q8 in (("model.gguf", False), ("model-q8_0.gguf", True)):
-        r = gguf.GGUFReader(str(d / fname))
-        kv = gguf_kv(r)
+        kv, back, extra = gguf_as_hf(fam, hf, d / fname, list(st))
         a = kv["general.architecture"]
         assert a == gguf.MODEL_ARCH_NAMES[arch]
         assert kv[f"{a}.block_count"] == hf["num_hidden_layers"]
@@ -734,46 +806,42 @@ def check_family(name: str, fam: dict, d: Path, report: list[str]) -> None:
         assert kv[f"{a}.context_length"] == hf["max_position_embeddings"]
         assert abs(kv[f"{a}.attention.layer_norm_rms_epsilon"] - hf["rms_norm_eps"]) < 1e-12
         assert len(kv["tokenizer.ggml.tokens"]) == hf["vocab_size"]
-        seen = set()
-        for t in r.tensors:
-            seen.add(t.name)
-            qt = gguf.GGMLQuantizationType(t.tensor_type)
-            x = gguf.quants.dequantize(t.data, qt).astype(np.float32)
-            x = x.reshape([int(n) for n in reversed(t.shape)])    # ggml's ne is numpy's shape reversed
-            if t.name.startswith("rope_factors_"):
-                key = "long_factor" if t.name.startswith("rope_factors_long") else "short_factor"
-                assert qt == gguf.GGMLQuantizationType.F32
-                assert np.array_equal(x, np.array(hf["rope_parameters"][key], dtype=np.float32))
-                continue
-            k = to_hf[t.name]
+        assert set(back) == set(st), set(back) ^ set(st)
+        assert set(extra) == ({"rope_factors_long.weight", "rope_factors_short.weight"} if fam["arch"] == "PHI3"
+                              else set())
+        for t, x in extra.items():
+            key = "long_factor" if t.startswith("rope_factors_long") else "short_factor"
+            assert np.array_equal(x, np.array(hf["rope_parameters"][key], dtype=np.float32))
+        for k, (x, qt) in back.items():
             ref = st[k]
-            if fam["arch"] in PERMUTE_QK and k.endswith("q_proj.weight"):
-                x = unpermute_qk(x, n_head)
-            if fam["arch"] in PERMUTE_QK and k.endswith("k_proj.weight"):
-                x = unpermute_qk(x, n_kv)
-            if fam["arch"] == "GEMMA3" and k.endswith("norm.weight"):
-                x = x - 1.0
-                ref = (ref.astype(np.float32) + 1.0) - 1.0   # the same f32 rounding
-            assert x.shape == ref.shape, (t.name, x.shape, ref.shape)
+            assert x.shape == ref.shape, (k, x.shape, ref.shape)
             if ref.ndim == 1:
-                assert qt == gguf.GGMLQuantizationType.F32, t.name
-                assert np.array_equal(x, ref), t.name
+                assert qt == gguf.GGMLQuantizationType.F32, k
+                assert np.array_equal(x, ref), k
             elif not q8:
-                assert qt == gguf.GGMLQuantizationType.BF16, t.name
-                assert np.array_equal(x, ref), t.name
+                assert qt == gguf.GGMLQuantizationType.BF16, k
+                assert np.array_equal(x, ref), k
             else:
-                assert qt == gguf.GGMLQuantizationType.Q8_0, t.name
+                assert qt == gguf.GGMLQuantizationType.Q8_0, k
                 blocks = np.abs(ref.reshape(-1, 32)).max(1) / 127.0
                 step = np.repeat(blocks, 32).reshape(ref.shape)
                 # |error| <= half a step, plus the step's own rounding to fp16 (2^-11 relative) times |q| <= 127
-                assert np.all(np.abs(x - ref) <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12), t.name
-        expect = {names.get_name(k, try_suffixes=(".weight", ".bias")) for k in st}
-        if fam["arch"] == "PHI3":
-            expect |= {"rope_factors_long.weight", "rope_factors_short.weight"}
-        assert seen == expect, (seen ^ expect)
-        assert ("output.weight" in seen) == (not tied)
-    report.append(f"{name}: safetensors, HF reload, GGUF metadata and every GGUF tensor (bf16 exact, "
-                  f"q8_0 within half a step) check out")
+                assert np.all(np.abs(x - ref) <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12), k
+    cfg = transformers.AutoConfig.from_pretrained(d)
+    q = np.load(d / "golden-q8_0.npz")
+    again = q8_golden(fam, cfg, d, g["tokens"], n)
+    assert np.array_equal(q["tokens"], g["tokens"])
+    assert float(np.abs(again["logits"] - q["logits"]).max()) < 1e-4
+    if (d / "golden-gguf.npz").exists():
+        gg = np.load(d / "golden-gguf.npz")
+        c2 = copy.deepcopy(cfg)
+        c2.query_pre_attn_scalar = c2.head_dim
+        m2 = new_model(fam, c2, {k: v for k, v in st.items()})
+        assert float(np.abs(forward_logits(m2, gg["tokens"]) - gg["logits"]).max()) < 1e-4
+        q2 = q8_golden(fam, c2, d, gg["tokens"], n)
+        assert float(np.abs(q2["logits"] - np.load(d / "golden-gguf-q8_0.npz")["logits"]).max()) < 1e-4
+    report.append(f"{name}: safetensors, HF reload, golden tokens, GGUF metadata and every GGUF tensor "
+                  f"(bf16 exact, q8_0 within half a step), the q8_0 goldens check out")
 
     # tokenizers load; the SentencePiece model and tokenizer.json agree
     tk = transformers.AutoTokenizer.from_pretrained(d)
@@ -795,9 +863,9 @@ def check_family(name: str, fam: dict, d: Path, report: list[str]) -> None:
 
 
 def check_transformers_gguf(name: str, fam: dict, d: Path, report: list[str]) -> None:
-    """transformers' own GGUF loader (supported archs only): from model.gguf alone, and with the
-    directory's config.json, against the golden logits."""
-    g = np.load(d / "golden.npz")
+    """transformers' own GGUF loader (supported archs only): from the GGUF alone, and with the
+    directory's config.json, against the golden logits (model-q8_0.gguf: against golden-q8_0.npz)."""
+    goldens = {"model.gguf": np.load(d / "golden.npz"), "model-q8_0.gguf": np.load(d / "golden-q8_0.npz")}
     cls = getattr(transformers, fam["hf_class"])
     ours = transformers.AutoConfig.from_pretrained(d).to_dict()
     theirs = transformers.AutoConfig.from_pretrained(d, gguf_file="model.gguf").to_dict()
@@ -811,11 +879,15 @@ def check_transformers_gguf(name: str, fam: dict, d: Path, report: list[str]) ->
         for how in ("gguf config", "config.json"):
             kw = {} if how == "gguf config" else {"config": transformers.AutoConfig.from_pretrained(d)}
             try:
-                m = cls.from_pretrained(d, gguf_file=fname, dtype=torch.float32, **kw).eval()
-                err = float(np.abs(forward_logits(m, g["tokens"]) - g["logits"]).max())
-                top1 = int((np.argmax(forward_logits(m, g["tokens"]), 1) != np.argmax(g["logits"], 1)).sum())
-                report.append(f"{name}: transformers from {fname} ({how}): max |logit diff| {err:.3g}, "
-                              f"top-1 changes {top1}")
+                m = cls.from_pretrained(d, gguf_file=fname, dtype=torch.float32, attn_implementation="eager",
+                                        **kw).eval()
+                g = goldens[fname]
+                lg = forward_logits(m, g["tokens"])
+                err = float(np.abs(lg - g["logits"]).max())
+                top1 = int((np.argmax(lg, 1) != np.argmax(g["logits"], 1)).sum())
+                which = "golden.npz" if fname == "model.gguf" else "golden-q8_0.npz"
+                report.append(f"{name}: transformers from {fname} ({how}) against {which}: max |logit diff| "
+                              f"{err:.3g}, top-1 changes {top1} of {len(lg)}")
             except Exception as e:      # noqa: BLE001 (what transformers cannot load is reported)
                 report.append(f"{name}: transformers from {fname} ({how}): not loadable: "
                               f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -881,8 +953,13 @@ def build_family(name: str, fam: dict, outdir: Path) -> None:
     assert len(voc["tokens"]) == VOCAB
     cfg = make_config(fam, voc)
     model = build_model(fam, cfg)
-    model.config._attn_implementation = "eager"
-    gold = golden_run(model, fam, voc)
+    models = [model]
+    if fam["arch"] == "GEMMA3":     # see gguf_attention_scale_note below
+        c2 = copy.deepcopy(cfg)
+        c2.query_pre_attn_scalar = cfg.head_dim
+        models.append(new_model(fam, c2, model.state_dict()))
+    attempt, goldens = golden_run(models, fam, voc)
+    gold = goldens[0]
 
     bf = copy.deepcopy(model).to(torch.bfloat16)
     bf.save_pretrained(d, safe_serialization=True)
@@ -897,10 +974,11 @@ def build_family(name: str, fam: dict, outdir: Path) -> None:
     write_tokenizer(fam, voc, d)
     hf = json.loads((d / "config.json").read_text())
 
-    attempt = int(gold.pop("attempt"))
     np.savez(d / "golden.npz", **gold)
     write_gguf(fam, voc, d, d / "model.gguf", q8=False)
     write_gguf(fam, voc, d, d / "model-q8_0.gguf", q8=True)
+    q8 = q8_golden(fam, cfg, d, gold["tokens"], fam["n_prompt"])
+    np.savez(d / "golden-q8_0.npz", **q8)
 
     kv = gguf_kv(gguf.GGUFReader(str(d / "model.gguf")))
     meta = {k: v for k, v in kv.items() if not k.startswith("tokenizer.ggml.") or k.endswith(("_id", "model", "pre"))
@@ -927,6 +1005,11 @@ def build_family(name: str, fam: dict, outdir: Path) -> None:
         "golden": "logits[i] are the float32 logits after tokens[0..i]; tokens[n_prompt + k] = argmax "
                   "logits[n_prompt - 1 + k]; one eager forward, bf16 weights upcast to float32, CPU",
         "min_margin_generated": round(float(gold["margin"][n - 1:-1].min()), 5),
+        "golden_q8_0": "golden-q8_0.npz: tokens (golden.npz's), n_prompt, logits, margin of one forward with "
+                       "model-q8_0.gguf's weights dequantized (teacher-forced: its top-1 may differ from the "
+                       "next token)",
+        "golden_q8_0_top1_changes": int((np.argmax(q8["logits"], 1) != np.argmax(gold["logits"], 1)).sum()),
+        "golden_q8_0_max_abs_logit_diff": round(float(np.abs(q8["logits"] - gold["logits"]).max()), 4),
         "config": config_facts(fam, cfg, hf),
         "gguf_matrices": {"model.gguf": "BF16", "model-q8_0.gguf": "Q8_0"},
         "gguf_f32": "1-D tensors (norms, rope factors)",
@@ -938,16 +1021,12 @@ def build_family(name: str, fam: dict, outdir: Path) -> None:
         info["gguf_attention_scale_note"] = (
             "llama.cpp's gemma3 has no metadata key for query_pre_attn_scalar: it scales queries by "
             "1/sqrt(head_dim) (1/sqrt(hidden/heads) only for the 62-layer 27B), so this model.gguf as "
-            "llama.cpp reads it scales by 1/sqrt(16), not 1/sqrt(32); golden-gguf.npz holds "
-            "transformers' logits with query_pre_attn_scalar = head_dim on the same weights and tokens")
-        c2 = copy.deepcopy(cfg)
-        c2.query_pre_attn_scalar = cfg.head_dim
-        m2 = getattr(transformers, fam["hf_class"])(c2).float().eval()
-        m2.load_state_dict(model.state_dict())
-        m2.config._attn_implementation = "eager"
-        g2 = golden_run(m2, fam, voc, prompt=[int(x) for x in gold["tokens"][:fam["n_prompt"]]])
-        g2.pop("attempt")
+            "llama.cpp reads it scales by 1/sqrt(16), not 1/sqrt(32). golden-gguf.npz holds what "
+            "transformers gives with query_pre_attn_scalar = head_dim: the same weights and prompt, its own "
+            "greedy continuation and logits; golden-gguf-q8_0.npz the same with model-q8_0.gguf's weights")
+        g2 = goldens[1]
         np.savez(d / "golden-gguf.npz", **g2)
+        np.savez(d / "golden-gguf-q8_0.npz", **q8_golden(fam, c2, d, g2["tokens"], n))
         info["golden_gguf_min_margin_generated"] = round(float(g2["margin"][fam["n_prompt"] - 1:-1].min()), 5)
     (d / "golden.json").write_text(json.dumps(info, indent=1, default=_json_default) + "\n")
     print(f"{name}: written ({sum(f.stat().st_size for f in d.iterdir()) / 1e6:.2f} MB)", flush=True)
