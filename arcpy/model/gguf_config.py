@@ -113,6 +113,8 @@ def _scaling(f: GGUFFile, a: str, rope_dim: int) -> Scaling | None:
     m, path = f.meta, f.path
     kind = m.text(a + "rope.scaling.type", "none")
     factor = m.number(a + "rope.scaling.factor", 1.0)
+    if kind == "none" and _ROPE_LONG in f.tensors:
+        kind = "longrope"  # phi3's converter writes the factors' tensors and no type: llama.cpp reads them
     if kind in ("none", "linear") and factor == 1.0:
         return None  # a factor of 1 scales nothing
     if kind == "linear":
