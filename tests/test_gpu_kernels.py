@@ -472,7 +472,7 @@ def rig_factory(gpu):
     ("dim", 0, "config.dim"), ("dim", 300, "config.dim"), ("n_layers", 0, "config.n_layers"),
     ("n_heads", 0, "config.n_heads"), ("n_kv_heads", 0, "config.n_kv_heads"),
     ("n_kv_heads", 4, "multiple of n_kv_heads"), ("head_dim", 47, "config.head_dim"),
-    ("head_dim", 256, "config.head_dim"), ("head_dim", 2, "n_heads \\* head_dim"),
+    ("head_dim", 264, "config.head_dim"), ("head_dim", 130, "config.head_dim"), ("head_dim", 2, "n_heads \\* head_dim"),
     ("ffn_dim", 770, "config.ffn_dim"), ("vocab", 0, "config.vocab"), ("max_seq", 0, "config.max_seq"),
     ("rms_eps", 0.0, "config.rms_eps"), ("rms_eps", float("nan"), "config.rms_eps"),
     ("tied_embeddings", 2, "config.tied_embeddings"), ("qkv_bias", -1, "config.qkv_bias"),
@@ -490,7 +490,7 @@ def test_model_upload_checks_tensor_layer_and_size(rig_factory):
     weights = random_weights(rig.cfg, 3)
     wq = weights[(WQ, 0)]
     cases = [
-        ("unknown tensor id 18", lambda: rig.upload(18, 0, wq)),
+        ("unknown tensor id 20", lambda: rig.upload(20, 0, wq)),
         ("unknown tensor id -1", lambda: rig.upload(-1, 0, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, 2, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, -1, wq)),

@@ -557,7 +557,7 @@ def test_bad_prefill_attention_arguments_raise(gpu):
         return lib.arc_op_prefill_attention(ctx, f, f, cache, u, heads, kv, hd, max_seq, n, start, u, u)
 
     for kwargs, match in [
-        (dict(hd=130), "head_dim must be even"),
+        (dict(hd=258), "head_dim must be even"),
         (dict(hd=7), "head_dim must be even"),
         (dict(heads=6, kv=4), "multiple of n_kv_heads"),
         (dict(n=0), "must be non-empty and end within max_seq"),

@@ -403,8 +403,8 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                 "the caches must be %d-byte aligned", variant.vec * 2);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
-    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0f && isfinite(spec.scale), "window %d, scale %g", spec.window,
-                (double)spec.scale);
+    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
+                spec.scale);
     AttnArgs a;
     a.qkv = qkv;
     a.rope = rope;
@@ -416,7 +416,7 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
     a.max_seq = max_seq;
     a.splits = attention_splits(head_dim, max_seq);
     a.pos = pos;
-    a.scale = spec.scale;
+    a.scale = (float)spec.scale;
     a.window = spec.window;
     a.o_part = scratch;
     a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * a.splits * head_dim);
@@ -432,7 +432,7 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
 extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                 uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                 int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, (float)(1.0 / sqrt((double)head_dim)), 0};
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
     return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
                            out);
 }

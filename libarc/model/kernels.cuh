@@ -274,7 +274,7 @@ struct RopeArgs {
 // (0: every position; else a query at p attends p - window + 1..p).
 struct AttnSpec {
     RopeArgs rope;
-    float scale;
+    double scale;  // rounded to float once, with log2(e) where a kernel works in base 2
     int window;
 };
 

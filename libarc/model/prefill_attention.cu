@@ -236,7 +236,7 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
     const int smem = 5 * 64 * D * 2;
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const float scale_log2 = (float)(1.4426950408889634 * (double)spec.scale);
+    const float scale_log2 = (float)(1.4426950408889634 * spec.scale);
     const dim3 grid(n_heads, (n + FLASH_Q - 1) / FLASH_Q);
     return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, grid, dim3(FLASH_THREADS), (size_t)smem, q, k_cache,
                           v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, spec.window, out);
@@ -262,8 +262,8 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
                 "the caches and q_scratch must be %d-byte aligned", align);
     ARC_REQUIRE((uintptr_t)out % 4 == 0, "out must be 4-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
-    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0f && isfinite(spec.scale), "window %d, scale %g", spec.window,
-                (double)spec.scale);
+    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
+                spec.scale);
     ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope,
                            k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
     if (head_dim <= 32)
@@ -283,7 +283,7 @@ extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, cons
                                         uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                         int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
                                         uint16_t *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, (float)(1.0 / sqrt((double)head_dim)), 0};
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
     return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
                                    q_scratch, out);
 }

@@ -137,7 +137,7 @@ int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, 
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= hd, "RoPE of %d pairs in a head of %d", rope.half, hd);
     ARC_TRY(arc_launch_pdl(ctx, "verify_rope_kernel", verify_rope_kernel, dim3(rows), dim3(VROPE_THREADS), 0, qkv,
                            stride, positions, rope, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq));
-    const float scale_log2 = (float)(1.4426950408889634 * (double)spec.scale);
+    const float scale_log2 = (float)(1.4426950408889634 * spec.scale);
     return arc_launch_pdl(ctx, "verify_attention_kernel", verify_attention_kernel, dim3(n_heads, rows),
                           dim3(VATT_THREADS), 0, (const float *)qkv, stride, positions, (const uint16_t *)k_cache,
                           (const uint16_t *)v_cache, n_heads, n_kv_heads, hd, max_seq, scale_log2, spec.window, out);
