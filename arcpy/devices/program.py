@@ -24,7 +24,8 @@ def native_config(ffi, cfg: ModelConfig, max_seq: int | None = None):
     c.rope_dim = cfg.rope_dim
     c.rope_factor = cfg.rope_attention_factor
     c.post_norms, c.activation = int(cfg.post_norms), ACTIVATIONS.index(cfg.activation)
-    c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.scores_scale
+    # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
+    c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.attn_scale if cfg.attn_scale is not None else 0.0
     c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
     return c
 
