@@ -122,11 +122,12 @@ def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
                            original_max_position_embeddings=_int(rs, "original_max_position_embeddings", source))
     if rope_type == "linear":
         return LinearScaling(factor=_number(rs, "factor", source))
-    if rope_type == "yarn":
+    if rope_type in ("yarn", "longrope"):
+        # The original context, and the factor (default: how far the context reaches past it).
         orig = _int(rs, "original_max_position_embeddings", source, _int(d, "original_max_position_embeddings",
                                                                           source, max_pos))
-        factor = rs.get("factor")
-        factor = max_pos / orig if factor is None else _number(rs, "factor", source)
+        factor = max_pos / orig if rs.get("factor") is None else _number(rs, "factor", source)
+    if rope_type == "yarn":
         attention = rs.get("attention_factor")
         if attention is None:
             mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
@@ -142,10 +143,6 @@ def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
                            beta_fast=_number({"b": beta_fast}, "b", source), beta_slow=_number({"b": beta_slow}, "b", source),
                            truncate=_flag(rs, "truncate", source, True))
     if rope_type == "longrope":
-        orig = _int(rs, "original_max_position_embeddings", source, _int(d, "original_max_position_embeddings",
-                                                                          source, max_pos))
-        factor = rs.get("factor")
-        factor = max_pos / orig if factor is None else _number(rs, "factor", source)
         attention = rs.get("attention_factor")
         if attention is None:
             attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
