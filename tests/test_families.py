@@ -28,7 +28,7 @@ from arcpy.codes import (
     OP_FFN_OUT_NORM,
     OP_QK_NORM,
 )
-from arcpy.devices.program import describe, layer_program
+from arcpy.devices.program import describe, layer_program, program_copy
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import ModelFileError
 from arcpy.model import (
@@ -68,6 +68,16 @@ def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
         assert layer_program(SHAPES[name], 0) == llama
     assert layer_program(SHAPES["gemma3-tiny"], 2) == [OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_OUT_NORM, OP_FFN_IN,
                                                        OP_FFN_OUT_NORM]
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_programs_copy_is_libarcs(shape):
+    """program_copy (what the NumPy backend runs without libarc.so) lists libarc's ops."""
+    cfg = SHAPES[shape]
+    for flags in ({}, {"qk_norm": True}, {"post_norms": True}, {"qk_norm": True, "post_norms": True}):
+        c = dataclasses.replace(cfg, **flags)
+        for layer in (0, c.n_layers - 1):
+            assert program_copy(c, layer) == layer_program(c, layer), (shape, flags, layer)
 
 
 def test_a_layer_outside_the_model_has_no_program():

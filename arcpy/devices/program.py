@@ -2,13 +2,25 @@
 
 The layer program (arc.h: arc_layer_op, arc_layer_program) is the sequence of one decoder layer,
 written once in libarc: the CUDA forwards run it, and the NumPy reference asks libarc for the same
-program and runs each op in its own form, so the two cannot drift apart.
+program and runs each op in its own form. Where no libarc.so loads, a copy of the program serves,
+pinned equal to libarc's by a test.
 """
 
 from __future__ import annotations
 
 from arcpy import _lib
-from arcpy.codes import OP_NAMES
+from arcpy.codes import (
+    OP_ATTEND,
+    OP_ATTN_IN,
+    OP_ATTN_OUT,
+    OP_ATTN_OUT_NORM,
+    OP_FFN_IN,
+    OP_FFN_OUT,
+    OP_FFN_OUT_NORM,
+    OP_NAMES,
+    OP_QK_NORM,
+)
+from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import ModelConfig
 from arcpy.model.config import ACTIVATIONS
 
@@ -31,11 +43,25 @@ def native_config(ffi, cfg: ModelConfig, max_seq: int | None = None):
 
 
 def layer_program(cfg: ModelConfig, layer: int) -> list[int]:
-    """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
-    ffi, lib = _lib.load()
+    """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order: libarc's,
+    or, where no libarc.so loads (the NumPy backend runs without one), its copy below."""
+    try:
+        ffi, lib = _lib.load()
+    except NoDeviceError:
+        return program_copy(cfg, layer)
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
     return [int(op) for op in ops[0:count[0]]]
+
+
+def program_copy(cfg: ModelConfig, layer: int) -> list[int]:
+    """libarc/model/layer.cu's layer_program, written out for a machine without libarc.so, as
+    codes.py copies arc.h's numbers; tests/test_families.py pins it equal to libarc's."""
+    if not 0 <= layer < cfg.n_layers:
+        raise InvalidArgumentError(f"layer must be in [0, {cfg.n_layers}), got {layer}")
+    return [OP_ATTN_IN, *([OP_QK_NORM] if cfg.qk_norm else []), OP_ATTEND,
+            OP_ATTN_OUT_NORM if cfg.post_norms else OP_ATTN_OUT, OP_FFN_IN,
+            OP_FFN_OUT_NORM if cfg.post_norms else OP_FFN_OUT]
 
 
 def describe(program: list[int]) -> str:
