@@ -297,6 +297,21 @@ MUTATIONS = [
         "    context.update(kwargs)\n",
         ("tests/test_template_kwargs.py::test_special_token_strings_in_an_argument_are_text",),
     ),
+    Mutation(
+        "the reference skips the q/k norms the layer program lists",
+        "arcpy/devices/reference.py",
+        "OP_QK_NORM: self.qk_norm,",
+        "OP_QK_NORM: lambda li, L: None,",
+        ("tests/test_families.py::test_the_reference_runs_the_q_k_norms_the_program_lists",
+         "tests/test_family_goldens.py::test_the_layer_program_computes_what_transformers_computes[qwen3]"),
+    ),
+    Mutation(
+        "a windowed layer attends one position more than its window",
+        "arcpy/model/config.py",
+        "        return 0 if n > 0 and layer % n == n - 1 else self.sliding_window\n",
+        "        return 0 if n > 0 and layer % n == n - 1 else self.sliding_window + 1\n",
+        ("tests/test_family_goldens.py::test_the_layer_program_computes_what_transformers_computes[gemma3]",),
+    ),
 ]
 
 
