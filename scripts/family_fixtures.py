@@ -87,10 +87,26 @@ GEMMA_TEMPLATE = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
 # the pre-tokenizer regexes of tokenizer.json for llama.cpp's tokenizer.ggml.pre names
 # (llama.cpp's llama-vocab.cpp quotes each as "original regex from tokenizer.json")
 PRE_REGEX = {
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "tekken": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "gpt-4o": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+    "llama-bpe": (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+    "tekken": (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+    "gpt-4o": (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|"
+        r"'t|'re|'ve|'m|'ll|'d)?|"
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|"
+        r"'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|"
+        r"\s+"
+    ),
 }
 
 # Each family: the transformers class and config, llama.cpp's arch, the tokenizer, the prompt.
@@ -119,7 +135,8 @@ FAMILIES = {
         about="Qwen3 as above with YaRN RoPE scaling (factor 4, original context 64; the prompt alone is "
               "80 tokens)"),
     "gemma3": dict(
-        hf_class="Gemma3ForCausalLM", config_class="Gemma3TextConfig", arch="GEMMA3", seed=1003, q_gain=6.0, n_prompt=40,
+        hf_class="Gemma3ForCausalLM", config_class="Gemma3TextConfig", arch="GEMMA3", seed=1003, q_gain=2.0,
+        n_prompt=40,
         config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=12, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
                     sliding_window=16,
@@ -136,7 +153,7 @@ FAMILIES = {
               "!= head_dim 16; GQA 4:2; QK-norm; post-attention and post-FFN norms; "
               "GELU-tanh; embeddings scaled by sqrt(hidden); tied; no logit softcapping (as Gemma-3-4B)"),
     "phi3": dict(
-        hf_class="Phi3ForCausalLM", config_class="Phi3Config", arch="PHI3", seed=1004, q_gain=3.0, n_prompt=72,
+        hf_class="Phi3ForCausalLM", config_class="Phi3Config", arch="PHI3", seed=1004, q_gain=2.0, n_prompt=72,
         config=dict(hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
                     rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=True,
@@ -150,7 +167,8 @@ FAMILIES = {
         about="Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, partial rotary 0.75 (24 of 32 dims, NEOX), "
               "LongRoPE with short/long factors (original context 64, max 256), GQA 4:2, tied"),
     "smollm3": dict(
-        hf_class="SmolLM3ForCausalLM", config_class="SmolLM3Config", arch="SMOLLM3", seed=1005, q_gain=3.0, n_prompt=32,
+        hf_class="SmolLM3ForCausalLM", config_class="SmolLM3Config", arch="SMOLLM3", seed=1005, q_gain=1.5,
+        n_prompt=32,
         config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
