@@ -28,11 +28,10 @@ FAMILIES = sorted(p.name for p in DATA.iterdir() if (p / "golden.json").is_file(
 SOURCES = {"hf": ("", "golden.npz"), "gguf": ("model.gguf", "golden-gguf.npz"),
            "gguf-q8_0": ("model-q8_0.gguf", "golden-gguf-q8_0.npz")}
 # The logits' largest error over a run, relative to their scale, against float32 transformers, of
-# arcpy's numerics: a bf16 KV cache, bf16 norm weights (a GGUF file's are F32; Gemma's 1 + w is
-# rounded once to bf16, 20 times coarser than w near 0), amplified by the fixtures' sharp attention
-# over 8 and 12 layers (with both in float32 the program matches to 1e-4: the test below).
-TOLERANCE = {"gemma3": 0.4, "smollm3": 0.12}
-DEFAULT_TOLERANCE = 0.05
+# arcpy's numerics: a bf16 KV cache and bf16 norm weights (a GGUF file's are F32; Gemma's 1 + w is
+# rounded once to bf16, 20 times coarser than w near 0). Measured: 0.6-2.8% (Q8_0 included); with
+# both in float32 the program matches to 1e-5 (the test below).
+TOLERANCE = 0.04
 
 
 def golden(family: str, source: str) -> dict:
@@ -65,15 +64,14 @@ def test_reference_logits_match_transformers(family, source):
     scale = float(np.abs(want).max())
     err = float(np.abs(got - want).max()) / scale
     print(f"{family} {source}: max relative logit error {err:.3g} over {len(want)} positions")
-    assert err <= TOLERANCE.get(family, DEFAULT_TOLERANCE), f"{family} {source}: max relative logit error {err:.3g}"
+    assert err <= TOLERANCE, f"{family} {source}: max relative logit error {err:.3g}"
     # Greedy ids: transformers' top-1 wherever its own margin exceeds twice the error seen (a
     # Q8_0 golden is teacher-forced on the bf16 run's tokens: its top-1 is its own, not the next token).
     clear = g["margin"][n - 1:] > 2 * err * scale
     picks = got.argmax(axis=1)
     assert np.array_equal(picks[clear], want.argmax(axis=1)[clear]), f"{family} {source}: a greedy id differs"
     print(f"{family} {source}: greedy ids equal at the {clear.sum()} of {len(clear)} steps with a clear margin")
-    # Gemma's (1 + w) in bf16 leaves no margin of its fixture clear; the exact test below holds it.
-    assert family == "gemma3" or clear.any(), f"{family} {source}: no clear margin to compare at"
+    assert clear.sum() >= len(clear) // 2, f"{family} {source}: only {clear.sum()} clear margins"
 
 
 EXACT = 1e-4  # the exact test's bound on the relative logit error
