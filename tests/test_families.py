@@ -169,6 +169,13 @@ def test_qwen3_config_reads_its_yarn_the_way_its_files_write_it():
     assert config_from_hf(d, "c").rope_scaling.attention_factor == 1.5
 
 
+def test_layers_without_rope_and_a_rope_attention_factor_are_refused_together():
+    d = hf_config("smollm3")
+    d["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 512}
+    with pytest.raises(ModelFileError, match="layers without RoPE and a RoPE scaling with an attention factor"):
+        config_from_hf(d, "c")
+
+
 def test_smollm3_reads_its_no_rope_list_or_interval():
     d = hf_config("smollm3")
     d["no_rope_layers"] = [1, 0, 1, 1]

@@ -164,6 +164,10 @@ class ModelConfig:
         require(isinstance(nr, tuple) and all(is_int(i) and 0 <= i < self.n_layers for i in nr)
                 and list(nr) == sorted(set(nr)),
                 f"no_rope_layers must be ascending distinct layer indices below {self.n_layers}, got {quoted(nr)}")
+        # libarc multiplies every layer's q and k by the RoPE factor, a layer without RoPE's too.
+        require(not nr or float(getattr(self.rope_scaling, "attention_factor", 1.0)) == 1.0,
+                "layers without RoPE and a RoPE scaling with an attention factor (YaRN, LongRoPE) are not "
+                "supported together")
         theta = self.rope_theta
         # A base at or below 1 would make later pairs rotate as fast or faster than the first.
         require(is_finite_real(theta) and theta > 1,
