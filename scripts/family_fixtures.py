@@ -112,26 +112,29 @@ PRE_REGEX = {
 # Each family: the transformers class and config, llama.cpp's arch, the tokenizer, the prompt.
 # tok["specials"]: (text, role) in id order; "first" puts them before the 256 byte tokens (ids 0..),
 # otherwise they take the last ids. Roles name the ids config.json and tokenizer_config.json give.
+def _qwen3_config(rope_parameters: dict) -> dict:
+    """The two Qwen3 fixtures' config, which differ in their RoPE alone."""
+    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
+                rope_parameters=rope_parameters, tie_word_embeddings=False, attention_bias=False,
+                use_sliding_window=False)
+
+
+def _qwen3_tok() -> dict:
+    return dict(kind="bpe", pre="qwen2", cls="Qwen2Tokenizer", template=CHATML, add_bos=False,
+                specials=[("<|endoftext|>", "bos pad"), ("<|im_start|>", ""), ("<|im_end|>", "eos")])
+
+
 FAMILIES = {
     "qwen3": dict(
         hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1001, q_gain=3.0, n_prompt=32,
-        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False),
-        tok=dict(kind="bpe", pre="qwen2", cls="Qwen2Tokenizer", template=CHATML, add_bos=False,
-                 specials=[("<|endoftext|>", "bos pad"), ("<|im_start|>", ""), ("<|im_end|>", "eos")]),
+        config=_qwen3_config({"rope_type": "default", "rope_theta": 1000000.0}), tok=_qwen3_tok(),
         about="Qwen3: QK-norm (q_norm/k_norm over each head), head_dim 32 != hidden/heads 16, GQA 4:2, "
               "untied output, NEOX RoPE theta 1e6"),
     "qwen3-yarn": dict(
         hf_class="Qwen3ForCausalLM", config_class="Qwen3Config", arch="QWEN3", seed=1002, q_gain=3.0, n_prompt=80,
-        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
-                                     "original_max_position_embeddings": 64},
-                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False),
-        tok=dict(kind="bpe", pre="qwen2", cls="Qwen2Tokenizer", template=CHATML, add_bos=False,
-                 specials=[("<|endoftext|>", "bos pad"), ("<|im_start|>", ""), ("<|im_end|>", "eos")]),
+        config=_qwen3_config({"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 64}), tok=_qwen3_tok(),
         about="Qwen3 as above with YaRN RoPE scaling (factor 4, original context 64; the prompt alone is "
               "80 tokens)"),
     "gemma3": dict(
