@@ -50,12 +50,14 @@ def token_bytes(spec: TextSpec, vocab: int) -> list[bytes]:
     tok = spec.tokenizer
     kinds = _decoder_kinds(tok)
     table = {c: b for b, c in _gpt2_bytes().items()} if "ByteLevel" in kinds else None
-    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    added = tok.get_added_tokens_decoder()
     out = []
     for i in range(vocab):
         piece = tok.id_to_token(i)
-        if piece is None or i in special:
+        if piece is None or (i in added and added[i].special):
             out.append(b"")
+        elif i in added:
+            out.append(added[i].content.encode())
         elif table is not None:
             out.append(bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode())
         elif (m := _BYTE.match(piece)) and "ByteFallback" in kinds:
