@@ -191,16 +191,17 @@ def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                 "properties": {"name": {"const": f["name"]}, key: _parameters(f)}} for f in chosen]
     one = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-    call = "%json " + json.dumps(one)
-    many = "+" if choice == REQUIRED else ""
+    one["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    rules = f"call: %json {json.dumps(one)}\n"
     if fmt == HERMES:
-        return f'start: ("<tool_call>\\n" call "\\n</tool_call>\\n"?){many}\ncall: {call}\n'
-    if fmt == MISTRAL:
-        sep = '(", " call)*' if many else ""
+        block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
+    elif fmt == MISTRAL:
         head = f"<[{marker_id}]>" if marker_id is not None else '"[TOOL_CALLS]"'
-        return f'start: {head} "[" call {sep} "]"\ncall: {call}\n'
-    more = '("; " call)*' if many else ""
-    return f"start: call {more}\ncall: {call}\n"
+        body = 'call (", " call)*' if choice == REQUIRED else "call"
+        return f'start: {head} "[" {body} "]"\n' + rules
+    else:
+        block, sep = "call", '"; "'
+    return (f"start: {block} ({sep} {block})*\n" if choice == REQUIRED else f"start: {block}\n") + rules
 
 
 def _parameters(f: dict) -> dict:
