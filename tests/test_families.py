@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +30,6 @@ from arcpy.codes import (
     OP_FFN_OUT_NORM,
     OP_QK_NORM,
 )
-from arcpy.devices.program import describe, layer_program, program_copy
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import ModelFileError
 from arcpy.model import (
@@ -46,6 +47,7 @@ from arcpy.model import (
     rope_inv_freq,
     save_safetensors,
 )
+from arcpy.model.native import describe, expected_tensors, layer_program, place
 
 FAMILIES = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "smollm3": "smollm3-tiny", "gemma3": "gemma3-tiny"}
 V = len(BYTE_VOCAB["tokenizer.ggml.tokens"])
@@ -70,14 +72,40 @@ def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
                                                        OP_FFN_OUT_NORM]
 
 
+def arc_h_shapes(cfg) -> dict[str, tuple[int, ...] | None]:
+    """Each arc_tensor's shape as arc.h's comments word it, evaluated for cfg (None: absent), read
+    literally from the header: the documentation the one table in libarc must match."""
+    text = (Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()
+    names = {"dim": cfg.dim, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+             "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim}
+    out = {}
+    for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text):
+        dims = re.search(r"\(([^)]*)\)", doc).group(1)
+        shape = tuple(int(eval(d, {}, names)) for d in dims.split(","))  # "n_heads * head_dim" and the like
+        present = {"only with qkv_bias": cfg.qkv_bias, "only with qk_norm": cfg.qk_norm,
+                   "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings}
+        out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
+    return out
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_programs_copy_is_libarcs(shape):
-    """program_copy (what the NumPy backend runs without libarc.so) lists libarc's ops."""
+def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
+    """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
+    equals what arc.h's comments say, for every preset and every family flag."""
     cfg = SHAPES[shape]
-    for flags in ({}, {"qk_norm": True}, {"post_norms": True}, {"qk_norm": True, "post_norms": True}):
+    for flags in ({}, {"qk_norm": True, "qkv_bias": True}, {"post_norms": True, "tied_embeddings": True}):
         c = dataclasses.replace(cfg, **flags)
-        for layer in (0, c.n_layers - 1):
-            assert program_copy(c, layer) == layer_program(c, layer), (shape, flags, layer)
+        documented = arc_h_shapes(c)
+        table = expected_tensors(c)
+        seen = set()
+        for name, got in table.items():
+            tensor, layer = place(name, c)
+            assert 0 <= layer < c.n_layers
+            key = tensor[len("ARC_TENSOR_"):]
+            assert documented[key] == got, (shape, flags, name)
+            seen.add(key)
+        stored = {k for k, v in documented.items() if v is not None and k != "ROPE_INV_FREQ"}
+        assert seen == stored, (shape, flags)
 
 
 def test_a_layer_outside_the_model_has_no_program():

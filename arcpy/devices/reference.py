@@ -42,7 +42,6 @@ from arcpy.codes import (
     OP_FFN_OUT_NORM,
     OP_QK_NORM,
 )
-from arcpy.devices.program import layer_program
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,
@@ -56,6 +55,7 @@ from arcpy.model import (
     norm_names,
     rope_inv_freq,
 )
+from arcpy.model.native import layer_program
 
 F32 = np.float32
 

@@ -18,7 +18,8 @@ import numpy as np
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
 from arcpy.files import read_json_file
-from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
+from arcpy.model.config import ModelConfig
+from arcpy.model.native import LM_HEAD, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16

@@ -13,18 +13,8 @@ import numpy as np
 from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
-from arcpy.model.config import (
-    EMBED,
-    FINAL_NORM,
-    LM_HEAD,
-    LinearScaling,
-    LongRopeScaling,
-    ModelConfig,
-    RopeScaling,
-    YarnScaling,
-    expected_tensors,
-    is_matrix,
-)
+from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, YarnScaling
+from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant_pack import random_quant
 from arcpy.model.tensors import Model
 
