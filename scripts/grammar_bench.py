@@ -1,6 +1,9 @@
 """llguidance against xgrammar on this machine's CPU, at Llama 3's vocabulary (128,256 ids): the
 time to build the tokenizer's tables, to compile each schema, to compute a mask at each token of a
 valid answer (the answer's own tokens, fed back one at a time), and the process's memory after.
+For llguidance also what a constrained step of arcpy's host path adds after its logits land
+(arcpy.loop.constrain.Constrained: the allowed ids' logits and the draw from them, greedy and at
+temperature 0.8, top-p 0.95), the mask itself being computed while the forward runs.
 
     python scripts/grammar_bench.py [--json FILE]
 
@@ -68,6 +71,8 @@ def answer_ids(spec, instance) -> list[int]:
 def run_llguidance(spec, n) -> dict:
     import numpy as np
 
+    from arcpy.loop.constrain import Constrained
+    from arcpy.sampling import Sampler, Sampling
     from arcpy.text.grammar import JSON_SCHEMA, Grammar, Vocabulary, allowed, words
 
     t = time.perf_counter()
@@ -88,6 +93,17 @@ def run_llguidance(spec, n) -> dict:
         m.fill(bits)
         assert allowed(bits, n)[spec.eos_ids[0]]
         out["schemas"][name] = {"compile_ms": compile_s * 1e3, **_times(times)}
+        logits = np.random.default_rng(0).standard_normal(n).astype(np.float32) * 3
+        for label, sampling in (("greedy", Sampling()), ("sampled", Sampling(0.8, 0, 0.95, 1))):
+            c, sampler, after = Constrained(Grammar.compile(vocab, JSON_SCHEMA, schema).matcher(), n), Sampler(sampling), []
+            for i, tok in enumerate(answer_ids(spec, instance)):
+                c.fill()
+                t = time.perf_counter()
+                sampler.sample(c.masked(logits), i)
+                after.append(time.perf_counter() - t)
+                c.ids = np.array([tok])  # go on along the answer, whatever was drawn
+                c.consume(0)
+            out["schemas"][name][f"host_step_{label}_us"] = _times(after)["mask_us_median"]
     out["rss_mib"] = rss_mib()
     return out
 
@@ -156,7 +172,9 @@ def main() -> None:
               f"more ({r['rss_mib']:.0f} MiB)")
         for name, s in r["schemas"].items():
             print(f"  {name:9s} compile {s['compile_ms']:8.2f} ms, mask median {s['mask_us_median']:7.1f} us, "
-                  f"p90 {s['mask_us_p90']:7.1f} us, max {s['mask_us_max']:8.1f} us over {s['tokens']} tokens")
+                  f"p90 {s['mask_us_p90']:7.1f} us, max {s['mask_us_max']:8.1f} us over {s['tokens']} tokens"
+                  + (f"; host step after the logits: greedy {s['host_step_greedy_us']:.0f} us, sampled "
+                     f"{s['host_step_sampled_us']:.0f} us (medians)" if "host_step_greedy_us" in s else ""))
     if args.json:
         args.json.write_text(json.dumps({"cpu": os.cpu_count(), "results": results}, indent=1) + "\n")
 

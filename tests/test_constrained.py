@@ -172,8 +172,10 @@ def test_a_nan_is_not_hidden_by_the_mask():
     spec = family_text()
     c = Constrained(Grammar.compile(vocabulary(spec, 288), JSON_OBJECT).matcher(), 288)
     c.fill()
-    logits = np.zeros(300, np.float32)  # a padded head: only the first 288 are ids
-    assert c.masked(logits).shape == (288,) and np.isinf(c.masked(logits)).sum() == 288 - allowed(c.mask, 288).sum()
+    logits = np.arange(300, dtype=np.float32)  # a padded head: only the first 288 are ids
+    ok = np.flatnonzero(allowed(c.mask, 288))
+    assert 0 < len(ok) < 288 and c.masked(logits).tolist() == ok.tolist()  # the allowed ids' own logits
+    assert c.consume(len(ok) - 1) == ok[-1]  # an index of them is its token id
     logits[5] = np.nan  # an id the mask forbids
     assert np.isnan(c.masked(logits)).any()
     engine = typist_engine(spec, lambda prompt: HELLO)

@@ -55,23 +55,30 @@ def matcher_for(text: TextSpec | None, vocab: int, request: Request) -> Matcher 
 
 class Constrained:
     """One answer's matcher and its mask. On the host path a step enqueues its forward and the
-    logits' copy, `fill`s the mask while they run, waits, draws from `masked(logits)` and
-    `consume`s the token: the grammar's work overlaps the device's."""
+    logits' copy, `fill`s the mask while they run, waits, draws from `masked(logits)` (the allowed
+    ids' logits alone, in id order: the draw's weights of the others would be zero, and the host's
+    sampler costs by the ids it is given) and `consume`s the index drawn, which is mapped back to
+    its token id."""
 
     def __init__(self, matcher: Matcher, vocab: int):
         self.matcher, self.vocab = matcher, vocab
         self.mask = np.zeros(words(vocab), np.int32)
+        self.ids = np.arange(vocab)
 
     def fill(self) -> None:
         self.matcher.fill(self.mask)
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
-        """The valid ids' logits, what the mask forbids at -inf (a NaN anywhere stays, to be caught)."""
-        out = np.array(logits[:self.vocab], dtype=np.float32)
-        if not np.isnan(out).any():
-            out[~allowed(self.mask, self.vocab)] = -np.inf
-        return out
+        """The allowed ids' logits; all of them where any is NaN (to be caught as non-finite)."""
+        valid = np.asarray(logits[:self.vocab], dtype=np.float32)
+        if np.isnan(valid).any():
+            self.ids = np.arange(self.vocab)
+            return valid
+        self.ids = np.flatnonzero(allowed(self.mask, self.vocab))
+        return valid[self.ids]
 
-    def consume(self, token: int) -> int:
+    def consume(self, index: int) -> int:
+        """The token at `index` of the last `masked` logits, moved past."""
+        token = int(self.ids[index])
         self.matcher.consume(token)
         return token
