@@ -261,6 +261,8 @@ def _messages(body: dict) -> dict:
             raise bad(f"{where}: unknown role {quoted(m.get('role'))} (known: {', '.join(ROLES)}, developer)",
                       param=f"{where}.role")
         message = {"role": role}
+        if m.get("tool_calls") is not None and role != "assistant":
+            raise bad(f"{where}: only an assistant's message has tool_calls", param=f"{where}.tool_calls")
         if role == "assistant" and m.get("tool_calls") is not None:
             message["tool_calls"] = m["tool_calls"]
             message["content"] = "" if m.get("content") is None else _content(m.get("content"), where)
