@@ -73,10 +73,10 @@ def run_llguidance(spec, n) -> dict:
 
     from arcpy.loop.constrain import Constrained
     from arcpy.sampling import Sampler, Sampling
-    from arcpy.text.grammar import JSON_SCHEMA, Grammar, Vocabulary, allowed, words
+    from arcpy.text.grammar import JSON_SCHEMA, Grammar, TokenTables, allowed, words
 
     t = time.perf_counter()
-    vocab = Vocabulary(spec, n)
+    vocab = TokenTables(spec, n)
     out = {"library": "llguidance", "tokenizer_s": time.perf_counter() - t, "schemas": {}}
     bits = np.zeros(words(n), np.int32)
     for name, (schema, instance) in SCHEMAS.items():

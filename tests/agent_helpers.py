@@ -19,7 +19,7 @@ from arcpy.loop.engine import Engine
 from arcpy.serve.app import Service, Settings, create_app
 from arcpy.serve.schema import Defaults
 from arcpy.serve.worker import Worker
-from arcpy.text import TextSpec, decode, encode, load_text_spec
+from arcpy.text import TextSpec, encode, load_text_spec
 
 QWEN3 = Path(__file__).parent / "data" / "families" / "qwen3"
 
@@ -107,7 +107,3 @@ def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typ
     server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults)))))
     server.engine = holder["engine"]
     return server
-
-
-def answer_text(text: TextSpec, ids) -> str:
-    return decode(text, ids)

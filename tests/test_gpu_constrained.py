@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 import time
 
-import jsonschema
 import pytest
-from agent_helpers import QWEN3
-from test_constrained import SCHEMAS, fmt
 
-from arcpy import Engine, load_checkpoint
-from arcpy.demo import demo_model_path
-from arcpy.loop.request import Request
-from arcpy.sampling import Sampling
+jsonschema = pytest.importorskip("jsonschema")  # the `test` extra's: the judge
+pytest.importorskip("llguidance")
+
+from agent_helpers import QWEN3  # noqa: E402
+from test_constrained import SCHEMAS, fmt  # noqa: E402
+
+from arcpy import Engine, load_checkpoint  # noqa: E402
+from arcpy.demo import demo_model_path  # noqa: E402
+from arcpy.loop.request import Request  # noqa: E402
+from arcpy.sampling import Sampling  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

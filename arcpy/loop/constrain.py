@@ -16,13 +16,13 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Constraint, Frozen, Request
 from arcpy.text import TextSpec
 from arcpy.text.answer import CALLS, special_marks
-from arcpy.text.grammar import LARK, Grammar, Matcher, Vocabulary, allowed, words
+from arcpy.text.grammar import LARK, Grammar, Matcher, TokenTables, allowed, words
 from arcpy.text.tools import AUTO, MISTRAL, NONE, call_grammar, tool_format
 
 
 @functools.lru_cache(maxsize=4)
-def vocabulary(text: TextSpec, vocab: int) -> Vocabulary:
-    return Vocabulary(text, vocab)
+def vocabulary(text: TextSpec, vocab: int) -> TokenTables:
+    return TokenTables(text, vocab)
 
 
 def resolve(text: TextSpec | None, request: Request) -> Constraint | None:
