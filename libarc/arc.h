@@ -202,6 +202,7 @@ typedef struct arc_model_config {
     int32_t activation;      /* the GLU's, an arc_activation */
     float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
+    int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 /* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)

@@ -272,19 +272,9 @@ def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, fami
     loaded = load_model(tmp_path)
     assert loaded.config == model.config
     tokens = [5, 9, 200, 31, 7, 64]
-    want = ReferenceModel(model).prefill(tokens)
-    if family != "gemma3":
-        np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), want)
-        return
-    # Gemma's files hold each norm's factor less 1, rounded to bf16: a factor far from 1 (the
-    # preset's final norm has some near -1) comes back within one bf16 step of itself.
-    for name, words in model.tensors.items():
-        got, exp = bf16_to_f32(loaded.tensors[name]), bf16_to_f32(words)
-        if name.endswith("norm.weight"):
-            np.testing.assert_allclose(got, exp, rtol=2 ** -7, atol=0, err_msg=name)
-        else:
-            np.testing.assert_array_equal(got, exp, err_msg=name)
-    np.testing.assert_allclose(ReferenceModel(loaded).prefill(tokens), want, rtol=0, atol=0.05 * np.abs(want).max())
+    for name, words in model.tensors.items():  # Gemma's norms too: held as its files hold them
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+    np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), ReferenceModel(model).prefill(tokens))
 
 
 # --- GGUF -------------------------------------------------------------------------------------
@@ -319,10 +309,13 @@ def gguf_meta(arch: str, cfg) -> dict:
 
 
 def family_gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
-    """The model's tensors as llama.cpp's converter writes them for the family (float32 values)."""
+    """The model's tensors as llama.cpp's converter writes them for the family (float32 values;
+    norms' factors whole)."""
     cfg, out = model.config, {}
     for hf, words in model.tensors.items():
         x = bf16_to_f32(words)
+        if hf.endswith("norm.weight"):
+            x = x + np.float32(cfg.norm_add)
         if family in PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
             x = converter_permute(x, cfg.n_heads if "q_proj" in hf else cfg.n_kv_heads)
         module = hf.split(".")[-2]
@@ -370,13 +363,17 @@ def same_config(got, want) -> bool:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_of_each_family_loads_as_the_preset(tmp_path, family):
+    from arcpy.model import f32_to_bf16
     model = preset(family)
     if family == "gemma3":  # its files hold no scores' scale: llama.cpp's is 1/sqrt(head_dim) below 62 layers
         model = Model(dataclasses.replace(model.config, attn_scale=1 / 16), model.tensors, name="g", source="test")
     loaded = load_model(write_family_gguf(tmp_path / "m.gguf", family, model))
-    assert same_config(loaded.config, model.config)
+    # llama.cpp's files hold Gemma's norms' factors whole: read so, rounded once to bf16.
+    assert same_config(loaded.config, dataclasses.replace(model.config, norm_plus_one=False))
     assert set(loaded.tensors) == set(model.tensors)
     for name, words in model.tensors.items():
+        if name.endswith("norm.weight") and model.config.norm_plus_one:
+            words = f32_to_bf16(bf16_to_f32(words) + np.float32(1))
         np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
 
 
@@ -423,20 +420,44 @@ def test_phi3_gguf_window_caps_the_context(tmp_path):
 # --- Gemma 3 ----------------------------------------------------------------------------------
 
 
-def test_gemma3_files_store_norms_less_one_and_the_reader_adds_it(tmp_path):
+def test_gemma3_norms_are_held_as_its_files_store_them_and_scale_by_one_plus_w(tmp_path):
+    """Gemma's safetensors store each norm's factor less one: arcpy holds those words as they are
+    (norm_plus_one) and every norm adds the one back in float32 (libarc's kernels, the reference)."""
     from arcpy.model.safetensors import read_bf16_words, read_header
     model = preset("gemma3", max_seq=64)
+    assert model.config.norm_plus_one
     save_model(model, tmp_path)
     entries = read_header(tmp_path / "model.safetensors", 1000)
-    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.1.self_attn.k_norm.weight",
-                 "model.layers.5.post_feedforward_layernorm.weight"):  # factors near 1: w = factor - 1 exactly
-        stored = bf16_to_f32(read_bf16_words(name, entries[name], {}))
-        np.testing.assert_array_equal(stored + 1, bf16_to_f32(model.tensors[name]), err_msg=name)
+    for name in model.tensors:
+        np.testing.assert_array_equal(read_bf16_words(name, entries[name], {}), model.tensors[name], err_msg=name)
     loaded = load_model(tmp_path)
-    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.2.self_attn.q_norm.weight"):
-        np.testing.assert_array_equal(loaded.tensors[name], model.tensors[name], err_msg=name)
-    np.testing.assert_array_equal(read_bf16_words("model.embed_tokens.weight", entries["model.embed_tokens.weight"], {}),
-                                  model.tensors["model.embed_tokens.weight"])
+    assert loaded.config.norm_plus_one
+    ref = ReferenceModel(loaded)
+    w = bf16_to_f32(model.tensors["model.layers.1.pre_feedforward_layernorm.weight"])
+    np.testing.assert_array_equal(ref.layers[1].mlp_norm, w + np.float32(1))
+    np.testing.assert_array_equal(ref.final_norm, bf16_to_f32(model.tensors["model.norm.weight"]) + np.float32(1))
+    # Without the one, the same words give other logits.
+    flat = Model(dataclasses.replace(loaded.config, norm_plus_one=False), loaded.tensors, name="flat", source="test")
+    tokens = [5, 9, 200, 31]
+    assert np.max(np.abs(ReferenceModel(flat).prefill(tokens) - ref.prefill(tokens))) > 1e-2
+
+
+def test_a_gemma3_holding_whole_factors_is_saved_less_one(tmp_path):
+    """A Gemma read from GGUF holds its norms' factors whole (llama.cpp's files add the one):
+    saved as safetensors they are stored less one, and read back they compute the same model."""
+    from arcpy.model import f32_to_bf16
+    model = preset("gemma3", max_seq=64)
+    whole = {n: f32_to_bf16(bf16_to_f32(t) + np.float32(1)) if n.endswith("norm.weight") else t
+             for n, t in model.tensors.items()}
+    held = Model(dataclasses.replace(model.config, norm_plus_one=False), whole, name="whole", source="test")
+    save_model(held, tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    name = "model.layers.0.post_attention_layernorm.weight"
+    np.testing.assert_array_equal(loaded.tensors[name], f32_to_bf16(bf16_to_f32(whole[name]) - np.float32(1)))
+    tokens = [5, 9, 200, 31, 7, 64]
+    want = ReferenceModel(held).prefill(tokens)
+    np.testing.assert_allclose(ReferenceModel(loaded).prefill(tokens), want, rtol=0, atol=0.05 * np.abs(want).max())
 
 
 def test_gemma3_config_reads_layer_kinds_and_its_rope_by_kind():

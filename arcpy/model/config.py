@@ -130,7 +130,8 @@ class ModelConfig:
     # Gemma 3's: the attention's and the FFN's outputs RMS-normed before their residual adds; the
     # GLU's activation ("silu" or "gelu_tanh"); the embedding rows' factor; the scores' factor (None:
     # 1/sqrt(head_dim)); a window of positions for the layers it applies to (every one, or all but
-    # every window_pattern-th), whose RoPE base is rope_local_theta, unscaled, where that is set.
+    # every window_pattern-th), whose RoPE base is rope_local_theta, unscaled, where that is set;
+    # norms whose factor is 1 + w, their weights w stored less one (as Gemma's safetensors hold them).
     post_norms: bool = False
     activation: str = "silu"
     embed_scale: float = 1.0
@@ -138,6 +139,7 @@ class ModelConfig:
     sliding_window: int = 0
     window_pattern: int = 0
     rope_local_theta: float | None = None
+    norm_plus_one: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -175,8 +177,9 @@ class ModelConfig:
                 f"rope_theta {quoted(theta)} with head_dim {self.head_dim} and this scaling gives "
                 "frequencies float32 cannot hold")
         require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool)
-                and isinstance(self.qk_norm, bool) and isinstance(self.post_norms, bool),
-                "tied_embeddings, qkv_bias, qk_norm and post_norms must be bool")
+                and isinstance(self.qk_norm, bool) and isinstance(self.post_norms, bool)
+                and isinstance(self.norm_plus_one, bool),
+                "tied_embeddings, qkv_bias, qk_norm, post_norms and norm_plus_one must be bool")
         require(self.activation in ACTIVATIONS,
                 f"activation must be one of {', '.join(ACTIVATIONS)}, got {quoted(self.activation)}")
         for field in ("embed_scale",) + (("attn_scale",) if self.attn_scale is not None else ()):
@@ -196,6 +199,11 @@ class ModelConfig:
             return 0
         n = self.window_pattern
         return 0 if n > 0 and layer % n == n - 1 else self.sliding_window
+
+    @property
+    def norm_add(self) -> float:
+        """What every norm adds to its weights to make its factors: 1 with norm_plus_one, else 0."""
+        return 1.0 if self.norm_plus_one else 0.0
 
     @property
     def scores_scale(self) -> float:

@@ -91,6 +91,7 @@ def native_config(ffi, cfg, max_seq: int | None = None):
     # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
     c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.attn_scale if cfg.attn_scale is not None else 0.0
     c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
+    c.norm_plus_one = int(cfg.norm_plus_one)
     return c
 
 

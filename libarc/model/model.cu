@@ -218,6 +218,8 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->rope_factor >= 0.0f && isfinite(c->rope_factor),
                 "config.rope_factor must be finite and not negative (0: 1), got %g", (double)c->rope_factor);
     ARC_REQUIRE(c->post_norms == 0 || c->post_norms == 1, "config.post_norms must be 0 or 1, got %d", c->post_norms);
+    ARC_REQUIRE(c->norm_plus_one == 0 || c->norm_plus_one == 1, "config.norm_plus_one must be 0 or 1, got %d",
+                c->norm_plus_one);
     ARC_REQUIRE(c->activation == ARC_ACT_SILU || c->activation == ARC_ACT_GELU_TANH,
                 "config.activation must be an arc_activation (0 or 1), got %d", c->activation);
     ARC_REQUIRE(c->embed_scale >= 0.0f && isfinite(c->embed_scale) && c->attn_scale >= 0.0f && isfinite(c->attn_scale),
