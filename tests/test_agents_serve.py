@@ -218,3 +218,21 @@ def test_bad_schemas_and_tools_are_a_400_with_the_reason(server, change, param, 
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert words in error["message"] and error["param"] == param, error
+
+
+def test_a_constrained_answer_under_an_opened_think_is_content():
+    """An R1 distill's template opens <think>; a schema's answer is JSON from its first token, so it is
+    the content, not reasoning."""
+    template = ("{% for m in messages %}{{ m.content }}{% endfor %}{% if false %}</think>{% endif %}"
+                "{% if add_generation_prompt %}<think>\n{% endif %}")
+    s = typist_server(family_text(template), script)
+    try:
+        body = {"model": "typist", "messages": [{"role": "user", "content": "Who? Answer in JSON."}],
+                "max_tokens": 100, "response_format": {"type": "json_object"}}
+        m = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+        assert json.loads(m["content"]) == {"name": "Ada", "age": 36} and "reasoning_content" not in m
+        del body["response_format"]  # unconstrained, the same answer is read as reasoning never closed
+        m = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+        assert m["reasoning_content"] == '{"name": "Ada", "age": 36}' and m["content"] == ""
+    finally:
+        s.stop()

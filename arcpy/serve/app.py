@@ -135,7 +135,9 @@ class Service:
         fmt = tool_format(self.text.chat_template) if request.template_tools else None
         if not think and fmt is None:
             return ids, job, None
-        return ids, job, {"reasoning": think, "opened": think and opens_thinking(tail), "tools": fmt,
+        # A constrained answer follows its grammar from the first token: no reasoning is left open.
+        opened = think and constraint is None and opens_thinking(tail)
+        return ids, job, {"reasoning": think, "opened": opened, "tools": fmt,
                           "marks": special_marks(self.text)}
 
     def prompt_ids(self, request: Request) -> list[int]:
