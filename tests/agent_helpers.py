@@ -49,7 +49,7 @@ class Typist:
     def _logits_at(self, position: int) -> np.ndarray:
         logits = np.zeros(self.vocab, np.float32)
         k = position + 1 - self.start
-        logits[self.answer[k] if k < len(self.answer) else self.text.eos_ids[0]] = 60.0  # others: e^-60 as likely, at temperature 1
+        logits[self.answer[k] if k < len(self.answer) else self.text.eos_ids[0]] = 60.0  # the others e^-60 as likely
         return logits
 
     def set_input(self, token: int, position: int) -> None:

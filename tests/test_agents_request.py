@@ -86,3 +86,12 @@ def test_a_required_choice_resolves_to_the_call_grammar_of_the_models_format():
     plain = resolve(family_text("{{ messages }}"), r)
     assert "<tool_call>" not in plain.source and '"parameters"' in plain.source
     assert resolve(family_text(), Request(messages=HI, tools=[TOOL])) is None  # auto: nothing forced
+
+
+def test_parallel_tool_calls_false_makes_a_required_choice_one_call():
+    many = resolve(family_text("{{ '<tool_call>' }}"), Request(messages=HI, tools=[TOOL], tool_choice="required"))
+    one = resolve(family_text("{{ '<tool_call>' }}"), Request(messages=HI, tools=[TOOL], tool_choice="required",
+                                                              parallel_tool_calls=False))
+    assert ")*" in many.source.splitlines()[0] and ")*" not in one.source.splitlines()[0]
+    with pytest.raises(InvalidArgumentError, match="parallel_tool_calls must be"):
+        Request(messages=HI, parallel_tool_calls="no")

@@ -207,6 +207,7 @@ def test_a_gbnf_grammar_as_an_extension(server):
     ({"grammar": "root ::= (("}, "response_format", "GBNF"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "letters, digits"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "must be True or False"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "which tools do not list"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",

@@ -34,7 +34,8 @@ def resolve(text: TextSpec | None, request: Request) -> Constraint | None:
         return None
     fmt = tool_format(text.chat_template if text is not None else None)
     marker = next((i for i, t in special_marks(text).items() if t == CALLS), None) if fmt == MISTRAL else None
-    return Constraint(LARK, call_grammar(fmt, request.tools.value, request.tool_choice, marker))
+    return Constraint(LARK, call_grammar(fmt, request.tools.value, request.tool_choice, marker,
+                                         request.parallel_tool_calls))
 
 
 def compile_constraint(text: TextSpec | None, vocab: int, constraint: Constraint | None) -> Grammar | None:

@@ -76,7 +76,8 @@ class Message:
         if self.tool_calls is not None and not isinstance(self.tool_calls, Frozen):
             if self.role != "assistant":
                 raise InvalidArgumentError("only an assistant's message has tool_calls")
-            object.__setattr__(self, "tool_calls", Frozen(check_tool_calls(self.tool_calls, f"the {self.role} message")))
+            calls = check_tool_calls(self.tool_calls, f"the {self.role} message")
+            object.__setattr__(self, "tool_calls", Frozen(calls))
         for key in ("tool_call_id", "name"):
             v = getattr(self, key)
             if v is not None:
@@ -170,6 +171,7 @@ class Request:
     template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
     tools: Frozen | None = None       # OpenAI's function tools, for the chat template
     tool_choice: str | None = None    # "auto" (with tools), "none" (without), "required", or a function's name
+    parallel_tool_calls: bool = True  # False: a required choice is one call
     response_format: Constraint | None = None  # Constraint.of(OpenAI's response_format)
 
     def __post_init__(self):
@@ -209,6 +211,9 @@ class Request:
         object.__setattr__(self, "tools", Frozen(tools) if tools else None)
         object.__setattr__(self, "tool_choice", choice)
         object.__setattr__(self, "response_format", Constraint.of(self.response_format))
+        if not isinstance(self.parallel_tool_calls, bool):
+            raise InvalidArgumentError("parallel_tool_calls must be True or False, got "
+                                       f"{quoted(self.parallel_tool_calls)}")
         if tools and self.messages is None:
             raise InvalidArgumentError("tools are for the chat template: give messages, not a prompt")
         if self.response_format is not None and choice not in (AUTO, NONE):

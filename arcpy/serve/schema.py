@@ -82,7 +82,6 @@ _CHAT_NEUTRAL = {
     "logprobs": lambda v: v is False,
     "top_logprobs": _neutral_zero,
     "logit_bias": lambda v: v == {},
-    "parallel_tool_calls": lambda v: isinstance(v, bool),
     "modalities": lambda v: v == ["text"],
     "store": lambda v: v is False,
     "metadata": lambda v: isinstance(v, dict),
@@ -100,7 +99,7 @@ _COMPLETION_NEUTRAL = {
     "user": lambda v: isinstance(v, str),
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
-_AGENT = ("tools", "tool_choice", "response_format", "grammar")
+_AGENT = ("tools", "tool_choice", "response_format", "grammar", "parallel_tool_calls")
 _USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", *_AGENT},
          COMPLETION: set(_COMMON) | {"prompt"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
@@ -279,7 +278,8 @@ def _messages(body: dict) -> dict:
 def _agent(body: dict) -> dict:
     """tools, tool_choice and response_format as Request takes them (it checks them); `grammar`
     becomes a response_format of its own kind."""
-    out = {name: body[name] for name in ("tools", "tool_choice", "response_format") if body.get(name) is not None}
+    names = ("tools", "tool_choice", "response_format", "parallel_tool_calls")
+    out = {name: body[name] for name in names if body.get(name) is not None}
     grammar = body.get("grammar")
     if grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():

@@ -182,10 +182,12 @@ def _object(text: str):
     return v if isinstance(v, dict) else None
 
 
-def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None = None) -> str:
+def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None = None,
+                 parallel: bool = True) -> str:
     """A Lark grammar (llguidance's dialect) whose answers are one call, or for REQUIRED one or
-    more, of the functions `choice` allows, in the format `fmt`. `marker_id` is the id of the
-    special token [TOOL_CALLS] (MISTRAL), where the vocabulary has one."""
+    more (one, unless `parallel`), of the functions `choice` allows, in the format `fmt`.
+    `marker_id` is the id of the special token [TOOL_CALLS] (MISTRAL), where the vocabulary has one."""
+    many = choice == REQUIRED and parallel
     chosen = [t["function"] for t in tools if choice == REQUIRED or t["function"]["name"] == choice]
     key = "parameters" if fmt == JSON else "arguments"
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", key],
@@ -197,11 +199,11 @@ def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None
         block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
     elif fmt == MISTRAL:
         head = f"<[{marker_id}]>" if marker_id is not None else '"[TOOL_CALLS]"'
-        body = 'call (", " call)*' if choice == REQUIRED else "call"
+        body = 'call (", " call)*' if many else "call"
         return f'start: {head} "[" {body} "]"\n' + rules
     else:
         block, sep = "call", '"; "'
-    return (f"start: {block} ({sep} {block})*\n" if choice == REQUIRED else f"start: {block}\n") + rules
+    return (f"start: {block} ({sep} {block})*\n" if many else f"start: {block}\n") + rules
 
 
 def _parameters(f: dict) -> dict:
