@@ -173,9 +173,9 @@ typedef enum arc_tensor {
     ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias */
     ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim) */
     ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
-    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim) */
-    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim) */
-    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim) */
+    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers */
+    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers */
+    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers */
     ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
     ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
     ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32: the layer's RoPE frequencies */
@@ -183,9 +183,19 @@ typedef enum arc_tensor {
     ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm */
     ARC_TENSOR_POST_ATTN_NORM = 18, /* per layer (dim), only with post_norms */
     ARC_TENSOR_POST_FFN_NORM = 19,  /* per layer (dim), only with post_norms */
-    ARC_TENSOR_COUNT = 20
+    ARC_TENSOR_MOE_ROUTER = 20,     /* per layer (n_experts, dim), only on MoE layers */
+    ARC_TENSOR_MOE_GATE = 21,       /* per layer (n_experts * expert_ffn_dim, dim), only on MoE layers */
+    ARC_TENSOR_MOE_UP = 22,         /* per layer (n_experts * expert_ffn_dim, dim), only on MoE layers */
+    ARC_TENSOR_MOE_DOWN = 23,       /* per layer (n_experts * dim, expert_ffn_dim), only on MoE layers */
+    ARC_TENSOR_SHARED_GATE = 24,    /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_UP = 25,      /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_DOWN = 26,    /* per layer (dim, shared_ffn_dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_ROUTER = 27,  /* per layer (1, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_COUNT = 28
 } arc_tensor;
 typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
+/* An MoE layer's routing of p = ROUTER @ n: the k largest (ties to the lower expert), weights their softmax. */
+typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
 
 /* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
  * of a head pairs with i + rope_dim / 2 at angle float(pos) * inv_freq[i] of the layer's own table
@@ -203,6 +213,13 @@ typedef struct arc_model_config {
     float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
     int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
+    /* Mixture of experts (n_experts 0: none). Layer l is an MoE layer unless (l + 1) % moe_every != 0 (0: 1) or bit
+     * l % 32 of dense_layers[l / 32] is set; its FFN: the k = n_experts_used experts routed (SOFTMAX_TOPK: softmax
+     * of all, then the k largest, divided by their sum if norm_topk), each act(Wgate_e @ n) * (Wup_e @ n) of
+     * expert_ffn_dim, Wdown_e'd, weighted and summed; plus with shared_ffn_dim > 0 the shared expert times
+     * sigmoid(SHARED_ROUTER @ n). Expert e: rows e * expert_ffn_dim.. of MOE_GATE, MOE_UP, e * dim.. of MOE_DOWN. */
+    int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
+    uint32_t dense_layers[4];
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 /* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
@@ -222,12 +239,14 @@ typedef enum arc_layer_op {
     ARC_OP_FFN_IN = 4,    /* h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
     ARC_OP_FFN_OUT = 5,   /* x += Wdown @ h */
     ARC_OP_ATTN_OUT_NORM = 6,  /* x += rmsnorm(Wo @ att, POST_ATTN_NORM) */
-    ARC_OP_FFN_OUT_NORM = 7    /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
+    ARC_OP_FFN_OUT_NORM = 7,   /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
+    ARC_OP_MOE_IN = 8,   /* n = rmsnorm(x, MLP_NORM), routed by ROUTER @ n; h_e = act(Wgate_e @ n) * (Wup_e @ n) */
+    ARC_OP_MOE_OUT = 9   /* x += the routing's weighted sum of Wdown_e @ h_e over the k (+ the gated shared expert) */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 
-/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD) may be held in
- * one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
+/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD; MOE_, SHARED_ GATE, UP, DOWN)
+ * may be held in one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
  * the RoPE frequencies are always bf16 (float32 for the frequencies). The quantized formats are
  * llama.cpp's GGUF block types, repacked by row so that every load is 16-byte aligned and
  * coalesced; the values they hold are exactly the GGUF blocks' values.

@@ -72,20 +72,28 @@ def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
                                                        OP_FFN_OUT_NORM]
 
 
-def arc_h_shapes(cfg) -> dict[str, tuple[int, ...] | None]:
-    """Each arc_tensor's shape as arc.h's comments word it, evaluated for cfg (None: absent), read
-    literally from the header: the documentation the one table in libarc must match."""
+def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
+    """Each arc_tensor's shape in layer `layer` as arc.h's comments word it, evaluated for cfg
+    (None: absent), read literally from the header: the documentation the one table in libarc must
+    match."""
     text = (Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()
     names = {"dim": cfg.dim, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-             "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim}
+             "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim, "n_experts": cfg.n_experts,
+             "expert_ffn_dim": cfg.expert_ffn_dim, "shared_ffn_dim": cfg.shared_expert_ffn_dim}
+    moe = cfg.is_moe_layer(layer)
     out = {}
     for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text):
         dims = re.search(r"\(([^)]*)\)", doc).group(1)
         shape = tuple(int(eval(d, {}, names)) for d in dims.split(","))  # "n_heads * head_dim" and the like
         present = {"only with qkv_bias": cfg.qkv_bias, "only with qk_norm": cfg.qk_norm,
-                   "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings}
+                   "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings,
+                   "only on MoE layers": moe, "absent on MoE layers": not moe,
+                   "with a shared expert": cfg.shared_expert_ffn_dim > 0}
         out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
     return out
+
+
+_GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -93,18 +101,23 @@ def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
     equals what arc.h's comments say, for every preset and every family flag."""
     cfg = SHAPES[shape]
-    for flags in ({}, {"qk_norm": True, "qkv_bias": True}, {"post_norms": True, "tied_embeddings": True}):
+    moe = ({"shared_expert_ffn_dim": 256, "mlp_only_layers": (0,)}, {"moe_every": 2}) if cfg.n_experts else ()
+    post = ({"post_norms": True, "tied_embeddings": True},) if not cfg.n_experts else ({"tied_embeddings": True},)
+    for flags in ({}, {"qk_norm": True, "qkv_bias": True}, *post, *moe):
         c = dataclasses.replace(cfg, **flags)
-        documented = arc_h_shapes(c)
+        documented = {layer: arc_h_shapes(c, layer) for layer in range(min(c.n_layers, 4))}
         table = expected_tensors(c)
         seen = set()
         for name, got in table.items():
             tensor, layer = place(name, c)
             assert 0 <= layer < c.n_layers
+            if layer >= 4:
+                continue
             key = tensor[len("ARC_TENSOR_"):]
-            assert documented[key] == got, (shape, flags, name)
-            seen.add(key)
-        stored = {k for k, v in documented.items() if v is not None and k != "ROPE_INV_FREQ"}
+            assert documented[layer][key] == got, (shape, flags, name)
+            seen.add((key, layer) if name.startswith("model.layers.") else (key, 0))
+        stored = {(k, layer) for layer, doc in documented.items() for k, v in doc.items()
+                  if v is not None and k != "ROPE_INV_FREQ" and (layer == 0 or k not in _GLOBAL_KEYS)}
         assert seen == stored, (shape, flags)
 
 

@@ -16,6 +16,10 @@ and the last ulp of cos/sin/exp):
   subtracted), then the weighted sum of v. Query head h reads kv head h // (n_heads // n_kv_heads).
 - Optional q/k/v biases are added after the projection, before RoPE.
 - MLP: down(silu(gate(x)) * up(x)), silu(g) = g / (1 + exp(-g)).
+- A mixture of experts' layer (arc.h: ARC_OP_MOE_IN, ARC_OP_MOE_OUT): router logits = router @ n,
+  routed as model.moe.route says (the order of softmax and top-k, ties to the lower expert); each
+  chosen expert's GLU down-projected, times its weight, summed over the k in order of choice; plus
+  the shared expert's GLU times sigmoid(its router's logit) where the config has one.
 - logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
 - Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
@@ -40,6 +44,8 @@ from arcpy.codes import (
     OP_FFN_IN,
     OP_FFN_OUT,
     OP_FFN_OUT_NORM,
+    OP_MOE_IN,
+    OP_MOE_OUT,
     OP_QK_NORM,
 )
 from arcpy.errors import InvalidArgumentError
@@ -55,6 +61,7 @@ from arcpy.model import (
     norm_names,
     rope_inv_freq,
 )
+from arcpy.model.moe import route
 from arcpy.model.native import layer_program
 
 F32 = np.float32
@@ -203,9 +210,27 @@ class _Layer:
         self.mlp_norm = norm(norms["ffn"])
         self.post_attn_norm = norm(norms["post_attn"]) if "post_attn" in norms else None
         self.post_ffn_norm = norm(norms["post_ffn"]) if "post_ffn" in norms else None
-        self.w_gate = t("mlp.gate_proj.weight")
-        self.w_up = t("mlp.up_proj.weight")
-        self.w_down = t("mlp.down_proj.weight")
+        c = model.config
+        if not c.is_moe_layer(i):
+            self.w_gate = t("mlp.gate_proj.weight")
+            self.w_up = t("mlp.up_proj.weight")
+            self.w_down = t("mlp.down_proj.weight")
+            return
+        # The experts: expert e's (expert_ffn_dim, dim) gate and up, (dim, expert_ffn_dim) down.
+        e, f = c.n_experts, c.expert_ffn_dim
+        self.router = t("mlp.gate.weight")
+        self.e_gate = t("mlp.experts.gate_proj.weight").reshape(e, f, c.dim)
+        self.e_up = t("mlp.experts.up_proj.weight").reshape(e, f, c.dim)
+        self.e_down = t("mlp.experts.down_proj.weight").reshape(e, c.dim, f)
+        if c.shared_expert_ffn_dim:
+            self.s_router = t("mlp.shared_expert_gate.weight")
+            self.s_gate, self.s_up, self.s_down = (t(f"mlp.shared_expert.{p}_proj.weight")
+                                                   for p in ("gate", "up", "down"))
+
+
+# What the prefill's products read of a layer, rounded to bf16 where the weights are quantized.
+_PRODUCT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "e_gate", "e_up", "e_down",
+                    "s_gate", "s_up", "s_down")
 
 
 def _exact(a: np.ndarray) -> np.ndarray:
@@ -225,7 +250,8 @@ class _RowOps:
     def _dispatch(self):
         table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
-                 OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm}
+                 OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
+                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out}
 
         def run(op: int, li: int, L: _Layer) -> None:
             table[op](li, L)
@@ -263,6 +289,26 @@ class _RowOps:
     def ffn_out(self, li: int, L: _Layer) -> None:
         self.x = self.x + linear(self.h, L.w_down)
 
+    def moe_in(self, li: int, L: _Layer) -> None:
+        c, glu = self.cfg, GLUS[self.cfg.activation]
+        n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
+        self.chosen, self.weights = route(linear(n, L.router), c.n_experts_used, c.routing, c.norm_topk_prob)
+        self.m.routing[li] = self.chosen
+        g = np.einsum("tkfd,td->tkf", L.e_gate[self.chosen], n)
+        self.h = self.r(glu(g, np.einsum("tkfd,td->tkf", L.e_up[self.chosen], n)))  # (T, k, expert_ffn_dim)
+        if c.shared_expert_ffn_dim:
+            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
+            self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
+
+    def moe_out(self, li: int, L: _Layer) -> None:
+        y = np.einsum("tkdf,tkf->tkd", L.e_down[self.chosen], self.h) * self.weights[..., None]
+        out = y[:, 0]
+        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
+            out = out + y[:, j]
+        if self.cfg.shared_expert_ffn_dim:
+            out = out + self.shared_w * linear(self.shared_h, L.s_down)
+        self.x = self.x + out
+
     def attn_out_norm(self, li: int, L: _Layer) -> None:
         t = linear(self.att.reshape(self.t, -1), L.wo)
         self.x = self.x + rmsnorm(t, L.post_attn_norm, self.cfg.rms_eps)
@@ -290,6 +336,7 @@ class ReferenceModel:
         self.final_norm = norm_factors(model, FINAL_NORM)
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
+        self.routing: dict[int, np.ndarray] = {}  # MoE layer -> the last rows' chosen experts (T, k)
         self.quantized = model.quantized
         self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
@@ -351,8 +398,9 @@ class ReferenceModel:
             self._bf16_layers = []
             for layer in self.layers:
                 rounded = copy.copy(layer)
-                for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-                    setattr(rounded, name, round_bf16(getattr(layer, name)))
+                for name in _PRODUCT_WEIGHTS:
+                    if hasattr(layer, name):
+                        setattr(rounded, name, round_bf16(getattr(layer, name)))
                 self._bf16_layers.append(rounded)
         return self._bf16_layers
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,8 @@ def _most_tensors(cfg: ModelConfig) -> int:
     one_layer = expected_tensors(single_layer(cfg, tied_embeddings=False))
     per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
     outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
-    return outside + cfg.n_layers * (per_layer + len(_HARMLESS_SUFFIXES))
+    experts = 3 * cfg.n_experts  # stored one tensor per expert and matrix
+    return outside + cfg.n_layers * (per_layer + experts + len(_HARMLESS_SUFFIXES))
 
 
 def _read_index(directory: Path, index: Path, max_tensors: int) -> dict[str, TensorEntry]:
@@ -122,6 +124,51 @@ def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, Ten
     return out
 
 
+# An expert's matrix as the files store it, one tensor per expert (Qwen-MoE's mlp.experts.E.*_proj,
+# Mixtral's block_sparse_moe.experts.E.w1/w3/w2 for gate/up/down), and Mixtral's router.
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_MIXTRAL_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_MIXTRAL_ROUTER = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.gate\.weight")
+
+
+def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple[dict[str, TensorEntry],
+                                                                               dict[str, list[TensorEntry]]]:
+    """The files' per-expert tensors grouped into the model's stacked ones (expert e's rows after
+    expert e-1's): (the entries with each group under its stacked name, its shape the stack's;
+    the parts of each stacked name, in expert order). Nothing is read here."""
+    out: dict[str, TensorEntry] = {}
+    groups: dict[str, dict[int, tuple[str, TensorEntry]]] = {}
+    templates: dict[str, str] = {}  # a stacked name -> its experts' names in the files, {} the expert
+    for name, e in entries.items():
+        m, router = _EXPERT.fullmatch(name), _MIXTRAL_ROUTER.fullmatch(name)
+        if router:
+            name = f"model.layers.{router.group(1)}.mlp.gate.weight"
+        if not m:
+            out[name] = e
+            continue
+        layer, kind, expert, proj = m.groups()
+        proj = _MIXTRAL_PROJ.get(proj) if kind == "block_sparse_moe" else proj
+        if proj not in ("gate_proj", "up_proj", "down_proj") or int(expert) >= cfg.n_experts:
+            raise ModelFileError(f"{e.file}: unexpected tensor {quoted(name)} (not part of this config)")
+        groups.setdefault(f"model.layers.{layer}.mlp.experts.{proj}.weight", {})[int(expert)] = (name, e)
+        templates[f"model.layers.{layer}.mlp.experts.{proj}.weight"] = (
+            f"model.layers.{layer}.{kind}.experts.{{}}.{m.group(4)}.weight")
+    parts = {}
+    for stacked, experts in groups.items():
+        missing = next((i for i in range(cfg.n_experts) if i not in experts), None)
+        first = experts[min(experts)][1]
+        if missing is not None:
+            raise ModelFileError(f"{first.file.parent}: missing tensor {quoted(templates[stacked].format(missing))}")
+        for name, e in experts.values():
+            if e.shape != first.shape or e.dtype != first.dtype or len(e.shape) != 2:
+                raise ModelFileError(f"{e.file}: tensor {quoted(name)} has shape {quoted(list(e.shape))} and dtype "
+                                     f"{quoted(e.dtype)}; expert 0's are {list(first.shape)} and {first.dtype}")
+        parts[stacked] = [experts[i][1] for i in range(cfg.n_experts)]
+        out[stacked] = dataclasses.replace(first, shape=(cfg.n_experts * first.shape[0], first.shape[1]),
+                                           nbytes=cfg.n_experts * first.nbytes)
+    return out, parts
+
+
 def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory: Path) -> dict[str, tuple]:
     """Match the files' tensors against the config -> the expected table, name -> shape."""
     # iter_tensors stops at the first tensor the files lack, so a config claiming far more
@@ -179,10 +226,15 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries = _unfused(_weight_files(directory, cfg), cfg)
+    entries, experts = _stacked_experts(_unfused(_weight_files(directory, cfg), cfg), cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
-    tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
+
+    def read(name: str) -> np.ndarray:
+        if name not in experts:
+            return read_bf16_words(name, entries[name], maps)
+        return np.concatenate([read_bf16_words(name, e, maps) for e in experts[name]])
+    tensors = {name: read(name) for name in expected}
     return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
 
 
@@ -191,6 +243,29 @@ def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np
     held otherwise than its family's files store them); the rest untouched."""
     return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift)) if name.endswith("norm.weight") else t
             for name, t in tensors.items()}
+
+
+def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+    """The stacked experts split back into one tensor per expert under the family's names (and
+    Mixtral's router under its own), as transformers writes them; the rest untouched."""
+    if not cfg.n_experts:
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        head, sep, proj = name.partition(".mlp.experts.")
+        if family == "mixtral" and name.endswith(".mlp.gate.weight"):
+            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+        elif not sep:
+            out[name] = t
+        else:
+            proj = proj[:-len(".weight")]
+            for e, part in enumerate(np.split(t, cfg.n_experts)):
+                if family == "mixtral":
+                    w = {v: k for k, v in _MIXTRAL_PROJ.items()}[proj]
+                    out[f"{head}.block_sparse_moe.experts.{e}.{w}.weight"] = np.ascontiguousarray(part)
+                else:
+                    out[f"{head}.mlp.experts.{e}.{proj}.weight"] = np.ascontiguousarray(part)
+    return out
 
 
 def save_model(model: Model, directory) -> None:
@@ -206,5 +281,5 @@ def save_model(model: Model, directory) -> None:
     # The files of a family store its norms' factors less one, or whole: shift the weights where the
     # model holds them the other way (a Gemma read from GGUF holds its factors whole: shift -1).
     shift = float(model.config.norm_plus_one) - float(stores_norms_less_one(doc))
-    save_safetensors(directory / "model.safetensors", _shifted_norms(model.tensors, shift) if shift else model.tensors,
-                     "BF16")
+    tensors = _shifted_norms(model.tensors, shift) if shift else model.tensors
+    save_safetensors(directory / "model.safetensors", _split_experts(tensors, model.config, doc["model_type"]), "BF16")

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
-from arcpy.codes import ACTIVATIONS
+from arcpy.codes import ACTIVATIONS, ROUTINGS
+from arcpy.model.moe import EXPERT_SUFFIXES
 from arcpy.model.native import EMBED, expected_tensors
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 _INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
+_MAX_DENSE_LISTED = 128
+_EXPERTS = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")  # arc_model_config's dense_layers mask holds layers 0..127
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,20 @@ class ModelConfig:
     window_pattern: int = 0
     rope_local_theta: float | None = None
     norm_plus_one: bool = False
+    # A mixture of experts (n_experts 0: none; libarc/arc.h's arc_model_config documents each field):
+    # the experts, those a token uses, an expert's GLU width, the routing ("softmax_topk": softmax
+    # over all experts, then the top k, divided by their sum with norm_topk_prob, Qwen3-MoE's;
+    # "topk_softmax": the top k logits, then their softmax, Mixtral's), a shared expert's width
+    # (Qwen2-MoE's; 0: none), and the layers that keep the dense FFN: all but every moe_every-th
+    # (decoder_sparse_step), and those mlp_only_layers lists.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    shared_expert_ffn_dim: int = 0
+    moe_every: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -192,6 +209,32 @@ class ModelConfig:
         require(local is None or (is_finite_real(local) and local > 1
                                   and _rope_in_float32_range(float(local), self.rotary_dim, None)),
                 f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        for field in ("n_experts", "n_experts_used", "expert_ffn_dim", "shared_expert_ffn_dim", "moe_every"):
+            v = getattr(self, field)
+            require(is_int(v) and 0 <= v < _INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
+        require(self.routing in ROUTINGS, f"routing must be one of {', '.join(ROUTINGS)}, got {quoted(self.routing)}")
+        require(isinstance(self.norm_topk_prob, bool), "norm_topk_prob must be bool")
+        dense = self.mlp_only_layers
+        require(isinstance(dense, tuple) and all(is_int(i) and 0 <= i < min(self.n_layers, _MAX_DENSE_LISTED)
+                                                 for i in dense) and list(dense) == sorted(set(dense)),
+                f"mlp_only_layers must be ascending distinct layer indices below {min(self.n_layers, _MAX_DENSE_LISTED)}"
+                f", got {quoted(dense)}")
+        if self.n_experts == 0:
+            require(not (self.n_experts_used or self.expert_ffn_dim or self.shared_expert_ffn_dim or dense),
+                    "n_experts_used, expert_ffn_dim, shared_expert_ffn_dim and mlp_only_layers need n_experts > 0")
+            return
+        require(1 <= self.n_experts_used <= self.n_experts,
+                f"n_experts_used must be in 1..n_experts ({self.n_experts}), got {self.n_experts_used}")
+        require(self.expert_ffn_dim > 0, "expert_ffn_dim must be positive in a mixture of experts")
+        require(not self.post_norms, "post_norms and mixture-of-experts layers do not combine")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s FFN is the mixture of experts (else the dense GLU of ffn_dim)."""
+        every = self.moe_every or 1
+        return self.n_experts > 0 and (layer + 1) % every == 0 and layer not in self.mlp_only_layers
 
     def window(self, layer: int) -> int:
         """The positions layer `layer`'s attention reads back from the current one (0: all)."""
@@ -239,11 +282,13 @@ class ModelConfig:
         a model held in bf16 throughout (Model.weight_bytes counts a model's own tensors).
 
         Every layer tensor, the final norm and the lm_head are read whole; of an untied embedding
-        table only the token's row is read. When tied the table is the lm_head and counts once.
+        table only the token's row is read. When tied the table is the lm_head and counts once. Of a
+        mixture of experts' layers only the n_experts_used experts a token is routed to are read.
         """
-        n = sum(math.prod(s) for name, s in expected_tensors(self).items() if name != EMBED)
+        n = sum(math.prod(s) * (self.n_experts_used / self.n_experts if name.endswith(EXPERT_SUFFIXES) else 1)
+                for name, s in expected_tensors(self).items() if name != EMBED)
         n += self.dim if not self.tied_embeddings else self.vocab * self.dim
-        return 2 * n
+        return 2 * round(n)
 
 
 def _rope_in_float32_range(theta: float, head_dim: int, rs: RopeScaling | None) -> bool:
@@ -306,5 +351,6 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
 
 def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
     """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
+    changes.setdefault("mlp_only_layers", tuple(i for i in cfg.mlp_only_layers if i == 0))
     return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
                                **changes)

@@ -55,6 +55,10 @@ _LAYER_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps", "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
 # gemma3's norms after attention: its own output norms, and the FFN's input norm as llama's.
 _POST_NORM_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
@@ -208,7 +212,8 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     return Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
 
 
-_PAIRED = {"mlp.gate_proj.weight": "mlp.up_proj.weight", "mlp.up_proj.weight": "mlp.gate_proj.weight"}
+_PAIRED = {f"mlp.{m}gate_proj.weight": f"mlp.{m}up_proj.weight" for m in ("", "experts.", "shared_expert.")}
+_PAIRED.update({up: gate for gate, up in _PAIRED.items()})
 
 
 def _partner(hf_name: str) -> str | None:

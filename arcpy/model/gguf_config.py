@@ -4,8 +4,11 @@ reads it for each architecture arcpy runs; and its fused tensors split into thei
 Architectures: "llama" (Llama 2/3, Mistral, SmolLM), "qwen2" (q/k/v biases), "qwen3" (q/k norms),
 "smollm3" (every 4th layer without RoPE), "mistral3" (the text model of Mistral Small 3.x),
 "phi3" (Phi-3, Phi-4: partial rotary, LongRoPE, q/k/v in one tensor and gate/up in ffn_up) and
-"gemma3" (post-norms, GELU, a window on 5 layers of 6 with a RoPE base of its own). The metadata
-keys carry the architecture's name as their prefix.
+"gemma3" (post-norms, GELU, a window on 5 layers of 6 with a RoPE base of its own), and the
+mixtures of experts "qwen3moe" (q/k norms; softmax, then the top k, renormalized) and "llama" with
+expert_count > 0 (Mixtral: the top k logits, then their softmax), whose experts' matrices are 3-D
+tensors (ffn_gate_exps, ffn_up_exps, ffn_down_exps: one matrix per expert), read as the stacked
+matrices of the tensor table. The metadata keys carry the architecture's name as their prefix.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling, rope_inv_freq
 from arcpy.model.gguf_file import GGUFFile, TensorInfo
+from arcpy.model.moe import GPT_OSS_NEEDS
 
 OUTPUT = "output.weight"  # the lm_head; a tied file has none
 _ROPE_FREQS = "rope_freqs.weight"
 _ROPE_LONG, _ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 ROPE_TENSORS = (_ROPE_FREQS, _ROPE_LONG, _ROPE_SHORT)  # read into the config, not the weights
-_ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "mistral3", "phi3", "gemma3")
+_ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "mistral3", "phi3", "gemma3", "qwen3moe")
+_MOE_ARCHITECTURES = ("llama", "qwen3moe")
+_EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Their converter reorders q/k rows for interleaved RoPE (gguf.py's docstring); the others rotate halves.
 PERMUTED = ("llama", "smollm3", "mistral3")
 _NO_ROPE_EVERY = 4  # smollm3: layers i with (i + 1) % 4 == 0 have no RoPE, as llama.cpp runs them
@@ -36,12 +42,13 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     """The file's config, checked; every failure is one ModelFileError line naming the file."""
     m, path = f.meta, f.path
     arch = m.text("general.architecture")
+    if arch == "gpt-oss":
+        raise ModelFileError(f"{path}: {GPT_OSS_NEEDS}")
     if arch not in _ARCHITECTURES:
         raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} "
                              f"(supported: {', '.join(_ARCHITECTURES)})")
     a = f"{arch}."  # every key below is the architecture's
-    if m.integer(a + "expert_count", 0) > 0:
-        raise ModelFileError(f"{path}: mixture-of-experts models are not supported")
+    experts = _experts(m, a, arch, path)
     dim = m.integer(a + "embedding_length")
     n_heads = m.integer(a + "attention.head_count")
     if n_heads <= 0:
@@ -78,11 +85,12 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
             rope_scaling=_scaling(f, a, rope_dim),
             tied_embeddings=OUTPUT not in f.tensors,
             qkv_bias=arch == "qwen2",
-            qk_norm=arch in ("qwen3", "gemma3"),
+            qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
             rope_dim=0 if rope_dim == head_dim else rope_dim,
             no_rope_layers=tuple(i for i in range(m.integer(a + "block_count")) if (i + 1) % _NO_ROPE_EVERY == 0)
             if arch == "smollm3" else (),
             **(_gemma3(m, a, dim, n_heads, head_dim, window) if arch == "gemma3" else {}),
+            **experts,
         )
         if _ROPE_FREQS in f.tensors:
             orig = m.integer(a + "rope.scaling.original_context_length", _LLAMA3_CONTEXT)
@@ -90,6 +98,24 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     except InvalidArgumentError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
+
+
+def _experts(m, a: str, arch: str, path) -> dict:
+    """A mixture of experts' fields as llama.cpp reads them: expert_count, expert_used_count, and
+    an expert's width (qwen3moe: expert_feed_forward_length; llama: feed_forward_length)."""
+    n = m.integer(a + "expert_count", 0)
+    if n == 0:
+        return {}
+    if arch not in _MOE_ARCHITECTURES:
+        raise ModelFileError(f"{path}: mixture-of-experts {arch} models are not supported "
+                             f"(supported: {', '.join(_MOE_ARCHITECTURES)})")
+    out = {"n_experts": n, "n_experts_used": m.integer(a + "expert_used_count")}
+    if arch == "qwen3moe":
+        out.update(expert_ffn_dim=m.integer(a + "expert_feed_forward_length"), routing="softmax_topk",
+                   norm_topk_prob=bool(m.values.get(a + "expert_weights_norm", True)))
+    else:
+        out.update(expert_ffn_dim=m.integer(a + "feed_forward_length"), routing="topk_softmax")
+    return out
 
 
 def _gemma3(m, a: str, dim: int, n_heads: int, head_dim: int, window: int) -> dict:
@@ -187,6 +213,8 @@ def unfused(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
     """The file's tensors with each fused projection (phi3: attn_qkv, and ffn_up holding gate and up)
     replaced by its parts: row ranges of the same bytes, named as the unfused files name them, so
     everything after reads them as if stored apart. A fused tensor of the wrong shape is one line."""
+    if cfg.n_experts:
+        return _flat_experts(f)
     if f.meta.text("general.architecture") != "phi3":
         return f.tensors
     out = dict(f.tensors)
@@ -207,4 +235,15 @@ def unfused(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
                 name = f"blk.{i}.{part}.weight"
                 out[name] = dataclasses.replace(info, name=name, dims=(cfg.dim, n), start=at, nbytes=n * row_bytes)
                 at += n * row_bytes
+    return out
+
+
+def _flat_experts(f: GGUFFile) -> dict[str, TensorInfo]:
+    """The file's tensors with each 3-D expert tensor (ne: [cols, rows, experts]) read as one
+    matrix of experts * rows rows, expert e's after expert e-1's: the same bytes."""
+    out = dict(f.tensors)
+    for name, info in f.tensors.items():
+        if name.split(".")[-2] in _EXPERT_TENSORS and len(info.dims) == 3:
+            cols, rows, experts = info.dims
+            out[name] = dataclasses.replace(info, dims=(cols, rows * experts))
     return out

@@ -14,11 +14,15 @@ from typing import Mapping
 
 from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.model.moe import GPT_OSS_NEEDS
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "SmolLM3ForCausalLM": "smollm3", "Phi3ForCausalLM": "phi3",
-                  "Gemma3ForCausalLM": "gemma3"}
+                  "Gemma3ForCausalLM": "gemma3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                  "Qwen2MoeForCausalLM": "qwen2_moe", "MixtralForCausalLM": "mixtral"}
+# What the families this engine does not run yet need, refused in one line each.
+_REFUSED = ("GptOssForCausalLM", "gpt_oss")
 # The activations a GLU may take, by the names config.json gives them.
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _IGNORED_ROPE_TYPES = (None, "default")
@@ -70,6 +74,9 @@ def _str(d: Mapping, key: str, source: str, default=_MISSING) -> str:
 
 def _family(d: Mapping, source: str) -> str:
     archs = d.get("architectures")
+    named = archs if isinstance(archs, list) else [d.get("model_type")]
+    if any(isinstance(a, str) and a in _REFUSED for a in named):
+        raise ModelFileError(f"{source}: {GPT_OSS_NEEDS}")
     if archs is None:
         if "model_type" not in d:
             raise ModelFileError(f"{source}: missing key 'architectures'")
@@ -236,6 +243,33 @@ def _gemma3(d: Mapping, n_layers: int, head_dim: int, source: str) -> dict:
     return out
 
 
+def _experts(d: Mapping, family: str, n_layers: int, source: str) -> dict:
+    """The mixture of experts' fields of Qwen3-MoE, Qwen2-MoE (a shared expert) and Mixtral."""
+    if family not in ("qwen3_moe", "qwen2_moe", "mixtral"):
+        return {}
+    if family == "mixtral":
+        return {"n_experts": _int(d, "num_local_experts", source, 8),
+                "n_experts_used": _int(d, "num_experts_per_tok", source, 2),
+                "expert_ffn_dim": _int(d, "intermediate_size", source),
+                # The top k logits, then their softmax: what transformers computes as softmax, top k,
+                # renormalized, in exact arithmetic (model.moe).
+                "routing": "topk_softmax"}
+    dense = d.get("mlp_only_layers", [])
+    if not isinstance(dense, list) or not all(is_int(i) for i in dense):
+        raise ModelFileError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {quoted(dense)}")
+    out = {"n_experts": _int(d, "num_experts", source),
+           "n_experts_used": _int(d, "num_experts_per_tok", source),
+           "expert_ffn_dim": _int(d, "moe_intermediate_size", source),
+           "norm_topk_prob": _flag(d, "norm_topk_prob", source, family == "qwen3_moe"),
+           "moe_every": _int(d, "decoder_sparse_step", source, 1),
+           "mlp_only_layers": tuple(sorted(set(dense)))}
+    if family == "qwen2_moe":
+        out["shared_expert_ffn_dim"] = _int(d, "shared_expert_intermediate_size", source)
+    if out["moe_every"] <= 0:
+        raise ModelFileError(f"{source}: key 'decoder_sparse_step' must be positive, got {out['moe_every']}")
+    return out
+
+
 def config_from_hf(d: dict, source: str) -> ModelConfig:
     """A Hugging Face config.json dict -> ModelConfig. `source` names the file in error messages.
 
@@ -259,7 +293,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     if _flag(d, "mlp_bias", source, False):
         raise ModelFileError(f"{source}: unsupported mlp_bias=true")
     attention_bias = _flag(d, "attention_bias", source, False)
-    if family == "qwen2":
+    if family in ("qwen2", "qwen2_moe"):
         qkv_bias = True
     elif attention_bias:
         raise ModelFileError(f"{source}: unsupported attention_bias=true (o_proj bias)")
@@ -273,7 +307,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     max_seq = _int(d, "max_position_embeddings", source)
     window = d.get("sliding_window")
     # Mistral and Phi-3 window every layer: a context no longer than the window is exact.
-    capped = family in ("mistral", "phi3")
+    capped = family in ("mistral", "phi3", "mixtral")
     if family == "gemma3":
         pass  # its windowed layers are read below (_gemma3)
     elif _flag(d, "use_sliding_window", source, capped) and window is not None:
@@ -291,6 +325,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     try:
         return ModelConfig(
             **extra,
+            **_experts(d, family, n_layers, source),
             activation=_ACTIVATIONS[act],
             dim=dim,
             n_layers=n_layers,
@@ -305,7 +340,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
             rope_scaling=scaling,
             tied_embeddings=_flag(d, "tie_word_embeddings", source, False),
             qkv_bias=qkv_bias,
-            qk_norm=family in ("qwen3", "gemma3"),
+            qk_norm=family in ("qwen3", "gemma3", "qwen3_moe"),
             rope_dim=rope_dim,
             no_rope_layers=_no_rope_layers(d, family, n_layers, source),
         )
@@ -315,6 +350,10 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
 
 def _family_of(cfg: ModelConfig) -> str:
     """The family whose config.json says what cfg holds (the first whose features cover it)."""
+    if cfg.n_experts:
+        if cfg.shared_expert_ffn_dim or cfg.qkv_bias:
+            return "qwen2_moe"
+        return "mixtral" if cfg.routing == "topk_softmax" else "qwen3_moe"
     if cfg.qkv_bias:
         return "qwen2"
     if cfg.post_norms:
@@ -369,6 +408,15 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                  query_pre_attn_scalar=cfg.scores_scale ** -2, sliding_window=cfg.sliding_window or None,
                  layer_types=["sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.n_layers)],
                  rope_local_base_freq=cfg.rope_local_theta)
+    if family == "mixtral":
+        d.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_used, sliding_window=None,
+                 intermediate_size=cfg.expert_ffn_dim)
+    elif cfg.n_experts:
+        d.update(num_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_used,
+                 moe_intermediate_size=cfg.expert_ffn_dim, norm_topk_prob=cfg.norm_topk_prob,
+                 decoder_sparse_step=cfg.moe_every or 1, mlp_only_layers=list(cfg.mlp_only_layers))
+        if cfg.shared_expert_ffn_dim:
+            d["shared_expert_intermediate_size"] = cfg.shared_expert_ffn_dim
     if family.startswith("qwen"):
         d["use_sliding_window"] = False
     else:

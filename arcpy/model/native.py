@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_NAMES
+from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
 
 EMBED = "model.embed_tokens.weight"
@@ -45,10 +45,22 @@ _FFN_IDS = (
     ("mlp.gate_proj.weight", "ARC_TENSOR_W_GATE"),
     ("mlp.up_proj.weight", "ARC_TENSOR_W_UP"),
     ("mlp.down_proj.weight", "ARC_TENSOR_W_DOWN"),
+    # A mixture of experts' layer: the router, and each expert's matrix of the three stacked in one
+    # tensor, expert e's rows after expert e-1's (arc.h; llama.cpp's ffn_*_exps); the shared expert.
+    ("mlp.gate.weight", "ARC_TENSOR_MOE_ROUTER"),
+    ("mlp.experts.gate_proj.weight", "ARC_TENSOR_MOE_GATE"),
+    ("mlp.experts.up_proj.weight", "ARC_TENSOR_MOE_UP"),
+    ("mlp.experts.down_proj.weight", "ARC_TENSOR_MOE_DOWN"),
+    ("mlp.shared_expert_gate.weight", "ARC_TENSOR_SHARED_ROUTER"),
+    ("mlp.shared_expert.gate_proj.weight", "ARC_TENSOR_SHARED_GATE"),
+    ("mlp.shared_expert.up_proj.weight", "ARC_TENSOR_SHARED_UP"),
+    ("mlp.shared_expert.down_proj.weight", "ARC_TENSOR_SHARED_DOWN"),
 )
+ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # rank 2, never quantized
 # The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
 _MATRIX_SUFFIXES = tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS
                          if suffix.endswith("proj.weight"))
+_RANK2_SUFFIXES = _MATRIX_SUFFIXES + ROUTERS
 
 
 def layer_prefix(i: int) -> str:
@@ -92,6 +104,11 @@ def native_config(ffi, cfg, max_seq: int | None = None):
     c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.attn_scale if cfg.attn_scale is not None else 0.0
     c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
     c.norm_plus_one = int(cfg.norm_plus_one)
+    c.n_experts, c.n_experts_used, c.expert_ffn_dim = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
+    c.routing, c.norm_topk = ROUTINGS.index(cfg.routing), int(cfg.norm_topk_prob)
+    c.shared_ffn_dim, c.moe_every = cfg.shared_expert_ffn_dim, cfg.moe_every
+    for layer in cfg.mlp_only_layers:  # below 128: ModelConfig checks it
+        c.dense_layers[layer // 32] |= 1 << (layer % 32)
     return c
 
 
@@ -125,7 +142,7 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
         for suffix, tensor in layer_ids:
-            shape = table.shape(tensor, i, suffix in _MATRIX_SUFFIXES)
+            shape = table.shape(tensor, i, suffix in _RANK2_SUFFIXES)
             if shape is not None:
                 yield p + suffix, shape
     yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)

@@ -82,6 +82,24 @@ SHAPES: dict[str, ModelConfig] = {
                              rope_scaling=LongRopeScaling((1.0,) * 48, _f32(1.0 + 0.6 * i for i in range(48)), 4096,
                                                           math.sqrt(1 + math.log(32.0) / math.log(4096)))),
 }
+# Mixtures of experts: Qwen3-MoE's (softmax, then the top 8 of 16, renormalized; q/k norms; layer 1
+# dense, as mlp_only_layers makes it) and Mixtral's (the top 2 of 8 logits, then their softmax).
+SHAPES.update({
+    "qwen3moe-tiny": ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=1024,
+                                 max_seq=1024, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True, n_experts=16,
+                                 n_experts_used=8, expert_ffn_dim=256, norm_topk_prob=True, mlp_only_layers=(1,)),
+    "mixtral-tiny": ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=1024,
+                                max_seq=1024, rope_theta=1000000.0, n_experts=8, n_experts_used=2, expert_ffn_dim=512,
+                                routing="topk_softmax"),
+})
+# The bench's mixtures: Qwen3-30B-A3B (48 layers, 128 experts, top 8 of expert ffn 768) and
+# Mixtral-8x7B (32 layers, 8 experts, top 2 of expert ffn 14336), quantized only.
+_QWEN3_30B = ModelConfig(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, ffn_dim=6144, vocab=151936,
+                         max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True, n_experts=128,
+                         n_experts_used=8, expert_ffn_dim=768, norm_topk_prob=True)
+_MIXTRAL_8X7B = ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=14336,
+                            vocab=32000, max_seq=8192, rms_eps=1e-5, rope_theta=1000000.0, n_experts=8,
+                            n_experts_used=2, expert_ffn_dim=14336, routing="topk_softmax")
 # The Llama-3-70B shape (80 layers, GQA 64/8, untied): quantized only (141 GB of bf16 fit no GPU).
 _LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=28672,
                         vocab=128256, max_seq=8192, rms_eps=1e-5, rope_theta=500000.0,
@@ -96,11 +114,16 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _q4_k_m(name: str, layer: int, n_layers: int) -> int:
-    """llama.cpp's Q4_K_M mix: Q4_K, Q6_K for the output and for attn_v and ffn_down where
-    use_more_bits holds; in an 80-layer (70B) model the other attn_v are Q5_K (its rule for 70B)."""
+def _q4_k_m(name: str, layer: int, n_layers: int, n_experts: int = 0) -> int:
+    """llama.cpp's Q4_K_M mix: Q4_K, Q6_K for the output and for attn_v and ffn_down (an MoE layer's
+    ffn_down_exps too) where use_more_bits holds; in an 80-layer (70B) model the other attn_v are
+    Q5_K (its rule for 70B); with 8 experts (Mixtral) attn_k and attn_v are Q8_0, attn_output Q5_K."""
     if name == LM_HEAD:
         return FORMAT_Q6_K
+    if n_experts == 8 and name.endswith(("k_proj.weight", "v_proj.weight")):
+        return FORMAT_Q8_0
+    if n_experts == 8 and name.endswith("o_proj.weight"):
+        return FORMAT_Q5_K
     if name.endswith(("v_proj.weight", "down_proj.weight")) and _use_more_bits(layer, n_layers):
         return FORMAT_Q6_K
     return FORMAT_Q5_K if n_layers == 80 and name.endswith("v_proj.weight") else FORMAT_Q4_K
@@ -131,6 +154,8 @@ _QUANTIZED = {
     "phi4-mini-q4km": (dataclasses.replace(SHAPES["phi4-mini"], tied_embeddings=False), _q4_k_m),
     "gemma3-4B-q4km": (dataclasses.replace(SHAPES["gemma3-4B"], tied_embeddings=False), _q4_k_m),
     "llama70B-q4km": (_LLAMA70B, _q4_k_m),
+    "qwen3-30B-A3B-q4km": (_QWEN3_30B, _q4_k_m),
+    "mixtral-8x7B-q4km": (_MIXTRAL_8X7B, lambda name, layer, n_layers: _q4_k_m(name, layer, n_layers, 8)),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
 }

@@ -8,6 +8,7 @@ from arcpy.checks import require
 from arcpy.codes import FORMAT_BF16
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.config import ModelConfig
+from arcpy.model.moe import active_bytes
 from arcpy.model.native import EMBED, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant import QuantTensor
 
@@ -68,15 +69,23 @@ class Model:
         return sum(t.nbytes for t in self.tensors.values())
 
     @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights streamed to decode one token, as the tensors are held: the bandwidth
-        floor of a step. Every layer tensor, the final norm and the lm_head are read whole
-        (quantized ones as their rows' bytes); of an untied embedding table only the token's row
-        is read; tied, the table is the lm_head and counts once. For a bf16 model it is
-        config.weight_bytes."""
+    def full_weight_bytes(self) -> int:
+        """Bytes of weights a step streams reading every layer tensor whole (quantized ones as
+        their rows' bytes), the final norm and the lm_head; of an untied embedding table only the
+        token's row; tied, the table is the lm_head and counts once."""
         embed = self.tensors[EMBED]
         n = sum(t.nbytes for name, t in self.tensors.items() if name != EMBED)
         return n + (embed.nbytes if self.config.tied_embeddings else embed.nbytes // embed.shape[0])
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights streamed to decode one token, as the tensors are held: the bandwidth
+        floor of a step. full_weight_bytes, but of a mixture of experts' layers only the k experts
+        a token is routed to (n_experts_used of n_experts; model.moe.step_bytes counts a step of
+        several rows). For a dense bf16 model it is config.weight_bytes."""
+        if self.config.n_experts == 0:
+            return self.full_weight_bytes
+        return active_bytes(self, self.config.n_experts_used)
 
     def __repr__(self) -> str:
         held = ", quantized" if self.quantized else ""

@@ -1,18 +1,45 @@
 // layer.cu -- the layer program (arc.h: arc_layer_op): the ops of a layer, and the data that
-// differ from layer to layer (the window). layer.cuh's run_layers walks it for every forward; the
+// differ from layer to layer (the window, the FFN's kind). layer.cuh's run_layers walks it for every forward; the
 // NumPy reference reads it through arc_layer_program.
 #include "layer.cuh"
 
 int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
-    (void)layer;  // every layer of today's families runs the same ops; their data differ (RoPE, window)
     int n = 0;
     ops[n++] = ARC_OP_ATTN_IN;
     if (c.qk_norm) ops[n++] = ARC_OP_QK_NORM;
     ops[n++] = ARC_OP_ATTEND;
     ops[n++] = c.post_norms ? ARC_OP_ATTN_OUT_NORM : ARC_OP_ATTN_OUT;
+    if (layer_moe(c, layer)) {  // the layers differ by their FFN: a mixture of experts, or one GLU
+        ops[n++] = ARC_OP_MOE_IN;
+        ops[n++] = ARC_OP_MOE_OUT;
+        return n;
+    }
     ops[n++] = ARC_OP_FFN_IN;
     ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
     return n;
+}
+
+bool layer_moe(const arc_model_config &c, int layer) {
+    if (c.n_experts <= 0) return false;
+    const int every = c.moe_every > 0 ? c.moe_every : 1;
+    if ((layer + 1) % every != 0) return false;
+    return !(layer < 128 && ((c.dense_layers[layer / 32] >> (layer % 32)) & 1u));
+}
+
+int check_moe(const arc_model_config &c, const char *who) {
+    ARC_REQUIRE_AS(who, c.n_experts >= 0, "config.n_experts must not be negative, got %d", c.n_experts);
+    if (c.n_experts == 0) return ARC_OK;
+    ARC_REQUIRE_AS(who, c.n_experts_used >= 1 && c.n_experts_used <= c.n_experts,
+                   "config.n_experts_used must be in [1, n_experts %d], got %d", c.n_experts, c.n_experts_used);
+    ARC_REQUIRE_AS(who, c.expert_ffn_dim > 0, "config.expert_ffn_dim must be positive, got %d", c.expert_ffn_dim);
+    ARC_REQUIRE_AS(who, c.routing == ARC_ROUTE_SOFTMAX_TOPK || c.routing == ARC_ROUTE_TOPK_SOFTMAX,
+                   "config.routing must be an arc_routing (0 or 1), got %d", c.routing);
+    ARC_REQUIRE_AS(who, c.norm_topk == 0 || c.norm_topk == 1, "config.norm_topk must be 0 or 1, got %d", c.norm_topk);
+    ARC_REQUIRE_AS(who, c.shared_ffn_dim >= 0 && c.moe_every >= 0,
+                   "config.shared_ffn_dim and moe_every must not be negative, got %d and %d", c.shared_ffn_dim,
+                   c.moe_every);
+    ARC_REQUIRE_AS(who, !c.post_norms, "config: post_norms and mixture-of-experts layers do not combine");
+    return ARC_OK;
 }
 
 int layer_window(const arc_model_config &c, int layer) {
@@ -28,6 +55,8 @@ extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, 
     ARC_REQUIRE(config->post_norms == 0 || config->post_norms == 1, "config.post_norms must be 0 or 1, got %d",
                 config->post_norms);
     ARC_REQUIRE(layer >= 0 && layer < config->n_layers, "layer must be in [0, %d), got %d", config->n_layers, layer);
+    const int st = check_moe(*config, __func__);
+    if (st != ARC_OK) return st;
     *count = layer_program(*config, layer, ops);
     return ARC_OK;
 }

@@ -12,6 +12,10 @@
 // returns their count (model.cu). layer_window: the positions the layer's attention reads (0: all).
 int layer_program(const arc_model_config &c, int layer, int32_t *ops);
 int layer_window(const arc_model_config &c, int layer);
+// Whether layer `layer` is a mixture-of-experts layer (arc.h: arc_model_config's n_experts..), and
+// the checks of the MoE fields, as entry point `who` (ARC_OK when they hold).
+bool layer_moe(const arc_model_config &c, int layer);
+int check_moe(const arc_model_config &c, const char *who);
 
 // The embedding rows' factor.
 inline float embed_scale(const arc_model_config &c) { return c.embed_scale > 0.0f ? c.embed_scale : 1.0f; }

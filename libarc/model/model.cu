@@ -16,6 +16,8 @@ static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
     "ARC_TENSOR_WO",     "ARC_TENSOR_MLP_NORM",  "ARC_TENSOR_W_GATE",     "ARC_TENSOR_W_UP",
     "ARC_TENSOR_W_DOWN", "ARC_TENSOR_FINAL_NORM", "ARC_TENSOR_LM_HEAD",   "ARC_TENSOR_ROPE_INV_FREQ",
     "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM", "ARC_TENSOR_POST_ATTN_NORM", "ARC_TENSOR_POST_FFN_NORM",
+    "ARC_TENSOR_MOE_ROUTER", "ARC_TENSOR_MOE_GATE", "ARC_TENSOR_MOE_UP", "ARC_TENSOR_MOE_DOWN",
+    "ARC_TENSOR_SHARED_GATE", "ARC_TENSOR_SHARED_UP", "ARC_TENSOR_SHARED_DOWN", "ARC_TENSOR_SHARED_ROUTER",
 };
 
 static bool per_layer(int t) {
@@ -62,11 +64,12 @@ struct arc_model {
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 
 // The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
-// tensor t under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0 where c has no
-// such tensor. Every layer has the same table today; the layer argument of arc_tensor_shape leaves
-// room for layers that differ.
-static void table_shape(const arc_model_config &c, int t, uint64_t *rows, uint64_t *cols) {
+// tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
+// where c has no such tensor there. Layers differ by their FFN: a GLU, or a mixture of experts.
+static void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
+    const uint64_t experts = c.n_experts, eff = c.expert_ffn_dim, shared = c.shared_ffn_dim;
+    const bool moe = per_layer(t) && layer_moe(c, layer);
     const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
     uint64_t r = 1, k = dim;
     bool present = true;
@@ -78,8 +81,14 @@ static void table_shape(const arc_model_config &c, int t, uint64_t *rows, uint64
     case ARC_TENSOR_BQ: k = q; present = c.qkv_bias; break;
     case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias; break;
     case ARC_TENSOR_WO: r = dim; k = q; break;
-    case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; break;
-    case ARC_TENSOR_W_DOWN: r = dim; k = ffn; break;
+    case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; present = !moe; break;
+    case ARC_TENSOR_W_DOWN: r = dim; k = ffn; present = !moe; break;
+    case ARC_TENSOR_MOE_ROUTER: r = experts; present = moe; break;
+    case ARC_TENSOR_MOE_GATE: case ARC_TENSOR_MOE_UP: r = experts * eff; present = moe; break;
+    case ARC_TENSOR_MOE_DOWN: r = experts * dim; k = eff; present = moe; break;
+    case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP: r = shared; present = moe && shared; break;
+    case ARC_TENSOR_SHARED_DOWN: r = dim; k = shared; present = moe && shared; break;
+    case ARC_TENSOR_SHARED_ROUTER: present = moe && shared; break;
     case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)rope_dim_of(c) / 2; break;
     case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; present = c.qk_norm; break;
     case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
@@ -94,7 +103,7 @@ static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_laye
 // Bytes of tensor t of layer l in its format.
 static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
     uint64_t rows, cols, row = 0;
-    table_shape(m->cfg, t, &rows, &cols);
+    table_shape(m->cfg, t, l, &rows, &cols);
     if (t == ARC_TENSOR_ROPE_INV_FREQ) return rows * cols * 4;
     arc_format_row_bytes(m->format[slot(m, t, l)], (int32_t)cols, &row);  // formats checked at create
     return rows * row;
@@ -115,7 +124,10 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_WV, true},             {ARC_TENSOR_BQ, false},      {ARC_TENSOR_BK, true},
         {ARC_TENSOR_BV, true},             {ARC_TENSOR_WO, false},      {ARC_TENSOR_POST_ATTN_NORM, false},
         {ARC_TENSOR_POST_FFN_NORM, false}, {ARC_TENSOR_MLP_NORM, false}, {ARC_TENSOR_W_GATE, false},
-        {ARC_TENSOR_W_UP, true},           {ARC_TENSOR_W_DOWN, false}};
+        {ARC_TENSOR_W_UP, true},           {ARC_TENSOR_W_DOWN, false},   {ARC_TENSOR_MOE_ROUTER, false},
+        {ARC_TENSOR_MOE_GATE, false},      {ARC_TENSOR_MOE_UP, true},    {ARC_TENSOR_MOE_DOWN, false},
+        {ARC_TENSOR_SHARED_ROUTER, false}, {ARC_TENSOR_SHARED_GATE, false}, {ARC_TENSOR_SHARED_UP, true},
+        {ARC_TENSOR_SHARED_DOWN, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
         const int i = slot(m, p.tensor, l);
@@ -156,7 +168,9 @@ static Weight weight_at(const arc_model *m, int t, int layer) {
 
 static bool is_matrix(int t) {
     return t == ARC_TENSOR_WQ || t == ARC_TENSOR_WK || t == ARC_TENSOR_WV || t == ARC_TENSOR_WO ||
-           t == ARC_TENSOR_W_GATE || t == ARC_TENSOR_W_UP || t == ARC_TENSOR_W_DOWN || t == ARC_TENSOR_LM_HEAD;
+           t == ARC_TENSOR_W_GATE || t == ARC_TENSOR_W_UP || t == ARC_TENSOR_W_DOWN || t == ARC_TENSOR_LM_HEAD ||
+           t == ARC_TENSOR_MOE_GATE || t == ARC_TENSOR_MOE_UP || t == ARC_TENSOR_MOE_DOWN ||
+           t == ARC_TENSOR_SHARED_GATE || t == ARC_TENSOR_SHARED_UP || t == ARC_TENSOR_SHARED_DOWN;
 }
 
 // Each tensor's format: bf16 everywhere but the matrices; a matrix's columns fit its format's
@@ -173,7 +187,7 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
             ARC_REQUIRE_AS("arc_model_create_formats", format_quantized(f),
                            "%s (layer %d): unknown format %d (arc_format 0..6)", TENSOR_NAMES[t], l, f);
             uint64_t rows, cols;
-            table_shape(c, t, &rows, &cols);
+            table_shape(c, t, l, &rows, &cols);
             const uint64_t unit = format_is_k(f) ? QSUPER : QUNIT;
             ARC_REQUIRE_AS("arc_model_create_formats", cols % unit == 0,
                            "%s (layer %d): format %d takes rows of a multiple of %llu weights, got %llu",
@@ -228,6 +242,9 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->sliding_window >= 0 && c->window_pattern >= 0,
                 "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
                 c->window_pattern);
+    const int st = check_moe(*c, "arc_model_create");
+    if (st != ARC_OK) return st;
+    ARC_REQUIRE_AS("arc_model_create", c->n_experts == 0, "mixture-of-experts layers are not implemented on the GPU yet");
     return ARC_OK;
 }
 
@@ -364,13 +381,15 @@ extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, 
                 "config: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim and vocab must be positive");
     ARC_REQUIRE(c.rope_dim >= 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
                 "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
+    const int st = check_moe(c, __func__);
+    if (st != ARC_OK) return st;
     if (per_layer(tensor))
         ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
                     TENSOR_NAMES[tensor], c.n_layers, layer);
     else
         ARC_REQUIRE(layer == 0, "%s is a global tensor: layer must be 0, got %d", TENSOR_NAMES[tensor], layer);
     uint64_t r, k;
-    table_shape(c, tensor, &r, &k);
+    table_shape(c, tensor, layer, &r, &k);
     *rows = (int64_t)r;
     *cols = (int64_t)k;
     return ARC_OK;
@@ -380,10 +399,9 @@ extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, 
 int model_check_uploaded(const arc_model *m, const char *who) {
     const arc_model_config &c = m->cfg;
     for (int t = 0; t < TENSOR_COUNT; ++t) {
-        if (m->bytes[slot(m, t, 0)] == 0) continue;  // absent in this configuration
         const int layers = per_layer(t) ? c.n_layers : 1;
         for (int l = 0; l < layers; ++l) {
-            if (m->uploaded[t * c.n_layers + l]) continue;
+            if (m->bytes[slot(m, t, l)] == 0 || m->uploaded[t * c.n_layers + l]) continue;  // absent, or there
             if (per_layer(t))
                 return arc_fail(ARC_INVALID_ARGUMENT, who, "%s of layer %d was never uploaded (arc_model_upload)",
                                 TENSOR_NAMES[t], l);
