@@ -1,6 +1,7 @@
 // layer.cu -- the layer program (arc.h: arc_layer_op): the ops of a layer, and the data that
-// differ from layer to layer (the window, the FFN's kind). layer.cuh's run_layers walks it for every forward; the
-// NumPy reference reads it through arc_layer_program.
+// differ from layer to layer (the window, the FFN's kind: a GLU or a mixture of experts, and the
+// experts' tensors). layer.cuh's run_layers walks it for every forward; the NumPy reference reads
+// it through arc_layer_program, and the tensor table through arc_tensor_shape.
 #include "layer.cuh"
 
 int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
@@ -24,6 +25,23 @@ bool layer_moe(const arc_model_config &c, int layer) {
     const int every = c.moe_every > 0 ? c.moe_every : 1;
     if ((layer + 1) % every != 0) return false;
     return !(layer < 128 && ((c.dense_layers[layer / 32] >> (layer % 32)) & 1u));
+}
+
+void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
+    const uint64_t dim = c.dim, experts = c.n_experts, ffn = c.expert_ffn_dim, shared = c.shared_ffn_dim;
+    const bool moe = layer_moe(c, layer);
+    uint64_t r = 0, k = dim;
+    switch (t) {
+    case ARC_TENSOR_MOE_ROUTER: r = experts; break;
+    case ARC_TENSOR_MOE_GATE: case ARC_TENSOR_MOE_UP: r = experts * ffn; break;
+    case ARC_TENSOR_MOE_DOWN: r = experts * dim; k = ffn; break;
+    case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP: r = shared; break;
+    case ARC_TENSOR_SHARED_DOWN: r = shared ? dim : 0; k = shared; break;
+    case ARC_TENSOR_SHARED_ROUTER: r = shared ? 1 : 0; break;
+    default: break;
+    }
+    *rows = moe ? r : 0;
+    *cols = k;
 }
 
 int check_moe(const arc_model_config &c, const char *who) {
@@ -58,5 +76,31 @@ extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, 
     const int st = check_moe(*config, __func__);
     if (st != ARC_OK) return st;
     *count = layer_program(*config, layer, ops);
+    return ARC_OK;
+}
+
+// The tensor table's entry point (model.cu's table_shape).
+extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows,
+                                int64_t *cols) {
+    ARC_REQUIRE(config && rows && cols, "null argument");
+    ARC_REQUIRE(tensor >= 0 && tensor < ARC_TENSOR_COUNT, "unknown tensor id %d (valid: 0..%d)", tensor,
+                ARC_TENSOR_COUNT - 1);
+    // Only what the table reads is checked: a shape the kernels cannot run still has a table.
+    const arc_model_config &c = *config;
+    ARC_REQUIRE(c.dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.head_dim > 0 &&
+                    c.ffn_dim > 0 && c.vocab > 0,
+                "config: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim and vocab must be positive");
+    ARC_REQUIRE(c.rope_dim >= 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
+                "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
+    if (const int st = check_moe(c, __func__)) return st;
+    if (tensor_per_layer(tensor))
+        ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
+                    tensor_name(tensor), c.n_layers, layer);
+    else
+        ARC_REQUIRE(layer == 0, "%s is a global tensor: layer must be 0, got %d", tensor_name(tensor), layer);
+    uint64_t r, k;
+    table_shape(c, tensor, layer, &r, &k);
+    *rows = (int64_t)r;
+    *cols = (int64_t)k;
     return ARC_OK;
 }

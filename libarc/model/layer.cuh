@@ -15,6 +15,13 @@ int layer_window(const arc_model_config &c, int layer);
 // Whether layer `layer` is a mixture-of-experts layer (arc.h: arc_model_config's n_experts..), and
 // the checks of the MoE fields, as entry point `who` (ARC_OK when they hold).
 bool layer_moe(const arc_model_config &c, int layer);
+// The tensor table's rows for the MoE tensors (arc.h: ARC_TENSOR_MOE_ROUTER..): 0 off MoE layers.
+void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols);
+// The tensor table (model.cu): tensor t's rows and columns in layer `layer` of a model of config c
+// (rows 0: absent there); whether t is a per-layer tensor; its arc.h name.
+void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols);
+bool tensor_per_layer(int t);
+const char *tensor_name(int t);
 int check_moe(const arc_model_config &c, const char *who);
 
 // The embedding rows' factor.

@@ -23,6 +23,8 @@ static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
 static bool per_layer(int t) {
     return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD;
 }
+bool tensor_per_layer(int t) { return per_layer(t); }
+const char *tensor_name(int t) { return TENSOR_NAMES[t]; }
 
 static bool is_bias(int t) { return t == ARC_TENSOR_BQ || t == ARC_TENSOR_BK || t == ARC_TENSOR_BV; }
 static bool is_head_norm(int t) { return t == ARC_TENSOR_Q_NORM || t == ARC_TENSOR_K_NORM; }
@@ -66,9 +68,9 @@ static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 // The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
 // tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
 // where c has no such tensor there. Layers differ by their FFN: a GLU, or a mixture of experts.
-static void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
+void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
+    if (t >= ARC_TENSOR_MOE_ROUTER) return moe_table_shape(c, t, layer, rows, cols);
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
-    const uint64_t experts = c.n_experts, eff = c.expert_ffn_dim, shared = c.shared_ffn_dim;
     const bool moe = per_layer(t) && layer_moe(c, layer);
     const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
     uint64_t r = 1, k = dim;
@@ -83,12 +85,6 @@ static void table_shape(const arc_model_config &c, int t, int layer, uint64_t *r
     case ARC_TENSOR_WO: r = dim; k = q; break;
     case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; present = !moe; break;
     case ARC_TENSOR_W_DOWN: r = dim; k = ffn; present = !moe; break;
-    case ARC_TENSOR_MOE_ROUTER: r = experts; present = moe; break;
-    case ARC_TENSOR_MOE_GATE: case ARC_TENSOR_MOE_UP: r = experts * eff; present = moe; break;
-    case ARC_TENSOR_MOE_DOWN: r = experts * dim; k = eff; present = moe; break;
-    case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP: r = shared; present = moe && shared; break;
-    case ARC_TENSOR_SHARED_DOWN: r = dim; k = shared; present = moe && shared; break;
-    case ARC_TENSOR_SHARED_ROUTER: present = moe && shared; break;
     case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)rope_dim_of(c) / 2; break;
     case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; present = c.qk_norm; break;
     case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
@@ -169,8 +165,7 @@ static Weight weight_at(const arc_model *m, int t, int layer) {
 static bool is_matrix(int t) {
     return t == ARC_TENSOR_WQ || t == ARC_TENSOR_WK || t == ARC_TENSOR_WV || t == ARC_TENSOR_WO ||
            t == ARC_TENSOR_W_GATE || t == ARC_TENSOR_W_UP || t == ARC_TENSOR_W_DOWN || t == ARC_TENSOR_LM_HEAD ||
-           t == ARC_TENSOR_MOE_GATE || t == ARC_TENSOR_MOE_UP || t == ARC_TENSOR_MOE_DOWN ||
-           t == ARC_TENSOR_SHARED_GATE || t == ARC_TENSOR_SHARED_UP || t == ARC_TENSOR_SHARED_DOWN;
+           (t >= ARC_TENSOR_MOE_GATE && t != ARC_TENSOR_SHARED_ROUTER);  // the experts' matrices
 }
 
 // Each tensor's format: bf16 everywhere but the matrices; a matrix's columns fit its format's
@@ -242,9 +237,9 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->sliding_window >= 0 && c->window_pattern >= 0,
                 "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
                 c->window_pattern);
-    const int st = check_moe(*c, "arc_model_create");
-    if (st != ARC_OK) return st;
-    ARC_REQUIRE_AS("arc_model_create", c->n_experts == 0, "mixture-of-experts layers are not implemented on the GPU yet");
+    if (const int st = check_moe(*c, "arc_model_create")) return st;
+    ARC_REQUIRE_AS("arc_model_create", c->n_experts == 0,
+                   "mixture-of-experts layers are not implemented on the GPU yet");
     return ARC_OK;
 }
 
@@ -366,32 +361,6 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
     ARC_CUDA(ctx, cudaMemcpyAsync(tensor_at(model, tensor, layer), host, bytes, cudaMemcpyHostToDevice,
                                   ctx->stream));
     model->uploaded[tensor * c.n_layers + layer] = true;
-    return ARC_OK;
-}
-
-extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows,
-                                int64_t *cols) {
-    ARC_REQUIRE(config && rows && cols, "null argument");
-    ARC_REQUIRE(tensor >= 0 && tensor < TENSOR_COUNT, "unknown tensor id %d (valid: 0..%d)", tensor,
-                TENSOR_COUNT - 1);
-    // Only what the table reads is checked: a shape the kernels cannot run still has a table.
-    const arc_model_config &c = *config;
-    ARC_REQUIRE(c.dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.head_dim > 0 &&
-                    c.ffn_dim > 0 && c.vocab > 0,
-                "config: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim and vocab must be positive");
-    ARC_REQUIRE(c.rope_dim >= 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
-                "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
-    const int st = check_moe(c, __func__);
-    if (st != ARC_OK) return st;
-    if (per_layer(tensor))
-        ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
-                    TENSOR_NAMES[tensor], c.n_layers, layer);
-    else
-        ARC_REQUIRE(layer == 0, "%s is a global tensor: layer must be 0, got %d", TENSOR_NAMES[tensor], layer);
-    uint64_t r, k;
-    table_shape(c, tensor, layer, &r, &k);
-    *rows = (int64_t)r;
-    *cols = (int64_t)k;
     return ARC_OK;
 }
 
