@@ -414,23 +414,10 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
-    AttnArgs a;
-    a.qkv = qkv;
-    a.rope = rope;
-    a.k = k_cache;
-    a.v = v_cache;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.hd = head_dim;
-    a.max_seq = max_seq;
-    a.splits = attention_splits(head_dim, max_seq);
-    a.pos = pos;
-    a.scale = (float)spec.scale;
-    a.window = spec.window;
-    a.o_part = scratch;
-    a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * a.splits * head_dim);
-    a.done = ctx->attn_done;
-    a.out = out;
+    const int splits = attention_splits(head_dim, max_seq);
+    const AttnArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
+                     (float)spec.scale, spec.window, scratch,
+                     reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim), ctx->attn_done, out};
     if (variant.vec == 2) return launch_attention<2, 32>(ctx, a);
     if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
     if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);

@@ -264,11 +264,7 @@ __device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
 // A layer's RoPE as the attention kernels apply it: the layer's frequencies (half of them), the
 // rotated elements 0..2 half - 1 of a head (the rest pass unrotated), and the factor cos and sin
 // are multiplied by (arc.h: rope_dim, rope_factor).
-struct RopeArgs {
-    const float *inv_freq;
-    int half;
-    float factor;
-};
+struct RopeArgs { const float *inv_freq; int half; float factor; };
 
 // What a layer's attention does besides attend: its RoPE, the scores' factor, and its window
 // (0: every position; else a query at p attends p - window + 1..p).
@@ -284,10 +280,7 @@ struct AttnSpec {
 template <bool PLAIN = false>
 __device__ __forceinline__ void rope_angles(const RopeArgs &r, int pos, int i, float *s, float *c) {
     sincosf(__fmul_rn((float)pos, r.inv_freq[i]), s, c);
-    if (!PLAIN) {
-        *s = __fmul_rn(*s, r.factor);
-        *c = __fmul_rn(*c, r.factor);
-    }
+    if (!PLAIN) { *s = __fmul_rn(*s, r.factor); *c = __fmul_rn(*c, r.factor); }
 }
 
 // Element d of a head row x (float32) under rotate-half RoPE of `half` pairs: d < half pairs with
