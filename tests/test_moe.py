@@ -391,3 +391,14 @@ def test_expected_distinct_counts_a_union():
     assert expected_distinct(8, 2, 1) == pytest.approx(2)
     assert expected_distinct(128, 8, 4) == pytest.approx(128 * (1 - (120 / 128) ** 4))
     assert math.isclose(expected_distinct(8, 8, 3), 8)
+
+
+def test_decode_runs_a_qwen3moe_gguf_on_the_numpy_backend(tmp_path):
+    import subprocess
+    import sys
+    cfg = dataclasses.replace(QWEN, vocab=len(BYTE_VOCAB["tokenizer.ggml.tokens"]), mlp_only_layers=())
+    path = write(tmp_path / "m.gguf", cfg, gguf_tensors(random_model(cfg, seed=5), permute=False), "qwen3moe")
+    proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "numpy",
+                           "--prompt-ids", "1 2 3", "-n", "6"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "6 tokens" in proc.stdout + proc.stderr
