@@ -12,13 +12,13 @@ import math
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from test_gguf import BYTE_VOCAB, converter_permute, load_error, put, random_k_blocks  # noqa: F401
+from test_gguf import BYTE_VOCAB, converter_permute, load_error, put, random_k_blocks
 from gguf import GGUFWriter
 from gguf.quants import quantize
 
 from arcpy import codes
 from arcpy.devices.reference import ReferenceModel, _exact, _RowOps
-from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_gguf
 from arcpy.model import (
     SHAPES,

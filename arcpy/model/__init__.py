@@ -9,6 +9,7 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     quant_pack   GGUF blocks repacked into those rows, and random quantized tensors
     config       ModelConfig, its RoPE scalings, RoPE frequencies
     native       libarc's description of a model: arc_model_config, the tensor table, the layer program
+    moe          mixtures of experts: the routing rule, the bytes of the experts a token or a step reads
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
     safetensors  the safetensors reader and writer

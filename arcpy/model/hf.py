@@ -243,7 +243,7 @@ def _gemma3(d: Mapping, n_layers: int, head_dim: int, source: str) -> dict:
     return out
 
 
-def _experts(d: Mapping, family: str, n_layers: int, source: str) -> dict:
+def _experts(d: Mapping, family: str, source: str) -> dict:
     """The mixture of experts' fields of Qwen3-MoE, Qwen2-MoE (a shared expert) and Mixtral."""
     if family not in ("qwen3_moe", "qwen2_moe", "mixtral"):
         return {}
@@ -325,7 +325,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     try:
         return ModelConfig(
             **extra,
-            **_experts(d, family, n_layers, source),
+            **_experts(d, family, source),
             activation=_ACTIVATIONS[act],
             dim=dim,
             n_layers=n_layers,
