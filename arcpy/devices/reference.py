@@ -294,14 +294,25 @@ class _RowOps:
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
         self.chosen, self.weights = route(linear(n, L.router), c.n_experts_used, c.routing, c.norm_topk_prob)
         self.m.routing[li] = self.chosen
-        g = np.einsum("tkfd,td->tkf", L.e_gate[self.chosen], n)
-        self.h = self.r(glu(g, np.einsum("tkfd,td->tkf", L.e_up[self.chosen], n)))  # (T, k, expert_ffn_dim)
+        h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
+        for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
+            h[rows, slots] = glu(linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
+        self.h = self.r(h)
         if c.shared_expert_ffn_dim:
             self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
             self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
 
+    def _by_expert(self):
+        """(expert, its rows, their slots among the k) for every expert some row chose."""
+        for e in np.unique(self.chosen):
+            rows, slots = np.nonzero(self.chosen == e)
+            yield int(e), rows, slots
+
     def moe_out(self, li: int, L: _Layer) -> None:
-        y = np.einsum("tkdf,tkf->tkd", L.e_down[self.chosen], self.h) * self.weights[..., None]
+        y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
+        for e, rows, slots in self._by_expert():
+            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
+        y *= self.weights[..., None]
         out = y[:, 0]
         for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
             out = out + y[:, j]
