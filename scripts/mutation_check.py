@@ -1,6 +1,7 @@
 """Prove that the control-logic tests can fail: break the driver, the gate, the engine, the
-sampler, the server's worker, the chat template's keyword arguments and the agents' parts (the
-answer splitter, the constrained step, tool calls in templates and answers) on purpose, one named
+sampler, the server's worker, the chat template's keyword arguments, the agents' parts (the
+answer splitter, the constrained step, tool calls in templates and answers) and the experts'
+routing and shared expert on purpose, one named
 mutation at a time, and require the tests that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
@@ -342,6 +343,21 @@ MUTATIONS = [
         '    return "tool_calls" if calls and reason == "stop" else reason\n',
         "    return reason\n",
         ("tests/test_agents_serve.py::test_the_openai_tool_flow_end_to_end",),
+    ),
+    Mutation(
+        "router ties go to the higher expert",
+        "arcpy/model/moe.py",
+        '    return np.argsort(-values, axis=-1, kind="stable")[..., :k]\n',
+        '    return (values.shape[-1] - 1 - np.argsort(-values[..., ::-1], axis=-1, kind="stable"))[..., :k]\n',
+        ("tests/test_moe.py::test_ties_go_to_the_lower_expert",
+         "tests/test_moe.py::test_forced_routing_with_tied_router_logits_picks_the_lowest_experts_in_the_model"),
+    ),
+    Mutation(
+        "the shared expert ungated",
+        "arcpy/devices/reference.py",
+        "            out = out + self.shared_w * linear(self.shared_h, L.s_down)\n",
+        "            out = out + linear(self.shared_h, L.s_down)\n",
+        ("tests/test_moe.py::test_the_reference_moe_op_matches_an_independent_computation[1-qwen2moe-shared]",),
     ),
 ]
 
