@@ -194,7 +194,8 @@ typedef enum arc_tensor {
     ARC_TENSOR_COUNT = 28
 } arc_tensor;
 typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
-/* An MoE layer's routing of p = ROUTER @ n: the k largest (ties to the lower expert), weights their softmax. */
+/* An MoE layer's routing of p = ROUTER @ n (top k: ties to the lower expert): SOFTMAX_TOPK the top k of softmax(p),
+ * divided by their sum with norm_topk; TOPK_SOFTMAX the top k of p, weighted by their softmax. */
 typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
 
 /* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
@@ -214,10 +215,10 @@ typedef struct arc_model_config {
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
     int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
     /* Mixture of experts (n_experts 0: none). Layer l is an MoE layer unless (l + 1) % moe_every != 0 (0: 1) or bit
-     * l % 32 of dense_layers[l / 32] is set; its FFN: the k = n_experts_used experts routed (SOFTMAX_TOPK: softmax
-     * of all, then the k largest, divided by their sum if norm_topk), each act(Wgate_e @ n) * (Wup_e @ n) of
-     * expert_ffn_dim, Wdown_e'd, weighted and summed; plus with shared_ffn_dim > 0 the shared expert times
-     * sigmoid(SHARED_ROUTER @ n). Expert e: rows e * expert_ffn_dim.. of MOE_GATE, MOE_UP, e * dim.. of MOE_DOWN. */
+     * l % 32 of dense_layers[l / 32] is set; its FFN: the k = n_experts_used experts `routing` picks, each
+     * act(Wgate_e @ n) * (Wup_e @ n) of expert_ffn_dim rows, Wdown_e'd, times its weight, summed in order of choice;
+     * plus with shared_ffn_dim > 0 the shared expert times sigmoid(SHARED_ROUTER @ n). Expert e: rows
+     * e * expert_ffn_dim.. of MOE_GATE and MOE_UP, e * dim.. of MOE_DOWN (llama.cpp's ffn_*_exps, flattened). */
     int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
     uint32_t dense_layers[4];
 } arc_model_config;
