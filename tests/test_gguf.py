@@ -507,6 +507,12 @@ def test_byte_level_vocabulary_encodes_by_merge_rank_and_decodes_back(tmp_path):
     assert (text.bos_id, text.eos_ids, text.add_bos, text.chat_template) == (1, (2,), False, TEMPLATE)
 
 
+def test_a_chat_template_larger_than_any_real_one_is_a_load_error_naming_the_file(tmp_path):
+    path = write_model(tmp_path / "m.gguf", random_model(TINY), {"tokenizer.chat_template": "{{ 'x' }}" * 120_000})
+    assert load_error(path) == (f"{path}: key 'tokenizer.chat_template': 1,080,000 characters is more than a chat "
+                                "template may have (131,072; real ones have a few thousand to tens of thousands)")
+
+
 @pytest.mark.parametrize("pre, pieces", [
     ("smollm", ["1", "2", "3", "4"]),    # digits one by one: no merge reaches across them
     ("gpt-2", ["12", "34"]),             # GPT-2's split keeps the number whole
