@@ -28,11 +28,11 @@ import click
 from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
-from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
-from arcpy.loop.engine import DEFAULT_MAX_SEQ, Engine
-from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.engine import Engine, context_of
+from arcpy.loop.prompt import Piece, check_prompt, request_ids
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
@@ -293,19 +293,12 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
                                f"{model.name} has none: use --prompt-ids")
     ids = request_ids(text, request)
     cfg = model.config
-    for t in ids + list(request.stop_ids):
-        if not 0 <= t < cfg.vocab:
-            raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {cfg.vocab})")
     if run.max_seq is not None and run.max_seq > cfg.max_seq:
         raise click.UsageError(f"--max-seq {run.max_seq} exceeds the model's context of {cfg.max_seq}")
-    context = run.max_seq or min(cfg.max_seq, DEFAULT_MAX_SEQ)  # what Engine.load allocates
-    if len(ids) >= context:
-        if context < cfg.max_seq:
-            fix = f"raise --max-seq (the model allows up to {cfg.max_seq})"
-        else:
-            fix = "that is the model's own limit: shorten the prompt"
-        raise InvalidArgumentError(f"the prompt has {len(ids)} tokens, but the context holds {context} positions "
-                                   f"and leaves no room to generate: {fix}")
+    context = context_of(cfg, run.max_seq)
+    fix = (f"raise --max-seq (the model allows up to {cfg.max_seq})" if context < cfg.max_seq
+           else "that is the model's own limit: shorten the prompt")
+    check_prompt(ids, cfg.vocab, context, request.stop_ids, f": {fix}")
     return dataclasses.replace(request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids)
 
 

@@ -41,7 +41,7 @@ from arcpy.errors import (
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
-from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
+from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
@@ -49,6 +49,12 @@ from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
 DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
+
+
+def context_of(config, max_seq: int | None = None) -> int:
+    """The context Engine.load allocates for a model of `config`: `max_seq` where given, else
+    the model's own, at most DEFAULT_MAX_SEQ."""
+    return min(config.max_seq, DEFAULT_MAX_SEQ) if max_seq is None else max_seq
 
 
 @dataclass
@@ -111,8 +117,7 @@ class Engine:
         engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
-        if max_seq is None:
-            max_seq = min(model.config.max_seq, DEFAULT_MAX_SEQ)
+        max_seq = context_of(model.config, max_seq)
         if not (isinstance(max_seq, int) and 0 < max_seq <= model.config.max_seq):
             raise InvalidArgumentError(
                 f"max_seq must be in 1..{model.config.max_seq} (the model's context), got {max_seq}")
@@ -172,12 +177,7 @@ class Engine:
         stops = tuple(dict.fromkeys(int(t) for t in stop_ids))
         if not prompt:
             raise InvalidArgumentError("the prompt is empty: give at least one token id")
-        for t in prompt + list(stops):
-            if not 0 <= t < dev.vocab:
-                raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {dev.vocab})")
-        if len(prompt) >= dev.max_seq:
-            raise InvalidArgumentError(
-                f"the prompt has {len(prompt)} tokens; max_seq {dev.max_seq} leaves no room to generate")
+        check_prompt(prompt, dev.vocab, dev.max_seq, stops, f" (the engine's max_seq {dev.max_seq})")
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
             raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         sampler = Sampler(sampling or Sampling())

@@ -36,6 +36,30 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     return ids
 
 
+def check_prompt(ids, vocab: int, context: int, stop_ids=(), hint: str = "") -> None:
+    """The one check of a prompt, before it is decoded, that every front end and the engine make:
+    its ids (and the stop ids) inside the vocabulary, and room left in the context to generate.
+    `hint` ends the context's message: what the caller's user can change."""
+    for t in (*ids, *stop_ids):
+        if not 0 <= t < vocab:
+            raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {vocab})")
+    if len(ids) >= context:
+        raise ContextFull(f"the prompt has {len(ids)} tokens, but the context holds {context} positions and leaves "
+                          f"no room to generate{hint}")
+
+
+def check_budget(ids, max_new_tokens: int, context: int, name: str = "max_new_tokens") -> None:
+    """Refuse a budget of new tokens that the context cannot hold after the prompt, naming both
+    numbers (for a front end that takes a budget as given, as OpenAI's API does)."""
+    if len(ids) + max_new_tokens > context:
+        raise ContextFull(f"{name} is {max_new_tokens}, but the context holds {context} positions and the prompt "
+                          f"takes {len(ids)}: at most {context - len(ids)} new tokens fit")
+
+
+class ContextFull(InvalidArgumentError):
+    """A prompt, or a prompt and its budget, larger than the context."""
+
+
 def request_stop_ids(text: TextSpec | None, request: Request) -> tuple[int, ...]:
     """What ends the answer on the device: the model's end-of-sequence ids (where the engine has
     its text), then the request's own."""

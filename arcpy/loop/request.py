@@ -160,7 +160,8 @@ def _stops(value) -> tuple[str, ...]:
     if not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"stop must be a string or a list of strings, got {type(value).__name__}")
     stops = tuple(value)
-    for s in stops:
+    for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise InvalidArgumentError(f"a stop string must be a non-empty string, got {quoted(s)}")
+        check_unicode(s, f"stop string {i}")
     return stops

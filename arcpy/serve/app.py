@@ -29,7 +29,7 @@ from starlette.routing import Route
 from arcpy import __version__
 from arcpy.errors import ArcError
 from arcpy.loop import gate
-from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.prompt import ContextFull, Piece, check_budget, check_prompt, request_ids
 from arcpy.loop.request import Request
 from arcpy.serve.metrics import CONTENT_TYPE
 from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
@@ -112,22 +112,28 @@ class Service:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
-    def prompt_ids(self, request: Request) -> list[int]:
-        """The prompt as token ids, checked against the vocabulary and the context."""
+    def prompt_ids(self, request: Request, budget_field: str | None = None) -> list[int]:
+        """The prompt as token ids, checked against the vocabulary and the context (arcpy.loop.prompt),
+        and the budget too where the client gave one (`budget_field` names it)."""
+        where = "messages" if request.messages else "prompt"
         try:
             ids = request_ids(self.text, request)
         except ArcError as exc:  # the chat template refused the messages, or they are too long for it
-            raise bad(str(exc), param="messages" if request.messages else "prompt") from None
-        vocab, context = self.worker.vocab, self.worker.max_seq
-        for t in ids:
-            if t >= vocab:
-                raise bad(f"prompt: token id {t} is outside the vocabulary [0, {vocab})", param="prompt")
-        if len(ids) >= context:
-            fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
-                   if context < self.settings.model_max_seq else "the model's own limit")
-            raise bad(f"the prompt has {len(ids)} tokens, but the context holds {context} positions and leaves "
-                      f"no room to generate ({fix})", param="messages" if request.messages else "prompt",
-                      code="context_length_exceeded")
+            raise bad(str(exc), param=where) from None
+        context = self.worker.max_seq
+        fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
+               if context < self.settings.model_max_seq else "the model's own limit")
+        try:
+            check_prompt(ids, self.worker.vocab, context, hint=f" ({fix})")
+        except ContextFull as exc:
+            raise bad(str(exc), param=where, code="context_length_exceeded") from None
+        except ArcError as exc:
+            raise bad(f"prompt: {exc}", param="prompt") from None
+        if budget_field is not None:
+            try:
+                check_budget(ids, request.max_new_tokens, context, budget_field)
+            except ContextFull as exc:
+                raise bad(f"{exc} ({fix})", param=budget_field, code="context_length_exceeded") from None
         return ids
 
     async def complete(self, request: HttpRequest, kind: str):
@@ -143,7 +149,8 @@ class Service:
         size = len(r.prompt or "") + sum(len(m.content) for m in r.messages or ())
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
         # round trip would cost more than it saves. A long one goes to the thread pool.
-        ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
+        ids = (self.prompt_ids(r, call.budget_field) if size <= INLINE_PROMPT_CHARS
+               else await run_in_threadpool(self.prompt_ids, r, call.budget_field))
         shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
         job = Job(replace(call.request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids),
                   Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)

@@ -37,11 +37,26 @@ class ApiError(Exception):
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # What a client sent goes into the message and the param: a lone surrogate in it (a JSON
+        # escape such as \ud800) is written as its escape, or the body could not be encoded.
+        self.message, self.param = _printable(self.message), _printable(self.param)
+
     def __str__(self) -> str:
         return self.message
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _printable(text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -67,6 +82,7 @@ class Call:
     request: Request     # messages (chat) or a prompt: text, or token ids
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    budget_field: str | None = None  # max_tokens or max_completion_tokens, where the client gave one
 
 
 def _neutral_zero(v) -> bool:
@@ -133,11 +149,11 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     else:
         source = _prompt(body)
     try:
-        request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
-                          sampling=_sampling(body, defaults))
+        budget, budget_field = _budget(body, kind, defaults)
+        request = Request(**source, max_new_tokens=budget, stop=_stop(body), sampling=_sampling(body, defaults))
     except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
         raise bad(str(exc)) from None
-    return Call(kind, request, stream, include_usage)
+    return Call(kind, request, stream, include_usage, budget_field)
 
 
 def _kind(v) -> str:
@@ -188,18 +204,19 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return _optional(options, "include_usage", _bool) or False
 
 
-def _budget(body: dict, kind: str, defaults: Defaults) -> int:
+def _budget(body: dict, kind: str, defaults: Defaults) -> tuple[int, str | None]:
+    """The budget of new tokens, and the field that gave it (None: the server's default)."""
     given = {name: _optional(body, name, _int) for name in ("max_tokens", "max_completion_tokens")}
     values = {v for v in given.values() if v is not None}
     if len(values) > 1:
         raise bad("max_tokens and max_completion_tokens disagree: give one of them", param="max_tokens")
     if not values:
-        return defaults.max_tokens
+        return defaults.max_tokens, None
     budget = values.pop()
     name = "max_tokens" if given["max_tokens"] is not None else "max_completion_tokens"
     if budget < 1:
         raise bad(f"{name} must be at least 1, got {budget}", param=name)
-    return budget
+    return budget, name
 
 
 def _stop(body: dict) -> tuple[str, ...]:
