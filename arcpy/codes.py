@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # arc_status
 ARC_OK = 0
@@ -51,3 +51,6 @@ OP_NAMES = {OP_ATTN_IN: "ATTN_IN", OP_QK_NORM: "QK_NORM", OP_ATTEND: "ATTEND", O
             OP_FFN_IN: "FFN_IN", OP_FFN_OUT: "FFN_OUT", OP_ATTN_OUT_NORM: "ATTN_OUT_NORM",
             OP_FFN_OUT_NORM: "FFN_OUT_NORM"}
 MAX_LAYER_OPS = 8
+
+# arc_activation: the GLU's activation, by arcpy's name, in arc.h's order
+ACTIVATIONS = ("silu", "gelu_tanh")

@@ -202,8 +202,13 @@ typedef struct arc_model_config {
     int32_t activation;      /* the GLU's, an arc_activation */
     float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
+    int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+/* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
+ * in layer (0 for a global tensor) of a model of config, rows 0 where the config has none (a vector: rows 1).
+ * Matrices are (out, in); ROPE_INV_FREQ is float32, the rest bf16 or a matrix's format. Host only, no context. */
+int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows, int64_t *cols);
 
 /* The layer program: the sequence of one decoder layer, written once and run by the decode step (GEMVs), the
  * speculative verify (skinny products), the prefill (tensor-core products) and arcpy's NumPy reference, each op in
@@ -413,33 +418,6 @@ int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_
                   const uint16_t *bias, int32_t accumulate, float *y);
 int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
                          int32_t k, uint16_t *h);
-
-/* ---- Test hooks: Not part of the decode API; the loop and its faults on a GPU, no model. ---- */
-
-/* The scripted model: reads the token and the position as the forward does and writes logits[vocab] whose argmax is
- * (token * mul + position * add + bias) mod vocab; mode selects a misbehaviour at position at_pos. */
-typedef enum arc_script_mode {
-    ARC_SCRIPT_NORMAL = 0,
-    ARC_SCRIPT_ILLEGAL_ADDRESS = 1, /* write through a bad pointer: a sticky fault */
-    ARC_SCRIPT_SPIN = 2,            /* spin until *flag != 0 (flag: host-mapped memory) */
-    ARC_SCRIPT_TOKEN = 3            /* the argmax is `bias`, whatever the input */
-} arc_script_mode;
-
-typedef struct arc_script {
-    int32_t vocab;
-    int32_t mul;
-    int32_t add;
-    int32_t bias;
-    int32_t mode;
-    int32_t at_pos;
-    const uint32_t *flag;
-} arc_script;
-
-int arc_script_forward(arc_loop *loop, const arc_script *script, float *logits);
-
-/* Fault injection: the n-th commit executed from now (0: the next) does nothing, as if its launch had silently been
- * lost. n < 0 disarms. Stream-ordered. */
-int arc_loop_inject_lost_step(arc_loop *loop, int32_t n);
 
 /* arc-cdef-end */
 
