@@ -15,8 +15,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
+from arcpy.text.limits import check_template_size
 from arcpy.text.pretokenize import PreTokenizer, pre_tokenizer_named
-from arcpy.text.sandbox import check_template_size
 from arcpy.text.spec import TextSpec
 from arcpy.vocabulary import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocabulary
 

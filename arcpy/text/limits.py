@@ -22,6 +22,8 @@ import time
 
 from jinja2.utils import Namespace
 
+from arcpy.errors import ModelFileError
+
 DEADLINE_S = 2.0                 # seconds a render may take; real templates take well under 10 ms
 MAX_TEMPLATE_CHARS = 128 * 1024  # a template's size: llama.cpp's 70 real ones are 0.2 to 16.7 KB
 COMPILE_DEADLINE_S = 2.0         # seconds a compile may take: those 70 take under 0.1 s each
@@ -57,6 +59,14 @@ def whole(n) -> int:
 def digits(spec: str) -> int:
     """The sum of the numbers in a format spec: at least the width or precision it asks for."""
     return sum(int(d) if len(d) < 10 else 1 << 62 for d in re.findall(r"\d+", spec))
+
+
+def check_template_size(source: str, where: str = "chat template") -> str:
+    """`source`, if it is no larger than a template may be (a ModelFileError naming `where` if not)."""
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise ModelFileError(f"{where}: {len(source):,} characters is more than a chat template may have "
+                             f"({MAX_TEMPLATE_CHARS:,}; real ones have a few thousand to tens of thousands)")
+    return source
 
 
 class CompileClock:

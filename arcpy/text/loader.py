@@ -21,8 +21,7 @@ from tokenizers import Tokenizer
 from arcpy.checks import is_int, quoted
 from arcpy.errors import ModelFileError
 from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file
-from arcpy.text.limits import MAX_TEMPLATE_CHARS
-from arcpy.text.sandbox import check_template_size
+from arcpy.text.limits import MAX_TEMPLATE_CHARS, check_template_size
 from arcpy.text.spec import TextSpec
 
 MAX_TEMPLATE_BYTES = 4 * MAX_TEMPLATE_CHARS  # UTF-8: at most four bytes a character

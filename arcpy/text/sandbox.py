@@ -34,7 +34,7 @@ from markupsafe import Markup
 from arcpy.checks import quoted
 from arcpy.errors import ArcError, InvalidArgumentError, ModelFileError
 
-from arcpy.text.limits import (MAX_INT_BITS, MAX_TEMPLATE_CHARS, CompileClock, Limits, TemplateLimit, compile_tick,
+from arcpy.text.limits import (MAX_INT_BITS, CompileClock, Limits, TemplateLimit, check_template_size, compile_tick,
                                current, digits, replaced, whole)
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024  # far past any context window
@@ -392,14 +392,6 @@ _ENV.filters = {name: _guarded(f, _CHECKS.get(name)) for name, f in FILTERS.item
 _ENV.filters.update(join=_guarded(_join, pay=False), tojson=_guarded(_tojson, pay=False),
                     _arc_loop_items=_loop_items, _arc_output=_output, _arc_concat=_concat,
                     _arc_display=_display)
-
-
-def check_template_size(source: str, where: str = "chat template") -> str:
-    """`source`, if it is no larger than a template may be (a ModelFileError naming `where` if not)."""
-    if len(source) > MAX_TEMPLATE_CHARS:
-        raise ModelFileError(f"{where}: {len(source):,} characters is more than a chat template may have "
-                             f"({MAX_TEMPLATE_CHARS:,}; real ones have a few thousand to tens of thousands)")
-    return source
 
 
 @functools.lru_cache(maxsize=8)
