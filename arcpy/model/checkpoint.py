@@ -33,7 +33,7 @@ from arcpy.model.safetensors import (
     read_header,
     save_safetensors,
 )
-from arcpy.model.tensors import Model
+from arcpy.model.tensors import Model, require_nonzero
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.
@@ -183,7 +183,9 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
     tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
-    return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
+    model = Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
+    require_nonzero(model)
+    return model
 
 
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
