@@ -546,6 +546,29 @@ def test_a_bf16_weight_of_1e38_is_a_load_error_naming_the_tensor(tmp_path, name,
     assert f"tensor '{name}' holds a weight of 9.97e+37 at {list(at)}: no trained model has one beyond 1e+30" in msg
 
 
+def test_a_bf16_file_loads_as_views_of_its_mapping_whatever_its_ffn(tmp_path):
+    """BF16 data is bf16 words already: the loader keeps views of the mapped file, reads each
+    once (the finiteness scan) and copies nothing, so loading scales with the bytes read. A file
+    of zero weights and a wide FFN (the fuzzer's 0.4 GiB one took 40 s) is the case here."""
+    cfg = dataclasses.replace(TINY, ffn_dim=32768)
+    tensors = gguf_tensors(random_model(TINY, seed=4))
+    for i in range(cfg.n_layers):
+        tensors[f"blk.{i}.ffn_gate.weight"] = tensors[f"blk.{i}.ffn_up.weight"] = np.zeros((32768, 64), np.float32)
+        tensors[f"blk.{i}.ffn_down.weight"] = np.zeros((64, 32768), np.float32)
+    types = {n: Q.BF16 for n, x in tensors.items() if x.ndim == 2}
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB}, types=types)
+    tracemalloc.start()
+    try:
+        model, _ = load_gguf(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    ffn = model.tensors["model.layers.1.mlp.down_proj.weight"]
+    assert ffn.shape == (64, 32768) and not ffn.flags.owndata and not ffn.flags.writeable
+    size = path.stat().st_size
+    assert size > 24e6 and peak < size / 8, f"peak {peak / 1e6:.1f} MB to load {size / 1e6:.1f} MB"
+
+
 def test_a_chat_template_larger_than_any_real_one_is_a_load_error_naming_the_file(tmp_path):
     path = write_model(tmp_path / "m.gguf", random_model(TINY), {"tokenizer.chat_template": "{{ 'x' }}" * 120_000})
     assert load_error(path) == (f"{path}: key 'tokenizer.chat_template': 1,080,000 characters is more than a chat "
