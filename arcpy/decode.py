@@ -64,9 +64,9 @@ def parse_ids(text: str) -> list[int]:
 
 def speculation_note(drafts: int, engine) -> None:
     """A note where --speculate was asked for and the engine cannot take it."""
-    device = engine.device
-    if drafts and not getattr(device, "speculate_k", 0):
-        why = getattr(device, "speculation_refused", "") or f"the {engine.backend} backend has no device loop to run it"
+    caps = engine.device.capabilities
+    if drafts and not caps.speculate_k:
+        why = caps.speculation_refused or f"the {engine.backend} backend has no device loop to run it"
         note(f"--speculate {drafts} has no effect: {why}")
 
 
@@ -370,9 +370,8 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
-        report_memory = getattr(engine.device, "memory_report", None)
-        if report_memory is not None:
-            click.echo(report_memory(), err=True)
+        if engine.device.capabilities.memory_report:
+            click.echo(engine.device.memory_report(), err=True)
         printer = Printer(text, out)
         started = time.perf_counter()
         stamps: list[float] = []

@@ -108,3 +108,28 @@ def test_readme_layout_names_every_module_and_nothing_else():
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "arcpy").rglob("*.py")}
     covered = {m for m in modules if m in named or any(m.startswith(n.rstrip("/") + "/") for n in named)}
     assert modules - covered == set(), "modules README's layout table does not name"
+
+
+def device_probes(source: str) -> list[str]:
+    """The getattr and hasattr calls in `source` whose object is a device (a name or attribute
+    spelled device, dev, or ending in _device)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            target = ast.unparse(node.args[0]) if node.args else ""
+            last = target.rsplit(".", 1)[-1]
+            if last in ("device", "dev") or last.endswith("_device"):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_front_ends_learn_what_a_device_can_do_only_from_its_capabilities():
+    """No getattr or hasattr on a device outside arcpy/devices/: the Capabilities record on
+    DeviceOps is the contract."""
+    assert device_probes("k = getattr(engine.device, 'speculate_k', 0)\nhasattr(dev, 'x')") == [
+        "getattr(engine.device, 'speculate_k', 0)", "hasattr(dev, 'x')"]
+    probes = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "arcpy").rglob("*.py"))
+              if "devices" not in p.relative_to(ROOT).parts and (found := device_probes(p.read_text()))}
+    assert probes == {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.devices.protocol import Counters
+from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.devices.reference import ReferenceModel
 
 
@@ -15,6 +15,7 @@ class NumpyDevice:
     supports_loop = supports_sampling = False
     supports_prefill = True
     speculate_k = speculate_ngram = 0
+    capabilities = Capabilities("CPU (NumPy reference backend)", prefill=True)
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference

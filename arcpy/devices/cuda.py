@@ -22,7 +22,7 @@ from arcpy import _lib
 from arcpy.codes import ARC_BUSY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
-from arcpy.devices.protocol import Counters, RingState, spin_until
+from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
 
@@ -62,7 +62,9 @@ class CudaDevice:
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._prompt_in_use = False  # a prefill may still read the pinned prompt
+        self.name = ""
         try:
+            self.name = ctx.name()  # kept: the capabilities still name the GPU once the context is closed
             vocab = forward.width if vocab is None else vocab
             if not 0 < vocab <= forward.width:
                 raise InvalidArgumentError(f"vocab {vocab} must be in 1..{forward.width} (the logits' width)")
@@ -143,6 +145,13 @@ class CudaDevice:
             self._idle = True
             self._prompt_in_use = False
         return idle
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(self.name, loop=self.supports_loop, sampling=self.supports_sampling,
+                            prefill=self.supports_prefill, graphs=self.graph is not None,
+                            speculate_k=self.speculate_k, speculate_ngram=self.speculate_ngram,
+                            speculation_refused=self.speculation_refused, memory_report=True)
 
     def memory_report(self) -> str:
         """One line: what the model takes on the device and what is left."""

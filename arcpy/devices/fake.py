@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
-from arcpy.devices.protocol import Counters, RingState
+from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
 from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
@@ -58,6 +58,12 @@ class _Op:
 
 class FakeDevice:
     """A scripted GPU; see the module's docstring."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("fake GPU (scripted)", loop=self.supports_loop, sampling=self.supports_sampling,
+                            prefill=self.supports_prefill, speculate_k=self.speculate_k,
+                            speculate_ngram=self.speculate_ngram)
 
     def __init__(self, script: FakeScript | None = None):
         self.script = script or FakeScript()

@@ -42,9 +42,29 @@ class Counters:
         return Counters(self.cuda_calls - other.cuda_calls, self.graph_launches - other.graph_launches)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do, as the device states it: the only way the layers above it learn
+    (a record, so that no caller asks a device with getattr). A device builds it from its state
+    when asked: capturing a step graph, or closing, changes what it can do."""
+
+    name: str                      # the device, in words: the GPU's name, or the CPU backend
+    loop: bool = False             # the device loop: steps enqueued in bursts, tokens read from the ring
+    sampling: bool = False         # the device loop draws non-greedy tokens (arcpy.sampling's definition)
+    prefill: bool = False          # a prompt goes through the model in one forward (enqueue_prefill)
+    graphs: bool = False           # the forward is replayed from captured CUDA graphs
+    speculate_k: int = 0           # drafts a speculative step verifies (0: the device has no such step)
+    speculate_ngram: int = 0       # the longest n-gram its draft looks up
+    speculation_refused: str = ""  # why speculative steps were asked for and not captured
+    memory_report: bool = False    # memory_report() says what the model takes on the device
+    logprobs: bool = False         # log-probabilities of the chosen tokens land in the ring
+    masks: bool = False            # a token mask (constrained output) applies on the device
+
+
 class DeviceOps(Protocol):
     vocab: int
     max_seq: int
+    capabilities: Capabilities  # what follows, as one record, for the layers above
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
     supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)

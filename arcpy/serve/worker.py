@@ -220,9 +220,7 @@ class Worker:
     def _describe(self, engine) -> None:
         dev = engine.device
         self.backend, self.max_seq, self.vocab = engine.backend, dev.max_seq, dev.vocab
-        ctx = getattr(dev, "ctx", None)
-        cpu = "CPU (NumPy reference backend)" if engine.backend == "numpy" else engine.backend
-        self.device_name = ctx.name() if ctx is not None else cpu
+        self.device_name = dev.capabilities.name
 
     def _warm(self, engine) -> None:
         """One short sequence per sampler, detokenized as a request's are, so that the first
