@@ -8,6 +8,7 @@ import json
 import click
 
 from arcpy.checks import quoted
+from arcpy.codes import MAX_BURST
 from arcpy.errors import InvalidArgumentError
 from arcpy.text import check_template_kwargs
 
@@ -20,7 +21,7 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
         click.option("--device-loop/--host-path", "device_loop", default=None,
                      help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
                           "backend has one)."),
-        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
+        click.option("--burst", type=click.IntRange(1, MAX_BURST), default=4, show_default=True, help=burst_help),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
                      help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
         click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,

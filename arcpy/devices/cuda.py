@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY
+from arcpy.codes import ARC_BUSY, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
@@ -50,7 +50,7 @@ class CudaDevice:
     `owns_context`."""
 
     def __init__(self, ctx: Context, forward: Forward, vocab: int | None = None,
-                 ring_capacity: int = 1024, owns_context: bool = False):
+                 ring_capacity: int = RING_CAPACITY, owns_context: bool = False):
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         self.forward = forward
         self.owns_context = owns_context

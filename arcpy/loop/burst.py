@@ -22,6 +22,9 @@ from arcpy.devices.protocol import DeviceOps, RingState, spin_until
 from arcpy.errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
 from arcpy.sampling import Sampling
 
+# Polls of the stream or the ring that may say no before a wait counts as a hang (HangError).
+MAX_SPINS = 20_000_000
+
 
 def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:
     """The error a latched fault word stands for. Non-finite logits are the model's, not the
@@ -35,7 +38,7 @@ class BurstDriver:
     """Drives bursts on one DeviceOps. The ring's count is tracked across bursts of a sequence;
     `begin_sequence()` resets it (and the device's ring) when the stream is idle."""
 
-    def __init__(self, device: DeviceOps, max_spins: int = 20_000_000, query_every: int = 4096):
+    def __init__(self, device: DeviceOps, max_spins: int = MAX_SPINS, query_every: int = 4096):
         if max_spins < 1 or query_every < 1:
             raise ValueError("max_spins and query_every must be positive")
         self.device = device

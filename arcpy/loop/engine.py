@@ -29,6 +29,7 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps, spin_until
 from arcpy.errors import (
     ArcError,
@@ -40,7 +41,7 @@ from arcpy.errors import (
     NonFiniteLogitsError,
 )
 from arcpy.loop import gate
-from arcpy.loop.burst import BurstDriver
+from arcpy.loop.burst import MAX_SPINS, BurstDriver
 from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
@@ -77,11 +78,11 @@ class Engine:
     loop wherever the device has one); `verify` None to ARC_GRAPH_VERIFY_ALWAYS."""
 
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
-                 burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
+                 burst: int = 4, verify: bool | None = None, max_spins: int = MAX_SPINS,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
                  prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None):
-        if not (isinstance(burst, int) and 1 <= burst <= 1024):
-            raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
+        if not (isinstance(burst, int) and 1 <= burst <= MAX_BURST):
+            raise InvalidArgumentError(f"burst must be an integer in 1..{MAX_BURST}, got {burst!r}")
         self.device = device
         self.prefill = prefill  # off: the prompt goes through the decode step token by token
         self.speculate = speculate  # off: never a speculative step, even where the device has one
