@@ -3,7 +3,7 @@
 The host never waits for the stream: every step of the burst is enqueued up front (graph launch,
 sampler, commit), and tokens are read from the pinned, host-mapped ring with plain loads. A
 fault inside the graph is asynchronous, so three non-blocking signals stand in for the sync
-(DESIGN section 5), checked while draining:
+(docs/ARCHITECTURE.md, section 2), checked while draining:
 
 - the fault word the commit kernel latches (read with the ring, every poll);
 - stream_query(), which also reports errors of earlier asynchronous work (a sticky fault);

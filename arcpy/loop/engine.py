@@ -1,6 +1,6 @@
 """Engine: admit (batch 1), prefill, generate (streaming) and step(), over one DeviceOps.
 
-Two paths produce tokens (DESIGN section 3):
+Two paths produce tokens (docs/ARCHITECTURE.md, section 1):
 - the device loop: bursts of graph launch, sampler (argmax, or a seeded draw) and commit,
   drained from the ring by BurstDriver with no host wait per token (admitted by gate.py);
 - the host path: one forward, then the argmax (or the logits) to pinned memory, a poll until
