@@ -37,7 +37,8 @@ from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
-from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
+from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
+                            with_options)
 from arcpy.text import TextSpec
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -60,6 +61,18 @@ def parse_ids(text: str) -> list[int]:
             raise click.UsageError(f"token id {quoted(word, 24)} is too large (at most {2**31 - 1})")
         ids.append(int(digits))
     return ids
+
+
+def open_engine(model: Model, text: TextSpec | None, options: EngineOptions) -> Engine:
+    """The engine `options` ask for (the CUDA one where "auto" finds a GPU), with the notes a user
+    of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect."""
+    backend = _lib.auto_backend() if options.backend == "auto" else options.backend
+    if backend == "numpy":
+        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+    engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
+                         burst=options.burst, text=text, drafts=options.drafts)
+    speculation_note(options.drafts, engine)
+    return engine
 
 
 def speculation_note(drafts: int, engine) -> None:
@@ -101,7 +114,7 @@ def decode_options(f):
                      help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
                           "Default: a fresh one."),
     ]
-    return with_options(options)(f)
+    return with_options(options)(as_engine_options(f))
 
 
 def note(message: str) -> None:
@@ -195,12 +208,8 @@ class RunOptions:
 
     model_path: str | None
     shape: str | None
-    backend: str
-    device_loop: bool | None
-    burst: int
-    max_seq: int | None
+    engine: EngineOptions = EngineOptions()
     weights: str = "auto"       # WEIGHTS
-    drafts: int = 0             # speculative steps of this many drafts (0: none)
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
     template_kwargs: dict = dataclasses.field(default_factory=dict)  # --template-kwarg, for the question
@@ -228,9 +237,9 @@ def _ready(stream) -> bool:
         return False
 
 
-def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
-         device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         template_kwargs=(), stdin=None) -> tuple[Request, RunOptions]:
+def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, temperature,
+         top_k, top_p, seed, engine_opts: EngineOptions = EngineOptions(), weights="auto", template_kwargs=(),
+         stdin=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -261,7 +270,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
              "decoding greedily")
     gate.read_all()
     demo.offline()  # read like the gates: a bad value is an error on every run
-    if backend == "cuda" and not _lib.cuda_available()[0]:
+    if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
         raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one (auto or numpy decode on the CPU)")
     if prompt_ids is not None:
         source = {"prompt_ids": parse_ids(prompt_ids)}
@@ -275,8 +284,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
                       template_kwargs=kwargs if "messages" in source else {})
-    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
-                               question=prompt is None and prompt_ids is None,
+    return request, RunOptions(model_path, shape, engine_opts, weights, question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
 
@@ -293,9 +301,10 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
                                f"{model.name} has none: use --prompt-ids")
     ids = request_ids(text, request)
     cfg = model.config
-    if run.max_seq is not None and run.max_seq > cfg.max_seq:
-        raise click.UsageError(f"--max-seq {run.max_seq} exceeds the model's context of {cfg.max_seq}")
-    context = context_of(cfg, run.max_seq)
+    max_seq = run.engine.max_seq
+    if max_seq is not None and max_seq > cfg.max_seq:
+        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {cfg.max_seq}")
+    context = context_of(cfg, max_seq)
     fix = (f"raise --max-seq (the model allows up to {cfg.max_seq})" if context < cfg.max_seq
            else "that is the model's own limit: shorten the prompt")
     check_prompt(ids, cfg.vocab, context, request.stop_ids, f": {fix}")
@@ -361,12 +370,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     out = out or sys.stdout
     model, text = load(run.model_path, run.shape, run.weights)
     request = with_prompt(request, model, text, run)
-    backend = _lib.auto_backend() if run.backend == "auto" else run.backend
-    if backend == "numpy":
-        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-    with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
-                     text=text, drafts=run.drafts) as engine:
-        speculation_note(run.drafts, engine)
+    with open_engine(model, text, run.engine) as engine:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
@@ -385,7 +389,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
             engine.finish()
             reason, status = "interrupted", 130
         printer.finish()
-        report(engine, reason, started, stamps, run.device_loop)
+        report(engine, reason, started, stamps, run.engine.device_loop)
     return status
 
 
