@@ -31,6 +31,12 @@ struct DrawScratch {
     int32_t found;
 };
 
+#ifdef __CUDACC__  // device code only: core.cu and graph.cu compile as C++
+// A quiet NaN: what a kernel writes where it has no value to give, so that the commit's
+// non-finite check latches it.
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+#endif
+
 // What the blocks of an lm_head GEMV that takes the argmax share (model/head_argmax.cuh).
 struct HeadArgmax {
     unsigned long long best;  // the largest (order key << 32 | ~row) so far; 0: none
