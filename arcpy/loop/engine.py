@@ -42,6 +42,7 @@ from arcpy.errors import (
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import MAX_SPINS, BurstDriver
+from arcpy.loop.constrain import Constrained, matcher_for
 from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
@@ -69,6 +70,7 @@ class _Sequence:
     budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
     prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
     policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop, greedy)
+    constrained: Constrained | None = None  # the answer follows a grammar (the host path)
     produced: int = 0        # tokens handed out
     finished: bool = False
 
@@ -162,13 +164,14 @@ class Engine:
             raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
-              sampling: Sampling | None = None, batch_size: int = 1) -> None:
+              sampling: Sampling | None = None, batch_size: int = 1, matcher=None) -> None:
         """Begin a sequence; a sequence still running is preempted. The prompt goes through the
         model in one forward where the device has a prefill (unless the engine was made with
         prefill=False, or verifies every step), and its first token is drawn from that forward's
         logits: on the device loop by the first burst's commit, with no host wait between prompt
         and answer. Otherwise the prompt goes through the decode step one token at a time, again
-        with no host wait between its steps."""
+        with no host wait between its steps. A `matcher` (arcpy.text.grammar) constrains the
+        answer: on the host path, each step's logits masked by it (arcpy.loop.constrain)."""
         if self.poisoned:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
@@ -186,6 +189,8 @@ class Engine:
             self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
             supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
             latch=self.latch, verify=self.verify)
+        if matcher is not None and admitted:  # (docs/PERF.md: the device's mask is not built yet)
+            admitted, reason = False, "constrained output: the grammar's mask is applied on the host"
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
@@ -214,7 +219,7 @@ class Engine:
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill, policy=policy)
+                             prefilled=prefill, policy=policy, constrained=matcher and Constrained(matcher, dev.vocab))
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -256,8 +261,9 @@ class Engine:
         text = self.text
         ids = request_ids(text, request)
         stops = request_stop_ids(text, request)
+        matcher = matcher_for(text, self.device.vocab, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
-        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling)) as tokens:
+        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling, matcher)) as tokens:
             for tok in tokens:
                 piece, hit = words.push(tok) if words is not None else ("", False)
                 yield Piece(tok, piece)
@@ -269,8 +275,8 @@ class Engine:
             yield Piece(None, rest)
 
     def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
-                sampling: Sampling | None) -> Iterator[int]:
-        self.start(prompt_ids, max_new_tokens, stop_ids, sampling)
+                sampling: Sampling | None, matcher=None) -> Iterator[int]:
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, matcher=matcher)
         seq = self.seq
         reason = "cancelled"
         try:
@@ -336,6 +342,11 @@ class Engine:
         else:
             dev.set_input(seq.last_token, seq.position)
             dev.enqueue_forward()
+        if seq.constrained is not None:  # the mask is computed while the forward runs
+            dev.enqueue_logits_to_host()
+            seq.constrained.fill()
+            self._wait_idle()
+            return self._checked(seq.constrained.consume(self._drawn(seq.constrained.masked(dev.host_logits()))))
         if self.verify:
             return self._verified_token()
         if seq.sampler.greedy:

@@ -59,6 +59,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="top_k for a request that sets none (0: off).")
 @with_options(template_options("A keyword argument for the chat template of every chat request, under the "
                               "request's own chat_template_kwargs"))
+@click.option("--raw-reasoning", is_flag=True, default=False,
+              help="Keep a reasoning model's <think>...</think> in the content, as written, instead of in "
+                   "reasoning_content.")
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
@@ -73,7 +76,7 @@ def main(**options):
 
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
-        top_p, top_k, template_kwargs, switch_interval, log_level, access_log,
+        top_p, top_k, template_kwargs, switch_interval, log_level, access_log, raw_reasoning=False,
         engine_opts: EngineOptions = EngineOptions()) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
@@ -83,7 +86,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
         if not model_path.strip() or not os.path.exists(model_path):
             raise click.UsageError(f"--model {model_path}: no such file or directory")
         defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k,
-                            TemplateKwargs(parse_template_kwargs(template_kwargs)))
+                            TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
         Sampling(defaults.temperature, top_k, top_p)
         gate.read_all()
         if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
