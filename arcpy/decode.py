@@ -33,8 +33,8 @@ from arcpy.files import read_json_file
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
 from arcpy.loop.constrain import compile_constraint, resolve
-from arcpy.loop.engine import Engine, context_of
-from arcpy.loop.prompt import Piece, check_prompt, request_ids
+from arcpy.loop.engine import Engine
+from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model

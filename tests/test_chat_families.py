@@ -373,6 +373,10 @@ def test_the_bounds_of_a_template_are_far_from_every_real_one():
     sizes = {path.name: len(path.read_text(encoding="utf-8")) for path in paths}
     assert len(sizes) >= 60 and 7 * max(sizes.values()) <= limits.MAX_TEMPLATE_CHARS
     for path in paths:
-        start = time.perf_counter()
-        sandbox.compile_template.__wrapped__(path.read_text(encoding="utf-8"))
-        assert time.perf_counter() - start < limits.COMPILE_DEADLINE_S / 5, path.name
+        source = path.read_text(encoding="utf-8")
+        seconds = []
+        for _ in range(3):  # the best of three: a busy machine's pauses are not the template's
+            start = time.perf_counter()
+            sandbox.compile_template.__wrapped__(source)
+            seconds.append(time.perf_counter() - start)
+        assert min(seconds) < limits.COMPILE_DEADLINE_S / 5, (path.name, seconds)

@@ -43,21 +43,12 @@ from arcpy.errors import (
 from arcpy.loop import gate
 from arcpy.loop.burst import MAX_SPINS, BurstDriver
 from arcpy.loop.constrain import Constrained, matcher_for
-from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
+from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
-
-DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
-
-
-def context_of(config, max_seq: int | None = None) -> int:
-    """The context Engine.load allocates for a model of `config`: `max_seq` where given, else
-    the model's own, at most DEFAULT_MAX_SEQ."""
-    return min(config.max_seq, DEFAULT_MAX_SEQ) if max_seq is None else max_seq
-
 
 @dataclass
 class _Sequence:
@@ -115,7 +106,7 @@ class Engine:
              environ: Mapping[str, str] | None = None, text=None, drafts: int = 0, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
-        DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
+        arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
         `drafts` > 0 captures speculative steps of that many drafts (cuda, bf16 weights). The
         engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib

@@ -37,6 +37,15 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     return ids
 
 
+DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
+
+
+def context_of(config, max_seq: int | None = None) -> int:
+    """The context Engine.load allocates for a model of `config`: `max_seq` where given, else
+    the model's own, at most DEFAULT_MAX_SEQ."""
+    return min(config.max_seq, DEFAULT_MAX_SEQ) if max_seq is None else max_seq
+
+
 def check_prompt(ids, vocab: int, context: int, stop_ids=(), hint: str = "") -> None:
     """The one check of a prompt, before it is decoded, that every front end and the engine make:
     its ids (and the stop ids) inside the vocabulary, and room left in the context to generate.
