@@ -279,8 +279,8 @@ MUTATIONS = [
     Mutation(
         "the chat template never sees a request's keyword arguments",
         "arcpy/loop/prompt.py",
-        "template_kwargs=request.template_kwargs)",
-        "template_kwargs=None)",
+        "template_kwargs=request.template_kwargs,",
+        "template_kwargs=None,",
         ("tests/test_template_kwargs.py::test_a_request_carries_them_to_the_prompt",
          "tests/test_template_kwargs.py::test_the_chat_command_renders_every_turn_with_them"),
     ),
