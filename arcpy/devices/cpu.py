@@ -14,6 +14,9 @@ from arcpy.devices.reference import ReferenceModel
 class NumpyDevice:
     supports_loop = supports_sampling = False
     supports_prefill = True
+    # A prefill's rows do not depend on what else its chunk holds (tests/test_prefix_cache.py
+    # checks the KV rows bit for bit): a prefix is reused to the token.
+    prefix_granule = 1
     speculate_k = speculate_ngram = 0
 
     def __init__(self, reference: ReferenceModel):

@@ -59,6 +59,9 @@ class CudaDevice:
         self.speculate_k = self.speculate_ngram = 0
         self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
+        # A prefill that resumes at a multiple of its chunk runs the very chunks a cold one runs
+        # (the same rows, the same shapes, so the same kernels and bits); README, Prefix reuse.
+        self.prefix_granule = getattr(forward, "prefill_chunk", 0) if self.supports_prefill else 0
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._prompt_in_use = False  # a prefill may still read the pinned prompt

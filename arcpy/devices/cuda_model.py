@@ -67,9 +67,10 @@ class CudaModel:
             _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
         self.ptr = pp[0]
         self.max_seq = max_seq
+        self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
         try:
             self._upload(model)
-            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, min(PREFILL_CHUNK, max_seq)))
+            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, self.prefill_chunk))
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
             _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
             self.logits, self.width = lp[0], int(wp[0])

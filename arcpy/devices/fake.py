@@ -43,6 +43,7 @@ class FakeScript:
     supports_loop: bool = True
     supports_sampling: bool = True        # the loop draws non-greedy tokens (else: the argmax only)
     supports_prefill: bool = True         # a prompt goes through in one forward
+    prefix_granule: int = 1               # a reused prefix is a multiple of this (0: none reused)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
@@ -65,6 +66,7 @@ class FakeDevice:
         self.supports_loop = self.script.supports_loop
         self.supports_sampling = self.script.supports_sampling
         self.supports_prefill = self.script.supports_prefill
+        self.prefix_granule = self.script.prefix_granule
         self.prefills: list[tuple[tuple[int, ...], int]] = []  # (tokens, start) of each prefill
         self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()

@@ -48,6 +48,7 @@ class DeviceOps(Protocol):
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
     supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)
+    prefix_granule: int      # a prefill may resume after rows of an earlier one at multiples of this (0: never)
     speculate_k: int         # drafts a speculative step verifies (0: the device has no such step)
     speculate_ngram: int     # the longest n-gram its draft looks up
 

@@ -17,6 +17,8 @@ and answer) or through the host's argmax or draw on the host path.
 A burst may produce tokens the consumer of step() has not asked for yet: they are parked and
 handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
 and they are cleared whenever a sequence finishes, is preempted, or falls back.
+
+A prompt that begins with the tokens of the last prefills prefills only the rest (prefix.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from arcpy.loop.burst import BurstDriver
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
+from arcpy.loop.prefix import PrefixCache
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
@@ -73,7 +76,8 @@ class Engine:
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
                  burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
-                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None):
+                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None,
+                 prefix_cache: bool = True):
         if not (isinstance(burst, int) and 1 <= burst <= 1024):
             raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
         self.device = device
@@ -100,6 +104,7 @@ class Engine:
         self._t0 = 0.0
         self._c0 = Counters()
         self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by load(text=...)
+        self.prefix = PrefixCache(prefix_cache)  # .clear(): the next prompt is prefilled whole
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
@@ -196,9 +201,14 @@ class Engine:
                 self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params)
                 self.stats.setup_waits = self.driver.host_waits
             prefill = self.prefill and not self.verify and dev.supports_prefill
+            granule = getattr(dev, "prefix_granule", 0)
+            cached = self.prefix.reusable(prompt, granule) if prefill else 0
+            self.prefix.clear()  # from here rows are rewritten; held again once the prefill is enqueued
             if prefill:
                 dev.set_input(prompt[-1], len(prompt) - 1)  # where the first commit continues
-                dev.enqueue_prefill(prompt, 0)
+                dev.enqueue_prefill(prompt[cached:], cached)
+                self.prefix.prefilled(prompt, cached, granule)
+                self.stats.cached_tokens = cached
             else:
                 for i, tok in enumerate(prompt[:-1]):
                     dev.set_input(tok, i)
@@ -419,6 +429,7 @@ class Engine:
 
     def _poison(self, reason: str) -> None:
         self.poisoned = reason
+        self.prefix.clear()
         self.latch.trip(reason)
         self._finish("fault")
 

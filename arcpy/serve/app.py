@@ -50,7 +50,8 @@ from arcpy.serve.worker import (
 
 log = logging.getLogger("arcpy.serve")
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/reset_prefix_cache",
+          "/flush_cache")
 _GONE, _TIMED_OUT = object(), object()  # the event loop's own marks in a job's channel
 INLINE_PROMPT_CHARS = 1024
 
@@ -299,6 +300,11 @@ def create_app(service: Service) -> Starlette:
                              "backend": w.backend, "device": w.device_name, "max_seq": w.max_seq,
                              "device_loop_latched": gate.LATCH.reason, **state}, status_code=200 if ok else 503)
 
+    async def reset_prefix_cache(request):
+        service.authorize(request)
+        service.worker.clear_cache()
+        return JSONResponse({"status": "ok", "detail": "the next request prefills its whole prompt"})
+
     async def metrics(request):
         return Response(await run_in_threadpool(service.metrics.text), media_type=CONTENT_TYPE)
 
@@ -327,7 +333,10 @@ def create_app(service: Service) -> Starlette:
               Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", model, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+              Route("/metrics", metrics, methods=["GET"]),
+              # vLLM's name, and SGLang's: the ecosystem's two for forgetting cached prefixes
+              Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+              Route("/flush_cache", reset_prefix_cache, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: internal_error})
     return _Counted(app, service.metrics)

@@ -29,7 +29,8 @@ def finish_reason(stats: GenerationStats) -> str:
 
 def usage(stats: GenerationStats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.tokens,
-            "total_tokens": stats.prompt_tokens + stats.tokens}
+            "total_tokens": stats.prompt_tokens + stats.tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
 
 
 def _json(obj) -> bytes:
