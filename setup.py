@@ -29,6 +29,8 @@ DEFAULT_ARCHS = "80;90"
 SLOW_FIRST = ("model/gemm_sm90.cu", "model/attention.cu", "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu")
+# The C ABI (arc.h) and its test hooks (arc_test.h), shipped beside libarc.so.
+HEADERS = ("arc.h", "arc_test.h")
 
 
 def fail(message):
@@ -125,9 +127,10 @@ def compile_libarc(target: Path):
          "-Xcompiler=-static-libstdc++,-static-libgcc",
          *map(str, objects), "-o", str(target)], env)
     shutil.rmtree(objdir, ignore_errors=True)
-    # The header ships beside the library: C users include it, and arcpy/_lib.py takes its cffi
-    # cdef from it, so the binding cannot drift from the ABI.
-    shutil.copyfile(ROOT / "libarc" / "arc.h", target.parent / "arc.h")
+    # The headers ship beside the library: C users include them, and arcpy/_lib.py takes its cffi
+    # cdef from them, so the binding cannot drift from the ABI.
+    for header in HEADERS:
+        shutil.copyfile(ROOT / "libarc" / header, target.parent / header)
     print(f"arcpy build: {target} from {len(sources)} sources in {time.monotonic() - started:.1f}s")
 
 

@@ -1,8 +1,8 @@
 """The cffi binding of libarc, in ABI mode: no compiled Python extension.
 
-The cdef is read from arc.h itself (the copy the build places beside libarc.so): the region
-between its `arc-cdef-begin` and `arc-cdef-end` markers, so the binding cannot drift from the
-ABI. The library is found in this order:
+The cdef is read from the headers themselves (the copies the build places beside libarc.so):
+the region between the `arc-cdef-begin` and `arc-cdef-end` markers of arc.h (the decode API),
+then of arc_test.h (the test hooks), so the binding cannot drift from the ABI. The library is found in this order:
 1. $ARC_LIBRARY, a path to a libarc.so (its arc.h beside it). Set, it is the only candidate: a
    missing or unloadable file is an error naming the variable, never a silent fallback.
 2. The libarc.so built into this package.
@@ -26,14 +26,26 @@ from arcpy.errors import ArcError, ContextLostError, InvalidArgumentError, NoDev
 LIBRARY_ENV = "ARC_LIBRARY"
 _MARKERS = re.compile(r"/\* arc-cdef-begin \*/(.*)/\* arc-cdef-end \*/", re.S)
 _PACKAGE = Path(__file__).resolve().parent
+HEADERS = ("arc.h", "arc_test.h")  # in the order their cdefs are read
 
 
-def cdef_from_header(text: str) -> str:
-    """The declarations between the cdef markers of arc.h."""
+def cdef_from_header(text: str, name: str = "arc.h") -> str:
+    """The declarations between the cdef markers of a header (`name` for the error)."""
     m = _MARKERS.search(text)
     if m is None:
-        raise NoDeviceError("arc.h has no arc-cdef-begin/arc-cdef-end markers")
+        raise NoDeviceError(f"{name} has no arc-cdef-begin/arc-cdef-end markers")
     return m.group(1)
+
+
+def cdef_beside(path: Path) -> str:
+    """The cdef of the headers beside a libarc.so, arc.h's then arc_test.h's."""
+    parts = []
+    for name in HEADERS:
+        header = path.with_name(name)
+        if not header.is_file():
+            raise OSError(f"{name} not found beside {path}: reinstall arcpy")
+        parts.append(cdef_from_header(header.read_text(), name))
+    return "".join(parts)
 
 
 def _installed_library() -> Path | None:
@@ -89,11 +101,8 @@ class _Binding:
             raise NoDeviceError(self.error)
         try:
             path = library_path()
-            header = path.with_name("arc.h")
-            if not header.is_file():
-                raise OSError(f"arc.h not found beside {path}: reinstall arcpy")
             ffi = cffi.FFI()
-            ffi.cdef(cdef_from_header(header.read_text()))
+            ffi.cdef(cdef_beside(path))
             try:
                 lib = ffi.dlopen(str(path))
             except OSError as exc:

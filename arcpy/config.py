@@ -26,8 +26,9 @@ def flags(cflags: bool, libs: bool) -> str:
     if lib.name != "libarc.so":
         raise InvalidArgumentError(f"{lib} is not named libarc.so, so -larc cannot find it")
     folder = lib.parent.resolve()
-    if not (folder / "arc.h").is_file():
-        raise NoDeviceError(f"arc.h not found beside {lib}: reinstall arcpy")
+    for name in _lib.HEADERS:
+        if not (folder / name).is_file():
+            raise NoDeviceError(f"{name} not found beside {lib}: reinstall arcpy")
     out = []
     if cflags:
         out.append(f"-I{folder}")

@@ -14,9 +14,12 @@ from arcpy import _lib, codes
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBARC = ROOT / "libarc"
-SOURCES = sorted(LIBARC.rglob("*.cu")) + sorted(LIBARC.rglob("*.cuh")) + [LIBARC / "arc.h"]
+SOURCES = (sorted(LIBARC.rglob("*.cu")) + sorted(LIBARC.rglob("*.cuh"))
+           + [LIBARC / name for name in _lib.HEADERS])
 HEADER = (LIBARC / "arc.h").read_text()
-CDEF = _lib.cdef_from_header(HEADER)
+DECODE_CDEF = _lib.cdef_from_header(HEADER)
+TEST_CDEF = _lib.cdef_from_header((LIBARC / "arc_test.h").read_text(), "arc_test.h")
+CDEF = DECODE_CDEF + TEST_CDEF
 
 
 def strip_comments(text):
@@ -37,7 +40,8 @@ def exported_symbols():
 def test_the_build_produced_libarc_and_its_header_beside_the_package():
     path = _lib.library_path()
     assert path.is_file(), "pip install . builds arcpy/libarc.so"
-    assert path.with_name("arc.h").read_text() == HEADER
+    for name in _lib.HEADERS:
+        assert path.with_name(name).read_text() == (LIBARC / name).read_text(), name
 
 
 @pytest.mark.parametrize("pattern", [
@@ -152,12 +156,12 @@ def test_device_attributes_are_read_once_per_context_not_per_launch():
     assert not re.search(r"\b132\b", strip_comments((LIBARC / "model" / "gemv.cu").read_text()))
 
 
-def test_test_hooks_sit_in_their_own_section_at_the_end_of_the_cdef():
-    decode_api, marker, hooks = CDEF.partition("Test hooks:")
-    assert marker and "Not part of the decode API" in hooks
-    hook_functions = set(re.findall(r"\b(arc_\w+)\s*\(", strip_comments(hooks)))
+def test_test_hooks_sit_in_a_header_of_their_own_that_builds_on_arc_h():
+    assert "Not part of the decode API" in TEST_CDEF
+    hook_functions = set(re.findall(r"\b(arc_\w+)\s*\(", strip_comments(TEST_CDEF)))
     assert hook_functions == {"arc_script_forward", "arc_loop_inject_lost_step"}
-    assert "arc_script" not in strip_comments(decode_api)
+    assert "arc_script" not in strip_comments(DECODE_CDEF) and "inject" not in strip_comments(DECODE_CDEF)
+    assert '#include "arc.h"' in (LIBARC / "arc_test.h").read_text()
 
 
 def test_graph_node_count_is_exported():

@@ -92,7 +92,8 @@ def test_an_installed_copy_of_the_library_is_what_the_example_links_and_loads(tm
     site = tmp_path / "site" / "arcpy"
     site.mkdir(parents=True)
     shutil.copy(_lib.library_path(), site / "libarc.so")
-    shutil.copy(_lib.library_path().with_name("arc.h"), site / "arc.h")
+    for name in _lib.HEADERS:
+        shutil.copy(_lib.library_path().with_name(name), site / name)
     flags = config("--cflags", "--libs", cwd=tmp_path, ARC_LIBRARY=str(site / "libarc.so"))
     assert flags.returncode == 0, flags.stderr
     assert f"-Wl,-rpath,{site.resolve()}" in flags.stdout.split()

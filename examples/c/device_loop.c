@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "arc.h"
+#include "arc_test.h" /* arc.h and the scripted model */
 
 enum { VOCAB = 32000, STEPS = 16, TIMEOUT_S = 10, EXIT_NO_DEVICE = 2 };
 
