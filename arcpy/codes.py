@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # arc_status
 ARC_OK = 0
@@ -24,6 +24,7 @@ FAULT_NAMES = {
 
 # The commit kernel compares each token against at most this many stop ids.
 MAX_STOP_IDS = 8
+MAX_TOP_LOGPROBS = 20  # ARC_MAX_TOP_LOGPROBS: the most alternatives a token's log-probabilities list
 
 # arc_format: how a matrix tensor's weights are held (arc.h's "Weight formats")
 FORMAT_BF16 = 0

@@ -19,12 +19,13 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY
+from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.protocol import Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
+from arcpy.sampling import TokenLogprob
 
 
 class Forward(Protocol):
@@ -55,7 +56,9 @@ class CudaDevice:
         self.forward = forward
         self.owns_context = owns_context
         self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.supports_loop = self.supports_sampling = False
+        self.lp_step_graph = self.lp_draw_graph = None  # the step graphs with the log-probabilities
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
+        self._top_logprobs: int | None = None  # set_logprobs: None, off
         self.speculate_k = self.speculate_ngram = 0
         self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
@@ -77,6 +80,9 @@ class CudaDevice:
             self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
             self._sampled_value, self._sampled_value_dev = ctx.pinned((1,), np.float32)
             self._tokens = self.ffi.new("int32_t[]", ring_capacity)
+            top = ring_capacity * MAX_TOP_LOGPROBS
+            self._lp = (self.ffi.new("float[]", ring_capacity), self.ffi.new("int32_t[]", top),
+                        self.ffi.new("float[]", top))
             if self.supports_prefill:
                 prompt, prompt_dev = ctx.pinned((self.max_seq,), np.int32)
                 self._prompt, self._prompt_dev = prompt, self.ffi.cast("int32_t *", prompt_dev)
@@ -113,6 +119,17 @@ class CudaDevice:
             self.draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
                 self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width))))
             self.supports_sampling = True
+        # The same steps, then the log-probabilities of the token they publish: captured apart, so
+        # that a sequence without them runs the graphs above unchanged.
+        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, 0))  # allocates the ring, outside any capture
+        self.lp_step_graph = self._capture(lambda: (fwd.enqueue_greedy(self.loop), self._enqueue_logprobs()))
+        if self.draw_graph is not None:
+            self.lp_draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
+                self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width)), self._enqueue_logprobs()))
+        self.supports_logprobs = True
+
+    def _enqueue_logprobs(self) -> None:
+        _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, self.forward.logits, self.forward.width))
 
     def capture_speculation(self, k: int, ngram: int) -> None:
         """The speculative step's graph: draft, verify forward of k + 1 rows, accept and commit.
@@ -252,9 +269,31 @@ class CudaDevice:
         self._idle = False
         _lib.check(self.lib.arc_loop_set_sampling(self.loop, sampling_struct(self.ffi, sampling)))
 
+    def set_logprobs(self, top_n: int | None) -> None:
+        """None: later steps write no log-probabilities (the plain step graphs). Otherwise each
+        token's, with `top_n` alternatives, beside it in the ring (stream-ordered)."""
+        self._top_logprobs = top_n
+        if top_n is None:
+            return
+        if not self.supports_logprobs:
+            raise InvalidArgumentError("this device's loop writes no log-probabilities")
+        self._idle = False
+        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, top_n))
+
+    def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]:
+        lp, ids, values = self._lp
+        _lib.check(self.lib.arc_ring_read_logprobs(self.loop, first, count, lp, ids, values))
+        n = self._top_logprobs or 0
+        return [TokenLogprob(float(lp[k]), tuple((int(ids[k * MAX_TOP_LOGPROBS + j]),
+                                                  float(values[k * MAX_TOP_LOGPROBS + j])) for j in range(n)))
+                for k in range(count)]
+
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False
-        graph = self.draw_graph if self._drawing else self.step_graph
+        if self._top_logprobs is None:
+            graph = self.draw_graph if self._drawing else self.step_graph
+        else:
+            graph = self.lp_draw_graph if self._drawing else self.lp_step_graph
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def enqueue_commit(self, burst_id: int) -> None:
@@ -265,6 +304,8 @@ class CudaDevice:
         _lib.check(self.lib.arc_loop_begin_burst(self.loop, burst_id))
         commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
         _lib.check(commit(self.loop, fwd.logits, fwd.width))
+        if self._top_logprobs is not None:
+            self._enqueue_logprobs()
 
     def begin_burst(self, burst_id: int, max_tokens: int) -> None:
         self._idle = False
@@ -279,7 +320,7 @@ class CudaDevice:
     def poll_ring(self) -> RingState:
         s = self._state
         self.lib.arc_ring_poll(self.loop, s)
-        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped, s.steps)
+        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped, s.steps, s.logprobs)
 
     def read_ring(self, first: int, count: int) -> list[int]:
         _lib.check(self.lib.arc_ring_read(self.loop, first, count, self._tokens))
@@ -294,11 +335,13 @@ class CudaDevice:
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.step_graph, self.draw_graph, self.spec_graph):
+        for g in (self.graph, self.step_graph, self.draw_graph, self.spec_graph, self.lp_step_graph,
+                  self.lp_draw_graph):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
         self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.supports_loop = self.supports_sampling = False
+        self.lp_step_graph = self.lp_draw_graph = None
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
         self.speculate_k = 0
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)

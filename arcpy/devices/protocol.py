@@ -20,7 +20,7 @@ import numpy as np
 
 from arcpy.codes import FAULT_NONE
 from arcpy.errors import HangError
-from arcpy.sampling import Sampling
+from arcpy.sampling import Sampling, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RingState:
     fault_pos: int = 0
     stopped: int = 0
     steps: int = 0  # speculative steps whose commit ran since the ring was reset
+    logprobs: int = 0  # log-probability entries written (at most `published`; set_logprobs)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ class DeviceOps(Protocol):
     def enqueue_spec_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
+    # Log-probabilities in the loop (supports_logprobs): stream-ordered like set_sampling, later
+    # steps write each token's entry beside it (None: none, and no cost); read once
+    # RingState.logprobs covers them.
+    supports_logprobs: bool
+    def set_logprobs(self, top_n: int | None) -> None: ...
+    def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]: ...
 
 
 def spin_until(ready: Callable[[], bool], max_spins: int, what: str) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -45,28 +44,14 @@ from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
-from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
+from arcpy.loop.sequence import SequenceState as _Sequence
+from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.prefix import PrefixCache
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
-from arcpy.sampling import Sampler, Sampling
+from arcpy.sampling import Sampler, Sampling, token_logprob
 from arcpy.text import TextStream
 
 DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
-
-
-@dataclass
-class _Sequence:
-    last_token: int
-    position: int            # position of last_token
-    max_new: int
-    stop_ids: frozenset
-    sampler: Sampler
-    loop: bool
-    budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
-    prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
-    policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop, greedy)
-    produced: int = 0        # tokens handed out
-    finished: bool = False
 
 
 class Engine:
@@ -97,6 +82,8 @@ class Engine:
         self.max_spins = max_spins
         self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
+        self.logprobs: deque = deque()  # the produced tokens' log-probabilities, in order (where asked for)
+        self.logprob = None  # the last handed-out token's
         self.seq: _Sequence | None = None
         self.stats: GenerationStats | None = None
         self.poisoned: str | None = None
@@ -161,7 +148,7 @@ class Engine:
             raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
-              sampling: Sampling | None = None, batch_size: int = 1) -> None:
+              sampling: Sampling | None = None, batch_size: int = 1, logprobs: int | None = None) -> None:
         """Begin a sequence; a sequence still running is preempted. The prompt goes through the
         model in one forward where the device has a prefill (unless the engine was made with
         prefill=False, or verifies every step), and its first token is drawn from that forward's
@@ -190,15 +177,18 @@ class Engine:
             self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
             supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
             latch=self.latch, verify=self.verify)
+        if admitted and logprobs is not None and not getattr(dev, "supports_logprobs", False):
+            admitted, reason = False, "log-probabilities: this device loop writes none"
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
-        policy = speculation(dev, self.speculate, admitted, sampler.greedy, prompt, self.step_cost, self.stats)
+        policy = speculation(dev, self.speculate and logprobs is None, admitted, sampler.greedy, prompt, self.step_cost,
+                             self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
                 self.driver.host_waits = 0
-                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params)
+                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs, self.logprobs)
                 self.stats.setup_waits = self.driver.host_waits
             prefill = self.prefill and not self.verify and dev.supports_prefill
             granule = getattr(dev, "prefix_granule", 0)
@@ -223,7 +213,7 @@ class Engine:
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill, policy=policy)
+                             prefilled=prefill, policy=policy, logprobs=logprobs)
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -266,10 +256,11 @@ class Engine:
         ids = request_ids(text, request)
         stops = request_stop_ids(text, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
-        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling)) as tokens:
+        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling,
+                                             request.logprobs)) as tokens:
             for tok in tokens:
                 piece, hit = words.push(tok) if words is not None else ("", False)
-                yield Piece(tok, piece)
+                yield Piece(tok, piece, self.logprob)
                 if hit:
                     self._finish(FinishReason.STOP_STRING)
                     return
@@ -278,13 +269,14 @@ class Engine:
             yield Piece(None, rest)
 
     def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
-                sampling: Sampling | None) -> Iterator[int]:
-        self.start(prompt_ids, max_new_tokens, stop_ids, sampling)
+                sampling: Sampling | None, logprobs: int | None = None) -> Iterator[int]:
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, logprobs=logprobs)
         seq = self.seq
         reason = "cancelled"
         try:
             while not seq.finished:
                 for tok in self._produce():
+                    self.logprob = self.logprobs.popleft() if self.logprobs else None
                     if self._hand_out(tok):
                         yield tok
                     if seq.finished:
@@ -346,8 +338,8 @@ class Engine:
             dev.set_input(seq.last_token, seq.position)
             dev.enqueue_forward()
         if self.verify:
-            return self._verified_token()
-        if seq.sampler.greedy:
+            tok = self._verified_token()
+        elif seq.sampler.greedy and seq.logprobs is None:
             dev.enqueue_argmax()
             self._wait_idle()
             tok, value = dev.sampled()
@@ -356,6 +348,8 @@ class Engine:
             dev.enqueue_logits_to_host()
             self._wait_idle()
             tok = self._drawn(dev.host_logits())
+        if seq.logprobs is not None:  # from the logits on the host, as the loop's from its own
+            self.logprobs.append(token_logprob(dev.host_logits()[:dev.vocab], tok, seq.logprobs))
         return self._checked(tok)
 
     def _drawn(self, logits: np.ndarray) -> int:
@@ -436,6 +430,7 @@ class Engine:
     def _finish(self, reason: str) -> None:
         seq = self.seq
         self.parked.clear()
+        self.logprobs.clear()
         if seq is None or seq.finished:
             return
         seq.finished = True

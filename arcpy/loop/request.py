@@ -6,7 +6,8 @@ special-token strings as ordinary text) or `messages` (a conversation, rendered 
 model's chat template: only the template's own markup becomes special tokens), with the template's
 keyword arguments where it takes some (`template_kwargs`, e.g. {"enable_thinking": False}). Then
 the budget of new tokens, what stops the answer (token ids, on the device; strings, on the host,
-never shown), and the sampling (temperature, top-k, top-p and the seed; arcpy.sampling).
+never shown), the sampling (temperature, top-k, top-p and the seed; arcpy.sampling), and whether
+each token comes with its log-probabilities (`logprobs`: how many alternatives).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
@@ -80,6 +82,7 @@ class Request:
     stop: tuple[str, ...] = ()       # stop strings: the answer ends before the first one
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
+    logprobs: int | None = None      # each token's log-probability and this many alternatives (0..20); None: off
 
     def __post_init__(self):
         given = [name for name in ("prompt", "prompt_ids", "messages") if getattr(self, name) is not None]
@@ -104,6 +107,9 @@ class Request:
             object.__setattr__(self, "template_kwargs", TemplateKwargs(self.template_kwargs))
         if self.template_kwargs and self.messages is None:
             raise InvalidArgumentError("template_kwargs are for the chat template: give messages, not a prompt")
+        if self.logprobs is not None and not (is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidArgumentError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (the "
+                                       f"alternatives listed), got {quoted(self.logprobs)}")
         if not isinstance(self.sampling, Sampling):
             raise InvalidArgumentError(f"sampling must be an arcpy.sampling.Sampling, got "
                                        f"{type(self.sampling).__name__}")
