@@ -34,6 +34,7 @@ from arcpy.loop.request import Request
 from arcpy.serve.metrics import CONTENT_TYPE
 from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import SSE_HEADERS, Shaper
+from arcpy.text import token_text
 from arcpy.serve.worker import (
     FAULT,
     INTERNAL,
@@ -113,6 +114,9 @@ class Service:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
+    def token_text(self, token: int) -> str:
+        return token_text(self.text, token)
+
     def prompt_ids(self, request: Request) -> list[int]:
         """The prompt as token ids, checked against the vocabulary and the context."""
         try:
@@ -145,7 +149,8 @@ class Service:
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
         # round trip would cost more than it saves. A long one goes to the thread pool.
         ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
-        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
+        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage, self.token_text,
+                        call.continuous_usage, len(ids))
         job = Job(replace(call.request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids),
                   Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
         try:
@@ -212,11 +217,13 @@ class JobResponse:
         return None
 
     async def _whole(self, send) -> None:
-        texts = []
+        texts, entries = [], []
         while True:
             for item in await self.job.channel.take():
                 if isinstance(item, Piece):
                     texts.append(item.text)
+                    if item.logprob is not None:
+                        entries.append((item.token, item.logprob))
                     continue
                 self.ended = True
                 if item is _GONE:
@@ -224,14 +231,19 @@ class JobResponse:
                 error = self._error(item)
                 if error is not None:
                     return await self._send_json(send, error.status, error.body())
-                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats))
+                wanted = self.call.request.logprobs is not None
+                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats,
+                                                                          entries if wanted else None))
 
     async def _stream(self, send) -> None:
         while True:
-            texts, end = [], None
+            texts, entries, tokens, end = [], [], 0, None
             for item in await self.job.channel.take():
                 if isinstance(item, Piece):
                     texts.append(item.text)
+                    tokens += item.token is not None
+                    if item.logprob is not None:
+                        entries.append((item.token, item.logprob))
                 else:
                     end = item
                     break
@@ -249,8 +261,9 @@ class JobResponse:
                 self.started = True
                 data = self.shaper.first_chunk()
             text = "".join(texts)
-            if text:
-                data += self.shaper.text_chunk(text)
+            self.shaper.sent += tokens
+            if text or entries:
+                data += self.shaper.text_chunk(text, entries)
             if end is not None:
                 self.ended = True
                 data += self.shaper.error_event(error.body()) if error else self.shaper.last_chunks(end.stats)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError
 from arcpy.loop.request import Request, TemplateKwargs
 from arcpy.text import check_template_kwargs
@@ -67,6 +68,7 @@ class Call:
     request: Request     # messages (chat) or a prompt: text, or token ids
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: the counts on every chunk
 
 
 def _neutral_zero(v) -> bool:
@@ -77,8 +79,6 @@ def _neutral_zero(v) -> bool:
 _CHAT_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logprobs": lambda v: v is False,
-    "top_logprobs": _neutral_zero,
     "logit_bias": lambda v: v == {},
     "tools": lambda v: v == [],
     "tool_choice": lambda v: v == "none",
@@ -93,7 +93,6 @@ _CHAT_NEUTRAL = {
 _COMPLETION_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logprobs": _neutral_zero,
     "logit_bias": lambda v: v == {},
     "echo": lambda v: v is False,
     "best_of": lambda v: v == 1,
@@ -101,8 +100,9 @@ _COMPLETION_NEUTRAL = {
     "user": lambda v: isinstance(v, str),
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
-_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs"},
-         COMPLETION: set(_COMMON) | {"prompt"}}
+_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
+                               "top_logprobs"},
+         COMPLETION: set(_COMMON) | {"prompt", "logprobs"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
 
@@ -127,17 +127,17 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     if n is not None and n != 1:
         raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
     stream = _optional(body, "stream", _bool) or False
-    include_usage = _stream_options(body, stream)
+    include_usage, continuous_usage = _stream_options(body, stream)
     if kind == CHAT:
         source = {**_messages(body), "template_kwargs": _template_kwargs(body, defaults)}
     else:
         source = _prompt(body)
     try:
         request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
-                          sampling=_sampling(body, defaults))
+                          sampling=_sampling(body, defaults), logprobs=_logprobs(body, kind))
     except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
         raise bad(str(exc)) from None
-    return Call(kind, request, stream, include_usage)
+    return Call(kind, request, stream, include_usage, continuous_usage)
 
 
 def _kind(v) -> str:
@@ -174,18 +174,37 @@ def _bool(v, name: str) -> bool:
     return v
 
 
-def _stream_options(body: dict, stream: bool) -> bool:
+def _logprobs(body: dict, kind: str) -> int | None:
+    """Request.logprobs: chat's `logprobs` (true) with `top_logprobs` alternatives, or a
+    completion's `logprobs` (the alternatives, the legacy form)."""
+    if kind == COMPLETION:
+        n = _optional(body, "logprobs", _int)
+        if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+            raise bad(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {n}", param="logprobs")
+        return n
+    wanted = _optional(body, "logprobs", _bool) or False
+    top = _optional(body, "top_logprobs", _int)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
+    if top and not wanted:
+        raise bad("top_logprobs needs logprobs to be true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats)."""
     options = body.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise bad("stream_options is only allowed when stream is true", param="stream_options")
     if not isinstance(options, dict):
         raise bad(f"stream_options must be an object, got {_kind(options)}", param="stream_options")
-    unknown = sorted(set(options) - {"include_usage"})
+    unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
     if unknown:
         raise bad(f"stream_options: unrecognized field {quoted(unknown[0])}", param="stream_options")
-    return _optional(options, "include_usage", _bool) or False
+    return (_optional(options, "include_usage", _bool) or False,
+            _optional(options, "continuous_usage_stats", _bool) or False)
 
 
 def _budget(body: dict, kind: str, defaults: Defaults) -> int:
