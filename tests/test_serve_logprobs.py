@@ -90,7 +90,9 @@ def test_completion_legacy_logprobs_whole_and_streamed(client, alone):
     assert lp.tokens == [token_text(text, p.token) for p in want]
     assert all(math.isclose(a, p.logprob.logprob, abs_tol=1e-9) for a, p in zip(lp.token_logprobs, want))
     assert [list(d) for d in lp.top_logprobs] == [[token_text(text, i) for i, _ in p.logprob.top] for p in want]
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+    made = [len(p.text) for p in want]  # a token's offset: the text the tokens before it made final
+    assert lp.text_offset == [sum(made[:k]) for k in range(len(made))]
+    assert whole.choices[0].text == "".join(p.text for p in want)
     chunks = list(client.completions.create(model="tiny", prompt="general hello", max_tokens=6, temperature=0,
                                             logprobs=2, stream=True))
     tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]

@@ -223,7 +223,7 @@ class JobResponse:
                 if isinstance(item, Piece):
                     texts.append(item.text)
                     if item.logprob is not None:
-                        entries.append((item.token, item.logprob))
+                        entries.append((item.token, item.logprob, item.text))
                     continue
                 self.ended = True
                 if item is _GONE:
@@ -243,7 +243,7 @@ class JobResponse:
                     texts.append(item.text)
                     tokens += item.token is not None
                     if item.logprob is not None:
-                        entries.append((item.token, item.logprob))
+                        entries.append((item.token, item.logprob, item.text))
                 else:
                     end = item
                     break

@@ -43,26 +43,26 @@ def _value(v: float) -> float:
 
 
 def chat_logprobs(entries, token_text) -> dict:
-    """Chat's `logprobs`: `content` holds, per (token id, TokenLogprob), the token's text, its
+    """Chat's `logprobs`: `content` holds, per (token id, TokenLogprob, text), the token's text, its
     log-probability, its UTF-8 bytes and the alternatives in the same form."""
     def item(tok, value):
         text = token_text(tok)
         return {"token": text, "logprob": _value(value), "bytes": list(text.encode())}
     return {"content": [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]}
-                        for tok, lp in entries], "refusal": None}
+                        for tok, lp, _ in entries], "refusal": None}
 
 
 def completion_logprobs(entries, token_text, offset: int = 0) -> dict:
     """A completion's legacy `logprobs`: parallel lists, the alternatives as text -> value, and
-    each token's offset in the answer's text, from `offset`."""
+    each token's offset in the answer's text (from `offset`: the text that came before; each
+    entry's `text` is what its token made final)."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for tok, lp in entries:
-        text = token_text(tok)
-        out["tokens"].append(text)
+    for tok, lp, made in entries:
+        out["tokens"].append(token_text(tok))
         out["token_logprobs"].append(_value(lp.logprob))
         out["top_logprobs"].append({token_text(i): _value(v) for i, v in lp.top})
         out["text_offset"].append(offset)
-        offset += len(text)
+        offset += len(made)
     return out
 
 
@@ -116,7 +116,7 @@ class Shaper:
 
     def text_chunk(self, text: str, entries=()) -> bytes:
         """Text, with the log-probabilities of the tokens that made it (`entries`, (id,
-        TokenLogprob) pairs) where asked for; `sent` counts the tokens so far (continuous usage)."""
+        TokenLogprob, text) triples) where asked for; `sent` counts the tokens so far (continuous usage)."""
         if not entries and not self.continuous_usage:
             self.offset += len(text)
             return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
@@ -154,7 +154,7 @@ class Shaper:
     # -- whole -------------------------------------------------------------------------------
 
     def body(self, text: str, stats: GenerationStats, entries=None) -> dict:
-        """The whole answer; `entries` ((id, TokenLogprob) pairs) where log-probabilities were asked for."""
+        """The whole answer; `entries` ((id, TokenLogprob, text) triples) where log-probabilities were asked for."""
         if self.kind == CHAT:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}}
             logprobs = None if entries is None else chat_logprobs(entries, self.token_text)
