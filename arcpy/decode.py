@@ -27,7 +27,7 @@ import click
 
 from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
-from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
@@ -38,7 +38,7 @@ from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
 from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
-from arcpy.text import TextSpec
+from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -100,6 +100,9 @@ def decode_options(f):
         click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
                      help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
                           "Default: a fresh one."),
+        click.option("--logprobs", type=click.IntRange(0, MAX_TOP_LOGPROBS), default=None, metavar="N",
+                     help="After the answer, each token's log-probability and its N likeliest alternatives, on "
+                          "stderr (computed in the device loop's step)."),
     ]
     return with_options(options)(f)
 
@@ -230,7 +233,7 @@ def _ready(stream) -> bool:
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
          device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         template_kwargs=(), stdin=None) -> tuple[Request, RunOptions]:
+         template_kwargs=(), stdin=None, logprobs=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -274,7 +277,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source = {"prompt": prompt}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
-                      template_kwargs=kwargs if "messages" in source else {})
+                      template_kwargs=kwargs if "messages" in source else {}, logprobs=logprobs)
     return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
                                question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None, template_kwargs=kwargs)
@@ -383,16 +386,21 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
         printer = Printer(text, out)
         started = time.perf_counter()
         stamps: list[float] = []
-        reason, status = None, 0
+        reason, status, logprobs = None, 0, []
         try:
             for piece in engine.stream(request):
                 if piece.token is not None:
                     stamps.append(time.perf_counter())
+                    logprobs += [(piece.token, piece.logprob)] if piece.logprob else []
                 printer.push(piece)
         except KeyboardInterrupt:
             engine.finish()
             reason, status = "interrupted", 130
         printer.finish()
+        for token, lp in logprobs:
+            name = (lambda i: repr(token_text(text, i))) if text is not None else str
+            alternatives = ", ".join(f"{name(i)} {v:.4f}" for i, v in lp.top)
+            click.echo(f"logprob {name(token)} {lp.logprob:.4f}" + (f"  [{alternatives}]" if lp.top else ""), err=True)
         report(engine, reason, started, stamps, run.device_loop)
     return status
 
