@@ -109,3 +109,32 @@ def test_continuous_usage_stats_count_on_every_chunk(server):
     assert all(e["usage"] is not None for e in events) and counts == sorted(counts)
     assert counts[0] == 0 and counts[-1] == 6 and events[-1]["choices"] == []
     assert all(e["usage"]["prompt_tokens"] == events[-1]["usage"]["prompt_tokens"] > 0 for e in events)
+
+
+def test_tokenize_and_detokenize_are_the_models_tokenizer(server, alone):
+    _, text = alone
+    from arcpy.loop.prompt import request_ids
+    from arcpy.text import encode
+
+    r = httpx.post(server.url + "/tokenize", json={"model": "tiny", "prompt": "general hello there"})
+    assert r.status_code == 200, r.text
+    ids = encode(text, "general hello there")
+    assert r.json()["tokens"] == ids and r.json()["count"] == len(ids) and r.json()["max_model_len"] > 0
+    assert httpx.post(server.url + "/tokenize", json={"content": "general hello there"}).json()["tokens"] == ids
+    chat = httpx.post(server.url + "/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    assert chat == request_ids(text, Request(messages=MESSAGES))
+    back = httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()
+    assert back["prompt"] == back["content"] == "general hello there"
+
+
+@pytest.mark.parametrize("route,body,status,param", [
+    ("/tokenize", {"prompt": 3}, 400, "prompt"),
+    ("/tokenize", {"prompt": "a", "messages": MESSAGES}, 400, "prompt"),
+    ("/tokenize", {"prompt": "a", "colour": 1}, 400, "colour"),
+    ("/tokenize", {"model": "other", "prompt": "a"}, 404, "model"),
+    ("/detokenize", {"tokens": [1, "x"]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+])
+def test_tokenize_refuses_bad_bodies_in_one_line(server, route, body, status, param):
+    r = httpx.post(server.url + route, json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text

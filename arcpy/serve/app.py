@@ -34,6 +34,7 @@ from arcpy.loop.request import Request
 from arcpy.serve.metrics import CONTENT_TYPE
 from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import SSE_HEADERS, Shaper
+from arcpy.serve.tokens import detokenize, tokenize
 from arcpy.text import token_text
 from arcpy.serve.worker import (
     FAULT,
@@ -52,7 +53,7 @@ from arcpy.serve.worker import (
 log = logging.getLogger("arcpy.serve")
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/reset_prefix_cache",
-          "/flush_cache")
+          "/flush_cache", "/tokenize", "/detokenize")
 _GONE, _TIMED_OUT = object(), object()  # the event loop's own marks in a job's channel
 INLINE_PROMPT_CHARS = 1024
 
@@ -313,6 +314,17 @@ def create_app(service: Service) -> Starlette:
                              "backend": w.backend, "device": w.device_name, "max_seq": w.max_seq,
                              "device_loop_latched": gate.LATCH.reason, **state}, status_code=200 if ok else 503)
 
+    async def tokenize_route(request):
+        service.authorize(request)
+        s, body = service.settings, await service.read_json(request)
+        return JSONResponse(await run_in_threadpool(tokenize, body, s.model_name, service.text, service.worker.max_seq,
+                                                    s.defaults))
+
+    async def detokenize_route(request):
+        service.authorize(request)
+        body = await service.read_json(request)
+        return JSONResponse(detokenize(body, service.settings.model_name, service.text))
+
     async def reset_prefix_cache(request):
         service.authorize(request)
         service.worker.clear_cache()
@@ -349,7 +361,9 @@ def create_app(service: Service) -> Starlette:
               Route("/metrics", metrics, methods=["GET"]),
               # vLLM's name, and SGLang's: the ecosystem's two for forgetting cached prefixes
               Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-              Route("/flush_cache", reset_prefix_cache, methods=["POST"])]
+              Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
+              Route("/tokenize", tokenize_route, methods=["POST"]),
+              Route("/detokenize", detokenize_route, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: internal_error})
     return _Counted(app, service.metrics)

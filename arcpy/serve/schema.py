@@ -116,20 +116,14 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     for name, neutral in _NEUTRAL[kind].items():
         if body.get(name) is not None and not neutral(body[name]):
             raise bad(f"{name} {quoted(body[name])} is not supported by arcpy (leave it out)", param=name)
-    given = body.get("model")
-    if not isinstance(given, str):
-        raise bad("model: required, a string (GET /v1/models lists the one this server answers to)"
-                  if given is None else f"model must be a string, got {_kind(given)}", param="model")
-    if given != model:
-        raise ApiError(404, f"the model {quoted(given)} does not exist: this server answers to {quoted(model)}",
-                       param="model", code="model_not_found")
+    check_model(body, model)
     n = _optional(body, "n", _int)
     if n is not None and n != 1:
         raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
     stream = _optional(body, "stream", _bool) or False
     include_usage, continuous_usage = _stream_options(body, stream)
     if kind == CHAT:
-        source = {**_messages(body), "template_kwargs": _template_kwargs(body, defaults)}
+        source = {**messages_of(body), "template_kwargs": template_kwargs_of(body, defaults)}
     else:
         source = _prompt(body)
     try:
@@ -138,6 +132,19 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
         raise bad(str(exc)) from None
     return Call(kind, request, stream, include_usage, continuous_usage)
+
+
+def check_model(body: dict, model: str, required: bool = True) -> None:
+    """The body's `model` names this server's (GET /v1/models); else 400, or 404 for another."""
+    given = body.get("model")
+    if given is None and not required:
+        return
+    if not isinstance(given, str):
+        raise bad("model: required, a string (GET /v1/models lists the one this server answers to)"
+                  if given is None else f"model must be a string, got {_kind(given)}", param="model")
+    if given != model:
+        raise ApiError(404, f"the model {quoted(given)} does not exist: this server answers to {quoted(model)}",
+                       param="model", code="model_not_found")
 
 
 def _kind(v) -> str:
@@ -260,7 +267,7 @@ def _sampling(body: dict, defaults: Defaults) -> Sampling:
     return Sampling(temperature, top_k, top_p, seed)
 
 
-def _messages(body: dict) -> dict:
+def messages_of(body: dict) -> dict:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages: required, a non-empty array of {\"role\", \"content\"} objects", param="messages")
@@ -282,7 +289,7 @@ def _messages(body: dict) -> dict:
     return {"messages": out}
 
 
-def _template_kwargs(body: dict, defaults: Defaults) -> dict:
+def template_kwargs_of(body: dict, defaults: Defaults) -> dict:
     """chat_template_kwargs over the server's own, checked."""
     given = body.get("chat_template_kwargs")
     if given is not None and not isinstance(given, dict):
