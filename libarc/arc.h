@@ -149,6 +149,13 @@ int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n);
 int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width);
 int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob, int32_t *top_ids,
                            float *top_values);
+/* A logit bias: arc_loop_enqueue_logit_bias adds values[k] to logits[ids[k]] (float32) for the n pairs
+ * arc_loop_set_logit_bias last wrote (stream-ordered; n <= ARC_MAX_LOGIT_BIAS, ids distinct in [0, vocab), values
+ * finite; n 0 adds nothing). Captured between a step's forward and its sampler, or enqueued on the host path before
+ * the argmax or the copy of the logits. */
+enum { ARC_MAX_LOGIT_BIAS = 256 };
+int arc_loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n);
+int arc_loop_enqueue_logit_bias(arc_loop *loop, float *logits, int32_t width);
 
 /* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above everything, as NumPy's
  * argmax; the winning value into *value_out unless value_out is NULL. out and value_out may be device memory or

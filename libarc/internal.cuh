@@ -105,6 +105,9 @@ struct DeviceState {
     uint64_t seed;
     uint32_t logprobs;    // device copy of RingHeader::logprobs
     int32_t top_logprobs; // alternatives each entry lists (arc_loop_set_logprobs)
+    int32_t n_bias;       // the logit bias (arc_loop_set_logit_bias): pairs in use
+    int32_t bias_ids[ARC_MAX_LOGIT_BIAS];
+    float bias_values[ARC_MAX_LOGIT_BIAS];
 };
 
 // The log-probability ring (logprobs.cu): pinned and mapped, one entry beside each token slot,

@@ -56,9 +56,12 @@ class CudaDevice:
         self.forward = forward
         self.owns_context = owns_context
         self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.lp_step_graph = self.lp_draw_graph = None  # the step graphs with the log-probabilities
+        # The step graphs by (draw, log-probabilities, logit bias); (False, False, False) is step_graph.
+        self.steps: dict[tuple[bool, bool, bool], object] = {}
         self.supports_loop = self.supports_sampling = self.supports_logprobs = False
+        self.supports_logit_bias = True  # on the host path an eager kernel; the loop's graphs in capture()
         self._top_logprobs: int | None = None  # set_logprobs: None, off
+        self._bias = False  # set_logit_bias gave pairs
         self.speculate_k = self.speculate_ngram = 0
         self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
@@ -111,25 +114,33 @@ class CudaDevice:
         vocabulary."""
         fwd = self.forward
         self.graph = self._capture(lambda: fwd.enqueue(self.loop))
-        self.step_graph = self._capture(lambda: fwd.enqueue_greedy(self.loop))
-        self.supports_loop = True
         most = self.ffi.new("int32_t *")
         _lib.check(self.lib.arc_sample_max_vocab(self.ctx.ptr, most))
-        if self.vocab <= most[0]:
-            self.draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
-                self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width))))
-            self.supports_sampling = True
-        # The same steps, then the log-probabilities of the token they publish: captured apart, so
-        # that a sequence without them runs the graphs above unchanged.
+        draws = (False, True) if self.vocab <= most[0] else (False,)
+        # Steps with the log-probabilities or a logit bias are captured apart, so that a sequence
+        # without them runs the plain graphs unchanged.
         _lib.check(self.lib.arc_loop_set_logprobs(self.loop, 0))  # allocates the ring, outside any capture
-        self.lp_step_graph = self._capture(lambda: (fwd.enqueue_greedy(self.loop), self._enqueue_logprobs()))
-        if self.draw_graph is not None:
-            self.lp_draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
-                self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width)), self._enqueue_logprobs()))
-        self.supports_logprobs = True
+        for key in ((d, lp, b) for d in draws for lp in (False, True) for b in (False, True)):
+            self.steps[key] = self._capture(lambda: self._enqueue_step_graph(*key))
+        self.step_graph, self.draw_graph = self.steps[False, False, False], self.steps.get((True, False, False))
+        self.supports_loop = self.supports_logprobs = True
+        self.supports_sampling = True in draws
 
-    def _enqueue_logprobs(self) -> None:
-        _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, self.forward.logits, self.forward.width))
+    def _enqueue_step_graph(self, draw: bool, logprobs: bool, bias: bool) -> None:
+        """What a step graph holds: the forward, the logit bias, the sampler and its commit (the
+        greedy step's argmax inside the lm_head's kernel where nothing comes between), then the
+        log-probabilities of the token it published."""
+        fwd = self.forward
+        if not (draw or bias):
+            fwd.enqueue_greedy(self.loop)
+        else:
+            fwd.enqueue(self.loop)
+            if bias:
+                self.enqueue_logit_bias()
+            commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
+            _lib.check(commit(self.loop, fwd.logits, fwd.width))
+        if logprobs:
+            _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
     def capture_speculation(self, k: int, ngram: int) -> None:
         """The speculative step's graph: draft, verify forward of k + 1 rows, accept and commit.
@@ -269,6 +280,21 @@ class CudaDevice:
         self._idle = False
         _lib.check(self.lib.arc_loop_set_sampling(self.loop, sampling_struct(self.ffi, sampling)))
 
+    def set_logit_bias(self, pairs) -> None:
+        """Stream-ordered: the logits later forwards write get `pairs` ((id, value)) added, in the
+        loop's steps and where the host path enqueues enqueue_logit_bias. Empty: none."""
+        if not (pairs or self._bias):
+            return
+        self._idle = False
+        ids = self.ffi.new("int32_t[]", [i for i, _ in pairs] or [0])
+        values = self.ffi.new("float[]", [v for _, v in pairs] or [0.0])
+        _lib.check(self.lib.arc_loop_set_logit_bias(self.loop, ids, values, len(pairs)))
+        self._bias = bool(pairs)
+
+    def enqueue_logit_bias(self) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_loop_enqueue_logit_bias(self.loop, self.forward.logits, self.forward.width))
+
     def set_logprobs(self, top_n: int | None) -> None:
         """None: later steps write no log-probabilities (the plain step graphs). Otherwise each
         token's, with `top_n` alternatives, beside it in the ring (stream-ordered)."""
@@ -290,10 +316,7 @@ class CudaDevice:
 
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False
-        if self._top_logprobs is None:
-            graph = self.draw_graph if self._drawing else self.step_graph
-        else:
-            graph = self.lp_draw_graph if self._drawing else self.lp_step_graph
+        graph = self.steps[self._drawing, self._top_logprobs is not None, self._bias]
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def enqueue_commit(self, burst_id: int) -> None:
@@ -302,10 +325,12 @@ class CudaDevice:
         self._idle = False
         fwd = self.forward
         _lib.check(self.lib.arc_loop_begin_burst(self.loop, burst_id))
+        if self._bias:
+            self.enqueue_logit_bias()
         commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
         _lib.check(commit(self.loop, fwd.logits, fwd.width))
         if self._top_logprobs is not None:
-            self._enqueue_logprobs()
+            _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
     def begin_burst(self, burst_id: int, max_tokens: int) -> None:
         self._idle = False
@@ -335,12 +360,11 @@ class CudaDevice:
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.step_graph, self.draw_graph, self.spec_graph, self.lp_step_graph,
-                  self.lp_draw_graph):
+        for g in (self.graph, self.spec_graph, *self.steps.values()):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
         self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.lp_step_graph = self.lp_draw_graph = None
+        self.steps = {}
         self.supports_loop = self.supports_sampling = self.supports_logprobs = False
         self.speculate_k = 0
         if self.loop is not None:

@@ -45,6 +45,7 @@ class FakeScript:
     supports_prefill: bool = True         # a prompt goes through in one forward
     prefix_granule: int = 1               # a reused prefix is a multiple of this (0: none reused)
     supports_logprobs: bool = True        # the loop writes log-probabilities (a tick after each token)
+    supports_logit_bias: bool = True      # a logit bias is added on the device (both paths)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
@@ -69,6 +70,8 @@ class FakeDevice:
         self.supports_prefill = self.script.supports_prefill
         self.prefix_granule = self.script.prefix_granule
         self.supports_logprobs = self.script.supports_logprobs
+        self.supports_logit_bias = self.script.supports_logit_bias
+        self.bias: tuple = ()  # set_logit_bias: (id, value) pairs
         self.top_logprobs: int | None = None  # set_logprobs: None, off
         self.entries: list = []  # the log-probabilities of each ring token, as they are written
         self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
@@ -158,16 +161,28 @@ class FakeDevice:
             self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
+        elif op.kind == "bias":
+            self.logits, tok = self._add_bias(self.logits)
+            self.argmax_pending = (tok, float(self.logits[tok]))
         elif op.kind == "step":
             if self._gone(op):
                 return
             logits, tok = self._forward(self.token, self.position)
+            if self.bias:
+                logits, tok = self._add_bias(logits)
             if self.sampler is not None and self.position != s.nan_at_position:
                 tok = self.sampler.sample(logits, self.position + 1)
             self.step_logits = logits
             self._commit(op, tok)
         elif op.kind == "logprobs" and len(self.entries) < len(self.ring):  # the step published a token
             self.entries.append(token_logprob(self.step_logits, self.ring[-1], op.arg))
+
+    def _add_bias(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """The logits with the bias added (float32, as the device adds it), and their argmax."""
+        logits = logits.copy()
+        for i, v in self.bias:
+            logits[i] += np.float32(v)
+        return logits, int(np.argmax(logits))
 
     def _gone(self, op: _Op) -> bool:
         """A step the script breaks: a sticky fault (the stream is poisoned), or a lost launch."""
@@ -346,6 +361,16 @@ class FakeDevice:
         if first + count > len(self.ring):
             raise InvalidArgumentError("tokens not published yet")
         return self.ring[first:first + count]
+
+    def set_logit_bias(self, pairs) -> None:
+        if pairs and not self.supports_logit_bias:
+            raise InvalidArgumentError("this device adds no logit bias")
+        self._count()
+        self.bias = tuple(pairs)  # at once, like the sampling: set on an idle stream
+
+    def enqueue_logit_bias(self) -> None:
+        self._count()
+        self._enqueue(_Op("bias"))
 
     def set_logprobs(self, top_n: int | None) -> None:
         if top_n is not None and not self.supports_logprobs:

@@ -28,9 +28,7 @@ import time
 from collections import deque
 from typing import Iterable, Iterator, Mapping
 
-import numpy as np
-
-from arcpy.devices.protocol import Counters, DeviceOps, spin_until
+from arcpy.devices.protocol import Counters, DeviceOps
 from arcpy.errors import (
     ArcError,
     ContextLostError,
@@ -38,23 +36,23 @@ from arcpy.errors import (
     HangError,
     InvalidArgumentError,
     LoopFault,
-    NonFiniteLogitsError,
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
+from arcpy.loop.host import HostPath
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
-from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
 from arcpy.loop.sequence import SequenceState as _Sequence
 from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.prefix import PrefixCache
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
-from arcpy.sampling import Sampler, Sampling, token_logprob
+from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
 DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
 
 
-class Engine:
+class Engine(HostPath):
     """Decodes on one DeviceOps. `device_loop` None defers to ARC_GRAPH_DEVICE_LOOP (unset: the
     loop wherever the device has one); `verify` None to ARC_GRAPH_VERIFY_ALWAYS."""
 
@@ -148,7 +146,8 @@ class Engine:
             raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
-              sampling: Sampling | None = None, batch_size: int = 1, logprobs: int | None = None) -> None:
+              sampling: Sampling | None = None, batch_size: int = 1, logprobs: int | None = None,
+              logit_bias: tuple = ()) -> None:
         """Begin a sequence; a sequence still running is preempted. The prompt goes through the
         model in one forward where the device has a prefill (unless the engine was made with
         prefill=False, or verifies every step), and its first token is drawn from that forward's
@@ -159,12 +158,13 @@ class Engine:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
         self._finish("preempted")
+        logit_bias = logit_bias_pairs(logit_bias)
         dev = self.device
         prompt = [int(t) for t in prompt_ids]
         stops = tuple(dict.fromkeys(int(t) for t in stop_ids))
         if not prompt:
             raise InvalidArgumentError("the prompt is empty: give at least one token id")
-        for t in prompt + list(stops):
+        for t in prompt + list(stops) + [i for i, _ in logit_bias]:
             if not 0 <= t < dev.vocab:
                 raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {dev.vocab})")
         if len(prompt) >= dev.max_seq:
@@ -179,10 +179,13 @@ class Engine:
             latch=self.latch, verify=self.verify)
         if admitted and logprobs is not None and not getattr(dev, "supports_logprobs", False):
             admitted, reason = False, "log-probabilities: this device loop writes none"
+        bias_on_device = bool(logit_bias) and getattr(dev, "supports_logit_bias", False) and not self.verify
+        if admitted and logit_bias and not bias_on_device:
+            admitted, reason = False, "logit_bias: this device loop adds none"
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
-        policy = speculation(dev, self.speculate and logprobs is None, admitted, sampler.greedy, prompt, self.step_cost,
+        policy = speculation(dev, self.speculate and logprobs is None and not logit_bias, admitted, sampler.greedy, prompt, self.step_cost,
                              self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
@@ -190,6 +193,8 @@ class Engine:
                 self.driver.host_waits = 0
                 self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs, self.logprobs)
                 self.stats.setup_waits = self.driver.host_waits
+            if getattr(dev, "supports_logit_bias", False):
+                dev.set_logit_bias(logit_bias if bias_on_device else ())
             prefill = self.prefill and not self.verify and dev.supports_prefill
             granule = getattr(dev, "prefix_granule", 0)
             cached = self.prefix.reusable(prompt, granule) if prefill else 0
@@ -213,7 +218,8 @@ class Engine:
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill, policy=policy, logprobs=logprobs)
+                             prefilled=prefill, policy=policy, logprobs=logprobs, bias=tuple(logit_bias),
+                             bias_on_device=bias_on_device)
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -257,7 +263,7 @@ class Engine:
         stops = request_stop_ids(text, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
         with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling,
-                                             request.logprobs)) as tokens:
+                                             request.logprobs, request.logit_bias)) as tokens:
             for tok in tokens:
                 piece, hit = words.push(tok) if words is not None else ("", False)
                 yield Piece(tok, piece, self.logprob)
@@ -269,8 +275,8 @@ class Engine:
             yield Piece(None, rest)
 
     def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
-                sampling: Sampling | None, logprobs: int | None = None) -> Iterator[int]:
-        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, logprobs=logprobs)
+                sampling: Sampling | None, logprobs: int | None = None, logit_bias=()) -> Iterator[int]:
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, logprobs=logprobs, logit_bias=logit_bias)
         seq = self.seq
         reason = "cancelled"
         try:
@@ -328,73 +334,6 @@ class Engine:
         except (ContextLostError, HangError) as exc:
             self._poison(str(exc))
             raise
-
-    def _host_step(self) -> int:
-        seq, dev = self.seq, self.device
-        self.stats.weight_reads += 1
-        if seq.prefilled:
-            seq.prefilled = False  # the prefill left this step's logits
-        else:
-            dev.set_input(seq.last_token, seq.position)
-            dev.enqueue_forward()
-        if self.verify:
-            tok = self._verified_token()
-        elif seq.sampler.greedy and seq.logprobs is None:
-            dev.enqueue_argmax()
-            self._wait_idle()
-            tok, value = dev.sampled()
-            self._require_finite(value)
-        else:
-            dev.enqueue_logits_to_host()
-            self._wait_idle()
-            tok = self._drawn(dev.host_logits())
-        if seq.logprobs is not None:  # from the logits on the host, as the loop's from its own
-            self.logprobs.append(token_logprob(dev.host_logits()[:dev.vocab], tok, seq.logprobs))
-        return self._checked(tok)
-
-    def _drawn(self, logits: np.ndarray) -> int:
-        """The host's draw from the forward's logits: the valid ids only (a padded lm_head is
-        wider), for the position the token will occupy, as the device loop draws it."""
-        valid = logits[:self.device.vocab]
-        self._require_finite(valid.max())
-        return self.seq.sampler.sample(valid, self.seq.position + 1)
-
-    def _require_finite(self, top_logit) -> None:
-        # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
-        if not np.isfinite(top_logit):
-            raise NonFiniteLogitsError(self.seq.position, "host path")
-
-    def _verified_token(self) -> int:
-        """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
-        same logits, bit for bit, at every step."""
-        seq, dev = self.seq, self.device
-        dev.enqueue_logits_to_host()
-        self._wait_idle()
-        replayed = dev.host_logits()
-        dev.set_input(seq.last_token, seq.position)
-        dev.enqueue_forward(eager=True)
-        dev.enqueue_logits_to_host()
-        self._wait_idle()
-        eager = dev.host_logits()
-        if not np.array_equal(replayed, eager, equal_nan=True):
-            diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
-            raise DeviceFaultError(
-                f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
-        if not seq.sampler.greedy:
-            return self._checked(self._drawn(replayed))
-        self._require_finite(replayed.max())
-        return self._checked(seq.sampler.sample(replayed, seq.position + 1))
-
-    def _checked(self, tok: int) -> int:
-        if not 0 <= tok < self.device.vocab:
-            raise DeviceFaultError(
-                f"host path: token {tok} at position {self.seq.position + 1} is outside the vocabulary "
-                f"[0, {self.device.vocab})")
-        return tok
-
-    def _wait_idle(self) -> None:
-        self.stats.host_waits += 1
-        spin_until(self.device.stream_query, self.max_spins, "host path: waiting for the forward")
 
     # -- bookkeeping -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
-from arcpy.codes import MAX_TOP_LOGPROBS
+from arcpy.codes import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
@@ -83,6 +83,7 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
     logprobs: int | None = None      # each token's log-probability and this many alternatives (0..20); None: off
+    logit_bias: Mapping = field(default_factory=dict)  # token id -> a value in [-100, 100] added to its logit
 
     def __post_init__(self):
         given = [name for name in ("prompt", "prompt_ids", "messages") if getattr(self, name) is not None]
@@ -110,6 +111,7 @@ class Request:
         if self.logprobs is not None and not (is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidArgumentError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (the "
                                        f"alternatives listed), got {quoted(self.logprobs)}")
+        object.__setattr__(self, "logit_bias", logit_bias_pairs(self.logit_bias))
         if not isinstance(self.sampling, Sampling):
             raise InvalidArgumentError(f"sampling must be an arcpy.sampling.Sampling, got "
                                        f"{type(self.sampling).__name__}")
@@ -118,6 +120,24 @@ class Request:
     def is_text(self) -> bool:
         """Whether the prompt needs the model's tokenizer."""
         return self.prompt_ids is None
+
+
+def logit_bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """A logit bias (a mapping, or (id, value) pairs) checked -> (id, value) pairs by id: at most
+    MAX_LOGIT_BIAS, ids >= 0 and distinct, values finite in [-100, 100] (as OpenAI takes them)."""
+    items = list(bias.items()) if isinstance(bias, Mapping) else list(bias) if isinstance(bias, (list, tuple)) else None
+    if items is None or not all(isinstance(p, tuple) and len(p) == 2 for p in items):
+        raise InvalidArgumentError(f"logit_bias must map token ids to numbers, got {quoted(bias)}")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise InvalidArgumentError(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(items)}")
+    out = {}
+    for tok, value in items:
+        if not (is_int(tok) and tok >= 0) or int(tok) in out:
+            raise InvalidArgumentError(f"logit_bias: {quoted(tok)} is not a token id (an integer >= 0, once)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise InvalidArgumentError(f"logit_bias of token {tok}: {quoted(value)} is not a number in [-100, 100]")
+        out[int(tok)] = float(value)
+    return tuple(sorted(out.items()))
 
 
 def check_unicode(text: str, what: str) -> None:

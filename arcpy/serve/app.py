@@ -128,6 +128,9 @@ class Service:
         for t in ids:
             if t >= vocab:
                 raise bad(f"prompt: token id {t} is outside the vocabulary [0, {vocab})", param="prompt")
+        for t, _ in request.logit_bias:
+            if t >= vocab:
+                raise bad(f"logit_bias: token id {t} is outside the vocabulary [0, {vocab})", param="logit_bias")
         if len(ids) >= context:
             fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
                    if context < self.settings.model_max_seq else "the model's own limit")

@@ -79,7 +79,6 @@ def _neutral_zero(v) -> bool:
 _CHAT_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logit_bias": lambda v: v == {},
     "tools": lambda v: v == [],
     "tool_choice": lambda v: v == "none",
     "parallel_tool_calls": lambda v: isinstance(v, bool),
@@ -93,7 +92,6 @@ _CHAT_NEUTRAL = {
 _COMPLETION_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logit_bias": lambda v: v == {},
     "echo": lambda v: v is False,
     "best_of": lambda v: v == 1,
     "suffix": lambda v: v == "",
@@ -101,8 +99,8 @@ _COMPLETION_NEUTRAL = {
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
 _USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
-                               "top_logprobs"},
-         COMPLETION: set(_COMMON) | {"prompt", "logprobs"}}
+                               "top_logprobs", "logit_bias"},
+         COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
 
@@ -128,7 +126,8 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
         source = _prompt(body)
     try:
         request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
-                          sampling=_sampling(body, defaults), logprobs=_logprobs(body, kind))
+                          sampling=_sampling(body, defaults), logprobs=_logprobs(body, kind),
+                          logit_bias=_logit_bias(body))
     except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
         raise bad(str(exc)) from None
     return Call(kind, request, stream, include_usage, continuous_usage)
@@ -179,6 +178,21 @@ def _bool(v, name: str) -> bool:
     if not isinstance(v, bool):
         raise bad(f"{name} must be true or false, got {quoted(v)}", param=name)
     return v
+
+
+def _logit_bias(body: dict) -> dict:
+    """`logit_bias`: token ids (as JSON keys, strings) -> values added to their logits."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad(f"logit_bias must be an object of token ids to numbers, got {_kind(bias)}", param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad(f"logit_bias: {quoted(key)} is not a token id", param="logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
