@@ -254,3 +254,33 @@ def test_gpu_engine_decode_rate_with_top_logprobs_5_is_at_least_90_percent(engin
 
     plain, with_logprobs = rate(None), rate(5)
     assert with_logprobs >= 0.9 * plain, (with_logprobs, plain)
+
+
+# -- the logit bias, on both paths --------------------------------------------------------------
+
+def bias_answer(eng, loop, sampling, bias, n=32, logprobs=None):
+    eng.device_loop = loop
+    request = Request(prompt_ids=tuple(range(1, 40)), max_new_tokens=n, sampling=sampling, logit_bias=bias,
+                      logprobs=logprobs)
+    return [p for p in eng.stream(request) if p.token is not None]
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=3)])
+def test_gpu_logit_bias_is_added_alike_on_both_paths(engine, sampling):
+    plain = [p.token for p in bias_answer(engine, True, sampling, {})]
+    bias = {plain[0]: -100.0, plain[5]: -100.0, 17: 1.5}
+    loop = [p.token for p in bias_answer(engine, True, sampling, bias)]
+    assert engine.stats.path == "device-loop" and engine.stats.host_waits == 0
+    host = [p.token for p in bias_answer(engine, False, sampling, bias)]
+    assert engine.stats.path == "host"
+    assert loop == host and loop != plain and plain[0] not in loop and plain[5] not in loop
+    assert [p.token for p in bias_answer(engine, True, sampling, {})] == plain  # cleared again
+
+
+def test_gpu_logit_bias_forces_a_token_and_its_logprobs_see_it(engine):
+    got = bias_answer(engine, True, Sampling(), {123: 100.0}, n=8, logprobs=2)
+    assert [p.token for p in got] == [123] * 8
+    assert all(p.logprob.top[0][0] == 123 and p.logprob.logprob > -1e-3 for p in got)
+    host = bias_answer(engine, False, Sampling(), {123: 100.0}, n=8, logprobs=2)
+    for a, b in zip(got, host):
+        assert abs(a.logprob.logprob - b.logprob.logprob) <= TOL

@@ -1,5 +1,6 @@
 """`arcpy serve`'s log-probabilities through the `openai` client, whole and streamed, chat and
-completions; continuous usage; the first chunk; the fingerprint (the NumPy backend)."""
+completions; continuous usage; the first chunk; the fingerprint; /tokenize and /detokenize; the
+logit bias (the NumPy backend)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,18 @@ def test_tokenize_and_detokenize_are_the_models_tokenizer(server, alone):
 def test_tokenize_refuses_bad_bodies_in_one_line(server, route, body, status, param):
     r = httpx.post(server.url + route, json=body)
     assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+
+
+def test_logit_bias_through_the_client_is_the_engines(client, alone):
+    pieces, _ = alone
+    plain = pieces(messages=MESSAGES, max_new_tokens=6)
+    bias = {plain[0].token: -100, plain[1].token: 5}
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0,
+                                           logit_bias={str(k): v for k, v in bias.items()})
+    want = pieces(messages=MESSAGES, max_new_tokens=6, logit_bias=bias)
+    assert plain[0].token not in [p.token for p in want]
+    assert reply.choices[0].message.content == "".join(p.text for p in want)
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, logit_bias={"99999": 1})
+    with pytest.raises(openai.BadRequestError, match="not a token id"):
+        client.completions.create(model="tiny", prompt="hello", max_tokens=2, logit_bias={"x": 1})
