@@ -51,7 +51,7 @@ def test_load_test_checks_every_answer_against_the_answer_alone(model_dir, tmp_p
 
 def test_load_test_multi_turn_reports_the_cache_and_equal_answers(model_dir, tmp_path):
     out = script("load_test.py", "--model", str(model_dir), "--backend", "numpy", "--turns", "3",
-                 "--conversations", "2", "--history-words", "30", "--max-tokens", "6",
+                 "--conversations", "2", "--history-words", "80", "--max-tokens", "6",
                  "--json", str(tmp_path / "turns.json"))
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "turns.json").read_text())

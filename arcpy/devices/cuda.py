@@ -27,6 +27,8 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
 from arcpy.sampling import TokenLogprob
 
+PROMPT_CACHE_SHARE = 0.1  # of the memory free after start-up, for earlier prompts' KV rows by default
+
 
 class Forward(Protocol):
     """What CudaDevice needs of a forward: enqueue it, and where its logits are. A forward with
@@ -68,6 +70,9 @@ class CudaDevice:
         # A prefill that resumes at a multiple of its chunk runs the very chunks a cold one runs
         # (the same rows, the same shapes, so the same kernels and bits); README, Prefix reuse.
         self.prefix_granule = getattr(forward, "prefill_chunk", 0) if self.supports_prefill else 0
+        blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
+        self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
+        self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._prompt_in_use = False  # a prefill may still read the pinned prompt
@@ -356,6 +361,43 @@ class CudaDevice:
         self._idle = False
         _lib.check(self.lib.arc_loop_inject_lost_step(self.loop, n))
 
+    # -- the store of earlier prefixes (arcpy/loop/prefix.py) ---------------------------------
+
+    def default_prefix_store_bytes(self) -> int:
+        """A share of the memory free after start-up, in whole positions."""
+        free, _ = self.ctx.memory()
+        return int(free * PROMPT_CACHE_SHARE) // self.prefix_row_bytes * self.prefix_row_bytes
+
+    def reserve_prefix_store(self, nbytes: int) -> int:
+        """Allocate the store (once, at start-up: an allocation may wait for the GPU)."""
+        if self._store is not None:
+            self.ctx.device_free(self._store)
+            self._store = None
+        self._store = self.ctx.device_alloc(nbytes)
+        return nbytes
+
+    def save_prefix(self, offset: int, n: int) -> None:
+        """Copy the KV rows of positions 0..n-1 into the store at byte `offset` (stream-ordered)."""
+        self._prefix_copies(offset, n, into_store=True)
+
+    def load_prefix(self, offset: int, n: int) -> None:
+        """Copy rows saved at `offset` back into positions 0..n-1 (stream-ordered)."""
+        self._prefix_copies(offset, n, into_store=False)
+
+    def _prefix_copies(self, offset: int, n: int, into_store: bool) -> None:
+        # Each (layer, k or v, head) holds its positions' rows contiguously: one copy each.
+        blocks, heads, max_seq, hd = self.forward.kv_shape
+        if not (self._store is not None and 0 < n <= max_seq):
+            raise InvalidArgumentError(f"the prefix store holds no room for {n} positions")
+        k, v = self.ffi.new("uint16_t **"), self.ffi.new("uint16_t **")
+        _lib.check(self.lib.arc_model_kv_cache(self.forward.ptr, k, v))
+        cache, store, run = self.ffi.cast("char *", k[0]), self.ffi.cast("char *", self._store) + offset, n * hd * 2
+        self._idle = False
+        for i in range(blocks * heads):
+            there, here = cache + i * max_seq * hd * 2, store + i * run
+            src, dst = (there, here) if into_store else (here, there)
+            _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, run))
+
     # -- teardown -----------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -370,6 +412,9 @@ class CudaDevice:
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None
+        if self._store is not None:
+            self.ctx.device_free(self._store)
+            self._store = None
         if self.forward is not None:
             self.forward.close()
             self.forward = None

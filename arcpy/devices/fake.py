@@ -46,6 +46,7 @@ class FakeScript:
     prefix_granule: int = 1               # a reused prefix is a multiple of this (0: none reused)
     supports_logprobs: bool = True        # the loop writes log-probabilities (a tick after each token)
     supports_logit_bias: bool = True      # a logit bias is added on the device (both paths)
+    prefix_row_bytes: int = 0             # bytes a position's KV rows take in the prefix store (0: no store)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
@@ -72,6 +73,8 @@ class FakeDevice:
         self.supports_logprobs = self.script.supports_logprobs
         self.supports_logit_bias = self.script.supports_logit_bias
         self.bias: tuple = ()  # set_logit_bias: (id, value) pairs
+        self.prefix_row_bytes = self.script.prefix_row_bytes
+        self.prefix_ops: list[tuple[str, int, int]] = []  # ("save" or "load", offset, rows), in order
         self.top_logprobs: int | None = None  # set_logprobs: None, off
         self.entries: list = []  # the log-probabilities of each ring token, as they are written
         self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
@@ -361,6 +364,20 @@ class FakeDevice:
         if first + count > len(self.ring):
             raise InvalidArgumentError("tokens not published yet")
         return self.ring[first:first + count]
+
+    def default_prefix_store_bytes(self) -> int:
+        return 64 * self.prefix_row_bytes
+
+    def reserve_prefix_store(self, nbytes: int) -> int:
+        return nbytes
+
+    def save_prefix(self, offset: int, n: int) -> None:
+        self._count()
+        self.prefix_ops.append(("save", offset, n))
+
+    def load_prefix(self, offset: int, n: int) -> None:
+        self._count()
+        self.prefix_ops.append(("load", offset, n))
 
     def set_logit_bias(self, pairs) -> None:
         if pairs and not self.supports_logit_bias:

@@ -60,7 +60,7 @@ class Engine(HostPath):
                  burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
                  prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, prompt_cache_bytes: int | None = None):
         if not (isinstance(burst, int) and 1 <= burst <= 1024):
             raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
         self.device = device
@@ -90,6 +90,8 @@ class Engine(HostPath):
         self._c0 = Counters()
         self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by load(text=...)
         self.prefix = PrefixCache(prefix_cache)  # .clear(): the next prompt is prefilled whole
+        # A store of earlier prefixes in device memory: `prompt_cache_bytes` (None: the device's default).
+        self.prefix.reserve(device, prompt_cache_bytes)
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
@@ -196,9 +198,10 @@ class Engine(HostPath):
             if getattr(dev, "supports_logit_bias", False):
                 dev.set_logit_bias(logit_bias if bias_on_device else ())
             prefill = self.prefill and not self.verify and dev.supports_prefill
-            granule = getattr(dev, "prefix_granule", 0)
-            cached = self.prefix.reusable(prompt, granule) if prefill else 0
-            self.prefix.clear()  # from here rows are rewritten; held again once the prefill is enqueued
+            granule = getattr(dev, "prefix_granule", 0) if prefill else 0
+            cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
+            if self.prefix.restored and policy is not None:
+                dev.set_history(prompt)  # the drafts' history of the restored positions too
             if prefill:
                 dev.set_input(prompt[-1], len(prompt) - 1)  # where the first commit continues
                 dev.enqueue_prefill(prompt[cached:], cached)

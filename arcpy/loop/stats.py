@@ -92,10 +92,14 @@ class CacheStats:
     hits: int = 0            # of them, prompts that reused rows
     prompt_tokens: int = 0
     cached_tokens: int = 0   # prompt tokens not prefilled again
+    restored: int = 0        # hits whose rows came back from the store of earlier prefixes
+    stored: int = 0          # prefixes copied into the store
+    evicted: int = 0         # stored prefixes dropped to make room (least recently used first)
 
-    def count(self, prompt_tokens: int, cached: int) -> None:
+    def count(self, prompt_tokens: int, cached: int, restored: bool = False) -> None:
         self.prefills += 1
         self.hits += cached > 0
+        self.restored += restored
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
 

@@ -60,6 +60,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
 @with_options(template_options("A keyword argument for the chat template of every chat request, under the "
                               "request's own chat_template_kwargs"))
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
+@click.option("--prompt-cache-bytes", type=click.IntRange(min=0), default=None,
+              help="Device memory for the KV rows of earlier prompts (their prefixes, least recently used "
+                   "evicted first); 0: none. Default: a tenth of what is free after start-up, printed.")
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
                    "decoding thread to let go of the interpreter.")
@@ -73,7 +76,7 @@ def main(**options):
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
         top_p, top_k, template_kwargs, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level,
-        access_log) -> int:
+        access_log, prompt_cache_bytes=None) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -99,7 +102,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       backend, device_loop, burst, max_seq, drafts)
+                                       backend, device_loop, burst, max_seq, drafts, prompt_cache_bytes)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
@@ -134,7 +137,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, backend, device_loop,
-           burst, max_seq, drafts):
+           burst, max_seq, drafts, prompt_cache_bytes=None):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
@@ -150,8 +153,12 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
 
     def build():
         engine = Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
-                             drafts=drafts)
+                             drafts=drafts, prompt_cache_bytes=prompt_cache_bytes)
         speculation_note(drafts, engine)
+        p = engine.prefix
+        if p.capacity:
+            note(f"prompt cache: {p.capacity / 1e9:.2f} GB for earlier prompts' KV rows, "
+                 f"{p.capacity // p.row_bytes} positions (--prompt-cache-bytes)")
         return engine
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
