@@ -230,10 +230,10 @@ extern "C" int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t c
     for (uint32_t k = 0; k < count; ++k) {
         const size_t slot = (first + k) % (uint32_t)loop->capacity;
         logprob[k] = ((volatile float *)r.logprob)[slot];
+        const size_t from = slot * ARC_MAX_TOP_LOGPROBS, to = (size_t)k * ARC_MAX_TOP_LOGPROBS;
         for (int j = 0; j < ARC_MAX_TOP_LOGPROBS; ++j) {
-            top_ids[(size_t)k * ARC_MAX_TOP_LOGPROBS + j] = ((volatile int32_t *)r.top_ids)[slot * ARC_MAX_TOP_LOGPROBS + j];
-            top_values[(size_t)k * ARC_MAX_TOP_LOGPROBS + j] =
-                ((volatile float *)r.top_values)[slot * ARC_MAX_TOP_LOGPROBS + j];
+            top_ids[to + j] = ((volatile int32_t *)r.top_ids)[from + j];
+            top_values[to + j] = ((volatile float *)r.top_values)[from + j];
         }
     }
     return ARC_OK;

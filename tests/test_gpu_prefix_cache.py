@@ -71,3 +71,23 @@ def test_gpu_a_prompt_shorter_than_a_chunk_reuses_nothing(engine):
     list(engine.generate(prompt, 4))
     list(engine.generate(prompt + [1, 2, 3], 4))
     assert engine.stats.cached_tokens == 0
+
+
+def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
+    assert engine.prefix.capacity > 0 and engine.prefix.row_bytes == 2 * CONFIG.n_layers * CONFIG.n_kv_heads * 64 * 2
+    rng = np.random.default_rng(9)
+    vocab = engine.device.vocab
+    engine.prefix.clear()
+    a = [int(t) for t in rng.integers(0, vocab, 2300)]
+    b = [int(t) for t in rng.integers(0, vocab, 2200)]
+    list(engine.generate(a, 8))
+    list(engine.generate(b, 8))
+    a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
+    warm = list(engine.generate(a2, 32))
+    assert engine.stats.cached_tokens == 2048 and engine.prefix.restored
+    warm_rows = rows(engine, len(a2))
+    engine.prefix.clear()
+    cold = list(engine.generate(a2, 32))
+    assert engine.stats.cached_tokens == 0 and warm == cold
+    for w, c in zip(warm_rows, rows(engine, len(a2))):
+        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"

@@ -22,12 +22,11 @@ from arcpy import _lib
 from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
+from arcpy.devices.kv_store import KVStore
 from arcpy.devices.protocol import Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
 from arcpy.sampling import TokenLogprob
-
-PROMPT_CACHE_SHARE = 0.1  # of the memory free after start-up, for earlier prompts' KV rows by default
 
 
 class Forward(Protocol):
@@ -45,7 +44,7 @@ class Forward(Protocol):
     def close(self) -> None: ...
 
 
-class CudaDevice:
+class CudaDevice(KVStore):
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
     enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
     last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
@@ -314,9 +313,10 @@ class CudaDevice:
     def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]:
         lp, ids, values = self._lp
         _lib.check(self.lib.arc_ring_read_logprobs(self.loop, first, count, lp, ids, values))
-        n = self._top_logprobs or 0
+        n = self._top_logprobs or 0  # a vocabulary smaller than n leaves ids of -1: no alternative
         return [TokenLogprob(float(lp[k]), tuple((int(ids[k * MAX_TOP_LOGPROBS + j]),
-                                                  float(values[k * MAX_TOP_LOGPROBS + j])) for j in range(n)))
+                                                  float(values[k * MAX_TOP_LOGPROBS + j])) for j in range(n)
+                                                 if ids[k * MAX_TOP_LOGPROBS + j] >= 0))
                 for k in range(count)]
 
     def enqueue_step(self, burst_id: int) -> None:
@@ -360,43 +360,6 @@ class CudaDevice:
         """Test hook: the n-th commit from now does nothing, as if its launch were lost."""
         self._idle = False
         _lib.check(self.lib.arc_loop_inject_lost_step(self.loop, n))
-
-    # -- the store of earlier prefixes (arcpy/loop/prefix.py) ---------------------------------
-
-    def default_prefix_store_bytes(self) -> int:
-        """A share of the memory free after start-up, in whole positions."""
-        free, _ = self.ctx.memory()
-        return int(free * PROMPT_CACHE_SHARE) // self.prefix_row_bytes * self.prefix_row_bytes
-
-    def reserve_prefix_store(self, nbytes: int) -> int:
-        """Allocate the store (once, at start-up: an allocation may wait for the GPU)."""
-        if self._store is not None:
-            self.ctx.device_free(self._store)
-            self._store = None
-        self._store = self.ctx.device_alloc(nbytes)
-        return nbytes
-
-    def save_prefix(self, offset: int, n: int) -> None:
-        """Copy the KV rows of positions 0..n-1 into the store at byte `offset` (stream-ordered)."""
-        self._prefix_copies(offset, n, into_store=True)
-
-    def load_prefix(self, offset: int, n: int) -> None:
-        """Copy rows saved at `offset` back into positions 0..n-1 (stream-ordered)."""
-        self._prefix_copies(offset, n, into_store=False)
-
-    def _prefix_copies(self, offset: int, n: int, into_store: bool) -> None:
-        # Each (layer, k or v, head) holds its positions' rows contiguously: one copy each.
-        blocks, heads, max_seq, hd = self.forward.kv_shape
-        if not (self._store is not None and 0 < n <= max_seq):
-            raise InvalidArgumentError(f"the prefix store holds no room for {n} positions")
-        k, v = self.ffi.new("uint16_t **"), self.ffi.new("uint16_t **")
-        _lib.check(self.lib.arc_model_kv_cache(self.forward.ptr, k, v))
-        cache, store, run = self.ffi.cast("char *", k[0]), self.ffi.cast("char *", self._store) + offset, n * hd * 2
-        self._idle = False
-        for i in range(blocks * heads):
-            there, here = cache + i * max_seq * hd * 2, store + i * run
-            src, dst = (there, here) if into_store else (here, there)
-            _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, run))
 
     # -- teardown -----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ A burst may produce tokens the consumer of step() has not asked for yet: they ar
 handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
 and they are cleared whenever a sequence finishes, is preempted, or falls back.
 
-A prompt that begins with the tokens of the last prefills prefills only the rest (prefix.py).
+A prompt that begins with tokens an earlier prefill took prefills only the rest (prefix.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from arcpy.loop.burst import BurstDriver
 from arcpy.loop.host import HostPath
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
+from arcpy.loop.prefix import PrefixCache
 from arcpy.loop.sequence import SequenceState as _Sequence
 from arcpy.loop.speculate import StepCost, burst, speculation
-from arcpy.loop.prefix import PrefixCache
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
@@ -80,7 +80,7 @@ class Engine(HostPath):
         self.max_spins = max_spins
         self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
-        self.logprobs: deque = deque()  # the produced tokens' log-probabilities, in order (where asked for)
+        self.pending_logprobs: deque = deque()  # the produced tokens' log-probabilities, in order
         self.logprob = None  # the last handed-out token's
         self.seq: _Sequence | None = None
         self.stats: GenerationStats | None = None
@@ -187,13 +187,15 @@ class Engine(HostPath):
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
-        policy = speculation(dev, self.speculate and logprobs is None and not logit_bias, admitted, sampler.greedy, prompt, self.step_cost,
+        plain = logprobs is None and not logit_bias  # what a speculative step computes
+        policy = speculation(dev, self.speculate and plain, admitted, sampler.greedy, prompt, self.step_cost,
                              self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
                 self.driver.host_waits = 0
-                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs, self.logprobs)
+                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs,
+                                           self.pending_logprobs)
                 self.stats.setup_waits = self.driver.host_waits
             if getattr(dev, "supports_logit_bias", False):
                 dev.set_logit_bias(logit_bias if bias_on_device else ())
@@ -285,7 +287,7 @@ class Engine(HostPath):
         try:
             while not seq.finished:
                 for tok in self._produce():
-                    self.logprob = self.logprobs.popleft() if self.logprobs else None
+                    self.logprob = self.pending_logprobs.popleft() if self.pending_logprobs else None
                     if self._hand_out(tok):
                         yield tok
                     if seq.finished:
@@ -372,7 +374,7 @@ class Engine(HostPath):
     def _finish(self, reason: str) -> None:
         seq = self.seq
         self.parked.clear()
-        self.logprobs.clear()
+        self.pending_logprobs.clear()
         if seq is None or seq.finished:
             return
         seq.finished = True

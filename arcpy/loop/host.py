@@ -13,7 +13,7 @@ from arcpy.sampling import token_logprob
 
 class HostPath:
     """What Engine does on the host path; it reads the engine's `seq`, `device`, `stats`,
-    `verify`, `logprobs` and `max_spins`."""
+    `verify`, `pending_logprobs` and `max_spins`."""
 
     def _host_step(self) -> int:
         seq, dev = self.seq, self.device
@@ -38,7 +38,7 @@ class HostPath:
             logits = self._biased(dev.host_logits())
             tok = self._drawn(logits)
         if seq.logprobs is not None:  # from the logits on the host, as the loop's from its own
-            self.logprobs.append(token_logprob(logits[:dev.vocab], tok, seq.logprobs))
+            self.pending_logprobs.append(token_logprob(logits[:dev.vocab], tok, seq.logprobs))
         return self._checked(tok)
 
     def _biased(self, logits: np.ndarray) -> np.ndarray:
