@@ -53,3 +53,6 @@ OP_NAMES = {OP_ATTN_IN: "ATTN_IN", OP_QK_NORM: "QK_NORM", OP_ATTEND: "ATTEND", O
             OP_FFN_IN: "FFN_IN", OP_FFN_OUT: "FFN_OUT", OP_ATTN_OUT_NORM: "ATTN_OUT_NORM",
             OP_FFN_OUT_NORM: "FFN_OUT_NORM"}
 MAX_LAYER_OPS = 8
+
+# arc_activation: the GLU's activation, by arcpy's name, in arc.h's order
+ACTIVATIONS = ("silu", "gelu_tanh")

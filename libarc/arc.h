@@ -221,8 +221,13 @@ typedef struct arc_model_config {
     int32_t activation;      /* the GLU's, an arc_activation */
     float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
+    int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+/* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
+ * in layer (0 for a global tensor) of a model of config, rows 0 where the config has none (a vector: rows 1).
+ * Matrices are (out, in); ROPE_INV_FREQ is float32, the rest bf16 or a matrix's format. Host only, no context. */
+int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows, int64_t *cols);
 
 /* The layer program: the sequence of one decoder layer, written once and run by the decode step (GEMVs), the
  * speculative verify (skinny products), the prefill (tensor-core products) and arcpy's NumPy reference, each op in

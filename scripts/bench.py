@@ -15,6 +15,12 @@ transformers import).
 what a speculative step costs, and tokens/s on prompts that repeat earlier text and on free text, on
 --spec-shapes and on the demo model (SmolLM2-135M) when it is fetched.
 
+--context N adds, per shape, the device loop after an N-token prompt (arcpy.bench.context): its
+floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
+timed on the same weights with its window off too, which shows what reading only the window saves:
+
+    python scripts/bench.py --shapes gemma3-4B --context 4096 --no-kernels --no-hf --json ctx.json
+
 The quantized presets (their matrices in arc.h's quantized formats, llama.cpp's Q4_K_M mix or Q8_0)
 run with the same parts; their floor is the bytes of their rows, and Hugging Face is not run on them.
 
@@ -27,10 +33,12 @@ import json
 import sys
 
 from arcpy.bench import hf as hf_bench
+from arcpy.bench import context as context_bench
 from arcpy.bench import loop as bench
 from arcpy.bench import speculate as spec_bench
 from arcpy.demo import demo_model_path
 from arcpy.errors import ArcError
+from arcpy.model import synthetic_model
 
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
 SPEC_SHAPES = "smollm2-135M,llama1B,llama8B"
@@ -54,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--speculation", action=argparse.BooleanOptionalAction, default=False,
                     help="the speculation benchmark too (default off)")
     ap.add_argument("--spec-shapes", default=SPEC_SHAPES, help=f"its synthetic shapes (default {SPEC_SHAPES})")
+    ap.add_argument("--context", type=bench.positive, default=None,
+                    help="also time each shape's device loop after a prompt of this many tokens, its floor "
+                         "counting the KV reads, and a windowed model without its window too")
     ap.add_argument("--json", help="write the report here")
     return ap.parse_args(argv)
 
@@ -83,6 +94,22 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bench.format_table(report))
+    if args.context:
+        try:
+            report["context"] = {}
+            for shape in shapes:
+                model = synthetic_model(shape, seed=0)
+                max_seq = bench.bench_max_seq(model.config)
+                context_bench.check_context(model.config, max_seq, args.context, args.tokens)
+                rows = context_bench.context_rows(model, report["copy_bandwidth_GBps"] * 1e9, args.context,
+                                                  args.tokens, args.runs, max_seq)
+                del model
+                report["context"][shape] = rows
+                save(report)
+                print("\n".join(context_bench.format_rows(shape, rows)))
+        except ArcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     if args.speculation:
         try:
             report["speculation"] = spec_bench.run([s for s in args.spec_shapes.split(",") if s], args.tokens,

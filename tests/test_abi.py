@@ -136,7 +136,9 @@ def test_the_python_copies_of_the_abi_numbers_equal_the_header():
         **{f"ARC_FORMAT_{name.upper()}": number for number, name in codes.FORMAT_NAMES.items()},
         **{f"ARC_OP_{name}": number for number, name in codes.OP_NAMES.items()},
         "ARC_MAX_LAYER_OPS": codes.MAX_LAYER_OPS,
+        "ARC_ACT_SILU": codes.ACTIVATIONS.index("silu"), "ARC_ACT_GELU_TANH": codes.ACTIVATIONS.index("gelu_tanh"),
     }
+    assert len(codes.ACTIVATIONS) == 2
     assert {name: header_constant(name) for name in pairs} == pairs
     _, lib = _lib.load()
     assert lib.arc_abi_version() == codes.ABI_VERSION

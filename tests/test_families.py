@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +30,6 @@ from arcpy.codes import (
     OP_FFN_OUT_NORM,
     OP_QK_NORM,
 )
-from arcpy.devices.program import describe, layer_program, program_copy
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import ModelFileError
 from arcpy.model import (
@@ -46,6 +47,7 @@ from arcpy.model import (
     rope_inv_freq,
     save_safetensors,
 )
+from arcpy.model.native import describe, expected_tensors, layer_program, place
 
 FAMILIES = {"qwen3": "qwen3-tiny", "phi3": "phi3-tiny", "smollm3": "smollm3-tiny", "gemma3": "gemma3-tiny"}
 V = len(BYTE_VOCAB["tokenizer.ggml.tokens"])
@@ -70,14 +72,40 @@ def test_the_layer_program_is_llamas_unless_a_family_adds_an_op():
                                                        OP_FFN_OUT_NORM]
 
 
+def arc_h_shapes(cfg) -> dict[str, tuple[int, ...] | None]:
+    """Each arc_tensor's shape as arc.h's comments word it, evaluated for cfg (None: absent), read
+    literally from the header: the documentation the one table in libarc must match."""
+    text = (Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()
+    names = {"dim": cfg.dim, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+             "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim}
+    out = {}
+    for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text):
+        dims = re.search(r"\(([^)]*)\)", doc).group(1)
+        shape = tuple(int(eval(d, {}, names)) for d in dims.split(","))  # "n_heads * head_dim" and the like
+        present = {"only with qkv_bias": cfg.qkv_bias, "only with qk_norm": cfg.qk_norm,
+                   "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings}
+        out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
+    return out
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_programs_copy_is_libarcs(shape):
-    """program_copy (what the NumPy backend runs without libarc.so) lists libarc's ops."""
+def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
+    """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
+    equals what arc.h's comments say, for every preset and every family flag."""
     cfg = SHAPES[shape]
-    for flags in ({}, {"qk_norm": True}, {"post_norms": True}, {"qk_norm": True, "post_norms": True}):
+    for flags in ({}, {"qk_norm": True, "qkv_bias": True}, {"post_norms": True, "tied_embeddings": True}):
         c = dataclasses.replace(cfg, **flags)
-        for layer in (0, c.n_layers - 1):
-            assert program_copy(c, layer) == layer_program(c, layer), (shape, flags, layer)
+        documented = arc_h_shapes(c)
+        table = expected_tensors(c)
+        seen = set()
+        for name, got in table.items():
+            tensor, layer = place(name, c)
+            assert 0 <= layer < c.n_layers
+            key = tensor[len("ARC_TENSOR_"):]
+            assert documented[key] == got, (shape, flags, name)
+            seen.add(key)
+        stored = {k for k, v in documented.items() if v is not None and k != "ROPE_INV_FREQ"}
+        assert seen == stored, (shape, flags)
 
 
 def test_a_layer_outside_the_model_has_no_program():
@@ -244,19 +272,9 @@ def test_safetensors_of_each_family_load_and_decode_as_the_preset(tmp_path, fami
     loaded = load_model(tmp_path)
     assert loaded.config == model.config
     tokens = [5, 9, 200, 31, 7, 64]
-    want = ReferenceModel(model).prefill(tokens)
-    if family != "gemma3":
-        np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), want)
-        return
-    # Gemma's files hold each norm's factor less 1, rounded to bf16: a factor far from 1 (the
-    # preset's final norm has some near -1) comes back within one bf16 step of itself.
-    for name, words in model.tensors.items():
-        got, exp = bf16_to_f32(loaded.tensors[name]), bf16_to_f32(words)
-        if name.endswith("norm.weight"):
-            np.testing.assert_allclose(got, exp, rtol=2 ** -7, atol=0, err_msg=name)
-        else:
-            np.testing.assert_array_equal(got, exp, err_msg=name)
-    np.testing.assert_allclose(ReferenceModel(loaded).prefill(tokens), want, rtol=0, atol=0.05 * np.abs(want).max())
+    for name, words in model.tensors.items():  # Gemma's norms too: held as its files hold them
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+    np.testing.assert_array_equal(ReferenceModel(loaded).prefill(tokens), ReferenceModel(model).prefill(tokens))
 
 
 # --- GGUF -------------------------------------------------------------------------------------
@@ -291,10 +309,13 @@ def gguf_meta(arch: str, cfg) -> dict:
 
 
 def family_gguf_tensors(family: str, model) -> dict[str, np.ndarray]:
-    """The model's tensors as llama.cpp's converter writes them for the family (float32 values)."""
+    """The model's tensors as llama.cpp's converter writes them for the family (float32 values;
+    norms' factors whole)."""
     cfg, out = model.config, {}
     for hf, words in model.tensors.items():
         x = bf16_to_f32(words)
+        if hf.endswith("norm.weight"):
+            x = x + np.float32(cfg.norm_add)
         if family in PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
             x = converter_permute(x, cfg.n_heads if "q_proj" in hf else cfg.n_kv_heads)
         module = hf.split(".")[-2]
@@ -342,13 +363,17 @@ def same_config(got, want) -> bool:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_of_each_family_loads_as_the_preset(tmp_path, family):
+    from arcpy.model import f32_to_bf16
     model = preset(family)
     if family == "gemma3":  # its files hold no scores' scale: llama.cpp's is 1/sqrt(head_dim) below 62 layers
         model = Model(dataclasses.replace(model.config, attn_scale=1 / 16), model.tensors, name="g", source="test")
     loaded = load_model(write_family_gguf(tmp_path / "m.gguf", family, model))
-    assert same_config(loaded.config, model.config)
+    # llama.cpp's files hold Gemma's norms' factors whole: read so, rounded once to bf16.
+    assert same_config(loaded.config, dataclasses.replace(model.config, norm_plus_one=False))
     assert set(loaded.tensors) == set(model.tensors)
     for name, words in model.tensors.items():
+        if name.endswith("norm.weight") and model.config.norm_plus_one:
+            words = f32_to_bf16(bf16_to_f32(words) + np.float32(1))
         np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
 
 
@@ -395,20 +420,44 @@ def test_phi3_gguf_window_caps_the_context(tmp_path):
 # --- Gemma 3 ----------------------------------------------------------------------------------
 
 
-def test_gemma3_files_store_norms_less_one_and_the_reader_adds_it(tmp_path):
+def test_gemma3_norms_are_held_as_its_files_store_them_and_scale_by_one_plus_w(tmp_path):
+    """Gemma's safetensors store each norm's factor less one: arcpy holds those words as they are
+    (norm_plus_one) and every norm adds the one back in float32 (libarc's kernels, the reference)."""
     from arcpy.model.safetensors import read_bf16_words, read_header
     model = preset("gemma3", max_seq=64)
+    assert model.config.norm_plus_one
     save_model(model, tmp_path)
     entries = read_header(tmp_path / "model.safetensors", 1000)
-    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.1.self_attn.k_norm.weight",
-                 "model.layers.5.post_feedforward_layernorm.weight"):  # factors near 1: w = factor - 1 exactly
-        stored = bf16_to_f32(read_bf16_words(name, entries[name], {}))
-        np.testing.assert_array_equal(stored + 1, bf16_to_f32(model.tensors[name]), err_msg=name)
+    for name in model.tensors:
+        np.testing.assert_array_equal(read_bf16_words(name, entries[name], {}), model.tensors[name], err_msg=name)
     loaded = load_model(tmp_path)
-    for name in ("model.layers.0.pre_feedforward_layernorm.weight", "model.layers.2.self_attn.q_norm.weight"):
-        np.testing.assert_array_equal(loaded.tensors[name], model.tensors[name], err_msg=name)
-    np.testing.assert_array_equal(read_bf16_words("model.embed_tokens.weight", entries["model.embed_tokens.weight"], {}),
-                                  model.tensors["model.embed_tokens.weight"])
+    assert loaded.config.norm_plus_one
+    ref = ReferenceModel(loaded)
+    w = bf16_to_f32(model.tensors["model.layers.1.pre_feedforward_layernorm.weight"])
+    np.testing.assert_array_equal(ref.layers[1].mlp_norm, w + np.float32(1))
+    np.testing.assert_array_equal(ref.final_norm, bf16_to_f32(model.tensors["model.norm.weight"]) + np.float32(1))
+    # Without the one, the same words give other logits.
+    flat = Model(dataclasses.replace(loaded.config, norm_plus_one=False), loaded.tensors, name="flat", source="test")
+    tokens = [5, 9, 200, 31]
+    assert np.max(np.abs(ReferenceModel(flat).prefill(tokens) - ref.prefill(tokens))) > 1e-2
+
+
+def test_a_gemma3_holding_whole_factors_is_saved_less_one(tmp_path):
+    """A Gemma read from GGUF holds its norms' factors whole (llama.cpp's files add the one):
+    saved as safetensors they are stored less one, and read back they compute the same model."""
+    from arcpy.model import f32_to_bf16
+    model = preset("gemma3", max_seq=64)
+    whole = {n: f32_to_bf16(bf16_to_f32(t) + np.float32(1)) if n.endswith("norm.weight") else t
+             for n, t in model.tensors.items()}
+    held = Model(dataclasses.replace(model.config, norm_plus_one=False), whole, name="whole", source="test")
+    save_model(held, tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    name = "model.layers.0.post_attention_layernorm.weight"
+    np.testing.assert_array_equal(loaded.tensors[name], f32_to_bf16(bf16_to_f32(whole[name]) - np.float32(1)))
+    tokens = [5, 9, 200, 31, 7, 64]
+    want = ReferenceModel(held).prefill(tokens)
+    np.testing.assert_allclose(ReferenceModel(loaded).prefill(tokens), want, rtol=0, atol=0.05 * np.abs(want).max())
 
 
 def test_gemma3_config_reads_layer_kinds_and_its_rope_by_kind():

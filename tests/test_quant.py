@@ -483,7 +483,7 @@ def test_the_device_model_gets_a_format_per_tensor_and_layer():
     from arcpy.model import synthetic_model
     ffi, lib = header_library()
     model = synthetic_model("tiny-quant")
-    table = CudaModel._formats(SimpleNamespace(lib=lib, ffi=ffi, _place=CudaModel._place), model)
+    table = CudaModel._formats(SimpleNamespace(lib=lib, ffi=ffi), model)
     L = model.config.n_layers
     assert len(table) == lib.ARC_TENSOR_COUNT * L == 40
     at = [table[getattr(lib, f"ARC_TENSOR_{name}") * L + layer]

@@ -8,43 +8,15 @@ import numpy as np
 
 from arcpy import _lib
 from arcpy.devices.context import Context
-from arcpy.devices.program import native_config
 from arcpy.errors import InvalidArgumentError, NoDeviceError
-from arcpy.model import EMBED, FINAL_NORM, LM_HEAD, Model, QuantTensor, layer_prefix, rope_inv_freq
-from arcpy.model.config import norm_names
+from arcpy.model import Model, QuantTensor, rope_inv_freq
+from arcpy.model.native import native_config, place
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
 # chunk, each reading all the weights again. Measured on the H200 (docs/PERF.md): 2,048 meets the
 # time-to-first-token targets where 512 misses two; it reserves 101 MB of activations for the
 # Llama-3.2-1B shape and 193 MB for Llama-3-8B.
 PREFILL_CHUNK = 2048
-
-
-# Tensor ids of arc.h's arc_tensor, by the name suffix of the Hugging Face layout.
-_LAYER_TENSORS = {
-    "input_layernorm.weight": "ARC_TENSOR_ATTN_NORM",
-    "self_attn.q_norm.weight": "ARC_TENSOR_Q_NORM",
-    "self_attn.k_norm.weight": "ARC_TENSOR_K_NORM",
-    "self_attn.q_proj.weight": "ARC_TENSOR_WQ",
-    "self_attn.k_proj.weight": "ARC_TENSOR_WK",
-    "self_attn.v_proj.weight": "ARC_TENSOR_WV",
-    "self_attn.q_proj.bias": "ARC_TENSOR_BQ",
-    "self_attn.k_proj.bias": "ARC_TENSOR_BK",
-    "self_attn.v_proj.bias": "ARC_TENSOR_BV",
-    "self_attn.o_proj.weight": "ARC_TENSOR_WO",
-    "mlp.gate_proj.weight": "ARC_TENSOR_W_GATE",
-    "mlp.up_proj.weight": "ARC_TENSOR_W_UP",
-    "mlp.down_proj.weight": "ARC_TENSOR_W_DOWN",
-}
-_GLOBAL_TENSORS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
-_NORM_TENSORS = {"ffn": "ARC_TENSOR_MLP_NORM", "post_attn": "ARC_TENSOR_POST_ATTN_NORM",
-                 "post_ffn": "ARC_TENSOR_POST_FFN_NORM"}
-
-
-def _norm_tensors(cfg) -> dict[str, str]:
-    """The norms after attention, by their names in a model of cfg (the Llama names without one)."""
-    names = norm_names(cfg) if cfg is not None else {"ffn": "post_attention_layernorm.weight"}
-    return {name: _NORM_TENSORS[role] for role, name in names.items()}
 
 
 class CudaModel:
@@ -88,31 +60,19 @@ class CudaModel:
             raise NoDeviceError(f"this libarc.so has no {name}: it predates quantized weights (rebuild it, "
                                 "or load the model with quantized=False)") from None
 
-    @staticmethod
-    def _place(name: str, cfg=None) -> tuple[str, int]:
-        """(arc_tensor name, layer) of a tensor of the Hugging Face layout of a model of cfg."""
-        if name in _GLOBAL_TENSORS:
-            return _GLOBAL_TENSORS[name], 0
-        layer_s, _, suffix = name[len("model.layers."):].partition(".")
-        table = {**_LAYER_TENSORS, **_norm_tensors(cfg)}
-        if not name.startswith("model.layers.") or suffix not in table:
-            raise InvalidArgumentError(f"tensor {name} has no place in the model")
-        assert name == layer_prefix(int(layer_s)) + suffix
-        return table[suffix], int(layer_s)
-
     def _formats(self, model: Model) -> list[int]:
         """arc_model_create_formats' table: formats[tensor * n_layers + layer], global tensors at
         layer 0, ARC_TENSOR_COUNT tensors; bf16 (0) wherever nothing is quantized."""
         n_layers = model.config.n_layers
         table = [0] * (self.lib.ARC_TENSOR_COUNT * n_layers)
         for name in model.tensors:
-            tensor, layer = self._place(name, model.config)
+            tensor, layer = place(name, model.config)
             table[getattr(self.lib, tensor) * n_layers + layer] = model.format_of(name)
         return table
 
     def _upload(self, model: Model) -> None:
         for name, array in model.tensors.items():
-            tensor, layer = self._place(name, model.config)
+            tensor, layer = place(name, model.config)
             if isinstance(array, QuantTensor):
                 self._check_rows(name, array)
                 array = array.data

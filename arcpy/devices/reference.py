@@ -42,7 +42,6 @@ from arcpy.codes import (
     OP_FFN_OUT_NORM,
     OP_QK_NORM,
 )
-from arcpy.devices.program import layer_program
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,
@@ -56,6 +55,7 @@ from arcpy.model import (
     norm_names,
     rope_inv_freq,
 )
+from arcpy.model.native import layer_program
 
 F32 = np.float32
 
@@ -179,23 +179,30 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def norm_factors(model: Model, name: str) -> np.ndarray:
+    """A norm's factors as float32: its bf16 weights, plus one where the config stores them less one
+    (norm_plus_one), added in float32 as libarc's kernels add it."""
+    return bf16_to_f32(model.tensor(name)) + F32(model.config.norm_add)
+
+
 class _Layer:
     """One decoder layer's weights as float32 (converted, or dequantized, once)."""
 
     def __init__(self, model: Model, i: int):
         t = lambda n: weights_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
+        norm = lambda n: norm_factors(model, layer_prefix(i) + n)  # noqa: E731
         bias = model.config.qkv_bias
-        self.attn_norm = t("input_layernorm.weight")
+        self.attn_norm = norm("input_layernorm.weight")
         qk_norm = model.config.qk_norm
-        self.q_norm, self.k_norm = ((t(f"self_attn.{p}_norm.weight") if qk_norm else None) for p in "qk")
+        self.q_norm, self.k_norm = ((norm(f"self_attn.{p}_norm.weight") if qk_norm else None) for p in "qk")
         self.inv_freq = rope_inv_freq(model.config, i)
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
         self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
         self.wo = t("self_attn.o_proj.weight")
         norms = norm_names(model.config)
-        self.mlp_norm = t(norms["ffn"])
-        self.post_attn_norm = t(norms["post_attn"]) if "post_attn" in norms else None
-        self.post_ffn_norm = t(norms["post_ffn"]) if "post_ffn" in norms else None
+        self.mlp_norm = norm(norms["ffn"])
+        self.post_attn_norm = norm(norms["post_attn"]) if "post_attn" in norms else None
+        self.post_ffn_norm = norm(norms["post_ffn"]) if "post_ffn" in norms else None
         self.w_gate = t("mlp.gate_proj.weight")
         self.w_up = t("mlp.up_proj.weight")
         self.w_down = t("mlp.down_proj.weight")
@@ -280,7 +287,7 @@ class ReferenceModel:
         self.embed = bf16_to_f32(model.tensor(EMBED))
         # A tied head is the same table: share the array rather than convert it twice.
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
-        self.final_norm = bf16_to_f32(model.tensor(FINAL_NORM))
+        self.final_norm = norm_factors(model, FINAL_NORM)
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.quantized = model.quantized

@@ -7,7 +7,8 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     bf16         bf16 words <-> float32
     quant        quantized rows as libarc reads them: QuantTensor, dequantize, the quantized GEMV's arithmetic
     quant_pack   GGUF blocks repacked into those rows, and random quantized tensors
-    config       ModelConfig, its RoPE scalings, RoPE frequencies, the tensor table of a config
+    config       ModelConfig, its RoPE scalings, RoPE frequencies
+    native       libarc's description of a model: arc_model_config, the tensor table, the layer program
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
     safetensors  the safetensors reader and writer
@@ -20,24 +21,10 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
 
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.model.checkpoint import PICKLE_SUFFIXES, load_model, save_model
-from arcpy.model.config import (
-    EMBED,
-    FINAL_NORM,
-    LM_HEAD,
-    LinearScaling,
-    LongRopeScaling,
-    ModelConfig,
-    RopeScaling,
-    YarnScaling,
-    expected_tensors,
-    is_matrix,
-    iter_tensors,
-    layer_prefix,
-    norm_names,
-    rope_inv_freq,
-)
+from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, YarnScaling, rope_inv_freq
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix, iter_tensors, layer_prefix, norm_names
 from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
 from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
 from arcpy.model.quant_pack import from_gguf, random_quant

@@ -18,11 +18,12 @@ import numpy as np
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
 from arcpy.files import read_json_file
-from arcpy.model.config import LM_HEAD, ModelConfig, expected_tensors, iter_tensors, layer_prefix
+from arcpy.model.config import ModelConfig
+from arcpy.model.native import LM_HEAD, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
-from arcpy.model.hf import config_from_hf, config_to_hf, norm_offset
+from arcpy.model.hf import config_from_hf, config_to_hf, stores_norms_less_one
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -182,15 +183,12 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
     tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
-    shift = norm_offset(doc)
-    if shift:
-        tensors = _shifted_norms(tensors, shift)
     return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
 
 
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
-    """Every norm's weights plus `shift`, in float32, rounded once to bf16 (a family whose files
-    store w for a factor of w + shift); the rest untouched."""
+    """Every norm's weights plus `shift`, in float32, rounded once to bf16 (a model whose norms are
+    held otherwise than its family's files store them); the rest untouched."""
     return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift)) if name.endswith("norm.weight") else t
             for name, t in tensors.items()}
 
@@ -205,6 +203,8 @@ def save_model(model: Model, directory) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     doc = config_to_hf(model.config)
     (directory / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
-    shift = norm_offset(doc)
-    save_safetensors(directory / "model.safetensors", _shifted_norms(model.tensors, -shift) if shift else model.tensors,
+    # The files of a family store its norms' factors less one, or whole: shift the weights where the
+    # model holds them the other way (a Gemma read from GGUF holds its factors whole: shift -1).
+    shift = float(model.config.norm_plus_one) - float(stores_norms_less_one(doc))
+    save_safetensors(directory / "model.safetensors", _shifted_norms(model.tensors, shift) if shift else model.tensors,
                      "BF16")

@@ -1,21 +1,20 @@
-"""The shape and numerics of a decoder of the Llama family and its kin (the layer program's data),
-its RoPE frequencies, and its tensor table."""
+"""The shape and numerics of a decoder of the Llama family and its kin (the layer program's data)
+and its RoPE frequencies; its tensor table is libarc's (native.py)."""
 
 from __future__ import annotations
 
 import math
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
-
 import numpy as np
 
 from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
+from arcpy.codes import ACTIVATIONS
+from arcpy.model.native import EMBED, expected_tensors
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 _INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
-ACTIVATIONS = ("silu", "gelu_tanh")  # arc.h's arc_activation, in its order
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,8 @@ class ModelConfig:
     # Gemma 3's: the attention's and the FFN's outputs RMS-normed before their residual adds; the
     # GLU's activation ("silu" or "gelu_tanh"); the embedding rows' factor; the scores' factor (None:
     # 1/sqrt(head_dim)); a window of positions for the layers it applies to (every one, or all but
-    # every window_pattern-th), whose RoPE base is rope_local_theta, unscaled, where that is set.
+    # every window_pattern-th), whose RoPE base is rope_local_theta, unscaled, where that is set;
+    # norms whose factor is 1 + w, their weights w stored less one (as Gemma's safetensors hold them).
     post_norms: bool = False
     activation: str = "silu"
     embed_scale: float = 1.0
@@ -139,6 +139,7 @@ class ModelConfig:
     sliding_window: int = 0
     window_pattern: int = 0
     rope_local_theta: float | None = None
+    norm_plus_one: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -176,8 +177,9 @@ class ModelConfig:
                 f"rope_theta {quoted(theta)} with head_dim {self.head_dim} and this scaling gives "
                 "frequencies float32 cannot hold")
         require(isinstance(self.tied_embeddings, bool) and isinstance(self.qkv_bias, bool)
-                and isinstance(self.qk_norm, bool) and isinstance(self.post_norms, bool),
-                "tied_embeddings, qkv_bias, qk_norm and post_norms must be bool")
+                and isinstance(self.qk_norm, bool) and isinstance(self.post_norms, bool)
+                and isinstance(self.norm_plus_one, bool),
+                "tied_embeddings, qkv_bias, qk_norm, post_norms and norm_plus_one must be bool")
         require(self.activation in ACTIVATIONS,
                 f"activation must be one of {', '.join(ACTIVATIONS)}, got {quoted(self.activation)}")
         for field in ("embed_scale",) + (("attn_scale",) if self.attn_scale is not None else ()):
@@ -197,6 +199,11 @@ class ModelConfig:
             return 0
         n = self.window_pattern
         return 0 if n > 0 and layer % n == n - 1 else self.sliding_window
+
+    @property
+    def norm_add(self) -> float:
+        """What every norm adds to its weights to make its factors: 1 with norm_plus_one, else 0."""
+        return 1.0 if self.norm_plus_one else 0.0
 
     @property
     def scores_scale(self) -> float:
@@ -297,77 +304,7 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
     return freq.astype(np.float32)
 
 
-# ---------------------------------------------------------------------------------------------
-# the tensor table: Hugging Face names and shapes
-
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
-
-
-def layer_prefix(i: int) -> str:
-    return f"model.layers.{i}."
-
-
-def norm_names(cfg: ModelConfig) -> dict[str, str]:
-    """The layer's norms after attention, by role, under their Hugging Face names: the FFN's input
-    norm ("ffn"), and with post_norms the attention's and the FFN's output norms. Gemma names its
-    FFN input norm pre_feedforward_layernorm and its attention output norm post_attention_layernorm,
-    the name Llama gives its FFN input norm."""
-    if not cfg.post_norms:
-        return {"ffn": "post_attention_layernorm.weight"}
-    return {"ffn": "pre_feedforward_layernorm.weight", "post_attn": "post_attention_layernorm.weight",
-            "post_ffn": "post_feedforward_layernorm.weight"}
-
-
-def iter_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every tensor a model of this config stores, (name, shape), in a fixed order.
-
-    A generator, so a reader can stop at the first tensor a file lacks instead of first listing
-    all of them for a config that claims a billion layers.
-    """
-    d, q, kv, f = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
-    yield EMBED, (cfg.vocab, d)
-    for i in range(cfg.n_layers):
-        p = layer_prefix(i)
-        yield p + "input_layernorm.weight", (d,)
-        if cfg.qk_norm:
-            yield p + "self_attn.q_norm.weight", (cfg.head_dim,)
-            yield p + "self_attn.k_norm.weight", (cfg.head_dim,)
-        yield p + "self_attn.q_proj.weight", (q, d)
-        yield p + "self_attn.k_proj.weight", (kv, d)
-        yield p + "self_attn.v_proj.weight", (kv, d)
-        if cfg.qkv_bias:
-            yield p + "self_attn.q_proj.bias", (q,)
-            yield p + "self_attn.k_proj.bias", (kv,)
-            yield p + "self_attn.v_proj.bias", (kv,)
-        yield p + "self_attn.o_proj.weight", (d, q)
-        for norm in norm_names(cfg).values():
-            yield p + norm, (d,)
-        yield p + "mlp.gate_proj.weight", (f, d)
-        yield p + "mlp.up_proj.weight", (f, d)
-        yield p + "mlp.down_proj.weight", (d, f)
-    yield FINAL_NORM, (d,)
-    if not cfg.tied_embeddings:
-        yield LM_HEAD, (cfg.vocab, d)
-
-
-# The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
-_MATRIX_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
-
-
-def is_matrix(name: str) -> bool:
-    """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
-    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
-
-
 def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
     """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
     return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
                                **changes)
-
-
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a model of this config stores, name -> shape, in a fixed order."""
-    return dict(iter_tensors(cfg))

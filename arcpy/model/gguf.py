@@ -37,17 +37,11 @@ import numpy as np
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
 from arcpy.model.bf16 import require_finite
-from arcpy.model.config import (
-    EMBED,
-    FINAL_NORM,
-    LM_HEAD,
-    ModelConfig,
-    is_matrix,
-    iter_tensors,
-)
+from arcpy.model.config import ModelConfig
 from arcpy.model.gguf_config import OUTPUT, PERMUTED, ROPE_TENSORS, gguf_config, unfused
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
+from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, is_matrix, iter_tensors
 from arcpy.model.quant import QuantTensor
 from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf
 from arcpy.model.tensors import Model, Tensor

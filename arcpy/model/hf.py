@@ -191,18 +191,19 @@ def _no_rope_layers(d: Mapping, family: str, n_layers: int, source: str) -> tupl
     return tuple(i for i in range(n_layers) if flags[i] == 0)
 
 
-def norm_offset(d: Mapping) -> float:
-    """What a family's files store its norms' factors less by: Gemma's norms scale by (1 + w)."""
-    return 1.0 if d.get("model_type") in ("gemma3", "gemma3_text") or d.get("architectures") == [
-        "Gemma3ForCausalLM"] else 0.0
+def stores_norms_less_one(d: Mapping) -> bool:
+    """Whether a family's files store each norm's weights as its factor less one: Gemma's norms
+    scale by (1 + w)."""
+    return d.get("model_type") in ("gemma3", "gemma3_text") or d.get("architectures") == ["Gemma3ForCausalLM"]
 
 
 def _gemma3(d: Mapping, n_layers: int, head_dim: int, source: str) -> dict:
-    """Gemma 3's fields: post-norms, the embedding scaled by sqrt(hidden_size), the scores by
-    query_pre_attn_scalar^-1/2, and a window on the layers layer_types (or sliding_window_pattern)
-    names sliding, whose RoPE base is rope_local_base_freq, unscaled."""
+    """Gemma 3's fields: post-norms, norms whose factor is 1 + w, the embedding scaled by
+    sqrt(hidden_size), the scores by query_pre_attn_scalar^-1/2, and a window on the layers
+    layer_types (or sliding_window_pattern) names sliding, whose RoPE base is rope_local_base_freq,
+    unscaled."""
     dim = _int(d, "hidden_size", source)
-    out = {"post_norms": True, "embed_scale": math.sqrt(dim),
+    out = {"post_norms": True, "norm_plus_one": True, "embed_scale": math.sqrt(dim),
            "attn_scale": _number(d, "query_pre_attn_scalar", source, float(head_dim)) ** -0.5}
     kinds = d.get("layer_types")
     if kinds is None:

@@ -13,18 +13,8 @@ import numpy as np
 from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
-from arcpy.model.config import (
-    EMBED,
-    FINAL_NORM,
-    LM_HEAD,
-    LinearScaling,
-    LongRopeScaling,
-    ModelConfig,
-    RopeScaling,
-    YarnScaling,
-    expected_tensors,
-    is_matrix,
-)
+from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, YarnScaling
+from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant_pack import random_quant
 from arcpy.model.tensors import Model
 
@@ -71,20 +61,20 @@ SHAPES: dict[str, ModelConfig] = {
                                                           math.sqrt(1 + math.log(8.0) / math.log(512)))),
     "smollm3-tiny": ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=1024,
                                 max_seq=4096, rope_theta=5000000.0, tied_embeddings=True, no_rope_layers=(3,)),
-    # Gemma 3's: head_dim 256, q/k norms, post-norms, GELU, the embedding scaled by sqrt(dim), its
-    # own scores' scale, a 32-position window on all but every 3rd layer (Gemma 3's files: 6th),
-    # whose RoPE base is its own; linear scaling on the global layers.
+    # Gemma 3's: head_dim 256, q/k norms, post-norms whose factors are 1 + w, GELU, the embedding
+    # scaled by sqrt(dim), its own scores' scale, a 32-position window on all but every 3rd layer
+    # (Gemma 3's files: 6th), whose RoPE base is its own; linear scaling on the global layers.
     "gemma3-tiny": ModelConfig(dim=256, n_layers=6, n_heads=2, n_kv_heads=1, head_dim=256, ffn_dim=768, vocab=1024,
                                max_seq=4096, rms_eps=1e-6, rope_theta=1000000.0, tied_embeddings=True, qk_norm=True,
                                rope_scaling=LinearScaling(8.0), post_norms=True, activation="gelu_tanh",
                                embed_scale=16.0, attn_scale=1 / math.sqrt(192), sliding_window=32, window_pattern=3,
-                               rope_local_theta=10000.0),
+                               rope_local_theta=10000.0, norm_plus_one=True),
     # The real dims of Qwen3-8B, Phi-4-mini and Gemma-3-4B (benchmarks).
     "gemma3-4B": ModelConfig(dim=2560, n_layers=34, n_heads=8, n_kv_heads=4, head_dim=256, ffn_dim=10240,
                              vocab=262208, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, tied_embeddings=True,
                              qk_norm=True, rope_scaling=LinearScaling(8.0), post_norms=True, activation="gelu_tanh",
                              embed_scale=math.sqrt(2560), attn_scale=1 / 16.0, sliding_window=1024, window_pattern=6,
-                             rope_local_theta=10000.0),
+                             rope_local_theta=10000.0, norm_plus_one=True),
     "qwen3-8B": ModelConfig(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=12288,
                             vocab=151936, max_seq=8192, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True),
     "phi4-mini": ModelConfig(dim=3072, n_layers=32, n_heads=24, n_kv_heads=8, head_dim=128, ffn_dim=8192,
@@ -180,7 +170,7 @@ def _uniform_bf16(shape: tuple[int, ...], rng: np.random.Generator, std: float) 
 
 
 def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSequence, fmt: int = FORMAT_BF16,
-                   quick_embedding: bool = False):
+                   quick_embedding: bool = False, norm_add: float = 0.0):
     # The float32 values live only inside this call: a model's worth of them never exists at once.
     rng = np.random.default_rng(seed)
     if fmt != FORMAT_BF16:  # drawn in the format's rows directly, at the std of the bf16 weights below
@@ -196,6 +186,7 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
             # logit e.(e*w) would win every step and repeat the token forever. Random signs
             # in the final norm make that self-score zero-mean; magnitudes stay near 1.
             x *= np.where(rng.random(shape) < 0.5, np.float32(-1.0), np.float32(1.0))
+        x -= np.float32(norm_add)  # held less one where the norms add it back (norm_plus_one)
     elif tname.endswith(".bias"):
         x *= np.float32(0.1)
     elif tname == EMBED:
@@ -222,7 +213,8 @@ def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random", formats:
     fmts = [formats.get(n, FORMAT_BF16) for n in shapes]
     quick = [any(f != FORMAT_BF16 for f in formats.values())] * len(shapes)
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds, fmts, quick)
+        arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds, fmts, quick,
+                          [cfg.norm_add] * len(shapes))
         tensors = dict(zip(shapes.keys(), arrays))
     return Model(cfg, tensors, name=name, source=f"random:{name}:seed={seed}")
 

@@ -7,7 +7,8 @@ import numpy as np
 from arcpy.checks import require
 from arcpy.codes import FORMAT_BF16
 from arcpy.errors import InvalidArgumentError
-from arcpy.model.config import EMBED, LM_HEAD, ModelConfig, expected_tensors, is_matrix
+from arcpy.model.config import ModelConfig
+from arcpy.model.native import EMBED, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant import QuantTensor
 
 Tensor = np.ndarray | QuantTensor

@@ -27,12 +27,12 @@ struct DecodeOps {
     const int32_t *pos;
 
     int attn_in(const LayerParts &lw) {
-        return gemv_qkv(p.ctx, lw, p.q_dim, p.kv_dim, p.x, p.cfg.dim, p.cfg.rms_eps, p.qkv);
+        return gemv_qkv(p.ctx, lw, p.q_dim, p.kv_dim, p.x, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), p.qkv);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         return launch_head_norm(p.ctx, p.qkv, 1, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps);
+                                lw.k_norm, c.rms_eps, norm_offset(c));
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -40,24 +40,24 @@ struct DecodeOps {
                                c.head_dim, c.max_seq, pos, p.scratch, p.att);
     }
     int attn_out(const LayerParts &lw) {
-        return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1, p.x);
+        return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1, p.x);
     }
     int ffn_in(const LayerParts &lw) {
         return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps,
-                                  p.cfg.activation, p.h);
+                                  norm_offset(p.cfg), p.cfg.activation, p.h);
     }
     int ffn_out(const LayerParts &lw) {
-        return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, /*accumulate=*/1,
+        return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1,
                            p.x);
     }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, /*accumulate=*/0, p.t));
-        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps);
+        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0, p.t));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, /*accumulate=*/0,
+        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0,
                             p.t));
-        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps);
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
 };
 
@@ -83,9 +83,9 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
     if (commit)
         return gemv_argmax_weight(ctx, who, parts.lm_head, parts.x, c.vocab, c.dim, parts.final_norm, c.rms_eps,
-                                  parts.logits, loop);
+                                  norm_offset(c), parts.logits, loop);
     return gemv_weight(ctx, parts.lm_head, parts.x, c.vocab, c.dim, nullptr, parts.final_norm, c.rms_eps,
-                       /*accumulate=*/0, parts.logits);
+                       norm_offset(c), /*accumulate=*/0, parts.logits);
 }
 
 extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) { return forward(model, loop, false, __func__); }

@@ -21,12 +21,13 @@ enum { GEMV_WX = 4 };
 // The input vectors a lane holds under WX: one batch covers the row.
 constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
 
-// 8 inputs times inv times their 8 bf16 norm weights g (element 0 the low half of g.x).
-__device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g) {
-    a.x = a.x * inv * bf16_lo(g.x); a.y = a.y * inv * bf16_hi(g.x);
-    a.z = a.z * inv * bf16_lo(g.y); a.w = a.w * inv * bf16_hi(g.y);
-    b.x = b.x * inv * bf16_lo(g.z); b.y = b.y * inv * bf16_hi(g.z);
-    b.z = b.z * inv * bf16_lo(g.w); b.w = b.w * inv * bf16_hi(g.w);
+// 8 inputs times inv times their 8 norm factors, add + the bf16 weights g (element 0 the low half
+// of g.x; add is 1 where the factors are stored less one, else 0).
+__device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g, float add) {
+    a.x = a.x * inv * (add + bf16_lo(g.x)); a.y = a.y * inv * (add + bf16_hi(g.x));
+    a.z = a.z * inv * (add + bf16_lo(g.y)); a.w = a.w * inv * (add + bf16_hi(g.y));
+    b.x = b.x * inv * (add + bf16_lo(g.z)); b.y = b.y * inv * (add + bf16_hi(g.z));
+    b.z = b.z * inv * (add + bf16_lo(g.w)); b.w = b.w * inv * (add + bf16_hi(g.w));
 }
 
 // The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
@@ -69,7 +70,7 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
 template <int R, int KS, bool GATED, bool WX, bool AM>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
-            const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
+            const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
             int accumulate, float *__restrict__ y, GemvArgmax am) {
     constexpr int NR = GATED ? 2 * R : R;  // weight rows a warp reads together
     constexpr int U = gemv_batch(NR);
@@ -121,7 +122,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
             for (int j = 0; j < NWX; ++j) ss = add_sq8(ss, wxa[j], wxb[j]);
             const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
 #pragma unroll
-            for (int j = 0; j < NWX; ++j) norm8(wxa[j], wxb[j], inv, g[j]);
+            for (int j = 0; j < NWX; ++j) norm8(wxa[j], wxb[j], inv, g[j], norm_add);
         }
     } else {
         // Stage the input, GEMV_STAGE vectors per thread in flight (a long input would otherwise
@@ -164,7 +165,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                     const int v = v0 + k * GEMV_THREADS;
                     if (v < nvec) {
                         float4 a = xs[v], b = xs[nvec + v];
-                        norm8(a, b, inv, g[k]);
+                        norm8(a, b, inv, g[k], norm_add);
                         xs[v] = a;
                         xs[nvec + v] = b;
                     }
@@ -220,6 +221,7 @@ struct GemvArgs {
     int accumulate;
     float *y;
     const GemvArgmax *am;
+    float norm_add = 0.0f;  // what the norm adds to its weights (norm_plus_one: 1)
 };
 
 template <int R, int KS, bool GATED, bool WX, bool AM>
@@ -230,7 +232,7 @@ static int launch_gemv_kernel(arc_context *ctx, const GemvArgs &a) {
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = GATED ? "gemv_kernel<swiglu>" : AM ? "gemv_kernel<argmax>" : "gemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
-                          a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
+                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
 }
 
 // The instance with the argmax where the launch asks for it.
@@ -280,38 +282,45 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     }
 }
 
+int launch_gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                     const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate,
+                     float *y) {
+    return launch_gemv<false>(ctx, who,
+                              GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y, nullptr, norm_add});
+}
+
 extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                            const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                            float *y) {
-    return launch_gemv<false>(ctx, __func__,
-                              GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y, nullptr});
+    return launch_gemv_rows(ctx, __func__, w, x, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, y);
 }
 
 // The lm_head of the greedy step: y = W @ rmsnorm(x, norm_weight) and its argmax, committed to
 // `loop` (arc_model_forward_commit) or, with loop null, written to *out and *value_out.
 int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
-                       int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop,
                        int32_t *out, float *value_out) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
     ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
     GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
-    int st = launch_gemv<false>(ctx, who, GemvArgs{w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am});
+    int st = launch_gemv<false>(ctx, who, GemvArgs{w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am, norm_add});
     if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
     return st;
 }
 
 extern "C" int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                                   const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out) {
-    return launch_gemv_argmax(ctx, __func__, w, x, rows, cols, norm_weight, eps, y, nullptr, out, value_out);
+    return launch_gemv_argmax(ctx, __func__, w, x, rows, cols, norm_weight, eps, 0.0f, y, nullptr, out, value_out);
 }
 
 // arc_op_gemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
 int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
-             const uint16_t *norm_weight, float eps, int act, float *y) {
-    return launch_gemv<true>(ctx, who, GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr});
+             const uint16_t *norm_weight, float eps, float norm_add, int act, float *y) {
+    return launch_gemv<true>(ctx, who,
+                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr, norm_add});
 }
 
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                                   int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return gemv_glu(ctx, __func__, w_gate_up, x, rows, cols, norm_weight, eps, ARC_ACT_SILU, y);
+    return gemv_glu(ctx, __func__, w_gate_up, x, rows, cols, norm_weight, eps, 0.0f, ARC_ACT_SILU, y);
 }

@@ -312,7 +312,8 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
 // Each q and k head of qkv (rows, stride) float32, in place: head * rsqrt(mean(head^2) + eps) *
 // w, w = q_norm for the n_heads q heads, k_norm for the n_kv_heads k heads (norms.cu).
 int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
-                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps);
+                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps,
+                     float norm_add);
 
 // The prefill's tensor-core launchers (gemm.cu, prefill_attention.cu) are the arc_op_gemm_bf16,
 // arc_op_gemm_swiglu_bf16 and arc_op_prefill_attention entry points of arc.h.
@@ -370,8 +371,15 @@ int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, 
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
 // else written to *out and *value_out; `who` names the entry point in errors.
 int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
-                       int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop,
                        int32_t *out, float *value_out);
+// arc_op_gemv with the norm's factors norm_add + w (gemv.cu); `who` names the caller.
+int launch_gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                     const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate,
+                     float *y);
+// arc_op_split_rows with the norm's factors norm_add + w (skinny.cu).
+int split_rows(arc_context *ctx, const char *who, const float *x, int32_t rows, int32_t cols,
+               const uint16_t *norm_weight, float eps, float norm_add, uint16_t *parts);
 
 // ---- What the prefill (prefill.cu) reads of a model (model.cu) ------------------------------
 
@@ -414,22 +422,27 @@ LayerParts model_layer(const arc_model *m, int layer);
 // reported by entry point `who`.
 int model_check_uploaded(const arc_model *m, const char *who);
 
+// What every norm of a model adds to its stored weights: 1 where they are stored less one
+// (arc_model_config.norm_plus_one), else 0. The internal launchers below take it beside eps; the
+// public arc_op_* entry points keep 0.
+inline float norm_offset(const arc_model_config &c) { return c.norm_plus_one ? 1.0f : 0.0f; }
+
 // The GEMVs over a Weight of any format (quant.cu): arc_op_gemv or arc_op_qgemv, and so on.
 int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
-                const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
+                const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate, float *y);
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, int act, float *y);
+                       const uint16_t *norm_weight, float eps, float norm_add, int act, float *y);
 // arc_op_gemv_swiglu and arc_op_skinny_swiglu under an arc_activation; `who` names the caller.
 int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
-             const uint16_t *norm_weight, float eps, int act, float *y);
+             const uint16_t *norm_weight, float eps, float norm_add, int act, float *y);
 int skinny_glu(arc_context *ctx, const char *who, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
                int32_t n, int32_t k, int act, uint16_t *h);
 // x[r] += rmsnorm(t[r], w) for rows r of dim floats: a product's output normed before the residual
 // add (ARC_OP_ATTN_OUT_NORM, ARC_OP_FFN_OUT_NORM; norms.cu).
 int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,
-                         float eps);
+                         float eps, float norm_add);
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float *y, arc_loop *loop);
+                       const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop);
 // y = [Wq; Wk; Wv] @ n(x) (+ [bq; bk; bv]): one GEMV for each run of parts of one format.
 int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
-             float eps, float *y);
+             float eps, float norm_add, float *y);

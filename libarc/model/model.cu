@@ -61,24 +61,31 @@ struct arc_model {
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 
-// The rows and columns of a tensor (a vector: rows 1); rope frequencies are float32, not counted here.
-static void tensor_shape(const arc_model *m, int t, uint64_t *rows, uint64_t *cols) {
-    const arc_model_config &c = m->cfg;
-    const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab, q = m->q_dim, kv = m->kv_dim;
+// The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
+// tensor t under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0 where c has no
+// such tensor. Every layer has the same table today; the layer argument of arc_tensor_shape leaves
+// room for layers that differ.
+static void table_shape(const arc_model_config &c, int t, uint64_t *rows, uint64_t *cols) {
+    const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
+    const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
     uint64_t r = 1, k = dim;
+    bool present = true;
     switch (t) {
-    case ARC_TENSOR_EMBED: case ARC_TENSOR_LM_HEAD: r = vocab; break;
+    case ARC_TENSOR_EMBED: r = vocab; break;
+    case ARC_TENSOR_LM_HEAD: r = vocab; present = !c.tied_embeddings; break;
     case ARC_TENSOR_WQ: r = q; break;
     case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; break;
-    case ARC_TENSOR_BQ: k = q; break;
-    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; break;
+    case ARC_TENSOR_BQ: k = q; present = c.qkv_bias; break;
+    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias; break;
     case ARC_TENSOR_WO: r = dim; k = q; break;
     case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; break;
     case ARC_TENSOR_W_DOWN: r = dim; k = ffn; break;
-    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; break;
-    default: break;  // the norms: (dim)
+    case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)rope_dim_of(c) / 2; break;
+    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; present = c.qk_norm; break;
+    case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
+    default: break;  // ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     }
-    *rows = r;
+    *rows = present ? r : 0;
     *cols = k;
 }
 
@@ -86,54 +93,41 @@ static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_laye
 
 // Bytes of tensor t of layer l in its format.
 static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
-    if (t == ARC_TENSOR_ROPE_INV_FREQ) return (uint64_t)(rope_dim_of(m->cfg) / 2) * 4;
     uint64_t rows, cols, row = 0;
-    tensor_shape(m, t, &rows, &cols);
+    table_shape(m->cfg, t, &rows, &cols);
+    if (t == ARC_TENSOR_ROPE_INV_FREQ) return rows * cols * 4;
     arc_format_row_bytes(m->format[slot(m, t, l)], (int32_t)cols, &row);  // formats checked at create
     return rows * row;
 }
 
-// Lays out the weights: the global tensors, then each layer's. Tensors one fused GEMV reads as
-// one matrix are adjacent with no padding (Wq Wk Wv, bq bk bv, Wgate Wup): every row's size is a
-// multiple of 16 bytes, so the one that follows is still 16-byte aligned.
+// Lays out the weights: the global tensors, then each layer's, in this order; a tensor the
+// configuration lacks takes no bytes. Tensors one fused GEMV reads as one matrix are adjacent with
+// no padding (Wq Wk Wv, bq bk bv, Wgate Wup): every row's size is a multiple of 16 bytes, so the one
+// that follows is still 16-byte aligned.
 static void build_size_table(arc_model *m) {
     const arc_model_config &c = m->cfg;
+    struct Place { int tensor; bool follows; };
+    static const Place GLOBAL[] = {{ARC_TENSOR_EMBED, false}, {ARC_TENSOR_FINAL_NORM, false},
+                                   {ARC_TENSOR_LM_HEAD, false}};
+    static const Place LAYER[] = {
+        {ARC_TENSOR_ROPE_INV_FREQ, false}, {ARC_TENSOR_Q_NORM, false},  {ARC_TENSOR_K_NORM, false},
+        {ARC_TENSOR_ATTN_NORM, false},     {ARC_TENSOR_WQ, false},      {ARC_TENSOR_WK, true},
+        {ARC_TENSOR_WV, true},             {ARC_TENSOR_BQ, false},      {ARC_TENSOR_BK, true},
+        {ARC_TENSOR_BV, true},             {ARC_TENSOR_WO, false},      {ARC_TENSOR_POST_ATTN_NORM, false},
+        {ARC_TENSOR_POST_FFN_NORM, false}, {ARC_TENSOR_MLP_NORM, false}, {ARC_TENSOR_W_GATE, false},
+        {ARC_TENSOR_W_UP, true},           {ARC_TENSOR_W_DOWN, false}};
     uint64_t at = 0;
-    auto put = [&](int t, int l, bool follows) {
-        if (!follows) at = align_up(at);
-        const int i = slot(m, t, l);
+    auto put = [&](const Place &p, int l) {
+        const int i = slot(m, p.tensor, l);
+        m->bytes[i] = tensor_bytes(m, p.tensor, l);
+        if (m->bytes[i] == 0) return;  // absent in this configuration
+        if (!p.follows) at = align_up(at);
         m->offset[i] = at;
-        m->bytes[i] = tensor_bytes(m, t, l);
         at += m->bytes[i];
     };
-    put(ARC_TENSOR_EMBED, 0, false);
-    put(ARC_TENSOR_FINAL_NORM, 0, false);
-    if (!c.tied_embeddings) put(ARC_TENSOR_LM_HEAD, 0, false);
-    for (int l = 0; l < c.n_layers; ++l) {
-        put(ARC_TENSOR_ROPE_INV_FREQ, l, false);
-        if (c.qk_norm) {
-            put(ARC_TENSOR_Q_NORM, l, false);
-            put(ARC_TENSOR_K_NORM, l, false);
-        }
-        put(ARC_TENSOR_ATTN_NORM, l, false);
-        put(ARC_TENSOR_WQ, l, false);
-        put(ARC_TENSOR_WK, l, true);
-        put(ARC_TENSOR_WV, l, true);
-        if (c.qkv_bias) {
-            put(ARC_TENSOR_BQ, l, false);
-            put(ARC_TENSOR_BK, l, true);
-            put(ARC_TENSOR_BV, l, true);
-        }
-        put(ARC_TENSOR_WO, l, false);
-        if (c.post_norms) {
-            put(ARC_TENSOR_POST_ATTN_NORM, l, false);
-            put(ARC_TENSOR_POST_FFN_NORM, l, false);
-        }
-        put(ARC_TENSOR_MLP_NORM, l, false);
-        put(ARC_TENSOR_W_GATE, l, false);
-        put(ARC_TENSOR_W_UP, l, true);
-        put(ARC_TENSOR_W_DOWN, l, false);
-    }
+    for (const Place &p : GLOBAL) put(p, 0);
+    for (int l = 0; l < c.n_layers; ++l)
+        for (const Place &p : LAYER) put(p, l);
     m->weight_bytes = align_up(at);
     // The prefill's largest dequantized matrix: a layer's q, k and v together, Wo, Wgate and Wup
     // together, or Wdown.
@@ -179,7 +173,7 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
             ARC_REQUIRE_AS("arc_model_create_formats", format_quantized(f),
                            "%s (layer %d): unknown format %d (arc_format 0..6)", TENSOR_NAMES[t], l, f);
             uint64_t rows, cols;
-            tensor_shape(m, t, &rows, &cols);
+            table_shape(c, t, &rows, &cols);
             const uint64_t unit = format_is_k(f) ? QSUPER : QUNIT;
             ARC_REQUIRE_AS("arc_model_create_formats", cols % unit == 0,
                            "%s (layer %d): format %d takes rows of a multiple of %llu weights, got %llu",
@@ -224,6 +218,8 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->rope_factor >= 0.0f && isfinite(c->rope_factor),
                 "config.rope_factor must be finite and not negative (0: 1), got %g", (double)c->rope_factor);
     ARC_REQUIRE(c->post_norms == 0 || c->post_norms == 1, "config.post_norms must be 0 or 1, got %d", c->post_norms);
+    ARC_REQUIRE(c->norm_plus_one == 0 || c->norm_plus_one == 1, "config.norm_plus_one must be 0 or 1, got %d",
+                c->norm_plus_one);
     ARC_REQUIRE(c->activation == ARC_ACT_SILU || c->activation == ARC_ACT_GELU_TANH,
                 "config.activation must be an arc_activation (0 or 1), got %d", c->activation);
     ARC_REQUIRE(c->embed_scale >= 0.0f && isfinite(c->embed_scale) && c->attn_scale >= 0.0f && isfinite(c->attn_scale),
@@ -271,15 +267,10 @@ static int model_init(arc_model *m, const int32_t *formats) {
     ARC_CUDA(ctx, cudaMemsetAsync(m->kv, 0, kv_bytes, ctx->stream));
 
     uint64_t at = 0, off[7];
-    const uint64_t sizes[7] = {
-        (uint64_t)c.dim * 4,
-        (uint64_t)m->qkv_rows * 4,
-        (uint64_t)m->q_dim * 4,
-        (uint64_t)c.ffn_dim * 4,
-        (uint64_t)c.vocab * 4,
-        arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
-        c.post_norms ? (uint64_t)c.dim * 4 : 0,
-    };
+    const uint64_t sizes[7] = {(uint64_t)c.dim * 4, (uint64_t)m->qkv_rows * 4, (uint64_t)m->q_dim * 4,
+                               (uint64_t)c.ffn_dim * 4, (uint64_t)c.vocab * 4,
+                               arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+                               c.post_norms ? (uint64_t)c.dim * 4 : 0};
     for (int i = 0; i < 7; ++i) {
         off[i] = at;
         at = align_up(at + sizes[i]);
@@ -288,13 +279,8 @@ static int model_init(arc_model *m, const int32_t *formats) {
     m->act_bytes = at;
     ARC_CUDA(ctx, cudaMemsetAsync(m->act, 0, at, ctx->stream));
     uint8_t *base = (uint8_t *)m->act;
-    m->x = (float *)(base + off[0]);
-    m->qkv = (float *)(base + off[1]);
-    m->att = (float *)(base + off[2]);
-    m->h = (float *)(base + off[3]);
-    m->logits = (float *)(base + off[4]);
-    m->scratch = (float *)(base + off[5]);
-    m->t = (float *)(base + off[6]);
+    float **parts[7] = {&m->x, &m->qkv, &m->att, &m->h, &m->logits, &m->scratch, &m->t};
+    for (int i = 0; i < 7; ++i) *parts[i] = (float *)(base + off[i]);
     return ARC_OK;
 }
 
@@ -363,6 +349,30 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
     ARC_CUDA(ctx, cudaMemcpyAsync(tensor_at(model, tensor, layer), host, bytes, cudaMemcpyHostToDevice,
                                   ctx->stream));
     model->uploaded[tensor * c.n_layers + layer] = true;
+    return ARC_OK;
+}
+
+extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows,
+                                int64_t *cols) {
+    ARC_REQUIRE(config && rows && cols, "null argument");
+    ARC_REQUIRE(tensor >= 0 && tensor < TENSOR_COUNT, "unknown tensor id %d (valid: 0..%d)", tensor,
+                TENSOR_COUNT - 1);
+    // Only what the table reads is checked: a shape the kernels cannot run still has a table.
+    const arc_model_config &c = *config;
+    ARC_REQUIRE(c.dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.head_dim > 0 &&
+                    c.ffn_dim > 0 && c.vocab > 0,
+                "config: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim and vocab must be positive");
+    ARC_REQUIRE(c.rope_dim >= 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
+                "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
+    if (per_layer(tensor))
+        ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
+                    TENSOR_NAMES[tensor], c.n_layers, layer);
+    else
+        ARC_REQUIRE(layer == 0, "%s is a global tensor: layer must be 0, got %d", TENSOR_NAMES[tensor], layer);
+    uint64_t r, k;
+    table_shape(c, tensor, &r, &k);
+    *rows = (int64_t)r;
+    *cols = (int64_t)k;
     return ARC_OK;
 }
 

@@ -13,7 +13,7 @@ enum { HNORM_THREADS = 128, HNORM_WARPS = HNORM_THREADS / 32, HNORM_PER_LANE = A
 // Limits: hd <= ATTN_MAX_HEAD_DIM.
 __global__ void __launch_bounds__(HNORM_THREADS)
 head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int n_kv_heads, int hd,
-                 const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm, float eps) {
+                 const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm, float eps, float add) {
     pdl_launch_dependents();
     pdl_wait();  // qkv is the projection's output
     const int heads = n_heads + n_kv_heads, lane = threadIdx.x % 32;
@@ -34,12 +34,13 @@ head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int
 #pragma unroll
     for (int e = 0; e < HNORM_PER_LANE; ++e) {
         const int d = lane + 32 * e;
-        if (d < hd) x[d] = v[e] * inv * bf16_to_f32(w[d]);
+        if (d < hd) x[d] = v[e] * inv * (add + bf16_to_f32(w[d]));
     }
 }
 
 int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
-                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps) {
+                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps,
+                     float norm_add) {
     ARC_REQUIRE(qkv && q_norm && k_norm, "null pointer (qkv, q_norm and k_norm are required)");
     ARC_REQUIRE(rows > 0 && n_heads > 0 && n_kv_heads > 0, "rows %d, n_heads %d, n_kv_heads %d must be positive",
                 rows, n_heads, n_kv_heads);
@@ -48,7 +49,8 @@ int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride,
     const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads);
     const unsigned blocks = (unsigned)((tasks + HNORM_WARPS - 1) / HNORM_WARPS);
     return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, qkv,
-                          (int)rows, (int)stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, q_norm, k_norm, eps);
+                          (int)rows, (int)stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, q_norm, k_norm, eps,
+                          norm_add);
 }
 
 enum { ADDNORM_THREADS = 256 };
@@ -58,7 +60,7 @@ enum { ADDNORM_THREADS = 256 };
 // add_sq8's order. Limits: dim % 8 == 0; x, t and w 16-byte aligned.
 __global__ void __launch_bounds__(ADDNORM_THREADS)
 add_norm_rows_kernel(float *__restrict__ x, const float *__restrict__ t, int dim, const uint16_t *__restrict__ w,
-                     float eps) {
+                     float eps, float add) {
     __shared__ float red[ADDNORM_THREADS / 32];
     pdl_launch_dependents();
     pdl_wait();  // t is the product's output
@@ -74,22 +76,22 @@ add_norm_rows_kernel(float *__restrict__ x, const float *__restrict__ t, int dim
         const float4 a = row[2 * v], b = row[2 * v + 1];
         const uint4 g = wv[v];
         float4 xa = out[2 * v], xb = out[2 * v + 1];
-        xa.x += a.x * inv * bf16_lo(g.x); xa.y += a.y * inv * bf16_hi(g.x);
-        xa.z += a.z * inv * bf16_lo(g.y); xa.w += a.w * inv * bf16_hi(g.y);
-        xb.x += b.x * inv * bf16_lo(g.z); xb.y += b.y * inv * bf16_hi(g.z);
-        xb.z += b.z * inv * bf16_lo(g.w); xb.w += b.w * inv * bf16_hi(g.w);
+        xa.x += a.x * inv * (add + bf16_lo(g.x)); xa.y += a.y * inv * (add + bf16_hi(g.x));
+        xa.z += a.z * inv * (add + bf16_lo(g.y)); xa.w += a.w * inv * (add + bf16_hi(g.y));
+        xb.x += b.x * inv * (add + bf16_lo(g.z)); xb.y += b.y * inv * (add + bf16_hi(g.z));
+        xb.z += b.z * inv * (add + bf16_lo(g.w)); xb.w += b.w * inv * (add + bf16_hi(g.w));
         out[2 * v] = xa;
         out[2 * v + 1] = xb;
     }
 }
 
 int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,
-                         float eps) {
+                         float eps, float norm_add) {
     ARC_REQUIRE(x && t && w, "null pointer (x, t and w are required)");
     ARC_REQUIRE(rows > 0 && dim > 0 && dim % 8 == 0, "rows %d must be positive, dim %d a positive multiple of 8", rows,
                 dim);
     ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)t % 16 == 0 && (uintptr_t)w % 16 == 0,
                 "x, t and w must be 16-byte aligned");
     return arc_launch_pdl(ctx, "add_norm_rows_kernel", add_norm_rows_kernel, dim3(rows), dim3(ADDNORM_THREADS), 0, x,
-                          t, (int)dim, w, eps);
+                          t, (int)dim, w, eps, norm_add);
 }

@@ -44,7 +44,7 @@ embed_rows_kernel(const uint16_t *__restrict__ table, int vocab, int dim, const 
 // rounded for the product that reads it; one block per row. Limits: dim % 8 == 0, x, w and xn
 // 16-byte aligned.
 __global__ void __launch_bounds__(ROWS_THREADS)
-rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, float eps,
+rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, float eps, float add,
                     uint16_t *__restrict__ xn) {
     __shared__ float red[ROWS_THREADS / 32];
     pdl_launch_dependents();
@@ -62,10 +62,10 @@ rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w,
     for (int v = threadIdx.x; v < nvec; v += ROWS_THREADS) {
         const float4 a = row[2 * v], b = row[2 * v + 1];
         const uint4 g = wv[v];
-        out[v] = make_uint4(pack_bf16x2(a.x * inv * bf16_lo(g.x), a.y * inv * bf16_hi(g.x)),
-                            pack_bf16x2(a.z * inv * bf16_lo(g.y), a.w * inv * bf16_hi(g.y)),
-                            pack_bf16x2(b.x * inv * bf16_lo(g.z), b.y * inv * bf16_hi(g.z)),
-                            pack_bf16x2(b.z * inv * bf16_lo(g.w), b.w * inv * bf16_hi(g.w)));
+        out[v] = make_uint4(pack_bf16x2(a.x * inv * (add + bf16_lo(g.x)), a.y * inv * (add + bf16_hi(g.x))),
+                            pack_bf16x2(a.z * inv * (add + bf16_lo(g.y)), a.w * inv * (add + bf16_hi(g.y))),
+                            pack_bf16x2(b.x * inv * (add + bf16_lo(g.z)), b.y * inv * (add + bf16_hi(g.z))),
+                            pack_bf16x2(b.z * inv * (add + bf16_lo(g.w)), b.w * inv * (add + bf16_hi(g.w))));
     }
 }
 
@@ -126,9 +126,9 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
 }
 
 static int launch_rmsnorm_rows(arc_context *ctx, const float *x, const uint16_t *w, int rows, int dim, float eps,
-                               uint16_t *xn) {
+                               float norm_add, uint16_t *xn) {
     return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, w,
-                          dim, eps, xn);
+                          dim, eps, norm_add, xn);
 }
 
 // The bf16 matrix a product reads, made of `n` consecutive parts of rows[i] x cols weights: the
@@ -165,14 +165,14 @@ struct PrefillOps {
         const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
         const int32_t rows[3] = {p.q_dim, p.kv_dim, p.kv_dim};
         const uint16_t *w;
-        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.attn_norm, n, p.cfg.dim, p.cfg.rms_eps, b.xn));
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.attn_norm, n, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
         ARC_TRY(bf16_matrix(p.ctx, parts, rows, 3, p.cfg.dim, b.wdq, &w));
         return arc_op_gemm_bf16(p.ctx, b.xn, w, n, p.qkv_rows, p.cfg.dim, lw.bqkv, /*accumulate=*/0, b.qkv);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         return launch_head_norm(p.ctx, p.prefill->qkv, n, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps);
+                                lw.k_norm, c.rms_eps, norm_offset(c));
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -191,7 +191,7 @@ struct PrefillOps {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim, gate_up_rows = 2 * ffn;
         const uint16_t *w;
-        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, b.xn));
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
         ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
         return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, p.cfg.activation, b.h, b.gu,
                                 b.gu_rows);
@@ -209,7 +209,7 @@ struct PrefillOps {
         const uint16_t *w;
         ARC_TRY(bf16_matrix(p.ctx, &lw.wo, &dim, 1, p.q_dim, b.wdq, &w));
         ARC_TRY(arc_op_gemm_bf16(p.ctx, b.att, w, n, dim, p.q_dim, nullptr, /*accumulate=*/0, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_attn_norm, p.cfg.rms_eps);
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
@@ -217,7 +217,7 @@ struct PrefillOps {
         const uint16_t *w;
         ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
         ARC_TRY(arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/0, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps);
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
 };
 
@@ -249,7 +249,7 @@ extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_
     // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
     const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
     return gemv_weight(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
-                       /*accumulate=*/0, mp.logits);
+                       norm_offset(c), /*accumulate=*/0, mp.logits);
 }
 
 extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache) {

@@ -125,7 +125,7 @@ __device__ __forceinline__ void qfull_batch(const uint8_t *w, const RowLayout &L
 template <int F, int R, int KS, bool GATED, bool AM>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
-             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps,
+             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
              int accumulate, float *__restrict__ y, GemvArgmax am) {
     constexpr int NR = GATED ? 2 * R : R;
     constexpr int U = qgemv_batch(NR);
@@ -204,10 +204,10 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         for (int k = 0; k < GEMV_STAGE; ++k) {
             const int u0 = base + k * PER + lane / 8;
             if (norm_w != nullptr) {
-                v[k].x = v[k].x * inv * bf16_lo(g[k].x);
-                v[k].y = v[k].y * inv * bf16_hi(g[k].x);
-                v[k].z = v[k].z * inv * bf16_lo(g[k].y);
-                v[k].w = v[k].w * inv * bf16_hi(g[k].y);
+                v[k].x = v[k].x * inv * (norm_add + bf16_lo(g[k].x));
+                v[k].y = v[k].y * inv * (norm_add + bf16_hi(g[k].x));
+                v[k].z = v[k].z * inv * (norm_add + bf16_lo(g[k].y));
+                v[k].w = v[k].w * inv * (norm_add + bf16_hi(g[k].y));
             }
             float amax = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -285,6 +285,7 @@ struct QgemvArgs {
     int accumulate;
     float *y;
     const GemvArgmax *am;
+    float norm_add = 0.0f;  // what the norm adds to its weights (norm_plus_one: 1)
 };
 
 // Launches the instance (F, R, KS, GATED, AM) sized as the bf16 GEMV is: enough blocks for
@@ -297,7 +298,7 @@ static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = GATED ? "qgemv_kernel<swiglu>" : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
-                          a.bias, a.norm_w, a.eps, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
+                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
 }
 
 template <int F, int R, int KS, bool GATED>

@@ -46,13 +46,14 @@ extern "C" int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, con
 // The quantized lm_head of the greedy step (launch_gemv_argmax's twin): its argmax committed to
 // `loop`, or with loop null written to *out and *value_out.
 int launch_qgemv_argmax(arc_context *ctx, const char *who, int32_t format, const void *w, const float *x,
-                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y, arc_loop *loop,
-                        int32_t *out, float *value_out) {
+                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, float *y,
+                        arc_loop *loop, int32_t *out, float *value_out) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
     ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
     GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
     const int st = launch_qgemv(
-        ctx, who, QgemvArgs{format, (const uint8_t *)w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am}, false);
+        ctx, who, QgemvArgs{format, (const uint8_t *)w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am, norm_add},
+        false);
     if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
     return st;
 }
@@ -60,22 +61,23 @@ int launch_qgemv_argmax(arc_context *ctx, const char *who, int32_t format, const
 extern "C" int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
                                    int32_t cols, const uint16_t *norm_weight, float eps, float *y, int32_t *out,
                                    float *value_out) {
-    return launch_qgemv_argmax(ctx, __func__, format, w, x, rows, cols, norm_weight, eps, y, nullptr, out,
+    return launch_qgemv_argmax(ctx, __func__, format, w, x, rows, cols, norm_weight, eps, 0.0f, y, nullptr, out,
                                value_out);
 }
 
 // arc_op_qgemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
 static int qgemv_glu(arc_context *ctx, const char *who, int32_t format, const void *w_gate_up, const float *x,
-                     int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, int act, float *y) {
+                     int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, int act,
+                     float *y) {
     return launch_qgemv(ctx, who,
                         QgemvArgs{format, (const uint8_t *)w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y,
-                                  nullptr},
+                                  nullptr, norm_add},
                         true);
 }
 
 extern "C" int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x,
                                    int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return qgemv_glu(ctx, __func__, format, w_gate_up, x, rows, cols, norm_weight, eps, ARC_ACT_SILU, y);
+    return qgemv_glu(ctx, __func__, format, w_gate_up, x, rows, cols, norm_weight, eps, 0.0f, ARC_ACT_SILU, y);
 }
 
 // out[rows, cols] = bf16 of W's weights; thread t of the grid-stride loop decodes unit t % units
@@ -132,29 +134,35 @@ extern "C" int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w
 // ---- The forward's products over a Weight of any format ----------------------------------
 
 int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
-                const uint16_t *norm_weight, float eps, int32_t accumulate, float *y) {
+                const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate, float *y) {
     if (w.format == ARC_FORMAT_BF16)
-        return arc_op_gemv(ctx, (const uint16_t *)w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y);
-    return arc_op_qgemv(ctx, w.format, w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y);
+        return launch_gemv_rows(ctx, "arc_op_gemv", (const uint16_t *)w.p, x, rows, cols, bias, norm_weight, eps,
+                                norm_add, accumulate, y);
+    return launch_qgemv(ctx, "arc_op_qgemv",
+                        QgemvArgs{w.format, (const uint8_t *)w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y,
+                                  nullptr, norm_add},
+                        false);
 }
 
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, int act, float *y) {
+                       const uint16_t *norm_weight, float eps, float norm_add, int act, float *y) {
     if (w.format == ARC_FORMAT_BF16)
-        return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, act, y);
-    return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, x, rows, cols, norm_weight, eps, act, y);
+        return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, norm_add,
+                        act, y);
+    return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, x, rows, cols, norm_weight, eps, norm_add, act, y);
 }
 
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float *y, arc_loop *loop) {
+                       const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop) {
     if (w.format == ARC_FORMAT_BF16)
-        return launch_gemv_argmax(ctx, who, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, y, loop, nullptr,
-                                  nullptr);
-    return launch_qgemv_argmax(ctx, who, w.format, w.p, x, rows, cols, norm_weight, eps, y, loop, nullptr, nullptr);
+        return launch_gemv_argmax(ctx, who, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, norm_add, y, loop,
+                                  nullptr, nullptr);
+    return launch_qgemv_argmax(ctx, who, w.format, w.p, x, rows, cols, norm_weight, eps, norm_add, y, loop, nullptr,
+                               nullptr);
 }
 
 int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
-             float eps, float *y) {
+             float eps, float norm_add, float *y) {
     const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
     const int32_t rows[3] = {q_rows, kv_rows, kv_rows};
     int32_t at = 0;
@@ -162,7 +170,7 @@ int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_
         int j = i, n = 0;
         while (j < 3 && parts[j].format == parts[i].format) n += rows[j++];
         const uint16_t *bias = lw.bqkv ? lw.bqkv + at : nullptr;
-        ARC_TRY(gemv_weight(ctx, parts[i], x, n, cols, bias, lw.attn_norm, eps, /*accumulate=*/0, y + at));
+        ARC_TRY(gemv_weight(ctx, parts[i], x, n, cols, bias, lw.attn_norm, eps, norm_add, /*accumulate=*/0, y + at));
         at += n;
         i = j;
     }

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(SKINNY_THREADS, SKINNY_MIN_BLOCKS) skinny_kern
 // null, the identity. One block per row. Limits: cols % 8 == 0; x, norm_w and parts 16-byte aligned.
 __global__ void __launch_bounds__(SPLIT_THREADS)
 split_rows_kernel(const float *__restrict__ x, int rows, int cols, const uint16_t *__restrict__ norm_w, float eps,
-                  uint16_t *__restrict__ parts) {
+                  float norm_add, uint16_t *__restrict__ parts) {
     __shared__ float red[SPLIT_THREADS / 32];
     pdl_launch_dependents();
     pdl_wait();  // x is the previous kernel's output
@@ -233,7 +233,8 @@ split_rows_kernel(const float *__restrict__ x, int rows, int cols, const uint16_
             const uint4 gw = nw[v];
             const uint32_t gws[4] = {gw.x, gw.y, gw.z, gw.w};
 #pragma unroll
-            for (int i = 0; i < 8; ++i) e[i] = e[i] * inv * (i % 2 ? bf16_hi(gws[i / 2]) : bf16_lo(gws[i / 2]));
+            for (int i = 0; i < 8; ++i)
+                e[i] = e[i] * inv * (norm_add + (i % 2 ? bf16_hi(gws[i / 2]) : bf16_lo(gws[i / 2])));
         }
         uint16_t q[8][ARC_SPLIT_PARTS];
 #pragma unroll
@@ -281,18 +282,23 @@ static int check_skinny(const char *who, const arc_context *ctx, const SkinnyArg
     return ARC_OK;
 }
 
+int split_rows(arc_context *ctx, const char *who, const float *x, int32_t rows, int32_t cols,
+               const uint16_t *norm_weight, float eps, float norm_add, uint16_t *parts) {
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
+    ARC_REQUIRE_AS(who, x && parts, "null pointer (x and parts are required)");
+    ARC_REQUIRE_AS(who, rows >= 1 && rows <= SKINNY_MAX_ROWS, "rows must be in 1..%d, got %d", SKINNY_MAX_ROWS, rows);
+    ARC_REQUIRE_AS(who, cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
+    ARC_REQUIRE_AS(who, (uintptr_t)x % 16 == 0 && (uintptr_t)parts % 16 == 0 && (uintptr_t)norm_weight % 16 == 0,
+                   "x, norm_weight and parts must be 16-byte aligned");
+    ARC_REQUIRE_AS(who, norm_weight == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
+    ARC_REQUIRE_AS(who, (const void *)parts != (const void *)x, "parts and x must be distinct");
+    return arc_launch_pdl(ctx, "split_rows_kernel", split_rows_kernel, dim3(rows), dim3(SPLIT_THREADS), 0, x, rows,
+                          cols, norm_weight, eps, norm_add, parts);
+}
+
 extern "C" int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols,
                                  const uint16_t *norm_weight, float eps, uint16_t *parts) {
-    ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(x && parts, "null pointer (x and parts are required)");
-    ARC_REQUIRE(rows >= 1 && rows <= SKINNY_MAX_ROWS, "rows must be in 1..%d, got %d", SKINNY_MAX_ROWS, rows);
-    ARC_REQUIRE(cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
-    ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)parts % 16 == 0 && (uintptr_t)norm_weight % 16 == 0,
-                "x, norm_weight and parts must be 16-byte aligned");
-    ARC_REQUIRE(norm_weight == nullptr || eps > 0.0f, "eps must be positive, got %g", (double)eps);
-    ARC_REQUIRE((const void *)parts != (const void *)x, "parts and x must be distinct");
-    return arc_launch_pdl(ctx, "split_rows_kernel", split_rows_kernel, dim3(rows), dim3(SPLIT_THREADS), 0, x, rows,
-                          cols, norm_weight, eps, parts);
+    return split_rows(ctx, __func__, x, rows, cols, norm_weight, eps, 0.0f, parts);
 }
 
 extern "C" int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n,

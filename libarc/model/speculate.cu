@@ -193,13 +193,14 @@ struct VerifyOps {
 
     int attn_in(const LayerParts &lw) {
         const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
-        ARC_TRY(arc_op_split_rows(p.ctx, b.x, rows, p.cfg.dim, lw.attn_norm, p.cfg.rms_eps, b.parts));
+        ARC_TRY(split_rows(p.ctx, "arc_model_forward_speculate", b.x, rows, p.cfg.dim, lw.attn_norm, p.cfg.rms_eps, norm_offset(p.cfg),
+                           b.parts));
         return arc_op_skinny(p.ctx, b.parts, wqkv, rows, p.qkv_rows, p.cfg.dim, lw.bqkv, 0, b.qkv);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         return launch_head_norm(p.ctx, b.qkv, rows, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps);
+                                lw.k_norm, c.rms_eps, norm_offset(c));
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -212,7 +213,7 @@ struct VerifyOps {
     }
     int ffn_in(const LayerParts &lw) {
         const int dim = p.cfg.dim;
-        ARC_TRY(arc_op_split_rows(p.ctx, b.x, rows, dim, lw.mlp_norm, p.cfg.rms_eps, b.parts));
+        ARC_TRY(split_rows(p.ctx, "arc_model_forward_speculate", b.x, rows, dim, lw.mlp_norm, p.cfg.rms_eps, norm_offset(p.cfg), b.parts));
         return skinny_glu(p.ctx, "arc_model_forward_speculate", b.parts, (const uint16_t *)lw.w_gate_up.p, rows,
                           p.cfg.ffn_dim, dim, p.cfg.activation, b.h);
     }
@@ -223,12 +224,14 @@ struct VerifyOps {
     int attn_out_norm(const LayerParts &lw) {
         ARC_TRY(arc_op_split_rows(p.ctx, b.att, rows, p.q_dim, nullptr, 0.0f, b.parts));
         ARC_TRY(arc_op_skinny(p.ctx, b.parts, (const uint16_t *)lw.wo.p, rows, p.cfg.dim, p.q_dim, nullptr, 0, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps);
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps,
+                                    norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
         ARC_TRY(arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 0,
                               b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps);
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps,
+                                    norm_offset(p.cfg));
     }
 };
 
@@ -240,7 +243,7 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
                            c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
     ARC_TRY(run_layers(model, mp, ops));
-    ARC_TRY(arc_op_split_rows(ctx, b.x, rows, c.dim, mp.final_norm, c.rms_eps, b.parts));
+    ARC_TRY(split_rows(ctx, "arc_model_forward_speculate", b.x, rows, c.dim, mp.final_norm, c.rms_eps, norm_offset(c), b.parts));
     return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, c.dim, nullptr, 0, b.logits);
 }
 

@@ -1,0 +1,91 @@
+"""The decode at a long context: the step's KV reads beside its weights, and what a sliding window
+saves.
+
+At position p a layer's attention reads the bf16 keys and values of the positions it attends: all
+p + 1 of them, or a windowed layer's last `window` (ModelConfig.window). A context row prefills a
+prompt of `context` tokens, then times the greedy device loop (burst 16) over the tokens after it;
+its floor counts the weights and those KV bytes, averaged over the generation's positions. A model
+with windowed layers is timed a second time on the same weights with its window off: the
+difference between the two rows is what reading only the window saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import numpy as np
+
+from arcpy.bench.loop import generation_positions, time_generation
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.errors import ArcError, InvalidArgumentError
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.model import Model, ModelConfig
+
+BURST = 16
+
+
+def kv_read_bytes(cfg: ModelConfig, position: int) -> int:
+    """Bytes of the KV cache one step at `position` reads: each layer's keys and values (bf16) of
+    the positions its attention reads, the window's on a windowed layer."""
+    per_position = 2 * cfg.kv_dim * 2
+    seen = position + 1
+    return per_position * sum(min(seen, cfg.window(layer) or seen) for layer in range(cfg.n_layers))
+
+
+def check_context(cfg: ModelConfig, max_seq: int, context: int, tokens: int) -> None:
+    """The context and the tokens after it fit the benchmark's KV cache, or one clear error."""
+    if context < 1 or context + tokens > max_seq:
+        raise InvalidArgumentError(f"a context of {context} tokens and {tokens} more do not fit the "
+                                   f"benchmark's {max_seq} positions of {cfg.n_layers}-layer model")
+
+
+def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, context: int, tokens: int,
+                runs: int, max_seq: int) -> dict:
+    """The greedy device loop after a `context`-token prompt on an open device of a model of cfg."""
+    check_context(cfg, max_seq, context, tokens)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab, size=context).tolist()
+    engine = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch())
+    us, stats = time_generation(engine, prompt, tokens, runs)
+    if stats.path != "device-loop":
+        raise ArcError(f"asked for the device loop at a {context}-token context, the engine took {stats.path}")
+    first, last = generation_positions(context, tokens, max_seq)
+    kv = statistics.fmean(kv_read_bytes(cfg, p) for p in range(first, last + 1))
+    return {"context": context, "window": cfg.sliding_window, "window_pattern": cfg.window_pattern,
+            "burst": BURST, "us_per_token": statistics.median(us), "runs_us": [round(u, 2) for u in us],
+            "kv_bytes_per_token": kv, "floor_us": (weight_bytes + kv) / bandwidth * 1e6,
+            "host_waits_per_token": stats.per_token(stats.host_waits)}
+
+
+def without_window(model: Model) -> Model:
+    """The same weights with every layer global: the window's saving is measured against it."""
+    cfg = dataclasses.replace(model.config, sliding_window=0, window_pattern=0)
+    return Model(cfg, model.tensors, name=f"{model.name} (no window)", source=model.source)
+
+
+def context_rows(model: Model, bandwidth: float, context: int, tokens: int, runs: int, max_seq: int) -> list[dict]:
+    """The context row of `model`, and for a windowed model the same weights' row without it."""
+    rows = []
+    variants = [model] + ([without_window(model)] if model.config.sliding_window else [])
+    for m in variants:
+        with open_cuda_device(m, max_seq=max_seq) as device:
+            rows.append(context_row(device, m.config, m.weight_bytes, bandwidth, context, tokens, runs, max_seq))
+    return rows
+
+
+def format_rows(shape: str, rows: list[dict]) -> list[str]:
+    """The context rows as text, with the window's saving where both rows are there."""
+    lines = []
+    for r in rows:
+        what = f"window {r['window']} (every {r['window_pattern']}th layer global)" if r["window"] else "no window"
+        lines.append(f"{shape}: {r['context']}-token context, {what}: {r['us_per_token']:.2f} us/token "
+                     f"({1e6 / r['us_per_token']:.1f} tok/s), KV read {r['kv_bytes_per_token'] / 1e6:.1f} MB/token, "
+                     f"floor {r['floor_us']:.2f} us ({r['floor_us'] / r['us_per_token']:.1%}), "
+                     f"host waits/token {r['host_waits_per_token']:.2f}")
+    if len(rows) == 2:
+        saved = rows[1]["us_per_token"] - rows[0]["us_per_token"]
+        bytes_saved = rows[1]["kv_bytes_per_token"] - rows[0]["kv_bytes_per_token"]
+        lines.append(f"{shape}: the window saves {saved:.2f} us/token and {bytes_saved / 1e6:.1f} MB of KV reads "
+                     f"a token at a {rows[0]['context']}-token context")
+    return lines

@@ -1,0 +1,164 @@
+"""A model as libarc describes it: its config as an arc_model_config, its tensor table, its layer
+program.
+
+Both tables are written once, in libarc, and read from there by every backend:
+- the tensor table (arc.h: arc_tensor_shape) gives each arc_tensor's shape and whether a config
+  has it. Here each tensor only gets its Hugging Face name; shapes, presence and the checks of a
+  file's tensors all follow libarc's answer.
+- the layer program (arc.h: arc_layer_op, arc_layer_program) is the sequence of one decoder
+  layer: the CUDA forwards run it, and the NumPy reference runs each op in its own form.
+libarc.so loads without a GPU, so the NumPy backend reads the same tables; where no libarc.so
+loads at all, describing a model is the NoDeviceError that says why. Every `cfg` here is a
+ModelConfig (arcpy.model.config, which reads its tensor table from here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from arcpy import _lib
+from arcpy.codes import ACTIVATIONS, OP_NAMES
+from arcpy.errors import InvalidArgumentError
+
+EMBED = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+
+# arc_tensor ids by Hugging Face name: the global tensors, and a layer's by the suffix after
+# layer_prefix, in the order files list them (the norms after attention are norm_names').
+_GLOBAL_IDS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
+_ATTENTION_IDS = (
+    ("input_layernorm.weight", "ARC_TENSOR_ATTN_NORM"),
+    ("self_attn.q_norm.weight", "ARC_TENSOR_Q_NORM"),
+    ("self_attn.k_norm.weight", "ARC_TENSOR_K_NORM"),
+    ("self_attn.q_proj.weight", "ARC_TENSOR_WQ"),
+    ("self_attn.k_proj.weight", "ARC_TENSOR_WK"),
+    ("self_attn.v_proj.weight", "ARC_TENSOR_WV"),
+    ("self_attn.q_proj.bias", "ARC_TENSOR_BQ"),
+    ("self_attn.k_proj.bias", "ARC_TENSOR_BK"),
+    ("self_attn.v_proj.bias", "ARC_TENSOR_BV"),
+    ("self_attn.o_proj.weight", "ARC_TENSOR_WO"),
+)
+_NORM_IDS = {"ffn": "ARC_TENSOR_MLP_NORM", "post_attn": "ARC_TENSOR_POST_ATTN_NORM",
+             "post_ffn": "ARC_TENSOR_POST_FFN_NORM"}
+_FFN_IDS = (
+    ("mlp.gate_proj.weight", "ARC_TENSOR_W_GATE"),
+    ("mlp.up_proj.weight", "ARC_TENSOR_W_UP"),
+    ("mlp.down_proj.weight", "ARC_TENSOR_W_DOWN"),
+)
+# The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
+_MATRIX_SUFFIXES = tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS
+                         if suffix.endswith("proj.weight"))
+
+
+def layer_prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+def norm_names(cfg) -> dict[str, str]:
+    """The layer's norms after attention, by role, under their Hugging Face names: the FFN's input
+    norm ("ffn"), and with post_norms the attention's and the FFN's output norms. Gemma names its
+    FFN input norm pre_feedforward_layernorm and its attention output norm post_attention_layernorm,
+    the name Llama gives its FFN input norm."""
+    if not cfg.post_norms:
+        return {"ffn": "post_attention_layernorm.weight"}
+    return {"ffn": "pre_feedforward_layernorm.weight", "post_attn": "post_attention_layernorm.weight",
+            "post_ffn": "post_feedforward_layernorm.weight"}
+
+
+def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
+    """(suffix, arc_tensor name) of every tensor a layer may hold, in file order."""
+    norms = tuple((name, _NORM_IDS[role]) for role, name in norm_names(cfg).items())
+    return _ATTENTION_IDS + norms + _FFN_IDS
+
+
+def is_matrix(name: str) -> bool:
+    """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
+    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
+
+
+def native_config(ffi, cfg, max_seq: int | None = None):
+    """A new arc_model_config * holding cfg (max_seq: the context to allocate, else the config's)."""
+    c = ffi.new("arc_model_config *")
+    c.dim, c.n_layers, c.n_heads, c.n_kv_heads = cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads
+    c.head_dim, c.ffn_dim, c.vocab = cfg.head_dim, cfg.ffn_dim, cfg.vocab
+    c.max_seq = cfg.max_seq if max_seq is None else max_seq
+    c.rms_eps = cfg.rms_eps
+    c.tied_embeddings, c.qkv_bias, c.qk_norm = int(cfg.tied_embeddings), int(cfg.qkv_bias), int(cfg.qk_norm)
+    c.rope_dim = cfg.rope_dim
+    c.rope_factor = cfg.rope_attention_factor
+    c.post_norms, c.activation = int(cfg.post_norms), ACTIVATIONS.index(cfg.activation)
+    # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
+    c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.attn_scale if cfg.attn_scale is not None else 0.0
+    c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
+    c.norm_plus_one = int(cfg.norm_plus_one)
+    return c
+
+
+class _Table:
+    """libarc's tensor table for one config: shape(id name, layer) -> its shape, or None where the
+    config has no such tensor. Rank 2 for the embedding and the matrices, 1 for the rest."""
+
+    def __init__(self, cfg):
+        self.ffi, self.lib = _lib.load()
+        self.config = native_config(self.ffi, cfg)
+        self.rows, self.cols = self.ffi.new("int64_t *"), self.ffi.new("int64_t *")
+
+    def shape(self, tensor: str, layer: int, matrix: bool) -> tuple[int, ...] | None:
+        _lib.check(self.lib.arc_tensor_shape(self.config, getattr(self.lib, tensor), layer, self.rows, self.cols))
+        rows, cols = int(self.rows[0]), int(self.cols[0])
+        if rows == 0:
+            return None
+        return (rows, cols) if matrix else (cols,)
+
+
+def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor a model of this config stores, (name, shape), in a fixed order: libarc's table
+    under the Hugging Face names.
+
+    A generator, so a reader can stop at the first tensor a file lacks instead of first listing
+    all of them for a config that claims a billion layers.
+    """
+    table = _Table(cfg)
+    yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
+    layer_ids = _layer_ids(cfg)
+    for i in range(cfg.n_layers):
+        p = layer_prefix(i)
+        for suffix, tensor in layer_ids:
+            shape = table.shape(tensor, i, suffix in _MATRIX_SUFFIXES)
+            if shape is not None:
+                yield p + suffix, shape
+    yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)
+    lm_head = table.shape(_GLOBAL_IDS[LM_HEAD], 0, True)
+    if lm_head is not None:
+        yield LM_HEAD, lm_head
+
+
+def expected_tensors(cfg) -> dict[str, tuple[int, ...]]:
+    """Every tensor a model of this config stores, name -> shape, in a fixed order."""
+    return dict(iter_tensors(cfg))
+
+
+def place(name: str, cfg) -> tuple[str, int]:
+    """(arc_tensor name, layer) of a tensor of a model of cfg, by its Hugging Face name."""
+    if name in _GLOBAL_IDS:
+        return _GLOBAL_IDS[name], 0
+    layer_s, _, suffix = name[len("model.layers."):].partition(".")
+    ids = dict(_layer_ids(cfg))
+    if not (name.startswith("model.layers.") and layer_s.isdigit() and suffix in ids
+            and name == layer_prefix(int(layer_s)) + suffix):
+        raise InvalidArgumentError(f"tensor {name} has no place in the model")
+    return ids[suffix], int(layer_s)
+
+
+def layer_program(cfg, layer: int) -> list[int]:
+    """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
+    ffi, lib = _lib.load()
+    ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
+    _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
+    return [int(op) for op in ops[0:count[0]]]
+
+
+def describe(program: list[int]) -> str:
+    """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
+    return " ".join(OP_NAMES.get(op, f"op{op}") for op in program)

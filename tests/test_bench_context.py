@@ -1,0 +1,48 @@
+"""The long-context rows of the benchmark (arcpy.bench.context), on the CPU: the KV bytes a step
+reads, with and without a window, and the checks and the text of the rows."""
+
+import dataclasses
+
+import pytest
+
+from arcpy.bench.context import check_context, format_rows, kv_read_bytes, without_window
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import SHAPES, random_model
+
+
+def test_a_windowed_layer_reads_its_window_and_a_global_layer_everything():
+    cfg = SHAPES["gemma3-4B"]
+    assert (cfg.sliding_window, cfg.window_pattern) == (1024, 6)
+    n_global = sum(1 for layer in range(cfg.n_layers) if layer % 6 == 5)
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16
+    assert kv_read_bytes(cfg, 4095) == per_position * (n_global * 4096 + (cfg.n_layers - n_global) * 1024)
+    # Before the window fills, every layer reads every position.
+    assert kv_read_bytes(cfg, 99) == per_position * cfg.n_layers * 100
+    flat = dataclasses.replace(cfg, sliding_window=0, window_pattern=0)
+    assert kv_read_bytes(flat, 4095) == per_position * cfg.n_layers * 4096
+
+
+def test_the_window_is_taken_off_the_same_weights():
+    model = random_model(dataclasses.replace(SHAPES["gemma3-tiny"], max_seq=64), seed=1, name="g")
+    flat = without_window(model)
+    assert model.config.sliding_window > 0 and flat.config.sliding_window == 0 and flat.config.window_pattern == 0
+    assert flat.tensors.keys() == model.tensors.keys()
+    assert all(flat.tensors[k] is model.tensors[k] for k in model.tensors)
+
+
+def test_a_context_that_does_not_fit_is_one_clear_error():
+    cfg = SHAPES["gemma3-4B"]
+    check_context(cfg, 8192, 4096, 256)
+    with pytest.raises(InvalidArgumentError, match="a context of 8000 tokens and 256 more do not fit"):
+        check_context(cfg, 8192, 8000, 256)
+
+
+def test_the_rows_print_the_windows_saving():
+    rows = [{"context": 4096, "window": 1024, "window_pattern": 6, "us_per_token": 400.0,
+             "kv_bytes_per_token": 100e6, "floor_us": 300.0, "host_waits_per_token": 0.0},
+            {"context": 4096, "window": 0, "window_pattern": 0, "us_per_token": 430.0,
+             "kv_bytes_per_token": 250e6, "floor_us": 330.0, "host_waits_per_token": 0.0}]
+    lines = format_rows("gemma3-4B", rows)
+    assert "window 1024 (every 6th layer global): 400.00 us/token (2500.0 tok/s), KV read 100.0 MB/token" in lines[0]
+    assert "no window: 430.00 us/token" in lines[1]
+    assert lines[2] == "gemma3-4B: the window saves 30.00 us/token and 150.0 MB of KV reads a token at a 4096-token context"
