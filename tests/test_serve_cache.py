@@ -81,3 +81,23 @@ def test_clearing_the_cache_makes_the_next_request_cold(server, client, route):
     after = client.chat.completions.create(model="tiny", messages=FIRST, max_tokens=4, temperature=0)
     assert cached(after) == 0
     assert httpx.get(server.url + route).status_code == 405
+
+
+@pytest.fixture(scope="module")
+def stored_server(model_dir):
+    with Server("--model", str(model_dir), "--backend", "numpy", "--temperature", "0",
+                "--prompt-cache-bytes", str(8 << 20)) as s:
+        yield s
+
+
+def test_with_a_store_alternating_conversations_each_reuse_their_own(stored_server, cold):
+    client = openai.OpenAI(base_url=stored_server.url + "/v1", api_key="unused", max_retries=0)
+    systems = [" ".join(f"w{(i * k) % 50}" for i in range(100)) for k in (1, 3)]
+    histories = [[{"role": "system", "content": s}, {"role": "user", "content": "hello there"}] for s in systems]
+    for turn in range(2):
+        for history in histories:
+            reply = client.chat.completions.create(model="tiny", messages=history, max_tokens=5, temperature=0)
+            want, _ = cold(messages=history, max_new_tokens=5)
+            assert reply.choices[0].message.content == want
+            assert (cached(reply) >= 64) == (turn > 0), (turn, cached(reply))
+            history += [{"role": "assistant", "content": want}, {"role": "user", "content": "general kenobi"}]
