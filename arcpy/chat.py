@@ -6,7 +6,13 @@ the oldest turns are dropped (the system message stays) and a note says so.
 
     /reset    forget the conversation (the system message stays)
     /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
+    /tool T   with --tools: T is the result of the model's next pending tool call; once every call
+              has its result, the model answers on
     Ctrl-C    during an answer: stop that answer (what was shown stays in the conversation)
+
+With --tools FILE (OpenAI's function tools, a JSON array) the tools go to the chat template; a
+reasoning model's thinking and the model's tool calls are read from its answer (arcpy.text.answer)
+and each call is shown on a line of its own, `[tool call NAME] ARGUMENTS`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import click
@@ -23,6 +30,7 @@ import click
 from arcpy import _lib
 from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.files import read_json_file
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
@@ -30,10 +38,12 @@ from arcpy.loop.request import Request, TemplateKwargs
 from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
+from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
+from arcpy.text.tools import check_tools, tool_format
 
 PROMPT = ">>> "
 HELP = ("/reset forgets the conversation, /exit ends it (so do Ctrl-D and Ctrl-C at the prompt); "
-        "Ctrl-C during an answer stops it")
+        "/tool RESULT answers the next tool call; Ctrl-C during an answer stops it")
 DEFAULT_MAX_NEW = 512
 
 
@@ -50,59 +60,112 @@ class Conversation:
 
     def __init__(self, engine: Engine, text: TextSpec, system: str | None = None,
                  max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None,
-                 template_kwargs=None):
+                 template_kwargs=None, tools=None):
         self.engine, self.text, self.system = engine, text, system
         self.max_new_tokens, self.stop, self.sampling = max_new_tokens, tuple(stop), sampling or Sampling()
         self.template_kwargs = TemplateKwargs(template_kwargs)  # checked once, for every turn
-        self.turns: list[tuple[str, str]] = []  # (user, assistant)
+        self.tools = check_tools(tools) or None
+        # (user, the answer's text), or with tools (user, [the assistant's and tools' messages])
+        self.turns: list[tuple[str, str | list[dict]]] = []
+        self.pending: list[dict] = []  # tool calls of the last answer still without a result
 
     def reset(self) -> None:
         self.turns.clear()
+        self.pending.clear()
 
-    def messages(self, user: str, turns) -> list[dict]:
+    def messages(self, user: str | None, turns) -> list[dict]:
+        """The conversation for the template; `user` None continues the last turn (after tool results)."""
         out = [{"role": "system", "content": self.system}] if self.system is not None else []
         for asked, answered in turns:
-            out += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
-        return out + [{"role": "user", "content": user}]
+            out.append({"role": "user", "content": asked})
+            out += [{"role": "assistant", "content": answered}] if isinstance(answered, str) else answered
+        return out + ([{"role": "user", "content": user}] if user is not None else [])
 
     def fit(self, user: str) -> tuple[list[int], int]:
         """The prompt's token ids for `user` after the history, and how many of the oldest turns
         were left out so that the answer has room: its budget, or a quarter of the context."""
         context = self.engine.device.max_seq
         room = min(self.max_new_tokens, context // 4)
-        for dropped in range(len(self.turns) + 1):
+        for dropped in range(len(self.turns) + (user is not None)):  # a turn being continued stays
             ids = request_ids(self.text, Request(messages=self.messages(user, self.turns[dropped:]),
-                                                 template_kwargs=self.template_kwargs))
+                                                 template_kwargs=self.template_kwargs, tools=self.tools))
             if len(ids) + room <= context:
                 return ids, dropped
         if len(ids) < context:
-            return ids, len(self.turns)
+            return ids, len(self.turns) - (user is None)
         raise InvalidArgumentError(f"the message takes {len(ids)} tokens with the template; the context holds "
                                    f"{context} (--max-seq)")
 
-    def answer(self, user: str, write: Callable[[str], None], stop_asked: Callable[[], bool]) -> Reply:
-        """Stream the answer to `user` through `write`; stop at the piece after `stop_asked()`."""
+    def answer(self, user: str | None, write: Callable[[str], None], stop_asked: Callable[[], bool]) -> Reply:
+        """Stream the answer to `user` through `write`; stop at the piece after `stop_asked()`.
+        `user` None: the model answers on after the tools' results."""
         ids, dropped = self.fit(user)
         if dropped:
             del self.turns[:dropped]
         request = Request(prompt_ids=ids, max_new_tokens=self.max_new_tokens, stop=self.stop,
                           sampling=self.sampling)
+        splitter = self._splitter(ids)
         shown, stopped = [], False
         try:
             with contextlib.closing(self.engine.stream(request)) as pieces:
                 for piece in pieces:
-                    if piece.text:
-                        write(piece.text)
-                        shown.append(piece.text)
+                    for text in self._shown(splitter, piece):
+                        write(text)
+                        shown.append(text)
                     if stop_asked():
                         stopped = True
                         break
+            for text in self._shown(splitter, None):
+                write(text)
+                shown.append(text)
         except KeyboardInterrupt:  # a second Ctrl-C, inside the engine
             self.engine.finish()
             stopped = True
-        self.turns.append((user, "".join(shown)))
+        self._record(user, "".join(shown), splitter)
         st = self.engine.stats
         return Reply("".join(shown), stopped, dropped, st.summary() + f", finished: {st.finish_reason}")
+
+    def tool_result(self, result: str, write: Callable[[str], None], stop_asked: Callable[[], bool]) -> Reply | None:
+        """`result` answers the next pending call; once none is pending, the model answers on
+        (its Reply), else None."""
+        if not self.pending:
+            raise InvalidArgumentError("no tool call is waiting for a result")
+        call = self.pending.pop(0)
+        self.turns[-1][1].append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                                  "content": result})
+        return None if self.pending else self.answer(None, write, stop_asked)
+
+    def _splitter(self, ids: list[int]) -> Splitter | None:
+        if self.tools is None:
+            return None
+        tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
+        return Splitter(reasoning=thinks(self.text), opened=thinks(self.text) and opens_thinking(tail),
+                        tools=tool_format(self.text.chat_template), marks=special_marks(self.text))
+
+    @staticmethod
+    def _shown(splitter: Splitter | None, piece) -> list[str]:
+        """What to write for a piece (None: the end): its text, or with tools the text the splitter
+        let through and each call on a line of its own."""
+        if splitter is None:
+            return [piece.text] if piece is not None and piece.text else []
+        deltas = splitter.push(piece.text, piece.token) if piece is not None else splitter.finish()
+        return [d.reasoning + d.content if d.tool_call is None else
+                f"\n[tool call {d.tool_call['function']['name']}] {d.tool_call['function']['arguments']}\n"
+                for d in deltas]
+
+    def _record(self, user: str | None, shown: str, splitter: Splitter | None) -> None:
+        if splitter is None:
+            self.turns.append((user, shown))
+            return
+        a = splitter.answer
+        message = {"role": "assistant", "content": a.content}
+        if a.tool_calls:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in a.tool_calls]
+        if user is None:
+            self.turns[-1][1].append(message)
+        else:
+            self.turns.append((user, [message]))
+        self.pending = list(message.get("tool_calls", ()))
 
 
 class StopKey:
@@ -165,7 +228,13 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
             continue
         try:
             with stop_key.armed():
-                reply = conversation.answer(line, write, stop_key)
+                if command.startswith("/tool "):
+                    reply = conversation.tool_result(line.strip()[len("/tool"):].strip(), write, stop_key)
+                    if reply is None:
+                        err.write(f"({len(conversation.pending)} more tool call(s) wait for a result)\n")
+                        continue
+                else:
+                    reply = conversation.answer(line, write, stop_key)
         except ArcError as exc:
             err.write(f"error: {exc}\n")
             continue
@@ -195,19 +264,22 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
               help="Seed of the sampler (with --temperature): every answer drawn from it.")
 @click.option("--stats", is_flag=True, help="After each answer, its statistics on stderr.")
+@click.option("--tools", "tools_path", type=click.Path(dir_okay=False), default=None,
+              help="A JSON file of OpenAI function tools for the template; calls are shown, /tool answers them.")
 def main(**options):
     """Chat with a model in the terminal: the answer streams as it lands."""
     sys.exit(run(**options))
 
 
 def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq,
-        drafts, temperature, top_k, top_p, seed, stats, read=input) -> int:
+        drafts, temperature, top_k, top_p, seed, stats, tools_path=None, read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
         sampling = Sampling(temperature, top_k, top_p, seed)
         kwargs = parse_template_kwargs(template_kwargs)
         if any(not s for s in stop_strings):
             raise click.UsageError("--stop must not be empty")
+        tools = check_tools(read_json_file(Path(tools_path), "tools file")) if tools_path is not None else None
         gate.read_all()
         if backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
@@ -228,7 +300,7 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, backe
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()
             click.echo(f"chat with {model.name} (backend {backend}); {HELP}", err=True)
-            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs)
+            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs, tools)
             return converse(conversation, read, stats=stats)
     return errors.status
 

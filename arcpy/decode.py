@@ -29,8 +29,10 @@ from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.files import read_json_file
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
+from arcpy.loop.constrain import compile_constraint, resolve
 from arcpy.loop.engine import DEFAULT_MAX_SEQ, Engine
 from arcpy.loop.prompt import Piece, request_ids
 from arcpy.loop.request import Request
@@ -90,6 +92,8 @@ def decode_options(f):
                      help="Also stop at this token id (repeatable); the model's end-of-sequence ids always stop."),
         click.option("--stop", "stop_strings", multiple=True,
                      help="Stop at this text (repeatable); no part of it is printed."),
+        click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), default=None,
+                     help="A JSON schema file: the answer is JSON valid by it (constrained token by token)."),
         click.option("--weights", type=click.Choice(sorted(WEIGHTS)), default="auto", show_default=True,
                      help="A GGUF file's quantized matrices: kept quantized, made bf16, or auto (quantized where the "
                           "model reads 1 GiB a token or more in bf16; below that bf16 decodes faster)."),
@@ -233,7 +237,7 @@ def _ready(stream) -> bool:
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
          device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         template_kwargs=(), stdin=None, logprobs=None) -> tuple[Request, RunOptions]:
+         template_kwargs=(), stdin=None, json_schema=None, logprobs=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -251,8 +255,8 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         raise click.UsageError("--template-kwarg needs --chat")
     if chat and prompt_ids is not None:
         raise click.UsageError("--chat takes --prompt text, not --prompt-ids")
-    if shape is not None and (prompt is not None or chat or stop_strings):
-        what = "--prompt" if prompt is not None else "--chat" if chat else "--stop"
+    if shape is not None and (prompt is not None or chat or stop_strings or json_schema):
+        what = "--prompt" if prompt is not None else "--chat" if chat else "--stop" if stop_strings else "--json-schema"
         raise click.UsageError(f"{what} needs a model with a tokenizer; the synthetic {shape} has none: "
                                "use --prompt-ids")
     if model_path is not None and not os.path.exists(model_path):
@@ -275,6 +279,9 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source = {"messages": messages + [{"role": "user", "content": prompt}]}
     else:
         source = {"prompt": prompt}
+    if json_schema is not None:
+        schema = read_json_file(Path(json_schema), "JSON schema")
+        source["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
                       template_kwargs=kwargs if "messages" in source else {}, logprobs=logprobs)
@@ -296,6 +303,7 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
                                f"{model.name} has none: use --prompt-ids")
     ids = request_ids(text, request)
     cfg = model.config
+    compile_constraint(text, cfg.vocab, resolve(text, request))  # a bad schema: one line before the engine
     for t in ids + list(request.stop_ids):
         if not 0 <= t < cfg.vocab:
             raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {cfg.vocab})")

@@ -1,5 +1,6 @@
 """Prove that the control-logic tests can fail: break the driver, the gate, the engine, the
-sampler, the server's worker and the chat template's keyword arguments on purpose, one named
+sampler, the server's worker, the chat template's keyword arguments and the agents' parts (the
+answer splitter, the constrained step, tool calls in templates and answers) on purpose, one named
 mutation at a time, and require the tests that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
@@ -278,8 +279,8 @@ MUTATIONS = [
     Mutation(
         "the chat template never sees a request's keyword arguments",
         "arcpy/loop/prompt.py",
-        "template_kwargs=request.template_kwargs)",
-        "template_kwargs=None)",
+        "template_kwargs=request.template_kwargs,",
+        "template_kwargs=None,",
         ("tests/test_template_kwargs.py::test_a_request_carries_them_to_the_prompt",
          "tests/test_template_kwargs.py::test_the_chat_command_renders_every_turn_with_them"),
     ),
@@ -333,12 +334,44 @@ MUTATIONS = [
         "",
         ("tests/test_logit_bias.py::test_a_bias_changes_the_tokens_alike_on_both_paths[sampling0]",),
     ),
+    Mutation(
+        "the answer splitter lets out what may still be the start of a tag",
+        "arcpy/text/answer.py",
+        "        keep = 0 if final or opener is None else _partial(self.buf, (opener,))\n",
+        "        keep = 0\n",
+        ("tests/test_answer.py::test_text_streams_on_while_no_tag_can_begin",),
+    ),
+    Mutation(
+        "a constrained step draws from every id, not the ones the grammar allows",
+        "arcpy/loop/constrain.py",
+        "        self.ids = np.flatnonzero(allowed(self.mask, self.vocab))\n",
+        "        self.ids = np.arange(self.vocab)\n",
+        ("tests/test_constrained.py::test_a_gbnf_grammar_and_any_json_object",
+         "tests/test_constrained.py::test_a_nan_is_not_hidden_by_the_mask"),
+    ),
+    Mutation(
+        "a call's arguments reach the template as JSON text, not an object",
+        "arcpy/text/tools.py",
+        "            args = json.loads(args)\n",
+        "            args = args\n",
+        ("tests/test_agents_templates.py::test_tools_and_calls_render_as_transformers_renders_them"
+         "[meta-llama-Llama-3.2-3B-Instruct]",),
+    ),
+    Mutation(
+        "an answer of tool calls finishes with stop",
+        "arcpy/serve/shape.py",
+        '    return "tool_calls" if calls and reason == "stop" else reason\n',
+        "    return reason\n",
+        ("tests/test_agents_serve.py::test_the_openai_tool_flow_end_to_end",),
+    ),
 ]
 
 
 def copy_tree(dst: Path) -> None:
+    # The built libarc.so and its headers come along: the model's tensor table and layer program
+    # are libarc's, so the copy's arcpy needs its library even where no test runs on a GPU.
     for name in ("arcpy", "tests"):
-        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
 
 

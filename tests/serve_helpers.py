@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
+import threading
+import time
 from pathlib import Path
+
+import uvicorn
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -40,3 +45,22 @@ def make_text_model(d: Path, shape: str = "qwen-tiny", seed: int = 5, eos: str =
 def Server(*args, env: dict | None = None, ready_timeout: float = 180.0) -> ServerProcess:
     """`python -m arcpy.serve --port 0 ARGS`, ready once /health answers."""
     return ServerProcess(args, env=env, ready_timeout=ready_timeout)
+
+
+class InProcess:
+    """The app on uvicorn in a thread of this process, on a free port."""
+
+    def __init__(self, app):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -20,7 +20,7 @@ from arcpy.sampling import Sampling
     ({"messages": []}, "messages is empty"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "unknown message role 'robot'"),
     ({"messages": [{"role": "user", "content": 3}]}, "content must be a string"),
-    ({"messages": [{"role": "user", "content": "hi", "name": "x"}]}, "unsupported key 'name'"),
+    ({"messages": [{"role": "user", "content": "hi", "weight": "x"}]}, "unsupported key 'weight'"),
     ({"messages": ["hi"]}, "messages[0] must be a dict"),
     ({"prompt": "hi", "stop": [""]}, "a stop string must be a non-empty string"),
     ({"prompt": "hi", "stop_ids": [1.5]}, "a token id must be an integer"),

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
+
+from serve_helpers import InProcess
 
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.devices.scripted import scripted_next
@@ -163,25 +163,6 @@ def test_a_fault_costs_one_request_and_a_lost_context_makes_the_engine_unavailab
         assert isinstance(end, Failed) and end.kind == FAULT and worker.state()["poisoned"]
     finally:
         worker.close()
-
-
-class InProcess:
-    """The app on uvicorn in a thread of this process, on a free port."""
-
-    def __init__(self, app):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from arcpy.errors import (
 )
 from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
+from arcpy.loop.constrain import Constrained, matcher_for
 from arcpy.loop.host import HostPath
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
@@ -148,14 +149,15 @@ class Engine(HostPath):
             raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
-              sampling: Sampling | None = None, batch_size: int = 1, logprobs: int | None = None,
+              sampling: Sampling | None = None, batch_size: int = 1, matcher=None, logprobs: int | None = None,
               logit_bias: tuple = ()) -> None:
         """Begin a sequence; a sequence still running is preempted. The prompt goes through the
         model in one forward where the device has a prefill (unless the engine was made with
         prefill=False, or verifies every step), and its first token is drawn from that forward's
         logits: on the device loop by the first burst's commit, with no host wait between prompt
         and answer. Otherwise the prompt goes through the decode step one token at a time, again
-        with no host wait between its steps."""
+        with no host wait between its steps. A `matcher` (arcpy.text.grammar) constrains the
+        answer: on the host path, each step's logits masked by it (arcpy.loop.constrain)."""
         if self.poisoned:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
@@ -184,6 +186,8 @@ class Engine(HostPath):
         bias_on_device = bool(logit_bias) and getattr(dev, "supports_logit_bias", False) and not self.verify
         if admitted and logit_bias and not bias_on_device:
             admitted, reason = False, "logit_bias: this device loop adds none"
+        if matcher is not None and admitted:  # (docs/PERF.md: the device's mask is not built yet)
+            admitted, reason = False, "constrained output: the grammar's mask is applied on the host"
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
@@ -224,7 +228,7 @@ class Engine(HostPath):
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
                              prefilled=prefill, policy=policy, logprobs=logprobs, bias=tuple(logit_bias),
-                             bias_on_device=bias_on_device)
+                             bias_on_device=bias_on_device, constrained=matcher and Constrained(matcher, dev.vocab))
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -266,8 +270,9 @@ class Engine(HostPath):
         text = self.text
         ids = request_ids(text, request)
         stops = request_stop_ids(text, request)
+        matcher = matcher_for(text, self.device.vocab, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
-        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling,
+        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling, matcher,
                                              request.logprobs, request.logit_bias)) as tokens:
             for tok in tokens:
                 piece, hit = words.push(tok) if words is not None else ("", False)
@@ -280,8 +285,10 @@ class Engine(HostPath):
             yield Piece(None, rest)
 
     def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
-                sampling: Sampling | None, logprobs: int | None = None, logit_bias=()) -> Iterator[int]:
-        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, logprobs=logprobs, logit_bias=logit_bias)
+                sampling: Sampling | None, matcher=None, logprobs: int | None = None,
+                logit_bias=()) -> Iterator[int]:
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, matcher=matcher, logprobs=logprobs,
+                   logit_bias=logit_bias)
         seq = self.seq
         reason = "cancelled"
         try:

@@ -25,7 +25,13 @@ class HostPath:
             dev.enqueue_forward()
         if seq.bias_on_device:
             dev.enqueue_logit_bias()
-        if self.verify:
+        if seq.constrained is not None:  # the mask is computed while the forward runs
+            dev.enqueue_logits_to_host()
+            seq.constrained.fill()
+            self._wait_idle()
+            logits = self._biased(dev.host_logits())
+            tok = seq.constrained.consume(self._drawn(seq.constrained.masked(logits)))
+        elif self.verify:
             tok, logits = self._verified_token()
         elif seq.sampler.greedy and seq.logprobs is None and not (seq.bias and not seq.bias_on_device):
             dev.enqueue_argmax()

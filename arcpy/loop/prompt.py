@@ -33,7 +33,8 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     if request.prompt is not None:
         ids = encode(text, request.prompt)  # special-token strings in it stay text
     else:  # only the template's own markup becomes special tokens
-        ids = chat_ids(text, [m.as_dict() for m in request.messages], template_kwargs=request.template_kwargs)
+        ids = chat_ids(text, [m.as_dict() for m in request.messages], template_kwargs=request.template_kwargs,
+                       tools=request.template_tools)
     if not ids:
         raise InvalidArgumentError("the prompt encodes to no tokens")
     return ids

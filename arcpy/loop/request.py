@@ -7,7 +7,14 @@ model's chat template: only the template's own markup becomes special tokens), w
 keyword arguments where it takes some (`template_kwargs`, e.g. {"enable_thinking": False}). Then
 the budget of new tokens, what stops the answer (token ids, on the device; strings, on the host,
 never shown), the sampling (temperature, top-k, top-p and the seed; arcpy.sampling), and whether
-each token comes with its log-probabilities (`logprobs`: how many alternatives).
+each token comes with its log-probabilities (`logprobs`: how many alternatives), with a logit
+bias (`logit_bias`).
+
+For agents: `tools` (OpenAI's function tools, for the chat template) and `tool_choice` ("auto",
+"none", "required" or a function's name: the last two are enforced by a grammar), and
+`response_format` (OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema":
+{"schema": ...}}, or {"type": "grammar", "grammar": GBNF text}): the answer is then constrained
+token by token to what the format allows (arcpy.text.grammar).
 """
 
 from __future__ import annotations
@@ -22,25 +29,108 @@ from arcpy.codes import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
+from arcpy.text.grammar import GBNF, JSON_OBJECT, JSON_SCHEMA
+from arcpy.text.tools import AUTO, NONE, check_tool_calls, check_tool_choice, check_tools
 
 ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates know
 DEFAULT_MAX_NEW_TOKENS = 256
+
+
+class Frozen:
+    """A JSON value, read-only (a copy is handed out) and hashable, equal by its JSON."""
+
+    def __init__(self, value):
+        self._json = json.dumps(value, sort_keys=True)
+        self._value = copy.deepcopy(value)
+
+    @property
+    def value(self):
+        return copy.deepcopy(self._value)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Frozen) and self._json == other._json
+
+    def __hash__(self) -> int:
+        return hash(self._json)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __repr__(self) -> str:
+        return f"Frozen({self._value!r})"
 
 
 @dataclass(frozen=True)
 class Message:
     role: str     # one of ROLES
     content: str
+    tool_calls: Frozen | None = None   # an assistant's calls, OpenAI's shape (arguments as JSON text)
+    tool_call_id: str | None = None    # a tool's answer: the call it answers
+    name: str | None = None            # a tool's answer: the function's name
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise InvalidArgumentError(f"unknown message role {quoted(self.role)} (known: {', '.join(ROLES)})")
+        if self.content is None and self.tool_calls:
+            object.__setattr__(self, "content", "")
         if not isinstance(self.content, str):
             raise InvalidArgumentError(f"a message's content must be a string, got {quoted(self.content)}")
         check_unicode(self.content, f"the {self.role} message")
+        if self.tool_calls is not None and not isinstance(self.tool_calls, Frozen):
+            if self.role != "assistant":
+                raise InvalidArgumentError("only an assistant's message has tool_calls")
+            calls = check_tool_calls(self.tool_calls, f"the {self.role} message")
+            object.__setattr__(self, "tool_calls", Frozen(calls))
+        for key in ("tool_call_id", "name"):
+            v = getattr(self, key)
+            if v is not None:
+                if not isinstance(v, str):
+                    raise InvalidArgumentError(f"a message's {key} must be a string, got {quoted(v)}")
+                check_unicode(v, f"the {self.role} message's {key}")
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict:
+        out = {"role": self.role, "content": self.content}
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls.value
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What an answer must be: kind JSON_SCHEMA (source: the schema), JSON_OBJECT, or GBNF
+    (source: the grammar's text)."""
+
+    kind: str
+    source: Frozen | str | None = None
+
+    @classmethod
+    def of(cls, response_format) -> "Constraint | None":
+        """OpenAI's response_format (and arcpy's {"type": "grammar", "grammar": ...}) -> a
+        Constraint, or None for {"type": "text"} or nothing."""
+        if response_format is None or isinstance(response_format, Constraint):
+            return response_format
+        rf = response_format
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text" and set(rf) == {"type"}:
+            return None
+        if kind == JSON_OBJECT and set(rf) == {"type"}:
+            return cls(JSON_OBJECT)
+        if kind == JSON_SCHEMA and set(rf) == {"type", "json_schema"} and isinstance(rf["json_schema"], dict):
+            js = rf["json_schema"]
+            unknown = sorted(set(js) - {"name", "description", "schema", "strict"})
+            if unknown:
+                raise InvalidArgumentError(f"response_format.json_schema: unsupported field {quoted(unknown[0])}")
+            if not isinstance(js.get("schema"), dict):
+                raise InvalidArgumentError("response_format.json_schema.schema: required, a JSON schema object")
+            return cls(JSON_SCHEMA, Frozen(js["schema"]))
+        if kind == "grammar" and set(rf) == {"type", "grammar"} and isinstance(rf["grammar"], str):
+            return cls(GBNF, rf["grammar"])
+        raise InvalidArgumentError("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"}, "
+                                   "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\", \"strict\"}} or "
+                                   f"{{\"type\": \"grammar\", \"grammar\": GBNF}}, got {quoted(rf)}")
 
 
 class TemplateKwargs(Mapping):
@@ -84,6 +174,10 @@ class Request:
     template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
     logprobs: int | None = None      # each token's log-probability and this many alternatives (0..20); None: off
     logit_bias: Mapping = field(default_factory=dict)  # token id -> a value in [-100, 100] added to its logit
+    tools: Frozen | None = None       # OpenAI's function tools, for the chat template
+    tool_choice: str | None = None    # "auto" (with tools), "none" (without), "required", or a function's name
+    parallel_tool_calls: bool = True  # False: a required choice is one call
+    response_format: Constraint | None = None  # Constraint.of(OpenAI's response_format)
 
     def __post_init__(self):
         given = [name for name in ("prompt", "prompt_ids", "messages") if getattr(self, name) is not None]
@@ -112,9 +206,33 @@ class Request:
             raise InvalidArgumentError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (the "
                                        f"alternatives listed), got {quoted(self.logprobs)}")
         object.__setattr__(self, "logit_bias", logit_bias_pairs(self.logit_bias))
+        self._agent_fields()
         if not isinstance(self.sampling, Sampling):
             raise InvalidArgumentError(f"sampling must be an arcpy.sampling.Sampling, got "
                                        f"{type(self.sampling).__name__}")
+
+    def _agent_fields(self) -> None:
+        tools = self.tools.value if isinstance(self.tools, Frozen) else check_tools(self.tools)
+        choice = self.tool_choice
+        if not (isinstance(choice, str) and choice not in ("auto", "none", "required")
+                and any(t["function"]["name"] == choice for t in tools)):
+            choice = check_tool_choice(choice, tools)
+        object.__setattr__(self, "tools", Frozen(tools) if tools else None)
+        object.__setattr__(self, "tool_choice", choice)
+        object.__setattr__(self, "response_format", Constraint.of(self.response_format))
+        if not isinstance(self.parallel_tool_calls, bool):
+            raise InvalidArgumentError("parallel_tool_calls must be True or False, got "
+                                       f"{quoted(self.parallel_tool_calls)}")
+        if tools and self.messages is None:
+            raise InvalidArgumentError("tools are for the chat template: give messages, not a prompt")
+        if self.response_format is not None and choice not in (AUTO, NONE):
+            raise InvalidArgumentError(f"response_format and tool_choice {quoted(choice)} both constrain the answer: "
+                                       "give one of them")
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools the template sees: none where tool_choice is "none"."""
+        return self.tools.value if self.tools and self.tool_choice != NONE else None
 
     @property
     def is_text(self) -> bool:
@@ -166,11 +284,12 @@ def _messages(value) -> tuple[Message, ...]:
     out = []
     for i, m in enumerate(value):
         if isinstance(m, dict):
-            extra = sorted(set(m) - {"role", "content"})
+            extra = sorted(set(m) - {"role", "content", "tool_calls", "tool_call_id", "name"})
             if extra:
                 raise InvalidArgumentError(f"messages[{i}]: unsupported key {quoted(extra[0])} "
-                                           "(a message has 'role' and 'content')")
-            m = Message(m.get("role"), m.get("content"))
+                                           "(a message has 'role' and 'content'; an assistant's may have "
+                                           "'tool_calls', a tool's 'tool_call_id' and 'name')")
+            m = Message(m.get("role"), m.get("content"), m.get("tool_calls"), m.get("tool_call_id"), m.get("name"))
         elif not isinstance(m, Message):
             raise InvalidArgumentError(f"messages[{i}] must be a dict with 'role' and 'content', "
                                        f"got {type(m).__name__}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arcpy.loop.constrain import Constrained
 from arcpy.loop.speculate import SpecPolicy
 from arcpy.sampling import Sampler
 
@@ -24,5 +25,6 @@ class SequenceState:
     logprobs: int | None = None  # each token's log-probabilities with this many alternatives; None: none
     bias: tuple = ()         # the logit bias, (id, value) pairs
     bias_on_device: bool = False  # the device adds it (else the host path adds it to the logits it reads)
+    constrained: Constrained | None = None  # the answer follows a grammar (the host path)
     produced: int = 0        # tokens handed out
     finished: bool = False

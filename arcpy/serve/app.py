@@ -29,8 +29,11 @@ from starlette.routing import Route
 from arcpy import __version__
 from arcpy.errors import ArcError
 from arcpy.loop import gate
+from arcpy.loop.constrain import compile_constraint, resolve
 from arcpy.loop.prompt import Piece, request_ids
 from arcpy.loop.request import Request
+from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
+from arcpy.text.tools import tool_format
 from arcpy.serve.metrics import CONTENT_TYPE
 from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import SSE_HEADERS, Shaper
@@ -117,6 +120,30 @@ class Service:
 
     def token_text(self, token: int) -> str:
         return token_text(self.text, token)
+    def prepare(self, request: Request) -> tuple[list[int], Request, dict | None]:
+        """The prompt's ids (prompt_ids), the request the worker decodes (the prompt as those ids, a
+        constraint compiled once here so that a bad one is a 400), and how to split its answer
+        (None: as plain text)."""
+        ids = self.prompt_ids(request)
+        try:
+            constraint = resolve(self.text, request)
+            compile_constraint(self.text, self.worker.vocab, constraint)
+        except ArcError as exc:
+            raise bad(str(exc), param="tool_choice" if request.response_format is None else "response_format") \
+                from None
+        job = replace(request, prompt=None, messages=None, template_kwargs={}, tools=None, tool_choice=None,
+                      response_format=constraint, prompt_ids=ids)
+        if request.messages is None:
+            return ids, job, None
+        think = thinks(self.text) and not self.settings.defaults.raw_reasoning
+        tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
+        fmt = tool_format(self.text.chat_template) if request.template_tools else None
+        if not think and fmt is None:
+            return ids, job, None
+        # A constrained answer follows its grammar from the first token: no reasoning is left open.
+        opened = think and constraint is None and opens_thinking(tail)
+        return ids, job, {"reasoning": think, "opened": opened, "tools": fmt,
+                          "marks": special_marks(self.text)}
 
     def prompt_ids(self, request: Request) -> list[int]:
         """The prompt as token ids, checked against the vocabulary and the context."""
@@ -152,11 +179,11 @@ class Service:
         size = len(r.prompt or "") + sum(len(m.content) for m in r.messages or ())
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
         # round trip would cost more than it saves. A long one goes to the thread pool.
-        ids = self.prompt_ids(r) if size <= INLINE_PROMPT_CHARS else await run_in_threadpool(self.prompt_ids, r)
+        inline = size <= INLINE_PROMPT_CHARS and r.response_format is None and not r.tools
+        ids, request, split = self.prepare(r) if inline else await run_in_threadpool(self.prepare, r)
         shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage, self.token_text,
                         call.continuous_usage, len(ids))
-        job = Job(replace(call.request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids),
-                  Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
+        job = Job(request, Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
         try:
             self.worker.submit(job)
         except QueueFull as exc:
@@ -164,7 +191,7 @@ class Service:
                            headers={"retry-after": "1"}) from None
         except Unavailable as exc:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
-        return JobResponse(self, job, call, shaper)
+        return JobResponse(self, job, call, shaper, None if split is None else Splitter(**split))
 
 
 _FAILED_STATUS = {INVALID: (400, "invalid_request_error"), FAULT: (500, "server_error"),
@@ -174,8 +201,9 @@ _FAILED_STATUS = {INVALID: (400, "invalid_request_error"), FAULT: (500, "server_
 class JobResponse:
     """The answer to one job, whole or streamed; an ASGI application of its own."""
 
-    def __init__(self, service: Service, job: Job, call: Call, shaper: Shaper):
+    def __init__(self, service: Service, job: Job, call: Call, shaper: Shaper, splitter: Splitter | None = None):
         self.service, self.job, self.call, self.shaper = service, job, call, shaper
+        self.splitter = splitter  # reasoning and tool calls read from the text, where the request has them
         self.ended = False     # the job's last event was read
         self.started = False   # the status was sent
 
@@ -228,6 +256,8 @@ class JobResponse:
                     texts.append(item.text)
                     if item.logprob is not None:
                         entries.append((item.token, item.logprob, item.text))
+                    if self.splitter is not None:
+                        self.splitter.push(item.text, item.token)
                     continue
                 self.ended = True
                 if item is _GONE:
@@ -235,11 +265,16 @@ class JobResponse:
                 error = self._error(item)
                 if error is not None:
                     return await self._send_json(send, error.status, error.body())
+                answer = None
+                if self.splitter is not None:
+                    self.splitter.finish()
+                    answer = self.splitter.answer
                 wanted = self.call.request.logprobs is not None
-                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats,
+                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats, answer,
                                                                           entries if wanted else None))
 
     async def _stream(self, send) -> None:
+        deltas = []  # the splitter's, where the answer is split
         while True:
             texts, entries, tokens, end = [], [], 0, None
             for item in await self.job.channel.take():
@@ -248,6 +283,8 @@ class JobResponse:
                     tokens += item.token is not None
                     if item.logprob is not None:
                         entries.append((item.token, item.logprob, item.text))
+                    if self.splitter is not None:
+                        deltas.extend(self.splitter.push(item.text, item.token))
                 else:
                     end = item
                     break
@@ -264,13 +301,20 @@ class JobResponse:
                     b"text/event-stream; charset=utf-8", SSE_HEADERS)})
                 self.started = True
                 data = self.shaper.first_chunk()
-            text = "".join(texts)
             self.shaper.sent += tokens
-            if text or entries:
-                data += self.shaper.text_chunk(text, entries)
+            if self.splitter is None:
+                text = "".join(texts)
+                if text or entries:
+                    data += self.shaper.text_chunk(text, entries)
+            else:  # (log-probabilities are not split with the answer: a split answer carries none)
+                if end is not None and error is None:
+                    deltas += self.splitter.finish()
+                data += b"".join(self.shaper.delta_chunk(d) for d in deltas)
+                deltas.clear()
             if end is not None:
                 self.ended = True
-                data += self.shaper.error_event(error.body()) if error else self.shaper.last_chunks(end.stats)
+                calls = self.splitter is not None and bool(self.splitter.answer.tool_calls)
+                data += self.shaper.error_event(error.body()) if error else self.shaper.last_chunks(end.stats, calls)
             if data or end is not None:
                 await send({"type": "http.response.body", "body": data, "more_body": end is None})
             if end is not None:

@@ -59,6 +59,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="top_k for a request that sets none (0: off).")
 @with_options(template_options("A keyword argument for the chat template of every chat request, under the "
                               "request's own chat_template_kwargs"))
+@click.option("--raw-reasoning", is_flag=True, default=False,
+              help="Keep a reasoning model's <think>...</think> in the content, as written, instead of in "
+                   "reasoning_content.")
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
 @click.option("--prompt-cache-bytes", type=click.IntRange(min=0), default=None,
               help="Device memory for the KV rows of earlier prompts (their prefixes, least recently used "
@@ -76,7 +79,7 @@ def main(**options):
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
         top_p, top_k, template_kwargs, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level,
-        access_log, prompt_cache_bytes=None) -> int:
+        access_log, raw_reasoning=False, prompt_cache_bytes=None) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -85,7 +88,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
         if not model_path.strip() or not os.path.exists(model_path):
             raise click.UsageError(f"--model {model_path}: no such file or directory")
         defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k,
-                            TemplateKwargs(parse_template_kwargs(template_kwargs)))
+                            TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
         Sampling(defaults.temperature, top_k, top_p)
         gate.read_all()
         if backend == "cuda" and not _lib.cuda_available()[0]:

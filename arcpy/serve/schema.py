@@ -2,10 +2,11 @@
 
 Every field OpenAI defines for these endpoints is used, or accepted at its neutral value (null,
 0, false, ...), or refused with a 400 that names it; a field OpenAI does not define is refused
-too, as OpenAI refuses it, but for `chat_template_kwargs` on chat completions, the extension that
-vLLM and other servers take: keyword arguments for the model's chat template (e.g.
-{"enable_thinking": false}), over the server's own (--template-kwarg). Nothing here raises
-anything but ApiError at a client mistake.
+too, as OpenAI refuses it, but for the extensions on chat completions: `chat_template_kwargs`,
+which vLLM and other servers take: keyword arguments for the model's chat template (e.g.
+{"enable_thinking": false}), over the server's own (--template-kwarg); and `grammar`, llama.cpp's
+GBNF grammar for the answer. `tools`, `tool_choice` and `response_format` are OpenAI's (arcpy.loop.
+request). Nothing here raises anything but ApiError at a client mistake.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Defaults:
     top_p: float = 1.0
     top_k: int = 0
     template_kwargs: TemplateKwargs = field(default_factory=TemplateKwargs)  # for a chat request
+    raw_reasoning: bool = False  # keep <think>...</think> in the content, as written (--raw-reasoning)
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,6 @@ def _neutral_zero(v) -> bool:
 _CHAT_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "tools": lambda v: v == [],
-    "tool_choice": lambda v: v == "none",
-    "parallel_tool_calls": lambda v: isinstance(v, bool),
-    "response_format": lambda v: v == {"type": "text"},
     "modalities": lambda v: v == ["text"],
     "store": lambda v: v is False,
     "metadata": lambda v: isinstance(v, dict),
@@ -98,8 +96,9 @@ _COMPLETION_NEUTRAL = {
     "user": lambda v: isinstance(v, str),
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
+_AGENT = ("tools", "tool_choice", "response_format", "grammar", "parallel_tool_calls")
 _USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
-                               "top_logprobs", "logit_bias"},
+                               "top_logprobs", "logit_bias", *_AGENT},
          COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
@@ -121,15 +120,16 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     stream = _optional(body, "stream", _bool) or False
     include_usage, continuous_usage = _stream_options(body, stream)
     if kind == CHAT:
-        source = {**messages_of(body), "template_kwargs": template_kwargs_of(body, defaults)}
+        source = {**messages_of(body), "template_kwargs": template_kwargs_of(body, defaults), **_agent(body)}
     else:
         source = _prompt(body)
     try:
         request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
                           sampling=_sampling(body, defaults), logprobs=_logprobs(body, kind),
                           logit_bias=_logit_bias(body))
-    except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, ...)
-        raise bad(str(exc)) from None
+    except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, tools, ...)
+        text = str(exc)
+        raise bad(text, param=next((n for n in _AGENT if text.startswith(n)), None)) from None
     return Call(kind, request, stream, include_usage, continuous_usage)
 
 
@@ -290,17 +290,44 @@ def messages_of(body: dict) -> dict:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object with role and content, got {_kind(m)}", param=where)
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"})
         if extra:
-            raise bad(f"{where}: unsupported field {quoted(extra[0])} (arcpy takes role, content and name)",
-                      param=f"{where}.{extra[0]}")
+            raise bad(f"{where}: unsupported field {quoted(extra[0])} (arcpy takes role, content, name, tool_calls "
+                      "and tool_call_id)", param=f"{where}.{extra[0]}")
         role = m.get("role")
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise bad(f"{where}: unknown role {quoted(m.get('role'))} (known: {', '.join(ROLES)}, developer)",
                       param=f"{where}.role")
-        out.append({"role": role, "content": _content(m.get("content"), where)})
+        message = {"role": role}
+        if m.get("tool_calls") is not None and role != "assistant":
+            raise bad(f"{where}: only an assistant's message has tool_calls", param=f"{where}.tool_calls")
+        if role == "assistant" and m.get("tool_calls") is not None:
+            message["tool_calls"] = m["tool_calls"]
+            message["content"] = "" if m.get("content") is None else _content(m.get("content"), where)
+        else:
+            message["content"] = _content(m.get("content"), where)
+        if role == "tool":  # a user's or system's name is OpenAI's participant name: not for the template
+            message.update({k: m[k] for k in ("tool_call_id", "name") if m.get(k) is not None})
+        elif m.get("tool_call_id") is not None:
+            raise bad(f"{where}: only a tool message has tool_call_id", param=f"{where}.tool_call_id")
+        out.append(message)
     return {"messages": out}
+
+
+def _agent(body: dict) -> dict:
+    """tools, tool_choice and response_format as Request takes them (it checks them); `grammar`
+    becomes a response_format of its own kind."""
+    names = ("tools", "tool_choice", "response_format", "parallel_tool_calls")
+    out = {name: body[name] for name in names if body.get(name) is not None}
+    grammar = body.get("grammar")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise bad("grammar must be a non-empty string (GBNF)", param="grammar")
+        if "response_format" in out:
+            raise bad("grammar and response_format both constrain the answer: give one of them", param="grammar")
+        out["response_format"] = {"type": "grammar", "grammar": grammar}
+    return out
 
 
 def template_kwargs_of(body: dict, defaults: Defaults) -> dict:

@@ -22,9 +22,11 @@ _FINISH = {FinishReason.STOP_ID: "stop", FinishReason.STOP_STRING: "stop",
            FinishReason.TOKEN_BUDGET: "length", FinishReason.CONTEXT_FULL: "length"}
 
 
-def finish_reason(stats: GenerationStats) -> str:
-    """OpenAI's finish_reason for a sequence that ended by itself."""
-    return _FINISH[FinishReason(stats.finish_reason)]
+def finish_reason(stats: GenerationStats, calls: bool = False) -> str:
+    """OpenAI's finish_reason for a sequence that ended by itself; "tool_calls" where it stopped
+    by itself after calling tools."""
+    reason = _FINISH[FinishReason(stats.finish_reason)]
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def usage(stats: GenerationStats) -> dict:
@@ -133,10 +135,18 @@ class Shaper:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.sent,
                 "total_tokens": self.prompt_tokens + self.sent}
 
-    def last_chunks(self, stats: GenerationStats) -> bytes:
+    def delta_chunk(self, delta) -> bytes:
+        """A chunk of reasoning, content or one tool call (arcpy.text.answer.Delta)."""
+        if delta.tool_call is not None:
+            return b"data: " + _json(self._chunk({"tool_calls": [delta.tool_call]}, None)) + b"\n\n"
+        if delta.reasoning:
+            return b"data: " + _json(self._chunk({"reasoning_content": delta.reasoning}, None)) + b"\n\n"
+        return self.text_chunk(delta.content)
+
+    def last_chunks(self, stats: GenerationStats, calls: bool = False) -> bytes:
         """The finish reason, the usage where asked for, and [DONE]."""
         part = {} if self.kind == CHAT else {"text": ""}
-        chunk = self._chunk(part, finish_reason(stats))
+        chunk = self._chunk(part, finish_reason(stats, calls))
         if self.continuous_usage:
             chunk["usage"] = usage(stats)
         out = b"data: " + _json(chunk) + b"\n\n"
@@ -153,15 +163,25 @@ class Shaper:
 
     # -- whole -------------------------------------------------------------------------------
 
-    def body(self, text: str, stats: GenerationStats, entries=None) -> dict:
-        """The whole answer; `entries` ((id, TokenLogprob, text) triples) where log-probabilities were asked for."""
+    def body(self, text: str, stats: GenerationStats, answer=None, entries=None) -> dict:
+        """The whole response; `answer` (arcpy.text.answer.Answer) where the text was split into
+        reasoning, content and tool calls; `entries` ((id, TokenLogprob, text) triples) where
+        log-probabilities were asked for."""
+        calls = bool(answer and answer.tool_calls)
         if self.kind == CHAT:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+            message = {"role": "assistant", "content": text}
+            if answer is not None:
+                message["content"] = answer.content or (None if calls else "")
+                if answer.reasoning:
+                    message["reasoning_content"] = answer.reasoning
+                if calls:
+                    message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in answer.tool_calls]
+            choice = {"index": 0, "message": message}
             logprobs = None if entries is None else chat_logprobs(entries, self.token_text)
         else:
             choice = {"index": 0, "text": text}
             logprobs = None if entries is None else completion_logprobs(entries, self.token_text)
-        choice.update(logprobs=logprobs, finish_reason=finish_reason(stats))
+        choice.update(logprobs=logprobs, finish_reason=finish_reason(stats, calls))
         return {"id": self.id, "object": "chat.completion" if self.kind == CHAT else "text_completion",
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
                 "choices": [choice], "usage": usage(stats)}

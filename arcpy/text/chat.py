@@ -22,10 +22,12 @@ from arcpy.text.codec import led_by_bos
 from arcpy.text.sandbox import GLOBALS, render_template
 from arcpy.text.spec import TextSpec
 from arcpy.text.specials import Marks
+from arcpy.text.tools import check_tool_calls, check_tools, for_template
 
 __all__ = ["chat_ids", "check_template_kwargs", "render_chat"]
 
-SET_BY_ARCPY = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # what _context writes
+SET_BY_ARCPY = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools")  # what _context writes
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 MAX_KWARG_DEPTH = 16   # arrays and objects nested in a keyword argument, at most
 MAX_KWARG_INT_BITS = 64
 
@@ -38,18 +40,31 @@ def _check_messages(messages) -> list[dict]:
         if not isinstance(m, dict):
             raise InvalidArgumentError(f"messages[{i}] must be a dict with 'role' and 'content', "
                                        f"got {type(m).__name__}")
-        extra = [k for k in m if k not in ("role", "content")]
+        extra = [k for k in m if k not in MESSAGE_KEYS]
         if extra:
             raise InvalidArgumentError(f"messages[{i}]: unsupported key {quoted(extra[0])} "
-                                       "(a message has 'role' and 'content')")
+                                       "(a message has 'role' and 'content'; an assistant's may have 'tool_calls', "
+                                       "a tool's 'tool_call_id' and 'name')")
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"messages[{i}]: 'role' must be a non-empty string, got {quoted(role)}")
+        if content is None and m.get("tool_calls"):
+            content = ""  # an assistant's message of calls alone
         if not isinstance(content, str):
             raise InvalidArgumentError(f"messages[{i}]: 'content' must be a string, got {quoted(content)}")
         for key, text in (("role", role), ("content", content)):
             _check_unicode(text, f"messages[{i}]: '{key}'")
-        out.append({"role": role, "content": content})
+        message = {"role": role, "content": content}
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise InvalidArgumentError(f"messages[{i}]: only an assistant's message has tool_calls")
+            message["tool_calls"] = for_template(check_tool_calls(m["tool_calls"], f"messages[{i}]"))
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise InvalidArgumentError(f"messages[{i}]: {quoted(key)} must be a string")
+                message[key] = m[key]
+        out.append(_json(message, f"messages[{i}]", 1))
     return out
 
 
@@ -143,34 +158,36 @@ def _marked(marks: Marks, value):
     return value
 
 
-def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None) -> str:
-    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]) by the model's chat
-    template, ending with the assistant's header when `add_generation_prompt`; `template_kwargs`
-    are more names for the template (check_template_kwargs). To show: the ids to decode are
-    `chat_ids`."""
-    return render_template(spec.chat_template, _context(spec, messages, add_generation_prompt, template_kwargs))
+def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None,
+                tools=None) -> str:
+    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]; an assistant's may
+    carry OpenAI's `tool_calls`, a tool's `tool_call_id`) by the model's chat template, ending with
+    the assistant's header when `add_generation_prompt`; `template_kwargs` are more names for the
+    template (check_template_kwargs); `tools` (OpenAI's function tools, arcpy.text.tools) are the
+    template's `tools`, where given. To show: the ids to decode are `chat_ids`."""
+    return render_template(spec.chat_template, _context(spec, messages, add_generation_prompt, template_kwargs,
+                                                        tools))
 
 
-def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None) -> list[int]:
+def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None,
+             tools=None) -> list[int]:
     """The prompt's token ids for `messages`, led by BOS where the model wants it and the template
     wrote none. The template's markup becomes control tokens; a special-token string inside a
     message ('<|im_start|>' typed by a user) or inside a string of `template_kwargs` is encoded
     as the characters it is, as though the tokenizer did not know it. Messages and arguments
     without one give exactly encode(spec, render_chat(...), parse_special=True)."""
-    context = _context(spec, messages, add_generation_prompt, template_kwargs)
-    kwargs = {k: v for k, v in context.items() if k not in SET_BY_ARCPY}
+    context = _context(spec, messages, add_generation_prompt, template_kwargs, tools)
+    kwargs = {k: v for k, v in context.items() if k not in SET_BY_ARCPY or k == "tools"}
     given = [context.get("bos_token") or "", context.get("eos_token") or ""]
-    given += [text for m in context["messages"] for text in m.values()]
-    given += list(_strings(kwargs))
+    given += list(_strings(context["messages"])) + list(_strings(kwargs))
     marks = Marks(spec.tokenizer, [spec.chat_template, *given])
-    for m in context["messages"]:
-        m["role"], m["content"] = marks.mark(m["role"]), marks.mark(m["content"])
+    context["messages"] = _marked(marks, context["messages"])
     context.update(_marked(marks, kwargs))
     ids = marks.encode(render_template(spec.chat_template, context))
     return led_by_bos(spec, ids, spec.add_bos)
 
 
-def _context(spec: TextSpec, messages, add_generation_prompt, template_kwargs) -> dict:
+def _context(spec: TextSpec, messages, add_generation_prompt, template_kwargs, tools=None) -> dict:
     """What the template sees."""
     if spec.chat_template is None:
         raise InvalidArgumentError("this model has no chat template: give it a plain-text prompt")
@@ -178,6 +195,8 @@ def _context(spec: TextSpec, messages, add_generation_prompt, template_kwargs) -
         raise InvalidArgumentError(f"add_generation_prompt must be True or False, got {quoted(add_generation_prompt)}")
     context = check_template_kwargs(template_kwargs)
     context.update(messages=_check_messages(messages), add_generation_prompt=add_generation_prompt)
+    if tools:  # left undefined without: templates test `tools is defined`
+        context["tools"] = _json(check_tools(tools), "tools", 1)
     # A token the model lacks stays undefined, as in transformers: `bos_token is defined` holds.
     if spec.bos_id is not None:
         context["bos_token"] = spec.token_text(spec.bos_id)

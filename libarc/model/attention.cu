@@ -46,6 +46,7 @@ struct AttnLayout {
     static constexpr int PPW = 32 / LP;          // positions per warp
     static constexpr int PG = ATTN_THREADS / LP; // positions per block step
     static constexpr int CHUNK = PG * ATTN_UNROLL;
+    static constexpr int HD = LP * E;            // the longest head row the layout holds
 };
 
 // The ATTN_UNROLL rows of the chunk this lane helps hold (row t = warp * PPW + PG * u + pw), its
@@ -88,8 +89,11 @@ __device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh
 // MULTI: blocks may hold more than one chunk (gridDim.y < ceil(max_seq / CHUNK)); without it the
 // chunk loop below runs once and compiles to the straight line it is.
 // Launch: grid (n_heads, attention_blocks(n_heads, ceil(max_seq / CHUNK))), ATTN_THREADS threads.
-// Limits: hd even and <= 128 (VEC == 8 needs hd % 8 == 0, and LP * VEC >= hd).
-template <int VEC, int LP, bool MULTI>
+// Limits: hd even and <= L::HD, the variant's (VEC == 8 needs hd % 8 == 0); attn_variant picks it.
+// PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
+// window's bounds and the partial rotation compile away, which a step of small kernels feels
+// (docs/PERF.md, 2026-12-02).
+template <int VEC, int LP, bool MULTI, bool PLAIN>
 __global__ void __launch_bounds__(ATTN_THREADS, 1)
 attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache,
                  uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
@@ -97,9 +101,11 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
                  float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
     using L = AttnLayout<VEC, LP>;
     constexpr int E = L::E, CHUNK = L::CHUNK;
-    __shared__ float red[ATTN_WARPS][ATTN_MAX_HEAD_DIM];
-    __shared__ float qs[ATTN_MAX_HEAD_DIM], ks[ATTN_MAX_HEAD_DIM], vs[ATTN_MAX_HEAD_DIM];
-    __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
+    // Sized by the variant's longest row, not ATTN_MAX_HEAD_DIM: the small heads' variants keep
+    // the small static footprint the kernels around them have.
+    __shared__ float red[ATTN_WARPS][L::HD];
+    __shared__ float qs[L::HD], ks[L::HD], vs[L::HD];
+    __shared__ float cos_t[L::HD / 2], sin_t[L::HD / 2];
     __shared__ float wstat[2][ATTN_WARPS], wsum[ATTN_WARPS];  // per warp: the scores' max, the weights' sum
     __shared__ bool last;
 
@@ -108,7 +114,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     const int split = blockIdx.y, stride = gridDim.y;  // this block's chunks: split, split + stride, ...
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int sub = lane % LP, pw = lane / LP;
-    const int nvh = hd / VEC, half = rope.half;
+    const int nvh = hd / VEC, half = PLAIN ? hd / 2 : rope.half;
 
     // Before the wait: the position (written before this step began), the rotation's angles, and
     // the cached rows of earlier positions of the block's first chunk; nothing that the kernels of
@@ -121,11 +127,11 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
         return;
     }
     // The positions attended: lo..pos (lo > 0 only in a windowed layer), in chunks c_lo..ns - 1.
-    const int lo = window > 0 && pos >= window ? pos - window + 1 : 0;
-    const int ns = pos / CHUNK + 1, c_lo = lo / CHUNK, nc = ns - c_lo;
+    const int lo = !PLAIN && window > 0 && pos >= window ? pos - window + 1 : 0;
+    const int ns = pos / CHUNK + 1, c_lo = PLAIN ? 0 : lo / CHUNK, nc = ns - c_lo;
     if (split >= nc) return;
     const bool holds_new = (nc - 1) % stride == split;  // the block whose last chunk holds pos
-    for (int i = tid; i < half; i += ATTN_THREADS) rope_angles(rope, pos, i, &sin_t[i], &cos_t[i]);
+    for (int i = tid; i < half; i += ATTN_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
     const size_t head_base = (size_t)kvh * max_seq * hd;
     float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
     {
@@ -152,13 +158,13 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     for (int i = 0; i < L::NV; ++i) {
         const int j = sub + LP * i;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rope_rotate_half(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
+        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rope_rotate_half<PLAIN>(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
     }
     if (holds_new && head % group == 0) {
         // The first query head of the kv head stores the new row for later steps.
         const size_t at = head_base + (size_t)pos * hd;
         for (int d = tid; d < hd; d += ATTN_THREADS) {
-            k_cache[at + d] = f32_to_bf16(rope_rotate_half(ks, d, half, cos_t, sin_t));
+            k_cache[at + d] = f32_to_bf16(rope_rotate_half<PLAIN>(ks, d, half, cos_t, sin_t));
             v_cache[at + d] = f32_to_bf16(vs[d]);
         }
     }
@@ -174,6 +180,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
         const int start = c * CHUNK;
         const int n = min(CHUNK, pos + 1 - start);  // positions of this chunk, the new one included
         const int tp = pos - start;                 // the new position's row, when < CHUNK
+        const int t_lo = lo - start;                // rows before it are outside the window
         if (MULTI && it > 0) {
             load_chunk<VEC, LP>(k_cache + head_base + (size_t)start * hd, hd, nvh, min(n, tp), warp, pw, sub, kf);
             load_chunk<VEC, LP>(v_cache + head_base + (size_t)start * hd, hd, nvh, min(n, tp), warp, pw, sub, vf);
@@ -189,7 +196,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
                         if (j < nvh) {
-                            kf[u][i * VEC + e] = as_cached(rope_rotate_half(ks, j * VEC + e, half, cos_t, sin_t));
+                            kf[u][i * VEC + e] = as_cached(rope_rotate_half<PLAIN>(ks, j * VEC + e, half, cos_t, sin_t));
                             vf[u][i * VEC + e] = as_cached(vs[j * VEC + e]);
                         }
                     }
@@ -209,7 +216,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
             for (int e = 0; e < E; ++e) d = fmaf(qf[e], kf[u][e], d);
 #pragma unroll
             for (int off = LP / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-            s[u] = t < n && start + t >= lo ? d * scale : -INFINITY;
+            s[u] = t < n && (PLAIN || t >= t_lo) ? d * scale : -INFINITY;
             mc = fmaxf(mc, s[u]);
         }
         // The maximum so far: over the warp's rows (lanes of other rows are LP apart), then over
@@ -378,7 +385,9 @@ template <int VEC, int LP>
 static int launch_attention(arc_context *ctx, const AttnArgs &a) {
     const int blocks = attention_blocks(a.n_heads, a.splits);
     const dim3 grid(a.n_heads, blocks);
-    auto kernel = blocks < a.splits ? attention_kernel<VEC, LP, true> : attention_kernel<VEC, LP, false>;
+    const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
+    auto kernel = blocks < a.splits ? (plain ? attention_kernel<VEC, LP, true, true> : attention_kernel<VEC, LP, true, false>)
+                                    : (plain ? attention_kernel<VEC, LP, false, true> : attention_kernel<VEC, LP, false, false>);
     return arc_launch_pdl(ctx, "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
                           a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale, a.window,
                           a.o_part, a.ml_part, a.done, a.out);
@@ -405,23 +414,10 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
-    AttnArgs a;
-    a.qkv = qkv;
-    a.rope = rope;
-    a.k = k_cache;
-    a.v = v_cache;
-    a.n_heads = n_heads;
-    a.n_kv_heads = n_kv_heads;
-    a.hd = head_dim;
-    a.max_seq = max_seq;
-    a.splits = attention_splits(head_dim, max_seq);
-    a.pos = pos;
-    a.scale = (float)spec.scale;
-    a.window = spec.window;
-    a.o_part = scratch;
-    a.ml_part = reinterpret_cast<float2 *>(scratch + (size_t)n_heads * a.splits * head_dim);
-    a.done = ctx->attn_done;
-    a.out = out;
+    const int splits = attention_splits(head_dim, max_seq);
+    const AttnArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
+                     (float)spec.scale, spec.window, scratch,
+                     reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim), ctx->attn_done, out};
     if (variant.vec == 2) return launch_attention<2, 32>(ctx, a);
     if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
     if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);

@@ -264,11 +264,7 @@ __device__ __forceinline__ float add_sq8(float ss, float4 a, float4 b) {
 // A layer's RoPE as the attention kernels apply it: the layer's frequencies (half of them), the
 // rotated elements 0..2 half - 1 of a head (the rest pass unrotated), and the factor cos and sin
 // are multiplied by (arc.h: rope_dim, rope_factor).
-struct RopeArgs {
-    const float *inv_freq;
-    int half;
-    float factor;
-};
+struct RopeArgs { const float *inv_freq; int half; float factor; };
 
 // What a layer's attention does besides attend: its RoPE, the scores' factor, and its window
 // (0: every position; else a query at p attends p - window + 1..p).
@@ -280,19 +276,22 @@ struct AttnSpec {
 
 // The cosine and sine of pair i at position pos, the factor applied, as the reference computes
 // them: angle float(pos) * inv_freq[i] rounded once, sincos in float32, each times the factor.
+// PLAIN: the factor is 1 (the multiplies, which would change nothing, are left out).
+template <bool PLAIN = false>
 __device__ __forceinline__ void rope_angles(const RopeArgs &r, int pos, int i, float *s, float *c) {
     sincosf(__fmul_rn((float)pos, r.inv_freq[i]), s, c);
-    *s = __fmul_rn(*s, r.factor);
-    *c = __fmul_rn(*c, r.factor);
+    if (!PLAIN) { *s = __fmul_rn(*s, r.factor); *c = __fmul_rn(*c, r.factor); }
 }
 
 // Element d of a head row x (float32) under rotate-half RoPE of `half` pairs: d < half pairs with
 // d + half, d < 2 half with d - half (angle i = d mod half, cosine c[i], sine s[i]), and an element
 // past the rotated ones is x[d]. Explicit roundings (no fused multiply-add), as the reference
 // computes it; the decode, the prefill and the verify rotate identically.
+// PLAIN: every element is rotated (2 half is the row's length).
+template <bool PLAIN = false>
 __device__ __forceinline__ float rope_rotate_half(const float *x, int d, int half, const float *c, const float *s) {
     if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
-    if (d >= 2 * half) return x[d];
+    if (!PLAIN && d >= 2 * half) return x[d];
     const int i = d - half;
     return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
 }

@@ -1,0 +1,203 @@
+"""An answer's text split as it streams: reasoning, content and tool calls.
+
+Reasoning is what a model writes between <think> and </think> (Qwen3, SmolLM3): an answer that
+opens with <think> (after blank space) reasons until </think>. Where the prompt itself ends with
+<think> (the DeepSeek-R1 distills' templates open it), the answer starts inside the reasoning and
+holds only the closing tag. Text after </think> is content, its leading blank lines dropped; an
+answer that never closes the tag is all reasoning.
+
+Tool calls are read in the format the template names (arcpy.text.tools). A Hermes call is handed
+out whole as soon as its closing tag lands; a Mistral or JSON answer's calls once the answer ends
+(a JSON answer is calls only if all of it parses as calls; else it is content, as written).
+
+The splitter holds back only what may still be the start of a tag, so text streams on; and
+whatever the pieces, they add up to what the whole text gives (`split`). Tags that are special
+tokens (skipped by the decoder: Mistral's [TOOL_CALLS]) come in by id: `marks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from arcpy.text.spec import TextSpec
+from arcpy.text.tools import HERMES, JSON, MISTRAL, call_id, parse_calls
+
+OPEN, CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE, CALLS, PYTHON_TAG = "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>"
+MARKS = (OPEN, CLOSE, CALL_OPEN, CALL_CLOSE, CALLS, "[ARGS]", PYTHON_TAG)
+_WAIT, _REASON, _CONTENT, _CALL, _TAIL = "wait", "reasoning", "content", "call", "tail"
+
+
+@dataclass
+class Delta:
+    """What one push added: reasoning text, content text, or one whole tool call in OpenAI's
+    shape ({"index", "id", "type", "function": {"name", "arguments"}})."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_call: dict | None = None
+
+
+@dataclass
+class Answer:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+
+
+def special_marks(spec: TextSpec | None) -> dict[int, str]:
+    """The ids of tags that are special tokens (the decoder skips them) -> their text."""
+    if spec is None:
+        return {}
+    added = spec.tokenizer.get_added_tokens_decoder()
+    return {i: t.content for i, t in added.items() if t.special and t.content in MARKS}
+
+
+def thinks(spec: TextSpec | None) -> bool:
+    """Whether the model's template knows reasoning tags."""
+    return spec is not None and CLOSE in (spec.chat_template or "")
+
+
+def opens_thinking(prompt_text: str) -> bool:
+    """Whether a rendered prompt leaves the answer inside <think> (the template opened it)."""
+    return prompt_text.rstrip().endswith(OPEN)
+
+
+class Splitter:
+    """`push(text, token)` -> [Delta]; `finish()` -> the last ones; `answer` the whole so far.
+
+    `reasoning`: read <think> tags; `opened`: the prompt ended inside them; `tools`: the call
+    format to read (None: none); `ids` makes call ids."""
+
+    def __init__(self, *, reasoning: bool = False, opened: bool = False, tools: str | None = None,
+                 marks: dict[int, str] | None = None, ids: Callable[[str], str] = call_id):
+        self.fmt, self.marks, self.ids = tools, marks or {}, ids
+        self.state = _REASON if opened else _WAIT if reasoning else _CONTENT
+        self.buf = ""
+        self.strip = False       # drop the content's leading blank space (after </think>, between calls)
+        self.started = False     # content other than blank space was seen (a JSON answer must lead with "{")
+        self.answer = Answer()
+
+    def push(self, text: str, token: int | None = None) -> list[Delta]:
+        self.buf += text + self.marks.get(token, "")
+        return self._run(final=False)
+
+    def finish(self) -> list[Delta]:
+        return self._run(final=True)
+
+    # -- the machine -------------------------------------------------------------------------
+
+    def _run(self, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        while True:
+            before = (self.state, len(self.buf))
+            getattr(self, "_" + self.state)(out, final)
+            if (self.state, len(self.buf)) == before:
+                return out
+
+    def _wait(self, out, final) -> None:
+        head = self.buf.lstrip()
+        if head.startswith(OPEN):
+            self.buf, self.state = head[len(OPEN):], _REASON
+        elif final or not head or not OPEN.startswith(head):
+            if head or final:
+                self.state = _CONTENT
+        # else: it may still become <think>: wait
+
+    def _reasoning(self, out, final) -> None:
+        at = self.buf.find(CLOSE)
+        if at >= 0:
+            self._emit(out, reasoning=self.buf[:at])
+            self.buf, self.state, self.strip = self.buf[at + len(CLOSE):], _CONTENT, True
+            return
+        keep = 0 if final else _partial(self.buf, (CLOSE,))
+        self._emit(out, reasoning=self.buf[:len(self.buf) - keep])
+        self.buf = self.buf[len(self.buf) - keep:]
+
+    def _content(self, out, final) -> None:
+        if self.strip or (self.fmt == JSON and not self.started):
+            head = self.buf.lstrip()
+            if not head and not final:
+                return
+            if self.strip:
+                self.buf, self.strip = head, False
+            if self.fmt == JSON and not self.started and head:
+                if not final and PYTHON_TAG.startswith(head):
+                    return  # it may still become <|python_tag|>
+                self.started = True
+                if head.startswith(("{", "[", PYTHON_TAG)):
+                    self.state = _TAIL
+                    return
+        opener = {HERMES: CALL_OPEN, MISTRAL: CALLS}.get(self.fmt)
+        if opener is not None and (at := self.buf.find(opener)) >= 0:
+            self._emit(out, content=self.buf[:at])
+            self.buf = self.buf[at + len(opener):] if self.fmt == HERMES else self.buf[at:]
+            self.state = _CALL if self.fmt == HERMES else _TAIL
+            return
+        keep = 0 if final or opener is None else _partial(self.buf, (opener,))
+        self._emit(out, content=self.buf[:len(self.buf) - keep])
+        self.buf = self.buf[len(self.buf) - keep:]
+        if self.buf:
+            self.started = True
+
+    def _call(self, out, final) -> None:
+        at = self.buf.find(CALL_CLOSE)
+        if at < 0 and not final:
+            return
+        body = self.buf if at < 0 else self.buf[:at]
+        calls = parse_calls(HERMES, body)
+        if calls is None:  # not a call after all: the text as written
+            self._emit(out, content=CALL_OPEN + self.buf[:len(self.buf) if at < 0 else at + len(CALL_CLOSE)])
+        else:
+            self._calls(out, calls)
+        self.buf = "" if at < 0 else self.buf[at + len(CALL_CLOSE):]
+        self.state, self.strip = _CONTENT, True
+
+    def _tail(self, out, final) -> None:
+        if not final:
+            return
+        text = self.buf
+        body = text.replace(PYTHON_TAG, "")
+        if self.fmt == MISTRAL:
+            body = body.strip()[len(CALLS):]
+        calls = parse_calls(self.fmt, body)
+        if calls is None:
+            self._emit(out, content=text)
+        else:
+            self._calls(out, calls)
+        self.buf, self.state = "", _CONTENT
+
+    def _calls(self, out, calls) -> None:
+        for name, arguments in calls:
+            call = {"index": len(self.answer.tool_calls), "id": self.ids(self.fmt or HERMES), "type": "function",
+                    "function": {"name": name, "arguments": arguments}}
+            self.answer.tool_calls.append(call)
+            out.append(Delta(tool_call=call))
+
+    def _emit(self, out, reasoning: str = "", content: str = "") -> None:
+        if reasoning:
+            self.answer.reasoning += reasoning
+            out.append(Delta(reasoning=reasoning))
+        if content:
+            self.answer.content += content
+            out.append(Delta(content=content))
+
+
+def _partial(text: str, tags) -> int:
+    """How many characters at the end of `text` may begin one of `tags`."""
+    best = 0
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:n]):
+                best = n
+                break
+    return best
+
+
+def split(text: str, **kw) -> Answer:
+    """The whole text, split at once (what any streaming of it adds up to)."""
+    s = Splitter(**kw)
+    s.push(text)
+    s.finish()
+    return s.answer

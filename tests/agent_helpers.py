@@ -1,0 +1,109 @@
+"""What the agent tests share: a text of a family's kind (the Qwen3 fixture's byte-level tokenizer,
+which encodes any text, under a real chat template where one is given), and the Typist: a
+stand-in device whose forward puts the highest logit on the next token of an answer its script
+writes for the prompt, so that a test can make a model call a tool, or answer, on cue. Where a
+grammar forbids the scripted token, the mask decides as it would for a real model."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from serve_helpers import InProcess
+
+from arcpy.devices.protocol import Counters
+from arcpy.loop import gate
+from arcpy.loop.engine import Engine
+from arcpy.serve.app import Service, Settings, create_app
+from arcpy.serve.schema import Defaults
+from arcpy.serve.worker import Worker
+from arcpy.text import TextSpec, encode, load_text_spec
+
+QWEN3 = Path(__file__).parent / "data" / "families" / "qwen3"
+
+
+def family_text(template: str | None = None) -> TextSpec:
+    spec = load_text_spec(QWEN3)
+    return spec if template is None else dataclasses.replace(spec, chat_template=template)
+
+
+class Typist:
+    """DeviceOps of the host path: `script(prompt_text)` is the answer to type (then the first
+    end-of-sequence id)."""
+
+    supports_loop = supports_sampling = False
+    supports_prefill = True
+    speculate_k = speculate_ngram = 0
+
+    def __init__(self, text: TextSpec, script: Callable[[str], str], max_seq: int = 4096):
+        self.text, self.script = text, script
+        self.vocab, self.max_seq = text.tokenizer.get_vocab_size(), max_seq
+        self.token = self.position = 0
+        self.answer: list[int] = []
+        self.start = 0
+        self.prompts: list[str] = []   # every prompt it was given, as text
+        self.logits = np.zeros(self.vocab, np.float32)
+
+    def _logits_at(self, position: int) -> np.ndarray:
+        logits = np.zeros(self.vocab, np.float32)
+        k = position + 1 - self.start
+        logits[self.answer[k] if k < len(self.answer) else self.text.eos_ids[0]] = 60.0  # the others e^-60 as likely
+        return logits
+
+    def set_input(self, token: int, position: int) -> None:
+        self.token, self.position = token, position
+
+    def stream_query(self) -> bool:
+        return True
+
+    def counters(self) -> Counters:
+        return Counters()
+
+    def close(self) -> None:
+        pass
+
+    def enqueue_prefill(self, tokens, start: int) -> None:
+        tokens = list(tokens)
+        prompt = self.text.tokenizer.decode(tokens, skip_special_tokens=False)
+        self.prompts.append(prompt)
+        self.answer = encode(self.text, self.script(prompt), add_bos=False) + [self.text.eos_ids[0]]
+        self.start = start + len(tokens)
+        self.logits = self._logits_at(start + len(tokens) - 1)
+
+    def enqueue_forward(self, eager: bool = False) -> None:
+        self.logits = self._logits_at(self.position)
+
+    def enqueue_argmax(self) -> None:
+        pass
+
+    def enqueue_logits_to_host(self) -> None:
+        pass
+
+    def sampled(self) -> tuple[int, float]:
+        token = int(np.argmax(self.logits))
+        return token, float(self.logits[token])
+
+    def host_logits(self) -> np.ndarray:
+        return self.logits
+
+
+def typist_engine(text: TextSpec, script: Callable[[str], str]) -> Engine:
+    engine = Engine(Typist(text, script), "typist", environ={}, latch=gate.FallbackLatch())
+    engine.text = text
+    return engine
+
+
+def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typist", **defaults) -> InProcess:
+    """The app on uvicorn in this process, over a Typist engine; `.engine` is the engine."""
+    holder = {}
+
+    def build():
+        holder["engine"] = typist_engine(text, script)
+        return holder["engine"]
+
+    worker = Worker(build, 4, warm_up=False).start()
+    server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults)))))
+    server.engine = holder["engine"]
+    return server

@@ -1,0 +1,63 @@
+"""Agents on the command line: `arcpy chat --tools` shows a call and its arguments and takes the
+tool's result with /tool; `arcpy generate --json-schema FILE` answers JSON valid by the schema."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import jsonschema
+from agent_helpers import QWEN3, family_text, typist_engine
+from click.testing import CliRunner
+from llamacpp_sdist import llamacpp_models
+from test_agents_serve import FINAL, WEATHER, script
+
+from arcpy.chat import Conversation, converse
+from arcpy.cli import main as cli
+
+
+def test_chat_shows_a_tool_call_and_takes_its_result():
+    text = family_text((llamacpp_models() / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text())
+    engine = typist_engine(text, script)
+    conversation = Conversation(engine, text, tools=[WEATHER])
+    lines = iter(["What is the weather in Paris?", '/tool {"temperature": 18}', "/exit"])
+    out, err = io.StringIO(), io.StringIO()
+    assert converse(conversation, lambda prompt: next(lines), out=out, err=err) == 0
+    shown = out.getvalue()
+    assert '[tool call get_weather] {"city": "Paris", "unit": "celsius"}' in shown
+    assert "<tool_call>" not in shown and FINAL in shown
+    assert shown.index("[tool call") < shown.index(FINAL)
+    # The result went back as the tool's turn, answering the call by its id.
+    (asked, messages), = conversation.turns
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]
+    assert messages[1]["tool_call_id"] == messages[0]["tool_calls"][0]["id"]
+    assert "<tool_response>\n{\"temperature\": 18}\n</tool_response>" in engine.device.prompts[-1]
+    assert "error: no tool call is waiting" not in err.getvalue()
+    # A result with no call waiting is one line, and the session goes on.
+    lines = iter(['/tool {"x": 1}', "/exit"])
+    converse(conversation, lambda prompt: next(lines), out=out, err=err)
+    assert "error: no tool call is waiting for a result" in err.getvalue()
+
+
+def test_generate_with_a_json_schema_file(tmp_path):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    r = CliRunner().invoke(cli, ["generate", "--model", str(QWEN3), "--prompt", "hello there",
+                                 "--json-schema", str(path), "-n", "40", "--temperature", "1", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    jsonschema.validate(json.loads(r.stdout.strip()), schema)
+
+
+def test_a_bad_schema_file_is_one_line(tmp_path):
+    for content, words in [('{"type": "objekt"}', "not valid"), ("{nope", "JSON schema")]:
+        path = tmp_path / "schema.json"
+        path.write_text(content)
+        r = CliRunner().invoke(cli, ["generate", "--model", str(QWEN3), "--prompt", "hello",
+                                     "--json-schema", str(path), "-n", "4"])
+        assert r.exit_code != 0 and words in r.stderr, r.output
+        assert len([line for line in r.stderr.splitlines() if line.startswith("error")]) == 1
+    r = CliRunner().invoke(cli, ["generate", "--shape", "stories15M", "--prompt-ids", "1", "--json-schema",
+                                 str(path)])
+    assert r.exit_code == 2 and "--json-schema needs a model with a tokenizer" in r.stderr

@@ -1,0 +1,69 @@
+"""GPU tier: constrained answers on the GPU (marker `gpu`). The answer's mask is applied on the
+host path (arcpy.loop.constrain): every step's logits come to the host, are masked, and the token
+is drawn there. Every answer parses and validates; the rate against the unconstrained device
+loop is measured on the demo model (printed, for docs/PERF.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")  # the `test` extra's: the judge
+pytest.importorskip("llguidance")
+
+from agent_helpers import QWEN3  # noqa: E402
+from test_constrained import SCHEMAS, fmt  # noqa: E402
+
+from arcpy import Engine, load_checkpoint  # noqa: E402
+from arcpy.demo import demo_model_path  # noqa: E402
+from arcpy.loop.request import Request  # noqa: E402
+from arcpy.sampling import Sampling  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def test_constrained_answers_validate_on_the_gpu():
+    model, text = load_checkpoint(QWEN3)
+    with Engine.load(model, "cuda", text=text, max_seq=256) as engine:
+        for i in range(200):
+            schema = SCHEMAS[i % len(SCHEMAS)]
+            r = Request(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=220,
+                        sampling=Sampling(temperature=1.0, seed=i), response_format=fmt(schema))
+            out = "".join(engine.chat(r))
+            assert engine.stats.finish_reason == "stop_id", (i, out)
+            assert engine.stats.path == "host" and engine.stats.host_waits == engine.stats.tokens
+            jsonschema.validate(json.loads(out), schema)
+        # Greedy and constrained: the argmax over what the grammar allows.
+        r = Request(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=40,
+                    response_format=fmt({"enum": ["alpha", "beta"]}))
+        assert "".join(engine.chat(r)) in ('"alpha"', '"beta"')
+
+
+@pytest.mark.skipif(demo_model_path() is None, reason="the demo model is not fetched (python -m arcpy.demo)")
+def test_the_rate_under_a_schema_against_the_device_loop():
+    model, text = load_checkpoint(demo_model_path())
+    schema = {"type": "array", "minItems": 200, "maxItems": 200, "items": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 9}}
+    ask = [{"role": "user", "content": "List numbers."}]
+    with Engine.load(model, "cuda", text=text, burst=16) as engine:
+        rates = {}
+        for name, extra in (("device loop, unconstrained", {}), ("host path, schema", {"response_format": fmt(schema)})):
+            best = 0.0
+            for seed in range(3):
+                r = Request(messages=ask, max_new_tokens=400, sampling=Sampling(temperature=0.8, seed=seed), **extra)
+                stamps, texts = [], []
+                for piece in engine.stream(r):
+                    texts.append(piece.text)
+                    if piece.token is not None:
+                        stamps.append(time.perf_counter())
+                if extra:
+                    jsonschema.validate(json.loads("".join(texts)), schema)
+                    assert engine.stats.host_waits == engine.stats.tokens  # the host path: one a token
+                assert len(stamps) > 8, (name, "".join(texts))
+                best = max(best, (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            rates[name] = best
+        print(json.dumps({"demo model tok/s": rates,
+                          "share": rates["host path, schema"] / rates["device loop, unconstrained"]}))
+        assert rates["host path, schema"] > 0
