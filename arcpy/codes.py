@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # arc_status
 ARC_OK = 0
@@ -24,6 +24,8 @@ FAULT_NAMES = {
 
 # The commit kernel compares each token against at most this many stop ids.
 MAX_STOP_IDS = 8
+MAX_LOGIT_BIAS = 256  # ARC_MAX_LOGIT_BIAS: the most (id, value) pairs of a request's logit bias
+MAX_TOP_LOGPROBS = 20  # ARC_MAX_TOP_LOGPROBS: the most alternatives a token's log-probabilities list
 
 # The device loop's ring (arc_loop_create's capacity) holds this many tokens, so a burst, whose
 # tokens are all in flight at once, enqueues at most this many steps.

@@ -27,7 +27,7 @@ import click
 
 from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
-from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.files import read_json_file
 from arcpy.loading import load_checkpoint
@@ -41,7 +41,7 @@ from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
 from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
                             with_options)
-from arcpy.text import TextSpec
+from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -65,14 +65,15 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def open_engine(model: Model, text: TextSpec | None, options: EngineOptions) -> Engine:
+def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **load) -> Engine:
     """The engine `options` ask for (the CUDA one where "auto" finds a GPU), with the notes a user
-    of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect."""
+    of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect.
+    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes)."""
     backend = _lib.auto_backend() if options.backend == "auto" else options.backend
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
-                         burst=options.burst, text=text, drafts=options.drafts)
+                         burst=options.burst, text=text, drafts=options.drafts, **load)
     speculation_note(options.drafts, engine)
     return engine
 
@@ -117,6 +118,9 @@ def decode_options(f):
         click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
                      help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
                           "Default: a fresh one."),
+        click.option("--logprobs", type=click.IntRange(0, MAX_TOP_LOGPROBS), default=None, metavar="N",
+                     help="After the answer, each token's log-probability and its N likeliest alternatives, on "
+                          "stderr (computed in the device loop's step)."),
     ]
     return with_options(options)(as_engine_options(f))
 
@@ -243,7 +247,7 @@ def _ready(stream) -> bool:
 
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, temperature,
          top_k, top_p, seed, engine_opts: EngineOptions = EngineOptions(), weights="auto", template_kwargs=(),
-         stdin=None, json_schema=None) -> tuple[Request, RunOptions]:
+         stdin=None, json_schema=None, logprobs=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -290,7 +294,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
-                      template_kwargs=kwargs if "messages" in source else {})
+                      template_kwargs=kwargs if "messages" in source else {}, logprobs=logprobs)
     return request, RunOptions(model_path, shape, engine_opts, weights, question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
@@ -387,16 +391,21 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
         printer = Printer(text, out)
         started = time.perf_counter()
         stamps: list[float] = []
-        reason, status = None, 0
+        reason, status, logprobs = None, 0, []
         try:
             for piece in engine.stream(request):
                 if piece.token is not None:
                     stamps.append(time.perf_counter())
+                    logprobs += [(piece.token, piece.logprob)] if piece.logprob else []
                 printer.push(piece)
         except KeyboardInterrupt:
             engine.finish()
             reason, status = "interrupted", 130
         printer.finish()
+        for token, lp in logprobs:
+            name = (lambda i: repr(token_text(text, i))) if text is not None else str
+            alternatives = ", ".join(f"{name(i)} {v:.4f}" for i, v in lp.top)
+            click.echo(f"logprob {name(token)} {lp.logprob:.4f}" + (f"  [{alternatives}]" if lp.top else ""), err=True)
         report(engine, reason, started, stamps, run.engine.device_loop)
     return status
 

@@ -184,3 +184,18 @@ def test_a_sampled_run_without_a_seed_reports_the_one_that_repeats_it():
     again = decode(*args, "--seed", str(seed))
     assert token_line(again.stdout) == token_line(first.stdout) and f"; seed {seed}" in again.stderr
     assert "; seed" not in decode(*S, "--backend", "numpy", "-n", "2", "--prompt-ids", "1 2").stderr
+
+
+def test_logprobs_option_prints_each_tokens_log_probability(stories):
+    out = decode("--shape", "stories15M", "-n", "5", "--prompt-ids", "1 2 3", "--logprobs", "3", "--backend", "numpy")
+    assert out.returncode == 0, out.stderr
+    lines = [line.split() for line in out.stderr.splitlines() if line.startswith("logprob ")]
+    tokens = token_line(out.stdout)
+    assert [int(parts[1]) for parts in lines] == tokens and len(tokens) == 5
+    for parts in lines:
+        value = float(parts[2])
+        alternatives = " ".join(parts[3:]).strip("[]").split(", ")
+        assert value <= 0 and len(alternatives) == 3
+        assert alternatives[0].split()[0] == parts[1]  # greedy: the token is the likeliest
+    bad = decode("--shape", "stories15M", "--logprobs", "21")
+    assert bad.returncode != 0 and "--logprobs" in bad.stderr

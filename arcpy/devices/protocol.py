@@ -20,7 +20,7 @@ import numpy as np
 
 from arcpy.codes import FAULT_NONE
 from arcpy.errors import HangError
-from arcpy.sampling import Sampling
+from arcpy.sampling import Sampling, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RingState:
     fault_pos: int = 0
     stopped: int = 0
     steps: int = 0  # speculative steps whose commit ran since the ring was reset
+    logprobs: int = 0  # log-probability entries written (at most `published`; set_logprobs)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class DeviceOps(Protocol):
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
     supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)
+    prefix_granule: int      # a prefill may resume after rows of an earlier one at multiples of this (0: never)
     speculate_k: int         # drafts a speculative step verifies (0: the device has no such step)
     speculate_ngram: int     # the longest n-gram its draft looks up
 
@@ -106,6 +108,17 @@ class DeviceOps(Protocol):
     def enqueue_spec_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
+    # Log-probabilities in the loop (supports_logprobs): stream-ordered like set_sampling, later
+    # steps write each token's entry beside it (None: none, and no cost); read once
+    # RingState.logprobs covers them.
+    supports_logprobs: bool
+    def set_logprobs(self, top_n: int | None) -> None: ...
+    # A logit bias added on the device (supports_logit_bias): stream-ordered pairs (id, value),
+    # added by the loop's steps, and on the host path where enqueue_logit_bias follows a forward.
+    supports_logit_bias: bool
+    def set_logit_bias(self, pairs: Sequence[tuple[int, float]]) -> None: ...
+    def enqueue_logit_bias(self) -> None: ...
+    def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]: ...
 
 
 def spin_until(ready: Callable[[], bool], max_spins: int, what: str) -> int:

@@ -48,10 +48,14 @@ class BurstDriver:
         self.steps = 0  # speculative steps whose commit ran, as the ring counts them
         self.burst_id = 0
         self.host_waits = 0
+        self.sink = None  # where each taken token's log-probabilities go (a deque), when asked for
 
-    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None) -> None:
+    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None,
+                       logprobs: int | None = None, sink=None) -> None:
         """Reset the ring for a new sequence, and give the device its stop ids and sampling
-        parameters (None: greedy). The ring may only be reset once no step is in flight (the
+        parameters (None: greedy). With `logprobs` (alternatives, 0..20), a token is taken only
+        once its log-probabilities are written too, and they go to `sink` (appended, in order).
+        The ring may only be reset once no step is in flight (the
         tail of a burst a stop id ended may still be retiring): that wait is a host wait,
         counted, once per sequence, never per token."""
         if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
@@ -60,6 +64,9 @@ class BurstDriver:
         self.steps = 0
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
+        if logprobs is not None or getattr(self.device, "supports_logprobs", False):
+            self.device.set_logprobs(logprobs)
+        self.sink = sink if logprobs is not None else None
 
     def run(self, steps: int, first_commit: bool = False) -> Iterator[int]:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
@@ -112,8 +119,9 @@ class BurstDriver:
 
         while self.published < want:
             state = self.device.poll_ring()  # the step count is read before the tokens it covers
-            if state.published > self.published:
-                yield from self._take(state.published)
+            ready = self._ready(state)
+            if ready > self.published:
+                yield from self._take(ready)
                 spins = 0
                 if not speculative:
                     continue
@@ -123,7 +131,7 @@ class BurstDriver:
                     return
             if state.fault:
                 raise fault_error(state)
-            if state.stopped == self.burst_id:
+            if state.stopped == self.burst_id and ready == state.published:
                 return
             if idle_seen:
                 # The stream was idle before this poll, so nothing more can land.
@@ -135,16 +143,23 @@ class BurstDriver:
                 try:
                     idle_seen = self.device.stream_query()
                 except DeviceFaultError:
-                    yield from self._take(self.device.poll_ring().published)
+                    yield from self._take(self._ready(self.device.poll_ring()))
                     raise
             if spins >= self.max_spins:
-                yield from self._take(self.device.poll_ring().published)
+                yield from self._take(self._ready(self.device.poll_ring()))
                 raise HangError(f"device loop: no token and no error in {self.max_spins} polls "
                                 f"({progress(state)})")
+
+    def _ready(self, state: RingState) -> int:
+        """The tokens that may be taken: those published, and with log-probabilities asked for,
+        only those whose entry is written too (it lands a kernel after its token)."""
+        return state.published if self.sink is None else min(state.published, state.logprobs)
 
     def _take(self, published: int) -> Iterator[int]:
         """Yield the tokens the ring holds beyond those already taken."""
         if published > self.published:
             tokens = self.device.read_ring(self.published, published - self.published)
+            if self.sink is not None:
+                self.sink.extend(self.device.read_logprobs(self.published, published - self.published))
             self.published = published
             yield from tokens

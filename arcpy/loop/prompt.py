@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Request
+from arcpy.sampling import TokenLogprob
 from arcpy.text import TextSpec, chat_ids, encode
 
 
@@ -13,10 +14,12 @@ from arcpy.text import TextSpec, chat_ids, encode
 class Piece:
     """One step of an answer: the token handed out (None for text held back to the end) and the
     text that became final with it (empty while a character or a possible stop string is open,
-    or for a model without a tokenizer)."""
+    or for a model without a tokenizer), and the token's log-probabilities where the request asked
+    for them (Request.logprobs)."""
 
     token: int | None
     text: str
+    logprob: TokenLogprob | None = None
 
 
 def request_ids(text: TextSpec | None, request: Request) -> list[int]:

@@ -17,7 +17,7 @@ import sys
 import click
 
 from arcpy import _lib
-from arcpy.decode import load, model_or_demo, one_line_errors, open_engine
+from arcpy.decode import load, model_or_demo, note, one_line_errors, open_engine
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
@@ -63,6 +63,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="Keep a reasoning model's <think>...</think> in the content, as written, instead of in "
                    "reasoning_content.")
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
+@click.option("--prompt-cache-bytes", type=click.IntRange(min=0), default=None,
+              help="Device memory for the KV rows of earlier prompts (their prefixes, least recently used "
+                   "evicted first); 0: none. Default: a tenth of what is free after start-up, printed.")
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
                    "decoding thread to let go of the interpreter.")
@@ -77,7 +80,7 @@ def main(**options):
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
         top_p, top_k, template_kwargs, switch_interval, log_level, access_log, raw_reasoning=False,
-        engine_opts: EngineOptions = EngineOptions()) -> int:
+        prompt_cache_bytes=None, engine_opts: EngineOptions = EngineOptions()) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -103,7 +106,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       engine_opts)
+                                       engine_opts, prompt_cache_bytes)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
@@ -137,7 +140,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions):
+def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions,
+           prompt_cache_bytes=None):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
@@ -150,7 +154,12 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
         raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
 
     def build():
-        return open_engine(model, text, engine_opts)
+        engine = open_engine(model, text, engine_opts, prompt_cache_bytes=prompt_cache_bytes)
+        p = engine.prefix
+        if p.capacity:
+            note(f"prompt cache: {p.capacity / 1e9:.2f} GB for earlier prompts' KV rows, "
+                 f"{p.capacity // p.row_bytes} positions (--prompt-cache-bytes)")
+        return engine
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
     name = model_name or model.name
