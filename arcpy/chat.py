@@ -28,14 +28,15 @@ from typing import Callable
 import click
 
 from arcpy import _lib
-from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
+from arcpy.decode import load, model_or_demo, one_line_errors, open_engine
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.files import read_json_file
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
+from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
+                            with_options)
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
@@ -266,13 +267,14 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 @click.option("--stats", is_flag=True, help="After each answer, its statistics on stderr.")
 @click.option("--tools", "tools_path", type=click.Path(dir_okay=False), default=None,
               help="A JSON file of OpenAI function tools for the template; calls are shown, /tool answers them.")
+@as_engine_options
 def main(**options):
     """Chat with a model in the terminal: the answer streams as it lands."""
     sys.exit(run(**options))
 
 
-def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, backend, device_loop, burst, max_seq,
-        drafts, temperature, top_k, top_p, seed, stats, tools_path=None, read=input) -> int:
+def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, temperature, top_k, top_p, seed, stats,
+        tools_path=None, engine_opts: EngineOptions = EngineOptions(), read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
         sampling = Sampling(temperature, top_k, top_p, seed)
@@ -281,25 +283,21 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, backe
             raise click.UsageError("--stop must not be empty")
         tools = check_tools(read_json_file(Path(tools_path), "tools file")) if tools_path is not None else None
         gate.read_all()
-        if backend == "cuda" and not _lib.cuda_available()[0]:
+        if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
         model_path = model_or_demo(model_path)
         model, text = load(model_path, None)
         if text is None or text.chat_template is None:
             raise click.UsageError(f"{model.name} has no {'tokenizer' if text is None else 'chat template'}: "
                                    "arcpy chat needs both (arcpy generate takes a plain prompt)")
-        if max_seq is not None and max_seq > model.config.max_seq:
-            raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
-        backend = _lib.auto_backend() if backend == "auto" else backend
-        if backend == "numpy":
-            note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-        with Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
-                         drafts=drafts) as engine:
-            speculation_note(drafts, engine)
+        if engine_opts.max_seq is not None and engine_opts.max_seq > model.config.max_seq:
+            raise click.UsageError(f"--max-seq {engine_opts.max_seq} exceeds the model's context of "
+                                   f"{model.config.max_seq}")
+        with open_engine(model, text, engine_opts) as engine:
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()
-            click.echo(f"chat with {model.name} (backend {backend}); {HELP}", err=True)
+            click.echo(f"chat with {model.name} (backend {engine.backend}); {HELP}", err=True)
             conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs, tools)
             return converse(conversation, read, stats=stats)
     return errors.status

@@ -24,6 +24,12 @@ FAULT_NAMES = {
 
 # The commit kernel compares each token against at most this many stop ids.
 MAX_STOP_IDS = 8
+MAX_LOGIT_BIAS = 256  # ARC_MAX_LOGIT_BIAS: the most (id, value) pairs of a request's logit bias
+MAX_TOP_LOGPROBS = 20  # ARC_MAX_TOP_LOGPROBS: the most alternatives a token's log-probabilities list
+
+# The device loop's ring (arc_loop_create's capacity) holds this many tokens, so a burst, whose
+# tokens are all in flight at once, enqueues at most this many steps.
+RING_CAPACITY = MAX_BURST = 1024
 
 # arc_format: how a matrix tensor's weights are held (arc.h's "Weight formats")
 FORMAT_BF16 = 0

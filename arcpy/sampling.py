@@ -290,3 +290,23 @@ def kept_weights(logits, sampling: Sampling) -> tuple[np.ndarray, list[int]]:
     q = Sampler(sampling)._kept_weights(logits)
     ids = np.flatnonzero(q)
     return ids, [int(v) for v in q[ids]]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model's distribution (log_softmax of the raw logits
+    over the vocabulary: before temperature, top-k and top-p, as OpenAI defines it), and the `top`
+    most likely (id, log-probability) pairs, most likely first (ties to the lower id)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits, token: int, top_n: int) -> TokenLogprob:
+    """What the device loop computes in float32 (libarc/logprobs.cu), here in float64: `logits`
+    are the valid ids' float32 logits."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = float(x.max())
+    log_z = top + float(np.log(np.exp(x - top).sum()))
+    order = np.lexsort((np.arange(x.size), -x))[:top_n] if top_n else ()
+    return TokenLogprob(float(x[token]) - log_z, tuple((int(i), float(x[i]) - log_z) for i in order))

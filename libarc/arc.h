@@ -96,6 +96,7 @@ typedef struct arc_ring_state {
     int32_t fault_pos;     /* the position it was to be written at */
     uint32_t stopped;      /* id of the last burst a stop id ended, 0 if none */
     uint32_t steps;        /* speculative steps whose commit ran since the ring was reset */
+    uint32_t logprobs;     /* log-probability entries written (arc_loop_enqueue_logprobs), at most published */
 } arc_ring_state;
 
 typedef enum arc_fault {
@@ -137,6 +138,24 @@ int arc_loop_begin_burst(arc_loop *loop, uint32_t burst_id);
 int arc_loop_begin_burst_limit(arc_loop *loop, uint32_t burst_id, uint32_t max_tokens);
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
+/* Log-probabilities in the loop. Captured after a step's sampler, arc_loop_enqueue_logprobs writes, for the token that
+ * step published, its log-probability under log_softmax(logits[0..vocab)) (float32, the raw logits: no temperature
+ * or truncation) and the top_n most likely ids and theirs (value descending, ties to the lower id), top_n set by
+ * arc_loop_set_logprobs (0..ARC_MAX_TOP_LOGPROBS, stream-ordered; the first call allocates the ring). A step that
+ * published nothing writes nothing. arc_ring_read_logprobs copies entries [first, first + count) once
+ * arc_ring_state.logprobs covers them: logprob[count], top_ids and top_values [count][ARC_MAX_TOP_LOGPROBS]. */
+enum { ARC_MAX_TOP_LOGPROBS = 20 };
+int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n);
+int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width);
+int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob, int32_t *top_ids,
+                           float *top_values);
+/* A logit bias: arc_loop_enqueue_logit_bias adds values[k] to logits[ids[k]] (float32) for the n pairs
+ * arc_loop_set_logit_bias last wrote (stream-ordered; n <= ARC_MAX_LOGIT_BIAS, ids distinct in [0, vocab), values
+ * finite; n 0 adds nothing). Captured between a step's forward and its sampler, or enqueued on the host path before
+ * the argmax or the copy of the logits. */
+enum { ARC_MAX_LOGIT_BIAS = 256 };
+int arc_loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n);
+int arc_loop_enqueue_logit_bias(arc_loop *loop, float *logits, int32_t width);
 
 /* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above everything, as NumPy's
  * argmax; the winning value into *value_out unless value_out is NULL. out and value_out may be device memory or

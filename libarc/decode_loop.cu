@@ -43,6 +43,7 @@ __global__ void reset_ring_kernel(DeviceState *st) {
     st->stopped = 0;
     st->steps = 0;
     st->limit = 0xFFFFFFFFu;
+    st->logprobs = 0;
 }
 
 // history[start + i] = tokens[i] for i < n.
@@ -60,6 +61,9 @@ enum { PINNED_HEADER = 64 };
 
 static void loop_release(arc_loop *loop) {
     if (loop->ring_host) cudaFreeHost(loop->ring_host);
+    if (loop->lp_host) cudaFreeHost(loop->lp_host);
+    if (loop->lp_part) cudaFree(loop->lp_part);
+    if (loop->lp_done) cudaFree(loop->lp_done);
     if (loop->state) cudaFree(loop->state);
     if (loop->history) cudaFree(loop->history);
     free(loop);
@@ -174,6 +178,7 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     r->fault_pos = 0;
     r->stopped = 0;
     r->steps = 0;
+    r->logprobs = 0;
     return ARC_OK;
 }
 
@@ -234,6 +239,9 @@ extern "C" int arc_ring_poll(arc_loop *loop, arc_ring_state *state) {
     std::atomic_thread_fence(std::memory_order_acquire);
     state->fault_token = r->fault_token;
     state->fault_pos = r->fault_pos;
+    // Last: a fault or an idle stream seen above means every published token's entry is written.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    state->logprobs = r->logprobs;
     return ARC_OK;
 }
 

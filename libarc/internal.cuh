@@ -31,6 +31,12 @@ struct DrawScratch {
     int32_t found;
 };
 
+#ifdef __CUDACC__  // device code only: core.cu and graph.cu compile as C++
+// A quiet NaN: what a kernel writes where it has no value to give, so that the commit's
+// non-finite check latches it.
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+#endif
+
 // What the blocks of an lm_head GEMV that takes the argmax share (model/head_argmax.cuh).
 struct HeadArgmax {
     unsigned long long best;  // the largest (order key << 32 | ~row) so far; 0: none
@@ -83,6 +89,7 @@ struct RingHeader {
     volatile int32_t fault_pos;
     volatile uint32_t stopped;
     volatile uint32_t steps;  // speculative steps whose commit ran
+    volatile uint32_t logprobs;  // log-probability entries written (logprobs.cu), at most `published`
 };
 
 struct DeviceState {
@@ -102,6 +109,19 @@ struct DeviceState {
     int32_t top_k;        // 0: off
     uint64_t top_p32;     // top_p in units of 2^-32; 2^32: off
     uint64_t seed;
+    uint32_t logprobs;    // device copy of RingHeader::logprobs
+    int32_t top_logprobs; // alternatives each entry lists (arc_loop_set_logprobs)
+    int32_t n_bias;       // the logit bias (arc_loop_set_logit_bias): pairs in use
+    int32_t bias_ids[ARC_MAX_LOGIT_BIAS];
+    float bias_values[ARC_MAX_LOGIT_BIAS];
+};
+
+// The log-probability ring (logprobs.cu): pinned and mapped, one entry beside each token slot,
+// and the per-block partials of the kernel that writes them (device memory).
+struct LogprobRing {
+    float *logprob;       // [capacity]
+    int32_t *top_ids;     // [capacity][ARC_MAX_TOP_LOGPROBS]
+    float *top_values;    // [capacity][ARC_MAX_TOP_LOGPROBS]
 };
 
 struct arc_loop {
@@ -117,6 +137,10 @@ struct arc_loop {
     int32_t *slots_dev;
     DeviceState *state;   // device memory
     int32_t *history;     // device memory, max_seq token ids: the token at each position
+    void *lp_host;        // the log-probability ring's pinned block, null until arc_loop_set_logprobs
+    LogprobRing lp_ring_host, lp_ring_dev;
+    float *lp_part;       // device: per block, max, sum and ARC_MAX_TOP_LOGPROBS (value, id) candidates
+    uint32_t *lp_done;    // device: the kernel's done counter
 };
 
 // Every CUDA call on a context goes through one of these: counted, checked, and on failure

@@ -14,8 +14,16 @@ tokens per second, and checks, request by request:
 It starts the server itself (the model's flags below), or takes --url (and --pid for the memory
 check) of one already running. The exit status is 1 when a check fails.
 
+With --turns T it runs conversations instead (multi-turn mode): --conversations of T turns each,
+one after another, every turn the whole history (a system message of --history-words words, the
+questions, the answers) and a new question. Each conversation runs twice: with the prefix cache,
+and with it cleared before every turn (POST /reset_prefix_cache). It reports the cache's hit rate
+(cached prompt tokens over prompt tokens, from the usage) and the time to first token of each turn
+with and without it, and checks that both runs answer every turn alike.
+
     python scripts/load_test.py --json load.json
     python scripts/load_test.py --model tiny-model-dir --backend numpy --clients 8 --requests 10
+    python scripts/load_test.py --turns 10 --conversations 4 --history-words 3000 --json turns.json
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rss-slack", type=float, default=16.0, help="MiB the server may grow after round 1 (16)")
     ap.add_argument("--note", default=None, help="a line for the report (how the model was made, the machine)")
     ap.add_argument("--json", default=None, help="write the report here")
+    ap.add_argument("--turns", type=int, default=0, help="multi-turn mode: turns per conversation (default 0: off)")
+    ap.add_argument("--conversations", type=int, default=4, help="multi-turn mode: conversations (default 4)")
+    ap.add_argument("--history-words", type=int, default=200,
+                    help="multi-turn mode: words of the system message that opens each conversation (default 200)")
     args = ap.parse_args(argv)
     if min(args.clients, args.requests, args.rounds, args.max_tokens) < 1 or not 0 <= args.hang_up <= 1:
         ap.error("--clients, --requests, --rounds and --max-tokens must be >= 1, --hang-up in [0, 1]")
@@ -135,6 +147,48 @@ def run_round(url: str, model: str, args, rng: random.Random, refs: dict) -> dic
                 [r for r in (s.decode_rate for s in completed) if r] or [0.0])}
 
 
+def run_turns(url: str, model: str, args, cache: bool) -> dict:
+    """The conversations of multi-turn mode, with the prefix cache or with it cleared before each
+    turn: every turn's text, time to first token and token counts."""
+    words = " ".join(f"w{k % 997}" for k in range(args.history_words))
+    out = {"texts": [], "ttft": [[] for _ in range(args.turns)], "prompt_tokens": 0, "cached_tokens": 0, "errors": []}
+    for c in range(args.conversations):
+        rng = random.Random(args.seed * 7919 + c)  # the same questions with and without the cache
+        messages, texts = [{"role": "system", "content": f"Conversation {c}. {words}"}], []
+        for t in range(args.turns):
+            messages.append({"role": "user", "content": rng.choice(PROMPTS)})
+            if not cache and client.post(url + "/reset_prefix_cache")[0] != 200:
+                out["errors"].append("POST /reset_prefix_cache failed")
+            s = client.stream_chat(url, {"model": model, "messages": messages, "max_tokens": args.max_tokens,
+                                         "temperature": 0})
+            if not s.done:
+                out["errors"].append(f"turn {t}: status {s.status}: {s.error}")
+                break
+            out["ttft"][t].append(s.ttft)
+            out["prompt_tokens"] += s.prompt_tokens
+            out["cached_tokens"] += s.cached_tokens
+            texts.append(s.text)
+            messages.append({"role": "assistant", "content": s.text})
+        out["texts"].append(texts)
+    return out
+
+
+def multi_turn(url: str, model: str, args) -> dict:
+    warm, cold = run_turns(url, model, args, cache=True), run_turns(url, model, args, cache=False)
+    turns = []
+    for t in range(args.turns):
+        w, c = percentiles(warm["ttft"][t]), percentiles(cold["ttft"][t])
+        turns.append({"turn": t + 1, "ttft_cached": w, "ttft_cold": c,
+                      "ratio_p50": w["p50_ms"] / c["p50_ms"] if w and c else None})
+        print(f"load_test: turn {t + 1}: time to first token p50 {w.get('p50_ms', 0):.1f} ms with the cache, "
+              f"{c.get('p50_ms', 0):.1f} ms without", file=sys.stderr)
+    hit = warm["cached_tokens"] / warm["prompt_tokens"] if warm["prompt_tokens"] else 0.0
+    print(f"load_test: cache hit rate {hit:.1%} of {warm['prompt_tokens']} prompt tokens", file=sys.stderr)
+    return {"turns": turns, "hit_rate": hit, "prompt_tokens": warm["prompt_tokens"],
+            "cached_tokens": warm["cached_tokens"], "cold_cached_tokens": cold["cached_tokens"],
+            "errors": warm["errors"] + cold["errors"], "same_answers": warm["texts"] == cold["texts"]}
+
+
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
@@ -160,6 +214,9 @@ def main(argv=None) -> int:
         health = json.loads(health)
         model = health["model"]
         print(f"load_test: {model} on {health['backend']} ({health['device']}) at {url}", file=sys.stderr)
+        if args.turns:
+            turns = multi_turn(url, model, args)
+            return finish_turns(args, turns, model, health)
         refs = references(url, model, args.max_tokens)
         rng = random.Random(args.seed)
         rounds, rss = [], []
@@ -198,6 +255,23 @@ def main(argv=None) -> int:
         report["about"] = args.note
     if health["backend"] != "cuda":
         report["note"] = "NumPy reference backend (CPU): latencies and rates are the CPU's, not the GPU's"
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if report["passed"] else 1
+
+
+def finish_turns(args, turns: dict, model: str, health: dict) -> int:
+    checks = {"answers_equal_with_and_without_the_cache": turns["same_answers"], "no_errors": not turns["errors"],
+              "the_cleared_runs_reused_nothing": turns["cold_cached_tokens"] == 0}
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "arcpy": __version__, "command": " ".join(sys.argv),
+              "mode": "multi-turn", "model": model, "backend": health["backend"], "device": health["device"],
+              "conversations": args.conversations, "turns": args.turns, "history_words": args.history_words,
+              "max_tokens": args.max_tokens, "seed": args.seed, "checks": checks, "passed": all(checks.values()),
+              **turns}
+    if args.note:
+        report["about"] = args.note
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:

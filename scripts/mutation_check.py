@@ -64,7 +64,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path runs the last prompt token's forward again after the prefill",
-        "arcpy/loop/engine.py",
+        "arcpy/loop/host.py",
         "        if seq.prefilled:\n            seq.prefilled = False  # the prefill left this step's logits\n",
         "        if False:\n            pass\n",
         ("tests/test_engine_control.py::test_the_prompt_goes_through_one_prefill_and_its_logits_give_the_first_token[False]",),
@@ -73,7 +73,7 @@ MUTATIONS = [
         "ignore stream-query errors",
         "arcpy/loop/burst.py",
         "                except DeviceFaultError:\n"
-        "                    yield from self._take(self.device.poll_ring().published)\n"
+        "                    yield from self._take(self._ready(self.device.poll_ring()))\n"
         "                    raise\n",
         "                except DeviceFaultError:\n"
         "                    idle_seen = False\n",
@@ -91,8 +91,8 @@ MUTATIONS = [
     Mutation(
         "do not clear parked tokens on completion",
         "arcpy/loop/engine.py",
-        "        seq = self.seq\n        self.parked.clear()\n        if seq is None or seq.finished:\n",
-        "        seq = self.seq\n        if seq is None or seq.finished:\n",
+        "        seq = self.seq\n        self.parked.clear()\n        self.pending_logprobs.clear()\n",
+        "        seq = self.seq\n        self.pending_logprobs.clear()\n",
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence",
          "tests/test_engine_control.py::test_parked_tokens_cleared_on_preemption"),
     ),
@@ -121,7 +121,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path draws for the forward's position, not the token's",
-        "arcpy/loop/engine.py",
+        "arcpy/loop/host.py",
         "self.seq.sampler.sample(valid, self.seq.position + 1)",
         "self.seq.sampler.sample(valid, self.seq.position)",
         ("tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
@@ -129,7 +129,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the host path draws from the padded logits too",
-        "arcpy/loop/engine.py",
+        "arcpy/loop/host.py",
         "        valid = logits[:self.device.vocab]\n",
         "        valid = logits\n",
         ("tests/test_engine_control.py::test_the_host_path_draws_from_the_valid_ids_only",),
@@ -196,15 +196,15 @@ MUTATIONS = [
     Mutation(
         "raise the fault word before the tokens the same poll shows",
         "arcpy/loop/burst.py",
-        "            if state.published > self.published:\n"
-        "                yield from self._take(state.published)\n"
+        "            if ready > self.published:\n"
+        "                yield from self._take(ready)\n"
         "                spins = 0\n"
         "                if not speculative:\n"
         "                    continue\n",
         "            if state.fault:\n"
         "                raise fault_error(state)\n"
-        "            if state.published > self.published:\n"
-        "                yield from self._take(state.published)\n"
+        "            if ready > self.published:\n"
+        "                yield from self._take(ready)\n"
         "                spins = 0\n"
         "                if not speculative:\n"
         "                    continue\n",
@@ -215,7 +215,7 @@ MUTATIONS = [
         "drop the tokens that landed before a sticky fault",
         "arcpy/loop/burst.py",
         "                except DeviceFaultError:\n"
-        "                    yield from self._take(self.device.poll_ring().published)\n",
+        "                    yield from self._take(self._ready(self.device.poll_ring()))\n",
         "                except DeviceFaultError:\n",
         ("tests/test_burst.py::test_tokens_that_land_before_a_sticky_fault_are_yielded_before_it",),
     ),
@@ -280,8 +280,8 @@ MUTATIONS = [
     Mutation(
         "the chat template never sees a request's keyword arguments",
         "arcpy/loop/prompt.py",
-        "template_kwargs=request.template_kwargs)",
-        "template_kwargs=None)",
+        "template_kwargs=request.template_kwargs,",
+        "template_kwargs=None,",
         ("tests/test_template_kwargs.py::test_a_request_carries_them_to_the_prompt",
          "tests/test_template_kwargs.py::test_the_chat_command_renders_every_turn_with_them"),
     ),
@@ -313,6 +313,27 @@ MUTATIONS = [
         "        return 0 if n > 0 and layer % n == n - 1 else self.sliding_window\n",
         "        return 0 if n > 0 and layer % n == n - 1 else self.sliding_window + 1\n",
         ("tests/test_family_goldens.py::test_the_layer_program_computes_what_transformers_computes[gemma3]",),
+    ),
+    Mutation(
+        "take a token before its log-probabilities are written",
+        "arcpy/loop/burst.py",
+        "        return state.published if self.sink is None else min(state.published, state.logprobs)\n",
+        "        return state.published\n",
+        ("tests/test_logprobs.py::test_a_stop_id_whose_entry_lands_after_it_still_ends_the_burst_cleanly",),
+    ),
+    Mutation(
+        "reuse a prefix past the device's granule",
+        "arcpy/loop/prefix.py",
+        "    return same // granule * granule\n",
+        "    return same\n",
+        ("tests/test_prefix_cache.py::test_the_reused_prefix_is_a_multiple_of_the_granule",),
+    ),
+    Mutation(
+        "the host path leaves the logit bias out",
+        "arcpy/loop/host.py",
+        "        if seq.bias_on_device:\n            dev.enqueue_logit_bias()\n",
+        "",
+        ("tests/test_logit_bias.py::test_a_bias_changes_the_tokens_alike_on_both_paths[sampling0]",),
     ),
     Mutation(
         "the answer splitter lets out what may still be the start of a tag",

@@ -134,7 +134,9 @@ class Served:
                     time.sleep(0.0005)
                 hung_up["at"] = time.perf_counter()
 
-            streamed = client.stream_chat(self.url, {**self.long, "max_tokens": 1 << 20}, hang_up_after=1,
+            context = json.loads(client.get(self.url + "/health")[1])["max_seq"]
+            budget = context - self.streams[0].prompt_tokens  # the most the server takes (a larger one is a 400)
+            streamed = client.stream_chat(self.url, {**self.long, "max_tokens": budget}, hang_up_after=1,
                                           on_first=queue_the_next_one)
             waiting.join(120)
             if streamed.hung_up and "at" in hung_up and "at" in first:

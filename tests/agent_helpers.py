@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 from serve_helpers import InProcess
 
-from arcpy.devices.protocol import Counters
+from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.serve.app import Service, Settings, create_app
@@ -36,6 +36,7 @@ class Typist:
     supports_loop = supports_sampling = False
     supports_prefill = True
     speculate_k = speculate_ngram = 0
+    capabilities = Capabilities("typist (a scripted host path)", prefill=True)
 
     def __init__(self, text: TextSpec, script: Callable[[str], str], max_seq: int = 4096):
         self.text, self.script = text, script

@@ -70,7 +70,7 @@ def test_cdef_region_has_no_macros_and_parses_in_cffi():
     assert "#" not in CDEF
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    assert ffi.sizeof("arc_ring_state") == 24
+    assert ffi.sizeof("arc_ring_state") == 28
 
 
 def test_every_entry_point_returns_a_status_but_the_three_readers():
@@ -131,7 +131,8 @@ def test_the_python_copies_of_the_abi_numbers_equal_the_header():
         "ARC_OK": codes.ARC_OK, "ARC_NOT_READY": codes.ARC_NOT_READY, "ARC_BUSY": codes.ARC_BUSY,
         "ARC_FAULT_NONE": codes.FAULT_NONE, "ARC_FAULT_TOKEN_RANGE": codes.FAULT_TOKEN_RANGE,
         "ARC_FAULT_POSITION_RANGE": codes.FAULT_POSITION_RANGE, "ARC_FAULT_NONFINITE": codes.FAULT_NONFINITE,
-        "ARC_MAX_STOP_IDS": codes.MAX_STOP_IDS,
+        "ARC_MAX_STOP_IDS": codes.MAX_STOP_IDS, "ARC_MAX_TOP_LOGPROBS": codes.MAX_TOP_LOGPROBS,
+        "ARC_MAX_LOGIT_BIAS": codes.MAX_LOGIT_BIAS,
         **{f"ARC_FORMAT_{name.upper()}": number for number, name in codes.FORMAT_NAMES.items()},
         **{f"ARC_OP_{name}": number for number, name in codes.OP_NAMES.items()},
         "ARC_MAX_LAYER_OPS": codes.MAX_LAYER_OPS,

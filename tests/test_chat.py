@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 
 import pytest
@@ -148,3 +149,21 @@ def test_in_a_terminal_ctrl_c_stops_the_answer_not_the_session(tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_each_turn_reuses_the_rows_of_the_history_before_it(model_dir):
+    model, text = load_checkpoint(model_dir)
+    with Engine.load(model, "numpy", text=text) as eng, Engine.load(model, "numpy", text=text,
+                                                                      prefix_cache=False) as cold:
+        long = " ".join(f"w{i % 50}" for i in range(150))  # more than two chunks of the NumPy prefill
+        conv = Conversation(eng, text, system=long, max_new_tokens=6)
+        out, err = io.StringIO(), io.StringIO()
+        converse(conv, script("hello there", "kenobi", "general"), out, err, stats=True)
+        cached = [int(m.group(1)) for m in re.finditer(r"(\d+) of \d+ prompt tokens cached", err.getvalue())]
+        assert len(cached) == 2 and all(c >= 128 for c in cached)  # the second and third turns
+        history, want = [], []
+        for user in ("hello there", "kenobi", "general"):
+            history.append({"role": "user", "content": user})
+            want.append("".join(cold.chat([{"role": "system", "content": long}, *history], max_new_tokens=6)))
+            history.append({"role": "assistant", "content": want[-1]})
+        assert out.getvalue().splitlines()[:3] == want  # as a cold engine answers each turn

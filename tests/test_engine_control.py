@@ -419,3 +419,18 @@ def test_chat_ends_at_a_stop_string_that_never_reaches_the_caller(latch):
 def test_chat_without_the_model_s_text_is_one_clear_error(latch):
     with pytest.raises(InvalidArgumentError, match="messages need the model's tokenizer"):
         list(engine(latch).chat([{"role": "user", "content": "hi"}]))
+
+
+def test_each_device_states_its_capabilities_in_one_record():
+    from arcpy.devices.cpu import NumpyDevice
+    from arcpy.devices.protocol import Capabilities
+    from arcpy.devices.reference import ReferenceModel
+    from arcpy.model import random_model, SHAPES
+
+    fake = FakeDevice(FakeScript(supports_sampling=False, speculate_k=4, speculate_ngram=2))
+    assert fake.capabilities == Capabilities("fake GPU (scripted)", loop=True, sampling=False, prefill=True,
+                                             speculate_k=4, speculate_ngram=2)
+    fake.supports_loop = False  # what a device can do is read when asked
+    assert not fake.capabilities.loop
+    cpu = NumpyDevice(ReferenceModel(random_model(SHAPES["stories15M"], seed=0), 16))
+    assert cpu.capabilities == Capabilities("CPU (NumPy reference backend)", prefill=True)

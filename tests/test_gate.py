@@ -1,4 +1,4 @@
-"""The gates of DESIGN section 6, read by value, and the process-wide fallback latch."""
+"""The gates of docs/ARCHITECTURE.md's section 3, read by value, and the process-wide fallback latch."""
 
 import pytest
 

@@ -507,6 +507,74 @@ def test_byte_level_vocabulary_encodes_by_merge_rank_and_decodes_back(tmp_path):
     assert (text.bos_id, text.eos_ids, text.add_bos, text.chat_template) == (1, (2,), False, TEMPLATE)
 
 
+def zero_scales_q8_0(x: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks of `x` with every scale zero: each weight dequantizes to 0."""
+    blocks = quantize(x, Q.Q8_0).copy()
+    per_block = GGML_QUANT_SIZES[Q.Q8_0][1]
+    view = blocks.reshape(blocks.shape[0], -1, per_block)
+    view[..., :2] = 0  # the f16 scale leads each block
+    return blocks
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["kept-quantized", "bf16"])
+@pytest.mark.parametrize("name", ["token_embd.weight", "output.weight"])
+def test_a_q8_0_embedding_or_output_whose_scales_are_all_zero_is_a_load_error(tmp_path, name, quantized):
+    tensors = gguf_tensors(random_model(TINY, seed=4))
+    types = {n: Q.Q8_0 for n, x in tensors.items() if x.ndim == 2}
+    tensors[name] = zero_scales_q8_0(tensors[name])
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    hf = {"token_embd.weight": EMBED, "output.weight": LM_HEAD}[name]
+    assert load_error(path, lambda p: load_gguf(p, quantized=quantized)) == (
+        f"{path}: tensor '{hf}' is all zeros: a model cannot work with it (every logit would be equal)")
+
+
+def test_an_output_norm_of_zeros_is_a_load_error(tmp_path):
+    tensors = gguf_tensors(random_model(TINY, seed=4))
+    tensors["output_norm.weight"] = np.zeros_like(tensors["output_norm.weight"])
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB})
+    assert "tensor 'model.norm.weight' is all zeros" in load_error(path)
+
+
+@pytest.mark.parametrize("name, at", [("token_embd.weight", (3, 7)), ("blk.1.ffn_down.weight", (5, 9)),
+                                      ("blk.0.ffn_gate.weight", (0, 0))])
+def test_a_bf16_weight_of_1e38_is_a_load_error_naming_the_tensor(tmp_path, name, at):
+    tensors = gguf_tensors(random_model(TINY, seed=4))
+    tensors[name][at] = 1e38
+    types = {n: Q.BF16 for n, x in tensors.items() if x.ndim == 2}
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    msg = load_error(path)
+    assert f"tensor '{name}' holds a weight of 9.97e+37 at {list(at)}: no trained model has one beyond 1e+30" in msg
+
+
+def test_a_bf16_file_loads_as_views_of_its_mapping_whatever_its_ffn(tmp_path):
+    """BF16 data is bf16 words already: the loader keeps views of the mapped file, reads each
+    once (the finiteness scan) and copies nothing, so loading scales with the bytes read. A file
+    of zero weights and a wide FFN (the fuzzer's 0.4 GiB one took 40 s) is the case here."""
+    cfg = dataclasses.replace(TINY, ffn_dim=32768)
+    tensors = gguf_tensors(random_model(TINY, seed=4))
+    for i in range(cfg.n_layers):
+        tensors[f"blk.{i}.ffn_gate.weight"] = tensors[f"blk.{i}.ffn_up.weight"] = np.zeros((32768, 64), np.float32)
+        tensors[f"blk.{i}.ffn_down.weight"] = np.zeros((64, 32768), np.float32)
+    types = {n: Q.BF16 for n, x in tensors.items() if x.ndim == 2}
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(cfg), **BYTE_VOCAB}, types=types)
+    tracemalloc.start()
+    try:
+        model, _ = load_gguf(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    ffn = model.tensors["model.layers.1.mlp.down_proj.weight"]
+    assert ffn.shape == (64, 32768) and not ffn.flags.owndata and not ffn.flags.writeable
+    size = path.stat().st_size
+    assert size > 24e6 and peak < size / 8, f"peak {peak / 1e6:.1f} MB to load {size / 1e6:.1f} MB"
+
+
+def test_a_chat_template_larger_than_any_real_one_is_a_load_error_naming_the_file(tmp_path):
+    path = write_model(tmp_path / "m.gguf", random_model(TINY), {"tokenizer.chat_template": "{{ 'x' }}" * 120_000})
+    assert load_error(path) == (f"{path}: key 'tokenizer.chat_template': 1,080,000 characters is more than a chat "
+                                "template may have (131,072; real ones have a few thousand to tens of thousands)")
+
+
 @pytest.mark.parametrize("pre, pieces", [
     ("smollm", ["1", "2", "3", "4"]),    # digits one by one: no merge reaches across them
     ("gpt-2", ["12", "34"]),             # GPT-2's split keeps the number whole

@@ -2,7 +2,7 @@
 
 Token identity with the host path for 256 steps, on the synthetic model and a grouped-query
 model, for bursts of 1, 4 and 16, with and without a stop id inside a burst; and the four
-fault injections of DESIGN section 5, each in its own subprocess.
+fault injections of docs/ARCHITECTURE.md's section 2, each in its own subprocess.
 """
 
 import subprocess

@@ -108,3 +108,68 @@ def test_readme_layout_names_every_module_and_nothing_else():
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "arcpy").rglob("*.py")}
     covered = {m for m in modules if m in named or any(m.startswith(n.rstrip("/") + "/") for n in named)}
     assert modules - covered == set(), "modules README's layout table does not name"
+
+
+def device_probes(source: str) -> list[str]:
+    """The getattr and hasattr calls in `source` whose object is a device (a name or attribute
+    spelled device, dev, or ending in _device)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            target = ast.unparse(node.args[0]) if node.args else ""
+            last = target.rsplit(".", 1)[-1]
+            if last in ("device", "dev") or last.endswith("_device"):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_front_ends_learn_what_a_device_can_do_only_from_its_capabilities():
+    """No getattr or hasattr on a device outside arcpy/devices/: the Capabilities record on
+    DeviceOps is the contract."""
+    assert device_probes("k = getattr(engine.device, 'speculate_k', 0)\nhasattr(dev, 'x')") == [
+        "getattr(engine.device, 'speculate_k', 0)", "hasattr(dev, 'x')"]
+    probes = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "arcpy").rglob("*.py"))
+              if "devices" not in p.relative_to(ROOT).parts and (found := device_probes(p.read_text()))}
+    assert probes == {}
+
+
+def named_paths(text: str) -> set[str]:
+    """The paths a document names in code spans: those that start at a top-level entry of the
+    tree (arcpy/..., libarc/..., docs/...; globs too), and dotted module names of the package
+    (arcpy.text.sandbox)."""
+    tops = {p.name for p in ROOT.iterdir() if not p.name.startswith(".git")}
+    found = set()
+    for token in re.findall(r"`([^`\s]+)`", text):
+        token = token.rstrip(".,:;").split("::")[0]
+        if "/" in token and token.split("/")[0] in tops:
+            found.add(token)
+        elif re.fullmatch(r"arcpy(\.[a-z_][a-z0-9_]*)+", token):
+            found.add(token)
+    return found
+
+
+def path_exists(name: str) -> bool:
+    import importlib.util
+
+    if "/" not in name:  # a module, or a name in one
+        import importlib
+
+        parts = name.split(".")
+        for n in range(len(parts), 0, -1):
+            if importlib.util.find_spec(".".join(parts[:n])) is not None:
+                obj = importlib.import_module(".".join(parts[:n]))
+                return all((obj := getattr(obj, attr, None)) is not None for attr in parts[n:])
+        return False
+    return bool(list(ROOT.glob(name.rstrip("/")))) if "*" in name else (ROOT / name).exists()
+
+
+def test_every_path_readme_and_docs_name_exists():
+    assert named_paths("see `arcpy/loop/burst.py`, `libarc/model/*.cu`, `arcpy.text.sandbox`, `1/true/on`") == {
+        "arcpy/loop/burst.py", "libarc/model/*.cu", "arcpy.text.sandbox"}
+    assert not path_exists("arcpy/burst.py") and not path_exists("arcpy.kernel_bench")
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "tests").rglob("README.md"))]
+    missing = {str(d.relative_to(ROOT)): sorted(n for n in named_paths(d.read_text()) if not path_exists(n))
+               for d in docs}
+    assert {d: names for d, names in missing.items() if names} == {}

@@ -105,17 +105,21 @@ def test_info_with_a_bad_arc_library_is_one_line_and_fails():
     assert errors == ["error: ARC_LIBRARY='/nonexistent/libarc.so': no such file"]
 
 
-@pytest.mark.parametrize("name, at, word, expected", [
-    ("model.layers.1.mlp.down_proj.weight", (3, 7), 0x7FC0,  # a bf16 NaN: refused at load
+@pytest.mark.parametrize("changes, expected", [
+    ([("model.layers.1.mlp.down_proj.weight", (3, 7), 0x7FC0)],  # a bf16 NaN: refused at load
      "tensor 'model.layers.1.mlp.down_proj.weight' holds a NaN weight at [3, 7]"),
-    # the largest finite bf16 in every final-norm weight: finite weights, the logits overflow
-    ("model.norm.weight", slice(None), 0x7F7F, "position 1 gave non-finite logits"),
-], ids=["nan", "overflowing"])
+    # the largest finite bf16 in a final-norm weight: no trained model has one, refused at load
+    ([("model.norm.weight", (5,), 0x7F7F)], "tensor 'model.norm.weight' holds a weight of 3.39e+38 at [5]"),
+    # weights of 1e30 (as large as a model may hold) in the final norm and the lm_head: the logits overflow
+    ([("model.norm.weight", slice(None), 0x7149), ("lm_head.weight", slice(None), 0x7149)],
+     "position 1 gave non-finite logits"),
+], ids=["nan", "too-large", "overflowing"])
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--seed", "7"]], ids=["greedy", "sampled"])
-def test_a_bad_weight_is_one_error_line_not_tokens(tmp_path, sampling, name, at, word, expected):
+def test_a_bad_weight_is_one_error_line_not_tokens(tmp_path, sampling, changes, expected):
     model = random_model(SHAPES["qwen-tiny"], seed=5, name="tiny")
-    model.tensors[name] = model.tensors[name].copy()
-    model.tensors[name][at] = word
+    for name, at, word in changes:
+        model.tensors[name] = model.tensors[name].copy()
+        model.tensors[name][at] = word
     save_model(model, tmp_path)
     out = decode("--model", str(tmp_path), "--backend", "numpy", "--prompt-ids", "1 2", "-n", "4", *sampling)
     assert out.returncode == 1 and "Traceback" not in out.stderr
@@ -180,3 +184,18 @@ def test_a_sampled_run_without_a_seed_reports_the_one_that_repeats_it():
     again = decode(*args, "--seed", str(seed))
     assert token_line(again.stdout) == token_line(first.stdout) and f"; seed {seed}" in again.stderr
     assert "; seed" not in decode(*S, "--backend", "numpy", "-n", "2", "--prompt-ids", "1 2").stderr
+
+
+def test_logprobs_option_prints_each_tokens_log_probability(stories):
+    out = decode("--shape", "stories15M", "-n", "5", "--prompt-ids", "1 2 3", "--logprobs", "3", "--backend", "numpy")
+    assert out.returncode == 0, out.stderr
+    lines = [line.split() for line in out.stderr.splitlines() if line.startswith("logprob ")]
+    tokens = token_line(out.stdout)
+    assert [int(parts[1]) for parts in lines] == tokens and len(tokens) == 5
+    for parts in lines:
+        value = float(parts[2])
+        alternatives = " ".join(parts[3:]).strip("[]").split(", ")
+        assert value <= 0 and len(alternatives) == 3
+        assert alternatives[0].split()[0] == parts[1]  # greedy: the token is the likeliest
+    bad = decode("--shape", "stories15M", "--logprobs", "21")
+    assert bad.returncode != 0 and "--logprobs" in bad.stderr

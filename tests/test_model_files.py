@@ -1114,6 +1114,41 @@ def test_a_weight_that_is_nan_or_infinite_is_refused_at_load_naming_file_and_ten
     assert f"{tmp_path}" in msg and f"tensor '{name}' " in msg and expected in msg, msg
 
 
+@pytest.mark.parametrize("write, name, at, bad, expected", [
+    (nonfinite_values("F32"), EMBED, (39, 5), 1e38, "holds a weight of 9.97e+37 at [39, 5]"),
+    (nonfinite_values("F32"), "model.layers.0.mlp.down_proj.weight", (15, 23), -1e38, "a weight of -9.97e+37"),
+    (nonfinite_values("F32"), "model.layers.1.mlp.gate_proj.weight", (0, 0), 1.01e30, "a weight of 1.01e+30"),
+    (nonfinite_bf16, FINAL_NORM, (3,), 0x714A, "a weight of 1e+30 at [3]"),  # the first word past 1e30
+], ids=["embedding", "ffn-down", "ffn-gate", "norm-first-word-past"])
+def test_a_weight_no_trained_model_has_is_refused_at_load(tmp_path, write, name, at, bad, expected):
+    write(tmp_path, name, at, bad)
+    msg = hostile_error(tmp_path)
+    assert f"tensor '{name}' " in msg and expected in msg and "beyond 1e+30" in msg, msg
+
+
+def test_the_largest_weight_a_model_may_hold_is_the_last_bf16_word_at_most_1e30(tmp_path):
+    assert bf16_to_f32(np.array([0x7149, 0x714A], dtype=np.uint16)).tolist() == pytest.approx([9.953e29, 1.0003e30],
+                                                                                             rel=1e-4)
+    write_tiny_dir(tmp_path, with_word(random_model(TINY, seed=12).tensors, FINAL_NORM, (3,), 0xF149))
+    assert load_model(tmp_path).tensors[FINAL_NORM][3] == 0xF149  # -9.95e29: loads
+
+
+@pytest.mark.parametrize("name", [EMBED, LM_HEAD, FINAL_NORM, "model.layers.1.input_layernorm.weight",
+                                  "model.layers.0.post_attention_layernorm.weight"])
+def test_a_tensor_no_model_works_without_that_is_all_zeros_is_refused_at_load(tmp_path, name):
+    tensors = random_model(TINY, seed=12).tensors
+    write_tiny_dir(tmp_path, {**tensors, name: np.zeros_like(tensors[name])})
+    assert hostile_error(tmp_path) == (f"{tmp_path}: tensor '{name}' is all zeros: a model cannot work with it "
+                                       "(every logit would be equal)")
+    negative = np.full_like(tensors[name], 0x8000)  # -0.0 everywhere: as zero
+    write_tiny_dir(tmp_path, {**tensors, name: negative})
+    assert "is all zeros" in hostile_error(tmp_path)
+    one = np.zeros_like(tensors[name])
+    one.reshape(-1)[-1] = 0x3F80  # a single 1.0, at the very end: enough
+    write_tiny_dir(tmp_path, {**tensors, name: one})
+    load_model(tmp_path)
+
+
 def test_the_finiteness_scan_keeps_loading_a_mapped_bf16_checkpoint_light(tmp_path):
     cfg = dataclasses.replace(TINY, dim=256, head_dim=64, ffn_dim=1024, vocab=4096)  # 10 MB of bf16
     save_model(random_model(cfg, seed=13), tmp_path)

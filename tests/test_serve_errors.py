@@ -56,7 +56,10 @@ def error_of(r: httpx.Response, status: int) -> dict:
     ({"stop": [""]}, "stop", "must not be empty"),
     ({"stream": "yes"}, "stream", "true or false"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream is true"),
-    ({"logprobs": True}, "logprobs", "not supported"),
+    ({"logprobs": "yes"}, "logprobs", "true or false"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0..20"),
+    ({"top_logprobs": 3}, "top_logprobs", "needs logprobs to be true"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": 1}}, "continuous_usage_stats", "true or false"),
     ({"frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
     ({"colour": "blue"}, "colour", "unrecognized request argument"),
     ({"messages": []}, "messages", "non-empty array"),
@@ -83,6 +86,40 @@ def test_a_lone_surrogate_in_a_message_is_a_400(server):
     body = b'{"model": "tiny", "messages": [{"role": "user", "content": "bad \\ud800 text"}]}'
     r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=AUTH, timeout=60)
     assert "not valid UTF-8: character 4" in error_of(r, 400)["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "x\\ud800": 1}', "x\\ud800"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi", "\\udfff": 1}]}', "messages[0].\\udfff"),
+], ids=["top level", "in a message"])
+def test_a_lone_surrogate_in_an_unknown_fields_name_is_a_400_naming_it_escaped(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=AUTH, timeout=60)
+    error = error_of(r, 400)
+    assert error["param"] == param and param.rpartition(".")[2] in error["message"], error
+
+
+@pytest.mark.parametrize("stop", ['"a\\ud800"', '["ok", "b\\udc00"]'])
+def test_a_lone_surrogate_in_a_stop_string_is_a_400(server, stop):
+    body = b'{"model": "tiny", "prompt": "hello", "max_tokens": 1, "stop": ' + stop.encode() + b"}"
+    r = httpx.post(server.url + "/v1/completions", content=body, headers=AUTH, timeout=60)
+    assert "is not valid UTF-8: character 1" in error_of(r, 400)["message"]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/completions", {**COMPLETION, "max_tokens": 2**64}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 64}, "max_tokens"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT["messages"], "max_completion_tokens": 10**6},
+     "max_completion_tokens"),
+])
+def test_a_budget_beyond_the_context_is_a_400_naming_both_numbers(server, path, body, field):
+    error = error_of(post(server, path, body), 400)
+    prompt = post(server, path, {**body, field: 1}).json()["usage"]["prompt_tokens"]
+    assert error["param"] == field and error["code"] == "context_length_exceeded"
+    assert error["message"] == (f"{field} is {body[field]}, but the context holds 64 positions and the prompt takes "
+                                f"{prompt}: at most {64 - prompt} new tokens fit (the server's --max-seq; the model "
+                                "allows 512)")
+    fits = post(server, path, {**body, field: 64 - prompt})
+    assert fits.status_code == 200, fits.text
 
 
 @pytest.mark.parametrize("prompt, words", [

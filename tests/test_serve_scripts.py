@@ -47,3 +47,15 @@ def test_load_test_checks_every_answer_against_the_answer_alone(model_dir, tmp_p
     assert report["distinct_answers_alone"] > 1  # a mix-up between requests would show
     assert sum(r["completed"] for r in report["results"]) > 0 and sum(r["hung_up"] for r in report["results"]) > 0
     assert all(r["requests"] == 16 for r in report["results"])
+
+
+def test_load_test_multi_turn_reports_the_cache_and_equal_answers(model_dir, tmp_path):
+    out = script("load_test.py", "--model", str(model_dir), "--backend", "numpy", "--turns", "3",
+                 "--conversations", "2", "--history-words", "80", "--max-tokens", "6",
+                 "--json", str(tmp_path / "turns.json"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "turns.json").read_text())
+    assert report["passed"] and report["same_answers"] and report["mode"] == "multi-turn"
+    assert 0 < report["hit_rate"] < 1 and report["cold_cached_tokens"] == 0
+    assert [t["turn"] for t in report["turns"]] == [1, 2, 3]
+    assert all(t["ttft_cached"]["count"] == 2 == t["ttft_cold"]["count"] for t in report["turns"])

@@ -24,7 +24,7 @@ from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import parse_template_kwargs
+from arcpy.options import EngineOptions, parse_template_kwargs
 from arcpy.serve.schema import CHAT, ApiError, Defaults, parse
 from arcpy.text import TextSpec, chat_ids, check_template_kwargs, encode, render_chat
 from arcpy.text.chat import SET_BY_ARCPY
@@ -152,8 +152,8 @@ def test_a_bad_template_kwarg_is_a_usage_error(pairs, words):
 
 def plan_of(**changes):
     options = dict(model_path=None, shape=None, prompt="hello", prompt_ids=None, chat=True, system=None,
-                   max_new_tokens=2, stop_ids=(), stop_strings=(), backend="numpy", device_loop=None, burst=4,
-                   max_seq=None, temperature=0.0, top_k=0, top_p=1.0, seed=None)
+                   max_new_tokens=2, stop_ids=(), stop_strings=(), temperature=0.0, top_k=0, top_p=1.0, seed=None,
+                   engine_opts=EngineOptions(backend="numpy"))
     return plan(**{**options, **changes})
 
 
@@ -211,8 +211,8 @@ def test_the_chat_command_renders_every_turn_with_them(model_dir):
 
 def test_the_chat_command_refuses_a_bad_template_kwarg_before_loading(capsys):
     status = run_chat(model_path=None, system=None, template_kwargs=("enable_thinking",), max_new_tokens=8,
-                      stop_strings=(), backend="numpy", device_loop=None, burst=4, max_seq=None, drafts=0,
-                      temperature=0.0, top_k=0, top_p=1.0, seed=None, stats=False)
+                      stop_strings=(), temperature=0.0, top_k=0, top_p=1.0, seed=None, stats=False,
+                      engine_opts=EngineOptions(backend="numpy"))
     assert status == 2 and "--template-kwarg takes KEY=VALUE" in capsys.readouterr().err
 
 
@@ -228,3 +228,22 @@ def test_a_chat_body_s_template_kwargs_go_over_the_server_s_own():
     with pytest.raises(ApiError) as e:
         parse(CHAT, {**body, "chat_template_kwargs": {"x": float("nan")}}, "m", defaults)
     assert e.value.param == "chat_template_kwargs" and "x: the number must be finite" in str(e.value)
+
+
+def test_the_engine_options_reach_every_command_as_one_record(monkeypatch):
+    """--backend, --device-loop/--host-path, --burst, --max-seq and --speculate build one
+    EngineOptions, which decode, chat and serve receive in place of the five values."""
+    from click.testing import CliRunner
+
+    from arcpy import chat, decode
+    from arcpy.serve import command
+
+    seen = []
+    monkeypatch.setattr(decode, "cli_decode", lambda **o: seen.append(o["engine_opts"]) or 0)
+    monkeypatch.setattr(chat, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
+    monkeypatch.setattr(command, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
+    args = ["--backend", "numpy", "--host-path", "--burst", "16", "--max-seq", "128", "--speculate", "3"]
+    for main in (decode.main, chat.main, command.main):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+    assert seen == [EngineOptions("numpy", False, 16, 128, 3)] * 3

@@ -15,7 +15,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from test_text import CHATML_TEMPLATE, byte_level, one_line, spec_of
 
 from arcpy.errors import ModelFileError
-from arcpy.text import limits, render_chat, sandbox
+from arcpy.text import chat_ids, limits, render_chat, sandbox
 
 USER = [{"role": "user", "content": "a"}]
 
@@ -161,3 +161,35 @@ def test_running_out_of_memory_while_compiling_is_one_model_file_error(monkeypat
     with pytest.raises(ModelFileError) as e:
         render_chat(spec_of(byte_level(), template="{{ 'never compiled before' }}"), USER)
     assert "MemoryError" in one_line(e)
+
+
+# ---------------------------------------------------------------------------------------------
+# what a template may cost before it renders: its size, and its compile
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 'x' }}" * (2**20 // 9),                     # 1 MiB: 40 s and more to compile without the bounds
+    "{{ m }}" * (2**23 // 7),                       # 8 MiB
+    "{% if 1 %}x{% endif %}" * 200_000,
+])
+def test_a_template_larger_than_any_real_one_is_refused_at_once(template):
+    msg, seconds, _ = refusal(template)
+    assert f"{len(template):,} characters is more than a chat template may have" in msg
+    assert f"({limits.MAX_TEMPLATE_CHARS:,};" in msg and seconds < 0.5
+
+
+@pytest.mark.parametrize("unit", ["{{ 'x' }}", "{{ m }}", "{% if 1 %}x{% endif %}"])
+def test_a_template_whose_compile_runs_too_long_stops_at_the_compile_deadline(monkeypatch, unit):
+    monkeypatch.setattr(limits, "COMPILE_DEADLINE_S", 0.05)
+    template = unit * (limits.MAX_TEMPLATE_CHARS // len(unit))  # under the size limit: ~1 s to compile here
+    msg, seconds, _ = refusal(template)
+    assert msg == "chat template: compiling took longer than its limit of 0.05 s" and seconds < 0.5
+
+
+def test_a_template_that_writes_a_lone_surrogate_is_one_model_file_error():
+    """Python's str holds the half of a pair that `'\\ud800'` writes; no tokenizer takes it."""
+    spec = spec_of(byte_level(), template="{{ 'a' }}{{ '\\ud800' }}")
+    for make in (render_chat, chat_ids):
+        with pytest.raises(ModelFileError) as e:
+            make(spec, USER)
+        assert one_line(e) == "chat template: it wrote text that is not valid Unicode (surrogates not allowed at index 1)"

@@ -383,6 +383,12 @@ BAD_FILES = [
     ("config.json", '{"eos_token_id": 100000}', "eos_token_id"),
     ("config.json", '{"eos_token_id": true}', "eos_token_id"),
     ("chat_template.jinja", b"caf\xe9", "not UTF-8"),
+    # a template larger than any real one (limits.MAX_TEMPLATE_CHARS): refused at load, by size
+    ("chat_template.jinja", "{{ 'x' }}" * 20_000, "180,000 characters is more than a chat template may have"),
+    ("tokenizer_config.json", json.dumps({"chat_template": "é" * 140_000}),
+     "key 'chat_template': 140,000 characters is more than a chat template may have"),
+    ("tokenizer_config.json", json.dumps({"chat_template": [{"name": "default", "template": "x" * 10**6}]}),
+     "key 'chat_template': 1,000,000 characters"),
 ]
 
 

@@ -146,7 +146,7 @@ def bench_paths(device, tokens: int, runs: int, bursts=(4, 16), sampled_burst: i
     results = []
     configs = [("host", False, 1, None)] + [("device-loop", True, b, None) for b in bursts]
     configs.append(("host", False, 1, SAMPLED))
-    if getattr(device, "supports_sampling", False):
+    if device.capabilities.sampling:
         configs.append(("device-loop", True, sampled_burst, SAMPLED))
     for name, loop, burst, sampling in configs:
         eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())

@@ -105,6 +105,20 @@ def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
         conn.close()
 
 
+def post(url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
+    """(status, body) of a POST of JSON `body`; status 0 when nothing answers."""
+    conn = _connection(url, timeout)
+    try:
+        conn.request("POST", urllib.parse.urlsplit(url).path, json.dumps(body or {}).encode(),
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    except OSError:
+        return 0, ""
+    finally:
+        conn.close()
+
+
 def metric(url: str, name: str) -> float:
     """One sample of the server's /metrics (0 where it has none yet)."""
     found = re.search(rf"^{re.escape(name)} (\S+)$", get(url + "/metrics")[1], re.M)
@@ -121,6 +135,7 @@ class Streamed:
     stamps: list[float] = field(default_factory=list)  # one per chunk that carried text
     tokens: int = 0                # the usage's completion_tokens
     prompt_tokens: int = 0
+    cached_tokens: int = 0         # the usage's prompt_tokens_details.cached_tokens
     finish_reason: str | None = None
     error: str | None = None       # the error's message: a status other than 200, or an error event
     hung_up: bool = False          # the client left before the end
@@ -168,6 +183,7 @@ def stream_chat(url: str, body: dict, hang_up_after: int | None = None, conn=Non
                 break
             if event.get("usage"):
                 out.tokens, out.prompt_tokens = event["usage"]["completion_tokens"], event["usage"]["prompt_tokens"]
+                out.cached_tokens = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             for choice in event.get("choices", []):
                 text = choice["delta"].get("content")
                 if text:

@@ -7,18 +7,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.devices.protocol import Counters
+from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.devices.reference import ReferenceModel
+
+PREFILL_CHUNK = 64  # prompt tokens a pass of the prefill takes
 
 
 class NumpyDevice:
     supports_loop = supports_sampling = False
     supports_prefill = True
+    # The prefill goes chunk by chunk (chunks start at multiples of PREFILL_CHUNK): NumPy's products
+    # may sum a row in another order when the row count differs, so a prefix is reused in whole
+    # chunks, and a prefill that resumes after them runs the very chunks a cold one runs.
+    prefix_granule = PREFILL_CHUNK
     speculate_k = speculate_ngram = 0
+    capabilities = Capabilities("CPU (NumPy reference backend)", prefill=True)
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference
         self.vocab, self.max_seq = reference.config.vocab, reference.max_seq
+        k = reference.k_cache
+        self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
+        self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # offset -> rows saved there
         self.token, self.position = 0, 0
         self.logits = np.zeros(self.vocab, np.float32)
 
@@ -34,8 +44,23 @@ class NumpyDevice:
     def close(self) -> None:
         pass
 
+    # The store of earlier prefixes (arcpy/loop/prefix.py): here host memory, a copy per prefix.
+    def default_prefix_store_bytes(self) -> int:
+        return 0  # only when asked for: the host's memory is not spare the way a GPU's is
+
+    def reserve_prefix_store(self, nbytes: int) -> int:
+        return nbytes
+
+    def save_prefix(self, offset: int, n: int) -> None:
+        self.store[offset] = (self.ref.k_cache[:, :, :n].copy(), self.ref.v_cache[:, :, :n].copy())
+
+    def load_prefix(self, offset: int, n: int) -> None:
+        k, v = self.store[offset]
+        self.ref.k_cache[:, :, :n] = k[:, :, :n]
+        self.ref.v_cache[:, :, :n] = v[:, :, :n]
+
     def enqueue_prefill(self, tokens, start: int) -> None:
-        self.logits = self.ref.prefill(list(tokens), start)
+        self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK)
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self.logits = self.ref.forward(self.token, self.position)

@@ -19,12 +19,14 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY
+from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
-from arcpy.devices.protocol import Counters, RingState, spin_until
+from arcpy.devices.kv_store import KVStore
+from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
+from arcpy.sampling import TokenLogprob
 
 
 class Forward(Protocol):
@@ -42,7 +44,7 @@ class Forward(Protocol):
     def close(self) -> None: ...
 
 
-class CudaDevice:
+class CudaDevice(KVStore):
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
     enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
     last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
@@ -50,19 +52,32 @@ class CudaDevice:
     `owns_context`."""
 
     def __init__(self, ctx: Context, forward: Forward, vocab: int | None = None,
-                 ring_capacity: int = 1024, owns_context: bool = False):
+                 ring_capacity: int = RING_CAPACITY, owns_context: bool = False):
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         self.forward = forward
         self.owns_context = owns_context
         self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.supports_loop = self.supports_sampling = False
+        # The step graphs by (draw, log-probabilities, logit bias); (False, False, False) is step_graph.
+        self.steps: dict[tuple[bool, bool, bool], object] = {}
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
+        self.supports_logit_bias = True  # on the host path an eager kernel; the loop's graphs in capture()
+        self._top_logprobs: int | None = None  # set_logprobs: None, off
+        self._bias = False  # set_logit_bias gave pairs
         self.speculate_k = self.speculate_ngram = 0
         self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
+        # A prefill that resumes at a multiple of its chunk runs the very chunks a cold one runs
+        # (the same rows, the same shapes, so the same kernels and bits); README, Prefix reuse.
+        self.prefix_granule = getattr(forward, "prefill_chunk", 0) if self.supports_prefill else 0
+        blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
+        self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
+        self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._prompt_in_use = False  # a prefill may still read the pinned prompt
+        self.name = ""
         try:
+            self.name = ctx.name()  # kept: the capabilities still name the GPU once the context is closed
             vocab = forward.width if vocab is None else vocab
             if not 0 < vocab <= forward.width:
                 raise InvalidArgumentError(f"vocab {vocab} must be in 1..{forward.width} (the logits' width)")
@@ -74,6 +89,9 @@ class CudaDevice:
             self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
             self._sampled_value, self._sampled_value_dev = ctx.pinned((1,), np.float32)
             self._tokens = self.ffi.new("int32_t[]", ring_capacity)
+            top = ring_capacity * MAX_TOP_LOGPROBS
+            self._lp = (self.ffi.new("float[]", ring_capacity), self.ffi.new("int32_t[]", top),
+                        self.ffi.new("float[]", top))
             if self.supports_prefill:
                 prompt, prompt_dev = ctx.pinned((self.max_seq,), np.int32)
                 self._prompt, self._prompt_dev = prompt, self.ffi.cast("int32_t *", prompt_dev)
@@ -102,14 +120,33 @@ class CudaDevice:
         vocabulary."""
         fwd = self.forward
         self.graph = self._capture(lambda: fwd.enqueue(self.loop))
-        self.step_graph = self._capture(lambda: fwd.enqueue_greedy(self.loop))
-        self.supports_loop = True
         most = self.ffi.new("int32_t *")
         _lib.check(self.lib.arc_sample_max_vocab(self.ctx.ptr, most))
-        if self.vocab <= most[0]:
-            self.draw_graph = self._capture(lambda: (fwd.enqueue(self.loop), _lib.check(
-                self.lib.arc_loop_enqueue_draw_commit(self.loop, fwd.logits, fwd.width))))
-            self.supports_sampling = True
+        draws = (False, True) if self.vocab <= most[0] else (False,)
+        # Steps with the log-probabilities or a logit bias are captured apart, so that a sequence
+        # without them runs the plain graphs unchanged.
+        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, 0))  # allocates the ring, outside any capture
+        for key in ((d, lp, b) for d in draws for lp in (False, True) for b in (False, True)):
+            self.steps[key] = self._capture(lambda: self._enqueue_step_graph(*key))
+        self.step_graph, self.draw_graph = self.steps[False, False, False], self.steps.get((True, False, False))
+        self.supports_loop = self.supports_logprobs = True
+        self.supports_sampling = True in draws
+
+    def _enqueue_step_graph(self, draw: bool, logprobs: bool, bias: bool) -> None:
+        """What a step graph holds: the forward, the logit bias, the sampler and its commit (the
+        greedy step's argmax inside the lm_head's kernel where nothing comes between), then the
+        log-probabilities of the token it published."""
+        fwd = self.forward
+        if not (draw or bias):
+            fwd.enqueue_greedy(self.loop)
+        else:
+            fwd.enqueue(self.loop)
+            if bias:
+                self.enqueue_logit_bias()
+            commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
+            _lib.check(commit(self.loop, fwd.logits, fwd.width))
+        if logprobs:
+            _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
     def capture_speculation(self, k: int, ngram: int) -> None:
         """The speculative step's graph: draft, verify forward of k + 1 rows, accept and commit.
@@ -143,6 +180,13 @@ class CudaDevice:
             self._idle = True
             self._prompt_in_use = False
         return idle
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(self.name, loop=self.supports_loop, sampling=self.supports_sampling,
+                            prefill=self.supports_prefill, graphs=self.graph is not None,
+                            speculate_k=self.speculate_k, speculate_ngram=self.speculate_ngram,
+                            speculation_refused=self.speculation_refused, memory_report=True)
 
     def memory_report(self) -> str:
         """One line: what the model takes on the device and what is left."""
@@ -249,9 +293,44 @@ class CudaDevice:
         self._idle = False
         _lib.check(self.lib.arc_loop_set_sampling(self.loop, sampling_struct(self.ffi, sampling)))
 
+    def set_logit_bias(self, pairs) -> None:
+        """Stream-ordered: the logits later forwards write get `pairs` ((id, value)) added, in the
+        loop's steps and where the host path enqueues enqueue_logit_bias. Empty: none."""
+        if not (pairs or self._bias):
+            return
+        self._idle = False
+        ids = self.ffi.new("int32_t[]", [i for i, _ in pairs] or [0])
+        values = self.ffi.new("float[]", [v for _, v in pairs] or [0.0])
+        _lib.check(self.lib.arc_loop_set_logit_bias(self.loop, ids, values, len(pairs)))
+        self._bias = bool(pairs)
+
+    def enqueue_logit_bias(self) -> None:
+        self._idle = False
+        _lib.check(self.lib.arc_loop_enqueue_logit_bias(self.loop, self.forward.logits, self.forward.width))
+
+    def set_logprobs(self, top_n: int | None) -> None:
+        """None: later steps write no log-probabilities (the plain step graphs). Otherwise each
+        token's, with `top_n` alternatives, beside it in the ring (stream-ordered)."""
+        self._top_logprobs = top_n
+        if top_n is None:
+            return
+        if not self.supports_logprobs:
+            raise InvalidArgumentError("this device's loop writes no log-probabilities")
+        self._idle = False
+        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, top_n))
+
+    def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]:
+        lp, ids, values = self._lp
+        _lib.check(self.lib.arc_ring_read_logprobs(self.loop, first, count, lp, ids, values))
+        n = self._top_logprobs or 0  # a vocabulary smaller than n leaves ids of -1: no alternative
+        return [TokenLogprob(float(lp[k]), tuple((int(ids[k * MAX_TOP_LOGPROBS + j]),
+                                                  float(values[k * MAX_TOP_LOGPROBS + j])) for j in range(n)
+                                                 if ids[k * MAX_TOP_LOGPROBS + j] >= 0))
+                for k in range(count)]
+
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False
-        graph = self.draw_graph if self._drawing else self.step_graph
+        graph = self.steps[self._drawing, self._top_logprobs is not None, self._bias]
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def enqueue_commit(self, burst_id: int) -> None:
@@ -260,8 +339,12 @@ class CudaDevice:
         self._idle = False
         fwd = self.forward
         _lib.check(self.lib.arc_loop_begin_burst(self.loop, burst_id))
+        if self._bias:
+            self.enqueue_logit_bias()
         commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
         _lib.check(commit(self.loop, fwd.logits, fwd.width))
+        if self._top_logprobs is not None:
+            _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
     def begin_burst(self, burst_id: int, max_tokens: int) -> None:
         self._idle = False
@@ -276,7 +359,7 @@ class CudaDevice:
     def poll_ring(self) -> RingState:
         s = self._state
         self.lib.arc_ring_poll(self.loop, s)
-        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped, s.steps)
+        return RingState(s.published, s.fault, s.fault_token, s.fault_pos, s.stopped, s.steps, s.logprobs)
 
     def read_ring(self, first: int, count: int) -> list[int]:
         _lib.check(self.lib.arc_ring_read(self.loop, first, count, self._tokens))
@@ -291,15 +374,19 @@ class CudaDevice:
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.step_graph, self.draw_graph, self.spec_graph):
+        for g in (self.graph, self.spec_graph, *self.steps.values()):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
         self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        self.supports_loop = self.supports_sampling = False
+        self.steps = {}
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
         self.speculate_k = 0
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None
+        if self._store is not None:
+            self.ctx.device_free(self._store)
+            self._store = None
         if self.forward is not None:
             self.forward.close()
             self.forward = None

@@ -39,9 +39,12 @@ class CudaModel:
             _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
         self.ptr = pp[0]
         self.max_seq = max_seq
+        self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
+        # The KV cache's layout (arc_model_kv_cache): k's layers then v's, each (kv heads, max_seq, head_dim) bf16.
+        self.kv_shape = (2 * cfg.n_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
         try:
             self._upload(model)
-            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, min(PREFILL_CHUNK, max_seq)))
+            _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, self.prefill_chunk))
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
             _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
             self.logits, self.width = lp[0], int(wp[0])

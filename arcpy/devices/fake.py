@@ -18,11 +18,11 @@ from typing import Callable
 import numpy as np
 
 from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
-from arcpy.devices.protocol import Counters, RingState
+from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
 from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
-from arcpy.sampling import Sampler, Sampling
+from arcpy.sampling import Sampler, Sampling, token_logprob
 
 
 @dataclass
@@ -43,6 +43,10 @@ class FakeScript:
     supports_loop: bool = True
     supports_sampling: bool = True        # the loop draws non-greedy tokens (else: the argmax only)
     supports_prefill: bool = True         # a prompt goes through in one forward
+    prefix_granule: int = 1               # a reused prefix is a multiple of this (0: none reused)
+    supports_logprobs: bool = True        # the loop writes log-probabilities (a tick after each token)
+    supports_logit_bias: bool = True      # a logit bias is added on the device (both paths)
+    prefix_row_bytes: int = 0             # bytes a position's KV rows take in the prefix store (0: no store)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
@@ -59,12 +63,27 @@ class _Op:
 class FakeDevice:
     """A scripted GPU; see the module's docstring."""
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("fake GPU (scripted)", loop=self.supports_loop, sampling=self.supports_sampling,
+                            prefill=self.supports_prefill, speculate_k=self.speculate_k,
+                            speculate_ngram=self.speculate_ngram)
+
     def __init__(self, script: FakeScript | None = None):
         self.script = script or FakeScript()
         self.vocab, self.max_seq = self.script.vocab, self.script.max_seq
         self.supports_loop = self.script.supports_loop
         self.supports_sampling = self.script.supports_sampling
         self.supports_prefill = self.script.supports_prefill
+        self.prefix_granule = self.script.prefix_granule
+        self.supports_logprobs = self.script.supports_logprobs
+        self.supports_logit_bias = self.script.supports_logit_bias
+        self.bias: tuple = ()  # set_logit_bias: (id, value) pairs
+        self.prefix_row_bytes = self.script.prefix_row_bytes
+        self.prefix_ops: list[tuple[str, int, int]] = []  # ("save" or "load", offset, rows), in order
+        self.top_logprobs: int | None = None  # set_logprobs: None, off
+        self.entries: list = []  # the log-probabilities of each ring token, as they are written
+        self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
         self.prefills: list[tuple[tuple[int, ...], int]] = []  # (tokens, start) of each prefill
         self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()
@@ -151,13 +170,28 @@ class FakeDevice:
             self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
+        elif op.kind == "bias":
+            self.logits, tok = self._add_bias(self.logits)
+            self.argmax_pending = (tok, float(self.logits[tok]))
         elif op.kind == "step":
             if self._gone(op):
                 return
             logits, tok = self._forward(self.token, self.position)
+            if self.bias:
+                logits, tok = self._add_bias(logits)
             if self.sampler is not None and self.position != s.nan_at_position:
                 tok = self.sampler.sample(logits, self.position + 1)
+            self.step_logits = logits
             self._commit(op, tok)
+        elif op.kind == "logprobs" and len(self.entries) < len(self.ring):  # the step published a token
+            self.entries.append(token_logprob(self.step_logits, self.ring[-1], op.arg))
+
+    def _add_bias(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """The logits with the bias added (float32, as the device adds it), and their argmax."""
+        logits = logits.copy()
+        for i, v in self.bias:
+            logits[i] += np.float32(v)
+        return logits, int(np.argmax(logits))
 
     def _gone(self, op: _Op) -> bool:
         """A step the script breaks: a sticky fault (the stream is poisoned), or a lost launch."""
@@ -266,6 +300,7 @@ class FakeDevice:
         if not self.stream_query():
             return False
         self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0
+        self.entries = []
         self.spec_steps, self.limit = 0, None
         return True
 
@@ -290,8 +325,11 @@ class FakeDevice:
         step = self.steps_enqueued
         self.steps_enqueued += 1
         self.log.append(f"step {step} burst {burst_id}" + ("" if graphs else " (commit)"))
-        # A forward, the sampler and the commit; the fake folds them into one operation.
+        # A forward, the sampler and the commit; the fake folds them into one operation. The
+        # log-probabilities are one more, so they land a tick after the token.
         self._enqueue(_Op("step", burst_id, step))
+        if self.top_logprobs is not None:
+            self._enqueue(_Op("logprobs", self.top_logprobs))
 
     def enqueue_commit(self, burst_id: int) -> None:
         # Its forward is the prefill's, whose logits are the step's own: the same operation here,
@@ -325,9 +363,45 @@ class FakeDevice:
     def poll_ring(self) -> RingState:
         self._tick()
         f = self.fault
-        return RingState(len(self.ring), f.fault, f.fault_token, f.fault_pos, self.stopped, self.spec_steps)
+        return RingState(len(self.ring), f.fault, f.fault_token, f.fault_pos, self.stopped, self.spec_steps,
+                         len(self.entries))
 
     def read_ring(self, first: int, count: int) -> list[int]:
         if first + count > len(self.ring):
             raise InvalidArgumentError("tokens not published yet")
         return self.ring[first:first + count]
+
+    def default_prefix_store_bytes(self) -> int:
+        return 64 * self.prefix_row_bytes
+
+    def reserve_prefix_store(self, nbytes: int) -> int:
+        return nbytes
+
+    def save_prefix(self, offset: int, n: int) -> None:
+        self._count()
+        self.prefix_ops.append(("save", offset, n))
+
+    def load_prefix(self, offset: int, n: int) -> None:
+        self._count()
+        self.prefix_ops.append(("load", offset, n))
+
+    def set_logit_bias(self, pairs) -> None:
+        if pairs and not self.supports_logit_bias:
+            raise InvalidArgumentError("this device adds no logit bias")
+        self._count()
+        self.bias = tuple(pairs)  # at once, like the sampling: set on an idle stream
+
+    def enqueue_logit_bias(self) -> None:
+        self._count()
+        self._enqueue(_Op("bias"))
+
+    def set_logprobs(self, top_n: int | None) -> None:
+        if top_n is not None and not self.supports_logprobs:
+            raise InvalidArgumentError("this device loop writes no log-probabilities")
+        self._count()
+        self.top_logprobs = top_n
+
+    def read_logprobs(self, first: int, count: int) -> list:
+        if first + count > len(self.entries):
+            raise InvalidArgumentError("log-probabilities not written yet")
+        return self.entries[first:first + count]

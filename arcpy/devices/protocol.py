@@ -20,7 +20,7 @@ import numpy as np
 
 from arcpy.codes import FAULT_NONE
 from arcpy.errors import HangError
-from arcpy.sampling import Sampling
+from arcpy.sampling import Sampling, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RingState:
     fault_pos: int = 0
     stopped: int = 0
     steps: int = 0  # speculative steps whose commit ran since the ring was reset
+    logprobs: int = 0  # log-probability entries written (at most `published`; set_logprobs)
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,33 @@ class Counters:
         return Counters(self.cuda_calls - other.cuda_calls, self.graph_launches - other.graph_launches)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do, as the device states it: the only way the layers above it learn
+    (a record, so that no caller asks a device with getattr). A device builds it from its state
+    when asked: capturing a step graph, or closing, changes what it can do."""
+
+    name: str                      # the device, in words: the GPU's name, or the CPU backend
+    loop: bool = False             # the device loop: steps enqueued in bursts, tokens read from the ring
+    sampling: bool = False         # the device loop draws non-greedy tokens (arcpy.sampling's definition)
+    prefill: bool = False          # a prompt goes through the model in one forward (enqueue_prefill)
+    graphs: bool = False           # the forward is replayed from captured CUDA graphs
+    speculate_k: int = 0           # drafts a speculative step verifies (0: the device has no such step)
+    speculate_ngram: int = 0       # the longest n-gram its draft looks up
+    speculation_refused: str = ""  # why speculative steps were asked for and not captured
+    memory_report: bool = False    # memory_report() says what the model takes on the device
+    logprobs: bool = False         # log-probabilities of the chosen tokens land in the ring
+    masks: bool = False            # a token mask (constrained output) applies on the device
+
+
 class DeviceOps(Protocol):
     vocab: int
     max_seq: int
+    capabilities: Capabilities  # what follows, as one record, for the layers above
     supports_loop: bool
     supports_sampling: bool  # the device loop can draw non-greedy tokens (arcpy.sampling's definition)
     supports_prefill: bool   # a prompt can go through the model in one forward (enqueue_prefill)
+    prefix_granule: int      # a prefill may resume after rows of an earlier one at multiples of this (0: never)
     speculate_k: int         # drafts a speculative step verifies (0: the device has no such step)
     speculate_ngram: int     # the longest n-gram its draft looks up
 
@@ -86,6 +108,17 @@ class DeviceOps(Protocol):
     def enqueue_spec_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
+    # Log-probabilities in the loop (supports_logprobs): stream-ordered like set_sampling, later
+    # steps write each token's entry beside it (None: none, and no cost); read once
+    # RingState.logprobs covers them.
+    supports_logprobs: bool
+    def set_logprobs(self, top_n: int | None) -> None: ...
+    # A logit bias added on the device (supports_logit_bias): stream-ordered pairs (id, value),
+    # added by the loop's steps, and on the host path where enqueue_logit_bias follows a forward.
+    supports_logit_bias: bool
+    def set_logit_bias(self, pairs: Sequence[tuple[int, float]]) -> None: ...
+    def enqueue_logit_bias(self) -> None: ...
+    def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]: ...
 
 
 def spin_until(ready: Callable[[], bool], max_spins: int, what: str) -> int:

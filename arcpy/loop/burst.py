@@ -3,7 +3,7 @@
 The host never waits for the stream: every step of the burst is enqueued up front (graph launch,
 sampler, commit), and tokens are read from the pinned, host-mapped ring with plain loads. A
 fault inside the graph is asynchronous, so three non-blocking signals stand in for the sync
-(DESIGN section 5), checked while draining:
+(docs/ARCHITECTURE.md, section 2), checked while draining:
 
 - the fault word the commit kernel latches (read with the ring, every poll);
 - stream_query(), which also reports errors of earlier asynchronous work (a sticky fault);
@@ -22,6 +22,9 @@ from arcpy.devices.protocol import DeviceOps, RingState, spin_until
 from arcpy.errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
 from arcpy.sampling import Sampling
 
+# Polls of the stream or the ring that may say no before a wait counts as a hang (HangError).
+MAX_SPINS = 20_000_000
+
 
 def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:
     """The error a latched fault word stands for. Non-finite logits are the model's, not the
@@ -35,7 +38,7 @@ class BurstDriver:
     """Drives bursts on one DeviceOps. The ring's count is tracked across bursts of a sequence;
     `begin_sequence()` resets it (and the device's ring) when the stream is idle."""
 
-    def __init__(self, device: DeviceOps, max_spins: int = 20_000_000, query_every: int = 4096):
+    def __init__(self, device: DeviceOps, max_spins: int = MAX_SPINS, query_every: int = 4096):
         if max_spins < 1 or query_every < 1:
             raise ValueError("max_spins and query_every must be positive")
         self.device = device
@@ -45,10 +48,14 @@ class BurstDriver:
         self.steps = 0  # speculative steps whose commit ran, as the ring counts them
         self.burst_id = 0
         self.host_waits = 0
+        self.sink = None  # where each taken token's log-probabilities go (a deque), when asked for
 
-    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None) -> None:
+    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None,
+                       logprobs: int | None = None, sink=None) -> None:
         """Reset the ring for a new sequence, and give the device its stop ids and sampling
-        parameters (None: greedy). The ring may only be reset once no step is in flight (the
+        parameters (None: greedy). With `logprobs` (alternatives, 0..20), a token is taken only
+        once its log-probabilities are written too, and they go to `sink` (appended, in order).
+        The ring may only be reset once no step is in flight (the
         tail of a burst a stop id ended may still be retiring): that wait is a host wait,
         counted, once per sequence, never per token."""
         if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
@@ -57,6 +64,9 @@ class BurstDriver:
         self.steps = 0
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
+        if logprobs is not None or getattr(self.device, "supports_logprobs", False):
+            self.device.set_logprobs(logprobs)
+        self.sink = sink if logprobs is not None else None
 
     def run(self, steps: int, first_commit: bool = False) -> Iterator[int]:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
@@ -109,8 +119,9 @@ class BurstDriver:
 
         while self.published < want:
             state = self.device.poll_ring()  # the step count is read before the tokens it covers
-            if state.published > self.published:
-                yield from self._take(state.published)
+            ready = self._ready(state)
+            if ready > self.published:
+                yield from self._take(ready)
                 spins = 0
                 if not speculative:
                     continue
@@ -120,7 +131,7 @@ class BurstDriver:
                     return
             if state.fault:
                 raise fault_error(state)
-            if state.stopped == self.burst_id:
+            if state.stopped == self.burst_id and ready == state.published:
                 return
             if idle_seen:
                 # The stream was idle before this poll, so nothing more can land.
@@ -132,16 +143,23 @@ class BurstDriver:
                 try:
                     idle_seen = self.device.stream_query()
                 except DeviceFaultError:
-                    yield from self._take(self.device.poll_ring().published)
+                    yield from self._take(self._ready(self.device.poll_ring()))
                     raise
             if spins >= self.max_spins:
-                yield from self._take(self.device.poll_ring().published)
+                yield from self._take(self._ready(self.device.poll_ring()))
                 raise HangError(f"device loop: no token and no error in {self.max_spins} polls "
                                 f"({progress(state)})")
+
+    def _ready(self, state: RingState) -> int:
+        """The tokens that may be taken: those published, and with log-probabilities asked for,
+        only those whose entry is written too (it lands a kernel after its token)."""
+        return state.published if self.sink is None else min(state.published, state.logprobs)
 
     def _take(self, published: int) -> Iterator[int]:
         """Yield the tokens the ring holds beyond those already taken."""
         if published > self.published:
             tokens = self.device.read_ring(self.published, published - self.published)
+            if self.sink is not None:
+                self.sink.extend(self.device.read_logprobs(self.published, published - self.published))
             self.published = published
             yield from tokens

@@ -1,6 +1,6 @@
 """Engine: admit (batch 1), prefill, generate (streaming) and step(), over one DeviceOps.
 
-Two paths produce tokens (DESIGN section 3):
+Two paths produce tokens (docs/ARCHITECTURE.md, section 1):
 - the device loop: bursts of graph launch, sampler (argmax, or a seeded draw) and commit,
   drained from the ring by BurstDriver with no host wait per token (admitted by gate.py);
 - the host path: one forward, then the argmax (or the logits) to pinned memory, a poll until
@@ -17,6 +17,8 @@ and answer) or through the host's argmax or draw on the host path.
 A burst may produce tokens the consumer of step() has not asked for yet: they are parked and
 handed out by later step() calls. Parked tokens are not part of the sequence until handed out,
 and they are cleared whenever a sequence finishes, is preempted, or falls back.
+
+A prompt that begins with tokens an earlier prefill took prefills only the rest (prefix.py).
 """
 
 from __future__ import annotations
@@ -24,12 +26,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
-import numpy as np
-
-from arcpy.devices.protocol import Counters, DeviceOps, spin_until
+from arcpy.codes import MAX_BURST
+from arcpy.devices.protocol import Counters, DeviceOps
 from arcpy.errors import (
     ArcError,
     ContextLostError,
@@ -37,47 +37,31 @@ from arcpy.errors import (
     HangError,
     InvalidArgumentError,
     LoopFault,
-    NonFiniteLogitsError,
 )
 from arcpy.loop import gate
-from arcpy.loop.burst import BurstDriver
+from arcpy.loop.burst import MAX_SPINS, BurstDriver
 from arcpy.loop.constrain import Constrained, matcher_for
-from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
-from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
-from arcpy.loop.speculate import SpecPolicy, StepCost, burst, speculation
+from arcpy.loop.host import HostPath
+from arcpy.loop.prefix import PrefixCache
+from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, request_stop_ids
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
+from arcpy.loop.sequence import SequenceState as _Sequence
+from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
-DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
-
-
-@dataclass
-class _Sequence:
-    last_token: int
-    position: int            # position of last_token
-    max_new: int
-    stop_ids: frozenset
-    sampler: Sampler
-    loop: bool
-    budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
-    prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
-    policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop, greedy)
-    constrained: Constrained | None = None  # the answer follows a grammar (the host path)
-    produced: int = 0        # tokens handed out
-    finished: bool = False
-
-
-class Engine:
+class Engine(HostPath):
     """Decodes on one DeviceOps. `device_loop` None defers to ARC_GRAPH_DEVICE_LOOP (unset: the
     loop wherever the device has one); `verify` None to ARC_GRAPH_VERIFY_ALWAYS."""
 
     def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
-                 burst: int = 4, verify: bool | None = None, max_spins: int = 20_000_000,
+                 burst: int = 4, verify: bool | None = None, max_spins: int = MAX_SPINS,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
-                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None):
-        if not (isinstance(burst, int) and 1 <= burst <= 1024):
-            raise InvalidArgumentError(f"burst must be an integer in 1..1024, got {burst!r}")
+                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None,
+                 prefix_cache: bool = True, prompt_cache_bytes: int | None = None):
+        if not (isinstance(burst, int) and 1 <= burst <= MAX_BURST):
+            raise InvalidArgumentError(f"burst must be an integer in 1..{MAX_BURST}, got {burst!r}")
         self.device = device
         self.prefill = prefill  # off: the prompt goes through the decode step token by token
         self.speculate = speculate  # off: never a speculative step, even where the device has one
@@ -95,6 +79,8 @@ class Engine:
         self.max_spins = max_spins
         self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
+        self.pending_logprobs: deque = deque()  # the produced tokens' log-probabilities, in order
+        self.logprob = None  # the last handed-out token's
         self.seq: _Sequence | None = None
         self.stats: GenerationStats | None = None
         self.poisoned: str | None = None
@@ -102,19 +88,21 @@ class Engine:
         self._t0 = 0.0
         self._c0 = Counters()
         self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by load(text=...)
+        self.prefix = PrefixCache(prefix_cache)  # .clear(): the next prompt is prefilled whole
+        # A store of earlier prefixes in device memory: `prompt_cache_bytes` (None: the device's default).
+        self.prefix.reserve(device, prompt_cache_bytes)
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
              environ: Mapping[str, str] | None = None, text=None, drafts: int = 0, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
-        DEFAULT_MAX_SEQ. `graph` None reads ARC_GRAPH (default on); off means the eager forward.
+        arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
         `drafts` > 0 captures speculative steps of that many drafts (cuda, bf16 weights). The
         engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
-        if max_seq is None:
-            max_seq = min(model.config.max_seq, DEFAULT_MAX_SEQ)
+        max_seq = context_of(model.config, max_seq)
         if not (isinstance(max_seq, int) and 0 < max_seq <= model.config.max_seq):
             raise InvalidArgumentError(
                 f"max_seq must be in 1..{model.config.max_seq} (the model's context), got {max_seq}")
@@ -158,7 +146,8 @@ class Engine:
             raise InvalidArgumentError(f"batch size {batch_size} is not supported: arcpy decodes at batch 1")
 
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
-              sampling: Sampling | None = None, batch_size: int = 1, matcher=None) -> None:
+              sampling: Sampling | None = None, batch_size: int = 1, matcher=None, logprobs: int | None = None,
+              logit_bias: tuple = ()) -> None:
         """Begin a sequence; a sequence still running is preempted. The prompt goes through the
         model in one forward where the device has a prefill (unless the engine was made with
         prefill=False, or verifies every step), and its first token is drawn from that forward's
@@ -170,17 +159,14 @@ class Engine:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
         self._finish("preempted")
+        logit_bias = logit_bias_pairs(logit_bias)
         dev = self.device
         prompt = [int(t) for t in prompt_ids]
         stops = tuple(dict.fromkeys(int(t) for t in stop_ids))
         if not prompt:
             raise InvalidArgumentError("the prompt is empty: give at least one token id")
-        for t in prompt + list(stops):
-            if not 0 <= t < dev.vocab:
-                raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {dev.vocab})")
-        if len(prompt) >= dev.max_seq:
-            raise InvalidArgumentError(
-                f"the prompt has {len(prompt)} tokens; max_seq {dev.max_seq} leaves no room to generate")
+        check_prompt(prompt, dev.vocab, dev.max_seq, stops + tuple(i for i, _ in logit_bias),
+                     f" (the engine's max_seq {dev.max_seq})")
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
             raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         sampler = Sampler(sampling or Sampling())
@@ -188,22 +174,38 @@ class Engine:
             self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
             supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
             latch=self.latch, verify=self.verify)
+        if admitted and logprobs is not None and not getattr(dev, "supports_logprobs", False):
+            admitted, reason = False, "log-probabilities: this device loop writes none"
+        bias_on_device = bool(logit_bias) and getattr(dev, "supports_logit_bias", False) and not self.verify
+        if admitted and logit_bias and not bias_on_device:
+            admitted, reason = False, "logit_bias: this device loop adds none"
         if matcher is not None and admitted:  # (docs/PERF.md: the device's mask is not built yet)
             admitted, reason = False, "constrained output: the grammar's mask is applied on the host"
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
-        policy = speculation(dev, self.speculate, admitted, sampler.greedy, prompt, self.step_cost, self.stats)
+        plain = logprobs is None and not logit_bias  # what a speculative step computes
+        policy = speculation(dev, self.speculate and plain, admitted, sampler.greedy, prompt, self.step_cost,
+                             self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
                 self.driver.host_waits = 0
-                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params)
+                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs,
+                                           self.pending_logprobs)
                 self.stats.setup_waits = self.driver.host_waits
+            if getattr(dev, "supports_logit_bias", False):
+                dev.set_logit_bias(logit_bias if bias_on_device else ())
             prefill = self.prefill and not self.verify and dev.supports_prefill
+            granule = getattr(dev, "prefix_granule", 0) if prefill else 0
+            cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
+            if self.prefix.restored and policy is not None:
+                dev.set_history(prompt)  # the drafts' history of the restored positions too
             if prefill:
                 dev.set_input(prompt[-1], len(prompt) - 1)  # where the first commit continues
-                dev.enqueue_prefill(prompt, 0)
+                dev.enqueue_prefill(prompt[cached:], cached)
+                self.prefix.prefilled(prompt, cached, granule)
+                self.stats.cached_tokens = cached
             else:
                 for i, tok in enumerate(prompt[:-1]):
                     dev.set_input(tok, i)
@@ -218,7 +220,8 @@ class Engine:
         room = dev.max_seq - len(prompt)
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill, policy=policy, constrained=matcher and Constrained(matcher, dev.vocab))
+                             prefilled=prefill, policy=policy, logprobs=logprobs, bias=tuple(logit_bias),
+                             bias_on_device=bias_on_device, constrained=matcher and Constrained(matcher, dev.vocab))
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -262,10 +265,11 @@ class Engine:
         stops = request_stop_ids(text, request)
         matcher = matcher_for(text, self.device.vocab, request)
         words = TextStream(text, request.stop) if decode and text is not None else None
-        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling, matcher)) as tokens:
+        with contextlib.closing(self._tokens(ids, request.max_new_tokens, stops, request.sampling, matcher,
+                                             request.logprobs, request.logit_bias)) as tokens:
             for tok in tokens:
                 piece, hit = words.push(tok) if words is not None else ("", False)
-                yield Piece(tok, piece)
+                yield Piece(tok, piece, self.logprob)
                 if hit:
                     self._finish(FinishReason.STOP_STRING)
                     return
@@ -274,13 +278,16 @@ class Engine:
             yield Piece(None, rest)
 
     def _tokens(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int],
-                sampling: Sampling | None, matcher=None) -> Iterator[int]:
-        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, matcher=matcher)
+                sampling: Sampling | None, matcher=None, logprobs: int | None = None,
+                logit_bias=()) -> Iterator[int]:
+        self.start(prompt_ids, max_new_tokens, stop_ids, sampling, matcher=matcher, logprobs=logprobs,
+                   logit_bias=logit_bias)
         seq = self.seq
         reason = "cancelled"
         try:
             while not seq.finished:
                 for tok in self._produce():
+                    self.logprob = self.pending_logprobs.popleft() if self.pending_logprobs else None
                     if self._hand_out(tok):
                         yield tok
                     if seq.finished:
@@ -333,76 +340,6 @@ class Engine:
             self._poison(str(exc))
             raise
 
-    def _host_step(self) -> int:
-        seq, dev = self.seq, self.device
-        self.stats.weight_reads += 1
-        if seq.prefilled:
-            seq.prefilled = False  # the prefill left this step's logits
-        else:
-            dev.set_input(seq.last_token, seq.position)
-            dev.enqueue_forward()
-        if seq.constrained is not None:  # the mask is computed while the forward runs
-            dev.enqueue_logits_to_host()
-            seq.constrained.fill()
-            self._wait_idle()
-            return self._checked(seq.constrained.consume(self._drawn(seq.constrained.masked(dev.host_logits()))))
-        if self.verify:
-            return self._verified_token()
-        if seq.sampler.greedy:
-            dev.enqueue_argmax()
-            self._wait_idle()
-            tok, value = dev.sampled()
-            self._require_finite(value)
-        else:
-            dev.enqueue_logits_to_host()
-            self._wait_idle()
-            tok = self._drawn(dev.host_logits())
-        return self._checked(tok)
-
-    def _drawn(self, logits: np.ndarray) -> int:
-        """The host's draw from the forward's logits: the valid ids only (a padded lm_head is
-        wider), for the position the token will occupy, as the device loop draws it."""
-        valid = logits[:self.device.vocab]
-        self._require_finite(valid.max())
-        return self.seq.sampler.sample(valid, self.seq.position + 1)
-
-    def _require_finite(self, top_logit) -> None:
-        # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
-        if not np.isfinite(top_logit):
-            raise NonFiniteLogitsError(self.seq.position, "host path")
-
-    def _verified_token(self) -> int:
-        """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
-        same logits, bit for bit, at every step."""
-        seq, dev = self.seq, self.device
-        dev.enqueue_logits_to_host()
-        self._wait_idle()
-        replayed = dev.host_logits()
-        dev.set_input(seq.last_token, seq.position)
-        dev.enqueue_forward(eager=True)
-        dev.enqueue_logits_to_host()
-        self._wait_idle()
-        eager = dev.host_logits()
-        if not np.array_equal(replayed, eager, equal_nan=True):
-            diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
-            raise DeviceFaultError(
-                f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
-        if not seq.sampler.greedy:
-            return self._checked(self._drawn(replayed))
-        self._require_finite(replayed.max())
-        return self._checked(seq.sampler.sample(replayed, seq.position + 1))
-
-    def _checked(self, tok: int) -> int:
-        if not 0 <= tok < self.device.vocab:
-            raise DeviceFaultError(
-                f"host path: token {tok} at position {self.seq.position + 1} is outside the vocabulary "
-                f"[0, {self.device.vocab})")
-        return tok
-
-    def _wait_idle(self) -> None:
-        self.stats.host_waits += 1
-        spin_until(self.device.stream_query, self.max_spins, "host path: waiting for the forward")
-
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _hand_out(self, tok: int) -> bool:
@@ -430,12 +367,14 @@ class Engine:
 
     def _poison(self, reason: str) -> None:
         self.poisoned = reason
+        self.prefix.clear()
         self.latch.trip(reason)
         self._finish("fault")
 
     def _finish(self, reason: str) -> None:
         seq = self.seq
         self.parked.clear()
+        self.pending_logprobs.clear()
         if seq is None or seq.finished:
             return
         seq.finished = True

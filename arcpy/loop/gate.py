@@ -1,4 +1,5 @@
-"""Environment gates, read by value, and the process-wide fallback latch (DESIGN section 6).
+"""Environment gates, read by value, and the process-wide fallback latch (docs/ARCHITECTURE.md,
+section 3).
 
 A flag is read by value, not by presence: 1/true/on/yes enable; 0/false/off/no and the empty
 string are explicit refusals (so an operator can pin a gate off where something upstream sets

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Request
+from arcpy.sampling import TokenLogprob
 from arcpy.text import TextSpec, chat_ids, encode
 
 
@@ -13,10 +14,12 @@ from arcpy.text import TextSpec, chat_ids, encode
 class Piece:
     """One step of an answer: the token handed out (None for text held back to the end) and the
     text that became final with it (empty while a character or a possible stop string is open,
-    or for a model without a tokenizer)."""
+    or for a model without a tokenizer), and the token's log-probabilities where the request asked
+    for them (Request.logprobs)."""
 
     token: int | None
     text: str
+    logprob: TokenLogprob | None = None
 
 
 def request_ids(text: TextSpec | None, request: Request) -> list[int]:
@@ -35,6 +38,39 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     if not ids:
         raise InvalidArgumentError("the prompt encodes to no tokens")
     return ids
+
+
+DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
+
+
+def context_of(config, max_seq: int | None = None) -> int:
+    """The context Engine.load allocates for a model of `config`: `max_seq` where given, else
+    the model's own, at most DEFAULT_MAX_SEQ."""
+    return min(config.max_seq, DEFAULT_MAX_SEQ) if max_seq is None else max_seq
+
+
+def check_prompt(ids, vocab: int, context: int, stop_ids=(), hint: str = "") -> None:
+    """The one check of a prompt, before it is decoded, that every front end and the engine make:
+    its ids (and the stop ids) inside the vocabulary, and room left in the context to generate.
+    `hint` ends the context's message: what the caller's user can change."""
+    for t in (*ids, *stop_ids):
+        if not 0 <= t < vocab:
+            raise InvalidArgumentError(f"token id {t} is outside the vocabulary [0, {vocab})")
+    if len(ids) >= context:
+        raise ContextFull(f"the prompt has {len(ids)} tokens, but the context holds {context} positions and leaves "
+                          f"no room to generate{hint}")
+
+
+def check_budget(ids, max_new_tokens: int, context: int, name: str = "max_new_tokens") -> None:
+    """Refuse a budget of new tokens that the context cannot hold after the prompt, naming both
+    numbers (for a front end that takes a budget as given, as OpenAI's API does)."""
+    if len(ids) + max_new_tokens > context:
+        raise ContextFull(f"{name} is {max_new_tokens}, but the context holds {context} positions and the prompt "
+                          f"takes {len(ids)}: at most {context - len(ids)} new tokens fit")
+
+
+class ContextFull(InvalidArgumentError):
+    """A prompt, or a prompt and its budget, larger than the context."""
 
 
 def request_stop_ids(text: TextSpec | None, request: Request) -> tuple[int, ...]:

@@ -6,7 +6,9 @@ special-token strings as ordinary text) or `messages` (a conversation, rendered 
 model's chat template: only the template's own markup becomes special tokens), with the template's
 keyword arguments where it takes some (`template_kwargs`, e.g. {"enable_thinking": False}). Then
 the budget of new tokens, what stops the answer (token ids, on the device; strings, on the host,
-never shown), and the sampling (temperature, top-k, top-p and the seed; arcpy.sampling).
+never shown), the sampling (temperature, top-k, top-p and the seed; arcpy.sampling), and whether
+each token comes with its log-probabilities (`logprobs`: how many alternatives), with a logit
+bias (`logit_bias`).
 
 For agents: `tools` (OpenAI's function tools, for the chat template) and `tool_choice` ("auto",
 "none", "required" or a function's name: the last two are enforced by a grammar), and
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
+from arcpy.codes import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
@@ -169,6 +172,8 @@ class Request:
     stop: tuple[str, ...] = ()       # stop strings: the answer ends before the first one
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: Mapping = field(default_factory=TemplateKwargs)  # names -> JSON values, for the template
+    logprobs: int | None = None      # each token's log-probability and this many alternatives (0..20); None: off
+    logit_bias: Mapping = field(default_factory=dict)  # token id -> a value in [-100, 100] added to its logit
     tools: Frozen | None = None       # OpenAI's function tools, for the chat template
     tool_choice: str | None = None    # "auto" (with tools), "none" (without), "required", or a function's name
     parallel_tool_calls: bool = True  # False: a required choice is one call
@@ -197,6 +202,10 @@ class Request:
             object.__setattr__(self, "template_kwargs", TemplateKwargs(self.template_kwargs))
         if self.template_kwargs and self.messages is None:
             raise InvalidArgumentError("template_kwargs are for the chat template: give messages, not a prompt")
+        if self.logprobs is not None and not (is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidArgumentError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (the "
+                                       f"alternatives listed), got {quoted(self.logprobs)}")
+        object.__setattr__(self, "logit_bias", logit_bias_pairs(self.logit_bias))
         self._agent_fields()
         if not isinstance(self.sampling, Sampling):
             raise InvalidArgumentError(f"sampling must be an arcpy.sampling.Sampling, got "
@@ -229,6 +238,24 @@ class Request:
     def is_text(self) -> bool:
         """Whether the prompt needs the model's tokenizer."""
         return self.prompt_ids is None
+
+
+def logit_bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """A logit bias (a mapping, or (id, value) pairs) checked -> (id, value) pairs by id: at most
+    MAX_LOGIT_BIAS, ids >= 0 and distinct, values finite in [-100, 100] (as OpenAI takes them)."""
+    items = list(bias.items()) if isinstance(bias, Mapping) else list(bias) if isinstance(bias, (list, tuple)) else None
+    if items is None or not all(isinstance(p, tuple) and len(p) == 2 for p in items):
+        raise InvalidArgumentError(f"logit_bias must map token ids to numbers, got {quoted(bias)}")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise InvalidArgumentError(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(items)}")
+    out = {}
+    for tok, value in items:
+        if not (is_int(tok) and tok >= 0) or int(tok) in out:
+            raise InvalidArgumentError(f"logit_bias: {quoted(tok)} is not a token id (an integer >= 0, once)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise InvalidArgumentError(f"logit_bias of token {tok}: {quoted(value)} is not a number in [-100, 100]")
+        out[int(tok)] = float(value)
+    return tuple(sorted(out.items()))
 
 
 def check_unicode(text: str, what: str) -> None:
@@ -278,7 +305,8 @@ def _stops(value) -> tuple[str, ...]:
     if not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"stop must be a string or a list of strings, got {type(value).__name__}")
     stops = tuple(value)
-    for s in stops:
+    for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise InvalidArgumentError(f"a stop string must be a non-empty string, got {quoted(s)}")
+        check_unicode(s, f"stop string {i}")
     return stops

@@ -86,8 +86,8 @@ def speculation(device, allowed: bool, admitted: bool, greedy: bool, prompt: Seq
                 stats: GenerationStats) -> SpecPolicy | None:
     """A sequence's policy, or None where it does not speculate (stats.speculation says why).
     `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop."""
-    k = getattr(device, "speculate_k", 0)
-    refused = getattr(device, "speculation_refused", "")
+    caps = device.capabilities
+    k, refused = caps.speculate_k, caps.speculation_refused
     if not (k and allowed):
         stats.speculation = f"off: {refused}" if refused and allowed else "off"
     elif not admitted:
@@ -96,7 +96,7 @@ def speculation(device, allowed: bool, admitted: bool, greedy: bool, prompt: Seq
         stats.speculation = "off: speculation is greedy only; sampled requests run the plain loop"
     else:
         stats.speculation, stats.drafts = "on", k
-        return SpecPolicy(k, device.speculate_ngram, prompt, cost)
+        return SpecPolicy(k, caps.speculate_ngram, prompt, cost)
     return None
 
 

@@ -46,6 +46,7 @@ class GenerationStats:
     spec_steps: int = 0       # speculative steps enqueued
     spec_tokens: int = 0      # tokens those bursts produced
     weight_reads: int = 0     # forwards that read the weights to produce tokens (a prefill counts one)
+    cached_tokens: int = 0    # prompt tokens whose KV rows an earlier prefill left (not prefilled again)
 
     @property
     def tokens_per_step(self) -> float:
@@ -78,4 +79,31 @@ class GenerationStats:
                 + (f"; speculation: {self.spec_steps} steps, {self.tokens_per_step:.2f} tokens a step, "
                    f"{self.acceptance:.0%} of drafts accepted, {self.tokens_per_weight_read:.2f} tokens a "
                    f"weight read" if self.spec_steps else "")
-                + (f"; speculation {self.speculation}" if self.speculation.startswith("off:") else ""))
+                + (f"; speculation {self.speculation}" if self.speculation.startswith("off:") else "")
+                + (f"; {self.cached_tokens} of {self.prompt_tokens} prompt tokens cached" if self.cached_tokens
+                   else ""))
+
+
+@dataclass
+class CacheStats:
+    """The prefix reuse of an engine's prefills, across its sequences."""
+
+    prefills: int = 0        # prompts prefilled
+    hits: int = 0            # of them, prompts that reused rows
+    prompt_tokens: int = 0
+    cached_tokens: int = 0   # prompt tokens not prefilled again
+    restored: int = 0        # hits whose rows came back from the store of earlier prefixes
+    stored: int = 0          # prefixes copied into the store
+    evicted: int = 0         # stored prefixes dropped to make room (least recently used first)
+
+    def count(self, prompt_tokens: int, cached: int, restored: bool = False) -> None:
+        self.prefills += 1
+        self.hits += cached > 0
+        self.restored += restored
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of prompt tokens whose rows were reused."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

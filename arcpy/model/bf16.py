@@ -12,6 +12,11 @@ _CHUNK = 1 << 16
 # The finiteness scan reads slices of this many words (512 KB) into two reused buffers.
 _SCAN = 1 << 18
 _EXPONENT = np.uint16(0x7F80)
+_MAGNITUDE = np.uint16(0x7FFF)
+# No trained model has a weight near this; a file that does decodes garbage (every logit equal, or
+# overflowing), so it is a load error, as a NaN is.
+MAX_WEIGHT = 1e30
+_LARGEST = np.uint16(0x7149)  # the largest bf16 word whose value is at most MAX_WEIGHT
 
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
@@ -43,12 +48,14 @@ def f32_to_bf16(x) -> np.ndarray:
     return out
 
 
-def first_nonfinite(words: np.ndarray) -> int | None:
-    """The flat index of the first NaN or infinite bf16 word, or None when every word is finite.
+def first_out_of_range(words: np.ndarray) -> int | None:
+    """The flat index of the first bf16 word that is NaN, infinite or larger in magnitude than
+    MAX_WEIGHT, or None when there is none.
 
-    A bf16 word is NaN or infinite exactly when its eight exponent bits are all ones. The words
-    (C-contiguous, often a view of a mapped file) are scanned in slices into two reused buffers,
-    so memory stays under a megabyte whatever the tensor's size.
+    Sign aside, bf16 words order as their values do, infinity and NaN above every finite one: one
+    comparison of the low fifteen bits finds all three. The words (C-contiguous, often a view of
+    a mapped file) are scanned in slices into two reused buffers, so memory stays under a
+    megabyte whatever the tensor's size.
     """
     flat = words.reshape(-1)
     bits = np.empty(min(flat.size, _SCAN), dtype=np.uint16)
@@ -56,19 +63,34 @@ def first_nonfinite(words: np.ndarray) -> int | None:
     for start in range(0, flat.size, _SCAN):
         chunk = flat[start:start + _SCAN]
         n = chunk.size
-        np.bitwise_and(chunk, _EXPONENT, out=bits[:n])
-        np.equal(bits[:n], _EXPONENT, out=hit[:n])
+        np.bitwise_and(chunk, _MAGNITUDE, out=bits[:n])
+        np.greater(bits[:n], _LARGEST, out=hit[:n])
         if hit[:n].any():
             return start + int(np.argmax(hit[:n]))
     return None
 
 
 def require_finite(words: np.ndarray, where: str) -> None:
-    """Refuse bf16 words that hold a NaN or an infinity: one ModelFileError line, `where` first
-    (the file and the tensor), with the first such weight's index."""
-    i = first_nonfinite(words)
+    """Refuse bf16 words that hold a NaN, an infinity, or a magnitude past MAX_WEIGHT: one
+    ModelFileError line, `where` first (the file and the tensor), with the first such weight's
+    index."""
+    i = first_out_of_range(words)
     if i is None:
         return
     at = [int(k) for k in np.unravel_index(i, words.shape)]
-    what = "a NaN weight" if int(words.reshape(-1)[i]) & 0x7F else "a weight that is infinite in bf16"
-    raise ModelFileError(f"{where} holds {what} at {at}")
+    word = int(words.reshape(-1)[i])
+    if word & _EXPONENT == _EXPONENT:
+        what = "a NaN weight" if word & 0x7F else "a weight that is infinite in bf16"
+        raise ModelFileError(f"{where} holds {what} at {at}")
+    value = float(bf16_to_f32(np.array([word], dtype=np.uint16))[0])
+    raise ModelFileError(f"{where} holds a weight of {value:.3g} at {at}: no trained model has one beyond "
+                         f"{MAX_WEIGHT:.0e}, and every answer it gave would be garbage")
+
+
+def all_zero(words: np.ndarray) -> bool:
+    """Whether every bf16 word is zero (either sign); stops at the first that is not."""
+    flat = words.reshape(-1)
+    for start in range(0, flat.size, _SCAN):
+        if (flat[start:start + _SCAN] & _MAGNITUDE).any():
+            return False
+    return True

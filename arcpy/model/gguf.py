@@ -44,7 +44,7 @@ from arcpy.model.gguf_vocab import read_vocabulary
 from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, is_matrix, iter_tensors
 from arcpy.model.quant import QuantTensor
 from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf
-from arcpy.model.tensors import Model, Tensor
+from arcpy.model.tensors import Model, Tensor, require_nonzero
 from arcpy.vocabulary import Vocabulary
 
 GGUF_SUFFIX = ".gguf"
@@ -209,7 +209,9 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         if progress is not None:
             progress(total, total)
     notes = [_dequantized_note(f.path, dequantized, ckpt)] if dequantized else []
-    return Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
+    model = Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
+    require_nonzero(model)
+    return model
 
 
 _PAIRED = {f"mlp.{m}gate_proj.weight": f"mlp.{m}up_proj.weight" for m in ("", "experts.", "shared_expert.")}

@@ -130,8 +130,11 @@ class GGUFFile:
 
     def words(self, info: TensorInfo) -> np.ndarray:
         """One tensor as bf16 words in its row-major shape, dequantized a slice of rows at a time:
-        a large tensor's float32 values never exist all at once."""
+        a large tensor's float32 values never exist all at once. BF16 data is bf16 words already:
+        a view of the mapped file, read as the caller scans it (no copy, no float32 at all)."""
         raw, cols = self.raw(info), info.dims[0]
+        if info.qtype == GGMLQuantizationType.BF16:
+            return raw.view("<u2").reshape(info.shape)
         try:
             out = np.empty((raw.shape[0], cols), np.uint16)
             step = max(1, _WORDS_SLICE // cols)

@@ -280,6 +280,12 @@ def nonfinite_weight(qt: QuantTensor) -> tuple[int, int, bool] | None:
     return None
 
 
+def all_zero(qt: QuantTensor) -> bool:
+    """Whether every weight dequantizes to zero (all its scales zero, say); stops at the first
+    slice that holds one that does not."""
+    return not any(_dequantize_slice(qt.format, qt.cols, data).any() for _, data in _slices(qt))
+
+
 def quantize_input(x) -> tuple[np.ndarray, np.ndarray]:
     """A quantized GEMV's input (cols,) float32 -> (x_q int8 (cols,), dx float32 (cols // 32,)).
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.checks import require
+from arcpy.checks import quoted, require
 from arcpy.codes import FORMAT_BF16
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.model import bf16, quant
 from arcpy.model.config import ModelConfig
 from arcpy.model.moe import active_bytes
 from arcpy.model.native import EMBED, LM_HEAD, expected_tensors, is_matrix
@@ -90,3 +91,18 @@ class Model:
     def __repr__(self) -> str:
         held = ", quantized" if self.quantized else ""
         return f"Model(name={self.name!r}, source={self.source!r}, n_params={self.config.n_params}{held})"
+
+
+def require_nonzero(model: Model) -> None:
+    """Refuse weights read from a file where a tensor no model works without is all zeros: the
+    embedding, the lm_head, or a norm whose weights are its factors (not with norm_plus_one,
+    where zeros are factors of one). Each would make every logit equal, every answer garbage."""
+    cfg = model.config
+    names = [EMBED] + [LM_HEAD] * (LM_HEAD in model.tensors)
+    if not cfg.norm_plus_one:
+        names += [name for name in model.tensors if name.endswith("norm.weight")]
+    for name in names:
+        t = model.tensors[name]
+        if quant.all_zero(t) if isinstance(t, QuantTensor) else bf16.all_zero(t):
+            raise ModelFileError(f"{model.source}: tensor {quoted(name)} is all zeros: a model cannot work with it "
+                                 "(every logit would be equal)")

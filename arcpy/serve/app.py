@@ -30,13 +30,15 @@ from arcpy import __version__
 from arcpy.errors import ArcError
 from arcpy.loop import gate
 from arcpy.loop.constrain import compile_constraint, resolve
-from arcpy.loop.prompt import Piece, request_ids
+from arcpy.loop.prompt import ContextFull, Piece, check_budget, check_prompt, request_ids
 from arcpy.loop.request import Request
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
 from arcpy.text.tools import tool_format
 from arcpy.serve.metrics import CONTENT_TYPE
 from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import SSE_HEADERS, Shaper
+from arcpy.serve.tokens import detokenize, tokenize
+from arcpy.text import token_text
 from arcpy.serve.worker import (
     FAULT,
     INTERNAL,
@@ -53,7 +55,8 @@ from arcpy.serve.worker import (
 
 log = logging.getLogger("arcpy.serve")
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/reset_prefix_cache",
+          "/flush_cache", "/tokenize", "/detokenize")
 _GONE, _TIMED_OUT = object(), object()  # the event loop's own marks in a job's channel
 INLINE_PROMPT_CHARS = 1024
 
@@ -115,11 +118,14 @@ class Service:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise bad(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
-    def prepare(self, request: Request) -> tuple[list[int], Request, dict | None]:
-        """The prompt's ids (prompt_ids), the request the worker decodes (the prompt as those ids, a
-        constraint compiled once here so that a bad one is a 400), and how to split its answer
-        (None: as plain text)."""
-        ids = self.prompt_ids(request)
+    def token_text(self, token: int) -> str:
+        return token_text(self.text, token)
+
+    def prepare(self, request: Request, budget_field: str | None = None) -> tuple[list[int], Request, dict | None]:
+        """The prompt's ids (prompt_ids, with the budget `budget_field` names checked), the request
+        the worker decodes (the prompt as those ids, a constraint compiled once here so that a bad
+        one is a 400), and how to split its answer (None: as plain text)."""
+        ids = self.prompt_ids(request, budget_field)
         try:
             constraint = resolve(self.text, request)
             compile_constraint(self.text, self.worker.vocab, constraint)
@@ -140,22 +146,32 @@ class Service:
         return ids, job, {"reasoning": think, "opened": opened, "tools": fmt,
                           "marks": special_marks(self.text)}
 
-    def prompt_ids(self, request: Request) -> list[int]:
-        """The prompt as token ids, checked against the vocabulary and the context."""
+    def prompt_ids(self, request: Request, budget_field: str | None = None) -> list[int]:
+        """The prompt as token ids, checked against the vocabulary and the context (arcpy.loop.prompt),
+        and the budget too where the client gave one (`budget_field` names it)."""
+        where = "messages" if request.messages else "prompt"
         try:
             ids = request_ids(self.text, request)
         except ArcError as exc:  # the chat template refused the messages, or they are too long for it
-            raise bad(str(exc), param="messages" if request.messages else "prompt") from None
-        vocab, context = self.worker.vocab, self.worker.max_seq
-        for t in ids:
-            if t >= vocab:
-                raise bad(f"prompt: token id {t} is outside the vocabulary [0, {vocab})", param="prompt")
-        if len(ids) >= context:
-            fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
-                   if context < self.settings.model_max_seq else "the model's own limit")
-            raise bad(f"the prompt has {len(ids)} tokens, but the context holds {context} positions and leaves "
-                      f"no room to generate ({fix})", param="messages" if request.messages else "prompt",
-                      code="context_length_exceeded")
+            raise bad(str(exc), param=where) from None
+        context = self.worker.max_seq
+        fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
+               if context < self.settings.model_max_seq else "the model's own limit")
+        try:
+            check_prompt(ids, self.worker.vocab, context, hint=f" ({fix})")
+        except ContextFull as exc:
+            raise bad(str(exc), param=where, code="context_length_exceeded") from None
+        except ArcError as exc:
+            raise bad(f"prompt: {exc}", param="prompt") from None
+        for t, _ in request.logit_bias:
+            if t >= self.worker.vocab:
+                raise bad(f"logit_bias: token id {t} is outside the vocabulary [0, {self.worker.vocab})",
+                          param="logit_bias")
+        if budget_field is not None:
+            try:
+                check_budget(ids, request.max_new_tokens, context, budget_field)
+            except ContextFull as exc:
+                raise bad(f"{exc} ({fix})", param=budget_field, code="context_length_exceeded") from None
         return ids
 
     async def complete(self, request: HttpRequest, kind: str):
@@ -172,8 +188,10 @@ class Service:
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
         # round trip would cost more than it saves. A long one goes to the thread pool.
         inline = size <= INLINE_PROMPT_CHARS and r.response_format is None and not r.tools
-        _, request, split = self.prepare(r) if inline else await run_in_threadpool(self.prepare, r)
-        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage)
+        ids, request, split = (self.prepare(r, call.budget_field) if inline
+                               else await run_in_threadpool(self.prepare, r, call.budget_field))
+        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage, self.token_text,
+                        call.continuous_usage, len(ids))
         job = Job(request, Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived)
         try:
             self.worker.submit(job)
@@ -240,11 +258,13 @@ class JobResponse:
         return None
 
     async def _whole(self, send) -> None:
-        texts = []
+        texts, entries = [], []
         while True:
             for item in await self.job.channel.take():
                 if isinstance(item, Piece):
                     texts.append(item.text)
+                    if item.logprob is not None:
+                        entries.append((item.token, item.logprob, item.text))
                     if self.splitter is not None:
                         self.splitter.push(item.text, item.token)
                     continue
@@ -258,15 +278,20 @@ class JobResponse:
                 if self.splitter is not None:
                     self.splitter.finish()
                     answer = self.splitter.answer
-                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats, answer))
+                wanted = self.call.request.logprobs is not None
+                return await self._send_json(send, 200, self.shaper.body("".join(texts), item.stats, answer,
+                                                                          entries if wanted else None))
 
     async def _stream(self, send) -> None:
         deltas = []  # the splitter's, where the answer is split
         while True:
-            texts, end = [], None
+            texts, entries, tokens, end = [], [], 0, None
             for item in await self.job.channel.take():
                 if isinstance(item, Piece):
                     texts.append(item.text)
+                    tokens += item.token is not None
+                    if item.logprob is not None:
+                        entries.append((item.token, item.logprob, item.text))
                     if self.splitter is not None:
                         deltas.extend(self.splitter.push(item.text, item.token))
                 else:
@@ -285,11 +310,12 @@ class JobResponse:
                     b"text/event-stream; charset=utf-8", SSE_HEADERS)})
                 self.started = True
                 data = self.shaper.first_chunk()
+            self.shaper.sent += tokens
             if self.splitter is None:
                 text = "".join(texts)
-                if text:
-                    data += self.shaper.text_chunk(text)
-            else:
+                if text or entries:
+                    data += self.shaper.text_chunk(text, entries)
+            else:  # (log-probabilities are not split with the answer: a split answer carries none)
                 if end is not None and error is None:
                     deltas += self.splitter.finish()
                 data += b"".join(self.shaper.delta_chunk(d) for d in deltas)
@@ -344,6 +370,22 @@ def create_app(service: Service) -> Starlette:
                              "backend": w.backend, "device": w.device_name, "max_seq": w.max_seq,
                              "device_loop_latched": gate.LATCH.reason, **state}, status_code=200 if ok else 503)
 
+    async def tokenize_route(request):
+        service.authorize(request)
+        s, body = service.settings, await service.read_json(request)
+        return JSONResponse(await run_in_threadpool(tokenize, body, s.model_name, service.text, service.worker.max_seq,
+                                                    s.defaults))
+
+    async def detokenize_route(request):
+        service.authorize(request)
+        body = await service.read_json(request)
+        return JSONResponse(detokenize(body, service.settings.model_name, service.text))
+
+    async def reset_prefix_cache(request):
+        service.authorize(request)
+        service.worker.clear_cache()
+        return JSONResponse({"status": "ok", "detail": "the next request prefills its whole prompt"})
+
     async def metrics(request):
         return Response(await run_in_threadpool(service.metrics.text), media_type=CONTENT_TYPE)
 
@@ -372,7 +414,12 @@ def create_app(service: Service) -> Starlette:
               Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", model, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+              Route("/metrics", metrics, methods=["GET"]),
+              # vLLM's name, and SGLang's: the ecosystem's two for forgetting cached prefixes
+              Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+              Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
+              Route("/tokenize", tokenize_route, methods=["POST"]),
+              Route("/detokenize", detokenize_route, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: internal_error})
     return _Counted(app, service.metrics)

@@ -17,12 +17,12 @@ import sys
 import click
 
 from arcpy import _lib
-from arcpy.decode import load, model_or_demo, note, one_line_errors, speculation_note
+from arcpy.decode import load, model_or_demo, note, one_line_errors, open_engine
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
-from arcpy.loop.engine import Engine
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
-from arcpy.options import engine_options, parse_template_kwargs, template_options, with_options
+from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
+                            with_options)
 from arcpy.sampling import Sampling
 from arcpy.serve.schema import Defaults
 
@@ -63,20 +63,24 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="Keep a reasoning model's <think>...</think> in the content, as written, instead of in "
                    "reasoning_content.")
 @with_options(engine_options("Device-loop steps enqueued per burst (a cancel takes effect within one)."))
+@click.option("--prompt-cache-bytes", type=click.IntRange(min=0), default=None,
+              help="Device memory for the KV rows of earlier prompts (their prefixes, least recently used "
+                   "evicted first); 0: none. Default: a tenth of what is free after start-up, printed.")
 @click.option("--switch-interval", type=click.FloatRange(1e-6, 1.0), default=SWITCH_INTERVAL, show_default=True,
               help="Python's thread switch interval in seconds: how long the event loop may wait for the "
                    "decoding thread to let go of the interpreter.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="One line per HTTP request.")
+@as_engine_options
 def main(**options):
     """Serve a model over the OpenAI HTTP API (chat and text completions, streamed or whole)."""
     sys.exit(run(**options))
 
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
-        top_p, top_k, template_kwargs, backend, device_loop, burst, max_seq, drafts, switch_interval, log_level,
-        access_log, raw_reasoning=False) -> int:
+        top_p, top_k, template_kwargs, switch_interval, log_level, access_log, raw_reasoning=False,
+        prompt_cache_bytes=None, engine_opts: EngineOptions = EngineOptions()) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -88,7 +92,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
                             TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
         Sampling(defaults.temperature, top_k, top_p)
         gate.read_all()
-        if backend == "cuda" and not _lib.cuda_available()[0]:
+        if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
         sock = _bind(host, port)
     except click.UsageError as exc:
@@ -102,7 +106,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       backend, device_loop, burst, max_seq, drafts)
+                                       engine_opts, prompt_cache_bytes)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
@@ -136,8 +140,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, backend, device_loop,
-           burst, max_seq, drafts):
+def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions,
+           prompt_cache_bytes=None):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
@@ -145,16 +149,16 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
     model, text = load(model_path, None)
     if text is None:
         raise click.UsageError(f"{model.name} has no tokenizer (tokenizer.json): the server answers text")
+    max_seq = engine_opts.max_seq
     if max_seq is not None and max_seq > model.config.max_seq:
         raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
-    backend = _lib.auto_backend() if backend == "auto" else backend
-    if backend == "numpy":
-        note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
 
     def build():
-        engine = Engine.load(model, backend, max_seq=max_seq, device_loop=device_loop, burst=burst, text=text,
-                             drafts=drafts)
-        speculation_note(drafts, engine)
+        engine = open_engine(model, text, engine_opts, prompt_cache_bytes=prompt_cache_bytes)
+        p = engine.prefix
+        if p.capacity:
+            note(f"prompt cache: {p.capacity / 1e9:.2f} GB for earlier prompts' KV rows, "
+                 f"{p.capacity // p.row_bytes} positions (--prompt-cache-bytes)")
         return engine
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()

@@ -28,6 +28,10 @@ class Metrics:
                                  ["finish_reason"], registry=r)
         self.tokens = Counter("arcpy_generated_tokens", "Tokens generated", registry=r)
         self.prompt_tokens = Counter("arcpy_prompt_tokens", "Prompt tokens read", registry=r)
+        self.cached_tokens = Counter("arcpy_prompt_cached_tokens", "Prompt tokens whose KV rows an earlier "
+                                     "prefill left (not prefilled again)", registry=r)
+        self.cache_clears = Counter("arcpy_prefix_cache_clears", "Requests to forget the cached prefix",
+                                    registry=r)
         self.ttft = Histogram("arcpy_time_to_first_token_seconds", "From the request's arrival to its first "
                               "token (queue, template, prefill)", buckets=_SECONDS, registry=r)
         self.latency = Histogram("arcpy_request_duration_seconds", "From the request's arrival to its last "
@@ -54,6 +58,7 @@ class Metrics:
         self.sequences.labels(stats.finish_reason or "unknown").inc()
         self.tokens.inc(stats.tokens)
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
         self.host_waits.inc(stats.host_waits)
         self.host_waits_per_token.set(stats.per_token(stats.host_waits))
         if stats.fallback:

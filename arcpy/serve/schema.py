@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from arcpy.checks import is_int, quoted
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError
 from arcpy.loop.request import Request, TemplateKwargs
 from arcpy.text import check_template_kwargs
@@ -38,11 +39,26 @@ class ApiError(Exception):
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # What a client sent goes into the message and the param: a lone surrogate in it (a JSON
+        # escape such as \ud800) is written as its escape, or the body could not be encoded.
+        self.message, self.param = _printable(self.message), _printable(self.param)
+
     def __str__(self) -> str:
         return self.message
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _printable(text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -69,6 +85,8 @@ class Call:
     request: Request     # messages (chat) or a prompt: text, or token ids
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    budget_field: str | None = None  # max_tokens or max_completion_tokens, where the client gave one
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: the counts on every chunk
 
 
 def _neutral_zero(v) -> bool:
@@ -79,9 +97,6 @@ def _neutral_zero(v) -> bool:
 _CHAT_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logprobs": lambda v: v is False,
-    "top_logprobs": _neutral_zero,
-    "logit_bias": lambda v: v == {},
     "modalities": lambda v: v == ["text"],
     "store": lambda v: v is False,
     "metadata": lambda v: isinstance(v, dict),
@@ -91,8 +106,6 @@ _CHAT_NEUTRAL = {
 _COMPLETION_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "logprobs": _neutral_zero,
-    "logit_bias": lambda v: v == {},
     "echo": lambda v: v is False,
     "best_of": lambda v: v == 1,
     "suffix": lambda v: v == "",
@@ -100,8 +113,9 @@ _COMPLETION_NEUTRAL = {
 }
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
 _AGENT = ("tools", "tool_choice", "response_format", "grammar", "parallel_tool_calls")
-_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", *_AGENT},
-         COMPLETION: set(_COMMON) | {"prompt"}}
+_USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
+                               "top_logprobs", "logit_bias", *_AGENT},
+         COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
 
@@ -115,29 +129,37 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     for name, neutral in _NEUTRAL[kind].items():
         if body.get(name) is not None and not neutral(body[name]):
             raise bad(f"{name} {quoted(body[name])} is not supported by arcpy (leave it out)", param=name)
+    check_model(body, model)
+    n = _optional(body, "n", _int)
+    if n is not None and n != 1:
+        raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
+    stream = _optional(body, "stream", _bool) or False
+    include_usage, continuous_usage = _stream_options(body, stream)
+    if kind == CHAT:
+        source = {**messages_of(body), "template_kwargs": template_kwargs_of(body, defaults), **_agent(body)}
+    else:
+        source = _prompt(body)
+    try:
+        budget, budget_field = _budget(body, kind, defaults)
+        request = Request(**source, max_new_tokens=budget, stop=_stop(body), sampling=_sampling(body, defaults),
+                          logprobs=_logprobs(body, kind), logit_bias=_logit_bias(body))
+    except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, tools, ...)
+        text = str(exc)
+        raise bad(text, param=next((n for n in _AGENT if text.startswith(n)), None)) from None
+    return Call(kind, request, stream, include_usage, budget_field, continuous_usage)
+
+
+def check_model(body: dict, model: str, required: bool = True) -> None:
+    """The body's `model` names this server's (GET /v1/models); else 400, or 404 for another."""
     given = body.get("model")
+    if given is None and not required:
+        return
     if not isinstance(given, str):
         raise bad("model: required, a string (GET /v1/models lists the one this server answers to)"
                   if given is None else f"model must be a string, got {_kind(given)}", param="model")
     if given != model:
         raise ApiError(404, f"the model {quoted(given)} does not exist: this server answers to {quoted(model)}",
                        param="model", code="model_not_found")
-    n = _optional(body, "n", _int)
-    if n is not None and n != 1:
-        raise bad(f"n must be 1: arcpy decodes one sequence per request, got {quoted(n)}", param="n")
-    stream = _optional(body, "stream", _bool) or False
-    include_usage = _stream_options(body, stream)
-    if kind == CHAT:
-        source = {**_messages(body), "template_kwargs": _template_kwargs(body, defaults), **_agent(body)}
-    else:
-        source = _prompt(body)
-    try:
-        request = Request(**source, max_new_tokens=_budget(body, kind, defaults), stop=_stop(body),
-                          sampling=_sampling(body, defaults))
-    except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, tools, ...)
-        text = str(exc)
-        raise bad(text, param=next((n for n in _AGENT if text.startswith(n)), None)) from None
-    return Call(kind, request, stream, include_usage)
 
 
 def _kind(v) -> str:
@@ -174,32 +196,67 @@ def _bool(v, name: str) -> bool:
     return v
 
 
-def _stream_options(body: dict, stream: bool) -> bool:
+def _logit_bias(body: dict) -> dict:
+    """`logit_bias`: token ids (as JSON keys, strings) -> values added to their logits."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad(f"logit_bias must be an object of token ids to numbers, got {_kind(bias)}", param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad(f"logit_bias: {quoted(key)} is not a token id", param="logit_bias")
+        out[int(key)] = value
+    return out
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """Request.logprobs: chat's `logprobs` (true) with `top_logprobs` alternatives, or a
+    completion's `logprobs` (the alternatives, the legacy form)."""
+    if kind == COMPLETION:
+        n = _optional(body, "logprobs", _int)
+        if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+            raise bad(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {n}", param="logprobs")
+        return n
+    wanted = _optional(body, "logprobs", _bool) or False
+    top = _optional(body, "top_logprobs", _int)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
+    if top and not wanted:
+        raise bad("top_logprobs needs logprobs to be true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats)."""
     options = body.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise bad("stream_options is only allowed when stream is true", param="stream_options")
     if not isinstance(options, dict):
         raise bad(f"stream_options must be an object, got {_kind(options)}", param="stream_options")
-    unknown = sorted(set(options) - {"include_usage"})
+    unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
     if unknown:
         raise bad(f"stream_options: unrecognized field {quoted(unknown[0])}", param="stream_options")
-    return _optional(options, "include_usage", _bool) or False
+    return (_optional(options, "include_usage", _bool) or False,
+            _optional(options, "continuous_usage_stats", _bool) or False)
 
 
-def _budget(body: dict, kind: str, defaults: Defaults) -> int:
+def _budget(body: dict, kind: str, defaults: Defaults) -> tuple[int, str | None]:
+    """The budget of new tokens, and the field that gave it (None: the server's default)."""
     given = {name: _optional(body, name, _int) for name in ("max_tokens", "max_completion_tokens")}
     values = {v for v in given.values() if v is not None}
     if len(values) > 1:
         raise bad("max_tokens and max_completion_tokens disagree: give one of them", param="max_tokens")
     if not values:
-        return defaults.max_tokens
+        return defaults.max_tokens, None
     budget = values.pop()
     name = "max_tokens" if given["max_tokens"] is not None else "max_completion_tokens"
     if budget < 1:
         raise bad(f"{name} must be at least 1, got {budget}", param=name)
-    return budget
+    return budget, name
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -241,7 +298,7 @@ def _sampling(body: dict, defaults: Defaults) -> Sampling:
     return Sampling(temperature, top_k, top_p, seed)
 
 
-def _messages(body: dict) -> dict:
+def messages_of(body: dict) -> dict:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages: required, a non-empty array of {\"role\", \"content\"} objects", param="messages")
@@ -290,7 +347,7 @@ def _agent(body: dict) -> dict:
     return out
 
 
-def _template_kwargs(body: dict, defaults: Defaults) -> dict:
+def template_kwargs_of(body: dict, defaults: Defaults) -> dict:
     """chat_template_kwargs over the server's own, checked."""
     given = body.get("chat_template_kwargs")
     if given is not None and not isinstance(given, dict):

@@ -31,7 +31,41 @@ def finish_reason(stats: GenerationStats, calls: bool = False) -> str:
 
 def usage(stats: GenerationStats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.tokens,
-            "total_tokens": stats.prompt_tokens + stats.tokens}
+            "total_tokens": stats.prompt_tokens + stats.tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+# A log-probability JSON can hold: -inf (a token the model rules out) is written as OpenAI writes
+# the least likely, -9999.
+_FLOOR = -9999.0
+
+
+def _value(v: float) -> float:
+    return v if v > _FLOOR else _FLOOR
+
+
+def chat_logprobs(entries, token_text) -> dict:
+    """Chat's `logprobs`: `content` holds, per (token id, TokenLogprob, text), the token's text, its
+    log-probability, its UTF-8 bytes and the alternatives in the same form."""
+    def item(tok, value):
+        text = token_text(tok)
+        return {"token": text, "logprob": _value(value), "bytes": list(text.encode())}
+    return {"content": [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]}
+                        for tok, lp, _ in entries], "refusal": None}
+
+
+def completion_logprobs(entries, token_text, offset: int = 0) -> dict:
+    """A completion's legacy `logprobs`: parallel lists, the alternatives as text -> value, and
+    each token's offset in the answer's text (from `offset`: the text that came before; each
+    entry's `text` is what its token made final)."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tok, lp, made in entries:
+        out["tokens"].append(token_text(tok))
+        out["token_logprobs"].append(_value(lp.logprob))
+        out["top_logprobs"].append({token_text(i): _value(v) for i, v in lp.top})
+        out["text_offset"].append(offset)
+        offset += len(made)
+    return out
 
 
 def _json(obj) -> bytes:
@@ -41,9 +75,13 @@ def _json(obj) -> bytes:
 class Shaper:
     """The response to one request, in the shape of its endpoint (chat or completion)."""
 
-    def __init__(self, kind: str, model: str, fingerprint: str, include_usage: bool = False):
+    def __init__(self, kind: str, model: str, fingerprint: str, include_usage: bool = False,
+                 token_text=None, continuous_usage: bool = False, prompt_tokens: int = 0):
         self.kind, self.model, self.fingerprint = kind, model, fingerprint
         self.include_usage = include_usage
+        self.token_text = token_text  # a token id's text, for log-probabilities
+        self.continuous_usage, self.prompt_tokens, self.sent = continuous_usage, prompt_tokens, 0
+        self.offset = 0  # a completion's text sent so far (its logprobs' text_offset)
         self.id = ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         mark = "\x00text-" + uuid.uuid4().hex
@@ -69,13 +107,33 @@ class Shaper:
     # -- streaming ---------------------------------------------------------------------------
 
     def first_chunk(self) -> bytes:
-        """The chunk that opens a chat stream: the assistant's role (a completion has none)."""
+        """The chunk that opens a chat stream: the assistant's role, no content yet (a completion
+        has none)."""
         if self.kind != CHAT:
             return b""
-        return b"data: " + _json(self._chunk({"role": "assistant", "content": ""}, None)) + b"\n\n"
+        chunk = self._chunk({"role": "assistant", "content": None}, None)
+        if self.continuous_usage:
+            chunk["usage"] = self._usage_so_far()
+        return b"data: " + _json(chunk) + b"\n\n"
 
-    def text_chunk(self, text: str) -> bytes:
-        return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
+    def text_chunk(self, text: str, entries=()) -> bytes:
+        """Text, with the log-probabilities of the tokens that made it (`entries`, (id,
+        TokenLogprob, text) triples) where asked for; `sent` counts the tokens so far (continuous usage)."""
+        if not entries and not self.continuous_usage:
+            self.offset += len(text)
+            return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
+        chunk = self._chunk(self._delta(text), None)
+        if entries:
+            chunk["choices"][0]["logprobs"] = (chat_logprobs(entries, self.token_text) if self.kind == CHAT else
+                                               completion_logprobs(entries, self.token_text, self.offset))
+        if self.continuous_usage:
+            chunk["usage"] = self._usage_so_far()
+        self.offset += len(text)
+        return b"data: " + _json(chunk) + b"\n\n"
+
+    def _usage_so_far(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.sent,
+                "total_tokens": self.prompt_tokens + self.sent}
 
     def delta_chunk(self, delta) -> bytes:
         """A chunk of reasoning, content or one tool call (arcpy.text.answer.Delta)."""
@@ -88,7 +146,10 @@ class Shaper:
     def last_chunks(self, stats: GenerationStats, calls: bool = False) -> bytes:
         """The finish reason, the usage where asked for, and [DONE]."""
         part = {} if self.kind == CHAT else {"text": ""}
-        out = b"data: " + _json(self._chunk(part, finish_reason(stats, calls))) + b"\n\n"
+        chunk = self._chunk(part, finish_reason(stats, calls))
+        if self.continuous_usage:
+            chunk["usage"] = usage(stats)
+        out = b"data: " + _json(chunk) + b"\n\n"
         if self.include_usage:
             last = self._chunk(part, None)
             last["choices"], last["usage"] = [], usage(stats)
@@ -102,9 +163,10 @@ class Shaper:
 
     # -- whole -------------------------------------------------------------------------------
 
-    def body(self, text: str, stats: GenerationStats, answer=None) -> dict:
+    def body(self, text: str, stats: GenerationStats, answer=None, entries=None) -> dict:
         """The whole response; `answer` (arcpy.text.answer.Answer) where the text was split into
-        reasoning, content and tool calls."""
+        reasoning, content and tool calls; `entries` ((id, TokenLogprob, text) triples) where
+        log-probabilities were asked for."""
         calls = bool(answer and answer.tool_calls)
         if self.kind == CHAT:
             message = {"role": "assistant", "content": text}
@@ -115,9 +177,11 @@ class Shaper:
                 if calls:
                     message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in answer.tool_calls]
             choice = {"index": 0, "message": message}
+            logprobs = None if entries is None else chat_logprobs(entries, self.token_text)
         else:
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason(stats, calls))
+            logprobs = None if entries is None else completion_logprobs(entries, self.token_text)
+        choice.update(logprobs=logprobs, finish_reason=finish_reason(stats, calls))
         return {"id": self.id, "object": "chat.completion" if self.kind == CHAT else "text_completion",
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
                 "choices": [choice], "usage": usage(stats)}

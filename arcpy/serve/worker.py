@@ -129,6 +129,7 @@ class Worker:
         self.backend = self.device_name = ""
         self.max_seq = self.vocab = 0
         self.poisoned: str | None = None
+        self._clear_cache = False  # forget the engine's cached prefix before the next job
 
     # -- the event loop's side ---------------------------------------------------------------
 
@@ -166,6 +167,13 @@ class Worker:
                 self.metrics.queue_depth.set(len(self._queue))
         if queued and reason == "shutdown":  # the client and the timer wake their handler themselves
             job.channel.put(Failed(SHUTDOWN, "the server is shutting down"))
+
+    def clear_cache(self) -> None:
+        """The next job prefills its whole prompt (and forgets the prefix the engine held): the
+        worker thread clears it before it starts that job."""
+        with self._cond:
+            self._clear_cache = True
+        self.metrics.cache_clears.inc()
 
     def stop(self) -> None:
         """Refuse new jobs and cancel every queued and running one (the server is stopping)."""
@@ -220,9 +228,7 @@ class Worker:
     def _describe(self, engine) -> None:
         dev = engine.device
         self.backend, self.max_seq, self.vocab = engine.backend, dev.max_seq, dev.vocab
-        ctx = getattr(dev, "ctx", None)
-        cpu = "CPU (NumPy reference backend)" if engine.backend == "numpy" else engine.backend
-        self.device_name = ctx.name() if ctx is not None else cpu
+        self.device_name = dev.capabilities.name
 
     def _warm(self, engine) -> None:
         """One short sequence per sampler, detokenized as a request's are, so that the first
@@ -250,6 +256,10 @@ class Worker:
 
     def _serve(self, engine, job: Job) -> None:
         first = last = None
+        with self._cond:
+            clear, self._clear_cache = self._clear_cache, False
+        if clear:
+            engine.prefix.clear()
         try:
             with contextlib.closing(engine.stream(job.request)) as pieces:
                 for piece in pieces:

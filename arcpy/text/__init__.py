@@ -15,11 +15,11 @@ ids before a sequence and ids back into text as they land.
 """
 
 from arcpy.text.chat import chat_ids, check_template_kwargs, render_chat
-from arcpy.text.codec import StreamDecoder, decode, encode
+from arcpy.text.codec import StreamDecoder, decode, encode, token_text
 from arcpy.text.gguf import gguf_text_spec
 from arcpy.text.loader import load_text_spec
 from arcpy.text.spec import TextSpec
 from arcpy.text.stops import StopStrings, TextStream
 
 __all__ = ["StopStrings", "StreamDecoder", "TextSpec", "TextStream", "chat_ids", "check_template_kwargs", "decode",
-           "encode", "gguf_text_spec", "load_text_spec", "render_chat"]
+           "encode", "gguf_text_spec", "load_text_spec", "render_chat", "token_text"]

@@ -82,6 +82,12 @@ def decode(spec: TextSpec, ids) -> str:
     return spec.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def token_text(spec: TextSpec, token_id: int) -> str:
+    """One token's own text, special tokens included (what a log-probability entry names); a
+    token that holds part of a character's bytes decodes to U+FFFD."""
+    return spec.tokenizer.decode([_token(spec, token_id, "token_text")[0]], skip_special_tokens=False)
+
+
 def _decoder_traits(tokenizer) -> tuple[bool, bool]:
     """(decodes byte-token runs, rewrites text across tokens) for the tokenizer's decoder.
 

@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
+from arcpy.text.limits import check_template_size
 from arcpy.text.pretokenize import PreTokenizer, pre_tokenizer_named
 from arcpy.text.spec import TextSpec
 from arcpy.vocabulary import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocabulary
@@ -28,6 +29,8 @@ def gguf_text_spec(v: Vocabulary) -> TextSpec:
 
     The tokenizer adds no special tokens itself: `add_bos` says whether a prompt starts with bos_id.
     """
+    if v.chat_template is not None:
+        check_template_size(v.chat_template, f"{v.source}: key 'tokenizer.chat_template'")
     if v.kind in ("gpt2", "gemma4"):
         pre = pre_tokenizer_named(v.source, v.pre)
         tok, add_bos_default = _bpe_split_first(v, pre), pre.add_bos

@@ -22,7 +22,11 @@ import time
 
 from jinja2.utils import Namespace
 
+from arcpy.errors import ModelFileError
+
 DEADLINE_S = 2.0                 # seconds a render may take; real templates take well under 10 ms
+MAX_TEMPLATE_CHARS = 128 * 1024  # a template's size: llama.cpp's 70 real ones are 0.2 to 16.7 KB
+COMPILE_DEADLINE_S = 2.0         # seconds a compile may take: those 70 take under 0.1 s each
 BUILD_BASE = 8 * 1024 * 1024     # characters any render may build...
 BUILD_PER_INPUT = 16             # ...plus this many times the weight of what it is given
 MAX_INT_BITS = 4096              # the largest integer `*` or `**` may make
@@ -55,6 +59,42 @@ def whole(n) -> int:
 def digits(spec: str) -> int:
     """The sum of the numbers in a format spec: at least the width or precision it asks for."""
     return sum(int(d) if len(d) < 10 else 1 << 62 for d in re.findall(r"\d+", spec))
+
+
+def check_template_size(source: str, where: str = "chat template") -> str:
+    """`source`, if it is no larger than a template may be (a ModelFileError naming `where` if not)."""
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise ModelFileError(f"{where}: {len(source):,} characters is more than a chat template may have "
+                             f"({MAX_TEMPLATE_CHARS:,}; real ones have a few thousand to tens of thousands)")
+    return source
+
+
+class CompileClock:
+    """The deadline of one compile, on the thread that runs it: `with CompileClock():` around it.
+    The lexer's tokens, the sandbox's rewrite and the code generator's nodes each tick it; what
+    Python's compiler then does is bounded by the size of what they made."""
+
+    def __init__(self):
+        self.seconds = COMPILE_DEADLINE_S
+        self.deadline = time.monotonic() + self.seconds
+
+    def __enter__(self) -> CompileClock:
+        _local.compiling = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _local.compiling = None
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimit(f"compiling took longer than its limit of {self.seconds:g} s")
+
+
+def compile_tick() -> None:
+    """Look at the clock of the compile running on this thread, if any."""
+    clock = getattr(_local, "compiling", None)
+    if clock is not None:
+        clock.tick()
 
 
 class Limits:

@@ -21,10 +21,10 @@ from tokenizers import Tokenizer
 from arcpy.checks import is_int, quoted
 from arcpy.errors import ModelFileError
 from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file
+from arcpy.text.limits import MAX_TEMPLATE_CHARS, check_template_size
 from arcpy.text.spec import TextSpec
 
-# Real chat templates are a few kilobytes.
-MAX_TEMPLATE_BYTES = 1024 * 1024
+MAX_TEMPLATE_BYTES = 4 * MAX_TEMPLATE_CHARS  # UTF-8: at most four bytes a character
 
 
 def load_text_spec(directory) -> TextSpec | None:
@@ -68,9 +68,12 @@ def _load(directory: Path) -> TextSpec | None:
 
     template_path = directory / "chat_template.jinja"
     if os.path.lexists(template_path):
-        template = _read_text(template_path, "chat template", MAX_TEMPLATE_BYTES)
+        template = check_template_size(_read_text(template_path, "chat template", MAX_TEMPLATE_BYTES),
+                                       str(template_path))
     else:
         template = _config_template(tcfg, tsrc)
+        if template is not None:
+            check_template_size(template, f"{tsrc}: key 'chat_template'")
     return TextSpec(tokenizer, bos_id, eos_ids, add_bos and bos_id is not None, template)
 
 

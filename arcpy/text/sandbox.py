@@ -22,6 +22,7 @@ import json
 import types
 
 from jinja2 import TemplateSyntaxError, nodes, pass_context
+from jinja2.compiler import CodeGenerator
 from jinja2.ext import Extension
 from jinja2.filters import FILTERS, make_attrgetter
 from jinja2.runtime import LoopContext
@@ -32,7 +33,9 @@ from markupsafe import Markup
 
 from arcpy.checks import quoted
 from arcpy.errors import ArcError, InvalidArgumentError, ModelFileError
-from arcpy.text.limits import MAX_INT_BITS, Limits, TemplateLimit, current, digits, replaced, whole
+
+from arcpy.text.limits import (MAX_INT_BITS, CompileClock, Limits, TemplateLimit, check_template_size, compile_tick,
+                               current, digits, replaced, whole)
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024  # far past any context window
 _MAX_INDENT = 64                     # the widest tojson indent
@@ -195,6 +198,10 @@ def _through(node: nodes.Expr, name: str) -> nodes.Filter:
 class _Guard(NodeTransformer):
     """Routes through the filters above what the sandbox's hooks do not see."""
 
+    def visit(self, node, *args, **kwargs):
+        compile_tick()
+        return super().visit(node, *args, **kwargs)
+
     def visit_For(self, node):
         self.generic_visit(node)
         node.iter = _through(node.iter, "_arc_loop_items")
@@ -226,6 +233,18 @@ class _Generation(Extension):
     def parse(self, parser) -> list[nodes.Node]:
         next(parser.stream)
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    def filter_stream(self, stream):
+        """The lexer's tokens, as it makes them, each looking at the compile's clock."""
+        for token in stream:
+            compile_tick()
+            yield token
+
+
+class _TimedCodeGenerator(CodeGenerator):
+    def visit(self, node, *args, **kwargs):
+        compile_tick()
+        return super().visit(node, *args, **kwargs)
 
 
 class _FieldsPaid:
@@ -365,6 +384,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 
 _ENV = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation])
+_ENV.code_generator_class = _TimedCodeGenerator
 del _ENV.globals["lipsum"]
 _ENV.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
 GLOBALS = frozenset(_ENV.globals)  # the names every template sees besides its context
@@ -376,13 +396,18 @@ _ENV.filters.update(join=_guarded(_join, pay=False), tojson=_guarded(_tojson, pa
 
 @functools.lru_cache(maxsize=8)
 def compile_template(source: str):
-    """The template of `source`, guarded; any failure is one ModelFileError."""
+    """The template of `source`, guarded, within its size and compile deadline (arcpy.text.limits);
+    any failure is one ModelFileError."""
+    check_template_size(source)
     try:
-        tree = _Guard().visit(_ENV.parse(source))
-        tree.set_environment(_ENV)
-        return _ENV.from_string(tree)
+        with CompileClock():
+            tree = _Guard().visit(_ENV.parse(source))
+            tree.set_environment(_ENV)
+            return _ENV.from_string(tree)
     except TemplateSyntaxError as e:
         raise ModelFileError(f"chat template: line {e.lineno}: {quoted(e.message or '', 160)}") from None
+    except TemplateLimit as e:
+        raise ModelFileError(f"chat template: {e}") from None
     except Exception as e:  # Python's compiler on the generated code: blocks nested too deep, recursion, memory
         detail = f": {quoted(str(e), 160)}" if str(e) else ""
         raise ModelFileError(f"chat template: does not compile ({type(e).__name__}{detail})") from None
@@ -409,4 +434,10 @@ def render_template(source: str, context: dict) -> str:
         raise ModelFileError(f"chat template broke the sandbox's rules: {quoted(str(e), 160)}") from None
     except Exception as e:  # a template bug: undefined filter, wrong types, recursion, memory...
         raise ModelFileError(f"chat template failed: {type(e).__name__}: {quoted(str(e), 160)}") from None
-    return "".join(pieces)
+    text = "".join(pieces)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate ('\ud800' in the template): no tokenizer takes it
+        raise ModelFileError(f"chat template: it wrote text that is not valid Unicode ({e.reason} at index "
+                             f"{e.start})") from None
+    return text

@@ -123,7 +123,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     if (pos < 0 || pos >= max_seq) {
         pdl_wait();
         if (split == 0)
-            for (int d = tid; d < hd; d += ATTN_THREADS) out[(size_t)head * hd + d] = __uint_as_float(0x7fc00000u);
+            for (int d = tid; d < hd; d += ATTN_THREADS) out[(size_t)head * hd + d] = quiet_nan();
         return;
     }
     // The positions attended: lo..pos (lo > 0 only in a windowed layer), in chunks c_lo..ns - 1.

@@ -41,7 +41,7 @@ __device__ __forceinline__ void argmax_finish(unsigned long long best, const Gem
     best = atomicExch(&a.h->best, 0ull);
     const uint32_t k = (uint32_t)(best >> 32);
     const int row = (int)~(uint32_t)best;
-    const float value = k == 0xffffffffu ? __uint_as_float(0x7fc00000u) : key_value(k);
+    const float value = k == 0xffffffffu ? quiet_nan() : key_value(k);
     if (a.commit) {
         commit_token(a.c, row, value);
     } else {

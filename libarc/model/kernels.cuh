@@ -225,7 +225,7 @@ __device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, in
     const int nvec = dim / 8;
     float4 *x4 = reinterpret_cast<float4 *>(x);
     if (tok >= (uint32_t)vocab) {
-        const float nan = __uint_as_float(0x7fc00000u);
+        const float nan = quiet_nan();
         for (int v = threadIdx.x; v < nvec; v += nthreads) {
             x4[2 * v] = make_float4(nan, nan, nan, nan);
             x4[2 * v + 1] = make_float4(nan, nan, nan, nan);

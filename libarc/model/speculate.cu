@@ -116,7 +116,7 @@ __global__ void accept_kernel(CommitArgs c, const int32_t *tokens, const unsigne
         const unsigned long long key = keys[i];
         const uint32_t ok = (uint32_t)(key >> 32);
         const int tok = (int)~(uint32_t)key;
-        const float value = ok == 0xffffffffu ? __uint_as_float(0x7fc00000u) : key_value(ok);
+        const float value = ok == 0xffffffffu ? quiet_nan() : key_value(ok);
         if (!publish_token(c, tok, value)) break;
         if (i >= drafted || tokens[i + 1] != tok) break;  // draft i + 1 was not what the model made
     }

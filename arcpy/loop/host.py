@@ -1,0 +1,100 @@
+"""The host path's step (Engine's, arcpy/loop/engine.py): one forward, then the argmax (or the
+logits) to pinned memory, a poll until the stream is idle, and the token chosen on the host; with
+ARC_GRAPH_VERIFY_ALWAYS, the replayed graph checked against the eager forward at every step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arcpy.devices.protocol import spin_until
+from arcpy.errors import DeviceFaultError, NonFiniteLogitsError
+from arcpy.sampling import token_logprob
+
+
+class HostPath:
+    """What Engine does on the host path; it reads the engine's `seq`, `device`, `stats`,
+    `verify`, `pending_logprobs` and `max_spins`."""
+
+    def _host_step(self) -> int:
+        seq, dev = self.seq, self.device
+        self.stats.weight_reads += 1
+        if seq.prefilled:
+            seq.prefilled = False  # the prefill left this step's logits
+        else:
+            dev.set_input(seq.last_token, seq.position)
+            dev.enqueue_forward()
+        if seq.bias_on_device:
+            dev.enqueue_logit_bias()
+        if seq.constrained is not None:  # the mask is computed while the forward runs
+            dev.enqueue_logits_to_host()
+            seq.constrained.fill()
+            self._wait_idle()
+            logits = self._biased(dev.host_logits())
+            tok = seq.constrained.consume(self._drawn(seq.constrained.masked(logits)))
+        elif self.verify:
+            tok, logits = self._verified_token()
+        elif seq.sampler.greedy and seq.logprobs is None and not (seq.bias and not seq.bias_on_device):
+            dev.enqueue_argmax()
+            self._wait_idle()
+            tok, value = dev.sampled()
+            self._require_finite(value)
+        else:
+            dev.enqueue_logits_to_host()
+            self._wait_idle()
+            logits = self._biased(dev.host_logits())
+            tok = self._drawn(logits)
+        if seq.logprobs is not None:  # from the logits on the host, as the loop's from its own
+            self.pending_logprobs.append(token_logprob(logits[:dev.vocab], tok, seq.logprobs))
+        return self._checked(tok)
+
+    def _biased(self, logits: np.ndarray) -> np.ndarray:
+        """The logits with the request's bias added on the host, where the device did not add it."""
+        if self.seq.bias and not self.seq.bias_on_device:
+            ids, values = zip(*self.seq.bias)
+            logits[list(ids)] += np.asarray(values, dtype=np.float32)
+        return logits
+
+    def _drawn(self, logits: np.ndarray) -> int:
+        """The host's draw from the forward's logits: the valid ids only (a padded lm_head is
+        wider), for the position the token will occupy, as the device loop draws it."""
+        valid = logits[:self.device.vocab]
+        self._require_finite(valid.max())
+        return self.seq.sampler.sample(valid, self.seq.position + 1)
+
+    def _require_finite(self, top_logit) -> None:
+        # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
+        if not np.isfinite(top_logit):
+            raise NonFiniteLogitsError(self.seq.position, "host path")
+
+    def _verified_token(self) -> tuple[int, np.ndarray]:
+        """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
+        same logits, bit for bit, at every step. The token, and the logits it came from."""
+        seq, dev = self.seq, self.device
+        dev.enqueue_logits_to_host()
+        self._wait_idle()
+        replayed = dev.host_logits()
+        dev.set_input(seq.last_token, seq.position)
+        dev.enqueue_forward(eager=True)
+        dev.enqueue_logits_to_host()
+        self._wait_idle()
+        eager = dev.host_logits()
+        if not np.array_equal(replayed, eager, equal_nan=True):
+            diff = float(np.nanmax(np.abs(replayed.astype(np.float64) - eager)))
+            raise DeviceFaultError(
+                f"graph replay and eager forward disagree at position {seq.position}: max |diff| {diff:.3g}")
+        replayed = self._biased(replayed)
+        if not seq.sampler.greedy:
+            return self._checked(self._drawn(replayed)), replayed
+        self._require_finite(replayed.max())
+        return self._checked(seq.sampler.sample(replayed, seq.position + 1)), replayed
+
+    def _checked(self, tok: int) -> int:
+        if not 0 <= tok < self.device.vocab:
+            raise DeviceFaultError(
+                f"host path: token {tok} at position {self.seq.position + 1} is outside the vocabulary "
+                f"[0, {self.device.vocab})")
+        return tok
+
+    def _wait_idle(self) -> None:
+        self.stats.host_waits += 1
+        spin_until(self.device.stream_query, self.max_spins, "host path: waiting for the forward")

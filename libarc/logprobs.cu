@@ -1,0 +1,240 @@
+// logprobs.cu -- the log-probabilities of the device loop: for the token a step published, its
+// log-probability under log_softmax(logits[0..vocab)) and the top_n most likely ids and theirs,
+// written into a pinned, mapped ring beside the token slots, so the host reads them as it reads
+// tokens (arc.h: arc_loop_enqueue_logprobs).
+//
+// One launch, two stages. Each block takes LP_SLICE consecutive logits into registers, reduces
+// them to its maximum m and sum of exp(x - m), and picks its own top_n by top_n rounds of a block
+// argmax (the larger value, then the lower id), then writes these partials. The last block to
+// finish (a done-counter ticket) merges them: log Z = M + log(sum of s_b exp(m_b - M)), the top_n
+// of the blocks' candidates by the same rounds, and the chosen token's logit minus log Z. It
+// publishes the entry as the commit publishes a token: the entry first, a system-wide fence, then
+// the count. A step whose commit published nothing (a fault, a stop id earlier in the burst, the
+// burst's limit) leaves the count where it was: every block sees that and returns.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "internal.cuh"
+#include "model/kernels.cuh"
+
+enum { LP_THREADS = 256, LP_PER_THREAD = 8, LP_SLICE = LP_THREADS * LP_PER_THREAD, LP_MAX_BLOCKS = 1024 };
+// A block's partials: max, sum, then ARC_MAX_TOP_LOGPROBS values and ids (ids as float bits).
+enum { LP_PART = 2 + 2 * ARC_MAX_TOP_LOGPROBS };
+
+// Whether (va, ia) ranks before (vb, ib): the larger value, ties to the lower id; ib < 0 is none.
+__device__ __forceinline__ bool lp_before(float va, int ia, float vb, int ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return false;
+    return va > vb || (va == vb && ia < ib);
+}
+
+// The block's best (v, i) by lp_before, returned to every thread.
+__device__ float lp_best(float v, int i, int *best_i) {
+    __shared__ float sv[LP_THREADS / 32];
+    __shared__ int si[LP_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, v, off);
+        int oi = __shfl_down_sync(0xffffffffu, i, off);
+        if (lp_before(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // the shared slots are free (an earlier call's readers are done)
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    v = sv[0];
+    i = si[0];
+    for (int w = 1; w < LP_THREADS / 32; ++w)
+        if (lp_before(sv[w], si[w], v, i)) { v = sv[w]; i = si[w]; }
+    *best_i = i;
+    return v;
+}
+
+// The block's sum of v (every thread gets it).
+__device__ float lp_sum(float v) {
+    __shared__ float ss[LP_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) ss[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < LP_THREADS / 32; ++w) total += ss[w];
+    return total;
+}
+
+struct LogprobArgs {
+    const float *logits;
+    int vocab, capacity;
+    DeviceState *st;
+    RingHeader *ring;
+    LogprobRing out;
+    float *part;
+    uint32_t *done;
+};
+
+__global__ void __launch_bounds__(LP_THREADS) logprobs_kernel(LogprobArgs a) {
+    pdl_wait();  // the logits and the commit's count come from the kernels before
+    DeviceState *st = a.st;
+    const uint32_t entry = st->logprobs;
+    if (st->published <= entry) return;  // this step's commit published no token
+    const int top_n = st->top_logprobs;
+    const int first = blockIdx.x * LP_SLICE;
+    float xs[LP_PER_THREAD];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < LP_PER_THREAD; ++k) {
+        const int id = first + k * LP_THREADS + threadIdx.x;
+        xs[k] = id < a.vocab ? a.logits[id] : -INFINITY;
+        m = fmaxf(m, xs[k]);
+    }
+    int unused;
+    m = lp_best(m, 0, &unused);
+    float s = 0.0f;
+    if (m > -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < LP_PER_THREAD; ++k) s += expf(xs[k] - m);
+    }
+    s = lp_sum(s);
+    float *part = a.part + (size_t)blockIdx.x * LP_PART;
+    unsigned taken = 0;  // bit k: xs[k] was picked
+    for (int r = 0; r < top_n; ++r) {
+        float v = 0.0f;
+        int i = -1;
+#pragma unroll
+        for (int k = 0; k < LP_PER_THREAD; ++k) {
+            const int id = first + k * LP_THREADS + threadIdx.x;
+            if (id < a.vocab && !(taken >> k & 1u) && lp_before(xs[k], id, v, i)) { v = xs[k]; i = id; }
+        }
+        int bi;
+        const float bv = lp_best(v, i, &bi);
+        if (bi >= 0 && (bi - first) % LP_THREADS == (int)threadIdx.x) taken |= 1u << ((bi - first) / LP_THREADS);
+        if (threadIdx.x == 0) {
+            part[2 + 2 * r] = bv;
+            part[3 + 2 * r] = __int_as_float(bi);
+        }
+    }
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        part[0] = m;
+        part[1] = s;
+        __threadfence();
+        last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float *parts = a.part;
+    const int blocks = gridDim.x;
+    float big = -INFINITY;
+    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) big = fmaxf(big, parts[(size_t)b * LP_PART]);
+    big = lp_best(big, 0, &unused);
+    float total = 0.0f;
+    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) {
+        const float mb = parts[(size_t)b * LP_PART];
+        if (mb > -INFINITY) total += parts[(size_t)b * LP_PART + 1] * expf(mb - big);
+    }
+    total = lp_sum(total);
+    const float log_z = big + logf(total);
+    const uint32_t slot = entry % (uint32_t)a.capacity;
+    // The merge: top_n rounds over the blocks' candidates; a picked one's id is struck out.
+    float *cand = a.part;
+    for (int r = 0; r < top_n; ++r) {
+        float v = 0.0f;
+        int i = -1, at = -1;
+        for (int c = threadIdx.x; c < blocks * top_n; c += LP_THREADS) {
+            const size_t o = (size_t)(c / top_n) * LP_PART + 2 + 2 * (c % top_n);
+            const int id = __float_as_int(((volatile float *)cand)[o + 1]);
+            const float cv = ((volatile float *)cand)[o];
+            if (id >= 0 && lp_before(cv, id, v, i)) { v = cv; i = id; at = (int)o; }
+        }
+        int bi;
+        const float bv = lp_best(v, i, &bi);
+        if (bi >= 0 && bi == i && at >= 0) ((volatile float *)cand)[at + 1] = __int_as_float(-1);
+        if (threadIdx.x == 0) {
+            a.out.top_ids[(size_t)slot * ARC_MAX_TOP_LOGPROBS + r] = bi;
+            a.out.top_values[(size_t)slot * ARC_MAX_TOP_LOGPROBS + r] = bi >= 0 ? bv - log_z : -INFINITY;
+        }
+        __syncthreads();  // the strike is visible before the next round reads
+    }
+    if (threadIdx.x == 0) {
+        a.out.logprob[slot] = a.logits[st->token] - log_z;
+        *a.done = 0;
+        __threadfence_system();
+        a.ring->logprobs = entry + 1;
+        st->logprobs = entry + 1;
+    }
+}
+
+__global__ void set_logprobs_kernel(DeviceState *st, int32_t top_n) { st->top_logprobs = top_n; }
+
+static int logprobs_alloc(arc_loop *loop) {
+    arc_context *ctx = loop->ctx;
+    const size_t cap = (size_t)loop->capacity, top = cap * ARC_MAX_TOP_LOGPROBS;
+    const size_t bytes = cap * sizeof(float) + top * (sizeof(int32_t) + sizeof(float));
+    void *h = nullptr, *d = nullptr;
+    ARC_CUDA(ctx, cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
+    loop->lp_host = h;
+    memset(h, 0, bytes);
+    ARC_CUDA(ctx, cudaHostGetDevicePointer(&d, h, 0));
+    auto carve = [&](char *base) {
+        return LogprobRing{(float *)base, (int32_t *)(base + cap * sizeof(float)),
+                           (float *)(base + cap * sizeof(float) + top * sizeof(int32_t))};
+    };
+    loop->lp_ring_host = carve((char *)h);
+    loop->lp_ring_dev = carve((char *)d);
+    const int blocks = (loop->vocab + LP_SLICE - 1) / LP_SLICE;
+    ARC_CUDA(ctx, cudaMalloc(&loop->lp_part, (size_t)blocks * LP_PART * sizeof(float)));
+    ARC_CUDA(ctx, cudaMalloc(&loop->lp_done, sizeof(uint32_t)));
+    ARC_CUDA(ctx, cudaMemsetAsync(loop->lp_done, 0, sizeof(uint32_t), ctx->stream));
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n) {
+    ARC_REQUIRE(loop, "loop is null");
+    ARC_REQUIRE(top_n >= 0 && top_n <= ARC_MAX_TOP_LOGPROBS, "top_n must be in 0..%d, got %d", ARC_MAX_TOP_LOGPROBS,
+                top_n);
+    ARC_REQUIRE((loop->vocab + LP_SLICE - 1) / LP_SLICE <= LP_MAX_BLOCKS, "vocab %d is too large for the "
+                "log-probabilities (at most %d)", loop->vocab, LP_MAX_BLOCKS * LP_SLICE);
+    arc_context *ctx = loop->ctx;
+    ARC_REQUIRE(!ctx->capturing, "not while capturing: the first call allocates the ring");
+    if (!loop->lp_host) ARC_TRY(logprobs_alloc(loop));
+    set_logprobs_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, top_n);
+    ARC_LAUNCHED(ctx, "set_logprobs_kernel");
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width) {
+    ARC_REQUIRE(loop && logits, "null argument");
+    ARC_REQUIRE(loop->vocab <= width, "loop vocab %d exceeds the logits' width %d", loop->vocab, width);
+    ARC_REQUIRE(loop->lp_host, "no log-probability ring: call arc_loop_set_logprobs first");
+    arc_context *ctx = loop->ctx;
+    const LogprobArgs a{logits, loop->vocab, loop->capacity, loop->state, loop->ring_dev, loop->lp_ring_dev,
+                        loop->lp_part, loop->lp_done};
+    const int blocks = (loop->vocab + LP_SLICE - 1) / LP_SLICE;
+    return arc_launch_pdl(ctx, "logprobs_kernel", logprobs_kernel, dim3(blocks), dim3(LP_THREADS), 0, a);
+}
+
+extern "C" int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob,
+                                      int32_t *top_ids, float *top_values) {
+    ARC_REQUIRE(loop && ((logprob && top_ids && top_values) || count == 0), "null argument");
+    ARC_REQUIRE(loop->lp_host || count == 0, "no log-probability ring: call arc_loop_set_logprobs first");
+    const uint32_t written = loop->ring_host->logprobs;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    ARC_REQUIRE((uint64_t)first + count <= written, "entries [%u, %u) are not written yet (%u)", first,
+                first + count, written);
+    ARC_REQUIRE(written - first <= (uint32_t)loop->capacity, "entry %u was overwritten (ring capacity %d)", first,
+                loop->capacity);
+    const LogprobRing &r = loop->lp_ring_host;
+    for (uint32_t k = 0; k < count; ++k) {
+        const size_t slot = (first + k) % (uint32_t)loop->capacity;
+        logprob[k] = ((volatile float *)r.logprob)[slot];
+        const size_t from = slot * ARC_MAX_TOP_LOGPROBS, to = (size_t)k * ARC_MAX_TOP_LOGPROBS;
+        for (int j = 0; j < ARC_MAX_TOP_LOGPROBS; ++j) {
+            top_ids[to + j] = ((volatile int32_t *)r.top_ids)[from + j];
+            top_values[to + j] = ((volatile float *)r.top_values)[from + j];
+        }
+    }
+    return ARC_OK;
+}

@@ -1,0 +1,93 @@
+"""GPU tier: prefix reuse on a real-shaped preset (marker `gpu`). A turn that extends the last
+reuses whole prefill chunks, and its KV rows, logits and tokens are a cold run's bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from arcpy import _lib
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.loop import gate
+from arcpy.loop.engine import Engine
+from arcpy.model import SHAPES, random_model
+from arcpy.sampling import Sampling
+
+pytestmark = pytest.mark.gpu
+
+MAX_SEQ = 6144
+CONFIG = dataclasses.replace(SHAPES["smollm2-135M"], max_seq=MAX_SEQ)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model = random_model(CONFIG, seed=7)
+    device = open_cuda_device(model, MAX_SEQ)
+    with Engine(device, "cuda", device_loop=True, environ={}, latch=gate.FallbackLatch()) as eng:
+        yield eng
+
+
+def rows(eng, n):
+    """The KV cache's rows 0..n-1 of every layer and kv head, as bf16 words (k, v)."""
+    dev = eng.device
+    k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
+    _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
+    c = CONFIG
+    shape = (c.n_layers, c.n_kv_heads, MAX_SEQ, c.head_dim)
+    out = []
+    for p in (k[0], v[0]):
+        host, _ = dev.ctx.pinned((int(np.prod(shape)),), np.uint16)
+        dev.ctx.download_async(host, p)
+        dev.ctx.wait_idle()
+        out.append(host.reshape(shape)[:, :, :n].copy())
+    return out
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
+def test_gpu_second_turn_reuses_whole_chunks_and_equals_a_cold_run(engine, sampling):
+    assert engine.device.prefix_granule == 2048
+    rng = np.random.default_rng(3)
+    vocab = engine.device.vocab
+    first = [int(t) for t in rng.integers(0, vocab, 2600)]
+    answer = list(engine.generate(first, 24, sampling=sampling))
+    second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
+    warm = list(engine.generate(second, 48, sampling=sampling))
+    assert engine.stats.cached_tokens == 2048 and engine.stats.path == "device-loop"
+    warm_rows = rows(engine, len(second))
+    engine.prefix.clear()
+    cold = list(engine.generate(second, 48, sampling=sampling))
+    assert engine.stats.cached_tokens == 0
+    assert warm == cold
+    cold_rows = rows(engine, len(second))
+    for w, c in zip(warm_rows, cold_rows):
+        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
+
+
+def test_gpu_a_prompt_shorter_than_a_chunk_reuses_nothing(engine):
+    rng = np.random.default_rng(4)
+    prompt = [int(t) for t in rng.integers(0, engine.device.vocab, 500)]
+    list(engine.generate(prompt, 4))
+    list(engine.generate(prompt + [1, 2, 3], 4))
+    assert engine.stats.cached_tokens == 0
+
+
+def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
+    assert engine.prefix.capacity > 0 and engine.prefix.row_bytes == 2 * CONFIG.n_layers * CONFIG.n_kv_heads * 64 * 2
+    rng = np.random.default_rng(9)
+    vocab = engine.device.vocab
+    engine.prefix.clear()
+    a = [int(t) for t in rng.integers(0, vocab, 2300)]
+    b = [int(t) for t in rng.integers(0, vocab, 2200)]
+    list(engine.generate(a, 8))
+    list(engine.generate(b, 8))
+    a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
+    warm = list(engine.generate(a2, 32))
+    assert engine.stats.cached_tokens == 2048 and engine.prefix.restored
+    warm_rows = rows(engine, len(a2))
+    engine.prefix.clear()
+    cold = list(engine.generate(a2, 32))
+    assert engine.stats.cached_tokens == 0 and warm == cold
+    for w, c in zip(warm_rows, rows(engine, len(a2))):
+        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"

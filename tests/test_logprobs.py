@@ -1,0 +1,128 @@
+"""Log-probabilities: the device loop's (written beside each token, read as tokens are) equal the
+host path's and a float64 log_softmax of the same logits; the zero cost when off; the NumPy
+backend against an independent float64 reference."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from arcpy.devices.cpu import NumpyDevice
+from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.reference import ReferenceModel
+from arcpy.errors import InvalidArgumentError
+from arcpy.loop import gate
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.request import Request
+from arcpy.model import SHAPES, random_model
+from arcpy.sampling import Sampling, TokenLogprob, token_logprob
+
+PROMPT = (1, 2, 3)
+
+
+def log_softmax64(logits):
+    x = np.asarray(logits, dtype=np.float64)
+    return x - (x.max() + np.log(np.sum(np.exp(x - x.max()))))
+
+
+def fake_logits(device, token, position):
+    return device._forward(token, position)[0]
+
+
+def engine(loop=True, script=None, **kw):
+    return Engine(FakeDevice(script or FakeScript()), "fake", device_loop=loop, environ={},
+                  latch=gate.FallbackLatch(), **kw)
+
+
+def pieces(eng, n=24, top=5, sampling=Sampling(), stop_ids=()):
+    return [p for p in eng.stream(Request(prompt_ids=PROMPT, max_new_tokens=n, logprobs=top, sampling=sampling,
+                                          stop_ids=stop_ids)) if p.token is not None]
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9, top_k=20, seed=4)])
+@pytest.mark.parametrize("burst", [1, 4, 16])
+def test_the_loops_log_probabilities_are_the_host_paths_and_float64s(sampling, burst):
+    loop, host = engine(burst=burst), engine(loop=False)
+    got, want = pieces(loop, sampling=sampling), pieces(host, sampling=sampling)
+    assert loop.stats.path == DEVICE_LOOP and host.stats.path == HOST and loop.stats.host_waits == 0
+    assert [p.token for p in got] == [p.token for p in want]
+    assert [p.logprob for p in got] == [p.logprob for p in want]
+    token, position = PROMPT[-1], len(PROMPT) - 1
+    for p in got:
+        ref = log_softmax64(fake_logits(loop.device, token, position))
+        order = np.lexsort((np.arange(ref.size), -ref))[:5]
+        assert abs(p.logprob.logprob - ref[p.token]) < 1e-9
+        assert [i for i, _ in p.logprob.top] == list(order)
+        assert np.allclose([v for _, v in p.logprob.top], ref[order], atol=1e-9, rtol=0)
+        token, position = p.token, position + 1
+
+
+def test_a_stop_id_whose_entry_lands_after_it_still_ends_the_burst_cleanly():
+    eng = engine(burst=16, script=FakeScript(latency=4))
+    want = pieces(engine(loop=False), n=30)
+    tokens = [p.token for p in want]
+    first = tokens.index(tokens[10])  # where that token first appears
+    got = pieces(eng, n=30, stop_ids=(tokens[10],))
+    assert eng.stats.finish_reason == "stop_id" and eng.stats.fallback is None
+    assert first > 0 and [p.token for p in got] == tokens[:first]
+    assert [p.logprob for p in got] == [p.logprob for p in want[:first]]
+    assert eng.device.steps_enqueued == 16  # one burst: the stop token was taken in it, with its entry
+
+
+def test_without_log_probabilities_the_loop_writes_none():
+    eng = engine(burst=8)
+    out = list(eng.stream(Request(prompt_ids=PROMPT, max_new_tokens=16)))
+    assert all(p.logprob is None for p in out)
+    assert eng.device.entries == [] and eng.device.top_logprobs is None
+    pieces(eng, n=4)
+    assert len(eng.device.entries) == 4
+    list(eng.stream(Request(prompt_ids=PROMPT, max_new_tokens=4)))  # off again
+    assert eng.device.top_logprobs is None and eng.device.entries == []
+
+
+def test_zero_alternatives_give_the_chosen_tokens_alone():
+    got = pieces(engine(), top=0)
+    assert got and all(p.logprob.top == () and p.logprob.logprob <= 0 for p in got)
+
+
+def test_a_loop_without_log_probabilities_sends_the_request_to_the_host_path():
+    eng = engine(script=FakeScript(supports_logprobs=False))
+    got = pieces(eng, n=6)
+    assert eng.stats.path == HOST and "log-probabilities" in eng.path_reason and all(p.logprob for p in got)
+
+
+def test_log_probabilities_turn_speculation_off():
+    eng = engine(script=FakeScript(speculate_k=3), burst=8)
+    pieces(eng, n=8)
+    assert eng.stats.speculation == "off" and eng.device.spec_steps == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 21, 2.0, True, "3"])
+def test_a_request_refuses_logprobs_outside_0_to_20(bad):
+    with pytest.raises(InvalidArgumentError, match="logprobs"):
+        Request(prompt_ids=PROMPT, logprobs=bad)
+
+
+def test_token_logprob_orders_ties_by_id_and_keeps_minus_infinity():
+    lp = token_logprob(np.array([1.0, 3.0, 3.0, -np.inf], np.float32), 3, 4)
+    assert [i for i, _ in lp.top] == [1, 2, 0, 3] and lp.logprob == -np.inf
+    assert isinstance(lp, TokenLogprob)
+
+
+def test_numpy_backend_log_probabilities_match_a_float64_reference():
+    model = random_model(dataclasses.replace(SHAPES["stories15M"], max_seq=64), seed=2)
+    eng = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=gate.FallbackLatch())
+    prompt = [5, 9, 11, 200]
+    got = [p for p in eng.stream(Request(prompt_ids=prompt, max_new_tokens=6, logprobs=20)) if p.token is not None]
+    ref = ReferenceModel(model)
+    logits = ref.prefill(prompt, 0)
+    pos = len(prompt)
+    for p in got:
+        want = log_softmax64(logits)
+        assert p.token == int(np.argmax(logits))
+        assert abs(p.logprob.logprob - want[p.token]) < 1e-3
+        top = np.argsort(-want, kind="stable")[:20]
+        assert [i for i, _ in p.logprob.top] == list(top)
+        assert np.allclose([v for _, v in p.logprob.top], want[top], atol=1e-3, rtol=0)
+        logits = ref.forward(p.token, pos)
+        pos += 1
