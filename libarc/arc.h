@@ -77,11 +77,8 @@ int arc_graph_node_count(arc_graph *graph, uint64_t *count);
 /* Counters the context keeps of its own CUDA work, for per-token accounting. */
 typedef struct arc_counters {
     uint64_t cuda_calls;     /* every CUDA runtime call made on this context's behalf */
-    uint64_t kernel_launches;
-    uint64_t graph_launches;
-    uint64_t stream_queries;
+    uint64_t kernel_launches, graph_launches, stream_queries;
 } arc_counters;
-
 int arc_context_counters(arc_context *ctx, arc_counters *out);
 
 /* The decode loop's state: the token and position the forward reads (device memory), the stop ids, the host-mapped
@@ -213,8 +210,6 @@ typedef enum arc_tensor {
     ARC_TENSOR_COUNT = 28
 } arc_tensor;
 typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
-/* An MoE layer's routing of p = ROUTER @ n (top k: ties to the lower expert): SOFTMAX_TOPK the top k of softmax(p),
- * divided by their sum with norm_topk; TOPK_SOFTMAX the top k of p, weighted by their softmax. */
 typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
 
 /* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
@@ -233,11 +228,11 @@ typedef struct arc_model_config {
     float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
     int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
     int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
-    /* Mixture of experts (n_experts 0: none). Layer l is an MoE layer unless (l + 1) % moe_every != 0 (0: 1) or bit
-     * l % 32 of dense_layers[l / 32] is set; its FFN: the k = n_experts_used experts `routing` picks, each
-     * act(Wgate_e @ n) * (Wup_e @ n) of expert_ffn_dim rows, Wdown_e'd, times its weight, summed in order of choice;
-     * plus with shared_ffn_dim > 0 the shared expert times sigmoid(SHARED_ROUTER @ n). Expert e: rows
-     * e * expert_ffn_dim.. of MOE_GATE and MOE_UP, e * dim.. of MOE_DOWN (llama.cpp's ffn_*_exps, flattened). */
+    /* Mixture of experts (n_experts 0: none): layer l is one unless (l + 1) % moe_every != 0 (0: 1) or bit l % 32 of
+     * dense_layers[l / 32] is set. Routing of p = ROUTER @ n, top k = n_experts_used ties to the lower expert:
+     * SOFTMAX_TOPK the top k of softmax(p), divided by their sum if norm_topk; TOPK_SOFTMAX the top k of p, weights
+     * their softmax. Expert e (rows e * expert_ffn_dim.. of MOE_GATE, MOE_UP, e * dim.. of MOE_DOWN) adds weight times
+     * Wdown_e @ act(Wgate_e @ n) * (Wup_e @ n); shared_ffn_dim > 0: + sigmoid(SHARED_ROUTER @ n) * shared expert. */
     int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
     uint32_t dense_layers[4];
 } arc_model_config;
@@ -260,8 +255,7 @@ typedef enum arc_layer_op {
     ARC_OP_FFN_OUT = 5,   /* x += Wdown @ h */
     ARC_OP_ATTN_OUT_NORM = 6,  /* x += rmsnorm(Wo @ att, POST_ATTN_NORM) */
     ARC_OP_FFN_OUT_NORM = 7,   /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
-    ARC_OP_MOE_IN = 8,   /* n = rmsnorm(x, MLP_NORM), routed by ROUTER @ n; h_e = act(Wgate_e @ n) * (Wup_e @ n) */
-    ARC_OP_MOE_OUT = 9   /* x += the routing's weighted sum of Wdown_e @ h_e over the k (+ the gated shared expert) */
+    ARC_OP_MOE_IN = 8, ARC_OP_MOE_OUT = 9  /* FFN_IN, FFN_OUT of a mixture of experts (arc_model_config) */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 
@@ -295,15 +289,8 @@ int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *op
  * inputs (after the fused norm), x_q = rint(x * (127 / amax)) clamped to [-127, 127] (0 where
  * amax is 0; +-127 where 127 / amax overflows), dx = amax / 127; the unit's dot is dx times an
  * exact integer sum of q * x_q, scaled as above. */
-typedef enum arc_format {
-    ARC_FORMAT_BF16 = 0,
-    ARC_FORMAT_Q8_0 = 1,
-    ARC_FORMAT_Q4_0 = 2,
-    ARC_FORMAT_Q4_1 = 3,
-    ARC_FORMAT_Q4_K = 4,
-    ARC_FORMAT_Q5_K = 5,
-    ARC_FORMAT_Q6_K = 6
-} arc_format;
+typedef enum arc_format { ARC_FORMAT_BF16 = 0, ARC_FORMAT_Q8_0 = 1, ARC_FORMAT_Q4_0 = 2, ARC_FORMAT_Q4_1 = 3,
+                          ARC_FORMAT_Q4_K = 4, ARC_FORMAT_Q5_K = 5, ARC_FORMAT_Q6_K = 6 } arc_format;
 
 /* Bytes of one row of `cols` weights in `format` (bf16: 2 * cols). Host only; no context. */
 int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out);
@@ -340,13 +327,11 @@ int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int
 int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                 const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                 float *y);
-
 /* arc_op_gemv without bias or accumulation, and the argmax of y (arc_argmax's rule: NaN first, then the largest
  * value, ties to the lowest row) -> *out, its value -> *value_out (if not NULL): the lm_head of
  * arc_model_forward_commit. Same limits. */
 int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                        const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out);
-
 /* y[rows] = silu(Wg @ n(x)) * (Wu @ n(x)), with w_gate_up = [Wg; Wu] (2 * rows, cols) and n as
  * in arc_op_gemv. Same limits. */
 int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
@@ -363,14 +348,12 @@ int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const f
                         float *value_out);
 int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t rows,
                         int32_t cols, const uint16_t *norm_weight, float eps, float *y);
-
 /* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix products read of a
  * quantized tensor. out 16-byte aligned. */
 int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols, uint16_t *out);
 
 /* The scratch arc_op_attention needs, in bytes. */
 int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes);
-
 /* One token's attention with its rotary embedding and KV-cache write: qkv = [q (n_heads, head_dim) | k (n_kv_heads,
  * head_dim) | v (n_kv_heads, head_dim)] float32, unrotated, as the QKV projection writes it. q and k are rotated
  * for position *pos (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],

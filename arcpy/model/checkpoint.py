@@ -229,20 +229,15 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
     entries, experts = _stacked_experts(_unfused(_weight_files(directory, cfg), cfg), cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
-<<<<<<< HEAD
 
     def read(name: str) -> np.ndarray:
         if name not in experts:
             return read_bf16_words(name, entries[name], maps)
         return np.concatenate([read_bf16_words(name, e, maps) for e in experts[name]])
     tensors = {name: read(name) for name in expected}
-    return Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
-=======
-    tensors = {name: read_bf16_words(name, entries[name], maps) for name in expected}
     model = Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
     require_nonzero(model)
     return model
->>>>>>> main
 
 
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
