@@ -26,15 +26,23 @@ pytestmark = pytest.mark.gpu
 
 def test_constrained_answers_validate_on_the_gpu():
     model, text = load_checkpoint(QWEN3)
+    cut = []
     with Engine.load(model, "cuda", text=text, max_seq=256) as engine:
         for i in range(200):
             schema = SCHEMAS[i % len(SCHEMAS)]
             r = Request(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=220,
                         sampling=Sampling(temperature=1.0, seed=i), response_format=fmt(schema))
             out = "".join(engine.chat(r))
-            assert engine.stats.finish_reason == "stop_id", (i, out)
             assert engine.stats.path == "host" and engine.stats.host_waits == engine.stats.tokens
+            if engine.stats.finish_reason == "token_budget":
+                # A schema's number may take any count of digits: a random model can draw digits
+                # past any budget (seed 193 did at 220 tokens). What it wrote the grammar allowed.
+                cut.append(i)
+                continue
+            assert engine.stats.finish_reason == "stop_id", (i, out)
             jsonschema.validate(json.loads(out), schema)
+        print(f"constrained answers cut by the budget of 220: {len(cut)} of 200 {cut}")
+        assert len(cut) <= 2, cut
         # Greedy and constrained: the argmax over what the grammar allows.
         r = Request(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=40,
                     response_format=fmt({"enum": ["alpha", "beta"]}))

@@ -124,7 +124,9 @@ CASES = {
 def logits_for(case, vocab, width, rng):
     x = (rng.standard_normal(width) * 3).astype(np.float32)
     if case == "padded":
-        x[vocab:] = 100.0  # would win if the padding counted
+        # Below the valid argmax (50, set by the test), but the padding's 48 entries would move
+        # every log-probability by about 0.3 if the kernel counted them.
+        x[vocab:] = 45.0
     return x
 
 

@@ -158,7 +158,11 @@ def path_exists(name: str) -> bool:
 
         parts = name.split(".")
         for n in range(len(parts), 0, -1):
-            if importlib.util.find_spec(".".join(parts[:n])) is not None:
+            try:
+                spec = importlib.util.find_spec(".".join(parts[:n]))
+            except ModuleNotFoundError:  # a name inside a module that is not a package
+                spec = None
+            if spec is not None:
                 obj = importlib.import_module(".".join(parts[:n]))
                 return all((obj := getattr(obj, attr, None)) is not None for attr in parts[n:])
         return False

@@ -21,7 +21,11 @@ class NumpyDevice:
     # chunks, and a prefill that resumes after them runs the very chunks a cold one runs.
     prefix_granule = PREFILL_CHUNK
     speculate_k = speculate_ngram = 0
-    capabilities = Capabilities("CPU (NumPy reference backend)", prefill=True)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("CPU (NumPy reference backend)", prefill=True, prefix_granule=self.prefix_granule,
+                            prefix_row_bytes=self.prefix_row_bytes)
 
     def __init__(self, reference: ReferenceModel):
         self.ref = reference

@@ -186,7 +186,9 @@ class CudaDevice(KVStore):
         return Capabilities(self.name, loop=self.supports_loop, sampling=self.supports_sampling,
                             prefill=self.supports_prefill, graphs=self.graph is not None,
                             speculate_k=self.speculate_k, speculate_ngram=self.speculate_ngram,
-                            speculation_refused=self.speculation_refused, memory_report=True)
+                            speculation_refused=self.speculation_refused, memory_report=True,
+                            logprobs=self.supports_logprobs, logit_bias=self.supports_logit_bias,
+                            prefix_granule=self.prefix_granule, prefix_row_bytes=self.prefix_row_bytes)
 
     def memory_report(self) -> str:
         """One line: what the model takes on the device and what is left."""

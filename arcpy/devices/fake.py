@@ -67,7 +67,9 @@ class FakeDevice:
     def capabilities(self) -> Capabilities:
         return Capabilities("fake GPU (scripted)", loop=self.supports_loop, sampling=self.supports_sampling,
                             prefill=self.supports_prefill, speculate_k=self.speculate_k,
-                            speculate_ngram=self.speculate_ngram)
+                            speculate_ngram=self.speculate_ngram, logprobs=self.supports_logprobs,
+                            logit_bias=self.supports_logit_bias, prefix_granule=self.prefix_granule,
+                            prefix_row_bytes=self.prefix_row_bytes)
 
     def __init__(self, script: FakeScript | None = None):
         self.script = script or FakeScript()

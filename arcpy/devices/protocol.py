@@ -59,6 +59,9 @@ class Capabilities:
     speculation_refused: str = ""  # why speculative steps were asked for and not captured
     memory_report: bool = False    # memory_report() says what the model takes on the device
     logprobs: bool = False         # log-probabilities of the chosen tokens land in the ring
+    logit_bias: bool = False       # a logit bias is added on the device (set_logit_bias)
+    prefix_granule: int = 0        # a prefill may resume after an earlier one's rows at multiples of this (0: never)
+    prefix_row_bytes: int = 0      # bytes a position's KV rows take in the prefix store (0: no store)
     masks: bool = False            # a token mask (constrained output) applies on the device
 
 

@@ -64,7 +64,7 @@ class BurstDriver:
         self.steps = 0
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
-        if logprobs is not None or getattr(self.device, "supports_logprobs", False):
+        if logprobs is not None or self.device.capabilities.logprobs:
             self.device.set_logprobs(logprobs)
         self.sink = sink if logprobs is not None else None
 

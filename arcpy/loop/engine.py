@@ -174,9 +174,9 @@ class Engine(HostPath):
             self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
             supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
             latch=self.latch, verify=self.verify)
-        if admitted and logprobs is not None and not getattr(dev, "supports_logprobs", False):
+        if admitted and logprobs is not None and not dev.capabilities.logprobs:
             admitted, reason = False, "log-probabilities: this device loop writes none"
-        bias_on_device = bool(logit_bias) and getattr(dev, "supports_logit_bias", False) and not self.verify
+        bias_on_device = bool(logit_bias) and dev.capabilities.logit_bias and not self.verify
         if admitted and logit_bias and not bias_on_device:
             admitted, reason = False, "logit_bias: this device loop adds none"
         if matcher is not None and admitted:  # (docs/PERF.md: the device's mask is not built yet)
@@ -194,10 +194,10 @@ class Engine(HostPath):
                 self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs,
                                            self.pending_logprobs)
                 self.stats.setup_waits = self.driver.host_waits
-            if getattr(dev, "supports_logit_bias", False):
+            if dev.capabilities.logit_bias:
                 dev.set_logit_bias(logit_bias if bias_on_device else ())
             prefill = self.prefill and not self.verify and dev.supports_prefill
-            granule = getattr(dev, "prefix_granule", 0) if prefill else 0
+            granule = dev.capabilities.prefix_granule if prefill else 0
             cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
             if self.prefix.restored and policy is not None:
                 dev.set_history(prompt)  # the drafts' history of the restored positions too

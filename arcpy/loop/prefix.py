@@ -57,7 +57,7 @@ class PrefixCache:
         """A store of `nbytes` on `device` (None: the device's default share of its free memory)."""
         if nbytes is not None and not (is_int(nbytes) and nbytes >= 0):
             raise InvalidArgumentError(f"prompt_cache_bytes must be an integer >= 0 or None, got {quoted(nbytes)}")
-        row = getattr(device, "prefix_row_bytes", 0)
+        row = device.capabilities.prefix_row_bytes
         if not (self.enabled and row):
             return
         nbytes = device.default_prefix_store_bytes() if nbytes is None else nbytes
