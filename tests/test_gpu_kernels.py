@@ -490,7 +490,7 @@ def test_model_upload_checks_tensor_layer_and_size(rig_factory):
     weights = random_weights(rig.cfg, 3)
     wq = weights[(WQ, 0)]
     cases = [
-        ("unknown tensor id 20", lambda: rig.upload(20, 0, wq)),
+        (f"unknown tensor id {rig.gpu.lib.ARC_TENSOR_COUNT}", lambda: rig.upload(rig.gpu.lib.ARC_TENSOR_COUNT, 0, wq)),
         ("unknown tensor id -1", lambda: rig.upload(-1, 0, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, 2, wq)),
         ("ARC_TENSOR_WQ is a per-layer tensor", lambda: rig.upload(WQ, -1, wq)),
