@@ -5,7 +5,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "arc_test.h"  // arc.h and the test hooks
+#include "arc_ops.h"   // arc.h and the kernel entry points
+#include "arc_test.h"  // and the test hooks
 
 // Records a failure for arc_last_error() and returns its status. `what` names the entry point
 // or call; the message says what was wrong. Never exits, never throws.

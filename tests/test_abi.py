@@ -18,8 +18,9 @@ SOURCES = (sorted(LIBARC.rglob("*.cu")) + sorted(LIBARC.rglob("*.cuh"))
            + [LIBARC / name for name in _lib.HEADERS])
 HEADER = (LIBARC / "arc.h").read_text()
 DECODE_CDEF = _lib.cdef_from_header(HEADER)
+OPS_CDEF = _lib.cdef_from_header((LIBARC / "arc_ops.h").read_text(), "arc_ops.h")
 TEST_CDEF = _lib.cdef_from_header((LIBARC / "arc_test.h").read_text(), "arc_test.h")
-CDEF = DECODE_CDEF + TEST_CDEF
+CDEF = DECODE_CDEF + OPS_CDEF + TEST_CDEF
 
 
 def strip_comments(text):
@@ -167,6 +168,14 @@ def test_test_hooks_sit_in_a_header_of_their_own_that_builds_on_arc_h():
     assert hook_functions == {"arc_script_forward", "arc_loop_inject_lost_step"}
     assert "arc_script" not in strip_comments(DECODE_CDEF) and "inject" not in strip_comments(DECODE_CDEF)
     assert '#include "arc.h"' in (LIBARC / "arc_test.h").read_text()
+
+
+def test_kernel_entry_points_sit_in_arc_ops_h_and_nowhere_else():
+    ops = set(re.findall(r"\b(arc_op_\w+)\s*\(", strip_comments(OPS_CDEF)))
+    assert {"arc_op_gemv", "arc_op_qgemv", "arc_op_prefill_attention", "arc_op_skinny"} <= ops
+    assert all(name.startswith("arc_op_") for name in ops)
+    assert "arc_op_" not in strip_comments(DECODE_CDEF) + strip_comments(TEST_CDEF)
+    assert '#include "arc.h"' in (LIBARC / "arc_ops.h").read_text()
 
 
 def test_graph_node_count_is_exported():

@@ -1,0 +1,117 @@
+/* arc_ops.h -- libarc's kernels, one entry point each: the decode's, the prefill's and the speculative
+ * verify's launchers, callable alone on device buffers. The forward, the prefill and the speculative step launch
+ * the same launchers; the GPU tests compare each with arcpy's NumPy reference through these. A program that
+ * decodes a model needs only arc.h.
+ *
+ * The declarations between the cdef markers join arc.h's in the cffi cdef of arcpy/_lib.py.
+ */
+#ifndef ARC_OPS_H
+#define ARC_OPS_H
+
+#include "arc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* arc-cdef-begin */
+/* Kernels, one entry point each (the forward launches the same launchers). */
+/* Each enqueues on the context's stream and returns at once; pointers are device pointers (token may be a mapped
+ * host pointer). bf16 arguments are raw 16-bit words. Token and position are read on the device, as in the forward. */
+
+/* x[dim] = float(table[*token, :]); table (vocab, dim). dim % 8 == 0, table and x 16-byte aligned. A token outside
+ * [0, vocab) writes NaN into x. */
+int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
+                     const uint32_t *token, float *x);
+
+/* y[rows] = W[rows, cols] @ n(x) (+ bias[rows]) (+ y if accumulate != 0), where n(x) = x, or x * rsqrt(mean(x^2) +
+ * eps) * norm_weight[cols] when norm_weight is not NULL. bias and norm_weight are optional (NULL). cols % 8 == 0,
+ * cols <= 49152, W, x and norm_weight 16-byte aligned, y distinct from x. */
+int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
+                float *y);
+/* arc_op_gemv without bias or accumulation, and the argmax of y (arc_argmax's rule: NaN first, then the largest
+ * value, ties to the lowest row) -> *out, its value -> *value_out (if not NULL): the lm_head of
+ * arc_model_forward_commit. Same limits. */
+int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out);
+/* y[rows] = silu(Wg @ n(x)) * (Wu @ n(x)), with w_gate_up = [Wg; Wu] (2 * rows, cols) and n as
+ * in arc_op_gemv. Same limits. */
+int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+
+/* The quantized GEMVs: arc_op_gemv, arc_op_gemv_argmax and arc_op_gemv_swiglu over W held in `format` (a quantized
+ * arc_format): rows rows of arc_format_row_bytes(format, cols) bytes each (for the swiglu, 2 * rows rows: the
+ * gate's, then the up's), 16-byte aligned. The input is quantized per unit (see arc_format). cols % 32 == 0 (% 256
+ * for the _K formats), cols <= 49152; otherwise the limits of the bf16 GEMVs. */
+int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows, int32_t cols,
+                 const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate, float *y);
+int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
+                        int32_t cols, const uint16_t *norm_weight, float eps, float *y, int32_t *out,
+                        float *value_out);
+int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t rows,
+                        int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+/* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix products read of a
+ * quantized tensor. out 16-byte aligned. */
+int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols, uint16_t *out);
+
+/* The scratch arc_op_attention needs, in bytes. */
+int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes);
+/* One token's attention with its rotary embedding and KV-cache write: qkv = [q (n_heads, head_dim) | k (n_kv_heads,
+ * head_dim) | v (n_kv_heads, head_dim)] float32, unrotated, as the QKV projection writes it. q and k are rotated
+ * for position *pos (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],
+ * inv_freq float32 (head_dim / 2)); k and v, rounded to bf16, are stored at row *pos of k_cache and v_cache, each
+ * (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over rows
+ * 0..*pos, query head h reading kv head h / (n_heads / n_kv_heads). qkv is not written. head_dim even and <= 128,
+ * n_heads <= 1024, max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside
+ * [0, max_seq) writes NaN to out and nothing to the caches. */
+int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                     uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                     int32_t max_seq, const int32_t *pos, float *scratch, float *out);
+
+/* The prefill's kernels (the prefill launches the same launchers). */
+
+/* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight matrix as the
+ * model stores it), c float32, on tensor cores with float32 sums. bias is optional (NULL) and does not combine with
+ * accumulate. k % 8 == 0, n <= 4194240; a and w 16-byte aligned, c 8-byte aligned and distinct from a and w. */
+int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n, int32_t k,
+                     const uint16_t *bias, int32_t accumulate, float *c);
+
+/* h (m, n) bf16 = silu(a @ Wg^T) * (a @ Wu^T), rounded to nearest even, where w_gate_up = [Wg; Wu] (2 * n, k) bf16.
+ * n even, 2 * n <= 4194240, h 4-byte aligned and distinct from a; otherwise as arc_op_gemm_bf16. */
+int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m, int32_t n,
+                            int32_t k, uint16_t *h);
+
+/* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache writes: qkv (n, q |
+ * k | v) float32, each row as arc_op_attention reads it (unrotated). q and k are rotated at each token's position
+ * as arc_op_attention rotates them; k and v, rounded to bf16, are stored at rows start..start+n-1 of k_cache and
+ * v_cache (n_kv_heads, max_seq, head_dim); q, rounded to bf16, goes to q_scratch (n, n_heads, head_dim). Then out
+ * (n, n_heads, head_dim) bf16 = softmax(q k^T / sqrt(head_dim)) v, the query at position p over cache rows 0..p
+ * (the rows of earlier positions must have been written), query head h reading kv head h / (n_heads / n_kv_heads);
+ * the probabilities are rounded to bf16 for the product with v. head_dim even and <= 128, n >= 1, start >= 0, start
+ * + n <= max_seq <= 1048576; the caches and q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte
+ * aligned. */
+int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                             uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                             int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out);
+
+/* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v), p1 = bf16(v -
+ * p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in arc_op_gemv (norm_weight NULL: v
+ * = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
+int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols, const uint16_t *norm_weight,
+                      float eps, uint16_t *parts);
+/* y (rows, n) = x (rows, k, in parts) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32 sums, each weight
+ * read once. rows 1..8, k % 32 == 0, no bias with accumulate; x, w 16-byte aligned, y 8-byte. With w_gate_up = [Wg;
+ * Wu]: h = silu(x Wg^T) * (x Wu^T), in parts. */
+int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n, int32_t k,
+                  const uint16_t *bias, int32_t accumulate, float *y);
+int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
+                         int32_t k, uint16_t *h);
+
+/* arc-cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARC_OPS_H */
