@@ -15,6 +15,12 @@ transformers import).
 what a speculative step costs, and tokens/s on prompts that repeat earlier text and on free text, on
 --spec-shapes and on the demo model (SmolLM2-135M) when it is fetched.
 
+--serving adds, on --serving-shapes and the demo model when fetched, a conversation's turns with the
+prefix cache against cold (time to first token, hit rate, equal answers) and the device loop with
+log-probabilities against without (arcpy.bench.serving):
+
+    python scripts/bench.py --shapes "" --serving --json serving.json
+
 --context N adds, per shape, the device loop after an N-token prompt (arcpy.bench.context): its
 floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
 timed on the same weights with its window off too, which shows what reading only the window saves:
@@ -35,6 +41,7 @@ import sys
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import context as context_bench
 from arcpy.bench import loop as bench
+from arcpy.bench import serving as serving_bench
 from arcpy.bench import speculate as spec_bench
 from arcpy.demo import demo_model_path
 from arcpy.errors import ArcError
@@ -42,6 +49,7 @@ from arcpy.model import synthetic_model
 
 DEFAULT_SHAPES = "stories15M,stories110M,smollm2-135M,llama1B,llama8B"
 SPEC_SHAPES = "smollm2-135M,llama1B,llama8B"
+SERVING_SHAPES = "llama8B-q4km"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,6 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--context", type=bench.positive, default=None,
                     help="also time each shape's device loop after a prompt of this many tokens, its floor "
                          "counting the KV reads, and a windowed model without its window too")
+    ap.add_argument("--serving", action=argparse.BooleanOptionalAction, default=False,
+                    help="the serving features too (arcpy.bench.serving): a conversation of --turns turns, "
+                         "its last history --history tokens, with the prefix cache and cold; the device loop "
+                         "with top_logprobs 5 against none; on --serving-shapes and the demo model when fetched")
+    ap.add_argument("--serving-shapes", default=SERVING_SHAPES, help=f"its synthetic shapes (default {SERVING_SHAPES})")
+    ap.add_argument("--turns", type=bench.positive, default=10, help="turns of the --serving conversation (default 10)")
+    ap.add_argument("--history", type=bench.positive, default=4096,
+                    help="tokens of its last turn's history (default 4096)")
     ap.add_argument("--json", help="write the report here")
     return ap.parse_args(argv)
 
@@ -110,6 +126,16 @@ def main(argv=None) -> int:
         except ArcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+    if args.serving:
+        try:
+            report["serving"] = serving_bench.run([s for s in args.serving_shapes.split(",") if s], demo_model_path(), args.turns, args.history, args.tokens,
+                                                  args.runs, progress)
+        except ArcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        save(report)
+        for name, rows in report["serving"].items():
+            print("\n".join(serving_bench.format_rows(name, rows["turns"], rows["logprobs"], rows.get("constrained"))))
     if args.speculation:
         try:
             report["speculation"] = spec_bench.run([s for s in args.spec_shapes.split(",") if s], args.tokens,

@@ -226,8 +226,9 @@ def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS) -> list[dict]:
     for length in [n for n in lengths if n < device.max_seq]:
         prompt = rng.integers(0, device.vocab, length).tolist()
         for prefill in (True, False) if length == lengths[0] else (True,):
+            # Cold each time: the prefix cache would hand the repeated prompt's rows back.
             eng = Engine(device, "cuda", device_loop=True, burst=1, environ={}, latch=FallbackLatch(),
-                         prefill=prefill)
+                         prefill=prefill, prefix_cache=False)
             ms = []
             for i in range(runs + 1):
                 t0 = time.perf_counter()
