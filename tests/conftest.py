@@ -2,6 +2,7 @@ import pytest
 from gpu_buffers import Gpu
 
 import arcpy
+from arcpy.devices.context import Context
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,6 +21,14 @@ def gpu_context():
     g = Gpu()
     yield g
     g.close()
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    """One arcpy Context per test module for the loop's tests (`gpu`)."""
+    c = Context(0)
+    yield c
+    c.close()
 
 
 @pytest.fixture

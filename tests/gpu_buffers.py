@@ -1,5 +1,6 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
-points alone; and typed views of device pointers."""
+points alone; typed views of device pointers; and a step graph over prepared logits, for the
+loop's tests on an arcpy Context."""
 
 import time
 
@@ -91,3 +92,55 @@ def u16p(gpu, p):
 
 def f32p(gpu, p):
     return gpu.ffi.cast("float *", p)
+
+
+class CopyStep:
+    """A step graph whose forward copies prepared logits (a capturable device-to-device copy),
+    then samples (the argmax, or with `draw` the draw) and commits, and with `logprobs` writes the
+    log-probabilities: the loop's kernels on logits the test chooses, on a Context."""
+
+    def __init__(self, ctx, x: np.ndarray, loop_vocab: int, max_seq: int = 64, capacity: int = 16,
+                 draw: bool = False, logprobs: bool = False):
+        self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
+        width = x.size
+        self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
+        ctx.upload_async(self.src, x)
+        lp = ffi.new("arc_loop **")
+        _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, capacity, lp))
+        self.loop = lp[0]
+        if logprobs:
+            _lib.check(lib.arc_loop_set_logprobs(self.loop, 0))  # the ring, before the capture
+        commit = lib.arc_loop_enqueue_draw_commit if draw else lib.arc_loop_enqueue_sample_commit
+        _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
+        try:
+            _lib.check(lib.arc_enqueue_copy_on_device(ctx.ptr, self.logits, self.src, x.nbytes))
+            _lib.check(commit(self.loop, self.logits, width))
+            if logprobs:
+                _lib.check(lib.arc_loop_enqueue_logprobs(self.loop, self.logits, width))
+        finally:
+            gp = ffi.new("arc_graph **")
+            status = lib.arc_graph_capture_end(ctx.ptr, gp)
+        _lib.check(status)
+        self.graph = gp[0]
+        ctx.wait_idle()
+
+    def run(self, token: int, position: int, steps: int, setup=None):
+        """`steps` steps from (token, position) on a reset ring, `setup(loop)` first; the ring's state."""
+        ffi, lib = self.ctx.ffi, self.ctx.lib
+        _lib.check(lib.arc_loop_reset_ring(self.loop))
+        _lib.check(lib.arc_loop_set_input(self.loop, token, position))
+        if setup is not None:
+            setup(self.loop)
+        for _ in range(steps):
+            _lib.check(lib.arc_loop_enqueue_step(self.loop, self.graph, 1))
+        self.ctx.wait_idle()
+        state = ffi.new("arc_ring_state *")
+        _lib.check(lib.arc_ring_poll(self.loop, state))
+        return state
+
+    def close(self):
+        self.ctx.wait_idle()
+        self.ctx.lib.arc_graph_destroy(self.graph)
+        self.ctx.lib.arc_loop_destroy(self.loop)
+        self.ctx.device_free(self.src)
+        self.ctx.device_free(self.logits)

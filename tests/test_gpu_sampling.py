@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.devices.context import Context, sampling_struct
+from arcpy.devices.context import sampling_struct
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -24,13 +24,6 @@ from arcpy.sampling import Sampler, Sampling, draw_words, kept_weights
 
 pytestmark = pytest.mark.gpu
 MAX_DRAWS = 100_000
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = Context(0)
-    yield c
-    c.close()
 
 
 class Draws:
