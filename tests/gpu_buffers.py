@@ -1,6 +1,6 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
-points alone; typed views of device pointers; and a step graph over prepared logits, for the
-loop's tests on an arcpy Context."""
+points alone; typed views of device pointers; a step graph over prepared logits, for the
+loop's tests on an arcpy Context; and the logits of a device's forward, read on the host."""
 
 import time
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
+from arcpy.devices.reference import ReferenceModel
 
 
 class Gpu:
@@ -92,6 +93,39 @@ def u16p(gpu, p):
 
 def f32p(gpu, p):
     return gpu.ffi.cast("float *", p)
+
+
+def host_logits(dev) -> np.ndarray:
+    """The device's logits handed to the host, once its stream is idle (spun on stream_query)."""
+    dev.enqueue_logits_to_host()
+    while not dev.stream_query():
+        pass
+    return dev.host_logits()
+
+
+def gpu_logits(dev, token: int, pos: int, eager: bool = False) -> np.ndarray:
+    """The logits of the device's forward of `token` at `pos`, on the host."""
+    dev.set_input(token, pos)
+    dev.enqueue_forward(eager=eager)
+    return host_logits(dev)
+
+
+def decided_greedy_steps(model, dev, max_seq: int, steps: int = 64) -> tuple[int, int]:
+    """Greedy steps from token 1 on the device against the reference forward of `model`, both
+    following the device's choice: (agreed, checked) over the steps whose reference margin (its
+    top two logits) exceeds twice the device's largest logit error, where the argmax is decided."""
+    ref = ReferenceModel(model, max_seq=max_seq)
+    token, checked, agreed = 1, 0, 0
+    for pos in range(steps):
+        want = ref.forward(token, pos)
+        got = gpu_logits(dev, token, pos)
+        err = float(np.max(np.abs(got.astype(np.float64) - want)))
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] > 2 * err:
+            checked += 1
+            agreed += int(np.argmax(got)) == int(np.argmax(want))
+        token = int(np.argmax(got))
+    return agreed, checked
 
 
 class CopyStep:
