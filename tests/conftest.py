@@ -3,6 +3,7 @@ from gpu_buffers import Gpu
 
 import arcpy
 from arcpy.devices.context import Context
+from arcpy.loop import gate
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,3 +37,9 @@ def gpu(gpu_context):
     """The module's context; what the test allocated is freed after it."""
     yield gpu_context
     gpu_context.free_all()
+
+
+@pytest.fixture
+def latch():
+    """A fallback latch of the test's own, shared by the engines it builds."""
+    return gate.FallbackLatch()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gpu_buffers import CopyStep
+from scripted_tokens import following
 
 from arcpy import _lib
 from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
@@ -27,12 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def expected(token, position, n, vocab=32000, bias=3):
-    out = []
-    for _ in range(n):
-        token = scripted_next(token, position, vocab, bias)
-        position += 1
-        out.append(token)
-    return out
+    return following(lambda t, p: scripted_next(t, p, vocab, bias), token, position, n)
 
 
 def drain_idle(dev):
