@@ -1,6 +1,7 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
 points alone; typed views of device pointers; a step graph over prepared logits, for the
-loop's tests on an arcpy Context; and the logits of a device's forward, read on the host."""
+loop's tests on an arcpy Context; the logits of a device's forward, read on the host; and the
+GPU device over a synthetic model with its engines (the fixture `device`, imported by name)."""
 
 import time
 
@@ -8,7 +9,11 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
+from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.model import synthetic_model
 
 
 class Gpu:
@@ -126,6 +131,19 @@ def decided_greedy_steps(model, dev, max_seq: int, steps: int = 64) -> tuple[int
             agreed += int(np.argmax(got)) == int(np.argmax(want))
         token = int(np.argmax(got))
     return agreed, checked
+
+
+@pytest.fixture(scope="module", params=["stories15M", "gqa"])
+def device(request):
+    """The GPU device over a synthetic model of each shape (seed 3, 1,024 positions)."""
+    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
+    dev.name_of_shape = request.param
+    yield dev
+    dev.close()
+
+
+def engine(dev, loop, burst=4):
+    return Engine(dev, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
 
 
 class CopyStep:
