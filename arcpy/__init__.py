@@ -8,7 +8,9 @@ light for the C flags and the CLI's help.
 from arcpy import _lib
 from arcpy.errors import (
     ArcError,
+    BadLogitsError,
     ContextLostError,
+    DegenerateLogitsError,
     DeviceFaultError,
     FaultWordError,
     HangError,
@@ -63,6 +65,8 @@ __all__ = [
     "ModelFileError",
     "NoDeviceError",
     "NonFiniteLogitsError",
+    "DegenerateLogitsError",
+    "BadLogitsError",
     "ShortBurstError",
     "cuda_available",
     "cuda_status",

@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 # arc_status
 ARC_OK = 0
@@ -16,10 +16,12 @@ FAULT_NONE = 0
 FAULT_TOKEN_RANGE = 1
 FAULT_POSITION_RANGE = 2
 FAULT_NONFINITE = 3
+FAULT_DEGENERATE = 4
 FAULT_NAMES = {
     FAULT_TOKEN_RANGE: "token out of range",
     FAULT_POSITION_RANGE: "position out of range",
     FAULT_NONFINITE: "non-finite logits",
+    FAULT_DEGENERATE: "degenerate logits (every one equal)",
 }
 
 # The commit kernel compares each token against at most this many stop ids.

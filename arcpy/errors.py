@@ -4,7 +4,9 @@
     ├── NoDeviceError          no driver, no GPU, or libarc.so cannot be loaded
     ├── InvalidArgumentError   an argument out of range or inconsistent (also a ValueError)
     ├── ModelFileError         a model directory, config or weight file missing, corrupt, unsupported
-    ├── NonFiniteLogitsError   the forward produced NaN or infinite logits (bad weights, overflow)
+    ├── BadLogitsError         no token can be chosen from the forward's logits:
+    │   ├── NonFiniteLogitsError   NaN or infinite (bad weights, overflow)
+    │   └── DegenerateLogitsError  every one equal (zero or saturated weights)
     └── DeviceFaultError       the GPU did not do what it was asked
         ├── ContextLostError   a sticky asynchronous fault: the CUDA context is unusable
         ├── HangError          no progress and no error within the polling budget
@@ -38,13 +40,30 @@ class ModelFileError(ArcError):
     """A model directory, config or weight file is missing, corrupt or unsupported."""
 
 
-class NonFiniteLogitsError(ArcError):
-    """The forward's largest logit is NaN or infinite: no token can be chosen from it."""
+class BadLogitsError(ArcError):
+    """No token can be chosen from the forward's logits: the model's fault, not the loop's, so
+    the host path would meet it too (no fallback)."""
+
+    def __init__(self, message: str, position: int):
+        super().__init__(message)
+        self.position = position
+
+
+class NonFiniteLogitsError(BadLogitsError):
+    """The forward's largest logit is NaN or infinite."""
 
     def __init__(self, position: int, where: str):
         super().__init__(f"{where}: the forward at position {position} gave non-finite logits (NaN or inf): "
-                         "the weights hold NaN or inf, or the activations overflowed")
-        self.position = position
+                         "the weights hold NaN or inf, or the activations overflowed", position)
+
+
+class DegenerateLogitsError(BadLogitsError):
+    """Every logit of the forward is equal (over a vocabulary of more than one token): the
+    weights carry no information, and any token would be arbitrary."""
+
+    def __init__(self, position: int, where: str):
+        super().__init__(f"{where}: the forward at position {position} gave degenerate logits (every one equal): "
+                         "the weights are zero where they must not be, or the activations saturated", position)
 
 
 class DeviceFaultError(ArcError):

@@ -100,7 +100,8 @@ typedef enum arc_fault {
     ARC_FAULT_NONE = 0,
     ARC_FAULT_TOKEN_RANGE = 1,     /* sampled token outside [0, vocab) */
     ARC_FAULT_POSITION_RANGE = 2,  /* the next position would reach max_seq */
-    ARC_FAULT_NONFINITE = 3        /* the winning logit is NaN or infinite: the forward broke */
+    ARC_FAULT_NONFINITE = 3,       /* the winning logit is NaN or infinite: the forward broke */
+    ARC_FAULT_DEGENERATE = 4       /* every logit equal (vocab > 1): the forward carries no information */
 } arc_fault;
 
 int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity, arc_loop **out);
@@ -155,9 +156,10 @@ int arc_loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *val
 int arc_loop_enqueue_logit_bias(arc_loop *loop, float *logits, int32_t width);
 
 /* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above everything, as NumPy's
- * argmax; the winning value into *value_out unless value_out is NULL. out and value_out may be device memory or
+ * argmax; the winning value into *value_out and the smallest logit (NaN where all are NaN) into *low_out, each
+ * unless NULL: the two are equal where the logits are flat. out, value_out and low_out may be device memory or
  * mapped host pointers. */
-int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out);
+int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out, float *low_out);
 
 /* The draw: one token from logits[n] at sequence position `position`, written to *out (device memory or a mapped
  * host pointer), or -1 when the largest logit is not finite. In order: l = logits + 0 (no negative zero);

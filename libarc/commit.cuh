@@ -26,15 +26,18 @@ __device__ __forceinline__ bool nonfinite(float v) {
 }
 
 // Checks the sampled token, the logit that decided it (the argmax's winner, the draw's maximum),
-// and the next position before writing anything; on a violation latches the fault word (sticky:
-// later steps publish nothing). A non-finite logit is checked first: NaN wins the argmax wherever
-// it lies, so a broken forward is reported as broken, not as a token out of range. Otherwise
+// whether every logit the sampler saw was equal (`flat`: its smallest equals its largest), and the
+// next position before writing anything; on a violation latches the fault word (sticky: later
+// steps publish nothing). A non-finite logit is checked first: NaN wins the argmax wherever it
+// lies, so a broken forward is reported as broken, not as a token out of range. Flat logits over
+// a vocabulary of more than one token are the forward's fault too: zero or saturated weights
+// that carry no information, which would otherwise decode token 0 for ever. Otherwise
 // feeds the token to the next forward, bumps the position, and publishes the token: slot first,
 // then a system-wide fence, then the count, so a host that sees the count sees the slot. A stop
 // id ends the burst: later steps of the same burst publish nothing, as do those past the burst's
 // limit of tokens. The token also goes into the history at its position (drafts read it).
 // Returns whether the token was published.
-__device__ inline bool publish_token(const CommitArgs &c, int tok, float value) {
+__device__ inline bool publish_token(const CommitArgs &c, int tok, float value, bool flat) {
     DeviceState *st = c.st;
     RingHeader *ring = c.ring;
     volatile int32_t *slots = c.slots;
@@ -42,6 +45,7 @@ __device__ inline bool publish_token(const CommitArgs &c, int tok, float value) 
     int next = st->position + 1;
     uint32_t code = ARC_FAULT_NONE;
     if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
+    else if (flat && c.vocab > 1) code = ARC_FAULT_DEGENERATE;
     else if (tok < 0 || tok >= c.vocab) code = ARC_FAULT_TOKEN_RANGE;
     else if (next >= c.max_seq) code = ARC_FAULT_POSITION_RANGE;
     if (code != ARC_FAULT_NONE) {
@@ -79,7 +83,7 @@ __device__ inline bool commit_lost(const CommitArgs &c) {
 }
 
 // The commit of a one-token step.
-__device__ inline void commit_token(const CommitArgs &c, int tok, float value) {
+__device__ inline void commit_token(const CommitArgs &c, int tok, float value, bool flat) {
     if (commit_lost(c)) return;
-    publish_token(c, tok, value);
+    publish_token(c, tok, value, flat);
 }

@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 9 };
+enum { ARC_ABI_VERSION = 10 };
 
 static thread_local char t_last_error[1024];
 
@@ -116,6 +116,7 @@ extern "C" int arc_device_count(int *count) {
 static void context_release(arc_context *ctx) {
     if (ctx->argmax_vals) cudaFree(ctx->argmax_vals);
     if (ctx->argmax_idx) cudaFree(ctx->argmax_idx);
+    if (ctx->argmax_low) cudaFree(ctx->argmax_low);
     if (ctx->argmax_done) cudaFree(ctx->argmax_done);
     if (ctx->head_argmax) cudaFree(ctx->head_argmax);
     if (ctx->attn_done) cudaFree(ctx->attn_done);
@@ -132,6 +133,7 @@ static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_vals, ARGMAX_MAX_BLOCKS * sizeof(float)));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_idx, ARGMAX_MAX_BLOCKS * sizeof(int32_t)));
+    ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_low, ARGMAX_MAX_BLOCKS * sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMalloc(&ctx->argmax_done, sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->argmax_done, 0, sizeof(uint32_t), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->head_argmax, sizeof(HeadArgmax)));

@@ -126,25 +126,35 @@ template <int E, bool COMMIT>
 __global__ void __launch_bounds__(DRAW_THREADS, 2)
     draw_kernel(const float *__restrict__ logits, int n, DrawParams p, DrawScratch *s, CommitArgs c, int32_t *out) {
     __shared__ BlockHistogram hist;
-    __shared__ uint32_t warp_max[DRAW_WARPS];
+    __shared__ uint32_t warp_max[DRAW_WARPS], warp_low[DRAW_WARPS];
     pdl_wait();  // the logits and the loop's state come from the kernels before
     if (COMMIT) params_from_state(c.st, &p);
     const int base = (blockIdx.x * DRAW_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
     unsigned long long q[E];
-    uint32_t kmax = load_keys<E>(logits, n, base, l, key);
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = kmax;
+    uint32_t low;
+    uint32_t kmax = load_keys<E>(logits, n, base, l, key, low);
+    if (threadIdx.x % 32 == 0) {
+        warp_max[threadIdx.x / 32] = kmax;
+        warp_low[threadIdx.x / 32] = low;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < DRAW_WARPS; ++w) kmax = max(kmax, warp_max[w]);
+        for (int w = 1; w < DRAW_WARPS; ++w) {
+            kmax = max(kmax, warp_max[w]);
+            low = max(low, warp_low[w]);
+        }
         atomicMax(&s->max_key, kmax);
+        atomicMax(&s->low_key, low);
     }
     grid_sync(&s->bar_count);
-    const float m = key_value(__ldcg(&s->max_key));
+    const uint32_t top = __ldcg(&s->max_key);
+    const bool flat = top == ~__ldcg(&s->low_key);
+    const float m = key_value(top);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m, false);
     } else {
 #pragma unroll
         for (int e = 0; e < E; ++e)
@@ -222,7 +232,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
                 return kept ? q[e] : 0ull;
             },
             0, true, x);
-        if (tok >= 0) publish<COMMIT>(c, out, tok, m);
+        if (tok >= 0) publish<COMMIT>(c, out, tok, m, flat);
     }
     // The last block out leaves the scratch as the next launch expects it.
     __shared__ bool last;
@@ -239,6 +249,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
         }
         if (threadIdx.x == 0) {
             s->max_key = 0;
+            s->low_key = 0;
             s->bar_count = 0;
             s->exit_count = 0;
         }

@@ -110,26 +110,31 @@ __device__ __forceinline__ void params_from_state(const DeviceState *st, DrawPar
 }
 
 // Ids [base, base + E): their logits (-0 made +0, 0 past n) and order keys (NaN above all, 0 past
-// n), read through L2. Returns the warp's largest key.
+// n), read through L2. Returns the warp's largest key, and in `low` the warp's largest ~key of an
+// id below n: the smallest logit's (the commit latches flat logits where the two meet).
 template <int E>
-__device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base, float (&l)[E], uint32_t (&key)[E]) {
+__device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base, float (&l)[E], uint32_t (&key)[E],
+                              uint32_t &low) {
     uint32_t kmax = 0;
+    low = 0;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
         float v = base + e < n ? __ldcg(&logits[base + e]) + 0.0f : 0.0f;
         l[e] = v;
         key[e] = base + e >= n ? 0u : (v != v ? 0xFFFFFFFFu : order_key(v));
         kmax = max(kmax, key[e]);
+        if (base + e < n) low = max(low, ~key[e]);
     }
+    low = __reduce_max_sync(0xffffffffu, low);
     return __reduce_max_sync(0xffffffffu, kmax);
 }
 
 // The drawn token: the commit in the loop's step graph, else *out (visible to the host once the
-// launch is done); -1 and a non-finite maximum when the logits broke.
+// launch is done); -1 and a non-finite maximum when the logits broke. `flat`: every logit equal.
 template <bool COMMIT>
-__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m) {
+__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m, bool flat) {
     if (COMMIT) {
-        commit_token(c, tok < 0 ? 0 : tok, m);
+        commit_token(c, tok < 0 ? 0 : tok, m, flat);
     } else {
         *(volatile int32_t *)out = tok;
         __threadfence_system();

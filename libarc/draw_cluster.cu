@@ -45,6 +45,7 @@ struct ClusterShared {
     uint32_t t_count[3][CD_MAX_BLOCKS];
     uint32_t t_part[3][3][CD_MAX_BLOCKS];
     uint32_t block_max[CD_MAX_BLOCKS];
+    uint32_t block_low[CD_MAX_BLOCKS];  // each block's largest ~key: its smallest logit's
     unsigned long long list_r[CD_MAX_BLOCKS][CD_LIST];  // a cut cell's ids, by the block that holds them
     unsigned long long list_q[CD_MAX_BLOCKS][CD_LIST];
     int32_t list_id[CD_MAX_BLOCKS][CD_LIST];
@@ -53,6 +54,7 @@ struct ClusterShared {
     unsigned long long part[3][CD_MAX_BLOCKS];  // every block's sum in an ordered search: top-k, top-p, the draw
     int32_t found[2];
     uint32_t warp_max[CD_WARPS];
+    uint32_t warp_low[CD_WARPS];
     Pick pick;
     int32_t scan_slice;
     unsigned long long scan_above, scan_want;
@@ -296,22 +298,35 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
     const int base = (blockIdx.x * CD_THREADS + threadIdx.x) * E;
     float l[E];
     uint32_t key[E];
-    uint32_t kmax = load_keys<E>(logits, n, base, l, key);
-    if (threadIdx.x % 32 == 0) sh->warp_max[threadIdx.x / 32] = kmax;
+    uint32_t low;
+    uint32_t kmax = load_keys<E>(logits, n, base, l, key, low);
+    if (threadIdx.x % 32 == 0) {
+        sh->warp_max[threadIdx.x / 32] = kmax;
+        sh->warp_low[threadIdx.x / 32] = low;
+    }
     __syncthreads();
     if (threadIdx.x < blocks) {
 #pragma unroll
-        for (int w = 0; w < CD_WARPS; ++w) kmax = max(kmax, sh->warp_max[w]);
+        for (int w = 0; w < CD_WARPS; ++w) {
+            kmax = max(kmax, sh->warp_max[w]);
+            low = max(low, sh->warp_low[w]);
+        }
         cd_remote(cl, sh, threadIdx.x)->block_max[blockIdx.x] = kmax;
+        cd_remote(cl, sh, threadIdx.x)->block_low[blockIdx.x] = low;
     }
     cl.sync();
     kmax = 0;
+    low = 0;
 #pragma unroll
-    for (int b = 0; b < CD_MAX_BLOCKS; ++b) kmax = max(kmax, b < blocks ? sh->block_max[b] : 0u);
+    for (int b = 0; b < CD_MAX_BLOCKS; ++b) {
+        kmax = max(kmax, b < blocks ? sh->block_max[b] : 0u);
+        low = max(low, b < blocks ? sh->block_low[b] : 0u);
+    }
+    const bool flat = kmax == ~low;
     const float m = key_value(kmax);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m, false);
         return;
     }
     unsigned long long r[E], q[E];
@@ -342,7 +357,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
         cl, sh, 2, base,
         [&](int e) { return kept_k(e) && (r[e] < p_cut.r || (r[e] == p_cut.r && base + e <= p_cut.id)) ? q[e] : 0ull; },
         0, true, x);
-    if (tok >= 0) publish<COMMIT>(c, out, tok, m);
+    if (tok >= 0) publish<COMMIT>(c, out, tok, m, flat);
 #endif
 }
 

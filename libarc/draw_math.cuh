@@ -48,6 +48,11 @@ __device__ __forceinline__ uint32_t order_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The key of a logit: order_key, with -0 made +0 and NaN above every number (all NaNs alike).
+__device__ __forceinline__ uint32_t value_key(float v) {
+    return v != v ? 0xffffffffu : order_key(v == 0.0f ? 0.0f : v);
+}
+
 __device__ __forceinline__ float key_value(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }

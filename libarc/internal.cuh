@@ -27,6 +27,7 @@ struct DrawScratch {
     uint32_t count[3][DRAW_BINS];
     unsigned long long block_sum[DRAW_MAX_BLOCKS];
     uint32_t max_key;
+    uint32_t low_key;     // the largest ~key: the smallest logit's
     uint32_t bar_count;   // arrivals at the grid barrier during this launch
     uint32_t exit_count;
     int32_t found;
@@ -41,6 +42,7 @@ __device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000
 // What the blocks of an lm_head GEMV that takes the argmax share (model/head_argmax.cuh).
 struct HeadArgmax {
     unsigned long long best;  // the largest (order key << 32 | ~row) so far; 0: none
+    uint32_t low;             // the largest ~(order key) so far: the smallest logit's; 0: none
     uint32_t done;            // blocks finished
 };
 
@@ -57,6 +59,7 @@ struct arc_context {
     // Scratch for the two-stage argmax: per-block partial results and a done-counter.
     float *argmax_vals;
     int32_t *argmax_idx;
+    uint32_t *argmax_low;  // ~(order key) of each block's smallest logit
     uint32_t *argmax_done;
     // The lm_head's argmax (arc_model_forward_commit, arc_op_gemv_argmax): the best order key so
     // far and the blocks' ticket; both zero between launches.

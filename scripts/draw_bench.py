@@ -49,7 +49,7 @@ def run(label: str) -> None:
             ctx.upload_async(d, x)
             ctx.wait_idle()
             row = []
-            g = capture_graph(ctx, [lambda: _lib.check(lib.arc_argmax(ctx.ptr, logits, v, out, val))] * 20)
+            g = capture_graph(ctx, [lambda: _lib.check(lib.arc_argmax(ctx.ptr, logits, v, out, val, ffi.NULL))] * 20)
             row.append(("argmax", statistics.median(time_graph(ctx, g, 20, 5))))
             lib.arc_graph_destroy(g)
             for name, s in SETTINGS.items():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
+from arcpy.devices.context import sampling_struct
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
 from arcpy.loop.engine import Engine
@@ -148,11 +149,12 @@ def engine(dev, loop, burst=4):
 
 class CopyStep:
     """A step graph whose forward copies prepared logits (a capturable device-to-device copy),
-    then samples (the argmax, or with `draw` the draw) and commits, and with `logprobs` writes the
-    log-probabilities: the loop's kernels on logits the test chooses, on a Context."""
+    then samples and commits, and with `logprobs` writes the log-probabilities: the loop's kernels
+    on logits the test chooses, on a Context. The sampler is the draw with `sampling` (set before
+    the capture) or `draw` (sampling set later), else the argmax."""
 
     def __init__(self, ctx, x: np.ndarray, loop_vocab: int, max_seq: int = 64, capacity: int = 16,
-                 draw: bool = False, logprobs: bool = False):
+                 sampling=None, draw: bool = False, logprobs: bool = False):
         self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
         width = x.size
         self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
@@ -160,8 +162,11 @@ class CopyStep:
         lp = ffi.new("arc_loop **")
         _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, capacity, lp))
         self.loop = lp[0]
+        if sampling is not None:
+            _lib.check(lib.arc_loop_set_sampling(self.loop, sampling_struct(ffi, sampling)))
         if logprobs:
             _lib.check(lib.arc_loop_set_logprobs(self.loop, 0))  # the ring, before the capture
+        draw = draw or sampling is not None
         commit = lib.arc_loop_enqueue_draw_commit if draw else lib.arc_loop_enqueue_sample_commit
         _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
         try:

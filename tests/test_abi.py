@@ -109,7 +109,7 @@ def test_invalid_arguments_raise_a_typed_error_with_the_detail():
     with pytest.raises(arcpy.InvalidArgumentError, match="arc_graph_node_count: null argument"):
         _lib.check(lib.arc_graph_node_count(ffi.NULL, ffi.new("uint64_t *")))
     with pytest.raises(arcpy.InvalidArgumentError, match="arc_argmax: null argument"):
-        _lib.check(lib.arc_argmax(ffi.NULL, ffi.NULL, 8, ffi.NULL, ffi.NULL))
+        _lib.check(lib.arc_argmax(ffi.NULL, ffi.NULL, 8, ffi.NULL, ffi.NULL, ffi.NULL))
 
 
 def header_constant(name):

@@ -9,7 +9,8 @@ import pytest
 from arcpy.codes import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.devices.protocol import RingState
-from arcpy.errors import ContextLostError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
+from arcpy.errors import (ContextLostError, DegenerateLogitsError, FaultWordError, HangError, NonFiniteLogitsError,
+                          ShortBurstError)
 from arcpy.loop.burst import BurstDriver
 from arcpy.sampling import Sampling
 
@@ -175,6 +176,16 @@ def test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_ba
             got.append(tok)
     assert got == expected_tokens(3)
     assert not isinstance(info.value, FaultWordError)
+
+
+def test_degenerate_logits_raise_after_the_tokens_before_them_without_falling_back():
+    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, flat_at_position=4))
+    got = []
+    with pytest.raises(DegenerateLogitsError, match="position 4 gave degenerate logits") as info:
+        for tok in drv.run(6):
+            got.append(tok)
+    assert got == expected_tokens(4)
+    assert not isinstance(info.value, FaultWordError) and info.value.position == 4
 
 
 class RingThenSticky:

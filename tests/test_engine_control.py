@@ -7,7 +7,8 @@ import pytest
 from scripted_tokens import scripted_tokens
 
 from arcpy.devices.fake import FakeDevice, FakeScript
-from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError, NonFiniteLogitsError
+from arcpy.errors import (ContextLostError, DegenerateLogitsError, DeviceFaultError, InvalidArgumentError,
+                          NonFiniteLogitsError)
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.sampling import Sampling
@@ -351,6 +352,21 @@ def test_non_finite_logits_are_an_error_on_both_paths_without_fallback(latch, lo
         for tok in eng.generate(PROMPT, 16):
             got.append(tok)
     assert got == reference(3)  # the tokens of positions 2, 3 and 4 came first
+    assert not latch.latched and eng.poisoned is None
+    assert eng.stats.finish_reason == "fault"
+
+
+@pytest.mark.parametrize("sampling", [None, Sampling(temperature=0.8, seed=3)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("loop", [False, True], ids=["host-path", "device-loop"])
+def test_degenerate_logits_are_an_error_on_both_paths_without_fallback(latch, loop, sampling):
+    eng = engine(latch, FakeScript(flat_at_position=4), loop=loop, burst=4)
+    got = []
+    with pytest.raises(DegenerateLogitsError, match="position 4"):
+        for tok in eng.generate(PROMPT, 16, sampling=sampling):
+            got.append(tok)
+    assert len(got) == 2  # the tokens of positions 2 and 3 came first
+    if sampling is None:
+        assert got == reference(2)
     assert not latch.latched and eng.poisoned is None
     assert eng.stats.finish_reason == "fault"
 

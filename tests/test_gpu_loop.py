@@ -16,12 +16,13 @@ from gpu_buffers import CopyStep
 from scripted_tokens import following
 
 from arcpy import _lib
-from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
+from arcpy.codes import FAULT_DEGENERATE, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
 from arcpy.devices.scripted import scripted_device, scripted_next
 from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,11 +87,12 @@ def same_float(a, b) -> bool:
 
 
 @pytest.mark.parametrize("vocab", [32000, 128256, 151936])
-def test_sampler_matches_numpy_argmax_with_ties_and_returns_the_winning_value(ctx, vocab):
+def test_sampler_matches_numpy_argmax_with_ties_and_returns_the_winning_and_the_smallest_value(ctx, vocab):
     rng = np.random.default_rng(vocab)
     d_logits = ctx.device_alloc(vocab * 4)
     out, out_dev = ctx.pinned((1,), np.int32)
     value, value_dev = ctx.pinned((1,), np.float32)
+    low, low_dev = ctx.pinned((1,), np.float32)
     cases = []
     for trial in range(6):
         x = rng.standard_normal(vocab).astype(np.float32)
@@ -112,13 +114,14 @@ def test_sampler_matches_numpy_argmax_with_ties_and_returns_the_winning_value(ct
     inf[[vocab // 5, vocab - 2]] = np.inf
     cases.append(inf)                                              # +inf wins, first one
     for x in cases:
-        out[0], value[0] = -7, 12345.0
+        out[0], value[0], low[0] = -7, 12345.0, 12345.0
         ctx.upload_async(d_logits, x)
-        _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, vocab, out_dev, value_dev))
+        _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, vocab, out_dev, value_dev, low_dev))
         ctx.wait_idle()
         want = int(np.argmax(x))
         assert int(out[0]) == want
         assert same_float(value[0], x[want]), (value[0], x[want])
+        assert low[0] == np.nanmin(x), (low[0], np.nanmin(x))  # the flat case: low == value
     ctx.device_free(d_logits)
 
 
@@ -128,7 +131,7 @@ def test_sampler_value_output_is_optional(ctx):
     out, out_dev = ctx.pinned((1,), np.int32)
     out[0] = -7
     ctx.upload_async(d_logits, x)
-    _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, x.size, out_dev, ctx.ffi.NULL))
+    _lib.check(ctx.lib.arc_argmax(ctx.ptr, d_logits, x.size, out_dev, ctx.ffi.NULL, ctx.ffi.NULL))
     ctx.wait_idle()
     assert int(out[0]) == 0
     ctx.device_free(d_logits)
@@ -169,6 +172,39 @@ def test_nonfinite_winning_logit_latches_the_fault_word_and_publishes_nothing(ct
             # The first step latches; the fault is sticky, so the next two publish nothing either.
             assert (state.fault, state.fault_token, state.fault_pos, state.published) == \
                 (FAULT_NONFINITE, want, 8, 0)
+    finally:
+        step.close()
+
+
+def flat_case(case: str, width: int) -> np.ndarray:
+    x = np.full(width, 0.25, np.float32)
+    if case == "one lower":
+        x[width - 1] = np.nextafter(np.float32(0.25), np.float32(0))  # not flat: decodes
+    elif case == "signed zeros":
+        x[:] = 0.0
+        x[::2] = -0.0  # -0 equals +0: flat
+    elif case == "flat in the padding":
+        x[:width - 64] = np.linspace(-1, 1, width - 64, dtype=np.float32)  # the valid ids differ
+    return x
+
+
+@pytest.mark.parametrize("sampler", ["argmax", "draw"])
+@pytest.mark.parametrize("width", [32000, 151936])
+@pytest.mark.parametrize("case", ["flat", "signed zeros", "one lower", "flat in the padding"])
+def test_flat_logits_latch_the_degenerate_fault_and_publish_nothing(ctx, sampler, width, case):
+    # Both draws: 32000 ids fit the cluster draw on an H200, 151936 take the grid-wide one.
+    x = flat_case(case, width)
+    sampling = None if sampler == "argmax" else Sampling(temperature=0.7, top_p=0.9, seed=5)
+    step = CopyStep(ctx, x, loop_vocab=width - 64 if case == "flat in the padding" else width, sampling=sampling)
+    try:
+        state = step.run(token=5, position=7, steps=3)
+        if case in ("one lower", "flat in the padding"):
+            assert (state.fault, state.published) == (FAULT_NONE, 3)
+        else:
+            # The first step latches; the fault is sticky, so the next two publish nothing either.
+            assert (state.fault, state.fault_pos, state.published) == (FAULT_DEGENERATE, 8, 0)
+            if sampler == "argmax":
+                assert state.fault_token == 0  # equal values go to the lowest id
     finally:
         step.close()
 

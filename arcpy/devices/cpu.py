@@ -46,9 +46,9 @@ class HostPathDevice:
     def enqueue_logits_to_host(self) -> None:
         pass
 
-    def sampled(self) -> tuple[int, float]:
+    def sampled(self) -> tuple[int, float, float]:
         token = int(np.argmax(self.logits))
-        return token, float(self.logits[token])
+        return token, float(self.logits[token]), float(self.logits.min())
 
     def host_logits(self) -> np.ndarray:
         return self.logits

@@ -87,7 +87,7 @@ class CudaDevice(KVStore):
             self.loop = pp[0]
             self._host_logits, _ = ctx.pinned((forward.width,), np.float32)
             self._sampled, self._sampled_dev = ctx.pinned((1,), np.int32)
-            self._sampled_value, self._sampled_value_dev = ctx.pinned((1,), np.float32)
+            self._sampled_value, self._sampled_value_dev = ctx.pinned((2,), np.float32)  # the argmax's, the smallest
             self._tokens = self.ffi.new("int32_t[]", ring_capacity)
             top = ring_capacity * MAX_TOP_LOGPROBS
             self._lp = (self.ffi.new("float[]", ring_capacity), self.ffi.new("int32_t[]", top),
@@ -252,11 +252,12 @@ class CudaDevice(KVStore):
     def enqueue_argmax(self) -> None:
         self._idle = False
         _lib.check(self.lib.arc_argmax(self.ctx.ptr, self.forward.logits, self.forward.width,
-                                       self._sampled_dev, self._sampled_value_dev))
+                                       self._sampled_dev, self._sampled_value_dev,
+                                       self.ffi.cast("float *", self._sampled_value_dev) + 1))
 
-    def sampled(self) -> tuple[int, float]:
+    def sampled(self) -> tuple[int, float, float]:
         self._require_idle("the sampled token")
-        return int(self._sampled[0]), float(self._sampled_value[0])
+        return int(self._sampled[0]), float(self._sampled_value[0]), float(self._sampled_value[1])
 
     def enqueue_logits_to_host(self) -> None:
         self._idle = False

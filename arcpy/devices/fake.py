@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from arcpy.codes import FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
+from arcpy.codes import FAULT_DEGENERATE, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
 from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
 from arcpy.drafting import draft
@@ -49,6 +49,7 @@ class FakeScript:
     prefix_row_bytes: int = 0             # bytes a position's KV rows take in the prefix store (0: no store)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
+    flat_at_position: int | None = None   # the forward at this position yields all-equal logits
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
     speculate_ngram: int = 3
 
@@ -91,8 +92,8 @@ class FakeDevice:
         self.queue: deque[_Op] = deque()
         self.busy_ticks = 0
         self.token, self.position = 0, 0
-        self.argmax = (-1, 0.0)
-        self.argmax_pending = (-1, 0.0)
+        self.argmax = (-1, 0.0, 0.0)  # (token, its logit, the smallest logit)
+        self.argmax_pending = (-1, 0.0, 0.0)
         self.queries = 0
         self.logits = np.zeros(self.vocab, np.float32)
         self.stop_ids: tuple[int, ...] = ()
@@ -130,6 +131,9 @@ class FakeDevice:
         if position == s.nan_at_position:
             logits[:] = np.nan
             nxt = 0  # NaN wins the argmax, first index first
+        if position == s.flat_at_position:
+            logits[:] = 0.25
+            nxt = 0  # equal values go to the lowest index
         return logits, nxt
 
     def _count(self, calls: int = 1, graphs: int = 0) -> None:
@@ -169,19 +173,20 @@ class FakeDevice:
             # A prefill leaves what a forward of its last token at its last position would.
             token, position, eager = (self.token, self.position, op.arg) if op.kind == "forward" else (*op.arg, False)
             self.logits, nxt = self._forward(token, position, eager=eager)
-            self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0)
+            self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0,
+                                   float(self.logits.min()))
         elif op.kind == "argmax":
             self.argmax = self.argmax_pending
         elif op.kind == "bias":
             self.logits, tok = self._add_bias(self.logits)
-            self.argmax_pending = (tok, float(self.logits[tok]))
+            self.argmax_pending = (tok, float(self.logits[tok]), float(self.logits.min()))
         elif op.kind == "step":
             if self._gone(op):
                 return
             logits, tok = self._forward(self.token, self.position)
             if self.bias:
                 logits, tok = self._add_bias(logits)
-            if self.sampler is not None and self.position != s.nan_at_position:
+            if self.sampler is not None and self.position not in (s.nan_at_position, s.flat_at_position):
                 tok = self.sampler.sample(logits, self.position + 1)
             self.step_logits = logits
             self._commit(op, tok)
@@ -215,6 +220,8 @@ class FakeDevice:
             code = s.fault_code
         elif self.position == s.nan_at_position:
             code = FAULT_NONFINITE
+        elif self.position == s.flat_at_position and self.vocab > 1:
+            code = FAULT_DEGENERATE
         elif not 0 <= tok < self.vocab:
             code = FAULT_TOKEN_RANGE
         elif nxt_pos >= self.max_seq:
@@ -292,7 +299,7 @@ class FakeDevice:
         self._count()
         self._enqueue(_Op("argmax"))
 
-    def sampled(self) -> tuple[int, float]:
+    def sampled(self) -> tuple[int, float, float]:
         return self.argmax
 
     def host_logits(self) -> np.ndarray:

@@ -17,20 +17,24 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from arcpy.codes import FAULT_NONFINITE
+from arcpy.codes import FAULT_DEGENERATE, FAULT_NONFINITE
 from arcpy.devices.protocol import DeviceOps, RingState, spin_until
-from arcpy.errors import DeviceFaultError, FaultWordError, HangError, NonFiniteLogitsError, ShortBurstError
+from arcpy.errors import (BadLogitsError, DegenerateLogitsError, DeviceFaultError, FaultWordError, HangError,
+                           NonFiniteLogitsError, ShortBurstError)
 from arcpy.sampling import Sampling
 
 # Polls of the stream or the ring that may say no before a wait counts as a hang (HangError).
 MAX_SPINS = 20_000_000
 
 
-def fault_error(state: RingState) -> DeviceFaultError | NonFiniteLogitsError:
-    """The error a latched fault word stands for. Non-finite logits are the model's, not the
-    loop's: the host path would meet them too, so they are not a reason to fall back."""
+def fault_error(state: RingState) -> DeviceFaultError | BadLogitsError:
+    """The error a latched fault word stands for. Non-finite and degenerate logits are the
+    model's, not the loop's: the host path would meet them too, so they are not a reason to fall
+    back."""
     if state.fault == FAULT_NONFINITE:
         return NonFiniteLogitsError(state.fault_pos - 1, "device loop")
+    if state.fault == FAULT_DEGENERATE:
+        return DegenerateLogitsError(state.fault_pos - 1, "device loop")
     return FaultWordError(state.fault, state.fault_token, state.fault_pos)
 
 

@@ -70,11 +70,8 @@ class Constrained:
         self.matcher.fill(self.mask)
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
-        """The allowed ids' logits; all of them where any is NaN (to be caught as non-finite)."""
+        """The allowed ids' logits (the caller checks the whole logits first)."""
         valid = np.asarray(logits[:self.vocab], dtype=np.float32)
-        if np.isnan(valid).any():
-            self.ids = np.arange(self.vocab)
-            return valid
         self.ids = np.flatnonzero(allowed(self.mask, self.vocab))
         return valid[self.ids]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from arcpy.devices.protocol import spin_until
-from arcpy.errors import DeviceFaultError, NonFiniteLogitsError
+from arcpy.errors import DegenerateLogitsError, DeviceFaultError, NonFiniteLogitsError
 from arcpy.sampling import token_logprob
 
 
@@ -30,14 +30,14 @@ class HostPath:
             seq.constrained.fill()
             self._wait_idle()
             logits = self._biased(dev.host_logits())
-            tok = seq.constrained.consume(self._drawn(seq.constrained.masked(logits)))
+            tok = seq.constrained.consume(self._drawn(logits, seq.constrained))
         elif self.verify:
             tok, logits = self._verified_token()
         elif seq.sampler.greedy and seq.logprobs is None and not (seq.bias and not seq.bias_on_device):
             dev.enqueue_argmax()
             self._wait_idle()
-            tok, value = dev.sampled()
-            self._require_finite(value)
+            tok, value, low = dev.sampled()
+            self._require_usable(value, low)
         else:
             dev.enqueue_logits_to_host()
             self._wait_idle()
@@ -54,17 +54,24 @@ class HostPath:
             logits[list(ids)] += np.asarray(values, dtype=np.float32)
         return logits
 
-    def _drawn(self, logits: np.ndarray) -> int:
+    def _drawn(self, logits: np.ndarray, constrained=None) -> int:
         """The host's draw from the forward's logits: the valid ids only (a padded lm_head is
-        wider), for the position the token will occupy, as the device loop draws it."""
+        wider), for the position the token will occupy, as the device loop draws it. The logits are
+        checked whole, so a mask neither hides a NaN nor makes the ids it allows look flat; with
+        `constrained`, the draw is over the ids it allows (an index of them)."""
         valid = logits[:self.device.vocab]
-        self._require_finite(valid.max())
+        self._require_usable(valid.max(), valid.min())
+        if constrained is not None:
+            valid = constrained.masked(valid)
         return self.seq.sampler.sample(valid, self.seq.position + 1)
 
-    def _require_finite(self, top_logit) -> None:
-        # The largest logit (NaN counts as largest) decides: a NaN anywhere, +inf, or all -inf.
+    def _require_usable(self, top_logit, low_logit) -> None:
+        """As the commit checks the logits: the largest (NaN counts as largest) must be finite
+        (no NaN anywhere, no +inf, not all -inf), and must differ from the smallest."""
         if not np.isfinite(top_logit):
             raise NonFiniteLogitsError(self.seq.position, "host path")
+        if top_logit == low_logit and self.device.vocab > 1:
+            raise DegenerateLogitsError(self.seq.position, "host path")
 
     def _verified_token(self) -> tuple[int, np.ndarray]:
         """ARC_GRAPH_VERIFY_ALWAYS: the replayed graph and the eager forward must write the
@@ -85,7 +92,7 @@ class HostPath:
         replayed = self._biased(replayed)
         if not seq.sampler.greedy:
             return self._checked(self._drawn(replayed)), replayed
-        self._require_finite(replayed.max())
+        self._require_usable(replayed.max(), replayed[:self.device.vocab].min())
         return self._checked(seq.sampler.sample(replayed, seq.position + 1)), replayed
 
     def _checked(self, tok: int) -> int:

@@ -175,7 +175,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
         __syncthreads();
     }
 
-    unsigned long long best = 0;  // AM: the best key of the rows this lane wrote
+    ArgmaxSeen seen;  // AM: what this lane saw of the rows it wrote
     // The loop bound is uniform over the block: every warp reaches the barriers below.
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
         const int task = bt * GROUPS + group;
@@ -206,9 +206,9 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                 }
             }
         }
-        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen);
     }
-    if constexpr (AM) argmax_finish<GEMV_WARPS>(best, am);
+    if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
 
 // What one GEMV launch computes, whatever its shape; with am, the argmax of y too.

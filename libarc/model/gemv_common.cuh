@@ -18,11 +18,11 @@ constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr
 // The end of a row task of R output rows whose NR accumulators (GATED: the gate rows', then the
 // up rows') each lane holds: the warp's sums, the KS warps' partial sums added in a fixed order
 // (the result does not depend on timing), then the rows written: act(gate) * up (GATED: the
-// `accumulate` slot carries the arc_activation), or the dot (+ bias) (+ y when accumulate). AM: the best argmax key of the rows this lane wrote joins
-// `best`. With KS > 1 every warp of the block must call this, since it holds __syncthreads.
+// `accumulate` slot carries the arc_activation), or the dot (+ bias) (+ y when accumulate). AM:
+// the rows this lane wrote join what it has `seen`. With KS > 1 every warp of the block must call this, since it holds __syncthreads.
 template <int R, int KS, bool GATED, bool AM, int NR>
 __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
-                                                 int accumulate, float *y, unsigned long long &best) {
+                                                 int accumulate, float *y, ArgmaxSeen &seen) {
     __shared__ float part[GEMV_WARPS][NR];  // the KS warps' partial sums
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -57,10 +57,7 @@ __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int
                 if (accumulate) out += y[row];
             }
             y[row] = out;
-            if constexpr (AM) {
-                const unsigned long long k = argmax_key(out, row);
-                best = k > best ? k : best;
-            }
+            if constexpr (AM) seen.see(out, row);
         }
     }
 }

@@ -357,7 +357,7 @@ struct SpecBuffers {
     float *t;          // with post_norms: a product's output before its norm (rows, dim)
     int32_t *tokens;   // the rows' tokens (rows), then the number of drafts
     int32_t *positions;  // (rows)
-    unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key)
+    unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key), then each row's ~low key
 };
 void spec_buffers_release(SpecBuffers *b);
 

@@ -236,7 +236,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     // The scale and min of a _K unit depend on its place j = u % 8 in the superblock, the same for
     // all of a lane's units (first + STEP * k, STEP a multiple of 32).
     const KSlot ks = k_slot(first % 8);
-    unsigned long long best = 0;  // AM: the best key of the rows this lane wrote
+    ArgmaxSeen seen;  // AM: what this lane saw of the rows it wrote
     // The loop bound is uniform over the block: every warp reaches the barriers of the epilogue.
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
         const int task = bt * GROUPS + group;
@@ -269,9 +269,9 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         if constexpr (U > 1) {
             for (; base < units; base += STEP) qfull_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
         }
-        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, best);
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen);
     }
-    if constexpr (AM) argmax_finish<GEMV_WARPS>(best, am);
+    if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
 
 // What one quantized GEMV launch computes.

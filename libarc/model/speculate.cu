@@ -69,6 +69,7 @@ draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, i
     for (int i = 0; i <= k; ++i) {
         positions[i] = p + i;
         keys[i] = 0;
+        keys[k + 1 + i] = 0;
     }
 }
 
@@ -81,29 +82,38 @@ verify_embed_kernel(const uint16_t *__restrict__ table, int vocab, int dim, cons
     embed_row(table, vocab, dim, (uint32_t)tokens[blockIdx.x], scale, x + (size_t)blockIdx.x * dim, 256);
 }
 
-// keys[row] = the argmax key of logits[row] (width values): blocks stride over the row, each adds
-// its best by an atomic max (the result does not depend on the order).
+// keys[row] = the argmax key of logits[row] (width values), and keys[rows + row] the largest ~key
+// of its logits (the smallest logit's: flat logits where the two meet): blocks stride over the
+// row, each adds its own by atomic maxima (the result does not depend on the order).
 __global__ void __launch_bounds__(ROWMAX_THREADS)
 rowmax_kernel(const float *__restrict__ logits, int width, unsigned long long *keys) {
     __shared__ unsigned long long wbest[ROWMAX_THREADS / 32];
+    __shared__ uint32_t wlow[ROWMAX_THREADS / 32];
     pdl_launch_dependents();
     pdl_wait();
     const int row = blockIdx.y;
     const float *x = logits + (size_t)row * width;
-    unsigned long long best = 0;
-    for (int i = blockIdx.x * ROWMAX_THREADS + threadIdx.x; i < width; i += gridDim.x * ROWMAX_THREADS) {
-        const unsigned long long key = argmax_key(x[i], i);
-        best = key > best ? key : best;
-    }
+    ArgmaxSeen seen;
+    for (int i = blockIdx.x * ROWMAX_THREADS + threadIdx.x; i < width; i += gridDim.x * ROWMAX_THREADS)
+        seen.see(x[i], i);
+    unsigned long long best = seen.best;
     for (int off = 16; off > 0; off /= 2) {
         const unsigned long long o = __shfl_down_sync(0xffffffffu, best, off);
         best = o > best ? o : best;
     }
-    if (threadIdx.x % 32 == 0) wbest[threadIdx.x / 32] = best;
+    uint32_t low = __reduce_max_sync(0xffffffffu, seen.low);
+    if (threadIdx.x % 32 == 0) {
+        wbest[threadIdx.x / 32] = best;
+        wlow[threadIdx.x / 32] = low;
+    }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    for (int w = 1; w < ROWMAX_THREADS / 32; ++w) best = wbest[w] > best ? wbest[w] : best;
+    for (int w = 1; w < ROWMAX_THREADS / 32; ++w) {
+        best = wbest[w] > best ? wbest[w] : best;
+        low = wlow[w] > low ? wlow[w] : low;
+    }
     atomicMax(&keys[row], best);
+    atomicMax(&keys[gridDim.y + row], (unsigned long long)low);
 }
 
 // The accept and its commits (one thread), then the step count: after the tokens, so a host that
@@ -117,7 +127,7 @@ __global__ void accept_kernel(CommitArgs c, const int32_t *tokens, const unsigne
         const uint32_t ok = (uint32_t)(key >> 32);
         const int tok = (int)~(uint32_t)key;
         const float value = ok == 0xffffffffu ? quiet_nan() : key_value(ok);
-        if (!publish_token(c, tok, value)) break;
+        if (!publish_token(c, tok, value, ok == ~(uint32_t)keys[k + 1 + i])) break;
         if (i >= drafted || tokens[i + 1] != tok) break;  // draft i + 1 was not what the model made
     }
     DeviceState *st = c.st;
@@ -157,7 +167,7 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     const uint64_t rows = (uint64_t)k + 1, wide = (uint64_t)(c.dim > mp.q_dim ? c.dim : mp.q_dim);
     const uint64_t sizes[10] = {rows * c.dim * 4, ARC_SPLIT_PARTS * rows * wide * 2, ARC_SPLIT_PARTS * rows * c.ffn_dim * 2,
                                rows * mp.qkv_rows * 4, rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4,
-                               rows * 4, rows * 8, c.post_norms ? rows * c.dim * 4 : 0};
+                               rows * 4, rows * 16, c.post_norms ? rows * c.dim * 4 : 0};
     uint64_t off[10], at = 0;
     for (int i = 0; i < 10; ++i) {
         off[i] = at;
