@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 from serve_helpers import InProcess
 
-from arcpy.devices.protocol import Capabilities, Counters
+from arcpy.devices.cpu import HostPathDevice
+from arcpy.devices.protocol import Capabilities
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.serve.app import Service, Settings, create_app
@@ -29,41 +30,24 @@ def family_text(template: str | None = None) -> TextSpec:
     return spec if template is None else dataclasses.replace(spec, chat_template=template)
 
 
-class Typist:
+class Typist(HostPathDevice):
     """DeviceOps of the host path: `script(prompt_text)` is the answer to type (then the first
     end-of-sequence id)."""
 
-    supports_loop = supports_sampling = False
-    supports_prefill = True
-    speculate_k = speculate_ngram = 0
     capabilities = Capabilities("typist (a scripted host path)", prefill=True)
 
     def __init__(self, text: TextSpec, script: Callable[[str], str], max_seq: int = 4096):
+        super().__init__(text.tokenizer.get_vocab_size(), max_seq)
         self.text, self.script = text, script
-        self.vocab, self.max_seq = text.tokenizer.get_vocab_size(), max_seq
-        self.token = self.position = 0
         self.answer: list[int] = []
         self.start = 0
         self.prompts: list[str] = []   # every prompt it was given, as text
-        self.logits = np.zeros(self.vocab, np.float32)
 
     def _logits_at(self, position: int) -> np.ndarray:
         logits = np.zeros(self.vocab, np.float32)
         k = position + 1 - self.start
         logits[self.answer[k] if k < len(self.answer) else self.text.eos_ids[0]] = 60.0  # the others e^-60 as likely
         return logits
-
-    def set_input(self, token: int, position: int) -> None:
-        self.token, self.position = token, position
-
-    def stream_query(self) -> bool:
-        return True
-
-    def counters(self) -> Counters:
-        return Counters()
-
-    def close(self) -> None:
-        pass
 
     def enqueue_prefill(self, tokens, start: int) -> None:
         tokens = list(tokens)
@@ -75,19 +59,6 @@ class Typist:
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self.logits = self._logits_at(self.position)
-
-    def enqueue_argmax(self) -> None:
-        pass
-
-    def enqueue_logits_to_host(self) -> None:
-        pass
-
-    def sampled(self) -> tuple[int, float, float]:
-        token = int(np.argmax(self.logits))
-        return token, float(self.logits[token]), float(self.logits.min())
-
-    def host_logits(self) -> np.ndarray:
-        return self.logits
 
 
 def typist_engine(text: TextSpec, script: Callable[[str], str]) -> Engine:

@@ -1,5 +1,7 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
-points alone; and typed views of device pointers."""
+points alone; typed views of device pointers; a step graph over prepared logits, for the
+loop's tests on an arcpy Context; the logits of a device's forward, read on the host; and the
+GPU device over a synthetic model with its engines (the fixture `device`, imported by name)."""
 
 import time
 
@@ -7,6 +9,12 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
+from arcpy.devices.context import sampling_struct
+from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.reference import ReferenceModel
+from arcpy.loop.engine import Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.model import synthetic_model
 
 
 class Gpu:
@@ -91,3 +99,105 @@ def u16p(gpu, p):
 
 def f32p(gpu, p):
     return gpu.ffi.cast("float *", p)
+
+
+def host_logits(dev) -> np.ndarray:
+    """The device's logits handed to the host, once its stream is idle (spun on stream_query)."""
+    dev.enqueue_logits_to_host()
+    while not dev.stream_query():
+        pass
+    return dev.host_logits()
+
+
+def gpu_logits(dev, token: int, pos: int, eager: bool = False) -> np.ndarray:
+    """The logits of the device's forward of `token` at `pos`, on the host."""
+    dev.set_input(token, pos)
+    dev.enqueue_forward(eager=eager)
+    return host_logits(dev)
+
+
+def decided_greedy_steps(model, dev, max_seq: int, steps: int = 64) -> tuple[int, int]:
+    """Greedy steps from token 1 on the device against the reference forward of `model`, both
+    following the device's choice: (agreed, checked) over the steps whose reference margin (its
+    top two logits) exceeds twice the device's largest logit error, where the argmax is decided."""
+    ref = ReferenceModel(model, max_seq=max_seq)
+    token, checked, agreed = 1, 0, 0
+    for pos in range(steps):
+        want = ref.forward(token, pos)
+        got = gpu_logits(dev, token, pos)
+        err = float(np.max(np.abs(got.astype(np.float64) - want)))
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] > 2 * err:
+            checked += 1
+            agreed += int(np.argmax(got)) == int(np.argmax(want))
+        token = int(np.argmax(got))
+    return agreed, checked
+
+
+@pytest.fixture(scope="module", params=["stories15M", "gqa"])
+def device(request):
+    """The GPU device over a synthetic model of each shape (seed 3, 1,024 positions)."""
+    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
+    dev.name_of_shape = request.param
+    yield dev
+    dev.close()
+
+
+def engine(dev, loop, burst=4):
+    return Engine(dev, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
+
+
+class CopyStep:
+    """A step graph whose forward copies prepared logits (a capturable device-to-device copy),
+    then samples and commits, and with `logprobs` writes the log-probabilities: the loop's kernels
+    on logits the test chooses, on a Context. The sampler is the draw with `sampling` (set before
+    the capture) or `draw` (sampling set later), else the argmax."""
+
+    def __init__(self, ctx, x: np.ndarray, loop_vocab: int, max_seq: int = 64, capacity: int = 16,
+                 sampling=None, draw: bool = False, logprobs: bool = False):
+        self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
+        width = x.size
+        self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
+        ctx.upload_async(self.src, x)
+        lp = ffi.new("arc_loop **")
+        _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, capacity, lp))
+        self.loop = lp[0]
+        if sampling is not None:
+            _lib.check(lib.arc_loop_set_sampling(self.loop, sampling_struct(ffi, sampling)))
+        if logprobs:
+            _lib.check(lib.arc_loop_set_logprobs(self.loop, 0))  # the ring, before the capture
+        draw = draw or sampling is not None
+        commit = lib.arc_loop_enqueue_draw_commit if draw else lib.arc_loop_enqueue_sample_commit
+        _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
+        try:
+            _lib.check(lib.arc_enqueue_copy_on_device(ctx.ptr, self.logits, self.src, x.nbytes))
+            _lib.check(commit(self.loop, self.logits, width))
+            if logprobs:
+                _lib.check(lib.arc_loop_enqueue_logprobs(self.loop, self.logits, width))
+        finally:
+            gp = ffi.new("arc_graph **")
+            status = lib.arc_graph_capture_end(ctx.ptr, gp)
+        _lib.check(status)
+        self.graph = gp[0]
+        ctx.wait_idle()
+
+    def run(self, token: int, position: int, steps: int, setup=None):
+        """`steps` steps from (token, position) on a reset ring, `setup(loop)` first; the ring's state."""
+        ffi, lib = self.ctx.ffi, self.ctx.lib
+        _lib.check(lib.arc_loop_reset_ring(self.loop))
+        _lib.check(lib.arc_loop_set_input(self.loop, token, position))
+        if setup is not None:
+            setup(self.loop)
+        for _ in range(steps):
+            _lib.check(lib.arc_loop_enqueue_step(self.loop, self.graph, 1))
+        self.ctx.wait_idle()
+        state = ffi.new("arc_ring_state *")
+        _lib.check(lib.arc_ring_poll(self.loop, state))
+        return state
+
+    def close(self):
+        self.ctx.wait_idle()
+        self.ctx.lib.arc_graph_destroy(self.graph)
+        self.ctx.lib.arc_loop_destroy(self.loop)
+        self.ctx.device_free(self.src)
+        self.ctx.device_free(self.logits)

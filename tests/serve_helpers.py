@@ -1,5 +1,6 @@
-"""What the server's tests share: a small model with a tokenizer, and `arcpy serve` in a subprocess
-on a free port, ready once /health answers (arcpy.bench.serve)."""
+"""What the server's tests share: a small model with a tokenizer, `arcpy serve` in a subprocess
+on a free port, ready once /health answers (arcpy.bench.serve), the `openai` client of a server,
+an engine of its own to answer alike, and the fixtures of a tiny model's server."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import threading
 import time
 from pathlib import Path
 
+import openai
+import pytest
 import uvicorn
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from arcpy.bench.serve import ServerProcess, child_env
+from arcpy.loading import load_checkpoint
+from arcpy.loop.engine import Engine
 from arcpy.model import SHAPES, random_model, save_model
 
 server_env = child_env
@@ -45,6 +50,37 @@ def make_text_model(d: Path, shape: str = "qwen-tiny", seed: int = 5, eos: str =
 def Server(*args, env: dict | None = None, ready_timeout: float = 180.0) -> ServerProcess:
     """`python -m arcpy.serve --port 0 ARGS`, ready once /health answers."""
     return ServerProcess(args, env=env, ready_timeout=ready_timeout)
+
+
+def client_of(server, api_key: str = "unused") -> openai.OpenAI:
+    """The `openai` client of a server, with no retries: a test sees the first answer."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
+
+
+def engine_alone(model_dir: Path, **kw) -> Engine:
+    """An engine of its own over the model of `model_dir`, on the NumPy backend: what a server
+    of that model must answer alike."""
+    model, text = load_checkpoint(model_dir)
+    return Engine.load(model, "numpy", text=text, **kw)
+
+
+# The fixtures of a test module that talks to a tiny model's server (the module imports them by
+# name): the model directory, the server on the NumPy backend (greedy by default), its client.
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_text_model(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    with Server("--model", str(model_dir), "--backend", "numpy", "--temperature", "0") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return client_of(server)
 
 
 class InProcess:

@@ -10,10 +10,10 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 from agent_helpers import family_text, typist_server
 from llamacpp_sdist import llamacpp_models
+from serve_helpers import client_of
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather now in a city.",
@@ -50,14 +50,14 @@ def server(qwen_template):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return client_of(server)
 
 
 @pytest.fixture(scope="module")
 def qwen3():
     """A server under Qwen3's template (reasoning tags and Hermes calls), and its client."""
     s = typist_server(family_text((llamacpp_models() / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()), script)
-    yield s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+    yield s, client_of(s)
     s.stop()
 
 

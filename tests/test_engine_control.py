@@ -4,9 +4,9 @@ import logging
 
 import numpy as np
 import pytest
+from scripted_tokens import scripted_tokens
 
 from arcpy.devices.fake import FakeDevice, FakeScript
-from arcpy.devices.scripted import scripted_next
 from arcpy.errors import (ContextLostError, DegenerateLogitsError, DeviceFaultError, InvalidArgumentError,
                           NonFiniteLogitsError)
 from arcpy.loop import gate
@@ -16,18 +16,8 @@ from arcpy.sampling import Sampling
 PROMPT = [1, 2, 3]
 
 
-def reference(n, prompt=PROMPT, vocab=64):
-    tok, pos, out = prompt[-1], len(prompt) - 1, []
-    for _ in range(n):
-        tok = scripted_next(tok, pos, vocab)
-        pos += 1
-        out.append(tok)
-    return out
-
-
-@pytest.fixture
-def latch():
-    return gate.FallbackLatch()
+def reference(n, prompt=PROMPT):
+    return scripted_tokens(prompt, n, 64)
 
 
 def engine(latch, script=None, loop=True, **kw):

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from gpu_buffers import device, engine  # noqa: F401 (a fixture)
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -21,18 +22,6 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 256
 PROMPT = [1, 306, 4966, 304]
-
-
-@pytest.fixture(scope="module", params=["stories15M", "gqa"])
-def device(request):
-    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
-    dev.name_of_shape = request.param
-    yield dev
-    dev.close()
-
-
-def engine(dev, loop, burst=4):
-    return Engine(dev, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
 
 
 @pytest.fixture(scope="module")

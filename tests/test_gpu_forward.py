@@ -12,6 +12,7 @@ top-two margin exceeds the error measured at that step.
 
 import numpy as np
 import pytest
+from gpu_buffers import decided_greedy_steps, gpu_logits
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
@@ -30,15 +31,6 @@ def pair(request):
     dev = open_cuda_device(model, max_seq=MAX_SEQ)
     yield model, dev
     dev.close()
-
-
-def gpu_logits(dev, token, pos, eager=False):
-    dev.set_input(token, pos)
-    dev.enqueue_forward(eager=eager)
-    dev.enqueue_logits_to_host()
-    while not dev.stream_query():
-        pass
-    return dev.host_logits()
 
 
 def rel_error(got, want):
@@ -75,16 +67,6 @@ def test_graph_replay_equals_the_eager_forward_bit_for_bit(pair):
 
 def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
     model, dev = pair
-    ref = ReferenceModel(model, max_seq=MAX_SEQ)
-    token, checked, agreed = 1, 0, 0
-    for pos in range(64):
-        want = ref.forward(token, pos)
-        got = gpu_logits(dev, token, pos)
-        err = float(np.max(np.abs(got.astype(np.float64) - want)))
-        top2 = np.sort(want)[-2:]
-        if top2[1] - top2[0] > 2 * err:
-            checked += 1
-            agreed += int(np.argmax(got)) == int(np.argmax(want))
-        token = int(np.argmax(got))  # both sides follow the GPU's choice
+    agreed, checked = decided_greedy_steps(model, dev, MAX_SEQ)
     print(f"{model.name}: {agreed}/{checked} decided steps agree")
     assert checked >= 16 and agreed == checked

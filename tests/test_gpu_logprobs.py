@@ -10,10 +10,11 @@ import time
 
 import numpy as np
 import pytest
+from gpu_buffers import CopyStep
 
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS
-from arcpy.devices.context import Context, sampling_struct
+from arcpy.devices.context import sampling_struct
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -26,13 +27,6 @@ pytestmark = pytest.mark.gpu
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = Context(0)
-    yield c
-    c.close()
-
-
 def log_softmax64(x):
     x = np.asarray(x, dtype=np.float64)
     finite = x[np.isfinite(x)]
@@ -40,46 +34,24 @@ def log_softmax64(x):
     return x - (top + np.log(np.sum(np.exp(x - top))))
 
 
-class LogprobStep:
+class LogprobStep(CopyStep):
     """A step graph whose forward copies prepared logits, then samples (the argmax, or the draw),
     commits, and writes the log-probabilities: the kernel on logits the test chooses."""
 
     def __init__(self, ctx, x: np.ndarray, vocab: int, draw: bool = False, capacity: int = 16):
-        self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
-        self.vocab, self.width = vocab, x.size
-        self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
-        ctx.upload_async(self.src, x)
-        lp = ffi.new("arc_loop **")
-        _lib.check(lib.arc_loop_create(ctx.ptr, vocab, 4096, capacity, lp))
-        self.loop = lp[0]
-        _lib.check(lib.arc_loop_set_logprobs(self.loop, 0))  # the ring, before the capture
-        commit = lib.arc_loop_enqueue_draw_commit if draw else lib.arc_loop_enqueue_sample_commit
-        _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
-        try:
-            _lib.check(lib.arc_enqueue_copy_on_device(ctx.ptr, self.logits, self.src, x.nbytes))
-            _lib.check(commit(self.loop, self.logits, self.width))
-            _lib.check(lib.arc_loop_enqueue_logprobs(self.loop, self.logits, self.width))
-        finally:
-            gp = ffi.new("arc_graph **")
-            status = lib.arc_graph_capture_end(ctx.ptr, gp)
-        _lib.check(status)
-        self.graph = gp[0]
-        ctx.wait_idle()
+        super().__init__(ctx, x, vocab, max_seq=4096, capacity=capacity, draw=draw, logprobs=True)
 
     def run(self, steps: int, top_n: int, sampling: Sampling | None = None, stop_ids=()):
         ffi, lib = self.ctx.ffi, self.ctx.lib
-        _lib.check(lib.arc_loop_reset_ring(self.loop))
-        _lib.check(lib.arc_loop_set_input(self.loop, 0, 0))
-        _lib.check(lib.arc_loop_set_logprobs(self.loop, top_n))
-        stops = ffi.new("int32_t[]", list(stop_ids) or [0])
-        _lib.check(lib.arc_loop_set_stop_ids(self.loop, stops, len(stop_ids)))
-        if sampling is not None:
-            _lib.check(lib.arc_loop_set_sampling(self.loop, sampling_struct(ffi, sampling)))
-        for _ in range(steps):
-            _lib.check(lib.arc_loop_enqueue_step(self.loop, self.graph, 1))
-        self.ctx.wait_idle()
-        state = ffi.new("arc_ring_state *")
-        _lib.check(lib.arc_ring_poll(self.loop, state))
+
+        def setup(loop):
+            _lib.check(lib.arc_loop_set_logprobs(loop, top_n))
+            stops = ffi.new("int32_t[]", list(stop_ids) or [0])
+            _lib.check(lib.arc_loop_set_stop_ids(loop, stops, len(stop_ids)))
+            if sampling is not None:
+                _lib.check(lib.arc_loop_set_sampling(loop, sampling_struct(ffi, sampling)))
+
+        state = super().run(0, 0, steps, setup)
         n = state.published
         tokens = ffi.new("int32_t[]", max(n, 1))
         _lib.check(lib.arc_ring_read(self.loop, 0, n, tokens))
@@ -89,13 +61,6 @@ class LogprobStep:
         top = [[(ids[k * MAX_TOP_LOGPROBS + j], vals[k * MAX_TOP_LOGPROBS + j]) for j in range(top_n)]
                for k in range(state.logprobs)]
         return list(tokens[0:n]), [lp[k] for k in range(state.logprobs)], top, state
-
-    def close(self):
-        self.ctx.wait_idle()
-        self.ctx.lib.arc_graph_destroy(self.graph)
-        self.ctx.lib.arc_loop_destroy(self.loop)
-        self.ctx.device_free(self.src)
-        self.ctx.device_free(self.logits)
 
 
 def check_entry(x, vocab, token, logprob, top, top_n):

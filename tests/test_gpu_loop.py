@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_buffers import CopyStep
+from scripted_tokens import following
 
 from arcpy import _lib
 from arcpy.codes import FAULT_DEGENERATE, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
-from arcpy.devices.context import Context, sampling_struct
 from arcpy.devices.scripted import scripted_device, scripted_next
 from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
@@ -28,19 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def expected(token, position, n, vocab=32000, bias=3):
-    out = []
-    for _ in range(n):
-        token = scripted_next(token, position, vocab, bias)
-        position += 1
-        out.append(token)
-    return out
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = Context(0)
-    yield c
-    c.close()
+    return following(lambda t, p: scripted_next(t, p, vocab, bias), token, position, n)
 
 
 def drain_idle(dev):
@@ -146,52 +135,6 @@ def test_sampler_value_output_is_optional(ctx):
     ctx.wait_idle()
     assert int(out[0]) == 0
     ctx.device_free(d_logits)
-
-
-class CopyStep:
-    """A step graph whose forward copies prepared logits (a capturable device-to-device copy),
-    then samples and commits: the commit's checks on logits the test chooses. With `sampling`
-    the sampler is the draw, else the argmax."""
-
-    def __init__(self, ctx, x: np.ndarray, loop_vocab: int, max_seq: int = 64, sampling=None):
-        self.ctx, ffi, lib = ctx, ctx.ffi, ctx.lib
-        width = x.size
-        self.src, self.logits = ctx.device_alloc(x.nbytes), ctx.device_alloc(x.nbytes)
-        ctx.upload_async(self.src, x)
-        lp = ffi.new("arc_loop **")
-        _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, 16, lp))
-        self.loop = lp[0]
-        if sampling is not None:
-            _lib.check(lib.arc_loop_set_sampling(self.loop, sampling_struct(ffi, sampling)))
-        commit = lib.arc_loop_enqueue_sample_commit if sampling is None else lib.arc_loop_enqueue_draw_commit
-        _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
-        try:
-            _lib.check(lib.arc_enqueue_copy_on_device(ctx.ptr, self.logits, self.src, x.nbytes))
-            _lib.check(commit(self.loop, self.logits, width))
-        finally:
-            gp = ffi.new("arc_graph **")
-            status = lib.arc_graph_capture_end(ctx.ptr, gp)
-        _lib.check(status)
-        self.graph = gp[0]
-        ctx.wait_idle()
-
-    def run(self, token: int, position: int, steps: int):
-        ffi, lib = self.ctx.ffi, self.ctx.lib
-        _lib.check(lib.arc_loop_reset_ring(self.loop))
-        _lib.check(lib.arc_loop_set_input(self.loop, token, position))
-        for _ in range(steps):
-            _lib.check(lib.arc_loop_enqueue_step(self.loop, self.graph, 1))
-        self.ctx.wait_idle()
-        state = ffi.new("arc_ring_state *")
-        _lib.check(lib.arc_ring_poll(self.loop, state))
-        return state
-
-    def close(self):
-        self.ctx.wait_idle()
-        self.ctx.lib.arc_graph_destroy(self.graph)
-        self.ctx.lib.arc_loop_destroy(self.loop)
-        self.ctx.device_free(self.src)
-        self.ctx.device_free(self.logits)
 
 
 def logits_case(case: str, width: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, u16p
+from gpu_buffers import f32p, host_logits, u16p
 
 import arcpy
 from arcpy import _lib
@@ -281,13 +281,6 @@ def layer_errors(got, want):
     return np.array([np.linalg.norm(got[li] - want[li]) / np.linalg.norm(want[li]) for li in range(got.shape[0])])
 
 
-def host_logits(dev):
-    dev.enqueue_logits_to_host()
-    while not dev.stream_query():
-        pass
-    return dev.host_logits()
-
-
 def cache_pointers(dev):
     k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
     _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
@@ -507,10 +500,7 @@ def test_bad_prefill_ranges_raise_and_change_nothing(small, n, start, match):
     dev.ctx.wait_idle()
     k, v = read_cache(dev)
     assert np.all(k == 0xFFFF) and np.all(v == 0xFFFF), "a refused prefill wrote the cache"
-    dev.enqueue_logits_to_host()
-    while not dev.stream_query():
-        pass
-    assert np.isnan(dev.host_logits()).all(), "a refused prefill wrote the logits"
+    assert np.isnan(host_logits(dev)).all(), "a refused prefill wrote the logits"
 
 
 def test_null_arguments_and_a_bad_reservation_raise(small):

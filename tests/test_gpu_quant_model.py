@@ -10,6 +10,7 @@ the dequantized weights) and the decode step agree on the first token where its 
 
 import numpy as np
 import pytest
+from gpu_buffers import decided_greedy_steps, gpu_logits
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
@@ -30,15 +31,6 @@ def pair(request):
     dev = open_cuda_device(model, max_seq=MAX_SEQ)
     yield model, dev
     dev.close()
-
-
-def gpu_logits(dev, token, pos):
-    dev.set_input(token, pos)
-    dev.enqueue_forward()
-    dev.enqueue_logits_to_host()
-    while not dev.stream_query():
-        pass
-    return dev.host_logits()
 
 
 def test_logits_match_the_reference_on_dequantized_weights(pair):
@@ -62,17 +54,7 @@ def test_logits_match_the_reference_on_dequantized_weights(pair):
 
 def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
     model, dev = pair
-    ref = ReferenceModel(model, max_seq=MAX_SEQ)
-    token, checked, agreed = 1, 0, 0
-    for pos in range(64):
-        want = ref.forward(token, pos)
-        got = gpu_logits(dev, token, pos)
-        err = float(np.max(np.abs(got.astype(np.float64) - want)))
-        top2 = np.sort(want)[-2:]
-        if top2[1] - top2[0] > 2 * err:
-            checked += 1
-            agreed += int(np.argmax(got)) == int(np.argmax(want))
-        token = int(np.argmax(got))
+    agreed, checked = decided_greedy_steps(model, dev, MAX_SEQ)
     print(f"{model.name}: {agreed}/{checked} decided steps agree")
     assert checked >= 16 and agreed == checked
 

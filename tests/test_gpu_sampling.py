@@ -12,25 +12,16 @@ import math
 
 import numpy as np
 import pytest
+from gpu_buffers import device, engine  # noqa: F401 (a fixture)
 
 from arcpy import _lib
-from arcpy.devices.context import Context, sampling_struct
-from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.context import sampling_struct
 from arcpy.errors import InvalidArgumentError
-from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
-from arcpy.loop.gate import FallbackLatch
-from arcpy.model import synthetic_model
+from arcpy.loop.engine import DEVICE_LOOP, HOST
 from arcpy.sampling import Sampler, Sampling, draw_words, kept_weights
 
 pytestmark = pytest.mark.gpu
 MAX_DRAWS = 100_000
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = Context(0)
-    yield c
-    c.close()
 
 
 class Draws:
@@ -202,17 +193,6 @@ def test_bad_parameters_are_refused_by_libarc(ctx, draws, field, value):
 STEPS = 128
 PROMPT = [1, 306, 4966, 304]
 SEQ_SAMPLING = Sampling(temperature=0.8, top_p=0.95, seed=1234)
-
-
-@pytest.fixture(scope="module", params=["stories15M", "gqa"])
-def device(request):
-    dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=1024)
-    yield dev
-    dev.close()
-
-
-def engine(dev, loop, burst=4):
-    return Engine(dev, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
 
 
 @pytest.fixture(scope="module")

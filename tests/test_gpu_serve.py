@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 
 import httpx
-import openai
 import pytest
-from serve_helpers import Server
+from serve_helpers import Server, client_of
 
 from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.sampling import Sampling
@@ -29,7 +28,7 @@ def server():
 
 
 def streamed(server, **kw) -> str:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    client = client_of(server)
     chunks = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=128, stream=True, **kw)
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 

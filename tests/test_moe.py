@@ -12,9 +12,7 @@ import math
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from test_gguf import BYTE_VOCAB, converter_permute, load_error, put, random_k_blocks
-from gguf import GGUFWriter
-from gguf.quants import quantize
+from test_gguf import BYTE_VOCAB, converter_permute, load_error, random_k_blocks, write_gguf
 
 from arcpy import codes
 from arcpy.devices.reference import ReferenceModel, _exact, _RowOps
@@ -320,22 +318,7 @@ def gguf_tensors(model, permute):
 
 
 def write(path, cfg, tensors, arch, types=None):
-    w = GGUFWriter(path, arch)
-    for key, value in {**_meta(cfg, arch), **BYTE_VOCAB}.items():
-        put(w, key, value)
-    for name, x in tensors.items():
-        qtype = (types or {}).get(name)
-        if qtype is None:
-            w.add_tensor(name, np.ascontiguousarray(x))
-        elif x.dtype == np.uint8:
-            w.add_tensor(name, x, raw_dtype=qtype)
-        else:
-            w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(path, tensors, {**_meta(cfg, arch), **BYTE_VOCAB}, arch, types)
 
 
 @pytest.mark.parametrize("cfg,arch", [(QWEN, "qwen3moe"), (MIXTRAL, "llama")])

@@ -16,11 +16,6 @@ from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling
 
 
-@pytest.fixture
-def latch():
-    return gate.FallbackLatch()
-
-
 def fake(latch, granule=1, **kw):
     return Engine(FakeDevice(FakeScript(prefix_granule=granule)), "fake", device_loop=True, environ={},
                   latch=latch, **kw)

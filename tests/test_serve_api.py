@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
-from serve_helpers import Server, make_text_model
+from serve_helpers import Server, client, engine_alone, make_text_model, model_dir, server  # noqa: F401 (fixtures)
 
-from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
 from arcpy.sampling import Sampling
 
@@ -20,21 +17,9 @@ MESSAGES = [{"role": "system", "content": "general"}, {"role": "user", "content"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_text_model(tmp_path_factory.mktemp("serve") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with Server("--model", str(model_dir), "--backend", "numpy", "--temperature", "0") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def alone(model_dir):
     """The same request answered by an engine of its own: (text, finish reason, tokens)."""
-    model, text = load_checkpoint(model_dir)
-    engine = Engine.load(model, "numpy", text=text)
+    engine = engine_alone(model_dir)
 
     def answer(**request):
         pieces = list(engine.stream(Request(**request)))
@@ -42,11 +27,6 @@ def alone(model_dir):
 
     yield answer
     engine.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def sse_events(response: httpx.Response) -> list:

@@ -5,12 +5,9 @@ can be cleared; /metrics counts it."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
-from serve_helpers import Server, make_text_model
+from serve_helpers import Server, client, client_of, engine_alone, model_dir, server  # noqa: F401 (fixtures)
 
-from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
 
 # More than one chunk of the NumPy backend's prefill (64 tokens): whole chunks are what is reused.
@@ -19,21 +16,9 @@ FIRST = [{"role": "system", "content": " ".join(f"w{i % 50}" for i in range(100)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_text_model(tmp_path_factory.mktemp("serve-cache") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with Server("--model", str(model_dir), "--backend", "numpy", "--temperature", "0") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def cold(model_dir):
     """A request answered by an engine without the cache: (text, prompt tokens)."""
-    model, text = load_checkpoint(model_dir)
-    engine = Engine.load(model, "numpy", text=text, prefix_cache=False)
+    engine = engine_alone(model_dir, prefix_cache=False)
 
     def answer(**request):
         pieces = list(engine.stream(Request(**request)))
@@ -41,11 +26,6 @@ def cold(model_dir):
 
     yield answer
     engine.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def cached(reply) -> int:
@@ -91,7 +71,7 @@ def stored_server(model_dir):
 
 
 def test_with_a_store_alternating_conversations_each_reuse_their_own(stored_server, cold):
-    client = openai.OpenAI(base_url=stored_server.url + "/v1", api_key="unused", max_retries=0)
+    client = client_of(stored_server)
     systems = [" ".join(f"w{(i * k) % 50}" for i in range(100)) for k in (1, 3)]
     histories = [[{"role": "system", "content": s}, {"role": "user", "content": "hello there"}] for s in systems]
     for turn in range(2):

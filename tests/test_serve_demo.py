@@ -4,9 +4,8 @@ short (the model makes about 7 tokens a second here). Skipped, saying why, witho
 
 from __future__ import annotations
 
-import openai
 import pytest
-from serve_helpers import Server
+from serve_helpers import Server, client_of
 
 from arcpy.demo import FETCH_HINT, demo_model_path
 
@@ -19,7 +18,7 @@ NAME = "SmolLM2-135M-Instruct.Q4_1"
 @pytest.fixture(scope="module")
 def client():
     with Server("--model", str(FILE), "--backend", "numpy", "--max-seq", "256") as s:
-        yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        yield client_of(s)
 
 
 @pytest.fixture(scope="module")

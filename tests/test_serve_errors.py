@@ -13,7 +13,7 @@ import sys
 import httpx
 import openai
 import pytest
-from serve_helpers import Server, make_text_model, server_env
+from serve_helpers import Server, client_of, make_text_model, server_env
 
 from arcpy.model import SHAPES, random_model, save_model
 
@@ -172,13 +172,13 @@ def test_the_right_api_key_is_served_and_health_needs_none(server):
 
 
 def test_the_openai_client_raises_its_own_errors(server):
-    good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    good = client_of(server, KEY)
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         good.chat.completions.create(model="tiny", messages=CHAT["messages"], n=3)
     with pytest.raises(openai.NotFoundError):
         good.chat.completions.create(model="other", messages=CHAT["messages"])
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+        client_of(server, "nope").models.list()
 
 
 def test_a_body_over_the_limit_is_a_413_whether_its_length_is_told_or_not(server):

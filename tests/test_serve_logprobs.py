@@ -10,10 +10,8 @@ import math
 import httpx
 import openai
 import pytest
-from serve_helpers import Server, make_text_model
+from serve_helpers import client, engine_alone, model_dir, server  # noqa: F401 (fixtures)
 
-from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
 from arcpy.text import token_text
 
@@ -21,31 +19,14 @@ MESSAGES = [{"role": "system", "content": "general"}, {"role": "user", "content"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_text_model(tmp_path_factory.mktemp("serve-logprobs") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with Server("--model", str(model_dir), "--backend", "numpy", "--temperature", "0") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def alone(model_dir):
     """The same request's pieces from an engine of its own, and the model's text."""
-    model, text = load_checkpoint(model_dir)
-    engine = Engine.load(model, "numpy", text=text)
+    engine = engine_alone(model_dir)
 
     def pieces(**request):
         return [p for p in engine.stream(Request(**request)) if p.token is not None]
 
-    yield pieces, text
+    yield pieces, engine.text
     engine.close()
 
 

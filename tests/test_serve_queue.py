@@ -18,6 +18,8 @@ import httpx
 import pytest
 from serve_helpers import Server, make_text_model
 
+from arcpy.bench.serve import metric
+
 LONG = {"model": "slow", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 1000,
         "temperature": 0}
 SHORT = {"model": "slow", "messages": [{"role": "user", "content": "general kenobi"}], "max_tokens": 2,
@@ -33,12 +35,6 @@ def slow_model(tmp_path_factory):
 def server(slow_model):
     with Server("--model", str(slow_model), "--backend", "numpy", "--max-queue", "1") as s:
         yield s
-
-
-def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def health(server) -> dict:
@@ -91,7 +87,7 @@ class Streaming:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_cancels_its_sequence_and_the_next_request_starts(server, stream):
-    cancelled = metric(server, 'arcpy_sequences_total{finish_reason="cancelled"}')
+    cancelled = metric(server.url, 'arcpy_sequences_total{finish_reason="cancelled"}')
     if stream:
         leaving = Streaming(server)
         leaving.read_content(3)
@@ -106,12 +102,12 @@ def test_a_client_that_leaves_cancels_its_sequence_and_the_next_request_starts(s
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     # The 1,000-token answer would have taken about 12 s more; the next request was served at once.
     assert served < 3.0, f"the next request took {served:.2f} s after the client left"
-    assert metric(server, 'arcpy_sequences_total{finish_reason="cancelled"}') == cancelled + 1
-    assert metric(server, "arcpy_cancel_seconds_count") >= 1
+    assert metric(server.url, 'arcpy_sequences_total{finish_reason="cancelled"}') == cancelled + 1
+    assert metric(server.url, "arcpy_cancel_seconds_count") >= 1
     assert re.search(r"chatcmpl-\w+: cancelled after \d+ tokens", server.log)
+    freed = metric(server.url, "arcpy_cancel_seconds_sum") / metric(server.url, "arcpy_cancel_seconds_count")
     print(f"\nthe client left; the next request was answered {served * 1e3:.0f} ms later; engine free "
-          f"{metric(server, 'arcpy_cancel_seconds_sum') / metric(server, 'arcpy_cancel_seconds_count') * 1e3:.1f} "
-          "ms after a cancel, on average")
+          f"{freed * 1e3:.1f} ms after a cancel, on average")
 
 
 def test_beyond_the_queue_a_503_with_retry_after_and_a_queued_client_that_leaves_is_dropped(server):

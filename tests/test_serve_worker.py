@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from scripted_tokens import scripted_tokens
 from serve_helpers import InProcess
 
 from arcpy.devices.fake import FakeDevice, FakeScript
@@ -26,13 +27,8 @@ from arcpy.serve.worker import FAULT, SHUTDOWN, Channel, Done, Failed, Job, Queu
 PROMPT = (1, 2, 3)
 
 
-def reference(n, prompt=PROMPT, vocab=64):
-    tok, pos, out = prompt[-1], len(prompt) - 1, []
-    for _ in range(n):
-        tok = scripted_next(tok, pos, vocab)
-        pos += 1
-        out.append(tok)
-    return out
+def reference(n, prompt=PROMPT):
+    return scripted_tokens(prompt, n, 64)
 
 
 def fake_worker(script=None, max_queue=4, **kw) -> Worker:

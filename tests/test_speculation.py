@@ -5,11 +5,11 @@ speculative step drafts, verifies and accepts as libarc's does (one model token 
 import random
 
 import pytest
+from scripted_tokens import following
 
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.drafting import Acceptance, NgramIndex, draft
 from arcpy.errors import FaultWordError, ShortBurstError
-from arcpy.loop import gate
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, Engine
 from arcpy.loop.speculate import COST_PRIOR, PLAIN, SPECULATIVE, SpecPolicy, StepCost
@@ -30,17 +30,7 @@ def drift_next(tok, pos):
 
 
 def reference(n, rule, prompt=PROMPT):
-    tok, pos, out = prompt[-1], len(prompt) - 1, []
-    for _ in range(n):
-        tok = rule(tok, pos)
-        pos += 1
-        out.append(tok)
-    return out
-
-
-@pytest.fixture
-def latch():
-    return gate.FallbackLatch()
+    return following(rule, prompt[-1], len(prompt) - 1, n)
 
 
 def engine(latch, rule=cycle_next, k=4, **kw):

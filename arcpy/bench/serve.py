@@ -87,36 +87,32 @@ class ServerProcess:
         os.unlink(self._log.name)
 
 
-def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
+def connection(url: str, timeout: float = 600.0) -> http.client.HTTPConnection:
+    """A connection to `url`'s host and port (kept alive across requests as stream_chat's `conn`)."""
     parts = urllib.parse.urlsplit(url)
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
 
 
-def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
-    """(status, body) of a GET; status 0 when nothing answers."""
-    conn = _connection(url, timeout)
+def _request(method: str, url: str, timeout: float, body: bytes | None = None, headers=None) -> tuple[int, str]:
+    conn = connection(url, timeout)
     try:
-        conn.request("GET", urllib.parse.urlsplit(url).path)
+        conn.request(method, urllib.parse.urlsplit(url).path, body, headers or {})
         r = conn.getresponse()
         return r.status, r.read().decode(errors="replace")
     except OSError:
         return 0, ""
     finally:
         conn.close()
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when nothing answers."""
+    return _request("GET", url, timeout)
 
 
 def post(url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
     """(status, body) of a POST of JSON `body`; status 0 when nothing answers."""
-    conn = _connection(url, timeout)
-    try:
-        conn.request("POST", urllib.parse.urlsplit(url).path, json.dumps(body or {}).encode(),
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        return r.status, r.read().decode(errors="replace")
-    except OSError:
-        return 0, ""
-    finally:
-        conn.close()
+    return _request("POST", url, timeout, json.dumps(body or {}).encode(), {"content-type": "application/json"})
 
 
 def metric(url: str, name: str) -> float:
@@ -160,7 +156,7 @@ def stream_chat(url: str, body: dict, hang_up_after: int | None = None, conn=Non
     HTTPConnection, is reused (kept alive) where the answer ended normally. `on_first()` is called
     as the first text arrives."""
     own = conn is None
-    conn = conn or _connection(url, timeout)
+    conn = conn or connection(url, timeout)
     out = Streamed()
     data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
     try:
@@ -202,11 +198,6 @@ def stream_chat(url: str, body: dict, hang_up_after: int | None = None, conn=Non
         if own or out.hung_up or not out.done:
             conn.close()
     return out
-
-
-def connection(url: str, timeout: float = 600.0) -> http.client.HTTPConnection:
-    """A connection to keep alive across requests (stream_chat's `conn`)."""
-    return _connection(url, timeout)
 
 
 def _message(body: bytes) -> str:

@@ -13,26 +13,18 @@ from arcpy.devices.reference import ReferenceModel
 PREFILL_CHUNK = 64  # prompt tokens a pass of the prefill takes
 
 
-class NumpyDevice:
+class HostPathDevice:
+    """DeviceOps of the host path alone, for a forward on the host: work completes when it is
+    enqueued, so the stream is always idle and the logits are already the host's. A subclass
+    writes `self.logits` in `enqueue_prefill` and `enqueue_forward`."""
+
     supports_loop = supports_sampling = False
     supports_prefill = True
-    # The prefill goes chunk by chunk (chunks start at multiples of PREFILL_CHUNK): NumPy's products
-    # may sum a row in another order when the row count differs, so a prefix is reused in whole
-    # chunks, and a prefill that resumes after them runs the very chunks a cold one runs.
-    prefix_granule = PREFILL_CHUNK
+    prefix_granule = 0
     speculate_k = speculate_ngram = 0
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities("CPU (NumPy reference backend)", prefill=True, prefix_granule=self.prefix_granule,
-                            prefix_row_bytes=self.prefix_row_bytes)
-
-    def __init__(self, reference: ReferenceModel):
-        self.ref = reference
-        self.vocab, self.max_seq = reference.config.vocab, reference.max_seq
-        k = reference.k_cache
-        self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
-        self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # offset -> rows saved there
+    def __init__(self, vocab: int, max_seq: int):
+        self.vocab, self.max_seq = vocab, max_seq
         self.token, self.position = 0, 0
         self.logits = np.zeros(self.vocab, np.float32)
 
@@ -47,6 +39,38 @@ class NumpyDevice:
 
     def close(self) -> None:
         pass
+
+    def enqueue_argmax(self) -> None:
+        pass
+
+    def enqueue_logits_to_host(self) -> None:
+        pass
+
+    def sampled(self) -> tuple[int, float, float]:
+        token = int(np.argmax(self.logits))
+        return token, float(self.logits[token]), float(self.logits.min())
+
+    def host_logits(self) -> np.ndarray:
+        return self.logits
+
+
+class NumpyDevice(HostPathDevice):
+    # The prefill goes chunk by chunk (chunks start at multiples of PREFILL_CHUNK): NumPy's products
+    # may sum a row in another order when the row count differs, so a prefix is reused in whole
+    # chunks, and a prefill that resumes after them runs the very chunks a cold one runs.
+    prefix_granule = PREFILL_CHUNK
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("CPU (NumPy reference backend)", prefill=True, prefix_granule=self.prefix_granule,
+                            prefix_row_bytes=self.prefix_row_bytes)
+
+    def __init__(self, reference: ReferenceModel):
+        super().__init__(reference.config.vocab, reference.max_seq)
+        self.ref = reference
+        k = reference.k_cache
+        self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
+        self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # offset -> rows saved there
 
     # The store of earlier prefixes (arcpy/loop/prefix.py): here host memory, a copy per prefix.
     def default_prefix_store_bytes(self) -> int:
@@ -68,16 +92,3 @@ class NumpyDevice:
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self.logits = self.ref.forward(self.token, self.position)
-
-    def enqueue_argmax(self) -> None:
-        pass
-
-    def enqueue_logits_to_host(self) -> None:
-        pass
-
-    def sampled(self) -> tuple[int, float, float]:
-        token = int(np.argmax(self.logits))
-        return token, float(self.logits[token]), float(self.logits.min())
-
-    def host_logits(self) -> np.ndarray:
-        return self.logits
