@@ -50,7 +50,7 @@ def test_the_step_graphs_latch_degenerate_logits_and_publish_nothing(device, sam
 
 
 def test_the_speculative_accept_latches_degenerate_logits(device):
-    if not device.capabilities().speculate_k:
+    if not device.capabilities.speculate_k:
         pytest.skip("speculative steps need bf16 weights")
     drv = BurstDriver(device)
     drv.begin_sequence(())

@@ -12,18 +12,10 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = Context(0)
-    yield c
-    c.close()
 
 
 def bf16(rng, shape, scale=1.0):
@@ -89,7 +81,7 @@ def prefill(dev, tokens, splits):
     return dev.host_logits()
 
 
-@pytest.mark.parametrize("shape", ["smollm2-135M", "llama1B-q4km", "gemma3-tiny"])
+@pytest.mark.parametrize("shape", ["smollm2-135M", "llama1B-q4km", "gemma3-tiny", "qwen3-tiny", "phi3-tiny"])
 def test_a_prefill_split_anywhere_writes_the_rows_of_one_in_one_piece(shape):
     model = synthetic_model(shape, seed=5, max_seq=4096)
     cfg = model.config

@@ -1,5 +1,7 @@
 """GPU tier: prefix reuse on a real-shaped preset (marker `gpu`). A turn that extends the last
-reuses whole prefill chunks, and its KV rows, logits and tokens are a cold run's bit for bit."""
+reuses every row the last prefill wrote that it shares (granule 1: a prefill row does not depend
+on its chunk, tests/test_gpu_prefill_rows.py), and its KV rows, logits and tokens are a cold run's
+bit for bit."""
 
 from __future__ import annotations
 
@@ -46,15 +48,15 @@ def rows(eng, n):
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
-def test_gpu_second_turn_reuses_whole_chunks_and_equals_a_cold_run(engine, sampling):
-    assert engine.device.prefix_granule == 2048
+def test_gpu_second_turn_reuses_the_last_prompts_rows_and_equals_a_cold_run(engine, sampling):
+    assert engine.device.prefix_granule == 1
     rng = np.random.default_rng(3)
     vocab = engine.device.vocab
     first = [int(t) for t in rng.integers(0, vocab, 2600)]
     answer = list(engine.generate(first, 24, sampling=sampling))
     second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
     warm = list(engine.generate(second, 48, sampling=sampling))
-    assert engine.stats.cached_tokens == 2048 and engine.stats.path == "device-loop"
+    assert engine.stats.cached_tokens == len(first) and engine.stats.path == "device-loop"
     warm_rows = rows(engine, len(second))
     engine.prefix.clear()
     cold = list(engine.generate(second, 48, sampling=sampling))
@@ -65,12 +67,16 @@ def test_gpu_second_turn_reuses_whole_chunks_and_equals_a_cold_run(engine, sampl
         assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
 
 
-def test_gpu_a_prompt_shorter_than_a_chunk_reuses_nothing(engine):
-    rng = np.random.default_rng(4)
-    prompt = [int(t) for t in rng.integers(0, engine.device.vocab, 500)]
+@pytest.mark.parametrize("n", [1, 37, 500])
+def test_gpu_a_prompt_shorter_than_a_chunk_reuses_its_shared_rows(engine, n):
+    rng = np.random.default_rng(4 + n)
+    prompt = [int(t) for t in rng.integers(0, engine.device.vocab, n)]
     list(engine.generate(prompt, 4))
-    list(engine.generate(prompt + [1, 2, 3], 4))
-    assert engine.stats.cached_tokens == 0
+    longer = prompt + [1, 2, 3]
+    warm = list(engine.generate(longer, 16))
+    assert engine.stats.cached_tokens == n
+    engine.prefix.clear()
+    assert list(engine.generate(longer, 16)) == warm and engine.stats.cached_tokens == 0
 
 
 def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
@@ -84,7 +90,7 @@ def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
     list(engine.generate(b, 8))
     a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
     warm = list(engine.generate(a2, 32))
-    assert engine.stats.cached_tokens == 2048 and engine.prefix.restored
+    assert engine.stats.cached_tokens == len(a) and engine.prefix.restored
     warm_rows = rows(engine, len(a2))
     engine.prefix.clear()
     cold = list(engine.generate(a2, 32))

@@ -66,9 +66,10 @@ class CudaDevice(KVStore):
         self.speculate_k = self.speculate_ngram = 0
         self.speculation_refused = ""  # why speculative steps were asked for and not captured
         self.supports_prefill = forward.supports_prefill
-        # A prefill that resumes at a multiple of its chunk runs the very chunks a cold one runs
-        # (the same rows, the same shapes, so the same kernels and bits); README, Prefix reuse.
-        self.prefix_granule = getattr(forward, "prefill_chunk", 0) if self.supports_prefill else 0
+        # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
+        # the same at any row count, attention walks its keys in tiles at fixed positions:
+        # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; README, Prefix reuse.
+        self.prefix_granule = 1 if self.supports_prefill else 0
         blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
