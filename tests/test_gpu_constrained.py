@@ -54,7 +54,7 @@ def test_the_rate_under_a_schema_against_the_device_loop():
     model, text = load_checkpoint(demo_model_path())
     schema = {"type": "array", "minItems": 200, "maxItems": 200, "items": {"type": "integer", "minimum": 0,
                                                                             "maximum": 9}}
-    ask = [{"role": "user", "content": "List numbers."}]
+    ask = [{"role": "user", "content": "List two hundred numbers from 0 to 9, separated by commas."}]
     with Engine.load(model, "cuda", text=text, burst=16) as engine:
         rates = {}
         for name, extra in (("device loop, unconstrained", {}), ("host path, schema", {"response_format": fmt(schema)})):
@@ -69,8 +69,9 @@ def test_the_rate_under_a_schema_against_the_device_loop():
                 if extra:
                     jsonschema.validate(json.loads("".join(texts)), schema)
                     assert engine.stats.host_waits == engine.stats.tokens  # the host path: one a token
-                assert len(stamps) > 8, (name, "".join(texts))
-                best = max(best, (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+                if len(stamps) > 8:  # a sampled free answer may end at once; the rate needs a run of tokens
+                    best = max(best, (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            assert best > 0, f"{name}: no answer of more than 8 tokens in 3 seeds"
             rates[name] = best
         print(json.dumps({"demo model tok/s": rates,
                           "share": rates["host path, schema"] / rates["device loop, unconstrained"]}))

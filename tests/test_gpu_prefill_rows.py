@@ -81,7 +81,7 @@ def prefill(dev, tokens, splits):
     return dev.host_logits()
 
 
-@pytest.mark.parametrize("shape", ["smollm2-135M", "llama1B-q4km", "gemma3-tiny", "qwen3-tiny", "phi3-tiny"])
+@pytest.mark.parametrize("shape", ["smollm2-135M", "llama1B-q4km", "gemma3-tiny", "qwen3-tiny", "phi3-tiny", "tiny-quant"])
 def test_a_prefill_split_anywhere_writes_the_rows_of_one_in_one_piece(shape):
     model = synthetic_model(shape, seed=5, max_seq=4096)
     cfg = model.config

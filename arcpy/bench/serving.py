@@ -32,6 +32,7 @@ from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
+from arcpy.loop.stats import FinishReason
 from arcpy.sampling import Sampling
 from arcpy.model import synthetic_model
 
@@ -147,7 +148,7 @@ def constrained_row(device, text, seeds: int = 8, tokens: int = 200) -> dict:
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
             waits += eng.stats.host_waits
             made += eng.stats.tokens
-            if constraint is not None and eng.stats.finish_reason != "length":
+            if constraint is not None and eng.stats.finish_reason != FinishReason.TOKEN_BUDGET:
                 ended += 1
                 try:
                     json.loads("".join(text_out))
