@@ -17,11 +17,13 @@ FAULT_TOKEN_RANGE = 1
 FAULT_POSITION_RANGE = 2
 FAULT_NONFINITE = 3
 FAULT_DEGENERATE = 4
+FAULT_MASK_TIMEOUT = 5
 FAULT_NAMES = {
     FAULT_TOKEN_RANGE: "token out of range",
     FAULT_POSITION_RANGE: "position out of range",
     FAULT_NONFINITE: "non-finite logits",
     FAULT_DEGENERATE: "degenerate logits (every one equal)",
+    FAULT_MASK_TIMEOUT: "no token mask from the host in time",
 }
 
 # The commit kernel compares each token against at most this many stop ids.

@@ -101,7 +101,8 @@ typedef enum arc_fault {
     ARC_FAULT_TOKEN_RANGE = 1,     /* sampled token outside [0, vocab) */
     ARC_FAULT_POSITION_RANGE = 2,  /* the next position would reach max_seq */
     ARC_FAULT_NONFINITE = 3,       /* the winning logit is NaN or infinite: the forward broke */
-    ARC_FAULT_DEGENERATE = 4       /* every logit equal (vocab > 1): the forward carries no information */
+    ARC_FAULT_DEGENERATE = 4,      /* every logit equal (vocab > 1): the forward carries no information */
+    ARC_FAULT_MASK_TIMEOUT = 5     /* a masked step waited ARC_MASK_WAIT_US for its mask: the host wrote none */
 } arc_fault;
 
 int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity, arc_loop **out);
@@ -147,6 +148,18 @@ int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n);
 int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width);
 int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob, int32_t *top_ids,
                            float *top_values);
+/* A token mask from the host (a grammar's allowed ids). arc_loop_mask_block gives the host pointers of the loop's
+ * mapped mask block (allocated by the first call, not while capturing): ready, then words[ceil(vocab / 32)], id i
+ * allowed when bit i % 32 of words[i / 32] is set. The host writes the mask of the sequence's token n (n counts the
+ * tokens the ring has published since arc_loop_reset_ring, which sets ready to 0), then ready = n + 1. Captured
+ * between a step's forward and its sampler, arc_loop_enqueue_mask waits on the device until ready > n for the token
+ * n the step is to publish (not at all where its commit will publish nothing: a fault, a stop id, the burst's
+ * limit), then sets logits[i] to -inf for every id it forbids and every i in [vocab, width). A wait past
+ * ARC_MASK_WAIT_US latches ARC_FAULT_MASK_TIMEOUT. A host that abandons a sequence sets ready to 0xFFFFFFFF: no
+ * step waits again until the next reset. */
+enum { ARC_MASK_WAIT_US = 2000000 };
+int arc_loop_mask_block(arc_loop *loop, uint32_t **words, uint32_t **ready);
+int arc_loop_enqueue_mask(arc_loop *loop, float *logits, int32_t width);
 /* A logit bias: arc_loop_enqueue_logit_bias adds values[k] to logits[ids[k]] (float32) for the n pairs
  * arc_loop_set_logit_bias last wrote (stream-ordered; n <= ARC_MAX_LOGIT_BIAS, ids distinct in [0, vocab), values
  * finite; n 0 adds nothing). Captured between a step's forward and its sampler, or enqueued on the host path before

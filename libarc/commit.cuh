@@ -25,6 +25,23 @@ __device__ __forceinline__ bool nonfinite(float v) {
     return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
 }
 
+// Whether this step's commit may publish: no fault latched, no stop id ended the burst, the
+// burst's limit not reached.
+__device__ __forceinline__ bool will_publish(const CommitArgs &c) {
+    const DeviceState *st = c.st;
+    return st->fault == 0 && st->stopped != st->burst && st->published != st->limit;
+}
+
+// Latches fault `code` (sticky: later steps publish nothing): the device's copy, then the ring's
+// detail, a system-wide fence, and the ring's word, so a host that sees the word sees the detail.
+__device__ inline void latch_fault(const CommitArgs &c, uint32_t code, int tok, int pos) {
+    c.st->fault = code;
+    c.ring->fault_token = tok;
+    c.ring->fault_pos = pos;
+    __threadfence_system();
+    c.ring->fault = code;
+}
+
 // Checks the sampled token, the logit that decided it (the argmax's winner, the draw's maximum),
 // whether every logit the sampler saw was equal (`flat`: its smallest equals its largest), and the
 // next position before writing anything; on a violation latches the fault word (sticky: later
@@ -41,7 +58,7 @@ __device__ inline bool publish_token(const CommitArgs &c, int tok, float value, 
     DeviceState *st = c.st;
     RingHeader *ring = c.ring;
     volatile int32_t *slots = c.slots;
-    if (st->fault != 0 || st->stopped == st->burst || st->published == st->limit) return false;
+    if (!will_publish(c)) return false;
     int next = st->position + 1;
     uint32_t code = ARC_FAULT_NONE;
     if (nonfinite(value)) code = ARC_FAULT_NONFINITE;
@@ -49,11 +66,7 @@ __device__ inline bool publish_token(const CommitArgs &c, int tok, float value, 
     else if (tok < 0 || tok >= c.vocab) code = ARC_FAULT_TOKEN_RANGE;
     else if (next >= c.max_seq) code = ARC_FAULT_POSITION_RANGE;
     if (code != ARC_FAULT_NONE) {
-        st->fault = code;
-        ring->fault_token = tok;
-        ring->fault_pos = next;
-        __threadfence_system();
-        ring->fault = code;
+        latch_fault(c, code, tok, next);
         return false;
     }
     st->token = (uint32_t)tok;

@@ -62,6 +62,7 @@ enum { PINNED_HEADER = 64 };
 static void loop_release(arc_loop *loop) {
     if (loop->ring_host) cudaFreeHost(loop->ring_host);
     if (loop->lp_host) cudaFreeHost(loop->lp_host);
+    if (loop->mask_host) cudaFreeHost(loop->mask_host);
     if (loop->lp_part) cudaFree(loop->lp_part);
     if (loop->lp_done) cudaFree(loop->lp_done);
     if (loop->state) cudaFree(loop->state);
@@ -179,6 +180,7 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     r->stopped = 0;
     r->steps = 0;
     r->logprobs = 0;
+    if (loop->mask_host) *(volatile uint32_t *)loop->mask_host = 0;  // no mask of the new sequence yet
     return ARC_OK;
 }
 

@@ -145,6 +145,8 @@ struct arc_loop {
     LogprobRing lp_ring_host, lp_ring_dev;
     float *lp_part;       // device: per block, max, sum and ARC_MAX_TOP_LOGPROBS (value, id) candidates
     uint32_t *lp_done;    // device: the kernel's done counter
+    uint32_t *mask_host;  // the mask block (mask.cu), pinned and mapped: the ready word, then the mask's
+    uint32_t *mask_dev;   // words; null until arc_loop_mask_block
 };
 
 // Every CUDA call on a context goes through one of these: counted, checked, and on failure

@@ -135,7 +135,8 @@ def main(argv=None) -> int:
             return 1
         save(report)
         for name, rows in report["serving"].items():
-            print("\n".join(serving_bench.format_rows(name, rows["turns"], rows["logprobs"], rows.get("constrained"))))
+            print("\n".join(serving_bench.format_rows(name, rows.get("turns"), rows.get("logprobs"),
+                                                       rows.get("constrained"))))
     if args.speculation:
         try:
             report["speculation"] = spec_bench.run([s for s in args.spec_shapes.split(",") if s], args.tokens,

@@ -436,7 +436,7 @@ def test_each_device_states_its_capabilities_in_one_record():
     fake = FakeDevice(FakeScript(supports_sampling=False, speculate_k=4, speculate_ngram=2))
     assert fake.capabilities == Capabilities("fake GPU (scripted)", loop=True, sampling=False, prefill=True,
                                              speculate_k=4, speculate_ngram=2, logprobs=True, logit_bias=True,
-                                             prefix_granule=1)
+                                             prefix_granule=1, masks=True)
     fake.supports_loop = False  # what a device can do is read when asked
     assert not fake.capabilities.loop
     cpu = NumpyDevice(ReferenceModel(random_model(SHAPES["stories15M"], seed=0), 16))

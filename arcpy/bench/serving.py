@@ -20,6 +20,7 @@ after the first, host waits a token, and whether every constrained answer that e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -34,7 +35,7 @@ from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
 from arcpy.loop.stats import FinishReason
 from arcpy.sampling import Sampling
-from arcpy.model import synthetic_model
+from arcpy.model import SHAPES, preset_formats, random_model, synthetic_model
 
 ANSWER = 48     # new tokens of each turn's answer
 QUESTION = 24   # tokens of each turn's question
@@ -165,24 +166,30 @@ def constrained_row(device, text, seeds: int = 8, tokens: int = 200) -> dict:
 
 
 def run(shapes: list[str], demo_path, turns: int, history: int, tokens: int, runs: int, progress) -> dict:
-    """Both rows for each synthetic shape (random weights), and for the demo model where its
-    file is given: {name: {"turns": ..., "logprobs": ...}}."""
-    report = {}
-    models = [(shape, lambda shape=shape: synthetic_model(shape, seed=0)) for shape in shapes]
+    """The turns and log-probabilities rows for each synthetic shape (random weights) and for the
+    demo model where its file is given; with the demo model also the constrained row, on it and on
+    each shape made with its vocabulary (a grammar needs the tokenizer): {name: {row: ...}}."""
+    from arcpy.loading import load_gguf
+
+    report, text = {}, None
+    models = [(shape, lambda shape=shape: (synthetic_model(shape, seed=0), None)) for shape in shapes]
     if demo_path is not None:
-        def demo():
-            from arcpy.loading import load_gguf
-            return load_gguf(demo_path)
-        models.append(("demo " + demo_path.stem, demo))
+        demo_model, text = load_gguf(demo_path)
+        models.insert(0, ("demo " + demo_path.stem, lambda: (demo_model, text)))
+        for shape in shapes:
+            cfg = dataclasses.replace(SHAPES[shape], vocab=text.tokenizer.get_vocab_size())
+            models.append((f"{shape} with the demo's vocabulary",
+                           lambda cfg=cfg, shape=shape: (random_model(cfg, formats=preset_formats(shape)), text)))
     for name, make in models:
-        model = make()
-        model, text = model if isinstance(model, tuple) else (model, None)
+        model, model_text = make()
         with open_cuda_device(model, max_seq=max(history + ANSWER, bench_max_seq(model.config))) as device:
             t0 = time.perf_counter()
-            report[name] = {"turns": turns_row(device, turns, history, runs),
-                            "logprobs": logprobs_row(device, tokens, runs)}
-            if text is not None:
-                report[name]["constrained"] = constrained_row(device, text)
+            rows = report[name] = {}
+            if not name.endswith("the demo's vocabulary"):
+                rows["turns"] = turns_row(device, turns, history, runs)
+                rows["logprobs"] = logprobs_row(device, tokens, runs)
+            if model_text is not None:
+                rows["constrained"] = constrained_row(device, model_text)
             progress(f"{name}: serving rows in {time.perf_counter() - t0:.1f}s")
         del model
     return report

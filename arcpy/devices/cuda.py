@@ -23,6 +23,7 @@ from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.kv_store import KVStore
+from arcpy.devices.mask_block import MaskBlock
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
@@ -57,9 +58,10 @@ class CudaDevice(KVStore):
         self.forward = forward
         self.owns_context = owns_context
         self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
-        # The step graphs by (draw, log-probabilities, logit bias); (False, False, False) is step_graph.
-        self.steps: dict[tuple[bool, bool, bool], object] = {}
-        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
+        # The step graphs by (draw, log-probabilities, logit bias, mask); all False is step_graph.
+        self.steps: dict[tuple[bool, bool, bool, bool], object] = {}
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = self.supports_masks = False
+        self._masking, self._mask = False, None  # set_masking chose the masked step graphs; the MaskBlock
         self.supports_logit_bias = True  # on the host path an eager kernel; the loop's graphs in capture()
         self._top_logprobs: int | None = None  # set_logprobs: None, off
         self._bias = False  # set_logit_bias gave pairs
@@ -124,28 +126,28 @@ class CudaDevice(KVStore):
         most = self.ffi.new("int32_t *")
         _lib.check(self.lib.arc_sample_max_vocab(self.ctx.ptr, most))
         draws = (False, True) if self.vocab <= most[0] else (False,)
-        # Steps with the log-probabilities or a logit bias are captured apart, so that a sequence
-        # without them runs the plain graphs unchanged.
+        # Steps with the log-probabilities, a logit bias or a mask are captured apart, so that a
+        # sequence without them runs the plain graphs unchanged.
         _lib.check(self.lib.arc_loop_set_logprobs(self.loop, 0))  # allocates the ring, outside any capture
-        for key in ((d, lp, b) for d in draws for lp in (False, True) for b in (False, True)):
+        self._mask = MaskBlock(self.ffi, self.lib, self.loop, self.vocab)
+        flags = (False, True)
+        for key in ((d, lp, b, m) for d in draws for lp in flags for b in flags for m in flags):
             self.steps[key] = self._capture(lambda: self._enqueue_step_graph(*key))
-        self.step_graph, self.draw_graph = self.steps[False, False, False], self.steps.get((True, False, False))
-        self.supports_loop = self.supports_logprobs = True
+        self.step_graph = self.steps[False, False, False, False]
+        self.draw_graph = self.steps.get((True, False, False, False))
+        self.supports_loop = self.supports_logprobs = self.supports_masks = True
         self.supports_sampling = True in draws
 
-    def _enqueue_step_graph(self, draw: bool, logprobs: bool, bias: bool) -> None:
-        """What a step graph holds: the forward, the logit bias, the sampler and its commit (the
-        greedy step's argmax inside the lm_head's kernel where nothing comes between), then the
-        log-probabilities of the token it published."""
+    def _enqueue_step_graph(self, draw: bool, logprobs: bool, bias: bool, mask: bool) -> None:
+        """What a step graph holds: the forward, the logit bias, the mask, the sampler and its
+        commit (the greedy step's argmax inside the lm_head's kernel where nothing comes between),
+        then the log-probabilities of the token it published."""
         fwd = self.forward
-        if not (draw or bias):
+        if not (draw or bias or mask):
             fwd.enqueue_greedy(self.loop)
         else:
             fwd.enqueue(self.loop)
-            if bias:
-                self.enqueue_logit_bias()
-            commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
-            _lib.check(commit(self.loop, fwd.logits, fwd.width))
+            self._enqueue_sampler(draw, bias, mask)
         if logprobs:
             _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
@@ -189,7 +191,8 @@ class CudaDevice(KVStore):
                             speculate_k=self.speculate_k, speculate_ngram=self.speculate_ngram,
                             speculation_refused=self.speculation_refused, memory_report=True,
                             logprobs=self.supports_logprobs, logit_bias=self.supports_logit_bias,
-                            prefix_granule=self.prefix_granule, prefix_row_bytes=self.prefix_row_bytes)
+                            prefix_granule=self.prefix_granule, prefix_row_bytes=self.prefix_row_bytes,
+                            masks=self.supports_masks)
 
     def memory_report(self) -> str:
         """One line: what the model takes on the device and what is left."""
@@ -334,7 +337,7 @@ class CudaDevice(KVStore):
 
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False
-        graph = self.steps[self._drawing, self._top_logprobs is not None, self._bias]
+        graph = self.steps[self._drawing, self._top_logprobs is not None, self._bias, self._masking]
         _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def enqueue_commit(self, burst_id: int) -> None:
@@ -343,12 +346,31 @@ class CudaDevice(KVStore):
         self._idle = False
         fwd = self.forward
         _lib.check(self.lib.arc_loop_begin_burst(self.loop, burst_id))
-        if self._bias:
-            self.enqueue_logit_bias()
-        commit = self.lib.arc_loop_enqueue_draw_commit if self._drawing else self.lib.arc_loop_enqueue_sample_commit
-        _lib.check(commit(self.loop, fwd.logits, fwd.width))
+        self._enqueue_sampler(self._drawing, self._bias, self._masking)
         if self._top_logprobs is not None:
             _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
+
+    def _enqueue_sampler(self, draw: bool, bias: bool, mask: bool) -> None:
+        """After a forward or a prefill: the logit bias, the mask, then the sampler and its commit."""
+        fwd = self.forward
+        if bias:
+            self.enqueue_logit_bias()
+        if mask:
+            _lib.check(self.lib.arc_loop_enqueue_mask(self.loop, fwd.logits, fwd.width))
+        commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
+        _lib.check(commit(self.loop, fwd.logits, fwd.width))
+
+    def set_masking(self, on: bool) -> None:
+        if on and not self.supports_masks:
+            raise InvalidArgumentError("this device's loop applies no token mask")
+        self._masking = on
+
+    def write_mask(self, n: int, words) -> None:
+        self._mask.write(n, words)
+
+    def release_masks(self) -> None:
+        if self._mask is not None and self._masking:
+            self._mask.release()
 
     def begin_burst(self, burst_id: int, max_tokens: int) -> None:
         self._idle = False
@@ -383,8 +405,8 @@ class CudaDevice(KVStore):
                 self.lib.arc_graph_destroy(g)
         self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
         self.steps = {}
-        self.supports_loop = self.supports_sampling = self.supports_logprobs = False
-        self.speculate_k = 0
+        self.supports_loop = self.supports_sampling = self.supports_logprobs = self.supports_masks = False
+        self.speculate_k, self._mask = 0, None  # the mask block goes with the loop
         if self.loop is not None:
             self.lib.arc_loop_destroy(self.loop)
             self.loop = None

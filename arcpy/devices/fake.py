@@ -17,12 +17,14 @@ from typing import Callable
 
 import numpy as np
 
-from arcpy.codes import FAULT_DEGENERATE, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS
+from arcpy.codes import (FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE,
+                         FAULT_TOKEN_RANGE, MAX_STOP_IDS)
 from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
 from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
 from arcpy.sampling import Sampler, Sampling, token_logprob
+from arcpy.text.grammar import allowed, words
 
 
 @dataclass
@@ -50,6 +52,8 @@ class FakeScript:
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     flat_at_position: int | None = None   # the forward at this position yields all-equal logits
+    supports_masks: bool = True           # the loop's steps apply a token mask the host writes
+    mask_patience: int = 10_000           # ticks a masked step waits for its mask before the fault
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
     speculate_ngram: int = 3
 
@@ -70,7 +74,7 @@ class FakeDevice:
                             prefill=self.supports_prefill, speculate_k=self.speculate_k,
                             speculate_ngram=self.speculate_ngram, logprobs=self.supports_logprobs,
                             logit_bias=self.supports_logit_bias, prefix_granule=self.prefix_granule,
-                            prefix_row_bytes=self.prefix_row_bytes)
+                            prefix_row_bytes=self.prefix_row_bytes, masks=self.script.supports_masks)
 
     def __init__(self, script: FakeScript | None = None):
         self.script = script or FakeScript()
@@ -82,6 +86,8 @@ class FakeDevice:
         self.supports_logprobs = self.script.supports_logprobs
         self.supports_logit_bias = self.script.supports_logit_bias
         self.bias: tuple = ()  # set_logit_bias: (id, value) pairs
+        self.masking, self.mask, self.mask_ready, self.mask_waited = False, None, 0, 0  # set_masking, write_mask
+        self.mask_timeouts = 0  # masked steps that waited past the script's patience
         self.prefix_row_bytes = self.script.prefix_row_bytes
         self.prefix_ops: list[tuple[str, int, int]] = []  # ("save" or "load", offset, rows), in order
         self.top_logprobs: int | None = None  # set_logprobs: None, off
@@ -90,28 +96,22 @@ class FakeDevice:
         self.prefills: list[tuple[tuple[int, ...], int]] = []  # (tokens, start) of each prefill
         self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()
-        self.busy_ticks = 0
-        self.token, self.position = 0, 0
+        self.busy_ticks, self.token, self.position = 0, 0, 0
         self.argmax = (-1, 0.0, 0.0)  # (token, its logit, the smallest logit)
         self.argmax_pending = (-1, 0.0, 0.0)
         self.queries = 0
         self.logits = np.zeros(self.vocab, np.float32)
         self.stop_ids: tuple[int, ...] = ()
         self.ring: list[int] = []
-        self.fault = RingState(0)
-        self.stopped = 0
-        self.dev_fault = FAULT_NONE
-        self.sticky = False
-        self.steps_enqueued = 0
+        self.fault, self.stopped, self.dev_fault = RingState(0), 0, FAULT_NONE
+        self.sticky, self.steps_enqueued = False, 0
         self.speculate_k, self.speculate_ngram = self.script.speculate_k, self.script.speculate_ngram
         self.history = [0] * self.max_seq  # the loop's token history (drafts read it)
         self.limit = None  # the ring count at which the burst stops publishing
         self.burst = 0  # the burst id last begun
         self.spec_steps = 0  # speculative steps whose commit ran
         self.drafts: list[list[int]] = []  # each speculative step's drafts, in order
-        self.calls = Counters()
-        self.log: list[str] = []
-        self.closed = False
+        self.calls, self.log, self.closed = Counters(), [], False
 
     def _next(self, token: int, position: int) -> int:
         if self.script.next_token is not None:
@@ -151,6 +151,8 @@ class FakeDevice:
             op = self.queue[0]
             if op.kind == "step" and op.step == self.script.hang_at:
                 return
+            if op.kind == "step" and self._waits_for_mask(op.arg):
+                return
             self.busy_ticks += 1
             if self.busy_ticks < self.script.latency:
                 return
@@ -186,6 +188,9 @@ class FakeDevice:
             logits, tok = self._forward(self.token, self.position)
             if self.bias:
                 logits, tok = self._add_bias(logits)
+            if self.masking and self.position != s.nan_at_position:
+                logits = np.where(allowed(self.mask, self.vocab), logits, np.float32(-np.inf)).astype(np.float32)
+                tok = int(np.argmax(logits))
             if self.sampler is not None and self.position not in (s.nan_at_position, s.flat_at_position):
                 tok = self.sampler.sample(logits, self.position + 1)
             self.step_logits = logits
@@ -199,6 +204,33 @@ class FakeDevice:
         for i, v in self.bias:
             logits[i] += np.float32(v)
         return logits, int(np.argmax(logits))
+
+    def _waits_for_mask(self, burst_id: int) -> bool:
+        """A masked step whose commit would publish waits for its mask (mask.cu); past the
+        script's patience it latches the timeout fault, as the kernel does."""
+        publishes = not (self.dev_fault or self.stopped == burst_id or
+                         (self.limit is not None and len(self.ring) >= self.limit))
+        if not (self.masking and publishes and self.mask_ready <= len(self.ring)):
+            self.mask_waited = 0
+            return False
+        self.mask_waited += 1
+        if self.mask_waited <= self.script.mask_patience:
+            return True
+        self.dev_fault, self.mask_timeouts = FAULT_MASK_TIMEOUT, self.mask_timeouts + 1
+        self.fault = RingState(0, FAULT_MASK_TIMEOUT, -1, self.position + 1)
+        return False
+
+    def set_masking(self, on: bool) -> None:
+        if on and not self.script.supports_masks:
+            raise InvalidArgumentError("this device loop applies no token mask")
+        self.masking = on
+
+    def write_mask(self, n: int, words) -> None:
+        self.mask, self.mask_ready = np.array(words, dtype=np.int32), n + 1
+
+    def release_masks(self) -> None:
+        if self.masking:
+            self.mask, self.mask_ready = np.full(words(self.vocab), -1, np.int32), 0xFFFFFFFF
 
     def _gone(self, op: _Op) -> bool:
         """A step the script breaks: a sticky fault (the stream is poisoned), or a lost launch."""
@@ -309,7 +341,7 @@ class FakeDevice:
         if not self.stream_query():
             return False
         self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0
-        self.entries = []
+        self.entries, self.mask_ready = [], 0
         self.spec_steps, self.limit = 0, None
         return True
 

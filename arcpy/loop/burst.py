@@ -53,24 +53,41 @@ class BurstDriver:
         self.burst_id = 0
         self.host_waits = 0
         self.sink = None  # where each taken token's log-probabilities go (a deque), when asked for
+        self.guide = None  # a masked sequence's Constrained: it sees every token, and gives the next mask
+        self.stop_ids: frozenset[int] = frozenset()
 
     def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None,
-                       logprobs: int | None = None, sink=None) -> None:
+                       logprobs: int | None = None, sink=None, guide=None) -> None:
         """Reset the ring for a new sequence, and give the device its stop ids and sampling
         parameters (None: greedy). With `logprobs` (alternatives, 0..20), a token is taken only
         once its log-probabilities are written too, and they go to `sink` (appended, in order).
         The ring may only be reset once no step is in flight (the
         tail of a burst a stop id ended may still be retiring): that wait is a host wait,
-        counted, once per sequence, never per token."""
+        counted, once per sequence, never per token. With `guide` (a Constrained, on a device
+        with masks) every step applies the grammar's mask on the device: the first is written now,
+        and each next one as soon as the tokens before it are taken from the ring."""
         if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
             self.host_waits += 1
         self.published = 0
         self.steps = 0
+        self.stop_ids = frozenset(stop_ids)
         self.device.set_stop_ids(tuple(stop_ids))
         self.device.set_sampling(sampling)
         if logprobs is not None or self.device.capabilities.logprobs:
             self.device.set_logprobs(logprobs)
         self.sink = sink if logprobs is not None else None
+        if guide is not None or self.device.capabilities.masks:
+            self.device.set_masking(guide is not None)
+        self.guide = guide
+        if guide is not None:
+            guide.fill()
+            self.device.write_mask(0, guide.mask)
+
+    def release(self) -> None:
+        """A masked sequence ends before its burst does: the steps still in flight pass unmasked."""
+        if self.guide is not None:
+            self.device.release_masks()
+            self.guide = None
 
     def run(self, steps: int, first_commit: bool = False) -> Iterator[int]:
         """Enqueue `steps` steps, then yield each token as it lands in the ring, in order. The
@@ -166,4 +183,10 @@ class BurstDriver:
             if self.sink is not None:
                 self.sink.extend(self.device.read_logprobs(self.published, published - self.published))
             self.published = published
+            if self.guide is not None:  # the next step waits for this mask: before anything else
+                for tok in tokens:
+                    self.guide.advance(tok)
+                if not self.stop_ids.intersection(tokens):  # after a stop id no step publishes
+                    self.guide.fill()
+                    self.device.write_mask(published, self.guide.mask)
             yield from tokens

@@ -55,7 +55,9 @@ def matcher_for(text: TextSpec | None, vocab: int, request: Request) -> Matcher 
 
 
 class Constrained:
-    """One answer's matcher and its mask. On the host path a step enqueues its forward and the
+    """One answer's matcher and its mask. In the device loop the driver `advance`s it past each
+    token it takes from the ring and writes the next mask (`fill`) for the step waiting on it
+    (arcpy.loop.burst). On the host path a step enqueues its forward and the
     logits' copy, `fill`s the mask while they run, waits, draws from `masked(logits)` (the allowed
     ids' logits alone, in id order: the draw's weights of the others would be zero, and the host's
     sampler costs by the ids it is given) and `consume`s the index drawn, which is mapped back to
@@ -75,8 +77,17 @@ class Constrained:
         self.ids = np.flatnonzero(allowed(self.mask, self.vocab))
         return valid[self.ids]
 
+    def advance(self, token: int) -> None:
+        """The matcher moved past `token` (the device loop's, chosen under the last mask)."""
+        self.matcher.consume(int(token))
+
     def consume(self, index: int) -> int:
         """The token at `index` of the last `masked` logits, moved past."""
         token = int(self.ids[index])
-        self.matcher.consume(token)
+        self.advance(token)
         return token
+
+    def rollback(self, n: int) -> None:
+        """Step back over the last `n` tokens advanced past (a fallback drops them)."""
+        if n:
+            self.matcher.rollback(n)

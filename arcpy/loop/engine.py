@@ -154,7 +154,9 @@ class Engine(HostPath):
         logits: on the device loop by the first burst's commit, with no host wait between prompt
         and answer. Otherwise the prompt goes through the decode step one token at a time, again
         with no host wait between its steps. A `matcher` (arcpy.text.grammar) constrains the
-        answer: on the host path, each step's logits masked by it (arcpy.loop.constrain)."""
+        answer: each step's logits masked by it (arcpy.loop.constrain): on the device loop by the
+        step itself, the host writing each next mask as the tokens land (a device with masks), else
+        on the host path."""
         if self.poisoned:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         self.admit(batch_size)
@@ -179,12 +181,13 @@ class Engine(HostPath):
         bias_on_device = bool(logit_bias) and dev.capabilities.logit_bias and not self.verify
         if admitted and logit_bias and not bias_on_device:
             admitted, reason = False, "logit_bias: this device loop adds none"
-        if matcher is not None and admitted:  # (docs/PERF.md: the device's mask is not built yet)
-            admitted, reason = False, "constrained output: the grammar's mask is applied on the host"
+        if matcher is not None and admitted and not dev.capabilities.masks:
+            admitted, reason = False, "constrained output: this device loop applies no token mask"
+        constrained = matcher and Constrained(matcher, dev.vocab)
         self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
-        plain = logprobs is None and not logit_bias  # what a speculative step computes
+        plain = logprobs is None and not logit_bias and matcher is None  # what a speculative step computes
         policy = speculation(dev, self.speculate and plain, admitted, sampler.greedy, prompt, self.step_cost,
                              self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
@@ -192,7 +195,7 @@ class Engine(HostPath):
             if admitted:
                 self.driver.host_waits = 0
                 self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs,
-                                           self.pending_logprobs)
+                                           self.pending_logprobs, constrained or None)
                 self.stats.setup_waits = self.driver.host_waits
             if dev.capabilities.logit_bias:
                 dev.set_logit_bias(logit_bias if bias_on_device else ())
@@ -221,7 +224,7 @@ class Engine(HostPath):
         self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
                              admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
                              prefilled=prefill, policy=policy, logprobs=logprobs, bias=tuple(logit_bias),
-                             bias_on_device=bias_on_device, constrained=matcher and Constrained(matcher, dev.vocab))
+                             bias_on_device=bias_on_device, constrained=constrained or None)
         self.stats.prefill = prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
@@ -358,8 +361,12 @@ class Engine(HostPath):
 
     def _fall_back(self, reason: str) -> None:
         """The device loop failed with the context intact: latch it off for the process, drop
-        what was parked (the host path recomputes from the last handed-out token)."""
+        what was parked (the host path recomputes from the last handed-out token; a grammar's
+        matcher steps back over those tokens, and the steps in flight pass unmasked)."""
         self.latch.trip(reason)
+        if self.driver.guide is not None:
+            self.driver.release()
+            self.seq.constrained.rollback(len(self.parked))
         self.parked.clear()
         self.seq.loop = False
         self.stats.fallback = reason
@@ -373,6 +380,8 @@ class Engine(HostPath):
 
     def _finish(self, reason: str) -> None:
         seq = self.seq
+        if self.driver is not None:
+            self.driver.release()  # a masked burst's steps still in flight must not wait for masks
         self.parked.clear()
         self.pending_logprobs.clear()
         if seq is None or seq.finished:

@@ -188,6 +188,11 @@ class Matcher:
         if not self._m.consume_token(int(token)):
             raise InvalidArgumentError(f"token {token} is not allowed by the grammar here: {self._m.get_error()}")
 
+    def rollback(self, n: int) -> None:
+        """Step back over the last `n` tokens consumed."""
+        if not self._m.rollback(int(n)):
+            raise InvalidArgumentError(f"the grammar cannot step back {n} tokens: {self._m.get_error()}")
+
     @property
     def done(self) -> bool:
         """The grammar allows nothing more but an end-of-sequence id."""
