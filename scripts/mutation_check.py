@@ -37,6 +37,20 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "the driver does not advance the grammar past the tokens it takes",
+        "arcpy/loop/burst.py",
+        "                    self.guide.advance(tok)\n",
+        "                    pass\n",
+        ("tests/test_mask_loop.py::test_the_loop_applies_the_mask_on_the_device_and_makes_the_host_paths_tokens",),
+    ),
+    Mutation(
+        "an ended sequence does not release the masked steps in flight",
+        "arcpy/loop/engine.py",
+        "            self.driver.release()  # a masked burst's steps still in flight must not wait for masks\n",
+        "            pass\n",
+        ("tests/test_mask_loop.py::test_a_stop_string_mid_burst_lets_the_steps_in_flight_pass",),
+    ),
+    Mutation(
         "drop the fault-word read",
         "arcpy/loop/burst.py",
         "            if state.fault:\n",
