@@ -272,6 +272,8 @@ def _ids(value, what: str) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise InvalidArgumentError(f"{what} must be a list of token ids, got {type(value).__name__}")
     ids = tuple(value)
+    if all(type(t) is int for t in ids) and (not ids or min(ids) >= 0):  # plain ints: the common case, at once
+        return ids
     for t in ids:
         if not (is_int(t) and t >= 0):
             raise InvalidArgumentError(f"{what}: a token id must be an integer >= 0, got {quoted(t)}")
