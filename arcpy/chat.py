@@ -35,8 +35,8 @@ from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
-                            with_options)
+from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
+                            sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
@@ -259,11 +259,7 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
               help="At most this many new tokens per answer.")
 @click.option("--stop", "stop_strings", multiple=True, help="Also end an answer at this text (repeatable).")
 @with_options(engine_options())
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
-@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
-              help="Seed of the sampler (with --temperature): every answer drawn from it.")
+@with_options(sampling_options(helps={"seed": "Seed of the sampler (with --temperature): every answer drawn from it."}))
 @click.option("--stats", is_flag=True, help="After each answer, its statistics on stderr.")
 @click.option("--tools", "tools_path", type=click.Path(dir_okay=False), default=None,
               help="A JSON file of OpenAI function tools for the template; calls are shown, /tool answers them.")
@@ -273,11 +269,12 @@ def main(**options):
     sys.exit(run(**options))
 
 
-def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, temperature, top_k, top_p, seed, stats,
-        tools_path=None, engine_opts: EngineOptions = EngineOptions(), read=input) -> int:
+def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats, tools_path=None,
+        sampling_opts: SamplingOptions = SamplingOptions(), engine_opts: EngineOptions = EngineOptions(),
+        read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
-        sampling = Sampling(temperature, top_k, top_p, seed)
+        sampling = sampling_opts.sampling()
         kwargs = parse_template_kwargs(template_kwargs)
         if any(not s for s in stop_strings):
             raise click.UsageError("--stop must not be empty")

@@ -38,9 +38,8 @@ from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
-from arcpy.sampling import Sampling
-from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
-                            with_options)
+from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
+                            sampling_options, template_options, with_options)
 from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -112,12 +111,8 @@ def decode_options(f):
                      help="A GGUF file's quantized matrices: kept quantized, made bf16, or auto (quantized where the "
                           "model reads 1 GiB a token or more in bf16; below that bf16 decodes faster)."),
         *engine_options(),
-        click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
-        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True),
-        click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None,
-                     help="Seed of the sampler (non-greedy sampling): the same tokens on either path. "
-                          "Default: a fresh one."),
+        *sampling_options(helps={"seed": "Seed of the sampler (non-greedy sampling): the same tokens on either "
+                                         "path. Default: a fresh one."}),
         click.option("--logprobs", type=click.IntRange(0, MAX_TOP_LOGPROBS), default=None, metavar="N",
                      help="After the answer, each token's log-probability and its N likeliest alternatives, on "
                           "stderr (computed in the device loop's step)."),
@@ -245,8 +240,9 @@ def _ready(stream) -> bool:
         return False
 
 
-def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings, temperature,
-         top_k, top_p, seed, engine_opts: EngineOptions = EngineOptions(), weights="auto", template_kwargs=(),
+def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings,
+         sampling_opts: SamplingOptions = SamplingOptions(), engine_opts: EngineOptions = EngineOptions(),
+         weights="auto", template_kwargs=(),
          stdin=None, json_schema=None, logprobs=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
@@ -271,9 +267,10 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
                                "use --prompt-ids")
     if model_path is not None and not os.path.exists(model_path):
         raise click.UsageError(f"--model {model_path}: no such file or directory")
-    sampling = Sampling(temperature, top_k, top_p, seed)
-    if temperature == 0.0 and (top_k > 1 or top_p < 1.0 or seed is not None):
-        used = [o for o, on in (("--top-k", top_k > 1), ("--top-p", top_p < 1.0), ("--seed", seed is not None)) if on]
+    sampling = sampling_opts.sampling()
+    if sampling.temperature == 0.0 and (sampling.top_k > 1 or sampling.top_p < 1.0 or sampling.seed is not None):
+        used = [o for o, on in (("--top-k", sampling.top_k > 1), ("--top-p", sampling.top_p < 1.0),
+                                ("--seed", sampling.seed is not None)) if on]
         note(f"{' and '.join(used)} {'has' if len(used) == 1 else 'have'} no effect without --temperature: "
              "decoding greedily")
     gate.read_all()

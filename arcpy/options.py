@@ -1,5 +1,6 @@
-"""The command-line options that decode, chat and serve share: how the engine runs, and the chat
-template's keyword arguments (--template-kwarg KEY=VALUE, parsed and checked here)."""
+"""The command-line options that decode, chat and serve share: how the engine runs, how it
+samples, and the chat template's keyword arguments (--template-kwarg KEY=VALUE, parsed and
+checked here)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import click
 from arcpy.checks import quoted
 from arcpy.codes import MAX_BURST
 from arcpy.errors import InvalidArgumentError
+from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
 
 
@@ -44,6 +46,39 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                           "device loop makes up to that many tokens more per read of the weights (greedy "
                           "requests, bf16 weights; chosen burst by burst, only where it pays)."),
     ]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a command samples, one record: what --temperature, --top-k, --top-p and --seed say
+    (sampling_options), handed on by decode, chat and serve alike. Checked where it is used,
+    `sampling()`, so that a bad value is the command's one line."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+def sampling_options(temperature: float = 0.0, most: float | None = None, helps: dict | None = None,
+                     seed: bool = True) -> list:
+    """The options that say how a command samples: --temperature (from 0 to `most`, default
+    `temperature`), --top-k, --top-p and (with `seed`) --seed; `helps` gives each its help by name.
+    A command under them takes one SamplingOptions, `sampling_opts` (as_engine_options builds it)."""
+    helps = helps or {}
+    options = [
+        click.option("--temperature", type=click.FloatRange(0.0, most), default=temperature, show_default=True,
+                     help=helps.get("temperature")),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help=helps.get("top_k")),
+        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+                     help=helps.get("top_p")),
+    ]
+    if seed:
+        options.append(click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help=helps.get("seed")))
+    return options
 
 
 def template_options(what: str = "A keyword argument for the chat template") -> list:
@@ -85,10 +120,14 @@ def _json_or_text(text: str):
 
 def as_engine_options(command):
     """The command (innermost, under its click options) receives the engine options as one
-    EngineOptions, `engine_opts`, in place of the five values."""
+    EngineOptions, `engine_opts`, in place of the five values, and the sampling options (where it
+    has them) as one SamplingOptions, `sampling_opts`."""
     @functools.wraps(command)
     def with_record(**options):
         options["engine_opts"] = EngineOptions(**{f.name: options.pop(f.name) for f in fields(EngineOptions)})
+        if "temperature" in options:
+            options["sampling_opts"] = SamplingOptions(**{f.name: options.pop(f.name) for f in fields(SamplingOptions)
+                                                          if f.name in options})
         return command(**options)
     return with_record
 

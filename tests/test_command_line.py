@@ -177,3 +177,21 @@ def test_ctrl_c_prints_the_statistics_so_far():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "finished: interrupted;" in err and "tokens" in err and "Traceback" not in err
+
+
+def test_decode_chat_and_serve_take_their_sampling_as_one_record():
+    import inspect
+
+    from arcpy import chat, decode as decode_module
+    from arcpy.serve import command
+    for f in (decode_module.plan, chat.run, command.run):
+        params = inspect.signature(f).parameters
+        assert "sampling_opts" in params and not {"temperature", "top_k", "top_p", "seed"} & set(params), f
+
+
+@pytest.mark.parametrize("temperature", ["1e-9", "2000000"])
+def test_a_temperature_the_sampler_refuses_is_one_line(temperature):
+    out = decode("--shape", "stories15M", "--prompt-ids", "1", "-n", "2", "--temperature", temperature, "--backend",
+                 "numpy")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "temperature must be 0 (greedy) or in [1e-06, 1e+06]" in out.stderr

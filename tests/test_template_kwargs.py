@@ -152,8 +152,7 @@ def test_a_bad_template_kwarg_is_a_usage_error(pairs, words):
 
 def plan_of(**changes):
     options = dict(model_path=None, shape=None, prompt="hello", prompt_ids=None, chat=True, system=None,
-                   max_new_tokens=2, stop_ids=(), stop_strings=(), temperature=0.0, top_k=0, top_p=1.0, seed=None,
-                   engine_opts=EngineOptions(backend="numpy"))
+                   max_new_tokens=2, stop_ids=(), stop_strings=(), engine_opts=EngineOptions(backend="numpy"))
     return plan(**{**options, **changes})
 
 
@@ -211,8 +210,7 @@ def test_the_chat_command_renders_every_turn_with_them(model_dir):
 
 def test_the_chat_command_refuses_a_bad_template_kwarg_before_loading(capsys):
     status = run_chat(model_path=None, system=None, template_kwargs=("enable_thinking",), max_new_tokens=8,
-                      stop_strings=(), temperature=0.0, top_k=0, top_p=1.0, seed=None, stats=False,
-                      engine_opts=EngineOptions(backend="numpy"))
+                      stop_strings=(), stats=False, engine_opts=EngineOptions(backend="numpy"))
     assert status == 2 and "--template-kwarg takes KEY=VALUE" in capsys.readouterr().err
 
 

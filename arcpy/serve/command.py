@@ -21,8 +21,8 @@ from arcpy.decode import load, model_or_demo, note, one_line_errors, open_engine
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
-from arcpy.options import (EngineOptions, as_engine_options, engine_options, parse_template_kwargs, template_options,
-                            with_options)
+from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
+                            sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.serve.schema import Defaults
 
@@ -51,12 +51,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="Largest request body in bytes (beyond it: 413).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW_TOKENS, show_default=True,
               help="New tokens for a request that sets no max_tokens.")
-@click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=1.0, show_default=True,
-              help="Temperature for a request that sets none (OpenAI's default is 1; 0 is greedy).")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
-              help="top_p for a request that sets none.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
-              help="top_k for a request that sets none (0: off).")
+@with_options(sampling_options(1.0, 2.0, seed=False, helps={
+    "temperature": "Temperature for a request that sets none (OpenAI's default is 1; 0 is greedy).",
+    "top_p": "top_p for a request that sets none.", "top_k": "top_k for a request that sets none (0: off)."}))
 @with_options(template_options("A keyword argument for the chat template of every chat request, under the "
                               "request's own chat_template_kwargs"))
 @click.option("--raw-reasoning", is_flag=True, default=False,
@@ -78,9 +75,9 @@ def main(**options):
     sys.exit(run(**options))
 
 
-def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, temperature,
-        top_p, top_k, template_kwargs, switch_interval, log_level, access_log, raw_reasoning=False,
-        prompt_cache_bytes=None, engine_opts: EngineOptions = EngineOptions()) -> int:
+def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, template_kwargs,
+        switch_interval, log_level, access_log, raw_reasoning=False, prompt_cache_bytes=None,
+        sampling_opts: SamplingOptions = SamplingOptions(1.0), engine_opts: EngineOptions = EngineOptions()) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
@@ -88,9 +85,10 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
         model_path = model_or_demo(model_path)
         if not model_path.strip() or not os.path.exists(model_path):
             raise click.UsageError(f"--model {model_path}: no such file or directory")
-        defaults = Defaults(max_tokens, 0.0 if temperature < 1e-6 else temperature, top_p, top_k,
+        s = sampling_opts
+        defaults = Defaults(max_tokens, 0.0 if s.temperature < 1e-6 else s.temperature, s.top_p, s.top_k,
                             TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
-        Sampling(defaults.temperature, top_k, top_p)
+        Sampling(defaults.temperature, s.top_k, s.top_p)
         gate.read_all()
         if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
