@@ -223,7 +223,7 @@ MUTATIONS = [
         "                if not speculative:\n"
         "                    continue\n",
         ("tests/test_burst.py::test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first",
-         "tests/test_burst.py::test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_back"),
+         "tests/test_burst.py::test_bad_logits_raise_after_the_tokens_before_them_without_falling_back"),
     ),
     Mutation(
         "drop the tokens that landed before a sticky fault",

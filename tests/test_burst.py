@@ -168,24 +168,18 @@ def test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first():
     assert info.value.position == 3
 
 
-def test_non_finite_logits_raise_after_the_tokens_before_them_without_falling_back():
-    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, nan_at_position=3))
+@pytest.mark.parametrize("script, error, message", [
+    ({"nan_at_position": 3}, NonFiniteLogitsError, "position 3 gave non-finite logits"),
+    ({"flat_at_position": 3}, DegenerateLogitsError, "position 3 gave degenerate logits"),
+], ids=["non-finite", "degenerate"])
+def test_bad_logits_raise_after_the_tokens_before_them_without_falling_back(script, error, message):
+    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, **script))
     got = []
-    with pytest.raises(NonFiniteLogitsError, match="position 3") as info:
+    with pytest.raises(error, match=message) as info:
         for tok in drv.run(6):
             got.append(tok)
     assert got == expected_tokens(3)
-    assert not isinstance(info.value, FaultWordError)
-
-
-def test_degenerate_logits_raise_after_the_tokens_before_them_without_falling_back():
-    dev, drv = driver_for(FakeScript(latency=1, ops_per_tick=64, flat_at_position=4))
-    got = []
-    with pytest.raises(DegenerateLogitsError, match="position 4 gave degenerate logits") as info:
-        for tok in drv.run(6):
-            got.append(tok)
-    assert got == expected_tokens(4)
-    assert not isinstance(info.value, FaultWordError) and info.value.position == 4
+    assert not isinstance(info.value, FaultWordError) and info.value.position == 3
 
 
 class RingThenSticky:
