@@ -251,3 +251,17 @@ def test_gpu_logit_bias_forces_a_token_and_its_logprobs_see_it(engine):
     host = bias_answer(engine, False, Sampling(), {123: 100.0}, n=8, logprobs=2)
     for a, b in zip(got, host):
         assert abs(a.logprob.logprob - b.logprob.logprob) <= TOL
+
+
+def test_gpu_a_prompts_own_log_probabilities_are_the_loops_at_the_same_positions(engine):
+    """An echo's log-probabilities (forward by forward on the host path) against the device loop's
+    for the tokens it generated: the same model at the same positions, from two paths."""
+    made = answer(engine, True, Sampling(), n=24)
+    prompt = list(range(1, 40))
+    scored = engine.prompt_logprobs(prompt + [p.token for p in made], 5)
+    assert len(scored) == len(prompt) + len(made) - 1
+    for got, p in zip(scored[len(prompt) - 1:], made):
+        assert abs(got.logprob - p.logprob.logprob) <= TOL, (got.logprob, p.logprob.logprob)
+        assert [i for i, _ in got.top[:1]] == [i for i, _ in p.logprob.top[:1]]  # greedy: the token itself
+    again = answer(engine, True, Sampling(), n=24)  # the rows the scoring rewrote are not reused
+    assert [p.token for p in again] == [p.token for p in made]

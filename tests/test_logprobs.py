@@ -126,3 +126,23 @@ def test_numpy_backend_log_probabilities_match_a_float64_reference():
         assert np.allclose([v for _, v in p.logprob.top], want[top], atol=1e-3, rtol=0)
         logits = ref.forward(p.token, pos)
         pos += 1
+
+
+def test_the_prompts_own_log_probabilities_are_the_references_and_leave_the_cache_exact():
+    model = random_model(dataclasses.replace(SHAPES["stories15M"], max_seq=256), seed=2)
+    eng = Engine(NumpyDevice(ReferenceModel(model, 256)), "numpy", environ={}, latch=gate.FallbackLatch())
+    prompt = [1, *range(40, 119)]  # 80 tokens: a whole granule (64) of prefilled rows to reuse
+    first = list(eng.generate(prompt, 6))  # the cache now holds the prompt's prefilled rows
+    lps = eng.prompt_logprobs(prompt, 3)
+    ref = ReferenceModel(model, 256)
+    assert len(lps) == len(prompt) - 1
+    for i, got in enumerate(lps):
+        want = token_logprob(ref.forward(prompt[i], i), prompt[i + 1], 3)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-9) and [t for t, _ in got.top] == [t for t, _ in want.top]
+    # The rows the scoring rewrote are not reused: the same prompt decodes as it did.
+    assert list(eng.generate(prompt, 6)) == first and eng.stats.cached_tokens == 0
+    for bad in (-1, 21):
+        with pytest.raises(InvalidArgumentError, match="top_n must be an integer in 0..20"):
+            eng.prompt_logprobs(prompt, bad)
+    with pytest.raises(InvalidArgumentError, match="a prompt of 300 tokens to score"):
+        eng.prompt_logprobs([1] * 300, 0)

@@ -12,6 +12,7 @@ import openai
 import pytest
 from serve_helpers import client, engine_alone, model_dir, server  # noqa: F401 (fixtures)
 
+from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request
 from arcpy.text import token_text
 
@@ -135,3 +136,40 @@ def test_logit_bias_through_the_client_is_the_engines(client, alone):
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, logit_bias={"99999": 1})
     with pytest.raises(openai.BadRequestError, match="not a token id"):
         client.completions.create(model="tiny", prompt="hello", max_tokens=2, logit_bias={"x": 1})
+
+
+@pytest.fixture(scope="module")
+def scorer(model_dir):
+    """An engine of its own, for the prompt's log-probabilities and the answer alone."""
+    engine = engine_alone(model_dir)
+    yield engine
+    engine.close()
+
+
+def test_completion_echo_puts_the_prompt_and_its_logprobs_first(client, scorer):
+    text = scorer.text
+    prompt = "general hello"
+    ids = request_ids(text, Request(prompt=prompt))
+    want = scorer.prompt_logprobs(ids, 2)
+    answer = "".join(scorer.chat(Request(prompt=prompt, max_new_tokens=5)))
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, logprobs=2, echo=True)
+    choice = whole.choices[0]
+    assert choice.text == prompt + answer
+    lp = choice.logprobs
+    assert lp.tokens[:len(ids)] == [token_text(text, t) for t in ids] and len(lp.tokens) == len(ids) + 5
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token has none
+    assert all(math.isclose(a, w.logprob, abs_tol=1e-9) for a, w in zip(lp.token_logprobs[1:len(ids)], want))
+    assert [list(d) for d in lp.top_logprobs[1:len(ids)]] == [[token_text(text, i) for i, _ in w.top] for w in want]
+    assert lp.text_offset[len(ids)] == len(prompt)  # the answer's first token begins after the echo
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, logprobs=2,
+                                            echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, echo=True)
+    assert plain.choices[0].text == prompt + answer and plain.choices[0].logprobs is None
+
+
+def test_a_chat_completion_has_no_echo(server):
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "echo": True})
+    assert r.status_code == 400 and "echo" in r.text

@@ -1,14 +1,17 @@
 """The host path's step (Engine's, arcpy/loop/engine.py): one forward, then the argmax (or the
 logits) to pinned memory, a poll until the stream is idle, and the token chosen on the host; with
-ARC_GRAPH_VERIFY_ALWAYS, the replayed graph checked against the eager forward at every step."""
+ARC_GRAPH_VERIFY_ALWAYS, the replayed graph checked against the eager forward at every step. Also
+the prompt's own log-probabilities (an echoed prompt's), forward by forward."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.devices.protocol import spin_until
-from arcpy.errors import DegenerateLogitsError, DeviceFaultError, NonFiniteLogitsError
-from arcpy.sampling import token_logprob
+from arcpy.errors import DegenerateLogitsError, DeviceFaultError, InvalidArgumentError, NonFiniteLogitsError
+from arcpy.loop.prompt import check_prompt
+from arcpy.sampling import TokenLogprob, token_logprob
 
 
 class HostPath:
@@ -46,6 +49,32 @@ class HostPath:
         if seq.logprobs is not None:  # from the logits on the host, as the loop's from its own
             self.pending_logprobs.append(token_logprob(logits[:dev.vocab], tok, seq.logprobs))
         return self._checked(tok)
+
+    def prompt_logprobs(self, prompt_ids, top_n: int) -> list[TokenLogprob]:
+        """Each prompt token's log-probability given the tokens before it, with its `top_n`
+        likeliest alternatives, from the model's raw logits as a step's are (float64 here,
+        arcpy.sampling.token_logprob): one entry per token after the first (which has none). The
+        prompt goes through the forward token by token, one host wait each: for an echoed
+        prompt's log-probabilities, not for decoding. Its KV rows are then the decode step's, so
+        the prefix cache forgets the rows it held (they are rewritten; stored copies stay)."""
+        if self.poisoned:
+            raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
+        if not (isinstance(top_n, int) and 0 <= top_n <= MAX_TOP_LOGPROBS):
+            raise InvalidArgumentError(f"top_n must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top_n!r}")
+        self._finish("preempted")
+        dev, prompt = self.device, [int(t) for t in prompt_ids]
+        if not 1 <= len(prompt) <= dev.max_seq:
+            raise InvalidArgumentError(f"a prompt of {len(prompt)} tokens to score: give 1 to max_seq {dev.max_seq}")
+        check_prompt(prompt, dev.vocab, len(prompt) + 1)  # its ids; the length was checked above
+        self.prefix.forget_held()
+        out = []
+        for i, tok in enumerate(prompt[:-1]):
+            dev.set_input(tok, i)
+            dev.enqueue_forward()
+            dev.enqueue_logits_to_host()
+            spin_until(dev.stream_query, self.max_spins, "prompt log-probabilities: waiting for the forward")
+            out.append(token_logprob(dev.host_logits()[:dev.vocab], prompt[i + 1], top_n))
+        return out
 
     def _biased(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the request's bias added on the host, where the device did not add it."""

@@ -89,6 +89,10 @@ class PrefixCache:
         self.held = prompt[:len(prompt) // granule * granule] if granule and self.enabled else []
         self.stats.count(len(prompt), cached, self.restored)
 
+    def forget_held(self) -> None:
+        """The held prefix's rows were rewritten by something other than a prefill."""
+        self.held = []
+
     def clear(self) -> None:
         """Forget the held prefix and every stored one (the store's memory stays reserved)."""
         self.held = []

@@ -87,6 +87,7 @@ class Call:
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
     budget_field: str | None = None  # max_tokens or max_completion_tokens, where the client gave one
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: the counts on every chunk
+    echo: bool = False   # a completion's `echo`: the prompt's text (and log-probabilities) before the answer's
 
 
 def _neutral_zero(v) -> bool:
@@ -106,7 +107,6 @@ _CHAT_NEUTRAL = {
 _COMPLETION_NEUTRAL = {
     "frequency_penalty": _neutral_zero,
     "presence_penalty": _neutral_zero,
-    "echo": lambda v: v is False,
     "best_of": lambda v: v == 1,
     "suffix": lambda v: v == "",
     "user": lambda v: isinstance(v, str),
@@ -115,7 +115,7 @@ _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 _AGENT = ("tools", "tool_choice", "response_format", "grammar", "parallel_tool_calls")
 _USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
                                "top_logprobs", "logit_bias", *_AGENT},
-         COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias"}}
+         COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias", "echo"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
 
@@ -146,7 +146,8 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
     except ArcError as exc:  # what Request and Message check themselves (a lone surrogate, tools, ...)
         text = str(exc)
         raise bad(text, param=next((n for n in _AGENT if text.startswith(n)), None)) from None
-    return Call(kind, request, stream, include_usage, budget_field, continuous_usage)
+    echo = kind == COMPLETION and (_optional(body, "echo", _bool) or False)
+    return Call(kind, request, stream, include_usage, budget_field, continuous_usage, echo)
 
 
 def check_model(body: dict, model: str, required: bool = True) -> None:

@@ -57,12 +57,13 @@ def chat_logprobs(entries, token_text) -> dict:
 def completion_logprobs(entries, token_text, offset: int = 0) -> dict:
     """A completion's legacy `logprobs`: parallel lists, the alternatives as text -> value, and
     each token's offset in the answer's text (from `offset`: the text that came before; each
-    entry's `text` is what its token made final)."""
+    entry's `text` is what its token made final). An echoed prompt's first token has no
+    log-probability (None: null, as OpenAI writes it)."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for tok, lp, made in entries:
         out["tokens"].append(token_text(tok))
-        out["token_logprobs"].append(_value(lp.logprob))
-        out["top_logprobs"].append({token_text(i): _value(v) for i, v in lp.top})
+        out["token_logprobs"].append(None if lp is None else _value(lp.logprob))
+        out["top_logprobs"].append(None if lp is None else {token_text(i): _value(v) for i, v in lp.top})
         out["text_offset"].append(offset)
         offset += len(made)
     return out

@@ -100,6 +100,13 @@ class Job:
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: str = ""     # why it was cancelled ("disconnect", "timeout", "shutdown"); read per piece
     cancelled_at: float = 0.0
+    echo_logprobs: int | None = None  # the prompt's own log-probabilities first (an echo), with these alternatives
+
+
+@dataclass
+class Echo:
+    """The prompt's tokens, first on an echo's channel: (id, TokenLogprob or None for the first)."""
+    entries: list
 
 
 class QueueFull(Exception):
@@ -261,6 +268,9 @@ class Worker:
         if clear:
             engine.prefix.clear()
         try:
+            if job.echo_logprobs is not None:
+                ids = job.request.prompt_ids
+                job.channel.put(Echo(list(zip(ids, [None, *engine.prompt_logprobs(ids, job.echo_logprobs)]))))
             with contextlib.closing(engine.stream(job.request)) as pieces:
                 for piece in pieces:
                     job.channel.put(piece)
