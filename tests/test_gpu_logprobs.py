@@ -262,6 +262,6 @@ def test_gpu_a_prompts_own_log_probabilities_are_the_loops_at_the_same_positions
     assert len(scored) == len(prompt) + len(made) - 1
     for got, p in zip(scored[len(prompt) - 1:], made):
         assert abs(got.logprob - p.logprob.logprob) <= TOL, (got.logprob, p.logprob.logprob)
-        assert [i for i, _ in got.top[:1]] == [i for i, _ in p.logprob.top[:1]]  # greedy: the token itself
+        assert abs(got.top[0][1] - p.logprob.top[0][1]) <= TOL  # the likeliest's, whichever of a near tie
     again = answer(engine, True, Sampling(), n=24)  # the rows the scoring rewrote are not reused
     assert [p.token for p in again] == [p.token for p in made]
