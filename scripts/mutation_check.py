@@ -41,7 +41,8 @@ MUTATIONS = [
         "arcpy/loop/burst.py",
         "                    self.guide.advance(tok)\n",
         "                    pass\n",
-        ("tests/test_mask_loop.py::test_the_loop_applies_the_mask_on_the_device_and_makes_the_host_paths_tokens",),
+        ("tests/test_mask_loop.py::test_the_loop_applies_the_mask_on_the_device_and_makes_the_host_paths_tokens"
+         "[sampling0]",),
     ),
     Mutation(
         "an ended sequence does not release the masked steps in flight",
@@ -105,16 +106,16 @@ MUTATIONS = [
     Mutation(
         "do not clear parked tokens on completion",
         "arcpy/loop/engine.py",
-        "        seq = self.seq\n        self.parked.clear()\n        self.pending_logprobs.clear()\n",
-        "        seq = self.seq\n        self.pending_logprobs.clear()\n",
+        "        self.parked.clear()\n        self.pending_logprobs.clear()\n        if seq is None or seq.finished:\n",
+        "        self.pending_logprobs.clear()\n        if seq is None or seq.finished:\n",
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_completion_no_stale_token_in_next_sequence",
          "tests/test_engine_control.py::test_parked_tokens_cleared_on_preemption"),
     ),
     Mutation(
         "do not clear parked tokens on fallback",
         "arcpy/loop/engine.py",
-        "        self.latch.trip(reason)\n        self.parked.clear()\n",
-        "        self.latch.trip(reason)\n",
+        "            self.seq.constrained.rollback(len(self.parked))\n        self.parked.clear()\n",
+        "            self.seq.constrained.rollback(len(self.parked))\n",
         ("tests/test_engine_control.py::test_parked_tokens_cleared_on_fallback",),
     ),
     Mutation(
@@ -223,7 +224,7 @@ MUTATIONS = [
         "                if not speculative:\n"
         "                    continue\n",
         ("tests/test_burst.py::test_tokens_visible_in_the_same_poll_as_the_fault_word_are_yielded_first",
-         "tests/test_burst.py::test_bad_logits_raise_after_the_tokens_before_them_without_falling_back"),
+         "tests/test_burst.py::test_bad_logits_raise_after_the_tokens_before_them_without_falling_back[non-finite]"),
     ),
     Mutation(
         "drop the tokens that landed before a sticky fault",
