@@ -127,8 +127,8 @@ ASK = ({"role": "system", "content": "You answer with one JSON object."},
 
 def constrained_row(device, text, seeds: int = 8, tokens: int = 200) -> dict:
     """Sampled answers under SCHEMA and the same requests unconstrained, on the engine's default
-    path for each (a constrained request takes the host path, its mask computed while the
-    forward runs)."""
+    path for each: the device loop, where a constrained step waits on the device for the mask the
+    host writes (libarc/mask.cu); the host path on a device without masks."""
     eng = Engine(device, "cuda", burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
     eng.text = text
     fmt = Constraint.of({"type": "json_schema", "json_schema": {"name": "bridge", "schema": SCHEMA, "strict": True}})

@@ -25,6 +25,6 @@ class SequenceState:
     logprobs: int | None = None  # each token's log-probabilities with this many alternatives; None: none
     bias: tuple = ()         # the logit bias, (id, value) pairs
     bias_on_device: bool = False  # the device adds it (else the host path adds it to the logits it reads)
-    constrained: Constrained | None = None  # the answer follows a grammar (the host path)
+    constrained: Constrained | None = None  # the answer follows a grammar (its mask on the device or the host)
     produced: int = 0        # tokens handed out
     finished: bool = False
