@@ -42,7 +42,7 @@ MUTATIONS = [
         "                    self.guide.advance(tok)\n",
         "                    pass\n",
         ("tests/test_mask_loop.py::test_the_loop_applies_the_mask_on_the_device_and_makes_the_host_paths_tokens"
-         "[sampling0]",),
+         "[greedy]",),
     ),
     Mutation(
         "an ended sequence does not release the masked steps in flight",

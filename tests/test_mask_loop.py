@@ -42,7 +42,8 @@ def answer(eng, sampling=None, **kw):
 
 
 @pytest.mark.parametrize("sampling", [None, Sampling(temperature=1.0, seed=1), Sampling(temperature=0.7, top_p=0.9,
-                                                                                       seed=2)])
+                                                                                       seed=2)],
+                         ids=["greedy", "t1", "t0.7-p0.9"])
 def test_the_loop_applies_the_mask_on_the_device_and_makes_the_host_paths_tokens(sampling):
     loop, host = engine(), engine(loop=False)
     got, text = answer(loop, sampling)
