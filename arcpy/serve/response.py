@@ -86,19 +86,24 @@ class JobResponse:
             out[-1] = (tok, lp, made + words.flush())
         return out
 
+    def _collect(self, item, texts: list, entries: list) -> list | None:
+        """A piece (its text, its log-probabilities, the splitter's deltas it makes) or an echo's
+        entries into `texts` and `entries`; the deltas, or None where `item` ends the job."""
+        if isinstance(item, Echo):
+            entries.extend(self._echoed(item))
+            return []
+        if not isinstance(item, Piece):
+            return None
+        texts.append(item.text)
+        if item.logprob is not None:
+            entries.append((item.token, item.logprob, item.text))
+        return self.splitter.push(item.text, item.token) if self.splitter is not None else []
+
     async def _whole(self, send) -> None:
         texts, entries = [self.echo or ""], []
         while True:
             for item in await self.job.channel.take():
-                if isinstance(item, Echo):
-                    entries.extend(self._echoed(item))
-                    continue
-                if isinstance(item, Piece):
-                    texts.append(item.text)
-                    if item.logprob is not None:
-                        entries.append((item.token, item.logprob, item.text))
-                    if self.splitter is not None:
-                        self.splitter.push(item.text, item.token)
+                if self._collect(item, texts, entries) is not None:
                     continue
                 self.ended = True
                 if item is _GONE:
@@ -123,19 +128,12 @@ class JobResponse:
                 texts.append(echo)
                 echo = None
             for item in await self.job.channel.take():
-                if isinstance(item, Echo):
-                    entries.extend(self._echoed(item))
-                    continue
-                if isinstance(item, Piece):
-                    texts.append(item.text)
-                    tokens += item.token is not None
-                    if item.logprob is not None:
-                        entries.append((item.token, item.logprob, item.text))
-                    if self.splitter is not None:
-                        deltas.extend(self.splitter.push(item.text, item.token))
-                else:
+                split = self._collect(item, texts, entries)
+                if split is None:
                     end = item
                     break
+                deltas.extend(split)
+                tokens += isinstance(item, Piece) and item.token is not None
             if end is _GONE:
                 self.ended = True
                 return
