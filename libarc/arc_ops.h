@@ -82,6 +82,14 @@ int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int
 int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m, int32_t n,
                             int32_t k, uint16_t *h);
 
+/* arc_op_gemm_bf16 and arc_op_gemm_swiglu_bf16 over w packed in a quantized `format` (rows of k weights as
+ * arc_format lays them out, k a multiple of the format's unit), read packed: each output equals, bit for bit, what
+ * arc_op_dequantize then the bf16 product give. Fastest for short products (the prefill uses it up to 128 rows). */
+int arc_op_gemm_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w, int32_t m, int32_t n, int32_t k,
+                  const uint16_t *bias, int32_t accumulate, float *c);
+int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w_gate_up, int32_t m,
+                         int32_t n, int32_t k, uint16_t *h);
+
 /* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache writes: qkv (n, q |
  * k | v) float32, each row as arc_op_attention reads it (unrotated). q and k are rotated at each token's position
  * as arc_op_attention rotates them; k and v, rounded to bf16, are stored at rows start..start+n-1 of k_cache and

@@ -9,76 +9,23 @@
 // model, a short chunk) still occupy every SM. Choosing the shape is all that depends on speed.
 // On an sm_90 GPU the products large enough to fill it go to gemm_sm90.cu instead (TMA and wgmma).
 #include "gemm_sm90.cuh"
-#include "kernels.cuh"
+#include "gemm_tile.cuh"
 
-enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunks per tile row
-enum { GEMM_MAX_N = 65535 * 64 };  // rows of W: the grid's y extent counts tiles of at least 64
-
-enum GemmEpilogue { EPI_STORE = 0, EPI_ACCUMULATE = 1, EPI_SWIGLU = 2 };
-
-struct GemmArgs {
-    const uint16_t *a, *w;  // a (m, k), w (n, k) bf16; for SWIGLU w = [Wg; Wu] (2 n, k)
-    int m, n, k;            // n: output columns (SWIGLU: of h)
-    const uint16_t *bias;   // (n) or null; STORE only
-    float *c;               // (m, n) float32: STORE, ACCUMULATE
-    uint16_t *h;            // (m, n) bf16: SWIGLU
-    int act;                // SWIGLU: the arc_activation of the GLU
-};
-
-// Element offset of (row, 8-element chunk) in a tile of rows of GEMM_BK elements.
-__device__ __forceinline__ int tile_offset(int row, int chunk) { return row * GEMM_BK + ((chunk ^ (row & 7)) << 3); }
-
-// The tile shape: BM x BN outputs per block, WARPS_M x WARPS_N warps, each WM x WN of them.
-template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_BLOCKS_>
-struct GemmTile {
-    static constexpr int BM = BM_, BN = BN_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
-    static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
-    static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
-    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
-    static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
-    static constexpr int SMEM = STAGES * (BM + BN) * GEMM_BK * 2;
-    static_assert(WM % 16 == 0 && WN % 16 == 0, "a warp covers whole 16x16 fragment pairs");
-    static_assert((BM * GEMM_CHUNKS) % THREADS == 0 && (BN * GEMM_CHUNKS) % THREADS == 0, "even tile loads");
-};
-
-// The weight row that row r of a block's W tile holds, or -1 past the end. SWIGLU interleaves
-// per warp: of the WN rows of warp column wn, the first half are gate rows and the second half
-// the up rows of the same outputs, so each thread ends with a gate and its up in registers.
-template <class T, int EPI>
-__device__ __forceinline__ int weight_row(int r, int block_n, int n) {
-    if constexpr (EPI == EPI_SWIGLU) {
-        constexpr int HALF = T::WN / 2;
-        const int wn = r / T::WN, within = r % T::WN;
-        const int out = block_n * (T::BN / 2) + wn * HALF + within % HALF;
-        if (out >= n) return -1;
-        return within < HALF ? out : n + out;
-    } else {
-        const int row = block_n * T::BN + r;
-        return row < n ? row : -1;
-    }
-}
-
-// One stage: the A rows [m0, m0 + BM) and the W tile's rows, columns [k0, k0 + GEMM_BK); chunks
-// past m, the weight rows or k are zero-filled.
+// One stage: the A rows [m0, m0 + BM) (gemm_tile.cuh) and the W tile's rows, columns [k0, k0 +
+// GEMM_BK); chunks past the weight rows or k are zero-filled.
 template <class T, int EPI>
 __device__ __forceinline__ void load_stage(const GemmArgs &p, uint16_t *sa, uint16_t *sw, int m0, int block_n,
                                            int k0, int tid) {
-    const uint32_t a_base = smem_addr(sa), w_base = smem_addr(sw);
-#pragma unroll
-    for (int i = 0; i < T::BM * GEMM_CHUNKS / T::THREADS; ++i) {
-        const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
-        const int k = k0 + chunk * 8;
-        const bool ok = m0 + row < p.m && k < p.k;
-        const uint16_t *src = ok ? p.a + (size_t)(m0 + row) * p.k + k : p.a;
-        cp_async16(a_base + tile_offset(row, chunk) * 2, src, ok);
-    }
+    load_a_stage<T>(p, sa, m0, k0, tid);
+    const uint32_t w_base = smem_addr(sw);
+    const uint16_t *w = (const uint16_t *)p.w;
 #pragma unroll
     for (int i = 0; i < T::BN * GEMM_CHUNKS / T::THREADS; ++i) {
         const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
         const int k = k0 + chunk * 8;
         const int wrow = weight_row<T, EPI>(row, block_n, p.n);
         const bool ok = wrow >= 0 && k < p.k;
-        const uint16_t *src = ok ? p.w + (size_t)wrow * p.k + k : p.w;
+        const uint16_t *src = ok ? w + (size_t)wrow * p.k + k : w;
         cp_async16(w_base + tile_offset(row, chunk) * 2, src, ok);
     }
 }
@@ -116,11 +63,6 @@ __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArg
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    // ldmatrix rows: A, lane l reads row l % 16 of its 16-row tile, chunk l / 16 of the k16 step;
-    // W, lane l reads row (l / 16) * 8 + l % 8 of its 16-row pair of n8 tiles, chunk (l / 8) % 2.
-    const int a_row = wm * T::WM + lane % 16, a_chunk = lane / 16;
-    const int w_row = wn * T::WN + (lane / 16) * 8 + lane % 8, w_chunk = (lane / 8) % 2;
-
     for (int kt = 0; kt < k_tiles; ++kt) {
         cp_async_wait<T::STAGES - 2>();
         __syncthreads();  // stage kt has landed for every thread; stage kt - 1 is free to refill
@@ -134,80 +76,11 @@ __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArg
 
         const int s = kt % T::STAGES;
         const uint32_t a_base = smem_addr(sa + s * T::BM * GEMM_BK), w_base = smem_addr(sw + s * T::BN * GEMM_BK);
-#pragma unroll
-        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
-            uint32_t af[T::MI][4], wf[T::NI / 2][4];
-#pragma unroll
-            for (int i = 0; i < T::MI; ++i)
-                ldmatrix_x4(a_base + tile_offset(a_row + i * 16, kk * 2 + a_chunk) * 2, af[i]);
-#pragma unroll
-            for (int j = 0; j < T::NI / 2; ++j)
-                ldmatrix_x4(w_base + tile_offset(w_row + j * 16, kk * 2 + w_chunk) * 2, wf[j]);
-#pragma unroll
-            for (int i = 0; i < T::MI; ++i)
-#pragma unroll
-                for (int j = 0; j < T::NI; ++j) mma_bf16_16816(acc[i][j], af[i], wf[j / 2][(j % 2) * 2], wf[j / 2][(j % 2) * 2 + 1]);
-        }
+        mma_stage<T>(a_base, w_base, wm, wn, lane, p.m - m0 - wm * T::WM, acc);
     }
     cp_async_wait<0>();
 
-    // Thread (lane) holds rows g and g + 8 of each 16-row tile, columns 2t and 2t + 1 of each n8.
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < T::MI; ++i) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = m0 + wm * T::WM + i * 16 + g + half * 8;
-            if (row >= p.m) continue;
-            if constexpr (EPI == EPI_SWIGLU) {
-#pragma unroll
-                for (int j = 0; j < T::NI / 2; ++j) {
-                    const int col = block_n * (T::BN / 2) + wn * (T::WN / 2) + j * 8 + 2 * t;
-                    if (col >= p.n) continue;  // n is even: col + 1 < n too
-                    const float *gate = &acc[i][j][half * 2], *up = &acc[i][j + T::NI / 2][half * 2];
-                    *reinterpret_cast<uint32_t *>(p.h + (size_t)row * p.n + col) =
-                        pack_bf16x2(glu(gate[0], up[0], p.act), glu(gate[1], up[1], p.act));
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < T::NI; ++j) {
-                    const int col = block_n * T::BN + wn * T::WN + j * 8 + 2 * t;
-                    float v0 = acc[i][j][half * 2], v1 = acc[i][j][half * 2 + 1];
-                    float *dst = p.c + (size_t)row * p.n + col;
-                    if (col + 1 < p.n) {
-                        if constexpr (EPI == EPI_STORE) {
-                            if (p.bias) {
-                                v0 += bf16_to_f32(p.bias[col]);
-                                v1 += bf16_to_f32(p.bias[col + 1]);
-                            }
-                        }
-                        if (p.n % 2 == 0) {  // 8-byte aligned pair
-                            float2 *d2 = reinterpret_cast<float2 *>(dst);
-                            if constexpr (EPI == EPI_ACCUMULATE) {
-                                const float2 old = *d2;
-                                v0 += old.x;
-                                v1 += old.y;
-                            }
-                            *d2 = make_float2(v0, v1);
-                        } else {
-                            if constexpr (EPI == EPI_ACCUMULATE) {
-                                v0 += dst[0];
-                                v1 += dst[1];
-                            }
-                            dst[0] = v0;
-                            dst[1] = v1;
-                        }
-                    } else if (col < p.n) {
-                        if constexpr (EPI == EPI_STORE) {
-                            if (p.bias) v0 += bf16_to_f32(p.bias[col]);
-                        }
-                        if constexpr (EPI == EPI_ACCUMULATE) v0 += dst[0];
-                        dst[0] = v0;
-                    }
-                }
-            }
-        }
-    }
+    store_tile<T, EPI>(p, acc, m0, block_n, wm, wn, lane);
 }
 
 // The tile shapes (see docs/PERF.md for how they were chosen and measured).
@@ -256,11 +129,13 @@ static int launch_gemm(arc_context *ctx, const GemmArgs &p, int tile) {
     }
 }
 
-static int check_gemm(const char *who, const GemmArgs &p) {
+int check_gemm(const char *who, const GemmArgs &p, int epilogue) {
     if (p.m <= 0 || p.n <= 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "m and n must be positive, got %d and %d", p.m, p.n);
     if (p.k <= 0 || p.k % 8 != 0) return arc_fail(ARC_INVALID_ARGUMENT, who, "k must be a positive multiple of 8, got %d", p.k);
     if ((uintptr_t)p.a % 16 != 0 || (uintptr_t)p.w % 16 != 0)
         return arc_fail(ARC_INVALID_ARGUMENT, who, "a and w must be 16-byte aligned");
+    const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
+    if (n_w > GEMM_MAX_N) return arc_fail(ARC_INVALID_ARGUMENT, who, "W has %d rows, more than %d", n_w, GEMM_MAX_N);
     return ARC_OK;
 }
 
@@ -276,46 +151,72 @@ static bool on_sm90(const arc_context *ctx, int m, int n_w) {
     return 2 * tiles >= ctx->sm_count;
 }
 
-// Checks the arguments common to both entry points (their pointers are checked already), picks
-// the kernel and the tile shape, and launches.
-static int gemm_checked(arc_context *ctx, const char *who, const GemmArgs &p, int epilogue) {
+// Checks the arguments common to every entry point (their pointers are checked already), picks
+// the kernel (gemm_quant.cu's for packed weights) and the tile shape, and launches.
+static int gemm_checked(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue) {
     if (!ctx) return arc_fail(ARC_INVALID_ARGUMENT, who, "ctx is null");
-    int st = check_gemm(who, p);
-    if (st != ARC_OK) return st;
+    ARC_TRY(check_gemm(who, p, epilogue));
+    if (format != ARC_FORMAT_BF16) return gemm_quant(ctx, who, format, p, epilogue);
     const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
-    if (n_w > GEMM_MAX_N) return arc_fail(ARC_INVALID_ARGUMENT, who, "W has %d rows, more than %d", n_w, GEMM_MAX_N);
-    if (epilogue != EPI_SWIGLU && !p.bias && (uintptr_t)p.c % 16 == 0 && on_sm90(ctx, p.m, n_w))
-        return gemm_sm90(ctx, who, p.a, p.w, p.m, p.n, p.k, p.c, epilogue == EPI_ACCUMULATE);
+    if (epilogue != EPI_SWIGLU && !p.bias && p.ldc == p.n && (uintptr_t)p.c % 16 == 0 && on_sm90(ctx, p.m, n_w))
+        return gemm_sm90(ctx, who, p.a, (const uint16_t *)p.w, p.m, p.n, p.k, p.c, epilogue == EPI_ACCUMULATE);
     const int tile = pick_tile(ctx, p.m, n_w);
     if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
     if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
     return launch_gemm<EPI_STORE>(ctx, p, tile);
 }
 
-extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n,
-                                int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
-    ARC_REQUIRE(a && w && c, "null pointer (a, w and c are required)");
-    ARC_REQUIRE(!(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
-    ARC_REQUIRE((uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
-    ARC_REQUIRE((const void *)c != (const void *)a && (const void *)c != (const void *)w, "c must not alias a or w");
-    GemmArgs p = {a, w, m, n, k, bias, c, nullptr};
-    return gemm_checked(ctx, __func__, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
+// c (m, ldc) columns [0, n) = a W^T (+ bias) (+ c): the checks of arc_op_gemm_bf16, then the product.
+static int gemm_into(arc_context *ctx, const char *who, int32_t format, const uint16_t *a, const void *w, int32_t m,
+                     int32_t n, int32_t k, const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc) {
+    ARC_REQUIRE_AS(who, a && w && c, "null pointer (a, w and c are required)");
+    ARC_REQUIRE_AS(who, !(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
+    ARC_REQUIRE_AS(who, (uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
+    ARC_REQUIRE_AS(who, (const void *)c != (const void *)a && (const void *)c != w, "c must not alias a or w");
+    ARC_REQUIRE_AS(who, ldc >= n, "ldc %d is less than n %d", ldc, n);
+    const GemmArgs p = {w, a, m, n, k, bias, c, ldc, nullptr, 0};
+    return gemm_checked(ctx, who, format, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
 }
 
-// arc_op_gemm_swiglu_bf16 under any arc_activation; `who` names the entry point.
-static int gemm_glu(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
-                    int32_t n, int32_t k, int act, uint16_t *h) {
+// h (m, n) = bf16(act(a Wg^T) * (a Wu^T)): the checks of arc_op_gemm_swiglu_bf16, then the product.
+static int gemm_glu(arc_context *ctx, const char *who, int32_t format, const uint16_t *a, const void *w_gate_up,
+                    int32_t m, int32_t n, int32_t k, int act, uint16_t *h) {
     ARC_REQUIRE_AS(who, a && w_gate_up && h, "null pointer (a, w_gate_up and h are required)");
     ARC_REQUIRE_AS(who, n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
     ARC_REQUIRE_AS(who, (uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
     ARC_REQUIRE_AS(who, (const void *)h != (const void *)a, "h must not alias a");
-    GemmArgs p = {a, w_gate_up, m, n, k, nullptr, nullptr, h, act};
-    return gemm_checked(ctx, who, p, EPI_SWIGLU);
+    const GemmArgs p = {w_gate_up, a, m, n, k, nullptr, nullptr, n, h, act};
+    return gemm_checked(ctx, who, format, p, EPI_SWIGLU);
+}
+
+extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n,
+                                int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
+    return gemm_into(ctx, __func__, ARC_FORMAT_BF16, a, w, m, n, k, bias, accumulate, c, n);
 }
 
 extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
                                        int32_t n, int32_t k, uint16_t *h) {
-    return gemm_glu(ctx, __func__, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
+    return gemm_glu(ctx, __func__, ARC_FORMAT_BF16, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
+}
+
+extern "C" int arc_op_gemm_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w, int32_t m, int32_t n,
+                             int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
+    return gemm_into(ctx, __func__, format, a, w, m, n, k, bias, accumulate, c, n);
+}
+
+extern "C" int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w_gate_up,
+                                    int32_t m, int32_t n, int32_t k, uint16_t *h) {
+    return gemm_glu(ctx, __func__, format, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
+}
+
+int gemm_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
+                const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc) {
+    return gemm_into(ctx, who, w.format, a, w.p, m, n, k, bias, accumulate, c, ldc);
+}
+
+int gemm_glu_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
+                    int act, uint16_t *h) {
+    return gemm_glu(ctx, who, w.format, a, w.p, m, n, k, act, h);
 }
 
 // ---- SwiGLU from a float32 product: the prefill's gate/up on gemm_sm90.cu ----------------------
@@ -342,7 +243,7 @@ int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const
                      int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows) {
     if (!scratch || scratch_rows <= 0 || !on_sm90(ctx, m < scratch_rows ? m : scratch_rows, 2 * n) ||
         (uintptr_t)scratch % 16 != 0)
-        return gemm_glu(ctx, who, a, w_gate_up, m, n, k, act, h);
+        return gemm_glu(ctx, who, ARC_FORMAT_BF16, a, w_gate_up, m, n, k, act, h);
     ARC_REQUIRE_AS(who, n % 2 == 0 && k % 8 == 0 && m > 0, "bad shape m %d, n %d, k %d", m, n, k);
     for (int32_t r0 = 0; r0 < m; r0 += scratch_rows) {
         const int32_t rows = m - r0 < scratch_rows ? m - r0 : scratch_rows;

@@ -19,10 +19,13 @@
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
-// A quantized matrix is dequantized to bf16 into a scratch before its product.
+// A quantized matrix is read packed by the products of a chunk of up to QUANT_DIRECT_ROWS tokens
+// (gemm_quant.cu); for a longer chunk it is dequantized to bf16 into a scratch before its product.
+// Both give the same bits, so a row's KV does not depend on the chunk it was prefilled in.
 #include <math.h>
 
 #include "gemm_sm90.cuh"
+#include "gemm_tile.cuh"
 #include "layer.cuh"
 
 enum { ROWS_THREADS = 256 };
@@ -155,6 +158,35 @@ static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *row
     return ARC_OK;
 }
 
+// c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count` consecutive parts of rows[i] x k
+// weights: a chunk of up to QUANT_DIRECT_ROWS tokens reads quantized parts packed, one product
+// for each run of parts of one format (they lie one after the other); otherwise one product over
+// bf16_matrix's matrix.
+static int product(arc_context *ctx, const uint16_t *a, const Weight *parts, const int32_t *rows, int count, int n,
+                   int32_t k, const uint16_t *bias, int accumulate, uint16_t *scratch, float *c) {
+    int32_t total = 0;
+    bool quantized = false;
+    for (int i = 0; i < count; ++i) {
+        total += rows[i];
+        quantized |= parts[i].format != ARC_FORMAT_BF16;
+    }
+    if (quantized && n <= QUANT_DIRECT_ROWS) {
+        int32_t at = 0;
+        for (int i = 0; i < count;) {
+            int j = i, cols = 0;
+            while (j < count && parts[j].format == parts[i].format) cols += rows[j++];
+            ARC_TRY(gemm_weight(ctx, "arc_model_prefill", a, parts[i], n, cols, k, bias ? bias + at : nullptr,
+                                accumulate, c + at, total));
+            at += cols;
+            i = j;
+        }
+        return ARC_OK;
+    }
+    const uint16_t *w;
+    ARC_TRY(bf16_matrix(ctx, parts, rows, count, k, scratch, &w));
+    return arc_op_gemm_bf16(ctx, a, w, n, total, k, bias, accumulate, c);
+}
+
 // The prefill's form of each op, for one chunk of n tokens at positions start..start + n - 1.
 struct PrefillOps {
     const ModelParts &p;
@@ -164,10 +196,8 @@ struct PrefillOps {
         const PrefillBuffers &b = *p.prefill;
         const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
         const int32_t rows[3] = {p.q_dim, p.kv_dim, p.kv_dim};
-        const uint16_t *w;
         ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.attn_norm, n, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
-        ARC_TRY(bf16_matrix(p.ctx, parts, rows, 3, p.cfg.dim, b.wdq, &w));
-        return arc_op_gemm_bf16(p.ctx, b.xn, w, n, p.qkv_rows, p.cfg.dim, lw.bqkv, /*accumulate=*/0, b.qkv);
+        return product(p.ctx, b.xn, parts, rows, 3, n, p.cfg.dim, lw.bqkv, /*accumulate=*/0, b.wdq, b.qkv);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -183,15 +213,15 @@ struct PrefillOps {
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
-        const uint16_t *w;
-        ARC_TRY(bf16_matrix(p.ctx, &lw.wo, &dim, 1, p.q_dim, b.wdq, &w));
-        return arc_op_gemm_bf16(p.ctx, b.att, w, n, dim, p.q_dim, nullptr, /*accumulate=*/1, b.x);
+        return product(p.ctx, b.att, &lw.wo, &dim, 1, n, p.q_dim, nullptr, /*accumulate=*/1, b.wdq, b.x);
     }
     int ffn_in(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim, gate_up_rows = 2 * ffn;
         const uint16_t *w;
         ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
+        if (lw.w_gate_up.format != ARC_FORMAT_BF16 && n <= QUANT_DIRECT_ROWS)
+            return gemm_glu_weight(p.ctx, "arc_model_prefill", b.xn, lw.w_gate_up, n, ffn, dim, p.cfg.activation, b.h);
         ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
         return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, p.cfg.activation, b.h, b.gu,
                                 b.gu_rows);
@@ -199,24 +229,18 @@ struct PrefillOps {
     int ffn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
-        const uint16_t *w;
-        ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
-        return arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/1, b.x);
+        return product(p.ctx, b.h, &lw.w_down, &dim, 1, n, ffn, nullptr, /*accumulate=*/1, b.wdq, b.x);
     }
     int attn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
-        const uint16_t *w;
-        ARC_TRY(bf16_matrix(p.ctx, &lw.wo, &dim, 1, p.q_dim, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_bf16(p.ctx, b.att, w, n, dim, p.q_dim, nullptr, /*accumulate=*/0, b.t));
+        ARC_TRY(product(p.ctx, b.att, &lw.wo, &dim, 1, n, p.q_dim, nullptr, /*accumulate=*/0, b.wdq, b.t));
         return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
-        const uint16_t *w;
-        ARC_TRY(bf16_matrix(p.ctx, &lw.w_down, &dim, 1, ffn, b.wdq, &w));
-        ARC_TRY(arc_op_gemm_bf16(p.ctx, b.h, w, n, dim, ffn, nullptr, /*accumulate=*/0, b.t));
+        ARC_TRY(product(p.ctx, b.h, &lw.w_down, &dim, 1, n, ffn, nullptr, /*accumulate=*/0, b.wdq, b.t));
         return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
 };

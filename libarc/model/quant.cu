@@ -5,7 +5,7 @@
 
 enum { DEQUANT_THREADS = 256 };
 
-static int check_format_shape(const char *who, int32_t format, int32_t cols) {
+int check_format_shape(const char *who, int32_t format, int32_t cols) {
     ARC_REQUIRE_AS(who, format_quantized(format), "format %d is not a quantized format (arc_format 1..6)", format);
     const int unit = format_is_k(format) ? QSUPER : QUNIT;
     ARC_REQUIRE_AS(who, cols > 0 && cols % unit == 0, "cols must be a positive multiple of %d for format %d, got %d",

@@ -249,3 +249,7 @@ __device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out
         }
     }
 }
+
+// ARC_OK where `format` is quantized and cols a positive multiple of its unit; else one error line
+// naming `who` (quant.cu).
+int check_format_shape(const char *who, int32_t format, int32_t cols);
