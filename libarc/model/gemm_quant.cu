@@ -7,14 +7,19 @@
 // followed by arc_op_gemm_bf16 (gemm_tile.cuh: every tile shape sums alike), without writing
 // and reading the bf16 matrix: a short prefill reads each packed byte about once.
 //
+// A pipeline stage is QG sub-stages of 64 columns, so a thread decodes QG independent units
+// between two barriers (with one, a 6144-row matrix ran at 223 GB/s for one token: one block an SM,
+// each stage a chain of latencies; with two, 247 GB/s and a quarter less time at 72 rows, docs/PERF.md).
 // One tile shape, 64 x 64 with 4 warps (gemm.cu's smallest): the products this serves are short
 // (arc_model_prefill sends a chunk of up to QUANT_DIRECT_ROWS rows here, longer ones to the bf16
 // products over the dequantized matrix), and small tiles put a block on every SM.
 #include "gemm_tile.cuh"
 #include "quant.cuh"
 
-using TileQ = GemmTile<64, 64, 2, 2, 4, 3>;
-static_assert(TileQ::THREADS == 2 * TileQ::BN, "two threads a weight row, one unit each");
+using TileQ = GemmTile<64, 64, 2, 2, 3, 2>;
+static_assert(TileQ::THREADS == 2 * TileQ::BN, "two threads a weight row, one unit each a sub-stage");
+// 64-wide sub-stages a pipeline stage: a thread decodes QG independent units between two barriers.
+constexpr int QG = 2;
 
 // Where a stage's raw bytes of one weight row lie in its slot of shared memory (bytes): the two
 // units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K: its two int8 pairs, then
@@ -30,7 +35,7 @@ struct RawSlot {
 
 template <int F>
 constexpr int quant_smem() {
-    return TileQ::STAGES * TileQ::BM * GEMM_BK * 2 + TileQ::BN * GEMM_BK * 2 + TileQ::STAGES * TileQ::BN * RawSlot<F>::ROW;
+    return QG * (TileQ::STAGES * TileQ::BM * GEMM_BK * 2 + TileQ::BN * GEMM_BK * 2 + TileQ::STAGES * TileQ::BN * RawSlot<F>::ROW);
 }
 
 template <int N>
@@ -96,12 +101,14 @@ __global__ void __launch_bounds__(TileQ::THREADS, TileQ::MIN_BLOCKS) gemm_quant_
     using T = TileQ;
     using S = RawSlot<F>;
     extern __shared__ __align__(128) uint16_t smem[];
-    uint16_t *sa = smem, *sw = smem + T::STAGES * T::BM * GEMM_BK;
-    uint8_t *sraw = reinterpret_cast<uint8_t *>(sw + T::BN * GEMM_BK);
+    // Sub-stage i (stage i / QG) of A at sa + i * BM * GEMM_BK, of the raw bytes at sraw + i * BN * ROW;
+    // the W tile of sub-stage g of the current stage at sw + g * BN * GEMM_BK.
+    uint16_t *sa = smem, *sw = smem + QG * T::STAGES * T::BM * GEMM_BK;
+    uint8_t *sraw = reinterpret_cast<uint8_t *>(sw + QG * T::BN * GEMM_BK);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
     const int m0 = blockIdx.x * T::BM, block_n = blockIdx.y;
-    const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK, units = p.k / QUNIT;
+    const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK, units = p.k / QUNIT, stages = (k_tiles + QG - 1) / QG;
     const RowLayout L = row_layout(F, p.k);
     // This thread's weight row (the tile's row r) and unit of each stage.
     const int r = tid / 2, j = tid % 2;
@@ -113,13 +120,17 @@ __global__ void __launch_bounds__(TileQ::THREADS, TileQ::MIN_BLOCKS) gemm_quant_
     pdl_wait();  // A is the previous kernel's output
 
     auto load = [&](int kt) {
-        const int s = kt % T::STAGES;
-        load_a_stage<T>(p, sa + s * T::BM * GEMM_BK, m0, kt * GEMM_BK, tid);
-        if (wrow >= 0) copy_raw<F>(row, L, 2 * kt, units, j, raw_base + s * T::BN * S::ROW);
+#pragma unroll
+        for (int g = 0; g < QG; ++g) {
+            const int sub = kt * QG + g, i = (kt % T::STAGES) * QG + g;
+            if (sub >= k_tiles) break;
+            load_a_stage<T>(p, sa + i * T::BM * GEMM_BK, m0, sub * GEMM_BK, tid);
+            if (wrow >= 0) copy_raw<F>(row, L, 2 * sub, units, j, raw_base + i * T::BN * S::ROW);
+        }
     };
 #pragma unroll
     for (int s = 0; s < T::STAGES - 1; ++s) {
-        if (s < k_tiles) load(s);
+        if (s < stages) load(s);
         cp_async_commit();
     }
 
@@ -131,31 +142,39 @@ __global__ void __launch_bounds__(TileQ::THREADS, TileQ::MIN_BLOCKS) gemm_quant_
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][jn][e] = 0.0f;
 
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    for (int kt = 0; kt < stages; ++kt) {
         cp_async_wait<T::STAGES - 2>();
-        __syncthreads();  // stage kt has landed; every warp is done with the W tile and stage kt - 1
-        if (kt + T::STAGES - 1 < k_tiles) load(kt + T::STAGES - 1);
+        __syncthreads();  // stage kt has landed; every warp is done with the W tiles and stage kt - 1
+        if (kt + T::STAGES - 1 < stages) load(kt + T::STAGES - 1);
         cp_async_commit();
 
-        const int s = kt % T::STAGES, u = 2 * kt + j;
-        uint4 *dst = reinterpret_cast<uint4 *>(sw);
-        uint4 out[4] = {};
-        if (wrow >= 0 && u < units) {
-            UnitRaw raw;
-            raw_unit<F>(sraw + s * T::BN * S::ROW + r * S::ROW, 2 * kt, j, raw);
-            float v[QUNIT];
-            decode_unit<F>(raw, u, v);
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-                out[c] = make_uint4(pack_bf16x2(v[8 * c], v[8 * c + 1]), pack_bf16x2(v[8 * c + 2], v[8 * c + 3]),
-                                    pack_bf16x2(v[8 * c + 4], v[8 * c + 5]), pack_bf16x2(v[8 * c + 6], v[8 * c + 7]));
+        for (int g = 0; g < QG; ++g) {  // independent units: their decodes overlap
+            const int sub = kt * QG + g, i = (kt % T::STAGES) * QG + g, u = 2 * sub + j;
+            uint4 *dst = reinterpret_cast<uint4 *>(sw + g * T::BN * GEMM_BK);
+            uint4 out[4] = {};
+            if (wrow >= 0 && u < units) {
+                UnitRaw raw;
+                raw_unit<F>(sraw + i * T::BN * S::ROW + r * S::ROW, 2 * sub, j, raw);
+                float v[QUNIT];
+                decode_unit<F>(raw, u, v);
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    out[c] = make_uint4(pack_bf16x2(v[8 * c], v[8 * c + 1]), pack_bf16x2(v[8 * c + 2], v[8 * c + 3]),
+                                        pack_bf16x2(v[8 * c + 4], v[8 * c + 5]), pack_bf16x2(v[8 * c + 6], v[8 * c + 7]));
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dst[tile_offset(r, 4 * j + c) / 8] = out[c];
         }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dst[tile_offset(r, 4 * j + c) / 8] = out[c];
-        __syncthreads();  // the W tile is whole
+        __syncthreads();  // the W tiles are whole
 
-        const uint32_t a_base = smem_addr(sa + s * T::BM * GEMM_BK), w_base = smem_addr(sw);
-        mma_stage<T>(a_base, w_base, wm, wn, lane, p.m - m0 - wm * T::WM, acc);
+#pragma unroll
+        for (int g = 0; g < QG; ++g) {  // k ascending, as gemm.cu sums
+            if (kt * QG + g >= k_tiles) break;
+            const int i = (kt % T::STAGES) * QG + g;
+            mma_stage<T>(smem_addr(sa + i * T::BM * GEMM_BK), smem_addr(sw + g * T::BN * GEMM_BK), wm, wn, lane,
+                         p.m - m0 - wm * T::WM, acc);
+        }
     }
     cp_async_wait<0>();
 
