@@ -116,6 +116,17 @@ int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_
 int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
                          int32_t k, uint16_t *h);
 
+/* The ranking of a prompt's scores (arc_model_prompt_logprobs), as arc_loop_enqueue_logprobs ranks a step's: for each
+ * row r < rows of logits (its first vocab of logits[r * stride ..]), the log-probability of targets[r] under
+ * log_softmax (NaN for a target outside [0, vocab)) into logprob[r], and the top_n ids and values (value descending,
+ * ties to the lower id; id -1 and -inf past the vocabulary) into top_ids, top_values[r][ARC_MAX_TOP_LOGPROBS].
+ * rows >= 1, 1 <= vocab <= stride, 0 <= top_n <= ARC_MAX_TOP_LOGPROBS; scratch: device memory of
+ * arc_op_row_logprobs_scratch_bytes(rows, vocab); the outputs may be mapped host memory. */
+int arc_op_row_logprobs_scratch_bytes(int32_t rows, int32_t vocab, uint64_t *bytes);
+int arc_op_row_logprobs(arc_context *ctx, const float *logits, int32_t rows, int64_t stride, int32_t vocab,
+                        int32_t top_n, const int32_t *targets, float *scratch, float *logprob, int32_t *top_ids,
+                        float *top_values);
+
 /* arc-cdef-end */
 
 #ifdef __cplusplus

@@ -64,6 +64,88 @@ __device__ float lp_sum(float v) {
     return total;
 }
 
+// The partials of one slice of logits[0..vocab) (LP_SLICE logits from slice * LP_SLICE), by a
+// whole block: their maximum m, the sum of exp(x - m), then their top_n (value, id as float bits)
+// by top_n rounds of a block argmax; written to part (LP_PART floats) by thread 0.
+__device__ void lp_slice(const float *logits, int vocab, int top_n, int slice, float *part) {
+    const int first = slice * LP_SLICE;
+    float xs[LP_PER_THREAD];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < LP_PER_THREAD; ++k) {
+        const int id = first + k * LP_THREADS + threadIdx.x;
+        xs[k] = id < vocab ? logits[id] : -INFINITY;
+        m = fmaxf(m, xs[k]);
+    }
+    int unused;
+    m = lp_best(m, 0, &unused);
+    float s = 0.0f;
+    if (m > -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < LP_PER_THREAD; ++k) s += expf(xs[k] - m);
+    }
+    s = lp_sum(s);
+    unsigned taken = 0;  // bit k: xs[k] was picked
+    for (int r = 0; r < top_n; ++r) {
+        float v = 0.0f;
+        int i = -1;
+#pragma unroll
+        for (int k = 0; k < LP_PER_THREAD; ++k) {
+            const int id = first + k * LP_THREADS + threadIdx.x;
+            if (id < vocab && !(taken >> k & 1u) && lp_before(xs[k], id, v, i)) { v = xs[k]; i = id; }
+        }
+        int bi;
+        const float bv = lp_best(v, i, &bi);
+        if (bi >= 0 && (bi - first) % LP_THREADS == (int)threadIdx.x) taken |= 1u << ((bi - first) / LP_THREADS);
+        if (threadIdx.x == 0) {
+            part[2 + 2 * r] = bv;
+            part[3 + 2 * r] = __int_as_float(bi);
+        }
+    }
+    if (threadIdx.x == 0) {
+        part[0] = m;
+        part[1] = s;
+    }
+}
+
+// The merge of `blocks` slices' partials, by a whole block: log Z = M + log(sum of s_b exp(m_b -
+// M)), returned to every thread, and the top_n of the slices' candidates by the same rounds (a
+// picked one's id struck out of parts), written by thread 0 to top_ids and top_values[0..top_n)
+// as values minus log Z (id -1 and -inf where the vocabulary has fewer ids).
+__device__ float lp_merge(float *parts, int blocks, int top_n, int32_t *top_ids, float *top_values) {
+    volatile float *vp = parts;  // another block may have written them (after a fence)
+    int unused;
+    float big = -INFINITY;
+    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) big = fmaxf(big, vp[(size_t)b * LP_PART]);
+    big = lp_best(big, 0, &unused);
+    float total = 0.0f;
+    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) {
+        const float mb = vp[(size_t)b * LP_PART];
+        if (mb > -INFINITY) total += vp[(size_t)b * LP_PART + 1] * expf(mb - big);
+    }
+    total = lp_sum(total);
+    const float log_z = big + logf(total);
+    for (int r = 0; r < top_n; ++r) {
+        float v = 0.0f;
+        int i = -1, at = -1;
+        for (int c = threadIdx.x; c < blocks * top_n; c += LP_THREADS) {
+            const size_t o = (size_t)(c / top_n) * LP_PART + 2 + 2 * (c % top_n);
+            const int id = __float_as_int(vp[o + 1]);
+            const float cv = vp[o];
+            if (id >= 0 && lp_before(cv, id, v, i)) { v = cv; i = id; at = (int)o; }
+        }
+        int bi;
+        const float bv = lp_best(v, i, &bi);
+        if (bi >= 0 && bi == i && at >= 0) vp[at + 1] = __int_as_float(-1);
+        if (threadIdx.x == 0) {
+            top_ids[r] = bi;
+            top_values[r] = bi >= 0 ? bv - log_z : -INFINITY;
+        }
+        __syncthreads();  // the strike is visible before the next round reads
+    }
+    return log_z;
+}
+
 struct LogprobArgs {
     const float *logits;
     int vocab, capacity;
@@ -80,84 +162,18 @@ __global__ void __launch_bounds__(LP_THREADS) logprobs_kernel(LogprobArgs a) {
     const uint32_t entry = st->logprobs;
     if (st->published <= entry) return;  // this step's commit published no token
     const int top_n = st->top_logprobs;
-    const int first = blockIdx.x * LP_SLICE;
-    float xs[LP_PER_THREAD];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < LP_PER_THREAD; ++k) {
-        const int id = first + k * LP_THREADS + threadIdx.x;
-        xs[k] = id < a.vocab ? a.logits[id] : -INFINITY;
-        m = fmaxf(m, xs[k]);
-    }
-    int unused;
-    m = lp_best(m, 0, &unused);
-    float s = 0.0f;
-    if (m > -INFINITY) {
-#pragma unroll
-        for (int k = 0; k < LP_PER_THREAD; ++k) s += expf(xs[k] - m);
-    }
-    s = lp_sum(s);
-    float *part = a.part + (size_t)blockIdx.x * LP_PART;
-    unsigned taken = 0;  // bit k: xs[k] was picked
-    for (int r = 0; r < top_n; ++r) {
-        float v = 0.0f;
-        int i = -1;
-#pragma unroll
-        for (int k = 0; k < LP_PER_THREAD; ++k) {
-            const int id = first + k * LP_THREADS + threadIdx.x;
-            if (id < a.vocab && !(taken >> k & 1u) && lp_before(xs[k], id, v, i)) { v = xs[k]; i = id; }
-        }
-        int bi;
-        const float bv = lp_best(v, i, &bi);
-        if (bi >= 0 && (bi - first) % LP_THREADS == (int)threadIdx.x) taken |= 1u << ((bi - first) / LP_THREADS);
-        if (threadIdx.x == 0) {
-            part[2 + 2 * r] = bv;
-            part[3 + 2 * r] = __int_as_float(bi);
-        }
-    }
+    lp_slice(a.logits, a.vocab, top_n, blockIdx.x, a.part + (size_t)blockIdx.x * LP_PART);
     __shared__ bool last;
     if (threadIdx.x == 0) {
-        part[0] = m;
-        part[1] = s;
         __threadfence();
         last = atomicAdd(a.done, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const volatile float *parts = a.part;
-    const int blocks = gridDim.x;
-    float big = -INFINITY;
-    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) big = fmaxf(big, parts[(size_t)b * LP_PART]);
-    big = lp_best(big, 0, &unused);
-    float total = 0.0f;
-    for (int b = threadIdx.x; b < blocks; b += LP_THREADS) {
-        const float mb = parts[(size_t)b * LP_PART];
-        if (mb > -INFINITY) total += parts[(size_t)b * LP_PART + 1] * expf(mb - big);
-    }
-    total = lp_sum(total);
-    const float log_z = big + logf(total);
     const uint32_t slot = entry % (uint32_t)a.capacity;
-    // The merge: top_n rounds over the blocks' candidates; a picked one's id is struck out.
-    float *cand = a.part;
-    for (int r = 0; r < top_n; ++r) {
-        float v = 0.0f;
-        int i = -1, at = -1;
-        for (int c = threadIdx.x; c < blocks * top_n; c += LP_THREADS) {
-            const size_t o = (size_t)(c / top_n) * LP_PART + 2 + 2 * (c % top_n);
-            const int id = __float_as_int(((volatile float *)cand)[o + 1]);
-            const float cv = ((volatile float *)cand)[o];
-            if (id >= 0 && lp_before(cv, id, v, i)) { v = cv; i = id; at = (int)o; }
-        }
-        int bi;
-        const float bv = lp_best(v, i, &bi);
-        if (bi >= 0 && bi == i && at >= 0) ((volatile float *)cand)[at + 1] = __int_as_float(-1);
-        if (threadIdx.x == 0) {
-            a.out.top_ids[(size_t)slot * ARC_MAX_TOP_LOGPROBS + r] = bi;
-            a.out.top_values[(size_t)slot * ARC_MAX_TOP_LOGPROBS + r] = bi >= 0 ? bv - log_z : -INFINITY;
-        }
-        __syncthreads();  // the strike is visible before the next round reads
-    }
+    const float log_z = lp_merge(a.part, gridDim.x, top_n, a.out.top_ids + (size_t)slot * ARC_MAX_TOP_LOGPROBS,
+                                 a.out.top_values + (size_t)slot * ARC_MAX_TOP_LOGPROBS);
     if (threadIdx.x == 0) {
         a.out.logprob[slot] = a.logits[st->token] - log_z;
         *a.done = 0;
@@ -165,6 +181,58 @@ __global__ void __launch_bounds__(LP_THREADS) logprobs_kernel(LogprobArgs a) {
         a.ring->logprobs = entry + 1;
         st->logprobs = entry + 1;
     }
+}
+
+// Rows of logits scored against their targets (the prompt's own log-probabilities, prefill.cu):
+// row r's slices, then its merge, each row on its own.
+struct RowLogprobArgs {
+    const float *logits;
+    int64_t stride;
+    int vocab, top_n, slices;
+    float *part;
+    const int32_t *targets;
+    float *logprob;
+    int32_t *top_ids;
+    float *top_values;
+};
+
+__global__ void __launch_bounds__(LP_THREADS) row_slices_kernel(RowLogprobArgs a) {
+    pdl_wait();  // the logits come from the product before
+    const size_t row = blockIdx.y;
+    lp_slice(a.logits + row * a.stride, a.vocab, a.top_n, blockIdx.x,
+             a.part + (row * a.slices + blockIdx.x) * LP_PART);
+}
+
+__global__ void __launch_bounds__(LP_THREADS) row_merge_kernel(RowLogprobArgs a) {
+    pdl_wait();
+    const size_t row = blockIdx.x;
+    const float log_z = lp_merge(a.part + row * a.slices * LP_PART, a.slices, a.top_n,
+                                 a.top_ids + row * ARC_MAX_TOP_LOGPROBS, a.top_values + row * ARC_MAX_TOP_LOGPROBS);
+    if (threadIdx.x == 0) {
+        const int t = a.targets[row];
+        a.logprob[row] = t >= 0 && t < a.vocab ? a.logits[row * a.stride + t] - log_z : NAN;
+    }
+}
+
+extern "C" int arc_op_row_logprobs_scratch_bytes(int32_t rows, int32_t vocab, uint64_t *bytes) {
+    ARC_REQUIRE(bytes, "null argument");
+    ARC_REQUIRE(rows >= 1 && vocab >= 1, "rows and vocab must be positive, got %d and %d", rows, vocab);
+    *bytes = (uint64_t)rows * ((vocab + LP_SLICE - 1) / LP_SLICE) * LP_PART * sizeof(float);
+    return ARC_OK;
+}
+
+extern "C" int arc_op_row_logprobs(arc_context *ctx, const float *logits, int32_t rows, int64_t stride,
+                                   int32_t vocab, int32_t top_n, const int32_t *targets, float *scratch,
+                                   float *logprob, int32_t *top_ids, float *top_values) {
+    ARC_REQUIRE(ctx && logits && targets && scratch && logprob && top_ids && top_values, "null argument");
+    ARC_REQUIRE(rows >= 1 && rows <= 65535, "rows must be in 1..65535, got %d", rows);
+    ARC_REQUIRE(vocab >= 1 && vocab <= stride, "vocab %d must be in 1..stride %lld", vocab, (long long)stride);
+    ARC_REQUIRE(top_n >= 0 && top_n <= ARC_MAX_TOP_LOGPROBS, "top_n must be in 0..%d, got %d", ARC_MAX_TOP_LOGPROBS,
+                top_n);
+    const int slices = (vocab + LP_SLICE - 1) / LP_SLICE;
+    const RowLogprobArgs a{logits, stride, vocab, top_n, slices, scratch, targets, logprob, top_ids, top_values};
+    ARC_TRY(arc_launch_pdl(ctx, "row_slices_kernel", row_slices_kernel, dim3(slices, rows), dim3(LP_THREADS), 0, a));
+    return arc_launch_pdl(ctx, "row_merge_kernel", row_merge_kernel, dim3(rows), dim3(LP_THREADS), 0, a);
 }
 
 __global__ void set_logprobs_kernel(DeviceState *st, int32_t top_n) { st->top_logprobs = top_n; }

@@ -251,20 +251,3 @@ def test_gpu_logit_bias_forces_a_token_and_its_logprobs_see_it(engine):
     host = bias_answer(engine, False, Sampling(), {123: 100.0}, n=8, logprobs=2)
     for a, b in zip(got, host):
         assert abs(a.logprob.logprob - b.logprob.logprob) <= TOL
-
-
-@pytest.mark.xfail(strict=True, reason="the echo scores the prompt forward by forward, while the answer's prompt "
-                   "went through the prefill, whose products round their inputs to bf16: on this random model the "
-                   "two disagree by up to 0.5 (H200, 2026-12-02); the echo must read the prefill's own rows")
-def test_gpu_a_prompts_own_log_probabilities_are_the_loops_at_the_same_positions(engine):
-    """An echo's log-probabilities (forward by forward on the host path) against the device loop's
-    for the tokens it generated: the same model at the same positions, from two paths."""
-    made = answer(engine, True, Sampling(), n=24)
-    prompt = list(range(1, 40))
-    scored = engine.prompt_logprobs(prompt + [p.token for p in made], 5)
-    assert len(scored) == len(prompt) + len(made) - 1
-    for got, p in zip(scored[len(prompt) - 1:], made):
-        assert abs(got.logprob - p.logprob.logprob) <= TOL, (got.logprob, p.logprob.logprob)
-        assert abs(got.top[0][1] - p.logprob.top[0][1]) <= TOL  # the likeliest's, whichever of a near tie
-    again = answer(engine, True, Sampling(), n=24)  # the rows the scoring rewrote are not reused
-    assert [p.token for p in again] == [p.token for p in made]

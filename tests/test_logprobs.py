@@ -132,15 +132,23 @@ def test_the_prompts_own_log_probabilities_are_the_references_and_leave_the_cach
     model = random_model(dataclasses.replace(SHAPES["stories15M"], max_seq=256), seed=2)
     eng = Engine(NumpyDevice(ReferenceModel(model, 256)), "numpy", environ={}, latch=gate.FallbackLatch())
     prompt = [1, *range(40, 119)]  # 80 tokens: a whole granule (64) of prefilled rows to reuse
-    first = list(eng.generate(prompt, 6))  # the cache now holds the prompt's prefilled rows
-    lps = eng.prompt_logprobs(prompt, 3)
-    ref = ReferenceModel(model, 256)
-    assert len(lps) == len(prompt) - 1
+    first = list(eng.stream(Request(prompt_ids=prompt, max_new_tokens=6, logprobs=3)))
+    # The prefill's rows, chunk by chunk as a cold prefill goes, each scored in float64 here.
+    rows = ReferenceModel(model, 256).prefill(prompt + [first[0].token], 0, chunk=64, every_row=True)
+    lps = eng.prompt_logprobs(prompt + [first[0].token], 3)
+    assert len(lps) == len(prompt)
     for i, got in enumerate(lps):
-        want = token_logprob(ref.forward(prompt[i], i), prompt[i + 1], 3)
-        assert got.logprob == pytest.approx(want.logprob, abs=1e-9) and [t for t, _ in got.top] == [t for t, _ in want.top]
-    # The rows the scoring rewrote are not reused: the same prompt decodes as it did.
-    assert list(eng.generate(prompt, 6)) == first and eng.stats.cached_tokens == 0
+        want = log_softmax64(rows[i])
+        top = np.argsort(-want, kind="stable")[:3]
+        assert abs(got.logprob - want[([*prompt, first[0].token])[i + 1]]) <= 1e-9
+        assert [t for t, _ in got.top] == list(top) and np.allclose([v for _, v in got.top], want[top], atol=1e-9)
+    # The last entry is the answer's first token, which the loop scored from the prompt's prefill.
+    assert abs(lps[-1].logprob - first[0].logprob.logprob) <= 1e-4
+    assert [t for t, _ in lps[-1].top] == [t for t, _ in first[0].logprob.top]
+    # The scoring's prefill wrote a cold prefill's rows: the next request reuses its whole granule
+    # and decodes as before.
+    assert list(eng.generate(prompt, 6)) == [p.token for p in first] and eng.stats.cached_tokens == 64
+    assert eng.prompt_logprobs(prompt[:1], 3) == []
     for bad in (-1, 21):
         with pytest.raises(InvalidArgumentError, match="top_n must be an integer in 0..20"):
             eng.prompt_logprobs(prompt, bad)

@@ -9,6 +9,7 @@ import numpy as np
 
 from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.devices.reference import ReferenceModel
+from arcpy.sampling import TokenLogprob, token_logprob
 
 PREFILL_CHUNK = 64  # prompt tokens a pass of the prefill takes
 
@@ -71,6 +72,7 @@ class NumpyDevice(HostPathDevice):
         k = reference.k_cache
         self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
         self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # offset -> rows saved there
+        self.scored: list[TokenLogprob] = []  # what enqueue_prompt_logprobs computed
 
     # The store of earlier prefixes (arcpy/loop/prefix.py): here host memory, a copy per prefix.
     def default_prefix_store_bytes(self) -> int:
@@ -89,6 +91,16 @@ class NumpyDevice(HostPathDevice):
 
     def enqueue_prefill(self, tokens, start: int) -> None:
         self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK)
+
+    def enqueue_prompt_logprobs(self, tokens, top_n: int) -> None:
+        """The prefill of `tokens` from position 0, in the chunks a cold prefill takes, and each
+        token after the first scored against the row before it (float64, as a step's)."""
+        rows = self.ref.prefill(list(tokens), 0, chunk=PREFILL_CHUNK, every_row=True)
+        self.logits = rows[-1]
+        self.scored = [token_logprob(rows[i], tokens[i + 1], top_n) for i in range(len(tokens) - 1)]
+
+    def read_prompt_logprobs(self) -> list[TokenLogprob]:
+        return self.scored
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self.logits = self.ref.forward(self.token, self.position)

@@ -6,10 +6,9 @@ CudaDevice frees the graphs, the loop, the forward and (when it created it) the 
 `close()`, and is a context manager.
 
 - Context (context.py): one device, one non-blocking stream (arc_context).
-- CudaModel (cuda_model.py): a forward on a context: the weights, KV cache and activations of one
-  model.
-- CudaDevice: DeviceOps over a forward, with the host path and the device loop (greedy, and
-  sampled by libarc's draw).
+- CudaModel (cuda_model.py): a forward on a context: one model's weights, KV cache, activations.
+- CudaDevice: DeviceOps over a forward, with the host path, the device loop (greedy, and sampled
+  by libarc's draw), the prefix store (kv_store.py) and a prompt's scoring (prompt_scores.py).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
+from arcpy.devices.prompt_scores import PromptScores
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
@@ -42,10 +42,11 @@ class Forward(Protocol):
     def enqueue(self, loop) -> None: ...  # one forward reading the loop's token and position
     def enqueue_greedy(self, loop) -> None: ...  # the forward, then the argmax committed to the loop
     def prefill(self, tokens, n: int, start: int) -> None: ...  # tokens: a device-readable int32 pointer
+    def score(self, tokens, n: int, vocab: int, top_n: int, logprob, top_ids, top_values) -> None: ...
     def close(self) -> None: ...
 
 
-class CudaDevice(KVStore):
+class CudaDevice(KVStore, PromptScores):
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
     enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
     last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
@@ -75,6 +76,7 @@ class CudaDevice(KVStore):
         blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
+        self._scores = self._scored = None  # enqueue_prompt_logprobs's arrays, and what it last scored
         self._drawing = False  # set_sampling chose the sampled step graph
         self._idle = False  # stream_query() saw the stream idle after the last enqueue
         self._prompt_in_use = False  # a prefill may still read the pinned prompt

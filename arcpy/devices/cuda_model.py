@@ -112,6 +112,12 @@ class CudaModel:
     def prefill(self, tokens, n: int, start: int) -> None:
         _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))
 
+    def score(self, tokens, n: int, vocab: int, top_n: int, logprob, top_ids, top_values) -> None:
+        """The prefill of tokens[0..n) from position 0, each token after the first scored against
+        the row before it into the three device-readable arrays (arc_model_prompt_logprobs)."""
+        _lib.check(self.lib.arc_model_prompt_logprobs(self.ptr, tokens, n, 0, vocab, top_n, logprob, top_ids,
+                                                      top_values))
+
     def memory(self) -> tuple[int, int, int]:
         """Device bytes of (weights, KV cache, activations) this forward holds."""
         w, kv, act = (self.ffi.new("uint64_t *") for _ in range(3))

@@ -36,18 +36,8 @@ import math
 
 import numpy as np
 
-from arcpy.codes import (
-    OP_ATTEND,
-    OP_ATTN_IN,
-    OP_ATTN_OUT,
-    OP_ATTN_OUT_NORM,
-    OP_FFN_IN,
-    OP_FFN_OUT,
-    OP_FFN_OUT_NORM,
-    OP_MOE_IN,
-    OP_MOE_OUT,
-    OP_QK_NORM,
-)
+from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
+                         OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,
@@ -376,8 +366,9 @@ class ReferenceModel:
             raise InvalidArgumentError(f"token {token!r} out of range 0..{self.config.vocab - 1}")
 
     def prefill(self, tokens: list[int], start: int = 0, chunk: int | None = None,
-                bf16_products: bool = False) -> np.ndarray:
-        """Run `tokens` at positions start..start+len-1 -> the logits of the last (vocab,) f32.
+                bf16_products: bool = False, every_row: bool = False) -> np.ndarray:
+        """Run `tokens` at positions start..start+len-1 -> the logits of the last (vocab,) f32, or
+        with every_row those of every token (len, vocab), each as the last's.
 
         Writes k/v at every position, as forward() one token at a time would; the tokens of a chunk
         (`chunk` at a time, all at once by default) go through each layer together, each chunk
@@ -396,9 +387,11 @@ class ReferenceModel:
         if chunk is not None and (not _is_int(chunk) or chunk < 1):
             raise InvalidArgumentError(f"chunk must be a positive integer, got {chunk!r}")
         step = int(chunk) if chunk is not None else len(tokens)
-        for off in range(0, len(tokens), step):
-            x = self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
-        return gemv(self.lm_head, rmsnorm(x[-1], self.final_norm, self.config.rms_eps))
+        xs = [self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
+              for off in range(0, len(tokens), step)]
+        rows = np.concatenate(xs) if every_row else xs[-1][-1:]
+        logits = np.stack([gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)) for x in rows])
+        return logits if every_row else logits[0]
 
     def _product_layers(self, bf16_products: bool) -> list[_Layer]:
         """The layers whose weights the prefill's products read: with bf16 products, a quantized

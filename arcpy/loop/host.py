@@ -1,7 +1,7 @@
 """The host path's step (Engine's, arcpy/loop/engine.py): one forward, then the argmax (or the
 logits) to pinned memory, a poll until the stream is idle, and the token chosen on the host; with
 ARC_GRAPH_VERIFY_ALWAYS, the replayed graph checked against the eager forward at every step. Also
-the prompt's own log-probabilities (an echoed prompt's), forward by forward."""
+the prompt's own log-probabilities (an echoed prompt's), from one prefill."""
 
 from __future__ import annotations
 
@@ -52,29 +52,30 @@ class HostPath:
 
     def prompt_logprobs(self, prompt_ids, top_n: int) -> list[TokenLogprob]:
         """Each prompt token's log-probability given the tokens before it, with its `top_n`
-        likeliest alternatives, from the model's raw logits as a step's are (float64 here,
-        arcpy.sampling.token_logprob): one entry per token after the first (which has none). The
-        prompt goes through the forward token by token, one host wait each: for an echoed
-        prompt's log-probabilities, not for decoding. Its KV rows are then the decode step's, so
-        the prefix cache forgets the rows it held (they are rewritten; stored copies stay)."""
+        likeliest alternatives, from the model's raw logits as a step's are: one entry per token
+        after the first (which has none). The prompt goes through the device's prefill from
+        position 0, which also ranks every row's logits (on a GPU in the same kernels as the
+        loop's log-probabilities), then one host wait: for an echoed prompt, not for decoding. Its
+        KV rows are a cold prefill's, so the prefix cache holds them for the request after."""
         if self.poisoned:
             raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
         if not (isinstance(top_n, int) and 0 <= top_n <= MAX_TOP_LOGPROBS):
             raise InvalidArgumentError(f"top_n must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top_n!r}")
-        self._finish("preempted")
         dev, prompt = self.device, [int(t) for t in prompt_ids]
         if not 1 <= len(prompt) <= dev.max_seq:
             raise InvalidArgumentError(f"a prompt of {len(prompt)} tokens to score: give 1 to max_seq {dev.max_seq}")
         check_prompt(prompt, dev.vocab, len(prompt) + 1)  # its ids; the length was checked above
-        self.prefix.forget_held()
-        out = []
-        for i, tok in enumerate(prompt[:-1]):
-            dev.set_input(tok, i)
-            dev.enqueue_forward()
-            dev.enqueue_logits_to_host()
-            spin_until(dev.stream_query, self.max_spins, "prompt log-probabilities: waiting for the forward")
-            out.append(token_logprob(dev.host_logits()[:dev.vocab], prompt[i + 1], top_n))
-        return out
+        caps = dev.capabilities
+        if not caps.prefill:
+            raise InvalidArgumentError(f"{caps.name} has no prefill to score a prompt with")
+        self._finish("preempted")
+        if len(prompt) == 1:
+            return []
+        self.prefix.prepare(prompt, dev, caps.prefix_granule)  # the held rows are stored before they go
+        dev.enqueue_prompt_logprobs(prompt, top_n)
+        spin_until(dev.stream_query, self.max_spins, "prompt log-probabilities: waiting for the prefill")
+        self.prefix.rewritten(prompt, caps.prefix_granule)
+        return dev.read_prompt_logprobs()
 
     def _biased(self, logits: np.ndarray) -> np.ndarray:
         """The logits with the request's bias added on the host, where the device did not add it."""

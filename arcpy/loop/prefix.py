@@ -86,8 +86,12 @@ class PrefixCache:
 
     def prefilled(self, prompt: list[int], cached: int, granule: int) -> None:
         """A prefill of `prompt` from position `cached` was enqueued: its whole granules are held."""
-        self.held = prompt[:len(prompt) // granule * granule] if granule and self.enabled else []
+        self.rewritten(prompt, granule)
         self.stats.count(len(prompt), cached, self.restored)
+
+    def rewritten(self, prompt: list[int], granule: int) -> None:
+        """A prefill wrote the rows of `prompt` (one no request counts: a prompt's scoring)."""
+        self.held = prompt[:len(prompt) // granule * granule] if granule and self.enabled else []
 
     def forget_held(self) -> None:
         """The held prefix's rows were rewritten by something other than a prefill."""

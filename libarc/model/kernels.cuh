@@ -325,13 +325,13 @@ struct PrefillBuffers {
     int32_t max_chunk;
     float *x;       // residual stream (max_chunk, dim)
     uint16_t *xn;   // normed input of a product, bf16 (max_chunk, dim)
-    float *qkv;     // (max_chunk, q_dim + 2 * kv_dim)
+    float *qkv;     // (max_chunk, q_dim + 2 * kv_dim), or a prompt's scores (score_rows of them)
     uint16_t *q;    // rotated queries, bf16 (max_chunk, q_dim)
     uint16_t *att;  // attention output, bf16 (max_chunk, q_dim)
     uint16_t *h;    // SwiGLU output, bf16 (max_chunk, ffn_dim)
     uint16_t *wdq;  // a quantized matrix dequantized for its product, bf16 (the model's dequant_elems)
     float *gu;      // where the gate/up product runs on gemm_sm90.cu: (gu_rows, 2 ffn_dim) float32
-    int32_t gu_rows;
+    int32_t gu_rows, score_rows;
     float *t;       // with post_norms: a product's output before its norm (max_chunk, dim) float32
 };
 // h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), act an arc_activation,

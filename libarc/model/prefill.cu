@@ -17,7 +17,8 @@
 //   FFN_OUT   gemm           x += h Wdown^T
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
-// rmsnorm(x, final_norm). The residual stream stays float32; a product's input is rounded to bf16.
+// rmsnorm(x, final_norm). To score a prompt, each chunk's rows also go through the final norm and
+// the lm_head's product, and each row's logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
 // A quantized matrix is read packed by the products of a chunk of up to QUANT_DIRECT_ROWS tokens
 // (gemm_quant.cu); for a longer chunk it is dequantized to bf16 into a scratch before its product.
@@ -90,6 +91,12 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     if (chunk <= b->max_chunk) return ARC_OK;
 
     const uint64_t rows = (uint64_t)chunk;
+    // The prompt's scores (arc_model_prompt_logprobs) use the qkv rows once a chunk's layers are
+    // done: the logits of up to score_rows rows and their slices' partials.
+    const int32_t score_rows = chunk < QUANT_DIRECT_ROWS ? chunk : QUANT_DIRECT_ROWS;
+    uint64_t score_bytes = 0;
+    ARC_TRY(arc_op_row_logprobs_scratch_bytes(score_rows, c.vocab, &score_bytes));
+    score_bytes += (uint64_t)score_rows * c.vocab * 4;
     // The gate/up product's float32 rows, on an sm_90 GPU: as many as GU_BYTES hold (whole tiles
     // of 128, at least one), no more than a chunk has.
     int32_t gu_rows = 0;
@@ -99,7 +106,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
         gu_rows = (int32_t)(want < rows ? want : rows);
     }
     const uint64_t sizes[9] = {
-        rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4,
+        rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4 > score_bytes ? rows * mp.qkv_rows * 4 : score_bytes,
         rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
         (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0,
     };
@@ -125,6 +132,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->gu = gu_rows ? (float *)(base + off[7]) : nullptr;
     b->gu_rows = gu_rows;
     b->t = c.post_norms ? (float *)(base + off[8]) : nullptr;
+    b->score_rows = score_rows;
     return ARC_OK;
 }
 
@@ -255,25 +263,75 @@ static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *
     return run_layers(model, mp, ops);
 }
 
-extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {
-    ARC_REQUIRE(model && tokens, "null argument");
+// What the rows of a prompt are scored into (arc_model_prompt_logprobs).
+struct Scores {
+    int32_t vocab, top_n;
+    float *logprob;
+    int32_t *top_ids;
+    float *top_values;
+};
+
+// Rows [0, rows) of the chunk in x scored against targets[0..rows), into entries done.. of s:
+// logits = bf16(rmsnorm(x, final_norm)) lm_head^T, the prefill's product, score_rows rows at a time.
+static int score_chunk(const ModelParts &mp, int rows, const int32_t *targets, const Scores &s, int32_t done) {
+    const PrefillBuffers &b = *mp.prefill;
+    const arc_model_config &c = mp.cfg;
+    ARC_TRY(launch_rmsnorm_rows(mp.ctx, b.x, mp.final_norm, rows, c.dim, c.rms_eps, norm_offset(c), b.xn));
+    float *logits = b.qkv, *part = b.qkv + (size_t)b.score_rows * c.vocab;
+    for (int g = 0; g < rows; g += b.score_rows) {
+        const int m = rows - g < b.score_rows ? rows - g : b.score_rows;
+        ARC_TRY(product(mp.ctx, b.xn + (size_t)g * c.dim, &mp.lm_head, &c.vocab, 1, m, c.dim, nullptr,
+                        /*accumulate=*/0, b.wdq, logits));
+        const size_t at = (size_t)done + g;
+        ARC_TRY(arc_op_row_logprobs(mp.ctx, logits, m, c.vocab, s.vocab, s.top_n, targets + g, part,
+                                    s.logprob + at, s.top_ids + at * ARC_MAX_TOP_LOGPROBS,
+                                    s.top_values + at * ARC_MAX_TOP_LOGPROBS));
+    }
+    return ARC_OK;
+}
+
+// The prefill of tokens[0..n) from position start, chunk by chunk, each chunk's rows scored where
+// `scores` is given; then the last position's logits.
+static int prefill_run(arc_model *model, const char *who, const int32_t *tokens, int32_t n, int32_t start,
+                       const Scores *scores) {
     const ModelParts mp = model_parts(model);
     const arc_model_config &c = mp.cfg;
-    ARC_REQUIRE(n >= 1, "n must be at least 1, got %d", n);
-    ARC_REQUIRE(start >= 0 && (int64_t)start + n <= c.max_seq,
-                "tokens at positions %d..%lld do not fit in max_seq %d", start, (long long)start + n - 1, c.max_seq);
+    ARC_REQUIRE_AS(who, n >= 1, "n must be at least 1, got %d", n);
+    ARC_REQUIRE_AS(who, start >= 0 && (int64_t)start + n <= c.max_seq,
+                   "tokens at positions %d..%lld do not fit in max_seq %d", start, (long long)start + n - 1,
+                   c.max_seq);
     const int32_t chunk = mp.prefill->max_chunk;
-    ARC_REQUIRE(chunk > 0, "no prefill buffers: call arc_model_prefill_reserve first");
-    ARC_TRY(model_check_uploaded(model, __func__));
+    ARC_REQUIRE_AS(who, chunk > 0, "no prefill buffers: call arc_model_prefill_reserve first");
+    ARC_TRY(model_check_uploaded(model, who));
     int32_t last = 0;
     for (int32_t off = 0; off < n; off += chunk) {
         last = n - off < chunk ? n - off : chunk;
         ARC_TRY(prefill_chunk(model, mp, tokens + off, last, start + off));
+        const int32_t scored = last < n - 1 - off ? last : n - 1 - off;  // the last token has no target
+        if (scores && scored > 0) ARC_TRY(score_chunk(mp, scored, tokens + off + 1, *scores, off));
     }
     // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
     const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
     return gemv_weight(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
                        norm_offset(c), /*accumulate=*/0, mp.logits);
+}
+
+extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {
+    ARC_REQUIRE(model && tokens, "null argument");
+    return prefill_run(model, __func__, tokens, n, start, nullptr);
+}
+
+extern "C" int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n, int32_t start,
+                                         int32_t vocab, int32_t top_n, float *logprob, int32_t *top_ids,
+                                         float *top_values) {
+    ARC_REQUIRE(model && tokens && logprob && top_ids && top_values, "null argument");
+    ARC_REQUIRE(n >= 2, "a prompt to score needs at least 2 tokens, got %d", n);
+    const int32_t width = model_parts(model).cfg.vocab;
+    ARC_REQUIRE(vocab >= 1 && vocab <= width, "vocab %d must be in 1..%d (the lm_head's rows)", vocab, width);
+    ARC_REQUIRE(top_n >= 0 && top_n <= ARC_MAX_TOP_LOGPROBS, "top_n must be in 0..%d, got %d",
+                ARC_MAX_TOP_LOGPROBS, top_n);
+    const Scores s{vocab, top_n, logprob, top_ids, top_values};
+    return prefill_run(model, __func__, tokens, n, start, &s);
 }
 
 extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache) {
