@@ -98,3 +98,23 @@ def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
     assert engine.stats.cached_tokens == 0 and warm == cold
     for w, c in zip(warm_rows, rows(engine, len(a2))):
         assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
+
+
+def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
+    """Saved with 2,300 positions, brought back for 1,000 of them: each layer and head's rows come
+    from the run they were saved in."""
+    rng = np.random.default_rng(10)
+    vocab = engine.device.vocab
+    engine.prefix.clear()
+    a = [int(t) for t in rng.integers(0, vocab, 2300)]
+    b = [int(t) for t in rng.integers(0, vocab, 40)]
+    c = a[:1000] + [int(t) for t in rng.integers(0, vocab, 30)]
+    list(engine.generate(a, 4))
+    list(engine.generate(b, 4))  # a's rows are saved
+    warm = list(engine.generate(c, 32))
+    assert engine.stats.cached_tokens == 1000 and engine.prefix.restored
+    warm_rows = rows(engine, len(c))
+    engine.prefix.clear()
+    assert list(engine.generate(c, 32)) == warm and engine.stats.cached_tokens == 0
+    for w, r in zip(warm_rows, rows(engine, len(c))):
+        assert np.array_equal(w, r), f"{np.count_nonzero(w != r)} of {w.size} cache words differ"

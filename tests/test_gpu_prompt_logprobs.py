@@ -6,8 +6,6 @@ scores bit for bit those of its prefix, and the scored rows reused by the next r
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -18,7 +16,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
-from arcpy.model import SHAPES, random_model
+from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
 
@@ -97,13 +95,13 @@ def test_gpu_row_logprobs_refuse_bad_arguments(gpu):
             _lib.check(lib.arc_op_row_logprobs(gpu.ctx, buf, rows, stride, vocab, top_n, ids, buf, buf, ids, buf))
 
 
-CONFIG = dataclasses.replace(SHAPES["smollm2-135M"], max_seq=1024)
 PROMPT = list(range(1, 40))
 
 
-@pytest.fixture(scope="module")
-def engine():
-    device = open_cuda_device(random_model(CONFIG, seed=11), 1024)
+@pytest.fixture(scope="module", params=["smollm2-135M", "tiny-quant"])
+def engine(request):
+    """A bf16 model, and one of every quantized format (its lm_head Q6_K, read packed)."""
+    device = open_cuda_device(synthetic_model(request.param, seed=11, max_seq=1024), 1024)
     with Engine(device, "cuda", environ={}, latch=gate.FallbackLatch(), burst=16) as eng:
         yield eng
 

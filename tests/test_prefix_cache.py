@@ -132,6 +132,24 @@ def test_reference_turns_with_the_cache_give_a_cold_runs_tokens(latch, sampling)
         history = history + answer + [int(t) for t in rng.integers(0, model.config.vocab, 5)]
 
 
+def test_reference_a_stored_prefix_restored_in_part_gives_a_cold_runs_tokens(latch):
+    """A prefix saved with 128 positions and brought back for 64 of them: the rows come back from
+    where they were saved (the store lays out each layer and head's run of the saved positions)."""
+    model = _model("stories15M")
+    rng = np.random.default_rng(3)
+    a = [int(t) for t in rng.integers(0, model.config.vocab, 150)]
+    b = [int(t) for t in rng.integers(0, model.config.vocab, 30)]
+    c = a[:70] + [int(t) for t in rng.integers(0, model.config.vocab, 10)]
+    device = NumpyDevice(ReferenceModel(model))
+    warm = Engine(device, "numpy", environ={}, latch=latch, prompt_cache_bytes=200 * device.prefix_row_bytes)
+    list(warm.generate(a, 3))
+    list(warm.generate(b, 3))  # a's 128 held positions are saved
+    got = list(warm.generate(c, 6))
+    assert warm.stats.cached_tokens == 64 and warm.prefix.restored
+    cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=latch, prefix_cache=False)
+    assert got == list(cold.generate(c, 6))
+
+
 # -- the store of earlier prefixes -------------------------------------------------------------
 
 def stored_engine(latch, row=8, **kw):
@@ -147,7 +165,7 @@ def test_alternating_prompts_get_their_rows_back_from_the_store(latch):
     list(eng.generate(b, 3))                  # a's rows are saved before b's prefill rewrites them
     assert eng.device.prefix_ops == [("save", 0, 20)] and eng.stats.cached_tokens == 0
     list(eng.generate(a + [7, 8], 3))         # b's saved, a's copied back: only the new tokens prefilled
-    assert eng.device.prefix_ops[1:] == [("save", 160, 20), ("load", 0, 20)]
+    assert eng.device.prefix_ops[1:] == [("save", 160, 20), ("load", 0, 20, 20)]
     assert eng.device.prefills[-1] == ((7, 8), 20) and eng.stats.cached_tokens == 20
     assert eng.prefix.stats.restored == 1 and eng.prefix.stats.stored == 2
     list(eng.generate(a + [7, 8, 9], 3))      # the held prefix serves: nothing copied

@@ -71,7 +71,7 @@ class NumpyDevice(HostPathDevice):
         self.ref = reference
         k = reference.k_cache
         self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
-        self.store: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # offset -> rows saved there
+        self.store = np.zeros(0, k.dtype)  # the store of earlier prefixes (reserve_prefix_store)
         self.scored: list[TokenLogprob] = []  # what enqueue_prompt_logprobs computed
 
     # The store of earlier prefixes (arcpy/loop/prefix.py): here host memory, a copy per prefix.
@@ -79,15 +79,22 @@ class NumpyDevice(HostPathDevice):
         return 0  # only when asked for: the host's memory is not spare the way a GPU's is
 
     def reserve_prefix_store(self, nbytes: int) -> int:
+        self.store = np.zeros(nbytes // self.ref.k_cache.itemsize, self.ref.k_cache.dtype)
         return nbytes
 
-    def save_prefix(self, offset: int, n: int) -> None:
-        self.store[offset] = (self.ref.k_cache[:, :, :n].copy(), self.ref.v_cache[:, :, :n].copy())
+    def _stored(self, offset: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        # As the GPU's store lays them out: k then v, (layer, head, the n saved positions, head_dim).
+        shape = (*self.ref.k_cache.shape[:2], n, self.ref.k_cache.shape[3])
+        at, size = offset // self.ref.k_cache.itemsize, int(np.prod(shape))
+        return self.store[at:at + size].reshape(shape), self.store[at + size:at + 2 * size].reshape(shape)
 
-    def load_prefix(self, offset: int, n: int) -> None:
-        k, v = self.store[offset]
-        self.ref.k_cache[:, :, :n] = k[:, :, :n]
-        self.ref.v_cache[:, :, :n] = v[:, :, :n]
+    def save_prefix(self, offset: int, n: int) -> None:
+        k, v = self._stored(offset, n)
+        k[...], v[...] = self.ref.k_cache[:, :, :n], self.ref.v_cache[:, :, :n]
+
+    def load_prefix(self, offset: int, n: int, saved: int) -> None:
+        k, v = self._stored(offset, saved)
+        self.ref.k_cache[:, :, :n], self.ref.v_cache[:, :, :n] = k[:, :, :n], v[:, :, :n]
 
     def enqueue_prefill(self, tokens, start: int) -> None:
         self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK)

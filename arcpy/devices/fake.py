@@ -422,9 +422,9 @@ class FakeDevice:
         self._count()
         self.prefix_ops.append(("save", offset, n))
 
-    def load_prefix(self, offset: int, n: int) -> None:
+    def load_prefix(self, offset: int, n: int, saved: int) -> None:
         self._count()
-        self.prefix_ops.append(("load", offset, n))
+        self.prefix_ops.append(("load", offset, n, saved))
 
     def set_logit_bias(self, pairs) -> None:
         if pairs and not self.supports_logit_bias:

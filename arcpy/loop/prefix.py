@@ -79,7 +79,7 @@ class PrefixCache:
             self._save(device)
         self.restored = entry is not None
         if entry is not None:
-            device.load_prefix(entry.offset, best)
+            device.load_prefix(entry.offset, best, len(entry.tokens))
             entry.used = self._tick()
         self.held = []
         return best
