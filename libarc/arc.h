@@ -347,9 +347,9 @@ int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_
  * logits), and for each row r in [0, n - 1) the log-probability of tokens[r + 1] under log_softmax of that row's
  * logits[0..vocab), with the top_n most likely ids and theirs, as arc_loop_enqueue_logprobs computes and ranks them:
  * logprob[n - 1], top_ids and top_values [n - 1][ARC_MAX_TOP_LOGPROBS] (entries past top_n not written), device or
- * mapped memory, stream-ordered. A row's logits are lm_head @ bf16(rmsnorm(x, final_norm)), the prefill's product
- * (so within that rounding of the decode's GEMV), and do not depend on the chunk the row is in. Requires what
- * arc_model_prefill requires, n >= 2, 1 <= vocab <= the lm_head's rows, 0 <= top_n <= ARC_MAX_TOP_LOGPROBS; a
+ * mapped memory, stream-ordered. A row's logits are those arc_model_prefill leaves for its last position (the
+ * decode's lm_head GEMV): bit for bit what a prefill of tokens[0..r] leaves, whatever chunk the row is in. Requires
+ * what arc_model_prefill requires, n >= 2, 1 <= vocab <= the lm_head's rows, 0 <= top_n <= ARC_MAX_TOP_LOGPROBS; a
  * target outside [0, vocab) scores NaN. */
 int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n, int32_t start, int32_t vocab,
                               int32_t top_n, float *logprob, int32_t *top_ids, float *top_values);

@@ -17,8 +17,8 @@
 //   FFN_OUT   gemm           x += h Wdown^T
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
-// rmsnorm(x, final_norm). To score a prompt, each chunk's rows also go through the final norm and
-// the lm_head's product, and each row's logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a product's input is rounded to bf16.
+// rmsnorm(x, final_norm). To score a prompt, each row of a chunk goes through that GEMV too, and
+// its logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
 // A quantized matrix is read packed by the products of a chunk of up to QUANT_DIRECT_ROWS tokens
 // (gemm_quant.cu); for a longer chunk it is dequantized to bf16 into a scratch before its product.
@@ -271,17 +271,20 @@ struct Scores {
     float *top_values;
 };
 
-// Rows [0, rows) of the chunk in x scored against targets[0..rows), into entries done.. of s:
-// logits = bf16(rmsnorm(x, final_norm)) lm_head^T, the prefill's product, score_rows rows at a time.
+// Rows [0, rows) of the chunk in x scored against targets[0..rows), into entries done.. of s. A
+// row's logits are the decode's GEMV of it, lm_head @ rmsnorm(x, final_norm), what the prefill
+// computes for its last position: a row scores, bit for bit, what a generation from the prompt up
+// to it draws its first token from. Ranked score_rows rows at a time.
 static int score_chunk(const ModelParts &mp, int rows, const int32_t *targets, const Scores &s, int32_t done) {
     const PrefillBuffers &b = *mp.prefill;
     const arc_model_config &c = mp.cfg;
-    ARC_TRY(launch_rmsnorm_rows(mp.ctx, b.x, mp.final_norm, rows, c.dim, c.rms_eps, norm_offset(c), b.xn));
     float *logits = b.qkv, *part = b.qkv + (size_t)b.score_rows * c.vocab;
     for (int g = 0; g < rows; g += b.score_rows) {
         const int m = rows - g < b.score_rows ? rows - g : b.score_rows;
-        ARC_TRY(product(mp.ctx, b.xn + (size_t)g * c.dim, &mp.lm_head, &c.vocab, 1, m, c.dim, nullptr,
-                        /*accumulate=*/0, b.wdq, logits));
+        for (int r = 0; r < m; ++r)
+            ARC_TRY(gemv_weight(mp.ctx, mp.lm_head, b.x + (size_t)(g + r) * c.dim, c.vocab, c.dim, nullptr,
+                                mp.final_norm, c.rms_eps, norm_offset(c), /*accumulate=*/0,
+                                logits + (size_t)r * c.vocab));
         const size_t at = (size_t)done + g;
         ARC_TRY(arc_op_row_logprobs(mp.ctx, logits, m, c.vocab, s.vocab, s.top_n, targets + g, part,
                                     s.logprob + at, s.top_ids + at * ARC_MAX_TOP_LOGPROBS,
