@@ -84,7 +84,7 @@ int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t 
 
 /* arc_op_gemm_bf16 and arc_op_gemm_swiglu_bf16 over w packed in a quantized `format` (rows of k weights as
  * arc_format lays them out, k a multiple of the format's unit), read packed: each output equals, bit for bit, what
- * arc_op_dequantize then the bf16 product give. Fastest for short products (the prefill uses it up to 128 rows). */
+ * arc_op_dequantize then the bf16 product give. Fastest for short products (the prefill uses it up to 256 rows). */
 int arc_op_gemm_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w, int32_t m, int32_t n, int32_t k,
                   const uint16_t *bias, int32_t accumulate, float *c);
 int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w_gate_up, int32_t m,

@@ -173,7 +173,7 @@ int gemm_quant(arc_context *ctx, const char *who, int32_t format, const GemmArgs
 // A quantized W is read packed (gemm_quant.cu), giving the bits of the bf16 product over
 // arc_op_dequantize's matrix; arc_model_prefill does so for chunks of up to QUANT_DIRECT_ROWS
 // rows, and dequantizes once for longer ones, where tensor-core time outweighs the bytes (gemm.cu).
-enum { QUANT_DIRECT_ROWS = 128 };
+enum { QUANT_DIRECT_ROWS = 256 };
 int gemm_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
                 const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc);
 int gemm_glu_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,

@@ -29,7 +29,7 @@
 #include "gemm_tile.cuh"
 #include "layer.cuh"
 
-enum { ROWS_THREADS = 256 };
+enum { ROWS_THREADS = 256, SCORE_ROWS = 128 };  // SCORE_ROWS: a prompt's rows ranked in one launch
 // The most the gate/up product's float32 scratch takes on an sm_90 GPU (prefill_chunk).
 constexpr uint64_t GU_BYTES = 128ull << 20;
 
@@ -93,7 +93,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     const uint64_t rows = (uint64_t)chunk;
     // The prompt's scores (arc_model_prompt_logprobs) use the qkv rows once a chunk's layers are
     // done: the logits of up to score_rows rows and their slices' partials.
-    const int32_t score_rows = chunk < QUANT_DIRECT_ROWS ? chunk : QUANT_DIRECT_ROWS;
+    const int32_t score_rows = chunk < SCORE_ROWS ? chunk : SCORE_ROWS;
     uint64_t score_bytes = 0;
     ARC_TRY(arc_op_row_logprobs_scratch_bytes(score_rows, c.vocab, &score_bytes));
     score_bytes += (uint64_t)score_rows * c.vocab * 4;
