@@ -90,6 +90,10 @@ int arc_op_gemm_q(arc_context *ctx, int32_t format, const uint16_t *a, const voi
 int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w_gate_up, int32_t m,
                          int32_t n, int32_t k, uint16_t *h);
 
+/* The scratch arc_op_prefill_attention needs for n queries from start, in bytes (0 while start + n <= 1024: the keys
+ * are walked in segments of 1,024 positions, each query's merged in order). */
+int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start,
+                                           uint64_t *bytes);
 /* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache writes: qkv (n, q |
  * k | v) float32, each row as arc_op_attention reads it (unrotated). q and k are rotated at each token's position
  * as arc_op_attention rotates them; k and v, rounded to bf16, are stored at rows start..start+n-1 of k_cache and
@@ -98,10 +102,11 @@ int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, co
  * (the rows of earlier positions must have been written), query head h reading kv head h / (n_heads / n_kv_heads);
  * the probabilities are rounded to bf16 for the product with v. head_dim even and <= 128, n >= 1, start >= 0, start
  * + n <= max_seq <= 1048576; the caches and q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte
- * aligned. */
+ * aligned; scratch: device memory of arc_op_prefill_attention_scratch_bytes (NULL where that is 0). */
 int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                              uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                             int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out);
+                             int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, float *scratch,
+                             uint16_t *out);
 
 /* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v), p1 = bf16(v -
  * p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in arc_op_gemv (norm_weight NULL: v

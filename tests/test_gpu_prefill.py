@@ -153,6 +153,12 @@ ATTN_CASES = [
     (32, 4, 2, 100, 17, 256),    # qwen-tiny head_dim
     (96, 4, 2, 70, 64, 256),     # padded to 128
     (6, 2, 1, 20, 5, 64),        # head_dim not a multiple of 8: 4-byte rows
+    # keys past the first segment of 1,024: partials per segment, merged
+    (64, 9, 3, 72, 4024, 4200),  # a chat's next turn at a long context
+    (128, 8, 2, 300, 900, 2048), # queries on both sides of a segment's end
+    (256, 4, 2, 40, 2100, 2200), # Gemma's head_dim
+    (128, 4, 4, 1, 3000, 3100),  # one token late
+    (6, 2, 1, 20, 1500, 1600),   # 4-byte rows
 ]
 
 
@@ -184,9 +190,13 @@ def test_prefill_attention_matches_numpy(gpu, hd, n_heads, n_kv, n, start, max_s
     d_q, d_out = gpu.alloc(n * n_heads * hd * 2), gpu.alloc(n * n_heads * hd * 2)
     gpu.poison(d_q, n * n_heads * hd * 2)
     gpu.poison(d_out, n * n_heads * hd * 2)
+    need = gpu.ffi.new("uint64_t *")
+    _lib.check(gpu.lib.arc_op_prefill_attention_scratch_bytes(n_heads, hd, n, start, need))
+    assert (need[0] > 0) == (start + n > 1024)
+    scratch = f32p(gpu, gpu.alloc(need[0])) if need[0] else gpu.ffi.NULL
     _lib.check(gpu.lib.arc_op_prefill_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_inv), u16p(gpu, d_k),
                                                 u16p(gpu, d_v), n_heads, n_kv, hd, max_seq, n, start,
-                                                u16p(gpu, d_q), u16p(gpu, d_out)))
+                                                u16p(gpu, d_q), scratch, u16p(gpu, d_out)))
     got_k = gpu.read(d_k, np.uint16, k0.size).reshape(cache_shape)
     got_v = gpu.read(d_v, np.uint16, v0.size).reshape(cache_shape)
     got_q = gpu.read(d_q, np.uint16, want_q.size).reshape(want_q.shape)
@@ -544,7 +554,7 @@ def test_bad_prefill_attention_arguments_raise(gpu):
     f, u = f32p(gpu, gpu.alloc(1 << 16)), u16p(gpu, gpu.alloc(1 << 16))
 
     def call(hd=64, heads=4, kv=2, max_seq=16, n=4, start=0, cache=u):
-        return lib.arc_op_prefill_attention(ctx, f, f, cache, u, heads, kv, hd, max_seq, n, start, u, u)
+        return lib.arc_op_prefill_attention(ctx, f, f, cache, u, heads, kv, hd, max_seq, n, start, u, f, u)
 
     for kwargs, match in [
         (dict(hd=258), "head_dim must be even"),

@@ -307,7 +307,9 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                    float *scratch, float *out);
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
-                           int32_t start, uint16_t *q_scratch, uint16_t *out);
+                           int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n);
+// Floats of partials the prefill's attention of n queries from start takes (0: none).
+uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start);
 // Each q and k head of qkv (rows, stride) float32, in place: head * rsqrt(mean(head^2) + eps) *
 // w, w = q_norm for the n_heads q heads, k_norm for the n_kv_heads k heads (norms.cu).
 int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
@@ -333,6 +335,7 @@ struct PrefillBuffers {
     float *gu;      // where the gate/up product runs on gemm_sm90.cu: (gu_rows, 2 ffn_dim) float32
     int32_t gu_rows, score_rows;
     float *t;       // with post_norms: a product's output before its norm (max_chunk, dim) float32
+    float *attn_part;  uint64_t attn_part_n;  // the attention's partials (prefill_attention.cu), floats
 };
 // h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), act an arc_activation,
 // as arc_op_gemm_swiglu_bf16; where the product fills an sm_90 GPU, it runs on gemm_sm90.cu in

@@ -105,13 +105,18 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
         const uint64_t want = fit < 128 ? 128 : fit;
         gu_rows = (int32_t)(want < rows ? want : rows);
     }
-    const uint64_t sizes[9] = {
+    // The attention's partials (prefill_attention.cu) for as many queries as 64 MB hold at the
+    // longest context (whole tiles of 64, at least one), no more than a chunk has.
+    const uint64_t per_query = prefill_attention_part_floats(c.n_heads, c.head_dim, 1, c.max_seq - 1);
+    uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
+    part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
+    const uint64_t sizes[10] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4 > score_bytes ? rows * mp.qkv_rows * 4 : score_bytes,
         rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
-        (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0,
+        (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
     };
-    uint64_t off[9], at = 0;
-    for (int i = 0; i < 9; ++i) {
+    uint64_t off[10], at = 0;
+    for (int i = 0; i < 10; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -133,6 +138,8 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->gu_rows = gu_rows;
     b->t = c.post_norms ? (float *)(base + off[8]) : nullptr;
     b->score_rows = score_rows;
+    b->attn_part = part_rows ? (float *)(base + off[9]) : nullptr;
+    b->attn_part_n = part_rows * per_query;
     return ARC_OK;
 }
 
@@ -216,7 +223,8 @@ struct PrefillOps {
         const arc_model_config &c = p.cfg;
         const PrefillBuffers &b = *p.prefill;
         return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
-                                       c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att);
+                                       c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att, b.attn_part,
+                                       b.attn_part_n);
     }
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;

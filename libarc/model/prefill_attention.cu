@@ -8,11 +8,40 @@
 // warp) and walks the keys in tiles of 64: S = Q K^T and O += P V by mma.sync (bf16 inputs, float32
 // sums), with the softmax running online (the row maximum and sum rescaled as they grow), so no
 // score matrix is ever stored. K and V tiles are double-buffered through cp.async.
+//
+// The keys are cut into segments of FLASH_SEG_KEYS at fixed positions. A query's attention is its
+// segments' (each walked alone) merged in order (prefill_merge), so it does not depend on the chunk
+// it is in, and a short chunk at a long context spreads its walk over more blocks: a launch whose
+// keys reach past the first segment runs a block per segment into float32 partials, then
+// combine_kernel; one that does not (every query in segment 0) writes its output at once, which
+// is the same arithmetic with nothing to merge.
 #include <math.h>
 
 #include "kernels.cuh"
 
-enum { ROPE_THREADS = 128, FLASH_Q = 64, FLASH_KV = 64, FLASH_THREADS = 128 };
+enum { ROPE_THREADS = 128, FLASH_Q = 64, FLASH_KV = 64, FLASH_THREADS = 128, FLASH_SEG_TILES = 16,
+       FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };
+
+// The partials of a segment for one (query, head): m (log2 units) and l, then hd sums.
+__host__ __device__ inline size_t part_floats(int hd) { return (size_t)hd + 2; }
+
+// The running merge of a query's segments, in order: (m, l, o) of the segments so far and (ms, ls,
+// os) of the next, each a walk's maximum, sum and unnormalized output. A segment with no key of
+// the query (ms = -inf) leaves them as they are; the first that has one is copied.
+__device__ __forceinline__ void prefill_merge(float &m, float &l, float *o, float ms, float ls, const float *os,
+                                              int count, int stride) {
+    if (ms == -INFINITY) return;
+    if (m == -INFINITY) {
+        m = ms;
+        l = ls;
+        for (int d = 0; d < count; ++d) o[d * stride] = os[d * stride];
+        return;
+    }
+    const float mn = fmaxf(m, ms), a = exp2f(m - mn), b = exp2f(ms - mn);
+    l = __fmaf_rn(l, a, __fmul_rn(ls, b));
+    for (int d = 0; d < count; ++d) o[d * stride] = __fmaf_rn(o[d * stride], a, __fmul_rn(os[d * stride], b));
+    m = mn;
+}
 
 // q_out[i] (n_heads, hd) bf16, and cache rows start + i of k_cache, v_cache, for chunk token i =
 // blockIdx.x: q and k rotated at position start + i as `rope` says (kernels.cuh) from
@@ -86,7 +115,7 @@ template <int D>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k_cache,
                      const uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int n,
-                     int start, float scale_log2, int window, uint16_t *__restrict__ out) {
+                     int start, float scale_log2, int window, uint16_t *__restrict__ out, float *__restrict__ part) {
     constexpr int KD = D / 16;   // k16 steps of q . k
     constexpr int NT = FLASH_KV / 8;  // n8 key tiles of a score row
     extern __shared__ __align__(128) uint16_t smem[];
@@ -96,19 +125,17 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
     const int q0 = (gridDim.y - 1 - blockIdx.y) * FLASH_Q;
     const int kv_end = start + min(q0 + FLASH_Q, n);  // keys [kv_begin, kv_end) reach some query here
     const int kv_begin = window > 0 && start + q0 >= window ? start + q0 - window + 1 : 0;
-    const int j0 = kv_begin / FLASH_KV, tiles = (kv_end + FLASH_KV - 1) / FLASH_KV;
+    // Key tiles [j0, tiles): this block's segment of them where it writes partials, else all (one
+    // segment, the launch's keys all in the first).
+    const int seg = blockIdx.z, seg0 = seg * FLASH_SEG_TILES;
+    const int j0 = part ? max(kv_begin / FLASH_KV, seg0) : kv_begin / FLASH_KV;
+    const int tiles = part ? min((kv_end + FLASH_KV - 1) / FLASH_KV, seg0 + FLASH_SEG_TILES)
+                           : (kv_end + FLASH_KV - 1) / FLASH_KV;
     const size_t q_stride = (size_t)n_heads * hd;
     const uint16_t *k_src = k_cache + (size_t)kvh * max_seq * hd, *v_src = v_cache + (size_t)kvh * max_seq * hd;
 
     pdl_launch_dependents();
     pdl_wait();  // q and the cache rows of this chunk are the previous kernel's output
-    load_rows<D>(qs, q + (size_t)q0 * q_stride + (size_t)head * hd, q_stride, n - q0, hd, tid);
-    load_rows<D>(ks, k_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
-    load_rows<D>(vs, v_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
-    cp_async_commit();
-
-    // Rows g and g + 8 of the warp's 16 queries are this thread's: their maximum (in log2 units)
-    // and partial sum of exponentials (this thread's columns only, summed over the quad at the end).
     const int qpos0 = start + q0 + warp * 16 + g;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float o[D / 8][4];
@@ -116,6 +143,14 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
     for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+    if (j0 < tiles) {
+    load_rows<D>(qs, q + (size_t)q0 * q_stride + (size_t)head * hd, q_stride, n - q0, hd, tid);
+    load_rows<D>(ks, k_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
+    load_rows<D>(vs, v_src + (size_t)j0 * FLASH_KV * hd, hd, kv_end - j0 * FLASH_KV, hd, tid);
+    cp_async_commit();
+
+    // Rows g and g + 8 of the warp's 16 queries are this thread's: their maximum (in log2 units)
+    // and partial sum of exponentials (this thread's columns only, summed over the quad at the end).
     uint32_t qf[KD][4];
 
     for (int j = j0; j < tiles; ++j) {
@@ -209,15 +244,33 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         }
         __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
+    }  // a segment with no key of this block's queries leaves m -inf, l and o 0
 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l = l_run[r];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = 1.0f / l;
         const int qi = q0 + warp * 16 + g + r * 8;
         if (qi >= n) continue;
+        if (part) {  // (m, l, o) of this segment; combine_kernel merges them
+            float *p = part + ((size_t)seg * n + qi) * n_heads * part_floats(hd) + (size_t)head * part_floats(hd);
+            if (t == 0) {
+                p[0] = m_run[r];
+                p[1] = l;
+            }
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                const int d = dt * 8 + 2 * t;
+                if (d < hd) {
+                    p[2 + d] = o[dt][2 * r];
+                    p[3 + d] = o[dt][2 * r + 1];
+                }
+            }
+            continue;
+        }
+        // One segment: the merge of prefill_merge copies it, then divides as combine_kernel does.
+        const float inv = 1.0f / l;
         uint16_t *dst = out + (size_t)qi * q_stride + (size_t)head * hd;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
@@ -228,23 +281,66 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
     }
 }
 
+// out[i, head] (bf16) of query i = blockIdx.x and head blockIdx.y: its segments' partials
+// (segs of them, n queries each) merged in order, then divided by the sum. hd threads at most 256.
+__global__ void __launch_bounds__(ATTN_MAX_HEAD_DIM)
+combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int hd, uint16_t *__restrict__ out) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int i = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const size_t seg_stride = (size_t)n * n_heads * part_floats(hd);
+    const float *p = part + ((size_t)i * n_heads + head) * part_floats(hd);
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (int s = 0; s < segs; ++s) {
+        const float *ps = p + s * seg_stride;
+        prefill_merge(m, l, &o, ps[0], ps[1], ps + 2 + d, d < hd ? 1 : 0, 1);
+    }
+    if (d < hd) out[((size_t)i * n_heads + head) * hd + d] = f32_to_bf16(o * (1.0f / l));
+}
+
+uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start) {
+    if (start + n <= FLASH_SEG_KEYS) return 0;
+    const uint64_t segs = (uint64_t)(start + n + FLASH_SEG_KEYS - 1) / FLASH_SEG_KEYS;
+    return segs * n * n_heads * part_floats(head_dim);
+}
+
 template <int D>
 static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                         int n_heads, int n_kv_heads, int hd, int max_seq, int n, int start, const AttnSpec &spec,
-                        uint16_t *out) {
+                        uint16_t *out, float *part, uint64_t part_n) {
     auto kernel = flash_prefill_kernel<D>;
     const int smem = 5 * 64 * D * 2;
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = (float)(1.4426950408889634 * spec.scale);
-    const dim3 grid(n_heads, (n + FLASH_Q - 1) / FLASH_Q);
-    return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, grid, dim3(FLASH_THREADS), (size_t)smem, q, k_cache,
-                          v_cache, n_heads, n_kv_heads, hd, max_seq, n, start, scale_log2, spec.window, out);
+    if (start + n <= FLASH_SEG_KEYS)  // every query's keys in the first segment: no merge
+        return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, dim3(n_heads, (n + FLASH_Q - 1) / FLASH_Q),
+                              dim3(FLASH_THREADS), (size_t)smem, q, k_cache, v_cache, n_heads, n_kv_heads, hd,
+                              max_seq, n, start, scale_log2, spec.window, out, (float *)nullptr);
+    // Queries in pieces of whole tiles whose partials fit part (part_n floats); each piece's
+    // segments reach as far as its last query's keys.
+    const uint64_t per_query = prefill_attention_part_floats(n_heads, hd, 1, start + n - 1);
+    const uint64_t fit = part ? part_n / per_query : 0;
+    const int most = fit >= (uint64_t)n ? n : (int)(fit / FLASH_Q * FLASH_Q);
+    ARC_REQUIRE_AS("prefill attention", most >= 1, "the attention's partials need %llu floats, have %llu",
+                   (unsigned long long)(per_query * (n < FLASH_Q ? n : FLASH_Q)), (unsigned long long)(part ? part_n : 0));
+    for (int at = 0; at < n; at += most) {
+        const int rows = n - at < most ? n - at : most;
+        const int segs = (start + at + rows + FLASH_SEG_KEYS - 1) / FLASH_SEG_KEYS;
+        ARC_TRY(arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, dim3(n_heads, (rows + FLASH_Q - 1) / FLASH_Q, segs),
+                               dim3(FLASH_THREADS), (size_t)smem, q + (size_t)at * n_heads * hd, k_cache, v_cache,
+                               n_heads, n_kv_heads, hd, max_seq, rows, start + at, scale_log2, spec.window, out, part));
+        ARC_TRY(arc_launch_pdl(ctx, "combine_kernel", combine_kernel, dim3(rows, n_heads), dim3(hd), 0,
+                               (const float *)part, segs, rows, n_heads, hd, out + (size_t)at * n_heads * hd));
+    }
+    return ARC_OK;
 }
+
 
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
                             uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
-                            int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out) {
+                            int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out, float *part,
+                            uint64_t part_n) {
     const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && q_scratch && out,
@@ -268,22 +364,35 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
                            k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
     if (head_dim <= 32)
         return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
-                                out);
+                                out, part, part_n);
     if (head_dim <= 64)
         return launch_flash<64>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
-                                out);
+                                out, part, part_n);
     if (head_dim <= 128)
         return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
-                                 spec, out);
+                                 spec, out, part, part_n);
     return launch_flash<256>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
-                             out);
+                             out, part, part_n);
+}
+
+extern "C" int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start,
+                                                      uint64_t *bytes) {
+    ARC_REQUIRE(bytes, "bytes is null");
+    ARC_REQUIRE(n_heads > 0 && head_dim > 0 && n > 0 && start >= 0, "n_heads %d, head_dim %d, n %d, start %d",
+                n_heads, head_dim, n, start);
+    *bytes = prefill_attention_part_floats(n_heads, head_dim, n, start) * sizeof(float);
+    return ARC_OK;
 }
 
 extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                         uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                         int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
-                                        uint16_t *out) {
+                                        float *scratch, uint16_t *out) {
     const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
+    const uint64_t need = n > 0 && start >= 0 && n_heads > 0 && head_dim > 0
+                              ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
+    ARC_REQUIRE(scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
+                (unsigned long long)(need * sizeof(float)));
     return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
-                                   q_scratch, out);
+                                   q_scratch, out, scratch, need);
 }
