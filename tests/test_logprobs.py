@@ -154,3 +154,21 @@ def test_the_prompts_own_log_probabilities_are_the_references_and_leave_the_cach
             eng.prompt_logprobs(prompt, bad)
     with pytest.raises(InvalidArgumentError, match="a prompt of 300 tokens to score"):
         eng.prompt_logprobs([1] * 300, 0)
+
+
+def test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefill_refuses(latch):
+    """On a device whose prefill may resume anywhere (granule 1, as the GPU's), the scoring's rows
+    serve the next request but for its last token; each entry is the log-probability of the next
+    token under a forward of the one before."""
+    eng = Engine(FakeDevice(FakeScript(prefix_granule=1)), "fake", device_loop=True, environ={}, latch=latch)
+    prompt = [3, 9, 4, 17, 5]
+    scored = eng.prompt_logprobs(prompt, 2)
+    dev = eng.device
+    assert dev.prefills[-1] == (tuple(prompt), 0) and len(scored) == len(prompt) - 1
+    for i, got in enumerate(scored):
+        assert got == token_logprob(dev._forward(prompt[i], i)[0], prompt[i + 1], 2)
+    list(eng.generate(prompt, 3))
+    assert eng.stats.cached_tokens == len(prompt) - 1 and dev.prefills[-1] == ((5,), 4)
+    bare = Engine(FakeDevice(FakeScript(supports_prefill=False)), "fake", device_loop=True, environ={}, latch=latch)
+    with pytest.raises(InvalidArgumentError, match="has no prefill to score a prompt with"):
+        bare.prompt_logprobs(prompt, 2)

@@ -2,7 +2,8 @@
 
 Enqueued operations complete in order, `latency` ticks each (or several per tick); a tick passes
 at every poll_ring or stream_query, so the host's polling drives the clock. A FakeScript says how
-it misbehaves: lost launches, sticky faults, fault-word codes, hangs, non-finite logits.
+it misbehaves (fake_script.py): lost launches, sticky faults, fault-word codes, hangs, non-finite
+logits.
 
 Its forward writes logits from one rule (`_forward`); a device-loop step with sampling set draws
 from those very logits by arcpy.sampling's definition, so its loop and its host path agree
@@ -13,49 +14,18 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from arcpy.codes import (FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE,
                          FAULT_TOKEN_RANGE, MAX_STOP_IDS)
+from arcpy.devices.fake_script import FakeScript
 from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
 from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
 from arcpy.sampling import Sampler, Sampling, token_logprob
 from arcpy.text.grammar import allowed, words
-
-
-@dataclass
-class FakeScript:
-    """How the fake GPU misbehaves. Step indices count enqueue_step calls from 0."""
-
-    vocab: int = 64
-    max_seq: int = 4096
-    latency: int = 3                      # polls (simulated ticks) per enqueued operation
-    ops_per_tick: int = 1                 # operations that may complete in one tick
-    lost_steps: frozenset = frozenset()   # commits that silently never happen
-    sticky_fault_at: int | None = None    # step at which a sticky CUDA error poisons the stream
-    fault_word_at: int | None = None      # step whose commit latches the fault word
-    fault_code: int = FAULT_TOKEN_RANGE
-    hang_at: int | None = None            # step that never completes
-    honor_stop_ids: bool = True
-    next_token: Callable[[int, int], int] | None = None
-    supports_loop: bool = True
-    supports_sampling: bool = True        # the loop draws non-greedy tokens (else: the argmax only)
-    supports_prefill: bool = True         # a prompt goes through in one forward
-    prefix_granule: int = 1               # a reused prefix is a multiple of this (0: none reused)
-    supports_logprobs: bool = True        # the loop writes log-probabilities (a tick after each token)
-    supports_logit_bias: bool = True      # a logit bias is added on the device (both paths)
-    prefix_row_bytes: int = 0             # bytes a position's KV rows take in the prefix store (0: no store)
-    eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
-    nan_at_position: int | None = None    # the forward at this position yields NaN logits
-    flat_at_position: int | None = None   # the forward at this position yields all-equal logits
-    supports_masks: bool = True           # the loop's steps apply a token mask the host writes
-    mask_patience: int = 10_000           # ticks a masked step waits for its mask before the fault
-    speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
-    speculate_ngram: int = 3
 
 
 @dataclass
@@ -93,6 +63,7 @@ class FakeDevice:
         self.top_logprobs: int | None = None  # set_logprobs: None, off
         self.entries: list = []  # the log-probabilities of each ring token, as they are written
         self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
+        self.scored: list = []  # what the last enqueue_prompt_logprobs scored
         self.prefills: list[tuple[tuple[int, ...], int]] = []  # (tokens, start) of each prefill
         self.sampler: Sampler | None = None  # the loop's; None: the argmax
         self.queue: deque[_Op] = deque()
@@ -197,6 +168,9 @@ class FakeDevice:
             self._commit(op, tok)
         elif op.kind == "logprobs" and len(self.entries) < len(self.ring):  # the step published a token
             self.entries.append(token_logprob(self.step_logits, self.ring[-1], op.arg))
+        elif op.kind == "score":  # each token after the first, against a forward of the one before
+            tokens, top = op.arg
+            self.scored = [token_logprob(self._forward(t, i)[0], tokens[i + 1], top) for i, t in enumerate(tokens[:-1])]
 
     def _add_bias(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
         """The logits with the bias added (float32, as the device adds it), and their argmax."""
@@ -318,6 +292,15 @@ class FakeDevice:
         self._enqueue(_Op("prefill", (tokens[-1], start + len(tokens) - 1)))
         if self.speculate_k:
             self._enqueue(_Op("history", (tokens, start)))
+
+    def enqueue_prompt_logprobs(self, tokens, top_n: int) -> None:
+        self.enqueue_prefill(tokens, 0)
+        self._enqueue(_Op("score", (tuple(int(t) for t in tokens), top_n)))
+
+    def read_prompt_logprobs(self) -> list:
+        if self.queue:
+            raise InvalidArgumentError("the prompt's log-probabilities are read once the stream is idle")
+        return self.scored
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._count(1, 0 if eager else 1)
