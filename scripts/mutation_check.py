@@ -344,6 +344,20 @@ MUTATIONS = [
         ("tests/test_prefix_cache.py::test_the_reused_prefix_is_a_multiple_of_the_granule",),
     ),
     Mutation(
+        "a stored prefix comes back at the stride of the positions restored",
+        "arcpy/loop/prefix.py",
+        "            device.load_prefix(entry.offset, best, len(entry.tokens))\n",
+        "            device.load_prefix(entry.offset, best, best)\n",
+        ("tests/test_prefix_cache.py::test_reference_a_stored_prefix_restored_in_part_gives_a_cold_runs_tokens",),
+    ),
+    Mutation(
+        "the scored prompt's rows are forgotten",
+        "arcpy/loop/host.py",
+        "        self.prefix.rewritten(prompt, caps.prefix_granule)\n",
+        "        self.prefix.forget_held()\n",
+        ("tests/test_logprobs.py::test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefill_refuses",),
+    ),
+    Mutation(
         "the host path leaves the logit bias out",
         "arcpy/loop/host.py",
         "        if seq.bias_on_device:\n            dev.enqueue_logit_bias()\n",

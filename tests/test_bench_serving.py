@@ -7,6 +7,7 @@ import pytest
 from arcpy.bench import serving
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.errors import InvalidArgumentError
+from arcpy.model import SHAPES
 
 
 def test_the_last_turns_history_is_the_asked_size():
@@ -47,3 +48,11 @@ def test_the_constrained_row_compares_schema_answers_with_free_ones_and_parses_t
     assert row["ended"] == row["parsed"] == 2
     assert row["tok_s_schema"] > 0 and row["tok_s_free"] > 0 and row["path_schema"] == "host"
     assert "2 of 2 ended answers parse" in serving.format_rows("typist", None, None, row)[0]
+
+
+def test_a_synthetic_shape_gets_the_context_its_conversation_needs():
+    assert serving.synthetic_for("stories15M", 64).config.max_seq == SHAPES["stories15M"].max_seq
+    model = serving.synthetic_for("stories15M", 4096)  # its preset holds fewer positions
+    assert SHAPES["stories15M"].max_seq < 4096 + serving.ANSWER == model.config.max_seq
+    with pytest.raises(InvalidArgumentError, match="unknown synthetic shape"):
+        serving.synthetic_for("no-such-shape", 4096)

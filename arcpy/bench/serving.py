@@ -165,6 +165,13 @@ def constrained_row(device, text, seeds: int = 8, tokens: int = 200) -> dict:
     return row
 
 
+def synthetic_for(shape: str, history: int):
+    """The synthetic model of `shape` (random weights) with room for a conversation of `history`
+    tokens and its answer: the preset's context, or longer where the conversation needs it."""
+    cfg = SHAPES.get(shape)  # an unknown shape is refused by synthetic_model, in one line
+    return synthetic_model(shape, seed=0, max_seq=max(cfg.max_seq, history + ANSWER) if cfg else None)
+
+
 def run(shapes: list[str], demo_path, turns: int, history: int, tokens: int, runs: int, progress) -> dict:
     """The turns and log-probabilities rows for each synthetic shape (random weights) and for the
     demo model where its file is given; with the demo model also the constrained row, on it and on
@@ -172,7 +179,7 @@ def run(shapes: list[str], demo_path, turns: int, history: int, tokens: int, run
     from arcpy.loading import load_gguf
 
     report, text = {}, None
-    models = [(shape, lambda shape=shape: (synthetic_model(shape, seed=0), None)) for shape in shapes]
+    models = [(shape, lambda shape=shape: (synthetic_for(shape, history), None)) for shape in shapes]
     if demo_path is not None:
         demo_model, text = load_gguf(demo_path)
         models.insert(0, ("demo " + demo_path.stem, lambda: (demo_model, text)))
