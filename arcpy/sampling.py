@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
 
 # Below MIN_TEMPERATURE sampling is greedy in all but name, and far below it logits / t overflow
@@ -310,3 +311,13 @@ def token_logprob(logits, token: int, top_n: int) -> TokenLogprob:
     log_z = top + float(np.log(np.exp(x - top).sum()))
     order = np.lexsort((np.arange(x.size), -x))[:top_n] if top_n else ()
     return TokenLogprob(float(x[token]) - log_z, tuple((int(i), float(x[i]) - log_z) for i in order))
+
+
+def logprob_entries(logprob, top_ids, top_values, top_n: int) -> list[TokenLogprob]:
+    """TokenLogprob entries from the lists a device writes them in: logprob[k], and entry k's ids
+    and values from index k * width of top_ids and top_values (width MAX_TOP_LOGPROBS, arc.h), the
+    first top_n of each; an id of -1 (past a vocabulary smaller than top_n) is no alternative."""
+    width = MAX_TOP_LOGPROBS
+    return [TokenLogprob(lp, tuple((i, v) for i, v in zip(top_ids[k * width:k * width + top_n],
+                                                         top_values[k * width:k * width + top_n]) if i >= 0))
+            for k, lp in enumerate(logprob)]

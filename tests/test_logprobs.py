@@ -15,7 +15,8 @@ from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.request import Request
 from arcpy.model import SHAPES, random_model
-from arcpy.sampling import Sampling, TokenLogprob, token_logprob
+from arcpy.codes import MAX_TOP_LOGPROBS
+from arcpy.sampling import Sampling, TokenLogprob, logprob_entries, token_logprob
 
 PROMPT = (1, 2, 3)
 
@@ -172,3 +173,35 @@ def test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefil
     bare = Engine(FakeDevice(FakeScript(supports_prefill=False)), "fake", device_loop=True, environ={}, latch=latch)
     with pytest.raises(InvalidArgumentError, match="has no prefill to score a prompt with"):
         bare.prompt_logprobs(prompt, 2)
+
+
+def test_entries_are_read_as_the_device_lays_them_out():
+    """arc_ring_read_logprobs' and arc_model_prompt_logprobs' layout: a value per entry, then
+    MAX_TOP_LOGPROBS ids and values per entry, of which the first top_n count; -1 is no id."""
+    width = MAX_TOP_LOGPROBS
+    ids = [7, 3, -1] + [99] * (width - 3) + [5, 6, 8] + [99] * (width - 3)
+    values = [-0.5, -1.5, float("-inf")] + [9.0] * (width - 3) + [-0.1, -2.0, -3.0] + [9.0] * (width - 3)
+    got = logprob_entries([-0.5, -0.25], ids, values, 3)
+    assert got == [TokenLogprob(-0.5, ((7, -0.5), (3, -1.5))), TokenLogprob(-0.25, ((5, -0.1), (6, -2.0), (8, -3.0)))]
+    assert logprob_entries([-0.5], ids, values, 0) == [TokenLogprob(-0.5, ())]
+    assert logprob_entries([], [], [], 5) == []
+
+
+def test_the_gpus_prompt_scores_are_read_from_its_mapped_arrays():
+    """PromptScores.read_prompt_logprobs over arrays shaped as its pinned ones (max_seq entries)."""
+    from arcpy.devices.prompt_scores import PromptScores
+
+    class Idle(PromptScores):
+        def _require_idle(self, what):
+            pass
+
+    rng = np.random.default_rng(5)
+    lp = rng.standard_normal(16).astype(np.float32)
+    ids = rng.integers(0, 1000, (16, MAX_TOP_LOGPROBS)).astype(np.int32)
+    ids[1, 2] = -1
+    values = rng.standard_normal((16, MAX_TOP_LOGPROBS)).astype(np.float32)
+    dev = Idle()
+    dev._scores, dev._scored = ((lp, None), (ids, None), (values, None)), (3, 4)
+    want = [TokenLogprob(float(lp[k]), tuple((int(ids[k, j]), float(values[k, j])) for j in range(4) if ids[k, j] >= 0))
+            for k in range(3)]
+    assert dev.read_prompt_logprobs() == want and len(want[1].top) == 3

@@ -27,7 +27,7 @@ from arcpy.devices.prompt_scores import PromptScores
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
-from arcpy.sampling import TokenLogprob
+from arcpy.sampling import TokenLogprob, logprob_entries
 
 
 class Forward(Protocol):
@@ -331,11 +331,9 @@ class CudaDevice(KVStore, PromptScores):
     def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]:
         lp, ids, values = self._lp
         _lib.check(self.lib.arc_ring_read_logprobs(self.loop, first, count, lp, ids, values))
-        n = self._top_logprobs or 0  # a vocabulary smaller than n leaves ids of -1: no alternative
-        return [TokenLogprob(float(lp[k]), tuple((int(ids[k * MAX_TOP_LOGPROBS + j]),
-                                                  float(values[k * MAX_TOP_LOGPROBS + j])) for j in range(n)
-                                                 if ids[k * MAX_TOP_LOGPROBS + j] >= 0))
-                for k in range(count)]
+        width = count * MAX_TOP_LOGPROBS
+        return logprob_entries(self.ffi.unpack(lp, count), self.ffi.unpack(ids, width), self.ffi.unpack(values, width),
+                               self._top_logprobs or 0)
 
     def enqueue_step(self, burst_id: int) -> None:
         self._idle = False

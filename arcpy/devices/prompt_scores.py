@@ -9,7 +9,7 @@ import numpy as np
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.errors import InvalidArgumentError
-from arcpy.sampling import TokenLogprob
+from arcpy.sampling import TokenLogprob, logprob_entries
 
 
 class PromptScores:
@@ -42,6 +42,5 @@ class PromptScores:
         self._require_idle("the prompt's log-probabilities")
         (lp, _), (ids, _), (values, _) = self._scores
         count, top_n = self._scored
-        return [TokenLogprob(float(lp[k]), tuple((int(ids[k, j]), float(values[k, j])) for j in range(top_n)
-                                                 if ids[k, j] >= 0))
-                for k in range(count)]
+        return logprob_entries(lp[:count].tolist(), ids[:count].ravel().tolist(), values[:count].ravel().tolist(),
+                               top_n)
