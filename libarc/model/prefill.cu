@@ -18,7 +18,8 @@
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). To score a prompt, each row of a chunk goes through that GEMV too, and
-// its logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a product's input is rounded to bf16.
+// its logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a
+// product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
 // A quantized matrix is read packed by the products of a chunk of up to QUANT_DIRECT_ROWS tokens
 // (gemm_quant.cu); for a longer chunk it is dequantized to bf16 into a scratch before its product.

@@ -323,7 +323,8 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
     const uint64_t fit = part ? part_n / per_query : 0;
     const int most = fit >= (uint64_t)n ? n : (int)(fit / FLASH_Q * FLASH_Q);
     ARC_REQUIRE_AS("prefill attention", most >= 1, "the attention's partials need %llu floats, have %llu",
-                   (unsigned long long)(per_query * (n < FLASH_Q ? n : FLASH_Q)), (unsigned long long)(part ? part_n : 0));
+                   (unsigned long long)(per_query * (n < FLASH_Q ? n : FLASH_Q)),
+                   (unsigned long long)(part ? part_n : 0));
     for (int at = 0; at < n; at += most) {
         const int rows = n - at < most ? n - at : most;
         const int segs = (start + at + rows + FLASH_SEG_KEYS - 1) / FLASH_SEG_KEYS;
@@ -335,7 +336,6 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
     }
     return ARC_OK;
 }
-
 
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
                             uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
