@@ -358,6 +358,13 @@ MUTATIONS = [
         ("tests/test_logprobs.py::test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefill_refuses",),
     ),
     Mutation(
+        "the top k's weights renormalized where the config says not, and not where it says so",
+        "arcpy/model/moe.py",
+        "    if norm_topk_prob:\n",
+        "    if not norm_topk_prob:\n",
+        ("tests/test_moe_goldens.py::test_the_moe_layer_program_computes_what_transformers_computes[qwen3moe]",),
+    ),
+    Mutation(
         "the host path leaves the logit bias out",
         "arcpy/loop/host.py",
         "        if seq.bias_on_device:\n            dev.enqueue_logit_bias()\n",
