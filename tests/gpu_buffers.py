@@ -1,7 +1,8 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
 points alone; typed views of device pointers; a step graph over prepared logits, for the
-loop's tests on an arcpy Context; the logits of a device's forward, read on the host; and the
-GPU device over a synthetic model with its engines (the fixture `device`, imported by name)."""
+loop's tests on an arcpy Context; the logits of a device's forward, read on the host; the
+GPU device over a synthetic model with its engines (the fixture `device`, imported by name); and
+the float64 log_softmax the log-probabilities are held to."""
 
 import time
 
@@ -201,3 +202,10 @@ class CopyStep:
         self.ctx.lib.arc_loop_destroy(self.loop)
         self.ctx.device_free(self.src)
         self.ctx.device_free(self.logits)
+
+
+def log_softmax64(x):
+    """log_softmax of x in float64, its maximum taken over the finite values (-inf ids allowed)."""
+    x = np.asarray(x, dtype=np.float64)
+    top = x[np.isfinite(x)].max()
+    return x - (top + np.log(np.sum(np.exp(x - top))))

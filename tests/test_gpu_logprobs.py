@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from gpu_buffers import CopyStep
+from gpu_buffers import CopyStep, log_softmax64
 
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS
@@ -25,13 +25,6 @@ from arcpy.sampling import Sampler, Sampling
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-3
-
-
-def log_softmax64(x):
-    x = np.asarray(x, dtype=np.float64)
-    finite = x[np.isfinite(x)]
-    top = finite.max()
-    return x - (top + np.log(np.sum(np.exp(x - top))))
 
 
 class LogprobStep(CopyStep):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_buffers import log_softmax64
 
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS
@@ -21,12 +22,6 @@ from arcpy.model import synthetic_model
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-3
-
-
-def log_softmax64(x):
-    x = np.asarray(x, dtype=np.float64)
-    top = x[np.isfinite(x)].max()
-    return x - (top + np.log(np.sum(np.exp(x - top))))
 
 
 def rank(gpu, x: np.ndarray, vocab: int, targets: list[int], top_n: int):
