@@ -1,29 +1,206 @@
-"""GPU tier (marker `gpu`): mixtures of experts have no kernels yet, so libarc refuses them at
-arc_model_create in one line and hands back no model; the CUDA backend says the same line."""
+"""GPU tier (marker `gpu`): mixtures of experts on the device (libarc/model/moe.cu).
 
+Four models: Qwen3-MoE's routing (softmax, top 8 of 16, renormalized; a dense layer), Mixtral's
+(top 2 of 8 logits, then their softmax), Qwen2-MoE's shared expert under its sigmoid gate on every
+second layer, and a quantized one whose layers hold their experts in six formats. Against the
+NumPy reference, logits are compared only where every layer's routing is decided: where the
+reference's k-th router logit leads the next by more than ROUTE_GAP, so that the device's sums,
+which differ from NumPy's in order, cannot pick another expert. Ties themselves are tested
+exactly: router rows made equal give equal logits on both, and the lower expert must win.
+"""
+
+import contextlib
+import dataclasses
+
+import numpy as np
 import pytest
+from gpu_buffers import gpu_logits, host_logits
 
+from arcpy import _lib
 from arcpy.devices.cuda import open_cuda_device
-from arcpy.errors import ArcError
-from arcpy.model import SHAPES, synthetic_model
-from arcpy.model.native import native_config
+from arcpy.devices.reference import ReferenceModel
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.model import synthetic_model
+from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
+from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
-REFUSAL = "mixture-of-experts layers are not implemented on the GPU yet"
+
+MAX_SEQ = 256
+PROMPT = [1, 17, 42, 99, 5]
+ROUTE_GAP = 0.02
+SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant"]
+# bf16 weights: the forward's float32 sums (test_gpu_forward.py's bound); quantized: the GEMVs'
+# int8 input (test_gpu_quant_model.py's).
+TOLERANCE = {"moe-tiny-quant": 8e-2}
 
 
-@pytest.mark.parametrize("shape", ["qwen3moe-tiny", "mixtral-tiny"])
-def test_arc_model_create_refuses_a_mixture_of_experts_in_one_line(gpu, shape):
-    ffi, lib = gpu.ffi, gpu.lib
-    out = ffi.new("arc_model **")
-    status = lib.arc_model_create(gpu.ctx, native_config(ffi, SHAPES[shape], max_seq=64), out)
-    assert status == lib.ARC_INVALID_ARGUMENT
-    message = ffi.string(lib.arc_last_error()).decode()
-    assert REFUSAL in message and "\n" not in message
-    assert out[0] == ffi.NULL
+@pytest.fixture(scope="module", params=SHAPES)
+def pair(request):
+    model = synthetic_model(request.param, seed=5)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    yield model, dev
+    dev.close()
 
 
-def test_the_cuda_backend_refuses_an_moe_model_in_one_line():
-    with pytest.raises(ArcError, match=REFUSAL) as e:
-        open_cuda_device(synthetic_model("mixtral-tiny", max_seq=64), max_seq=64)
-    assert "\n" not in str(e.value)
+def rel_error(got, want) -> float:
+    assert np.all(np.isfinite(got)), "non-finite logits"
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / max(1.0, float(np.max(np.abs(want)))))
+
+
+@contextlib.contextmanager
+def device_tokens(dev, tokens: np.ndarray):
+    """tokens (int32) in device memory, as an int32_t * for arc_model_prefill."""
+    d = dev.ctx.device_alloc(tokens.nbytes)
+    try:
+        dev.ctx.upload_async(d, tokens)
+        dev.ctx.wait_idle()
+        yield dev.ffi.cast("int32_t *", d)
+    finally:
+        dev.ctx.device_free(d)
+
+
+def prefill(dev, tokens_ptr, n: int, start: int) -> None:
+    _lib.check(dev.lib.arc_model_prefill(dev.forward.ptr, tokens_ptr, n, start))
+
+
+def decided_errors(model, dev, steps: int = 48) -> list[float]:
+    """Greedy steps from token 1, the reference following the device's tokens: the logits' error at
+    each step whose routing the reference decides at every MoE layer."""
+    ref = ReferenceModel(model, max_seq=MAX_SEQ)
+    token, errors = 1, []
+    for pos in range(steps):
+        want = ref.forward(token, pos)
+        got = gpu_logits(dev, token, pos)
+        if min(ref.route_gap.values()) > ROUTE_GAP:
+            errors.append(rel_error(got, want))
+        token = int(np.argmax(got))
+    return errors
+
+
+def test_the_decode_step_matches_the_reference_where_the_routing_is_decided(pair):
+    model, dev = pair
+    errors = decided_errors(model, dev)
+    print(f"{model.name}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
+    assert len(errors) >= 8 and max(errors) <= TOLERANCE.get(model.name, 1e-2)
+
+
+@pytest.mark.parametrize("sampling", [None, Sampling(0.7, top_p=0.9, seed=3)], ids=["greedy", "sampled"])
+def test_the_device_loop_and_the_host_path_give_the_same_tokens(pair, sampling):
+    _, dev = pair
+    host = Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch())
+    want = list(host.generate(PROMPT, 64, sampling=sampling))
+    loop = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch())
+    got = list(loop.generate(PROMPT, 64, sampling=sampling))
+    assert host.stats.path == HOST and loop.stats.path == DEVICE_LOOP
+    assert got == want and loop.stats.host_waits == 0
+
+
+def scaled_routers(model, factor: float = 16.0):
+    """`model` with every router's logits `factor` times larger (a power of two: exact in bf16), so
+    that a prompt's many rows are routed with leads well above ROUTE_GAP, while the device's and
+    the reference's differences in a logit stay far below it."""
+    for name in [n for n in model.tensors if n.endswith("mlp.gate.weight")]:
+        model.tensors[name] = f32_to_bf16(bf16_to_f32(model.tensors[name]) * np.float32(factor))
+    return model
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def decisive(request):
+    model = scaled_routers(synthetic_model(request.param, seed=5))
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    yield model, dev
+    dev.close()
+
+
+def test_the_prefill_matches_the_reference_with_bf16_products(decisive):
+    """The prefill's grouped products (rows sorted by expert) against the reference computing its
+    roundings, on the first of up to 20 random prompts of each length whose routing the reference
+    decides at every row and layer."""
+    model, dev = decisive
+    ref = ReferenceModel(model, max_seq=MAX_SEQ)
+    rng = np.random.default_rng(9)
+    for n in (1, 16, 32, 64):
+        for _ in range(20):
+            tokens = rng.integers(0, model.config.vocab, size=n).astype(np.int32)
+            want = ref.prefill([int(t) for t in tokens], bf16_products=True)
+            if min(ref.route_gap.values()) > ROUTE_GAP:
+                break
+        else:
+            pytest.fail(f"no prompt of {n} tokens has its routing decided")
+        with device_tokens(dev, tokens) as d_tokens:
+            prefill(dev, d_tokens, n, 0)
+            err = rel_error(host_logits(dev), want)
+        print(f"{model.name}: prefill of {n} rows, relative logit error {err:.3g}")
+        assert err <= TOLERANCE.get(model.name, 2e-2)
+
+
+def test_the_prefill_in_chunks_gives_the_same_logits_as_at_once(pair):
+    """Each row's experts and sums do not depend on the rows beside it in its chunk."""
+    model, dev = pair
+    tokens = np.random.default_rng(2).integers(0, model.config.vocab, size=90).astype(np.int32)
+    with device_tokens(dev, tokens) as d_tokens:
+        prefill(dev, d_tokens, 90, 0)
+        whole = host_logits(dev).copy()
+        prefill(dev, d_tokens, 33, 0)
+        prefill(dev, d_tokens + 33, 57, 33)
+        assert np.array_equal(host_logits(dev).view(np.uint32), whole.view(np.uint32))
+
+
+def tied_router_model(shape: str, tied: tuple[int, ...]):
+    """`shape` with every MoE layer's router rows zero but those of the experts `tied`, which are
+    all one row: every token's logits are 0 for the others and one value for the tied, so the k
+    chosen always end inside a tie (among the tied where their logit is positive, else among the
+    others) and only the order of ties decides which."""
+    model = synthetic_model(shape, seed=6)
+    for name in [n for n in model.tensors if n.endswith("mlp.gate.weight")]:
+        router = bf16_to_f32(model.tensors[name])
+        tied_rows = np.zeros_like(router)
+        tied_rows[list(tied)] = router[tied[0]]
+        model.tensors[name] = f32_to_bf16(tied_rows)
+    return model
+
+
+@pytest.mark.parametrize("shape, tied", [("mixtral-tiny", (6, 3, 5)), ("qwen3moe-tiny", tuple(range(15, 6, -1)))],
+                         ids=["top2-of-8-three-tied", "top8-of-16-nine-tied"])
+def test_tied_router_logits_go_to_the_lower_experts_as_in_the_reference(shape, tied):
+    """The reference chooses the lower experts of a tie (a stable order); a device that chose
+    others would add other experts' outputs, off by their whole size."""
+    model = tied_router_model(shape, tied)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    try:
+        ref = ReferenceModel(model, max_seq=MAX_SEQ)
+        token, worst = 1, 0.0
+        for pos in range(16):
+            want = ref.forward(token, pos)
+            assert all(gap == 0.0 for gap in ref.route_gap.values())  # the k-th and the next are tied
+            got = gpu_logits(dev, token, pos)
+            worst = max(worst, rel_error(got, want))
+            token = int(np.argmax(got))
+        print(f"{shape}: tied routing, worst relative logit error {worst:.3g}")
+        assert worst <= 1e-2
+    finally:
+        dev.close()
+
+
+def test_a_mixture_of_experts_declines_speculation_and_says_why():
+    model = synthetic_model("mixtral-tiny", seed=1)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ, speculate=4)
+    try:
+        assert dev.capabilities.speculate_k == 0 and "mixture of experts" in dev.capabilities.speculation_refused
+        out = list(Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch()).generate(PROMPT, 8))
+        assert len(out) == 8
+    finally:
+        dev.close()
+
+
+def test_libarc_refuses_more_experts_a_token_than_its_kernels_take(gpu):
+    from arcpy.model import SHAPES as ALL
+    from arcpy.model.native import native_config
+    cfg = dataclasses.replace(ALL["qwen3moe-tiny"], n_experts=32, n_experts_used=17)
+    out = gpu.ffi.new("arc_model **")
+    status = gpu.lib.arc_model_create(gpu.ctx, native_config(gpu.ffi, cfg, max_seq=64), out)
+    message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
+    assert status == gpu.lib.ARC_INVALID_ARGUMENT and out[0] == gpu.ffi.NULL
+    assert "n_experts_used must be at most 16 on the GPU" in message and "\n" not in message

@@ -282,8 +282,12 @@ class _RowOps:
     def moe_in(self, li: int, L: _Layer) -> None:
         c, glu = self.cfg, GLUS[self.cfg.activation]
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
-        self.chosen, self.weights = route(linear(n, L.router), c.n_experts_used, c.routing, c.norm_topk_prob)
+        logits = linear(n, L.router)
+        self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
         self.m.routing[li] = self.chosen
+        ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
+        k = c.n_experts_used
+        self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
         h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
             h[rows, slots] = glu(linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
@@ -338,6 +342,7 @@ class ReferenceModel:
         self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.routing: dict[int, np.ndarray] = {}  # MoE layer -> the last rows' chosen experts (T, k)
+        self.route_gap: dict[int, float] = {}  # MoE layer -> its last rows' smallest lead of a choice
         self.quantized = model.quantized
         self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)

@@ -91,6 +91,10 @@ SHAPES.update({
     "mixtral-tiny": ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=1024,
                                 max_seq=1024, rope_theta=1000000.0, n_experts=8, n_experts_used=2, expert_ffn_dim=512,
                                 routing="topk_softmax"),
+    # Qwen2-MoE's: a shared expert under its sigmoid gate, every second layer sparse.
+    "qwen2moe-tiny": ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=1024,
+                                 max_seq=1024, rms_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, n_experts=8,
+                                 n_experts_used=4, expert_ffn_dim=256, shared_expert_ffn_dim=512, moe_every=2),
 })
 # The bench's mixtures: Qwen3-30B-A3B (48 layers, 128 experts, top 8 of expert ffn 768) and
 # Mixtral-8x7B (32 layers, 8 experts, top 2 of expert ffn 14336), quantized only.
@@ -104,6 +108,11 @@ _MIXTRAL_8X7B = ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hea
 _LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=28672,
                         vocab=128256, max_seq=8192, rms_eps=1e-5, rope_theta=500000.0,
                         rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192))
+# A quantized mixture of experts: top 4 of 16 and a shared expert, each layer's experts in other
+# formats (moe_tiny_mix).
+_MOE_TINY_QUANT = ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=512,
+                              max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True, n_experts=16,
+                              n_experts_used=4, expert_ffn_dim=256, norm_topk_prob=True, shared_expert_ffn_dim=256)
 # Every quantized format in one small model (the K formats' 256-weight blocks fit every row).
 _TINY_QUANT = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=512,
                           max_seq=512, rope_theta=500000.0)
@@ -143,6 +152,25 @@ def _tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return FORMAT_Q6_K if name == LM_HEAD else _TINY_MIX[layer][name.split(".")[-2]]
 
 
+# moe-tiny-quant's matrices by layer: the experts' gate/up and down, the shared expert's; attention
+# Q8_0, the lm_head Q6_K.
+_MOE_TINY_MIX = [
+    {"experts.gate_proj": FORMAT_Q4_K, "experts.up_proj": FORMAT_Q4_K, "experts.down_proj": FORMAT_Q6_K,
+     "shared_expert.gate_proj": FORMAT_Q8_0, "shared_expert.up_proj": FORMAT_Q8_0, "shared_expert.down_proj": FORMAT_Q4_0},
+    {"experts.gate_proj": FORMAT_Q8_0, "experts.up_proj": FORMAT_Q8_0, "experts.down_proj": FORMAT_Q4_1,
+     "shared_expert.gate_proj": FORMAT_Q4_K, "shared_expert.up_proj": FORMAT_Q4_K, "shared_expert.down_proj": FORMAT_BF16},
+    {"experts.gate_proj": FORMAT_Q5_K, "experts.up_proj": FORMAT_Q5_K, "experts.down_proj": FORMAT_Q4_0,
+     "shared_expert.gate_proj": FORMAT_BF16, "shared_expert.up_proj": FORMAT_BF16, "shared_expert.down_proj": FORMAT_Q6_K},
+]
+
+
+def _moe_tiny_mix(name: str, layer: int, n_layers: int) -> int:
+    if name == LM_HEAD:
+        return FORMAT_Q6_K
+    parts = name.split(".")
+    return _MOE_TINY_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
+
+
 # Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
 # Q4_K_M quantizes token_embd as its output (Q6_K); loaded, it is a bf16 embedding and a
 # quantized lm_head, untied, and so is the preset.
@@ -157,6 +185,7 @@ _QUANTIZED = {
     "qwen3-30B-A3B-q4km": (_QWEN3_30B, _q4_k_m),
     "mixtral-8x7B-q4km": (_MIXTRAL_8X7B, lambda name, layer, n_layers: _q4_k_m(name, layer, n_layers, 8)),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
+    "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
 }
 SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})

@@ -13,6 +13,7 @@
 //   FFN_IN    gemv_swiglu  h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
 //   FFN_OUT   gemv         x += Wdown @ h
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the same product to t, then add_norm_rows: x += rmsnorm(t)
+//   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
 // programmatic dependent launch (kernels.cuh: pdl_wait): the next one is scheduled while the
@@ -20,6 +21,7 @@
 // with a plain launch or a copy is ordered as usual. A GEMV's weights may be bf16 or quantized
 // (arc_format): gemv_weight and its kin pick the kernel.
 #include "layer.cuh"
+#include "moe.cuh"
 
 // The decode's form of each op: one row, GEMVs, the token's position read on the device.
 struct DecodeOps {
@@ -59,6 +61,8 @@ struct DecodeOps {
                             p.t));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
+    int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
+    int moe_out(const LayerParts &lw) { return moe_decode_out(p, lw); }
 };
 
 // The forward; with commit, its lm_head takes the argmax and commits it to the loop.

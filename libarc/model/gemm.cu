@@ -23,7 +23,7 @@ __device__ __forceinline__ void load_stage(const GemmArgs &p, uint16_t *sa, uint
     for (int i = 0; i < T::BN * GEMM_CHUNKS / T::THREADS; ++i) {
         const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
         const int k = k0 + chunk * 8;
-        const int wrow = weight_row<T, EPI>(row, block_n, p.n);
+        const int wrow = weight_row<T, EPI>(row, block_n, p.n, p.up_rows ? p.up_rows : p.n);
         const bool ok = wrow >= 0 && k < p.k;
         const uint16_t *src = ok ? w + (size_t)wrow * p.k + k : w;
         cp_async16(w_base + tile_offset(row, chunk) * 2, src, ok);
@@ -36,6 +36,7 @@ __device__ __forceinline__ void load_stage(const GemmArgs &p, uint16_t *sa, uint
 // read from DRAM once while A (a chunk of activations, a few MB) stays in L2; the other order
 // reads the whole weight matrix once per M tile. Limits: k % 8 == 0, a and w 16-byte aligned; c
 // 8-byte aligned.
+// Grouped (p.offsets): grid z the experts; a block past its expert's rows returns at once.
 template <class T, int EPI>
 __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArgs p) {
     extern __shared__ __align__(128) uint16_t smem[];
@@ -47,6 +48,8 @@ __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS) gemm_kernel(GemmArg
 
     pdl_launch_dependents();
     pdl_wait();  // A is the previous kernel's output
+    group_weights(p);
+    if (!group_rows(p, m0)) return;
 
 #pragma unroll
     for (int s = 0; s < T::STAGES - 1; ++s) {
@@ -95,7 +98,7 @@ static int launch_tile(arc_context *ctx, const GemmArgs &p) {
     if (T::SMEM > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM));
     const int n_w = EPI == EPI_SWIGLU ? 2 * p.n : p.n;
-    const dim3 grid((p.m + T::BM - 1) / T::BM, (n_w + T::BN - 1) / T::BN);
+    const dim3 grid((p.m + T::BM - 1) / T::BM, (n_w + T::BN - 1) / T::BN, p.offsets ? p.groups : 1);
     return arc_launch_pdl(ctx, "gemm_kernel", kernel, grid, dim3(T::THREADS), (size_t)T::SMEM, p);
 }
 
@@ -164,6 +167,16 @@ static int gemm_checked(arc_context *ctx, const char *who, int32_t format, const
     if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
     if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
     return launch_gemm<EPI_STORE>(ctx, p, tile);
+}
+
+int gemm_grouped(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue) {
+    ARC_REQUIRE_AS(who, ctx && p.offsets && p.a && p.w && (p.c || p.h), "null argument");
+    ARC_REQUIRE_AS(who, p.groups >= 1 && p.groups <= 65535, "groups must be in 1..65535, got %d", p.groups);
+    ARC_REQUIRE_AS(who, epilogue == EPI_STORE || epilogue == EPI_SWIGLU, "a grouped product stores or gates");
+    ARC_TRY(check_gemm(who, p, epilogue));
+    if (format != ARC_FORMAT_BF16) return gemm_quant(ctx, who, format, p, epilogue);
+    if (epilogue == EPI_SWIGLU) return launch_tile<TileXS, EPI_SWIGLU>(ctx, p);
+    return launch_tile<TileXS, EPI_STORE>(ctx, p);
 }
 
 // c (m, ldc) columns [0, n) = a W^T (+ bias) (+ c): the checks of arc_op_gemm_bf16, then the product.

@@ -96,6 +96,7 @@ __device__ __forceinline__ void raw_unit(const uint8_t *slot, int u0, int j, Uni
 
 // C tile (blockIdx.x, blockIdx.y) of A W^T over W packed in format F, epilogue EPI; launched as
 // gemm.cu's kernel is (grid, M tiles fastest), with quant_smem<F>() bytes of shared memory.
+// Grouped (p.offsets): as gemm.cu's kernel.
 template <int F, int EPI>
 __global__ void __launch_bounds__(TileQ::THREADS, TileQ::MIN_BLOCKS) gemm_quant_kernel(GemmArgs p) {
     using T = TileQ;
@@ -112,12 +113,14 @@ __global__ void __launch_bounds__(TileQ::THREADS, TileQ::MIN_BLOCKS) gemm_quant_
     const RowLayout L = row_layout(F, p.k);
     // This thread's weight row (the tile's row r) and unit of each stage.
     const int r = tid / 2, j = tid % 2;
-    const int wrow = weight_row<T, EPI>(r, block_n, p.n);
+    group_weights(p);
+    const int wrow = weight_row<T, EPI>(r, block_n, p.n, p.up_rows ? p.up_rows : p.n);
     const uint8_t *row = reinterpret_cast<const uint8_t *>(p.w) + (size_t)(wrow < 0 ? 0 : wrow) * L.bytes;
     const uint32_t raw_base = smem_addr(sraw) + r * S::ROW;
 
     pdl_launch_dependents();
     pdl_wait();  // A is the previous kernel's output
+    if (!group_rows(p, m0)) return;
 
     auto load = [&](int kt) {
 #pragma unroll
@@ -188,7 +191,7 @@ static int launch_quant(arc_context *ctx, const GemmArgs &p) {
     if (SMEM > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     const int n_w = EPI == EPI_SWIGLU ? 2 * p.n : p.n;
-    const dim3 grid((p.m + TileQ::BM - 1) / TileQ::BM, (n_w + TileQ::BN - 1) / TileQ::BN);
+    const dim3 grid((p.m + TileQ::BM - 1) / TileQ::BM, (n_w + TileQ::BN - 1) / TileQ::BN, p.offsets ? p.groups : 1);
     return arc_launch_pdl(ctx, "gemm_quant_kernel", kernel, grid, dim3(TileQ::THREADS), (size_t)SMEM, p);
 }
 

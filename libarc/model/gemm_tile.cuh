@@ -21,7 +21,35 @@ struct GemmArgs {
     int ldc;
     uint16_t *h;            // (m, n) bf16: SWIGLU
     int act;                // SWIGLU: the arc_activation of the GLU
+    // A grouped product (a mixture of experts' prefill, moe.cu), where offsets is not null: block
+    // (x, y, z) works for expert z of `groups`, whose rows are rows offsets[z]..offsets[z + 1] of
+    // the sorted order (m: the most any expert may have). Its row i reads A's row a_rows[i] (null:
+    // the sorted row itself) and writes the sorted row; W advances w_step bytes an expert, and
+    // SWIGLU's up rows lie up_rows rows after the gate rows (0: n).
+    const int32_t *offsets = nullptr, *a_rows = nullptr;
+    uint64_t w_step = 0;
+    int up_rows = 0, groups = 1;
 };
+
+// A grouped product's weights: expert blockIdx.z's (data no kernel writes: before pdl_wait too).
+__device__ __forceinline__ void group_weights(GemmArgs &p) {
+    if (p.offsets) p.w = reinterpret_cast<const uint8_t *>(p.w) + blockIdx.z * p.w_step;
+}
+
+// A grouped product's rows: p narrowed to expert blockIdx.z's, false where the block's rows from
+// m0 hold none of them (the whole block then returns). After pdl_wait: the offsets are an earlier
+// kernel's.
+__device__ __forceinline__ bool group_rows(GemmArgs &p, int m0) {
+    if (!p.offsets) return true;
+    const int base = p.offsets[blockIdx.z];
+    p.m = p.offsets[blockIdx.z + 1] - base;
+    if (m0 >= p.m) return false;
+    if (p.a_rows) p.a_rows += base;
+    else p.a += (size_t)base * p.k;
+    if (p.c) p.c += (size_t)base * p.ldc;
+    if (p.h) p.h += (size_t)base * p.n;
+    return true;
+}
 
 // Element offset of (row, 8-element chunk) in a tile of rows of GEMM_BK elements.
 __device__ __forceinline__ int tile_offset(int row, int chunk) { return row * GEMM_BK + ((chunk ^ (row & 7)) << 3); }
@@ -41,15 +69,16 @@ struct GemmTile {
 
 // The weight row that row r of a block's W tile holds, or -1 past the end. SWIGLU interleaves
 // per warp: of the WN rows of warp column wn, the first half are gate rows and the second half
-// the up rows of the same outputs, so each thread ends with a gate and its up in registers.
+// the up rows of the same outputs (`up` rows after them), so each thread ends with a gate and its
+// up in registers.
 template <class T, int EPI>
-__device__ __forceinline__ int weight_row(int r, int block_n, int n) {
+__device__ __forceinline__ int weight_row(int r, int block_n, int n, int up) {
     if constexpr (EPI == EPI_SWIGLU) {
         constexpr int HALF = T::WN / 2;
         const int wn = r / T::WN, within = r % T::WN;
         const int out = block_n * (T::BN / 2) + wn * HALF + within % HALF;
         if (out >= n) return -1;
-        return within < HALF ? out : n + out;
+        return within < HALF ? out : up + out;
     } else {
         const int row = block_n * T::BN + r;
         return row < n ? row : -1;
@@ -66,7 +95,7 @@ __device__ __forceinline__ void load_a_stage(const GemmArgs &p, uint16_t *sa, in
         const int idx = tid + i * T::THREADS, row = idx / GEMM_CHUNKS, chunk = idx % GEMM_CHUNKS;
         const int k = k0 + chunk * 8;
         const bool ok = m0 + row < p.m && k < p.k;
-        const uint16_t *src = ok ? p.a + (size_t)(m0 + row) * p.k + k : p.a;
+        const uint16_t *src = ok ? p.a + (size_t)(p.a_rows ? p.a_rows[m0 + row] : m0 + row) * p.k + k : p.a;
         cp_async16(a_base + tile_offset(row, chunk) * 2, src, ok);
     }
 }
@@ -167,6 +196,9 @@ __device__ __forceinline__ void store_tile(const GemmArgs &p, const float (&acc)
 int check_gemm(const char *who, const GemmArgs &p, int epilogue);
 // The product of p over packed weights of a quantized format (gemm_quant.cu), p checked.
 int gemm_quant(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue);
+// A grouped product (p.offsets set) over weights of `format`: gemm.cu's smallest tile for bf16,
+// gemm_quant.cu's kernel for packed weights; epilogue STORE or SWIGLU.
+int gemm_grouped(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue);
 
 // The prefill's products over a Weight of any format: c (m, ldc) columns [0, n) = a W^T (+ bias)
 // (+ c), as arc_op_gemm_bf16; h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), as arc_op_gemm_swiglu_bf16.

@@ -11,7 +11,7 @@
 // takes the block barriers off the small models' chain of latencies. The lm_head may also take
 // the argmax of what it writes (AM below), and in the device loop commit it: the greedy step's
 // sampler without a kernel of its own.
-#include "gemv_common.cuh"
+#include "moe.cuh"
 
 // Rows of at most 32 * min(GEMV_WX, U) vectors (1,024 columns; 512 at 4 rows a task) may skip
 // the block's staging: each warp holds the input in registers, that many vectors a lane (see
@@ -43,6 +43,35 @@ __device__ __forceinline__ void task_rows(const uint4 *w, int task, int rows, in
     }
 }
 
+// ROUTED and GATED: the gate and up rows of task `task`'s outputs under route rt (gemv_common.cuh),
+// the experts read from the block's copy `ids`.
+template <int R>
+__device__ __forceinline__ void routed_task_rows(const uint4 *w, int task, int rows, int nvec, const GemvRoute &rt,
+                                                 const int *ids, const uint4 *(&wr)[2 * R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(task * R + r, rows - 1), j = row / rt.seg;
+        const size_t wrow = (size_t)ids[j] * rt.seg + (row - j * rt.seg);
+        wr[r] = w + wrow * nvec;
+        wr[R + r] = w + ((size_t)rt.up + wrow) * nvec;
+    }
+}
+
+// ROUTED, not GATED: a batch of the rows' vectors v = base + step u of the input's segments, each
+// from its own expert: wr[r] is row r of expert 0's matrix (segv vectors a row), and segment j of
+// the input lies seg_off[j] vectors further (its expert's matrix, less the segment's start).
+template <int NR, int U>
+__device__ __forceinline__ void load_routed_batch(const uint4 *const (&wr)[NR], int base, int step, int nvec, int segv,
+                                                  const long long *seg_off, uint4 (&wt)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + step * u;
+        const long long off = v < nvec ? seg_off[v / segv] + v : 0;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_nc128(wr[r] + off) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // One batch: U vectors (stride `step`) of each of the NR rows, all loads issued before any use.
 template <int NR, int U>
 __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int base, int step, int nvec,
@@ -66,12 +95,14 @@ __device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int bas
 // the norm itself, so no block barrier and no shared memory stand between the input and the
 // dots; no dynamic shared memory.
 // AM (not GATED): the argmax of y too, to `am` (argmax_finish); every block must have a task.
+// ROUTED: the rows of the experts `rt` names (gemv_common.cuh's GemvRoute), never WX, no weights
+// read before the wait; not GATED, rt.seg % 8 == 0.
 // Limits: cols % 8 == 0, cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned, y not x.
-template <int R, int KS, bool GATED, bool WX, bool AM>
+template <int R, int KS, bool GATED, bool WX, bool AM, bool ROUTED>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
             const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
-            int accumulate, float *__restrict__ y, GemvArgmax am) {
+            int accumulate, float *__restrict__ y, GemvArgmax am, GemvRoute rt) {
     constexpr int NR = GATED ? 2 * R : R;  // weight rows a warp reads together
     constexpr int U = gemv_batch(NR);
     constexpr int NWX = WX ? gemv_wx_vectors(NR) : 1;  // input vectors a lane holds
@@ -79,8 +110,12 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     constexpr int STEP = 32 * KS;            // between a lane's consecutive vectors
     static_assert(!WX || KS == 1, "the warp-local input takes whole rows");
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
+    static_assert(!(ROUTED && (WX || AM)), "a routed product stages its input and takes no argmax");
     extern __shared__ float4 xs[];  // [2 * nvec]: x[8v..8v+3] at v, x[8v+4..8v+7] at nvec + v
     __shared__ float red[GEMV_WARPS];
+    __shared__ int route_ids[MOE_MAX_USED];  // ROUTED: the block's copy of the route
+    __shared__ float route_scale[MOE_MAX_USED];
+    __shared__ long long seg_off[MOE_MAX_USED];
     const int nvec = cols / 8;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + lane;
@@ -92,12 +127,17 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     // Before the wait: the first batch of weights of the block's first task. Weights are written
     // by no kernel, so their DRAM latency overlaps the end of the kernel before.
     uint4 first_batch[NR][U];
-    if (blockIdx.x < block_tasks) {
+    if (!ROUTED && blockIdx.x < block_tasks) {
         const uint4 *wr[NR];
         task_rows<R, GATED>(wv, blockIdx.x * GROUPS + group, rows, nvec, wr);
         load_batch<NR, U>(wr, first, STEP, nvec, first_batch);
     }
     pdl_wait();
+    const int segv = rt.seg / 8;  // ROUTED, not GATED: a segment's vectors
+    if constexpr (ROUTED) {  // seen by every thread after the staging's barrier
+        stage_route(rt, route_ids, route_scale);
+        if (!GATED && tid < rt.count) seg_off[tid] = (long long)(rt.ids ? rt.ids[tid] : 0) * rows * segv - (long long)tid * segv;
+    }
 
     // WX: lane l's input vectors l + 32 j, normalized in the warp (every warp of the block computes
     // the same sum in the same order).
@@ -180,17 +220,26 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
     for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
         const int task = bt * GROUPS + group;
         const uint4 *wr[NR];
-        task_rows<R, GATED>(wv, task, rows, nvec, wr);
+        if constexpr (ROUTED && GATED) {
+            routed_task_rows<R>(wv, task, rows, nvec, rt, route_ids, wr);
+        } else if constexpr (ROUTED) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) wr[r] = wv + (size_t)min(task * R + r, rows - 1) * segv;
+        } else {
+            task_rows<R, GATED>(wv, task, rows, nvec, wr);
+        }
         float acc[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
         for (int base = first; base < nvec; base += STEP * U) {
             uint4 wt[NR][U];
-            if (bt == blockIdx.x && base == first) {
+            if (!ROUTED && bt == blockIdx.x && base == first) {
 #pragma unroll
                 for (int r = 0; r < NR; ++r)
 #pragma unroll
                     for (int u = 0; u < U; ++u) wt[r][u] = first_batch[r][u];
+            } else if constexpr (ROUTED && !GATED) {
+                load_routed_batch<NR, U>(wr, base, STEP, nvec, segv, seg_off, wt);
             } else {
                 load_batch<NR, U>(wr, base, STEP, nvec, wt);
             }
@@ -206,7 +255,8 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
                 }
             }
         }
-        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen);
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
+                                           ROUTED && GATED ? route_scale : nullptr, rt.seg);
     }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
@@ -222,17 +272,20 @@ struct GemvArgs {
     float *y;
     const GemvArgmax *am;
     float norm_add = 0.0f;  // what the norm adds to its weights (norm_plus_one: 1)
+    const GemvRoute *route = nullptr;  // a mixture of experts' product (moe.cu)
 };
 
-template <int R, int KS, bool GATED, bool WX, bool AM>
+template <int R, int KS, bool GATED, bool WX, bool AM, bool ROUTED = false>
 static int launch_gemv_kernel(arc_context *ctx, const GemvArgs &a) {
-    auto kernel = gemv_kernel<R, KS, GATED, WX, AM>;
+    auto kernel = gemv_kernel<R, KS, GATED, WX, AM, ROUTED>;
     const size_t smem = WX ? 0 : (size_t)a.cols * sizeof(float);
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
-    const char *name = GATED ? "gemv_kernel<swiglu>" : AM ? "gemv_kernel<argmax>" : "gemv_kernel";
+    const char *name = ROUTED ? "gemv_kernel<routed>" : GATED ? "gemv_kernel<swiglu>" : AM ? "gemv_kernel<argmax>"
+                                                                                     : "gemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
-                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
+                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{},
+                          a.route ? *a.route : GemvRoute{});
 }
 
 // The instance with the argmax where the launch asks for it.
@@ -262,6 +315,13 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     if constexpr (GATED) ARC_REQUIRE_AS(who, a.am == nullptr, "the gated GEMV takes no argmax");
     constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
+    if (a.route) {  // a routed product: rows of 1 or 2 a task, the input staged
+        const int r = gemv_split(ctx, a.rows, a.cols / 8, 2, GATED, &ks);
+        if (r == 2) return launch_gemv_kernel<2, 1, GATED, false, false, true>(ctx, a);
+        if (ks >= 4) return launch_gemv_kernel<1, 4, GATED, false, false, true>(ctx, a);
+        if (ks == 2) return launch_gemv_kernel<1, 2, GATED, false, false, true>(ctx, a);
+        return launch_gemv_kernel<1, 1, GATED, false, false, true>(ctx, a);
+    }
     const int r = gemv_split(ctx, a.rows, a.cols / 8, MAX_R, GATED, &ks);
     // Short rows take the warp-local input where one batch of loads covers a row.
     const bool wx = a.cols / 8 <= 32 * gemv_wx_vectors(GATED ? 2 * r : r) && ks == 1;
@@ -318,6 +378,16 @@ int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const
              const uint16_t *norm_weight, float eps, float norm_add, int act, float *y) {
     return launch_gemv<true>(ctx, who,
                              GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr, norm_add});
+}
+
+// A routed product over bf16 experts (moe.cu): GATED, y (count * seg) = the chosen experts' GLUs
+// of rmsnorm(x) times their scales; else y (rows) += the chosen experts' down projections of x's
+// count segments, summed.
+int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
+                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act,
+                       const GemvRoute &rt, float *y) {
+    const GemvArgs a{w, x, rows, cols, nullptr, norm_weight, eps, gated ? act : 1, y, nullptr, norm_add, &rt};
+    return gated ? launch_gemv<true>(ctx, who, a) : launch_gemv<false>(ctx, who, a);
 }
 
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,

@@ -15,14 +15,40 @@ enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, 
 // The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
 constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
 
+// A mixture of experts' product (moe.cu): which experts' rows a launch reads, chosen on the device.
+// GATED: output row o of count * seg is row o % seg of expert e = ids[o / seg] (its gate row
+// e * seg + o % seg, its up row `up` rows further), times scale[o / seg]. Not GATED: the input is
+// count segments of seg columns, and row r's weights are segment j's row ids[j] * rows + r of a
+// matrix of seg columns (the experts' down projections summed in one dot). ids null: expert 0 (a
+// shared expert, whose outputs only take the scale); scale null: 1. A routed launch reads the
+// experts after pdl_wait, never before (the router's kernel writes them in the same step).
+enum { MOE_MAX_USED = 16 };  // the experts a token may use: n_experts_used <= MOE_MAX_USED
+struct GemvRoute {
+    const int32_t *ids;
+    const float *scale;
+    int count, seg, up;
+};
+
+// The block's copy of a route's experts and scales (shared memory, MOE_MAX_USED each), made by
+// its first threads after pdl_wait; visible to all after the next barrier.
+__device__ __forceinline__ void stage_route(const GemvRoute &rt, int *ids, float *scale) {
+    const int t = threadIdx.x;
+    if (t < rt.count) {
+        ids[t] = rt.ids ? rt.ids[t] : 0;
+        scale[t] = rt.scale ? rt.scale[t] : 1.0f;
+    }
+}
+
 // The end of a row task of R output rows whose NR accumulators (GATED: the gate rows', then the
 // up rows') each lane holds: the warp's sums, the KS warps' partial sums added in a fixed order
 // (the result does not depend on timing), then the rows written: act(gate) * up (GATED: the
-// `accumulate` slot carries the arc_activation), or the dot (+ bias) (+ y when accumulate). AM:
-// the rows this lane wrote join what it has `seen`. With KS > 1 every warp of the block must call this, since it holds __syncthreads.
+// `accumulate` slot carries the arc_activation; with seg_scale, times seg_scale[row / seg]), or the
+// dot (+ bias) (+ y when accumulate). AM: the rows this lane wrote join what it has `seen`. With
+// KS > 1 every warp of the block must call this, since it holds __syncthreads.
 template <int R, int KS, bool GATED, bool AM, int NR>
 __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
-                                                 int accumulate, float *y, ArgmaxSeen &seen) {
+                                                 int accumulate, float *y, ArgmaxSeen &seen,
+                                                 const float *seg_scale = nullptr, int seg = 1) {
     __shared__ float part[GEMV_WARPS][NR];  // the KS warps' partial sums
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -51,6 +77,7 @@ __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int
             float out;
             if constexpr (GATED) {
                 out = glu(acc[r], acc[R + r], accumulate);
+                if (seg_scale != nullptr) out *= seg_scale[row / seg];
             } else {
                 out = acc[r];
                 if (bias != nullptr) out += bf16_to_f32(bias[row]);

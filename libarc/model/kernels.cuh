@@ -319,50 +319,16 @@ int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride,
 // The prefill's tensor-core launchers (gemm.cu, prefill_attention.cu) are the arc_op_gemm_bf16,
 // arc_op_gemm_swiglu_bf16 and arc_op_prefill_attention entry points of arc.h.
 
-// The prefill's activations for chunks of up to max_chunk tokens, one allocation (prefill.cu);
-// an arc_model holds one, all zero until arc_model_prefill_reserve.
-struct PrefillBuffers {
-    void *mem;
-    uint64_t bytes;
-    int32_t max_chunk;
-    float *x;       // residual stream (max_chunk, dim)
-    uint16_t *xn;   // normed input of a product, bf16 (max_chunk, dim)
-    float *qkv;     // (max_chunk, q_dim + 2 * kv_dim), or a prompt's scores (score_rows of them)
-    uint16_t *q;    // rotated queries, bf16 (max_chunk, q_dim)
-    uint16_t *att;  // attention output, bf16 (max_chunk, q_dim)
-    uint16_t *h;    // SwiGLU output, bf16 (max_chunk, ffn_dim)
-    uint16_t *wdq;  // a quantized matrix dequantized for its product, bf16 (the model's dequant_elems)
-    float *gu;      // where the gate/up product runs on gemm_sm90.cu: (gu_rows, 2 ffn_dim) float32
-    int32_t gu_rows, score_rows;
-    float *t;       // with post_norms: a product's output before its norm (max_chunk, dim) float32
-    float *attn_part;  uint64_t attn_part_n;  // the attention's partials (prefill_attention.cu), floats
-};
+// The prefill's and the speculative step's buffers (buffers.cuh).
+struct PrefillBuffers;
+struct SpecBuffers;
+
 // h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), w_gate_up = [Wg; Wu] (2 n, k), act an arc_activation,
 // as arc_op_gemm_swiglu_bf16; where the product fills an sm_90 GPU, it runs on gemm_sm90.cu in
 // chunks of scratch_rows rows of a through scratch (scratch_rows, 2 n) float32, then the GLU.
 int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
                      int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows);
-// Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
-void prefill_buffers_release(PrefillBuffers *b);
 
-// A speculative step's buffers for k drafts (rows = k + 1), one allocation (speculate.cu); an
-// arc_model holds one, all zero until arc_model_speculate_reserve.
-struct SpecBuffers {
-    void *mem;
-    uint64_t bytes;
-    int32_t k;
-    float *x;          // residual streams (rows, dim)
-    uint16_t *parts;   // a product's input, split (ARC_SPLIT_PARTS, rows, max(dim, q_dim))
-    uint16_t *h;       // the SwiGLU output, split (ARC_SPLIT_PARTS, rows, ffn_dim)
-    float *qkv;        // (rows, q_dim + 2 kv_dim)
-    float *att;        // (rows, q_dim)
-    float *logits;     // (rows, vocab)
-    float *t;          // with post_norms: a product's output before its norm (rows, dim)
-    int32_t *tokens;   // the rows' tokens (rows), then the number of drafts
-    int32_t *positions;  // (rows)
-    unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key), then each row's ~low key
-};
-void spec_buffers_release(SpecBuffers *b);
 
 // The verify forward's attention (verify_attention.cu): q and k of qkv (rows, stride) rotated in
 // place, k and v to the cache at each row's position, then out (rows, n_heads, hd) float32.
@@ -401,6 +367,9 @@ struct LayerParts {
     const uint16_t *post_attn_norm, *post_ffn_norm;  // (dim) each, with post_norms; else null
     int window;                       // the positions its attention reads (0: all)
     Weight wq, wk, wv, wo, w_gate_up, w_down;
+    // A mixture of experts' layer: the router (bf16, the shared expert's gate row after it), the
+    // experts' [gates; ups] and downs, the shared expert's [gate; up] and down.
+    Weight router, e_gate_up, e_down, s_gate_up, s_down;
     uint16_t *k_cache, *v_cache;
 };
 
@@ -412,6 +381,9 @@ struct ModelParts {
     Weight lm_head;  // the embedding when tied
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
     float *t;                            // with post_norms: a product's output before its norm (dim)
+    float *router;                       // MoE: the router's logits (n_experts + 1)
+    int32_t *route_ids;                  // MoE: the chosen experts (n_experts_used), then their
+    float *route_w;                      // weights and the shared expert's (n_experts_used + 1)
     float *logits;
     PrefillBuffers *prefill;
     SpecBuffers *spec;

@@ -37,8 +37,8 @@ inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
 }
 
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
-// attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm), each taking the layer's parts
-// and enqueuing the op.
+// attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out), each taking
+// the layer's parts and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -56,6 +56,8 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_FFN_OUT: st = exec.ffn_out(lw); break;
             case ARC_OP_ATTN_OUT_NORM: st = exec.attn_out_norm(lw); break;
             case ARC_OP_FFN_OUT_NORM: st = exec.ffn_out_norm(lw); break;
+            case ARC_OP_MOE_IN: st = exec.moe_in(lw); break;
+            case ARC_OP_MOE_OUT: st = exec.moe_out(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "layer.cuh"
+#include "moe.cuh"
 #include "quant.cuh"
 
 enum { TENSOR_COUNT = ARC_TENSOR_COUNT, ALIGN = 256 };
@@ -59,6 +60,8 @@ struct arc_model {
     float *t;        // a product's output before its post-norm (dim)
     float *logits;   // (vocab)
     float *scratch;  // attention partials
+    float *router, *route_w;  // MoE: the router's logits (n_experts + 1); the weights (n_experts_used + 1)
+    int32_t *route_ids;       // MoE: the chosen experts (n_experts_used)
     PrefillBuffers prefill;  // the prefill's activations, once reserved (prefill.cu)
     SpecBuffers spec;        // a speculative step's, once reserved (speculate.cu)
 };
@@ -107,7 +110,8 @@ static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
 
 // Lays out the weights: the global tensors, then each layer's, in this order; a tensor the
 // configuration lacks takes no bytes. Tensors one fused GEMV reads as one matrix are adjacent with
-// no padding (Wq Wk Wv, bq bk bv, Wgate Wup): every row's size is a multiple of 16 bytes, so the one
+// no padding (Wq Wk Wv, bq bk bv, Wgate Wup, and a mixture of experts' router and the shared
+// expert's gate row, the experts' gates and ups, the shared expert's gate and up): every row's size is a multiple of 16 bytes, so the one
 // that follows is still 16-byte aligned.
 static void build_size_table(arc_model *m) {
     const arc_model_config &c = m->cfg;
@@ -121,8 +125,8 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_BV, true},             {ARC_TENSOR_WO, false},      {ARC_TENSOR_POST_ATTN_NORM, false},
         {ARC_TENSOR_POST_FFN_NORM, false}, {ARC_TENSOR_MLP_NORM, false}, {ARC_TENSOR_W_GATE, false},
         {ARC_TENSOR_W_UP, true},           {ARC_TENSOR_W_DOWN, false},   {ARC_TENSOR_MOE_ROUTER, false},
-        {ARC_TENSOR_MOE_GATE, false},      {ARC_TENSOR_MOE_UP, true},    {ARC_TENSOR_MOE_DOWN, false},
-        {ARC_TENSOR_SHARED_ROUTER, false}, {ARC_TENSOR_SHARED_GATE, false}, {ARC_TENSOR_SHARED_UP, true},
+        {ARC_TENSOR_SHARED_ROUTER, true},  {ARC_TENSOR_MOE_GATE, false}, {ARC_TENSOR_MOE_UP, true},
+        {ARC_TENSOR_MOE_DOWN, false},      {ARC_TENSOR_SHARED_GATE, false}, {ARC_TENSOR_SHARED_UP, true},
         {ARC_TENSOR_SHARED_DOWN, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
@@ -149,6 +153,8 @@ static void build_size_table(arc_model *m) {
         if (quantized(ARC_TENSOR_WO, l) && dim * m->q_dim > n) n = dim * m->q_dim;
         if (quantized(ARC_TENSOR_W_GATE, l) && 2 * ffn * dim > n) n = 2 * ffn * dim;
         if (quantized(ARC_TENSOR_W_DOWN, l) && dim * ffn > n) n = dim * ffn;
+        const uint64_t shared = c.shared_ffn_dim * dim;  // the shared expert's (routed ones stay packed)
+        if (quantized(ARC_TENSOR_SHARED_GATE, l) || quantized(ARC_TENSOR_SHARED_DOWN, l)) n = 2 * shared > n ? 2 * shared : n;
         if (n > most) most = n;
     }
     m->dequant_elems = most;
@@ -189,11 +195,14 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
                            TENSOR_NAMES[t], l, f, (unsigned long long)unit, (unsigned long long)cols);
         }
     }
-    for (int l = 0; l < c.n_layers; ++l)
-        ARC_REQUIRE_AS("arc_model_create_formats",
-                       formats[ARC_TENSOR_W_GATE * c.n_layers + l] == formats[ARC_TENSOR_W_UP * c.n_layers + l],
-                       "ARC_TENSOR_W_GATE and ARC_TENSOR_W_UP of layer %d must share a format, got %d and %d", l,
-                       formats[ARC_TENSOR_W_GATE * c.n_layers + l], formats[ARC_TENSOR_W_UP * c.n_layers + l]);
+    const int pairs[3][2] = {{ARC_TENSOR_W_GATE, ARC_TENSOR_W_UP}, {ARC_TENSOR_MOE_GATE, ARC_TENSOR_MOE_UP},
+                             {ARC_TENSOR_SHARED_GATE, ARC_TENSOR_SHARED_UP}};
+    for (const auto &pair : pairs)
+        for (int l = 0; l < c.n_layers; ++l) {
+            const int32_t g = formats[pair[0] * c.n_layers + l], u = formats[pair[1] * c.n_layers + l];
+            ARC_REQUIRE_AS("arc_model_create_formats", g == u, "%s and %s of layer %d must share a format, got %d and %d",
+                           TENSOR_NAMES[pair[0]], TENSOR_NAMES[pair[1]], l, g, u);
+        }
     return ARC_OK;
 }
 
@@ -238,9 +247,7 @@ static int check_config(const arc_model_config *c) {
                 "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
                 c->window_pattern);
     if (const int st = check_moe(*c, "arc_model_create")) return st;
-    ARC_REQUIRE_AS("arc_model_create", c->n_experts == 0,
-                   "mixture-of-experts layers are not implemented on the GPU yet");
-    return ARC_OK;
+    return check_moe_limits(*c, "arc_model_create");
 }
 
 static void model_release(arc_model *m) {
@@ -278,12 +285,15 @@ static int model_init(arc_model *m, const int32_t *formats) {
     // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
     ARC_CUDA(ctx, cudaMemsetAsync(m->kv, 0, kv_bytes, ctx->stream));
 
-    uint64_t at = 0, off[7];
-    const uint64_t sizes[7] = {(uint64_t)c.dim * 4, (uint64_t)m->qkv_rows * 4, (uint64_t)m->q_dim * 4,
-                               (uint64_t)c.ffn_dim * 4, (uint64_t)c.vocab * 4,
-                               arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
-                               c.post_norms ? (uint64_t)c.dim * 4 : 0};
-    for (int i = 0; i < 7; ++i) {
+    // h holds the GLU's output, or a mixture of experts' k GLUs and the shared expert's after them.
+    const uint64_t routed = (uint64_t)c.n_experts_used * c.expert_ffn_dim + c.shared_ffn_dim;
+    const uint64_t h = routed > (uint64_t)c.ffn_dim ? routed : (uint64_t)c.ffn_dim;
+    const uint64_t experts = c.n_experts ? (uint64_t)c.n_experts + 1 : 0, used = c.n_experts ? c.n_experts_used : 0;
+    uint64_t at = 0, off[10];
+    const uint64_t sizes[10] = {(uint64_t)c.dim * 4, (uint64_t)m->qkv_rows * 4, (uint64_t)m->q_dim * 4, h * 4,
+                                (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+                                c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4};
+    for (int i = 0; i < 10; ++i) {
         off[i] = at;
         at = align_up(at + sizes[i]);
     }
@@ -293,6 +303,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     uint8_t *base = (uint8_t *)m->act;
     float **parts[7] = {&m->x, &m->qkv, &m->att, &m->h, &m->logits, &m->scratch, &m->t};
     for (int i = 0; i < 7; ++i) *parts[i] = (float *)(base + off[i]);
+    m->router = (float *)(base + off[7]), m->route_ids = (int32_t *)(base + off[8]), m->route_w = (float *)(base + off[9]);
     return ARC_OK;
 }
 
@@ -397,6 +408,9 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.wo = weight_at(m, ARC_TENSOR_WO, l);
     p.w_gate_up = weight_at(m, ARC_TENSOR_W_GATE, l);
     p.w_down = weight_at(m, ARC_TENSOR_W_DOWN, l);
+    p.router = weight_at(m, ARC_TENSOR_MOE_ROUTER, l);  // the shared expert's gate row follows it
+    p.e_gate_up = weight_at(m, ARC_TENSOR_MOE_GATE, l), p.e_down = weight_at(m, ARC_TENSOR_MOE_DOWN, l);
+    p.s_gate_up = weight_at(m, ARC_TENSOR_SHARED_GATE, l), p.s_down = weight_at(m, ARC_TENSOR_SHARED_DOWN, l);
     p.k_cache = m->kv + (uint64_t)l * m->kv_layer_elems;
     p.v_cache = m->kv + (uint64_t)(m->cfg.n_layers + l) * m->kv_layer_elems;
     return p;
@@ -419,6 +433,7 @@ ModelParts model_parts(arc_model *m) {
     p.h = m->h;
     p.scratch = m->scratch;
     p.t = m->t;
+    p.router = m->router, p.route_ids = m->route_ids, p.route_w = m->route_w;
     p.logits = m->logits;
     p.prefill = &m->prefill;
     p.spec = &m->spec;

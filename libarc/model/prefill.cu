@@ -16,6 +16,9 @@
 //                            (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
 //   FFN_OUT   gemm           x += h Wdown^T
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
+//   MOE_IN    rmsnorm_rows, then a mixture of experts' router, routing, rows sorted by expert and
+//             grouped products (moe.cu)
+//   MOE_OUT   the experts' down products, summed into x by each row's weights (moe.cu)
 // and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
 // rmsnorm(x, final_norm). To score a prompt, each row of a chunk goes through that GEMV too, and
 // its logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a
@@ -29,6 +32,7 @@
 #include "gemm_sm90.cuh"
 #include "gemm_tile.cuh"
 #include "layer.cuh"
+#include "moe.cuh"
 
 enum { ROWS_THREADS = 256, SCORE_ROWS = 128 };  // SCORE_ROWS: a prompt's rows ranked in one launch
 // The most the gate/up product's float32 scratch takes on an sm_90 GPU (prefill_chunk).
@@ -76,6 +80,7 @@ rmsnorm_rows_kernel(const float *__restrict__ x, const uint16_t *__restrict__ w,
 
 void prefill_buffers_release(PrefillBuffers *b) {
     if (b->mem) cudaFree(b->mem);
+    moe_rows_release(&b->moe);
     *b = PrefillBuffers{};
 }
 
@@ -121,9 +126,10 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
+    ARC_TRY(moe_rows_reserve(ctx, c, chunk, &b->moe));
     void *mem = nullptr;
     ARC_CUDA(ctx, cudaMalloc(&mem, at));  // on failure the old reservation stands
-    prefill_buffers_release(b);
+    if (b->mem) cudaFree(b->mem);
     uint8_t *base = (uint8_t *)mem;
     b->mem = mem;
     b->bytes = at;
@@ -260,6 +266,12 @@ struct PrefillOps {
         ARC_TRY(product(p.ctx, b.h, &lw.w_down, &dim, 1, n, ffn, nullptr, /*accumulate=*/0, b.wdq, b.t));
         return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
+    int moe_in(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
+        return moe_prefill_in(p, lw, n);
+    }
+    int moe_out(const LayerParts &lw) { return moe_prefill_out(p, lw, n); }
 };
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their

@@ -119,23 +119,55 @@ __device__ __forceinline__ void qfull_batch(const uint8_t *w, const RowLayout &L
     }
 }
 
-// y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R and
-// KS as in gemv_kernel. Dynamic shared memory: units * QGEMV_STAGE_BYTES.
+// ROUTED, not GATED: acc[r] += the dots of a full batch of units of the input's segments, each
+// from its own expert: unit v lies in segment j = v / segu, at unit v - j segu of its row, and the
+// segment's expert's matrix begins seg_ro[j] bytes into w (rows of L.bytes, rix[r] the row).
+template <int F, int NR, int U, int STEP>
+__device__ __forceinline__ void qrouted_batch(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR],
+                                              int base, const KSlot &ks, const int4 *staged, const float *dxs,
+                                              const int2 *sums, int segu, const long long *seg_ro, float (&acc)[NR]) {
+    UnitRaw raw[NR][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + STEP * u, j = v / segu;
+        const UnitAddr a = unit_addr<F>(w, L, (uint32_t)(v - j * segu));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const size_t ro = (size_t)seg_ro[j] + qrow_offset(rix[r], L.bytes);
+            load_quants_at<F, STEP>(a, ro, 0, raw[r][u]);
+            load_rest_at<F, STEP>(a, ro, 0, raw[r][u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], ks, in);
+    }
+}
+
+// y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
+// KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
+// are rt.seg weights). Dynamic shared memory: units * QGEMV_STAGE_BYTES.
 // Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
-template <int F, int R, int KS, bool GATED, bool AM>
+template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
              const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
-             int accumulate, float *__restrict__ y, GemvArgmax am) {
+             int accumulate, float *__restrict__ y, GemvArgmax am, GemvRoute rt) {
     constexpr int NR = GATED ? 2 * R : R;
     constexpr int U = qgemv_batch(NR);
     constexpr int GROUPS = GEMV_WARPS / KS;
     constexpr int STEP = 32 * KS;
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
+    static_assert(!(AM && ROUTED), "a routed product takes no argmax");
     extern __shared__ int4 staged[];  // [2 * units] int8 words, then dx[units], then (s0, s1)[units]
     __shared__ float red[GEMV_WARPS];
+    __shared__ int route_ids[MOE_MAX_USED];  // ROUTED: the block's copy of the route
+    __shared__ float route_scale[MOE_MAX_USED];
+    __shared__ long long seg_ro[MOE_MAX_USED];
     const int units = cols / QUNIT;
-    const RowLayout L = row_layout(F, cols);
+    const RowLayout L = row_layout(F, ROUTED && !GATED ? rt.seg : cols);
     float *dxs = reinterpret_cast<float *>(staged + 2 * units);
     int2 *sums = reinterpret_cast<int2 *>(dxs + units);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -149,7 +181,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     // Units past the end (only where units < STEP * U) load the last unit instead: the loads need
     // no branches, and the dots below skip them.
     UnitRaw first_batch[NR][U];
-    if (blockIdx.x < block_tasks) {
+    if (!ROUTED && blockIdx.x < block_tasks) {
         uint32_t rix[NR];
         qtask_rows<R, GATED>(blockIdx.x * GROUPS + group, rows, rix);
 #pragma unroll
@@ -160,6 +192,11 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         }
     }
     pdl_wait();
+    const int segu = rt.seg / QUNIT;  // ROUTED, not GATED: a segment's units
+    if constexpr (ROUTED) {  // seen by every thread after the staging's barrier
+        stage_route(rt, route_ids, route_scale);
+        if (!GATED && tid < rt.count) seg_ro[tid] = (long long)(rt.ids ? rt.ids[tid] : 0) * rows * L.bytes;
+    }
 
     // The input: the norm's scale first (every block sums the squares in the same order as the
     // bf16 GEMV's staging), then each unit quantized by 8 threads, 4 values each.
@@ -242,11 +279,19 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         const int task = bt * GROUPS + group;
         uint32_t rix[NR];
         qtask_rows<R, GATED>(task, rows, rix);
+        if constexpr (ROUTED && GATED) {  // the chosen experts' gate rows, their up rows rt.up further
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int j = (int)rix[r] / rt.seg;
+                rix[r] = (uint32_t)(route_ids[j] * rt.seg) + (rix[r] - (uint32_t)(j * rt.seg));
+                rix[R + r] = (uint32_t)rt.up + rix[r];
+            }
+        }
         float acc[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
         int base = first;
-        if (bt == blockIdx.x) {  // the batch whose quants were loaded before the wait
+        if (!ROUTED && bt == blockIdx.x) {  // the batch whose quants were loaded before the wait
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
@@ -264,12 +309,23 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
             base += STEP * U;
         }
         // Full batches, then the units left (fewer than a batch), one at a time.
-        for (; base + STEP * (U - 1) < units; base += STEP * U)
-            qfull_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
-        if constexpr (U > 1) {
-            for (; base < units; base += STEP) qfull_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+        if constexpr (ROUTED && !GATED) {
+            for (; base + STEP * (U - 1) < units; base += STEP * U)
+                qrouted_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, segu, seg_ro, acc);
+            if constexpr (U > 1) {
+                for (; base < units; base += STEP)
+                    qrouted_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, segu, seg_ro, acc);
+            }
+        } else {
+            for (; base + STEP * (U - 1) < units; base += STEP * U)
+                qfull_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+            if constexpr (U > 1) {
+                for (; base < units; base += STEP)
+                    qfull_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+            }
         }
-        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen);
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
+                                           ROUTED && GATED ? route_scale : nullptr, rt.seg);
     }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
@@ -286,19 +342,22 @@ struct QgemvArgs {
     float *y;
     const GemvArgmax *am;
     float norm_add = 0.0f;  // what the norm adds to its weights (norm_plus_one: 1)
+    const GemvRoute *route = nullptr;  // a mixture of experts' product (moe.cu)
 };
 
-// Launches the instance (F, R, KS, GATED, AM) sized as the bf16 GEMV is: enough blocks for
-// every SM at its occupancy limit, no more than there is work.
-template <int F, int R, int KS, bool GATED, bool AM>
+// Launches the instance (F, R, KS, GATED, AM, ROUTED) sized as the bf16 GEMV is: enough blocks
+// for every SM at its occupancy limit, no more than there is work.
+template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
-    auto kernel = qgemv_kernel<F, R, KS, GATED, AM>;
+    auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED>;
     const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
-    const char *name = GATED ? "qgemv_kernel<swiglu>" : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
+    const char *name = ROUTED ? "qgemv_kernel<routed>" : GATED ? "qgemv_kernel<swiglu>"
+                                                      : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
-                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{});
+                          a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{},
+                          a.route ? *a.route : GemvRoute{});
 }
 
 template <int F, int R, int KS, bool GATED>
@@ -316,6 +375,13 @@ static int launch_qgemv_format(arc_context *ctx, const QgemvArgs &a) {
     constexpr int MAX_R = GATED ? 2 : 4;
     const int vectors = a.cols / QUNIT * (F == ARC_FORMAT_Q8_0 ? 2 : 1);
     int ks = 1;
+    if (a.route) {  // a routed product: rows of 1 or 2 a task
+        const int r = gemv_split(ctx, a.rows, vectors, 2, GATED, &ks);
+        if (r == 2) return launch_qgemv_kernel<F, 2, 1, GATED, false, true>(ctx, a);
+        if (ks >= 4) return launch_qgemv_kernel<F, 1, 4, GATED, false, true>(ctx, a);
+        if (ks == 2) return launch_qgemv_kernel<F, 1, 2, GATED, false, true>(ctx, a);
+        return launch_qgemv_kernel<F, 1, 1, GATED, false, true>(ctx, a);
+    }
     const int r = gemv_split(ctx, a.rows, vectors, MAX_R, GATED, &ks);
     if constexpr (MAX_R == 4) {
         if (r == 4) return launch_qgemv_shape<F, 4, 1, GATED>(ctx, a);

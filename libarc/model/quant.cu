@@ -1,6 +1,7 @@
 // quant.cu -- the entry points of the quantized formats: a row's size, the quantized GEMVs
 // (checked here, launched from qgemv_*.cu), and the dequantization the prefill's matrix
 // products read (each thread decodes one unit of 32 weights to bf16).
+#include "moe.cuh"
 #include "qgemv.cuh"
 
 enum { DEQUANT_THREADS = 256 };
@@ -150,6 +151,18 @@ int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows,
         return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, norm_add,
                         act, y);
     return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, x, rows, cols, norm_weight, eps, norm_add, act, y);
+}
+
+int gemv_routed_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
+                       const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act, const GemvRoute &rt,
+                       float *y) {
+    if (w.format == ARC_FORMAT_BF16)
+        return launch_gemv_routed(ctx, "gemv_routed_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps,
+                                  norm_add, gated, act, rt, y);
+    return launch_qgemv(ctx, "gemv_routed_weight",
+                        QgemvArgs{w.format, (const uint8_t *)w.p, x, rows, cols, nullptr, norm_weight, eps,
+                                  gated ? act : 1, y, nullptr, norm_add, &rt},
+                        gated);
 }
 
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,

@@ -18,6 +18,7 @@
 // Rejected rows leave cache rows past the new position; the next step's rows overwrite them
 // before any attention reads them.
 #include "../commit.cuh"
+#include "buffers.cuh"
 #include "head_argmax.cuh"
 #include "layer.cuh"
 
@@ -159,6 +160,7 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
         spec_buffers_release(b);
         return ARC_OK;
     }
+    ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
     ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
     ARC_REQUIRE(c.head_dim % 8 == 0 && c.head_dim <= ATTN_MAX_HEAD_DIM, "speculative steps need head_dim a multiple "
                 "of 8 up to %d, got %d", ATTN_MAX_HEAD_DIM, c.head_dim);
@@ -243,6 +245,9 @@ struct VerifyOps {
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps,
                                     norm_offset(p.cfg));
     }
+    // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
+    int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, "arc_model_forward_speculate", "no MoE verify"); }
+    int moe_out(const LayerParts &) { return moe_in(LayerParts{}); }
 };
 
 // The verify forward over the rows the draft wrote: logits (rows, vocab).

@@ -1,0 +1,287 @@
+// moe.cu -- a mixture of experts' layer (arc.h: ARC_OP_MOE_IN, ARC_OP_MOE_OUT) with the routing
+// kept on the device: the router's logits, then route_kernel's top k and weights (arc_routing's
+// order of softmax and top k, ties to the lower expert) into device memory, then products that
+// read only the chosen experts' rows. Every launch is the same whatever the routing, so the
+// decode's step graph is captured once and replays for every token.
+//
+// The decode (one row):
+//   MOE_IN   gemv           logits = [ROUTER; SHARED_ROUTER] @ n, n = rmsnorm(x, mlp_norm)
+//            route_kernel   ids (k), weights (k), the shared expert's sigmoid
+//            gemv<routed>   h[j] = weight_j * act(Wgate_e @ n) * (Wup_e @ n), e = ids[j], one launch
+//                           for the k experts (gemv_common.cuh's GemvRoute)
+//            gemv<routed>   the shared expert's GLU times its sigmoid, after them
+//   MOE_OUT  gemv<routed>   x += sum_j Wdown_e @ h[j]: one dot a row over the k segments, each
+//                           from its expert's rows, so the weighted sum needs no kernel of its own
+//            gemv           x += Wdown_shared @ h_shared
+// The prefill (a chunk of n rows, normed into xn):
+//   MOE_IN   gemm           logits (n, n_experts + 1)
+//            route_kernel   a block a row
+//            sort_kernel    each expert's rows together (counts, offsets, the sorted order)
+//            gemm grouped   h (sorted) = act(xn Wgate_e^T) * (xn Wup_e^T), one launch, a grid
+//                           plane an expert (gemm_tile.cuh's grouped GemmArgs)
+//            gemm_swiglu    the shared expert's GLU
+//   MOE_OUT  gemm grouped   y (sorted) = h Wdown_e^T
+//            gemm           the shared expert's down
+//            combine_kernel x += sum_j weight_j y[row of (t, j)] (+ sigmoid * shared), in order
+//                           of choice: what a row gets does not depend on the others in its chunk.
+#include <stdint.h>
+
+#include "gemm_tile.cuh"
+#include "head_argmax.cuh"
+#include "moe.cuh"
+
+enum { ROUTE_THREADS = 32, SORT_THREADS = 1024, COMBINE_THREADS = 256 };
+
+// Row blockIdx.x of logits (rows of `stride`; n_experts of them, then with `shared` the shared
+// expert's gate) routed by one warp: ids (k a row) and weights (k + 1 a row: the experts', then
+// the shared expert's sigmoid). Top k by value, ties to the lower expert (head_argmax.cuh's key
+// order); SOFTMAX_TOPK ranks softmax(p), its weights those probabilities (over their sum with
+// norm); TOPK_SOFTMAX ranks p, its weights the softmax of the k chosen logits. Lane l holds the
+// experts l, l + 32, ..; each round the warp's best key is chosen and its lane clears it.
+__global__ void __launch_bounds__(ROUTE_THREADS)
+route_kernel(const float *__restrict__ logits, int stride, int n_experts, int k, int routing, int norm, int shared,
+             int32_t *__restrict__ ids, float *__restrict__ weights) {
+    __shared__ float v[MOE_MAX_EXPERTS];
+    __shared__ unsigned long long key[MOE_MAX_EXPERTS];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int row = blockIdx.x, lane = threadIdx.x;
+    const float *p = logits + (size_t)row * stride;
+    float m = -INFINITY;
+    for (int i = lane; i < n_experts; i += 32) {
+        v[i] = p[i];
+        m = fmaxf(m, v[i]);
+    }
+    if (routing == ARC_ROUTE_SOFTMAX_TOPK) {  // v = softmax(p): exp(p - max) over their sum
+        m = warp_max(m);
+        float s = 0.0f;
+        for (int i = lane; i < n_experts; i += 32) {
+            v[i] = expf(v[i] - m);
+            s += v[i];
+        }
+        s = warp_sum(s);
+        for (int i = lane; i < n_experts; i += 32) v[i] = v[i] / s;
+    }
+    unsigned long long mine = 0;  // the best key among the lane's experts still in play
+    for (int i = lane; i < n_experts; i += 32) {
+        key[i] = argmax_key(v[i], i);
+        mine = key[i] > mine ? key[i] : mine;
+    }
+    __syncwarp();  // every lane reads every lane's v below
+    float w = 0.0f, top = 0.0f, sum = 0.0f;
+    int chosen = 0;  // lane j < k: the j-th choice
+    for (int j = 0; j < k; ++j) {
+        unsigned long long best = mine;
+        for (int off = 16; off > 0; off /= 2) {
+            const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+            best = o > best ? o : best;
+        }
+        int e = (int)~(uint32_t)best;
+        e = best != 0 && e >= 0 && e < n_experts ? e : 0;  // a zero key (nothing left) still names one
+        const float value = v[e];  // every lane reads it before its owner clears the key
+        if (j == 0) top = value;
+        const float wj = routing == ARC_ROUTE_SOFTMAX_TOPK ? value : expf(value - top);
+        sum += wj;
+        if (lane == j) {
+            chosen = e;
+            w = wj;
+        }
+        if (best != 0 && e % 32 == lane) {  // the owner drops it and finds its next best
+            key[e] = 0;
+            mine = 0;
+            for (int i = lane; i < n_experts; i += 32) mine = key[i] > mine ? key[i] : mine;
+        }
+    }
+    const bool divide = routing == ARC_ROUTE_TOPK_SOFTMAX || norm;
+    if (lane < k) {
+        ids[(size_t)row * k + lane] = chosen;
+        weights[(size_t)row * (k + 1) + lane] = divide ? w / sum : w;
+    }
+    if (lane == 0) weights[(size_t)row * (k + 1) + k] = shared ? 1.0f / (1.0f + expf(-p[n_experts])) : 0.0f;
+}
+
+// The rows' choices ids (entries = rows k) sorted by expert: offsets (n_experts + 1), the token
+// of each sorted row (order) and the sorted row of each choice (slot_row). One block. Rows of an
+// expert land in any order: each sorted row's products depend on that row alone.
+__global__ void __launch_bounds__(SORT_THREADS)
+sort_kernel(const int32_t *__restrict__ ids, int entries, int k, int n_experts, int32_t *__restrict__ offsets,
+            int32_t *__restrict__ order, int32_t *__restrict__ slot_row) {
+    __shared__ int count[MOE_MAX_EXPERTS];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int tid = threadIdx.x;
+    for (int e = tid; e < n_experts; e += SORT_THREADS) count[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < entries; i += SORT_THREADS) atomicAdd(&count[ids[i]], 1);
+    __syncthreads();
+    if (tid == 0) {  // exclusive prefix sums; each count becomes its expert's cursor
+        int at = 0;
+        for (int e = 0; e < n_experts; ++e) {
+            const int c = count[e];
+            offsets[e] = at;
+            count[e] = at;
+            at += c;
+        }
+        offsets[n_experts] = at;
+    }
+    __syncthreads();
+    for (int i = tid; i < entries; i += SORT_THREADS) {
+        const int r = atomicAdd(&count[ids[i]], 1);
+        order[r] = i / k;
+        slot_row[i] = r;
+    }
+}
+
+// x[t] += sum_j weights[t, j] y[slot_row[t, j]] (+ weights[t, k] sy[t]), the sum in order of
+// choice, as the reference adds it; one block a row t.
+__global__ void __launch_bounds__(COMBINE_THREADS)
+combine_kernel(float *__restrict__ x, const float *__restrict__ y, const int32_t *__restrict__ slot_row,
+               const float *__restrict__ weights, int k, int dim, const float *__restrict__ sy) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int t = blockIdx.x;
+    const int32_t *rows = slot_row + (size_t)t * k;
+    const float *w = weights + (size_t)t * (k + 1);
+    for (int d = threadIdx.x; d < dim; d += COMBINE_THREADS) {
+        float out = y[(size_t)rows[0] * dim + d] * w[0];
+        for (int j = 1; j < k; ++j) out = out + y[(size_t)rows[j] * dim + d] * w[j];
+        if (sy) out = out + w[k] * sy[(size_t)t * dim + d];
+        x[(size_t)t * dim + d] += out;
+    }
+}
+
+int check_moe_limits(const arc_model_config &c, const char *who) {
+    if (c.n_experts == 0) return ARC_OK;
+    ARC_REQUIRE_AS(who, c.n_experts <= MOE_MAX_EXPERTS, "config.n_experts must be at most %d on the GPU, got %d",
+                   MOE_MAX_EXPERTS, c.n_experts);
+    ARC_REQUIRE_AS(who, c.n_experts_used <= MOE_MAX_USED,
+                   "config.n_experts_used must be at most %d on the GPU, got %d", MOE_MAX_USED, c.n_experts_used);
+    const long long routed = (long long)c.n_experts_used * c.expert_ffn_dim;
+    ARC_REQUIRE_AS(who, c.expert_ffn_dim % 8 == 0 && routed <= GEMV_MAX_COLS,
+                   "config.expert_ffn_dim must be a multiple of 8 with n_experts_used * expert_ffn_dim at most %d, "
+                   "got %d and %lld", GEMV_MAX_COLS, c.expert_ffn_dim, routed);
+    ARC_REQUIRE_AS(who, c.shared_ffn_dim % 8 == 0 && c.shared_ffn_dim <= GEMV_MAX_COLS,
+                   "config.shared_ffn_dim must be a multiple of 8 up to %d, got %d", GEMV_MAX_COLS, c.shared_ffn_dim);
+    return ARC_OK;
+}
+
+static int launch_route(arc_context *ctx, const float *logits, int rows, const arc_model_config &c, int32_t *ids,
+                        float *weights) {
+    const int shared = c.shared_ffn_dim > 0, stride = c.n_experts + shared;
+    return arc_launch_pdl(ctx, "route_kernel", route_kernel, dim3(rows), dim3(ROUTE_THREADS), 0, logits, stride,
+                          c.n_experts, c.n_experts_used, c.routing, c.norm_topk, shared, ids, weights);
+}
+
+// ---- The decode ------------------------------------------------------------------------------
+
+int moe_decode_in(const ModelParts &p, const LayerParts &lw) {
+    const arc_model_config &c = p.cfg;
+    const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
+    const float eps = c.rms_eps, add = norm_offset(c);
+    ARC_TRY(gemv_weight(p.ctx, lw.router, p.x, c.n_experts + (s > 0), c.dim, nullptr, lw.mlp_norm, eps, add,
+                        /*accumulate=*/0, p.router));
+    ARC_TRY(launch_route(p.ctx, p.router, 1, c, p.route_ids, p.route_w));
+    const GemvRoute experts{p.route_ids, p.route_w, k, f, c.n_experts * f};
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up, p.x, k * f, c.dim, lw.mlp_norm, eps, add, true, c.activation,
+                               experts, p.h));
+    if (s == 0) return ARC_OK;
+    const GemvRoute shared{nullptr, p.route_w + k, 1, s, s};
+    return gemv_routed_weight(p.ctx, lw.s_gate_up, p.x, s, c.dim, lw.mlp_norm, eps, add, true, c.activation, shared,
+                              p.h + (size_t)k * f);
+}
+
+int moe_decode_out(const ModelParts &p, const LayerParts &lw) {
+    const arc_model_config &c = p.cfg;
+    const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
+    const GemvRoute experts{p.route_ids, nullptr, k, f, 0};
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, p.h, c.dim, k * f, nullptr, 0.0f, 0.0f, false, 0, experts, p.x));
+    if (s == 0) return ARC_OK;
+    return gemv_weight(p.ctx, lw.s_down, p.h + (size_t)k * f, c.dim, s, nullptr, nullptr, 0.0f, 0.0f,
+                       /*accumulate=*/1, p.x);
+}
+
+// ---- The prefill -----------------------------------------------------------------------------
+
+void moe_rows_release(MoeRows *m) {
+    if (m->mem) cudaFree(m->mem);
+    *m = MoeRows{};
+}
+
+int moe_rows_reserve(arc_context *ctx, const arc_model_config &c, int32_t rows, MoeRows *m) {
+    if (c.n_experts == 0 || rows <= m->rows) return ARC_OK;
+    const uint64_t r = (uint64_t)rows, k = c.n_experts_used, e = c.n_experts;
+    const uint64_t sizes[10] = {r * (e + 1) * 4, r * k * 4, r * (k + 1) * 4, (e + 1) * 4, r * k * 4, r * k * 4,
+                                r * k * c.expert_ffn_dim * 2, r * k * c.dim * 4, r * c.shared_ffn_dim * 2,
+                                c.shared_ffn_dim ? r * c.dim * 4 : 0};
+    uint64_t off[10], at = 0;
+    for (int i = 0; i < 10; ++i) {
+        off[i] = at;
+        at = (at + sizes[i] + 255) / 256 * 256;
+    }
+    void *mem = nullptr;
+    ARC_CUDA(ctx, cudaMalloc(&mem, at));  // on failure the old reservation stands
+    moe_rows_release(m);
+    uint8_t *base = (uint8_t *)mem;
+    m->mem = mem;
+    m->bytes = at;
+    m->rows = rows;
+    m->logits = (float *)(base + off[0]);
+    m->ids = (int32_t *)(base + off[1]);
+    m->weights = (float *)(base + off[2]);
+    m->offsets = (int32_t *)(base + off[3]);
+    m->order = (int32_t *)(base + off[4]);
+    m->slot_row = (int32_t *)(base + off[5]);
+    m->h = (uint16_t *)(base + off[6]);
+    m->y = (float *)(base + off[7]);
+    m->sh = c.shared_ffn_dim ? (uint16_t *)(base + off[8]) : nullptr;
+    m->sy = c.shared_ffn_dim ? (float *)(base + off[9]) : nullptr;
+    return ARC_OK;
+}
+
+// A grouped product over the experts of weight w (rows of `cols` weights, rows_per an expert).
+static GemmArgs grouped(const MoeRows &m, Weight w, int n, int out, int cols, int rows_per, int groups) {
+    uint64_t row = 0;
+    arc_format_row_bytes(w.format, cols, &row);  // formats checked at create
+    GemmArgs g{w.p, nullptr, n, out, cols, nullptr, nullptr, out, nullptr, 0};
+    g.offsets = m.offsets;
+    g.w_step = row * (uint64_t)rows_per;
+    g.groups = groups;
+    return g;
+}
+
+int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
+    const arc_model_config &c = p.cfg;
+    const PrefillBuffers &b = *p.prefill;
+    const MoeRows &m = b.moe;
+    const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
+    const char *who = "arc_model_prefill";
+    ARC_TRY(gemm_weight(p.ctx, who, b.xn, lw.router, n, e + (s > 0), c.dim, nullptr, 0, m.logits, e + (s > 0)));
+    ARC_TRY(launch_route(p.ctx, m.logits, n, c, m.ids, m.weights));
+    ARC_TRY(arc_launch_pdl(p.ctx, "sort_kernel", sort_kernel, dim3(1), dim3(SORT_THREADS), 0, (const int32_t *)m.ids,
+                           n * k, k, e, m.offsets, m.order, m.slot_row));
+    GemmArgs g = grouped(m, lw.e_gate_up, n, f, c.dim, f, e);
+    g.a = b.xn;
+    g.a_rows = m.order;
+    g.h = m.h;
+    g.act = c.activation;
+    g.up_rows = e * f;
+    ARC_TRY(gemm_grouped(p.ctx, who, lw.e_gate_up.format, g, EPI_SWIGLU));
+    if (s == 0) return ARC_OK;
+    return gemm_glu_weight(p.ctx, who, b.xn, lw.s_gate_up, n, s, c.dim, c.activation, m.sh);
+}
+
+int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
+    const arc_model_config &c = p.cfg;
+    const PrefillBuffers &b = *p.prefill;
+    const MoeRows &m = b.moe;
+    const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
+    const char *who = "arc_model_prefill";
+    GemmArgs g = grouped(m, lw.e_down, n, c.dim, f, c.dim, e);
+    g.a = m.h;
+    g.c = m.y;
+    ARC_TRY(gemm_grouped(p.ctx, who, lw.e_down.format, g, EPI_STORE));
+    if (s > 0) ARC_TRY(gemm_weight(p.ctx, who, m.sh, lw.s_down, n, c.dim, s, nullptr, 0, m.sy, c.dim));
+    return arc_launch_pdl(p.ctx, "combine_kernel", combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, b.x,
+                          (const float *)m.y, (const int32_t *)m.slot_row, (const float *)m.weights, k, c.dim,
+                          (const float *)(s > 0 ? m.sy : nullptr));
+}
