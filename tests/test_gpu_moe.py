@@ -204,3 +204,39 @@ def test_libarc_refuses_more_experts_a_token_than_its_kernels_take(gpu):
     message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
     assert status == gpu.lib.ARC_INVALID_ARGUMENT and out[0] == gpu.ffi.NULL
     assert "n_experts_used must be at most 16 on the GPU" in message and "\n" not in message
+
+
+def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
+    """`python -m arcpy.decode --model FILE.gguf`: a qwen3moe file under llama.cpp's names whose
+    experts are Q8_0, Q6_K and Q4_K stays packed and decodes on the CUDA backend, the device loop
+    and the host path giving the same tokens."""
+    import subprocess
+    import sys
+
+    from gguf import GGMLQuantizationType as Q
+    from test_gguf import BYTE_VOCAB, random_k_blocks
+    from test_moe import QWEN, gguf_tensors, write
+
+    from arcpy.model import random_model
+    cfg = dataclasses.replace(QWEN, vocab=len(BYTE_VOCAB["tokenizer.ggml.tokens"]), mlp_only_layers=())
+    tensors = gguf_tensors(random_model(cfg, seed=5), permute=False)
+    rng = np.random.default_rng(0)
+    e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
+    types = {"blk.0.ffn_gate_exps.weight": Q.Q8_0, "blk.0.ffn_up_exps.weight": Q.Q8_0,
+             "blk.0.ffn_down_exps.weight": Q.Q6_K, "blk.2.ffn_gate_exps.weight": Q.Q4_K,
+             "blk.2.ffn_up_exps.weight": Q.Q4_K, "blk.2.ffn_down_exps.weight": Q.Q4_K}
+    tensors["blk.0.ffn_down_exps.weight"] = random_k_blocks(Q.Q6_K, e * d * f // 256, rng).reshape(e, d, -1)
+    for name in ("gate", "up"):
+        tensors[f"blk.2.ffn_{name}_exps.weight"] = random_k_blocks(Q.Q4_K, e * f * d // 256, rng).reshape(e, f, -1)
+    tensors["blk.2.ffn_down_exps.weight"] = random_k_blocks(Q.Q4_K, e * d * f // 256, rng).reshape(e, d, -1)
+    path = write(tmp_path / "q.gguf", cfg, tensors, "qwen3moe", types)
+    runs = {}
+    for how in ("--device-loop", "--host-path"):
+        proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "cuda",
+                               "--weights", "quantized", how, "--prompt-ids", "1 2 3", "-n", "12"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout + proc.stderr
+        assert "12 tokens" in out and "backend cuda" in out, out[-2000:]
+        runs[how] = proc.stdout  # the answer's text (the file has a byte vocabulary)
+    assert runs["--device-loop"] == runs["--host-path"] and runs["--device-loop"].strip()

@@ -22,7 +22,7 @@
 //            gemm_swiglu    the shared expert's GLU
 //   MOE_OUT  gemm grouped   y (sorted) = h Wdown_e^T
 //            gemm           the shared expert's down
-//            combine_kernel x += sum_j weight_j y[row of (t, j)] (+ sigmoid * shared), in order
+//            moe_combine_kernel x += sum_j weight_j y[row of (t, j)] (+ sigmoid * shared), in order
 //                           of choice: what a row gets does not depend on the others in its chunk.
 #include <stdint.h>
 
@@ -135,7 +135,7 @@ sort_kernel(const int32_t *__restrict__ ids, int entries, int k, int n_experts, 
 // x[t] += sum_j weights[t, j] y[slot_row[t, j]] (+ weights[t, k] sy[t]), the sum in order of
 // choice, as the reference adds it; one block a row t.
 __global__ void __launch_bounds__(COMBINE_THREADS)
-combine_kernel(float *__restrict__ x, const float *__restrict__ y, const int32_t *__restrict__ slot_row,
+moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y, const int32_t *__restrict__ slot_row,
                const float *__restrict__ weights, int k, int dim, const float *__restrict__ sy) {
     pdl_launch_dependents();
     pdl_wait();
@@ -281,7 +281,7 @@ int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
     g.c = m.y;
     ARC_TRY(gemm_grouped(p.ctx, who, lw.e_down.format, g, EPI_STORE));
     if (s > 0) ARC_TRY(gemm_weight(p.ctx, who, m.sh, lw.s_down, n, c.dim, s, nullptr, 0, m.sy, c.dim));
-    return arc_launch_pdl(p.ctx, "combine_kernel", combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, b.x,
+    return arc_launch_pdl(p.ctx, "moe_combine_kernel", moe_combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, b.x,
                           (const float *)m.y, (const int32_t *)m.slot_row, (const float *)m.weights, k, c.dim,
                           (const float *)(s > 0 ? m.sy : nullptr));
 }
