@@ -30,74 +30,63 @@
 #include "head_argmax.cuh"
 #include "moe.cuh"
 
-enum { ROUTE_THREADS = 32, SORT_THREADS = 1024, COMBINE_THREADS = 256 };
+enum { ROUTE_THREADS = 256, SORT_THREADS = 1024, COMBINE_THREADS = 256 };
 
 // Row blockIdx.x of logits (rows of `stride`; n_experts of them, then with `shared` the shared
-// expert's gate) routed by one warp: ids (k a row) and weights (k + 1 a row: the experts', then
-// the shared expert's sigmoid). Top k by value, ties to the lower expert (head_argmax.cuh's key
-// order); SOFTMAX_TOPK ranks softmax(p), its weights those probabilities (over their sum with
-// norm); TOPK_SOFTMAX ranks p, its weights the softmax of the k chosen logits. Lane l holds the
-// experts l, l + 32, ..; each round the warp's best key is chosen and its lane clears it.
+// expert's gate) routed: ids (k a row) and weights (k + 1 a row: the experts', then the shared
+// expert's sigmoid). Top k by value, ties to the lower expert (head_argmax.cuh's key order, one
+// distinct key an expert); SOFTMAX_TOPK ranks softmax(p), its weights those probabilities (over
+// their sum with norm); TOPK_SOFTMAX ranks p, its weights the softmax of the k chosen logits.
+// Each thread ranks its experts against every key at once (no round per choice), and the k
+// weights are added in order of choice.
 __global__ void __launch_bounds__(ROUTE_THREADS)
 route_kernel(const float *__restrict__ logits, int stride, int n_experts, int k, int routing, int norm, int shared,
              int32_t *__restrict__ ids, float *__restrict__ weights) {
     __shared__ float v[MOE_MAX_EXPERTS];
     __shared__ unsigned long long key[MOE_MAX_EXPERTS];
+    __shared__ float red[ROUTE_THREADS / 32];
+    __shared__ int chosen[MOE_MAX_USED];
     pdl_launch_dependents();
     pdl_wait();
-    const int row = blockIdx.x, lane = threadIdx.x;
+    const int row = blockIdx.x, tid = threadIdx.x;
     const float *p = logits + (size_t)row * stride;
     float m = -INFINITY;
-    for (int i = lane; i < n_experts; i += 32) {
+    for (int i = tid; i < n_experts; i += ROUTE_THREADS) {
         v[i] = p[i];
         m = fmaxf(m, v[i]);
     }
     if (routing == ARC_ROUTE_SOFTMAX_TOPK) {  // v = softmax(p): exp(p - max) over their sum
-        m = warp_max(m);
+        m = block_max(m, red);
         float s = 0.0f;
-        for (int i = lane; i < n_experts; i += 32) {
+        for (int i = tid; i < n_experts; i += ROUTE_THREADS) {
             v[i] = expf(v[i] - m);
             s += v[i];
         }
-        s = warp_sum(s);
-        for (int i = lane; i < n_experts; i += 32) v[i] = v[i] / s;
+        s = block_sum(s, red);
+        for (int i = tid; i < n_experts; i += ROUTE_THREADS) v[i] = v[i] / s;
     }
-    unsigned long long mine = 0;  // the best key among the lane's experts still in play
-    for (int i = lane; i < n_experts; i += 32) {
-        key[i] = argmax_key(v[i], i);
-        mine = key[i] > mine ? key[i] : mine;
+    for (int i = tid; i < n_experts; i += ROUTE_THREADS) key[i] = argmax_key(v[i], i);
+    __syncthreads();
+    for (int i = tid; i < n_experts; i += ROUTE_THREADS) {
+        const unsigned long long mine = key[i];
+        int rank = 0;
+        for (int j = 0; j < n_experts; ++j) rank += key[j] > mine;
+        if (rank < k) chosen[rank] = i;
     }
-    __syncwarp();  // every lane reads every lane's v below
-    float w = 0.0f, top = 0.0f, sum = 0.0f;
-    int chosen = 0;  // lane j < k: the j-th choice
+    __syncthreads();
+    if (tid != 0) return;
+    float w[MOE_MAX_USED], sum = 0.0f;
+    const float top = v[chosen[0]];
     for (int j = 0; j < k; ++j) {
-        unsigned long long best = mine;
-        for (int off = 16; off > 0; off /= 2) {
-            const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
-            best = o > best ? o : best;
-        }
-        int e = (int)~(uint32_t)best;
-        e = best != 0 && e >= 0 && e < n_experts ? e : 0;  // a zero key (nothing left) still names one
-        const float value = v[e];  // every lane reads it before its owner clears the key
-        if (j == 0) top = value;
-        const float wj = routing == ARC_ROUTE_SOFTMAX_TOPK ? value : expf(value - top);
-        sum += wj;
-        if (lane == j) {
-            chosen = e;
-            w = wj;
-        }
-        if (best != 0 && e % 32 == lane) {  // the owner drops it and finds its next best
-            key[e] = 0;
-            mine = 0;
-            for (int i = lane; i < n_experts; i += 32) mine = key[i] > mine ? key[i] : mine;
-        }
+        w[j] = routing == ARC_ROUTE_SOFTMAX_TOPK ? v[chosen[j]] : expf(v[chosen[j]] - top);
+        sum += w[j];
     }
     const bool divide = routing == ARC_ROUTE_TOPK_SOFTMAX || norm;
-    if (lane < k) {
-        ids[(size_t)row * k + lane] = chosen;
-        weights[(size_t)row * (k + 1) + lane] = divide ? w / sum : w;
+    for (int j = 0; j < k; ++j) {
+        ids[(size_t)row * k + j] = chosen[j];
+        weights[(size_t)row * (k + 1) + j] = divide ? w[j] / sum : w[j];
     }
-    if (lane == 0) weights[(size_t)row * (k + 1) + k] = shared ? 1.0f / (1.0f + expf(-p[n_experts])) : 0.0f;
+    weights[(size_t)row * (k + 1) + k] = shared ? 1.0f / (1.0f + expf(-p[n_experts])) : 0.0f;
 }
 
 // The rows' choices ids (entries = rows k) sorted by expert: offsets (n_experts + 1), the token
