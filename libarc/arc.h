@@ -247,7 +247,9 @@ typedef struct arc_model_config {
      * dense_layers[l / 32] is set. Routing of p = ROUTER @ n, top k = n_experts_used ties to the lower expert:
      * SOFTMAX_TOPK the top k of softmax(p), divided by their sum if norm_topk; TOPK_SOFTMAX the top k of p, weights
      * their softmax. Expert e (rows e * expert_ffn_dim.. of MOE_GATE, MOE_UP, e * dim.. of MOE_DOWN) adds weight times
-     * Wdown_e @ act(Wgate_e @ n) * (Wup_e @ n); shared_ffn_dim > 0: + sigmoid(SHARED_ROUTER @ n) * shared expert. */
+     * Wdown_e @ act(Wgate_e @ n) * (Wup_e @ n); shared_ffn_dim > 0: + sigmoid(SHARED_ROUTER @ n) * shared expert.
+     * arc_model_create takes n_experts <= 1024, n_experts_used <= 16, expert_ffn_dim % 8 == 0 and n_experts_used *
+     * expert_ffn_dim <= 49152; the routing stays on the device, so a captured step serves every routing. */
     int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
     uint32_t dense_layers[4];
 } arc_model_config;
