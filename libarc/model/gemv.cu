@@ -315,13 +315,8 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     if constexpr (GATED) ARC_REQUIRE_AS(who, a.am == nullptr, "the gated GEMV takes no argmax");
     constexpr int MAX_R = GATED ? 2 : 4;
     int ks = 1;
-    if (a.route) {  // a routed product: rows of 1 or 2 a task, the input staged
-        const int r = gemv_split(ctx, a.rows, a.cols / 8, 2, GATED, &ks);
-        if (r == 2) return launch_gemv_kernel<2, 1, GATED, false, false, true>(ctx, a);
-        if (ks >= 4) return launch_gemv_kernel<1, 4, GATED, false, false, true>(ctx, a);
-        if (ks == 2) return launch_gemv_kernel<1, 2, GATED, false, false, true>(ctx, a);
-        return launch_gemv_kernel<1, 1, GATED, false, false, true>(ctx, a);
-    }
+    // A routed product: one row a task, the input staged, no split over k.
+    if (a.route) return launch_gemv_kernel<1, 1, GATED, false, false, true>(ctx, a);
     const int r = gemv_split(ctx, a.rows, a.cols / 8, MAX_R, GATED, &ks);
     // Short rows take the warp-local input where one batch of loads covers a row.
     const bool wx = a.cols / 8 <= 32 * gemv_wx_vectors(GATED ? 2 * r : r) && ks == 1;

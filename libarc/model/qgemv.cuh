@@ -375,12 +375,10 @@ static int launch_qgemv_format(arc_context *ctx, const QgemvArgs &a) {
     constexpr int MAX_R = GATED ? 2 : 4;
     const int vectors = a.cols / QUNIT * (F == ARC_FORMAT_Q8_0 ? 2 : 1);
     int ks = 1;
-    if (a.route) {  // a routed product: rows of 1 or 2 a task
+    if (a.route) {  // a routed product: rows of 1 or 2 a task, no split over k
         const int r = gemv_split(ctx, a.rows, vectors, 2, GATED, &ks);
-        if (r == 2) return launch_qgemv_kernel<F, 2, 1, GATED, false, true>(ctx, a);
-        if (ks >= 4) return launch_qgemv_kernel<F, 1, 4, GATED, false, true>(ctx, a);
-        if (ks == 2) return launch_qgemv_kernel<F, 1, 2, GATED, false, true>(ctx, a);
-        return launch_qgemv_kernel<F, 1, 1, GATED, false, true>(ctx, a);
+        return r == 2 ? launch_qgemv_kernel<F, 2, 1, GATED, false, true>(ctx, a)
+                      : launch_qgemv_kernel<F, 1, 1, GATED, false, true>(ctx, a);
     }
     const int r = gemv_split(ctx, a.rows, vectors, MAX_R, GATED, &ks);
     if constexpr (MAX_R == 4) {
