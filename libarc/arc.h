@@ -326,7 +326,7 @@ int arc_model_forward(arc_model *model, arc_loop *loop);
 int arc_model_forward_commit(arc_model *model, arc_loop *loop);
 int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
 /* Device bytes the model holds: its weights, its KV cache, and its activations (the decode's and, once reserved,
- * the prefill's, with its scratch for dequantized matrices). */
+ * the prefill's, with its scratch for dequantized matrices and a mixture of experts' routed rows). */
 int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations);
 
 /* The prefill: a chunk of prompt tokens through the whole model in one forward. The matrix products run on tensor

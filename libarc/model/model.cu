@@ -445,6 +445,6 @@ extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *k
     ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
     *weights = model->weight_bytes;
     *kv_cache = 2 * model->kv_layer_elems * model->cfg.n_layers * sizeof(uint16_t);
-    *activations = model->act_bytes + model->prefill.bytes + model->spec.bytes;
+    *activations = model->act_bytes + model->prefill.bytes + model->prefill.moe.bytes + model->spec.bytes;
     return ARC_OK;
 }
