@@ -224,6 +224,17 @@ def test_the_table_names_a_quantized_presets_formats():
     assert "tiny: matrix tensors 192 Q4_K, 33 Q6_K; 4.617 GB of weights read per token" in bench.format_table(report)
 
 
+def test_the_table_says_how_many_experts_a_mixture_reads():
+    report = canned_report(None)
+    report["shapes"][0].update(weight_bytes=1_897_945_088,
+                               experts={"n_experts": 128, "used": 8, "all_weight_bytes": 17_600_000_000, "moe_layers": 48})
+    text = bench.format_table(report)
+    assert ("tiny: a mixture of experts, 8 of 128 experts a token in 48 layers: 1.898 GB read a token of 17.600 GB"
+            in text)
+    assert "mixture" not in bench.format_table(canned_report(None))
+
+
+
 def test_the_table_says_why_hf_is_missing_or_failed():
     text = bench.format_table(canned_report({"available": False, "versions": "ModuleNotFoundError: no torch",
                                              "compile": False, "shapes": {}}))

@@ -195,6 +195,9 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
            "floor_us": model.weight_bytes / bandwidth * 1e6,
            "memory_from_config": device_memory(cfg, max_seq, attention_scratch_bytes(cfg, max_seq), model.stored_bytes),
            "seconds": seconds}
+    if cfg.n_experts:  # a token reads its k experts of each MoE layer: weight_bytes counts only those
+        out["experts"] = {"n_experts": cfg.n_experts, "used": cfg.n_experts_used, "all_weight_bytes": model.full_weight_bytes,
+                          "moe_layers": sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))}
     t0 = time.perf_counter()
     with open_cuda_device(model, max_seq=max_seq) as device:
         del model  # the device holds the weights now; a large model's host copy can go
@@ -362,6 +365,12 @@ def _shape_notes(s: dict) -> list[str]:
     if set(counts) - {"bf16"}:
         lines.append(f"{s['shape']}: matrix tensors " + ", ".join(f"{n} {f}" for f, n in counts.items())
                      + f"; {s['weight_bytes'] / 1e9:.3f} GB of weights read per token")
+    moe = s.get("experts")
+    if moe:
+        lines.append(f"{s['shape']}: a mixture of experts, {moe['used']} of {moe['n_experts']} experts a token in "
+                     f"{moe['moe_layers']} layers: {s['weight_bytes'] / 1e9:.3f} GB read a token of "
+                     f"{moe['all_weight_bytes'] / 1e9:.3f} GB (a token reads exactly its {moe['used']}: the average "
+                     f"and the worst case are one)")
     mem = s.get("memory_from_config")
     if mem:
         lines.append(f"{s['shape']}: device memory computed from the config, max_seq {mem['max_seq']}: weights "
