@@ -214,22 +214,9 @@ def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
     import sys
 
     from gguf import GGMLQuantizationType as Q
-    from test_gguf import BYTE_VOCAB, random_k_blocks
-    from test_moe import QWEN, gguf_tensors, write
+    from test_moe import packed_experts_gguf
 
-    from arcpy.model import random_model
-    cfg = dataclasses.replace(QWEN, vocab=len(BYTE_VOCAB["tokenizer.ggml.tokens"]), mlp_only_layers=())
-    tensors = gguf_tensors(random_model(cfg, seed=5), permute=False)
-    rng = np.random.default_rng(0)
-    e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
-    types = {"blk.0.ffn_gate_exps.weight": Q.Q8_0, "blk.0.ffn_up_exps.weight": Q.Q8_0,
-             "blk.0.ffn_down_exps.weight": Q.Q6_K, "blk.2.ffn_gate_exps.weight": Q.Q4_K,
-             "blk.2.ffn_up_exps.weight": Q.Q4_K, "blk.2.ffn_down_exps.weight": Q.Q4_K}
-    tensors["blk.0.ffn_down_exps.weight"] = random_k_blocks(Q.Q6_K, e * d * f // 256, rng).reshape(e, d, -1)
-    for name in ("gate", "up"):
-        tensors[f"blk.2.ffn_{name}_exps.weight"] = random_k_blocks(Q.Q4_K, e * f * d // 256, rng).reshape(e, f, -1)
-    tensors["blk.2.ffn_down_exps.weight"] = random_k_blocks(Q.Q4_K, e * d * f // 256, rng).reshape(e, d, -1)
-    path = write(tmp_path / "q.gguf", cfg, tensors, "qwen3moe", types)
+    _, _, path = packed_experts_gguf(tmp_path / "q.gguf", up_2=Q.Q4_K)  # gate and up one format: packed
     runs = {}
     for how in ("--device-loop", "--host-path"):
         proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "cuda",

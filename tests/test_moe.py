@@ -332,20 +332,26 @@ def test_gguf_files_round_trip_under_llama_cpps_names(tmp_path, cfg, arch):
         assert np.array_equal(back.tensors[name], t), name
 
 
-def test_gguf_experts_stay_in_their_packed_formats(tmp_path):
+def packed_experts_gguf(path, up_2=Q.Q5_K):
+    """A qwen3moe file under llama.cpp's names whose experts are packed: layer 0's gate/up Q8_0 and
+    down Q6_K, layer 2's gate Q4_K, up `up_2` and down Q4_K. -> (config, its tensors, the path)."""
     cfg = dataclasses.replace(QWEN, vocab=len(BYTE_VOCAB["tokenizer.ggml.tokens"]), mlp_only_layers=())
-    model = random_model(cfg, seed=5)
-    tensors = gguf_tensors(model, permute=False)
+    tensors = gguf_tensors(random_model(cfg, seed=5), permute=False)
     rng = np.random.default_rng(0)
     e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
     types = {"blk.0.ffn_gate_exps.weight": Q.Q8_0, "blk.0.ffn_up_exps.weight": Q.Q8_0,
              "blk.0.ffn_down_exps.weight": Q.Q6_K, "blk.2.ffn_gate_exps.weight": Q.Q4_K,
-             "blk.2.ffn_up_exps.weight": Q.Q5_K, "blk.2.ffn_down_exps.weight": Q.Q4_K}
+             "blk.2.ffn_up_exps.weight": up_2, "blk.2.ffn_down_exps.weight": Q.Q4_K}
     tensors["blk.0.ffn_down_exps.weight"] = random_k_blocks(Q.Q6_K, e * d * f // 256, rng).reshape(e, d, -1)
     tensors["blk.2.ffn_gate_exps.weight"] = random_k_blocks(Q.Q4_K, e * f * d // 256, rng).reshape(e, f, -1)
-    tensors["blk.2.ffn_up_exps.weight"] = random_k_blocks(Q.Q5_K, e * f * d // 256, rng).reshape(e, f, -1)
+    tensors["blk.2.ffn_up_exps.weight"] = random_k_blocks(up_2, e * f * d // 256, rng).reshape(e, f, -1)
     tensors["blk.2.ffn_down_exps.weight"] = random_k_blocks(Q.Q4_K, e * d * f // 256, rng).reshape(e, d, -1)
-    path = write(tmp_path / "q.gguf", cfg, tensors, "qwen3moe", types)
+    return cfg, tensors, write(path, cfg, tensors, "qwen3moe", types)
+
+
+def test_gguf_experts_stay_in_their_packed_formats(tmp_path):
+    cfg, tensors, path = packed_experts_gguf(tmp_path / "q.gguf")
+    e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
     back = load_gguf(path, quantized=True)[0]
     g0 = back.tensors["model.layers.0.mlp.experts.gate_proj.weight"]
     assert isinstance(g0, QuantTensor) and g0.format == codes.FORMAT_Q8_0 and g0.shape == (e * f, d)
