@@ -51,6 +51,12 @@ int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const f
                         float *value_out);
 int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t rows,
                         int32_t cols, const uint16_t *norm_weight, float eps, float *y);
+/* The decode's FFN over quantized weights: h = arc_op_qgemv_swiglu(gate_up, x, rows ffn_dim, cols dim), then
+ * y += W_down @ h (down: dim rows of ffn_dim). Where ffn_dim % 128 == 0 and ffn_dim >= 12288 the SwiGLU GEMV hands
+ * h to the down GEMV already quantized, as the forward does; h and y are the two calls' bits either way. */
+int arc_op_qgemv_ffn(arc_context *ctx, int32_t gate_up_format, const void *w_gate_up, int32_t down_format,
+                     const void *w_down, const float *x, int32_t dim, int32_t ffn_dim, const uint16_t *norm_weight,
+                     float eps, float *h, float *y);
 /* out[rows, cols] = the weights of W (in `format`) rounded to bf16: what the prefill's matrix products read of a
  * quantized tensor. out 16-byte aligned. */
 int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w, int32_t rows, int32_t cols, uint16_t *out);

@@ -120,6 +120,8 @@ static void context_release(arc_context *ctx) {
     if (ctx->argmax_done) cudaFree(ctx->argmax_done);
     if (ctx->head_argmax) cudaFree(ctx->head_argmax);
     if (ctx->attn_done) cudaFree(ctx->attn_done);
+    if (ctx->handoff) cudaFree(ctx->handoff);
+    if (ctx->handoff_done) cudaFree(ctx->handoff_done);
     if (ctx->draw) cudaFree(ctx->draw);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -140,6 +142,9 @@ static int context_init(arc_context *ctx, int device) {
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->head_argmax, 0, sizeof(HeadArgmax), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->attn_done, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->attn_done, 0, ARC_ATTN_MAX_GROUPS * sizeof(uint32_t), ctx->stream));
+    ARC_CUDA(ctx, cudaMalloc(&ctx->handoff, (size_t)ARC_HANDOFF_UNITS * ARC_HANDOFF_UNIT_BYTES));
+    ARC_CUDA(ctx, cudaMalloc(&ctx->handoff_done, ARC_HANDOFF_UNITS * sizeof(uint32_t)));
+    ARC_CUDA(ctx, cudaMemsetAsync(ctx->handoff_done, 0, ARC_HANDOFF_UNITS * sizeof(uint32_t), ctx->stream));
     ARC_CUDA(ctx, cudaMalloc(&ctx->draw, sizeof(DrawScratch)));
     ARC_CUDA(ctx, cudaMemsetAsync(ctx->draw, 0, sizeof(DrawScratch), ctx->stream));
     return arc_draw_init(ctx);

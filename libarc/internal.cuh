@@ -46,6 +46,10 @@ struct HeadArgmax {
     uint32_t done;            // blocks finished
 };
 
+// The quantized input the handoff holds: up to 49,152 values (GEMV_MAX_COLS) in units of 32, each
+// 32 int8 values, the sums of their halves and their scale (qinput.cuh's staging layout).
+enum { ARC_HANDOFF_UNITS = 49152 / 32, ARC_HANDOFF_UNIT_BYTES = 32 + 8 + 4 };
+
 struct arc_context {
     int device;
     // Read once, in context_init: launchers size their grids by the multiprocessor count, and
@@ -66,6 +70,10 @@ struct arc_context {
     HeadArgmax *head_argmax;
     // Tickets of the attention kernel's heads: the last block of a head combines its partials.
     uint32_t *attn_done;
+    // The SwiGLU GEMV's output handed to the down GEMV already quantized (qgemv.cuh: the handoff):
+    // ARC_HANDOFF_UNITS units of ARC_HANDOFF_UNIT_BYTES, and a ticket per unit, zero between launches.
+    uint8_t *handoff;
+    uint32_t *handoff_done;
     // The draw's histograms, block sums and grid barrier; zero between launches.
     DrawScratch *draw;
     // Blocks of the cluster the draw runs in, by ids per thread (4, 8) and commit or not

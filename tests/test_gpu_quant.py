@@ -175,3 +175,36 @@ def test_row_bytes_agree_with_the_library(gpu):
         for cols in (256, 2048, 4096, 14336):
             _lib.check(gpu.lib.arc_format_row_bytes(f, cols, out))
             assert out[0] == row_bytes(f, cols), (name, cols)
+
+
+# The FFN as the decode runs it: the SwiGLU GEMV hands h to the down GEMV already quantized where
+# ffn % 128 == 0 and ffn >= 12288 (14336, with 4096 and 256 columns;
+# 512 and 288, an odd number of units: staged). Its h and y must be the bits
+# of the two products called one after the other, launch after launch (the tickets reset).
+@pytest.mark.parametrize("gate_up,down", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q4_0", "Q4_1"), ("Q5_K", "Q4_K")])
+@pytest.mark.parametrize("dim,ffn", [(4096, 14336), (256, 14336), (256, 512), (512, 288)])
+def test_qgemv_ffn_hands_h_over_with_the_bits_of_the_two_products(gpu, gate_up, down, dim, ffn):
+    if FORMATS[down] in (codes.FORMAT_Q4_K, codes.FORMAT_Q5_K, codes.FORMAT_Q6_K) and ffn % 256:
+        pytest.skip("a _K down matrix needs ffn % 256 == 0")
+    rng = np.random.default_rng(ffn + FORMATS[gate_up] * 7 + FORMATS[down])
+    gu = random_quant(FORMATS[gate_up], (2 * ffn, dim), rng)
+    dn = random_quant(FORMATS[down], (dim, ffn), rng)
+    x = rng.standard_normal(dim, dtype=F32)
+    norm = to_bf16(F32(1.0) + F32(0.2) * rng.standard_normal(dim, dtype=F32))
+    y0 = rng.standard_normal(dim, dtype=F32)
+    d_gu, d_dn, d_x, d_n = gpu.upload(gu.data), gpu.upload(dn.data), gpu.upload(x), gpu.upload(norm)
+    d_h, d_y = gpu.alloc(ffn * 4), gpu.upload(y0)
+    _lib.check(gpu.lib.arc_op_qgemv_swiglu(gpu.ctx, gu.format, d_gu, f32p(gpu, d_x), ffn, dim, u16p(gpu, d_n),
+                                           1e-5, f32p(gpu, d_h)))
+    _lib.check(gpu.lib.arc_op_qgemv(gpu.ctx, dn.format, d_dn, f32p(gpu, d_h), dim, ffn, gpu.ffi.NULL,
+                                    gpu.ffi.NULL, 1e-5, 1, f32p(gpu, d_y)))
+    want_h, want_y = gpu.read(d_h, F32, ffn), gpu.read(d_y, F32, dim)
+    assert not np.array_equal(want_y, y0)
+    for _ in range(3):
+        d_h, d_y = gpu.alloc(ffn * 4), gpu.upload(y0)
+        gpu.poison(d_h, ffn * 4)
+        _lib.check(gpu.lib.arc_op_qgemv_ffn(gpu.ctx, gu.format, d_gu, dn.format, d_dn, f32p(gpu, d_x), dim, ffn,
+                                            u16p(gpu, d_n), 1e-5, f32p(gpu, d_h), f32p(gpu, d_y)))
+        assert gpu.read(d_h, F32, ffn).tobytes() == want_h.tobytes()
+        got = gpu.read(d_y, F32, dim)
+        assert got.tobytes() == want_y.tobytes(), f"{np.count_nonzero(got != want_y)} of {dim} rows differ"

@@ -44,13 +44,15 @@ struct DecodeOps {
     int attn_out(const LayerParts &lw) {
         return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1, p.x);
     }
+    // h reaches the down GEMV already quantized where both matrices are (quant.cu: ffn_handoff).
+    bool hand(const LayerParts &lw) const { return ffn_handoff(lw.w_gate_up, lw.w_down, p.cfg.ffn_dim); }
     int ffn_in(const LayerParts &lw) {
         return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps,
-                                  norm_offset(p.cfg), p.cfg.activation, p.h);
+                                  norm_offset(p.cfg), p.cfg.activation, p.h, hand(lw));
     }
     int ffn_out(const LayerParts &lw) {
         return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1,
-                           p.x);
+                           p.x, hand(lw));
     }
     int attn_out_norm(const LayerParts &lw) {
         ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0, p.t));
@@ -58,7 +60,7 @@ struct DecodeOps {
     }
     int ffn_out_norm(const LayerParts &lw) {
         ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0,
-                            p.t));
+                            p.t, hand(lw)));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }

@@ -401,11 +401,15 @@ int model_check_uploaded(const arc_model *m, const char *who);
 // public arc_op_* entry points keep 0.
 inline float norm_offset(const arc_model_config &c) { return c.norm_plus_one ? 1.0f : 0.0f; }
 
-// The GEMVs over a Weight of any format (quant.cu): arc_op_gemv or arc_op_qgemv, and so on.
+// The GEMVs over a Weight of any format (quant.cu): arc_op_gemv or arc_op_qgemv, and so on. With
+// ffn_handoff true for the FFN's matrices, the SwiGLU GEMV (hand) gives the down GEMV (handed)
+// its output already quantized (qinput.cuh), and the two run one after the other.
 int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
-                const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate, float *y);
+                const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate, float *y,
+                bool handed = false);
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float norm_add, int act, float *y);
+                       const uint16_t *norm_weight, float eps, float norm_add, int act, float *y, bool hand = false);
+bool ffn_handoff(Weight gate_up, Weight down, int32_t ffn_dim);
 // arc_op_gemv_swiglu and arc_op_skinny_swiglu under an arc_activation; `who` names the caller.
 int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
              const uint16_t *norm_weight, float eps, float norm_add, int act, float *y);

@@ -4,24 +4,19 @@
 // the inner product differs: the weights stay packed in registers and meet an int8 copy of the
 // input in dp4a instructions (quant.cuh), so a 4-bit weight costs about half an instruction.
 //
-// Each block stages the input once: the fused RMSNorm applied as the bf16 GEMV applies it, then
-// every unit of 32 values quantized (arc.h: amax, x_q = rint(x * 127 / amax), dx = amax / 127)
-// into shared memory with its scale and the sums of its two halves. Eight threads take a unit,
-// four values each, so staging needs few registers and no second pass. Each lane then walks
-// units lane, lane + 32 * KS, ... of its task's rows, a batch of loads in flight at a time.
-// Instances live in qgemv_*.cu, a few formats a file, so that nvcc compiles them in parallel.
+// Each block stages the input once (qinput.cuh): normed and quantized, or handed over from the
+// SwiGLU GEMV. Each lane then walks units lane, lane + 32 * KS, ... of its task's rows, a batch of
+// loads in flight at a time. Instances live in qgemv_*.cu, a few formats a file, so that nvcc
+// compiles them in parallel.
 #pragma once
 
 #include "gemv_common.cuh"
-#include "quant.cuh"
+#include "qinput.cuh"
 
 // Units a lane keeps in flight per batch, over its NR rows: 4 (a unit is 16 or 32 bytes of quants
 // plus its scales; with 8, and the first batch held through the staging, the kernels spill).
 constexpr int QGEMV_UNITS = 4;
 constexpr int qgemv_batch(int nr) { return QGEMV_UNITS / nr > 0 ? QGEMV_UNITS / nr : 1; }
-
-// Shared memory of the staged input, per unit: 32 int8 values, dx, and the two half sums.
-constexpr size_t QGEMV_STAGE_BYTES = 32 + 4 + 8;
 
 // The rows of task `task`: R output rows (GATED: their gate rows, then their up rows), as row
 // indices; a row lies at w + index * row_bytes. A partial last task re-reads the last row; its
@@ -83,18 +78,6 @@ __device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k
 // The row offset of row index `ri`.
 __device__ __forceinline__ size_t qrow_offset(uint32_t ri, uint32_t row_bytes) { return (size_t)ri * row_bytes; }
 
-// The quantized input of unit v, from the staging.
-__device__ __forceinline__ UnitInput qinput(const int4 *staged, const float *dxs, const int2 *sums, int v) {
-    UnitInput in;
-    in.xa = staged[2 * v];
-    in.xb = staged[2 * v + 1];
-    in.dx = dxs[v];
-    const int2 s = sums[v];
-    in.s0 = s.x;
-    in.s1 = s.y;
-    return in;
-}
-
 // acc[r] += the dots of a full batch of units (U of them, base + STEP * u, all < units) of NR rows.
 template <int F, int NR, int U, int STEP>
 __device__ __forceinline__ void qfull_batch(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR],
@@ -154,22 +137,22 @@ template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
              const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
-             int accumulate, float *__restrict__ y, GemvArgmax am, GemvRoute rt) {
+             int accumulate, float *__restrict__ y, GemvArgmax am, GemvRoute rt, QuantHandoff hand) {
     constexpr int NR = GATED ? 2 * R : R;
     constexpr int U = qgemv_batch(NR);
     constexpr int GROUPS = GEMV_WARPS / KS;
     constexpr int STEP = 32 * KS;
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
     static_assert(!(AM && ROUTED), "a routed product takes no argmax");
-    extern __shared__ int4 staged[];  // [2 * units] int8 words, then dx[units], then (s0, s1)[units]
+    extern __shared__ int4 staged[];  // [2 * units] int8 words, then (s0, s1)[units], then dx[units]
     __shared__ float red[GEMV_WARPS];
     __shared__ int route_ids[MOE_MAX_USED];  // ROUTED: the block's copy of the route
     __shared__ float route_scale[MOE_MAX_USED];
     __shared__ long long seg_ro[MOE_MAX_USED];
     const int units = cols / QUNIT;
     const RowLayout L = row_layout(F, ROUTED && !GATED ? rt.seg : cols);
-    float *dxs = reinterpret_cast<float *>(staged + 2 * units);
-    int2 *sums = reinterpret_cast<int2 *>(dxs + units);
+    int2 *sums = reinterpret_cast<int2 *>(staged + 2 * units);  // 8-byte aligned for any units
+    float *dxs = reinterpret_cast<float *>(sums + units);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + lane;
     const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
@@ -198,76 +181,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         if (!GATED && tid < rt.count) seg_ro[tid] = (long long)(rt.ids ? rt.ids[tid] : 0) * rows * L.bytes;
     }
 
-    // The input: the norm's scale first (every block sums the squares in the same order as the
-    // bf16 GEMV's staging), then each unit quantized by 8 threads, 4 values each.
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    float inv = 1.0f;
-    if (norm_w != nullptr) {
-        float ss = 0.0f;
-        for (int v0 = tid; v0 < cols / 8; v0 += GEMV_THREADS * GEMV_STAGE) {
-            float4 a[GEMV_STAGE], b[GEMV_STAGE];  // every load in flight before any use
-#pragma unroll
-            for (int k = 0; k < GEMV_STAGE; ++k) {
-                const int v = v0 + k * GEMV_THREADS;
-                a[k] = b[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (v < cols / 8) {
-                    a[k] = x4[2 * v];
-                    b[k] = x4[2 * v + 1];
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < GEMV_STAGE; ++k) {
-                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
-                ss += b[k].x * b[k].x + b[k].y * b[k].y + b[k].z * b[k].z + b[k].w * b[k].w;
-            }
-        }
-        inv = rsqrtf(block_sum(ss, red) / (float)cols + eps);
-    }
-    const int part = tid % 8;  // the unit's values 4 * part .. 4 * part + 3
-    int *words = reinterpret_cast<int *>(staged);
-    constexpr int PER = GEMV_THREADS / 8;  // units a block pass covers
-    for (int base = warp * 4; base < units; base += PER * GEMV_STAGE) {
-        // A warp's units advance together, so the shuffles below always have all 32 lanes; the
-        // loads of GEMV_STAGE passes are all in flight before any is used.
-        float4 v[GEMV_STAGE];
-        uint2 g[GEMV_STAGE];
-#pragma unroll
-        for (int k = 0; k < GEMV_STAGE; ++k) {
-            const int u0 = base + k * PER + lane / 8, u = u0 < units ? u0 : units - 1;
-            v[k] = x4[8 * u + part];
-            if (norm_w != nullptr) g[k] = *reinterpret_cast<const uint2 *>(norm_w + 32 * u + 4 * part);
-        }
-#pragma unroll
-        for (int k = 0; k < GEMV_STAGE; ++k) {
-            const int u0 = base + k * PER + lane / 8;
-            if (norm_w != nullptr) {
-                v[k].x = v[k].x * inv * (norm_add + bf16_lo(g[k].x));
-                v[k].y = v[k].y * inv * (norm_add + bf16_hi(g[k].x));
-                v[k].z = v[k].z * inv * (norm_add + bf16_lo(g[k].y));
-                v[k].w = v[k].w * inv * (norm_add + bf16_hi(g[k].y));
-            }
-            float amax = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-            const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
-            const int q0 = max(-127, min(127, __float2int_rn(v[k].x * scale)));
-            const int q1 = max(-127, min(127, __float2int_rn(v[k].y * scale)));
-            const int q2 = max(-127, min(127, __float2int_rn(v[k].z * scale)));
-            const int q3 = max(-127, min(127, __float2int_rn(v[k].w * scale)));
-            int sum = q0 + q1 + q2 + q3;
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 0-3 of the 8: the first half's sum
-            const int other = __shfl_xor_sync(0xffffffffu, sum, 4);
-            if (u0 < units) {
-                words[8 * u0 + part] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
-                if (part == 0) {
-                    dxs[u0] = amax / 127.0f;
-                    sums[u0] = make_int2(sum, other);
-                }
-            }
-        }
-    }
+    stage_input(x, cols, norm_w, eps, norm_add, hand.in, staged, dxs, sums, red);
     __syncthreads();
 
     // The scale and min of a _K unit depend on its place j = u % 8 in the superblock, the same for
@@ -327,6 +241,9 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
                                            ROUTED && GATED ? route_scale : nullptr, rt.seg);
     }
+    if constexpr (GATED && !ROUTED) {
+        if (hand.out != nullptr && warp % KS == 0) quant_handoff<R, GROUPS>(y, rows, block_tasks, group, hand, lane);
+    }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
 
@@ -343,6 +260,7 @@ struct QgemvArgs {
     const GemvArgmax *am;
     float norm_add = 0.0f;  // what the norm adds to its weights (norm_plus_one: 1)
     const GemvRoute *route = nullptr;  // a mixture of experts' product (moe.cu)
+    bool hand_out = false, hand_in = false;  // the SwiGLU GEMV's output to the handoff; the input from it
 };
 
 // Launches the instance (F, R, KS, GATED, AM, ROUTED) sized as the bf16 GEMV is: enough blocks
@@ -357,7 +275,9 @@ static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
                                                       : AM ? "qgemv_kernel<argmax>" : "qgemv_kernel";
     return arc_launch_pdl(ctx, name, kernel, dim3(blocks), dim3(GEMV_THREADS), smem, a.w, a.x, a.rows, a.cols,
                           a.bias, a.norm_w, a.eps, a.norm_add, a.accumulate, a.y, a.am ? *a.am : GemvArgmax{},
-                          a.route ? *a.route : GemvRoute{});
+                          a.route ? *a.route : GemvRoute{},
+                          QuantHandoff{a.hand_out ? ctx->handoff : nullptr, ctx->handoff_done,
+                                       a.hand_in ? ctx->handoff : nullptr});
 }
 
 template <int F, int R, int KS, bool GATED>
