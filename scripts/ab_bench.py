@@ -26,7 +26,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
-from arcpy.model import synthetic_model
+from arcpy.model import preset_formats, synthetic_model
 
 
 def positions(text: str) -> list[int]:
@@ -74,7 +74,7 @@ def measure(shape: str, a: argparse.Namespace) -> None:
             row[name] = round(statistics.median(us), 2)
             row[name + "_runs"] = [round(u, 1) for u in us]
     if a.kernels:
-        for t in bench_kernels(cfg, max_seq, a.kernels, replays=3):
+        for t in bench_kernels(cfg, max_seq, a.kernels, replays=3, formats=preset_formats(shape)):
             row["k:" + t["name"]] = round(t["us"], 2)
     print(json.dumps(row), flush=True)
 

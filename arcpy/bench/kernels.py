@@ -305,7 +305,7 @@ class _Shape:
                 return lib.arc_op_qgemv_argmax(ctx, fmt, w, self.head_in, v, d, norm, eps, self.logits, self.out,
                                                self.out_value)
         elif kind == "argmax":
-            op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value, ffi.NULL)
+            op = lambda l: lib.arc_argmax(ctx, self.logits, v, self.out, self.out_value, NULL)
         elif kind == "draw":
             op = lambda l: lib.arc_sample(ctx, self.logits, v, self.sampling, 1 + l, self.out)
         else:
