@@ -131,9 +131,10 @@ __device__ __forceinline__ void qrouted_batch(const uint8_t *w, const RowLayout 
 
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
 // KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
-// are rt.seg weights). Dynamic shared memory: units * QGEMV_STAGE_BYTES.
+// are rt.seg weights); HAND: the instance that takes part in the handoff (`hand`; the others
+// compile without it). Dynamic shared memory: units * QGEMV_STAGE_BYTES.
 // Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
-template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED>
+template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED, bool HAND>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
              const uint16_t *__restrict__ bias, const uint16_t *__restrict__ norm_w, float eps, float norm_add,
@@ -181,7 +182,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         if (!GATED && tid < rt.count) seg_ro[tid] = (long long)(rt.ids ? rt.ids[tid] : 0) * rows * L.bytes;
     }
 
-    stage_input(x, cols, norm_w, eps, norm_add, hand.in, staged, dxs, sums, red);
+    stage_input(x, cols, norm_w, eps, norm_add, HAND ? hand.in : nullptr, staged, dxs, sums, red);
     __syncthreads();
 
     // The scale and min of a _K unit depend on its place j = u % 8 in the superblock, the same for
@@ -241,7 +242,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
                                            ROUTED && GATED ? route_scale : nullptr, rt.seg);
     }
-    if constexpr (GATED && !ROUTED) {
+    if constexpr (GATED && !ROUTED && HAND) {
         if (hand.out != nullptr && warp % KS == 0) quant_handoff<R, GROUPS>(y, rows, block_tasks, group, hand, lane);
     }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
@@ -263,11 +264,11 @@ struct QgemvArgs {
     bool hand_out = false, hand_in = false;  // the SwiGLU GEMV's output to the handoff; the input from it
 };
 
-// Launches the instance (F, R, KS, GATED, AM, ROUTED) sized as the bf16 GEMV is: enough blocks
-// for every SM at its occupancy limit, no more than there is work.
-template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false>
+// Launches the instance (F, R, KS, GATED, AM, ROUTED, HAND) sized as the bf16 GEMV is: enough
+// blocks for every SM at its occupancy limit, no more than there is work.
+template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false, bool HAND = false>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
-    auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED>;
+    auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED, HAND>;
     const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
@@ -285,6 +286,7 @@ static int launch_qgemv_shape(arc_context *ctx, const QgemvArgs &a) {
     if constexpr (!GATED) {
         if (a.am) return launch_qgemv_kernel<F, R, KS, GATED, true>(ctx, a);
     }
+    if (a.hand_in || a.hand_out) return launch_qgemv_kernel<F, R, KS, GATED, false, false, true>(ctx, a);
     return launch_qgemv_kernel<F, R, KS, GATED, false>(ctx, a);
 }
 
