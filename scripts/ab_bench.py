@@ -11,10 +11,15 @@ alternating them so that a drift of the card shows up as a difference between ro
         ARC_LIBRARY=$PWD/.stage/$v/libarc.so python scripts/ab_bench.py --tag $v --runs 3
     done; done
 
+With --bits N, each row also carries a hash of the logits of N greedy forwards (the step's graph,
+from token 1 at position 0, each next token the argmax): two builds whose products keep their
+order of sums give the same hash, since their logits are the same bits.
+
 The A/B tables of docs/PERF.md (2026-11-30, 13:48 to 14:22 UTC) were measured by this script's
 code, then a scratch copy (the error handling and the layout differ).
 """
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -48,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sampled", action="store_true", help="also the sampled request (t 0.8, top-p 0.95)")
     ap.add_argument("--kernels", type=positions, default=[],
                     help="attention positions of a per-kernel table, e.g. 130,512 (none: no table)")
+    ap.add_argument("--bits", type=int, default=0, help="hash the logits of this many greedy forwards")
     ap.add_argument("--tag", default=os.environ.get("ARC_LIBRARY", "packaged"), help="label of the build")
     a = ap.parse_args(argv)
     try:
@@ -73,10 +79,27 @@ def measure(shape: str, a: argparse.Namespace) -> None:
                 raise SystemExit(f"{shape}: the engine took the {stats.path} path, not the device loop")
             row[name] = round(statistics.median(us), 2)
             row[name + "_runs"] = [round(u, 1) for u in us]
+        if a.bits > 0:
+            row["bits"] = logits_hash(dev, a.bits)
     if a.kernels:
         for t in bench_kernels(cfg, max_seq, a.kernels, replays=3, formats=preset_formats(shape)):
             row["k:" + t["name"]] = round(t["us"], 2)
     print(json.dumps(row), flush=True)
+
+
+def logits_hash(dev, steps: int) -> str:
+    """sha256 (first 16 hex digits) of the logits of `steps` greedy forwards from token 1."""
+    h, token = hashlib.sha256(), 1
+    for pos in range(steps):
+        dev.set_input(token, pos)
+        dev.enqueue_forward()
+        dev.enqueue_logits_to_host()
+        while not dev.stream_query():
+            pass
+        logits = dev.host_logits()
+        h.update(logits.tobytes())
+        token = int(logits.argmax())
+    return h.hexdigest()[:16]
 
 
 if __name__ == "__main__":
