@@ -34,21 +34,25 @@ __device__ __forceinline__ void qtask_rows(int task, int rows, uint32_t (&rix)[G
 
 // One entry of a stage in shared memory: what the 32 lanes of a warp need of one row for their
 // units v0 .. v0 + 31 (v0 a multiple of 32, lane l's unit v0 + l), in planes that a warp reads
-// without bank conflicts:
-//   quants   32 x 16 bytes, each lane its own unit's (Q8_0: 32 x 32, as two planes of 16);
-//   chunks   the _K formats' 16-byte runs of the row's other arrays that the 32 units cover, one a
-//            lane: Q4_K the 4 superblock headers; Q5_K 8 runs of high bits (4 units each) then
-//            the 4 headers; Q6_K 16 runs of high bits (2 units each) then 4 of scales (8 units);
-//   words    32 x 4 bytes, each lane the aligned word that holds its unit's scale (Q4_0, Q8_0:
-//            d, half of a word; Q4_1: d and m) or, Q6_K, its superblock's d (half of a word).
-// A chunk never spans two superblocks, so it never spans two experts' segments (rt.seg % 256).
-template <int F>
+// with few bank conflicts, all copied in pieces of 16 bytes except SEGS's words:
+//   quants   the 32 units' quants in order, 512 bytes (Q8_0: 1,024, lane l copying pieces l and
+//            l + 32, so that each copy instruction reads 512 contiguous bytes);
+//   chunks   16-byte runs of the row's other arrays that the 32 units cover, one a lane: Q4_0,
+//            Q8_0 4 of d (8 units each; not SEGS); Q4_1 8 of d and m (4 units; not SEGS); Q4_K
+//            the 4 superblock headers; Q5_K 8 runs of high bits (4 units each) then the 4
+//            headers; Q6_K 16 runs of high bits (2 units) then 4 of scales (8 units), then (not
+//            SEGS) the run holding the 4 superblocks' d;
+//   words    SEGS (Q4_0, Q8_0, Q4_1, Q6_K): 32 x 4 bytes, each lane the aligned word holding its
+//            unit's d (and Q4_1's m) or Q6_K's superblock d, since a run of those may span two
+//            experts' segments (a segment is a whole number of superblocks, of units otherwise).
+template <int F, bool SEGS>
 struct QEntry {
-    static constexpr int QB = F == ARC_FORMAT_Q8_0 ? 32 : 16;
+    static constexpr int QUANTS = F == ARC_FORMAT_Q8_0 ? 1024 : 512;
     static constexpr int HIGH = F == ARC_FORMAT_Q5_K ? 8 : F == ARC_FORMAT_Q6_K ? 16 : 0;  // chunks of high bits
-    static constexpr int CHUNKS = F == ARC_FORMAT_Q4_K ? 4 : HIGH + (F == ARC_FORMAT_Q5_K || F == ARC_FORMAT_Q6_K ? 4 : 0);
-    static constexpr bool WORD = !format_is_k(F) || F == ARC_FORMAT_Q6_K;
-    static constexpr int CHUNK_AT = 32 * QB, WORD_AT = CHUNK_AT + 16 * CHUNKS;
+    static constexpr int SCALES = format_is_k(F) ? 4 : SEGS ? 0 : F == ARC_FORMAT_Q4_1 ? 8 : 4;
+    static constexpr int CHUNKS = HIGH + SCALES + (F == ARC_FORMAT_Q6_K && !SEGS ? 1 : 0);
+    static constexpr bool WORD = SEGS && (!format_is_k(F) || F == ARC_FORMAT_Q6_K);
+    static constexpr int CHUNK_AT = QUANTS, WORD_AT = CHUNK_AT + 16 * CHUNKS;
     static constexpr int BYTES = WORD_AT + (WORD ? 128 : 0);
 };
 
@@ -56,11 +60,10 @@ struct QEntry {
 // QGEMV_RING_BYTES, so that two blocks of 8 warps an SM hold their rings and a staged input of
 // up to 14,336 columns.
 constexpr int QGEMV_RING_BYTES = 11776;
-template <int F>
+template <int F, bool SEGS>
 constexpr int qgemv_stages() {
-    return QGEMV_RING_BYTES / (QGEMV_UNITS * QEntry<F>::BYTES) > 4   ? 4
-           : QGEMV_RING_BYTES / (QGEMV_UNITS * QEntry<F>::BYTES) < 2 ? 2
-                                                                     : QGEMV_RING_BYTES / (QGEMV_UNITS * QEntry<F>::BYTES);
+    constexpr int n = QGEMV_RING_BYTES / (QGEMV_UNITS * QEntry<F, SEGS>::BYTES);
+    return n > 4 ? 4 : n < 2 ? 2 : n;
 }
 
 // Dynamic shared memory of an instance: the staged input (qinput.cuh), rounded to 16 bytes, then
@@ -68,9 +71,9 @@ constexpr int qgemv_stages() {
 __host__ __device__ constexpr size_t qgemv_ring_at(int cols) {
     return ((size_t)(cols / QUNIT) * QGEMV_STAGE_BYTES + 15) / 16 * 16;
 }
-template <int F>
+template <int F, bool SEGS>
 constexpr size_t qgemv_smem(int cols) {
-    return qgemv_ring_at(cols) + (size_t)GEMV_WARPS * qgemv_stages<F>() * QGEMV_UNITS * QEntry<F>::BYTES;
+    return qgemv_ring_at(cols) + (size_t)GEMV_WARPS * qgemv_stages<F, SEGS>() * QGEMV_UNITS * QEntry<F, SEGS>::BYTES;
 }
 
 // Where the input's unit v of row index ri lies: the row's first byte, and (in `at`) the unit's
@@ -89,47 +92,75 @@ __device__ __forceinline__ const uint8_t *unit_row(const uint8_t *w, uint32_t ri
     }
 }
 
-// The copies of one entry (row index ri, the lane's unit v of the 32 from v0) into `dst`, each
-// lane its part: its quants, its chunk (lanes below CHUNKS), its word. Units past `units` copy
-// nothing (zero-filled from a legal address).
+// Chunk c of an entry whose first unit is v0: the unit where it begins, then (once that unit's
+// row and its place `at` there are known) the chunk's offset in the row.
+template <int F, bool SEGS>
+__device__ __forceinline__ int chunk_unit(int c, int v0) {
+    using P = QEntry<F, SEGS>;
+    if (c < P::HIGH) return v0 + (F == ARC_FORMAT_Q5_K ? 4 : 2) * c;
+    if (c < P::HIGH + P::SCALES) return v0 + (F == ARC_FORMAT_Q4_1 ? 4 : 8) * (c - P::HIGH);
+    return v0;  // Q6_K's d
+}
+template <int F, bool SEGS>
+__device__ __forceinline__ uint32_t chunk_offset(const RowLayout &L, int c, uint32_t at) {
+    using P = QEntry<F, SEGS>;
+    if (c < P::HIGH) return L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * at;
+    if (c < P::HIGH + P::SCALES) {
+        if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) return L.c + 16u * (at / 8);
+        if constexpr (F == ARC_FORMAT_Q4_1) return L.c + 4u * at;
+        return L.c + 2u * at;  // Q4_0, Q8_0 d; Q6_K's scales
+    }
+    return L.d + ((2u * (at / 8)) & ~15u);  // the 16 bytes holding the d of superblocks at / 8 .. + 3
+}
+
+// The copies of one entry (row index ri, the lane's unit v of the 32 from v - lane) into `dst`,
+// each lane its part: its quants, its chunk (lanes below CHUNKS), its word. Units past `units`
+// copy nothing (zero-filled from a legal, aligned address).
 template <int F, bool SEGS>
 __device__ __forceinline__ void copy_entry(uint32_t dst, const uint8_t *w, const RowLayout &L, uint32_t ri, int v,
                                            int units, int segu, const long long *seg_ro, int lane) {
-    using P = QEntry<F>;
+    using P = QEntry<F, SEGS>;
     int at;
-    const bool ok = v < units;
     const uint8_t *row = unit_row<SEGS>(w, ri, L.bytes, min(v, units - 1), segu, seg_ro, at);
-    cp_async16(dst + 16 * lane, row + P::QB * at, ok);
-    if constexpr (F == ARC_FORMAT_Q8_0) cp_async16(dst + 512 + 16 * lane, row + 32 * at + 16, ok);
+    if constexpr (F == ARC_FORMAT_Q8_0) {  // pieces lane and lane + 32: units v0 + lane / 2 and v0 + 16 + lane / 2
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int vp = v - lane + 16 * h + lane / 2;
+            int ap;
+            const uint8_t *rp = unit_row<SEGS>(w, ri, L.bytes, min(vp, units - 1), segu, seg_ro, ap);
+            cp_async16(dst + 512 * h + 16 * lane, rp + 32 * ap + 16 * (lane % 2), vp < units);
+        }
+    } else {
+        cp_async16(dst + 16 * lane, row + 16 * at, v < units);
+    }
     if constexpr (P::WORD) {
         const uint32_t off = F == ARC_FORMAT_Q4_1   ? L.c + 4u * (uint32_t)at
                              : F == ARC_FORMAT_Q6_K ? L.d + ((2u * (uint32_t)(at / 8)) & ~3u)
                                                     : L.c + ((2u * (uint32_t)at) & ~3u);
-        cp_async4(dst + P::WORD_AT + 4 * lane, row + off, ok);
+        cp_async4(dst + P::WORD_AT + 4 * lane, row + off, v < units);
     }
     if constexpr (P::CHUNKS > 0) {
         if (lane < P::CHUNKS) {
-            const bool high = lane < P::HIGH;
-            const int c = high ? lane : lane - P::HIGH;
-            const int vc = v - lane + (high ? (F == ARC_FORMAT_Q5_K ? 4 : 2) * c : 8 * c);
+            const int vc = chunk_unit<F, SEGS>(lane, v - lane);
             int atc;
-            const uint8_t *rc = unit_row<SEGS>(w, ri, L.bytes, vc < units ? vc : 0, segu, seg_ro, atc);  // aligned either way
-            const uint32_t off = high ? L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * (uint32_t)atc
-                                 : F == ARC_FORMAT_Q6_K ? L.c + 2u * (uint32_t)atc
-                                                        : L.c + 16u * (uint32_t)(atc / 8);
-            cp_async16(dst + P::CHUNK_AT + 16 * lane, rc + off, vc < units);
+            const uint8_t *rc = unit_row<SEGS>(w, ri, L.bytes, vc < units ? vc : 0, segu, seg_ro, atc);
+            cp_async16(dst + P::CHUNK_AT + 16 * lane, rc + chunk_offset<F, SEGS>(L, lane, (uint32_t)atc), vc < units);
         }
     }
 }
 
 // The raw unit of an entry `e` (quant.cuh's UnitRaw, the bytes load_unit loads), read by the lane
-// whose unit it is; `at`: the unit's place in its row (which half of a word is its own).
-template <int F>
-__device__ __forceinline__ void read_entry(const uint8_t *e, int lane, int at, UnitRaw &r) {
-    using P = QEntry<F>;
-    r.q0 = *reinterpret_cast<const uint4 *>(e + 16 * lane);
-    if constexpr (F == ARC_FORMAT_Q8_0) r.q1 = *reinterpret_cast<const uint4 *>(e + 512 + 16 * lane);
+// whose unit it is, v; `at`: its place in its row (which half of a word is its own).
+template <int F, bool SEGS>
+__device__ __forceinline__ void read_entry(const uint8_t *e, int lane, int v, int at, UnitRaw &r) {
+    using P = QEntry<F, SEGS>;
     const uint8_t *ch = e + P::CHUNK_AT;
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        r.q0 = *reinterpret_cast<const uint4 *>(e + 32 * lane);
+        r.q1 = *reinterpret_cast<const uint4 *>(e + 32 * lane + 16);
+    } else {
+        r.q0 = *reinterpret_cast<const uint4 *>(e + 16 * lane);
+    }
     if constexpr (F == ARC_FORMAT_Q4_K) r.s = *reinterpret_cast<const uint4 *>(ch + 16 * (lane / 8));
     if constexpr (F == ARC_FORMAT_Q5_K) {
         r.hb.x = *reinterpret_cast<const uint32_t *>(ch + 4 * lane);
@@ -138,7 +169,12 @@ __device__ __forceinline__ void read_entry(const uint8_t *e, int lane, int at, U
     if constexpr (F == ARC_FORMAT_Q6_K) {
         r.hb = *reinterpret_cast<const uint2 *>(ch + 8 * lane);
         r.s.x = *reinterpret_cast<const uint16_t *>(ch + 256 + 2 * lane);
+        if constexpr (!SEGS)  // the d of superblock (v0 + lane) / 8 in the run from (2 (v0 / 8)) & ~15
+            r.s.y = *reinterpret_cast<const uint16_t *>(ch + 320 + (((v - lane) / 4) & 15) + 2 * (lane / 8));
     }
+    if constexpr (!SEGS && (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q8_0))
+        r.s.x = *reinterpret_cast<const uint16_t *>(ch + 2 * lane);
+    if constexpr (!SEGS && F == ARC_FORMAT_Q4_1) r.s.x = *reinterpret_cast<const uint32_t *>(ch + 4 * lane);
     if constexpr (P::WORD) {
         const uint32_t word = *reinterpret_cast<const uint32_t *>(e + P::WORD_AT + 4 * lane);
         if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = word;
@@ -150,7 +186,7 @@ __device__ __forceinline__ void read_entry(const uint8_t *e, int lane, int at, U
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
 // KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
 // are rt.seg weights); HAND: the instance that takes part in the handoff (`hand`; the others
-// compile without it). Dynamic shared memory: qgemv_smem<F>(cols).
+// compile without it). Dynamic shared memory: qgemv_smem<F, ROUTED && !GATED>(cols).
 // Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
 //
 // The main loop streams. A warp's work is a run of items: for each of its tasks in turn, nb
@@ -170,7 +206,8 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     constexpr int GROUPS = GEMV_WARPS / KS;
     constexpr int STEP = 32 * KS;
     constexpr bool SEGS = ROUTED && !GATED;
-    constexpr int S = qgemv_stages<F>(), ITEM = NR * U * QEntry<F>::BYTES;
+    using P = QEntry<F, SEGS>;
+    constexpr int S = qgemv_stages<F, SEGS>(), ITEM = NR * U * P::BYTES;
     static_assert(NR * U == QGEMV_UNITS, "an item fills a stage");
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
     static_assert(!(AM && ROUTED), "a routed product takes no argmax");
@@ -214,7 +251,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
             for (int u = 0; u < U; ++u) {
 #pragma unroll
                 for (int r = 0; r < NR; ++r)
-                    copy_entry<F, SEGS>(dst + (u * NR + r) * QEntry<F>::BYTES, w, L, crix[r], first + STEP * (cb * U + u),
+                    copy_entry<F, SEGS>(dst + (u * NR + r) * P::BYTES, w, L, crix[r], first + STEP * (cb * U + u),
                                         units, segu, seg_ro, lane);
             }
             if (++cb == nb) {
@@ -261,11 +298,11 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
             const int v = first + STEP * (mb * U + u);
             if (v < units) {
                 const UnitInput in = qinput(staged, dxs, sums, v);
-                const int at = SEGS && QEntry<F>::WORD ? v % segu : v;
+                const int at = P::WORD ? v % segu : v;
 #pragma unroll
                 for (int r = 0; r < NR; ++r) {
                     UnitRaw raw;
-                    read_entry<F>(item + (u * NR + r) * QEntry<F>::BYTES, lane, at, raw);
+                    read_entry<F, SEGS>(item + (u * NR + r) * P::BYTES, lane, v, at, raw);
                     acc[r] += dot_unit<F>(raw, ks, in);
                 }
             }
@@ -308,7 +345,7 @@ struct QgemvArgs {
 template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false, bool HAND = false>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
     auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED, HAND>;
-    const size_t smem = qgemv_smem<F>(a.cols);
+    const size_t smem = qgemv_smem<F, ROUTED && !GATED>(a.cols);
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = ROUTED ? "qgemv_kernel<routed>" : GATED ? "qgemv_kernel<swiglu>"
