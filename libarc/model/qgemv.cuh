@@ -233,6 +233,16 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     // The copy cursor: the next item to copy is batch cb of task ct, into stage cs.
     int ct = 0, cb = 0, cs = 0;
     uint32_t crix[NR];
+    const uint8_t *crow[NR];  // not SEGS: the task's rows
+    // Not SEGS, each copy is the row's start plus a lane's constant plus a multiple of the units
+    // advanced (d = STEP (cb U + u), a multiple of 32): the quants at qoff + QS d, the chunk at
+    // coff + cslope d (Q6_K's d: the run at (2 ((v0 + d) / 8)) & ~15, computed per copy).
+    constexpr int QS = F == ARC_FORMAT_Q8_0 ? 32 : 16;
+    const int v0 = first - lane, cunit = lane < P::CHUNKS ? chunk_unit<F, SEGS>(lane, v0) : v0;
+    const bool dchunk = F == ARC_FORMAT_Q6_K && !SEGS && lane == P::CHUNKS - 1;
+    const uint32_t qoff = F == ARC_FORMAT_Q8_0 ? 32u * v0 + 16u * lane : 16u * first;
+    const uint32_t coff = lane < P::CHUNKS ? chunk_offset<F, SEGS>(L, lane, (uint32_t)cunit) : 0u;
+    const uint32_t cslope = lane < P::HIGH ? (F == ARC_FORMAT_Q5_K ? 4u : 8u) : F == ARC_FORMAT_Q4_1 ? 4u : 2u;
     auto copy_next = [&]() {
         if (ct < ntasks) {
             if (cb == 0) {
@@ -245,14 +255,40 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
                         crix[R + r] = (uint32_t)rt.up + crix[r];
                     }
                 }
+                if constexpr (!SEGS) {
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) crow[r] = w + (size_t)crix[r] * L.bytes;
+                }
             }
             const uint32_t dst = smem_addr(ring + cs * ITEM);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
+                const int d = STEP * (cb * U + u);
+                if constexpr (SEGS) {
 #pragma unroll
-                for (int r = 0; r < NR; ++r)
-                    copy_entry<F, SEGS>(dst + (u * NR + r) * P::BYTES, w, L, crix[r], first + STEP * (cb * U + u),
-                                        units, segu, seg_ro, lane);
+                    for (int r = 0; r < NR; ++r)
+                        copy_entry<F, SEGS>(dst + (u * NR + r) * P::BYTES, w, L, crix[r], first + d, units, segu, seg_ro,
+                                            lane);
+                } else {
+                    // Past the end, nothing is read: the row's start stands in as the legal address.
+                    const bool qok = F == ARC_FORMAT_Q8_0 ? v0 + d + lane / 2 < units : first + d < units;
+                    const bool qok2 = v0 + d + 16 + lane / 2 < units;  // Q8_0's second piece
+                    const bool cok = lane < P::CHUNKS && cunit + d < units;
+                    const uint32_t qa = qok ? qoff + QS * (uint32_t)d : 0u;
+                    const uint32_t qa2 = qok2 ? qoff + 512u + QS * (uint32_t)d : 0u;
+                    const uint32_t ca = !cok ? 0u
+                                        : dchunk ? L.d + ((2u * (uint32_t)((v0 + d) / 8)) & ~15u)
+                                                 : coff + cslope * (uint32_t)d;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        const uint32_t e = dst + (u * NR + r) * P::BYTES;
+                        cp_async16(e + 16 * lane, crow[r] + qa, qok);
+                        if constexpr (F == ARC_FORMAT_Q8_0) cp_async16(e + 512 + 16 * lane, crow[r] + qa2, qok2);
+                        if constexpr (P::CHUNKS > 0) {
+                            if (lane < P::CHUNKS) cp_async16(e + P::CHUNK_AT + 16 * lane, crow[r] + ca, cok);
+                        }
+                    }
+                }
             }
             if (++cb == nb) {
                 cb = 0;
