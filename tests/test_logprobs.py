@@ -144,7 +144,11 @@ def test_the_prompts_own_log_probabilities_are_the_references_and_leave_the_cach
         assert abs(got.logprob - want[([*prompt, first[0].token])[i + 1]]) <= 1e-9
         assert [t for t, _ in got.top] == list(top) and np.allclose([v for _, v in got.top], want[top], atol=1e-9)
     # The last entry is the answer's first token, which the loop scored from the prompt's prefill.
-    assert abs(lps[-1].logprob - first[0].logprob.logprob) <= 1e-4
+    # Not bit for bit on this backend: the BLAS's threads split a product by its row count, so a
+    # row's float32 sums depend on the prefill's length (80 rows here, 81 there), and through the
+    # bf16 cache that moved this value by 8.2e-4 on a 2-core machine (it is equal with one thread).
+    # Another row's entry for this token is off by tens (rows 70-78: -28 to -60, this one -0.65).
+    assert abs(lps[-1].logprob - first[0].logprob.logprob) <= 2e-3
     assert [t for t, _ in lps[-1].top] == [t for t, _ in first[0].logprob.top]
     # The scoring's prefill wrote a cold prefill's rows: the next request reuses its whole granule
     # and decodes as before.
