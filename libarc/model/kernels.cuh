@@ -183,10 +183,6 @@ __device__ __forceinline__ uint4 load_nc128(const void *p) {
 __device__ __forceinline__ void cp_async16(uint32_t smem, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
 }
-// The same for 4 bytes (src 4-byte aligned), through L1 (.ca: the only level 4-byte copies have).
-__device__ __forceinline__ void cp_async4(uint32_t smem, const void *src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(src), "r"(valid ? 4 : 0));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }

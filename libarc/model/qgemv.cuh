@@ -1,20 +1,20 @@
 // qgemv.cuh -- the GEMV over quantized weights (arc.h's arc_format), the decode's products for a
 // model held in GGUF's block formats. Same work split, same epilogues and same launch as the
 // bf16 GEMV (gemv_common.cuh: bias, residual, SwiGLU, the lm_head's argmax and commit); only
-// the inner product differs: the weights stay packed and meet an int8 copy of the input in dp4a
-// instructions (quant.cuh), so a 4-bit weight costs about half an instruction.
+// the inner product differs: the weights stay packed in registers and meet an int8 copy of the
+// input in dp4a instructions (quant.cuh), so a 4-bit weight costs about half an instruction.
 //
 // Each block stages the input once (qinput.cuh): normed and quantized, or handed over from the
-// SwiGLU GEMV. The weights stream through shared memory: each warp copies the units its lanes
-// multiply (lane, lane + 32 * KS, ... of its task's rows) by cp.async into a ring of stages, a
-// few items ahead of its dots (qgemv_kernel). Instances live in qgemv_*.cu, a few formats a
-// file, so that nvcc compiles them in parallel.
+// SwiGLU GEMV. Each lane then walks units lane, lane + 32 * KS, ... of its task's rows, a batch of
+// loads in flight at a time. Instances live in qgemv_*.cu, a few formats a file, so that nvcc
+// compiles them in parallel.
 #pragma once
 
 #include "gemv_common.cuh"
 #include "qinput.cuh"
 
-// Units of a batch: a lane's units of one item over its NR rows, 4 entries (U units of each row).
+// Units a lane keeps in flight per batch, over its NR rows: 4 (a unit is 16 or 32 bytes of quants
+// plus its scales; with 8, and the first batch held through the staging, the kernels spill).
 constexpr int QGEMV_UNITS = 4;
 constexpr int qgemv_batch(int nr) { return QGEMV_UNITS / nr > 0 ? QGEMV_UNITS / nr : 1; }
 
@@ -32,170 +32,108 @@ __device__ __forceinline__ void qtask_rows(int task, int rows, uint32_t (&rix)[G
     }
 }
 
-// One entry of a stage in shared memory: what the 32 lanes of a warp need of one row for their
-// units v0 .. v0 + 31 (v0 a multiple of 32, lane l's unit v0 + l), in planes that a warp reads
-// with few bank conflicts, all copied in pieces of 16 bytes except SEGS's words:
-//   quants   the 32 units' quants in order, 512 bytes (Q8_0: 1,024, lane l copying pieces l and
-//            l + 32, so that each copy instruction reads 512 contiguous bytes);
-//   chunks   16-byte runs of the row's other arrays that the 32 units cover, one a lane: Q4_0,
-//            Q8_0 4 of d (8 units each; not SEGS); Q4_1 8 of d and m (4 units; not SEGS); Q4_K
-//            the 4 superblock headers; Q5_K 8 runs of high bits (4 units each) then the 4
-//            headers; Q6_K 16 runs of high bits (2 units) then 4 of scales (8 units), then (not
-//            SEGS) the run holding the 4 superblocks' d;
-//   words    SEGS (Q4_0, Q8_0, Q4_1, Q6_K): 32 x 4 bytes, each lane the aligned word holding its
-//            unit's d (and Q4_1's m) or Q6_K's superblock d, since a run of those may span two
-//            experts' segments (a segment is a whole number of superblocks, of units otherwise).
-template <int F, bool SEGS>
-struct QEntry {
-    static constexpr int QUANTS = F == ARC_FORMAT_Q8_0 ? 1024 : 512;
-    static constexpr int HIGH = F == ARC_FORMAT_Q5_K ? 8 : F == ARC_FORMAT_Q6_K ? 16 : 0;  // chunks of high bits
-    static constexpr int SCALES = format_is_k(F) ? 4 : SEGS ? 0 : F == ARC_FORMAT_Q4_1 ? 8 : 4;
-    static constexpr int CHUNKS = HIGH + SCALES + (F == ARC_FORMAT_Q6_K && !SEGS ? 1 : 0);
-    static constexpr bool WORD = SEGS && (!format_is_k(F) || F == ARC_FORMAT_Q6_K);
-    static constexpr int CHUNK_AT = QUANTS, WORD_AT = CHUNK_AT + 16 * CHUNKS;
-    static constexpr int BYTES = WORD_AT + (WORD ? 128 : 0);
+// Where unit u's arrays lie in row 0 (quants, high bits, scales, Q6_K's d); a row adds its
+// offset. The units of a batch, u + STEP * k, lie at fixed distances from these (STEP is a
+// multiple of 32, so of the 8 units of a superblock), which the loads below add as constants.
+struct UnitAddr {
+    const uint8_t *q, *b, *c, *d;
 };
 
-// The ring of stages a warp owns: as many stages (2 to 4) of QGEMV_UNITS entries as fit in
-// QGEMV_RING_BYTES, so that two blocks of 8 warps an SM hold their rings and a staged input of
-// up to 14,336 columns.
-constexpr int QGEMV_RING_BYTES = 11776;
-template <int F, bool SEGS>
-constexpr int qgemv_stages() {
-    constexpr int n = QGEMV_RING_BYTES / (QGEMV_UNITS * QEntry<F, SEGS>::BYTES);
-    return n > 4 ? 4 : n < 2 ? 2 : n;
+template <int F>
+__device__ __forceinline__ UnitAddr unit_addr(const uint8_t *w, const RowLayout &L, uint32_t u) {
+    UnitAddr a;
+    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : 16u) * u;
+    a.b = w + L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * u;
+    // Q4_0, Q8_0: 2u; Q4_1: 4u; Q4_K, Q5_K: 16 (u / 8); Q6_K: 16 (u / 8) + 2 (u % 8) = 2u
+    a.c = w + L.c + (F == ARC_FORMAT_Q4_1 ? 4u * u : F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K ? 16u * (u / 8) : 2u * u);
+    a.d = w + L.d + 2u * (u / 8);
+    return a;
 }
 
-// Dynamic shared memory of an instance: the staged input (qinput.cuh), rounded to 16 bytes, then
-// each warp's ring.
-__host__ __device__ constexpr size_t qgemv_ring_at(int cols) {
-    return ((size_t)(cols / QUNIT) * QGEMV_STAGE_BYTES + 15) / 16 * 16;
-}
-template <int F, bool SEGS>
-constexpr size_t qgemv_smem(int cols) {
-    return qgemv_ring_at(cols) + (size_t)GEMV_WARPS * qgemv_stages<F, SEGS>() * QGEMV_UNITS * QEntry<F, SEGS>::BYTES;
-}
-
-// Where the input's unit v of row index ri lies: the row's first byte, and (in `at`) the unit's
-// place in that row. SEGS (ROUTED, not GATED): v lies in segment j = v / segu, at unit v - j segu
-// of the row of the segment's expert, whose matrix begins seg_ro[j] bytes into w.
-template <bool SEGS>
-__device__ __forceinline__ const uint8_t *unit_row(const uint8_t *w, uint32_t ri, uint32_t row_bytes, int v, int segu,
-                                                   const long long *seg_ro, int &at) {
-    if constexpr (SEGS) {
-        const int j = v / segu;
-        at = v - j * segu;
-        return w + seg_ro[j] + (size_t)ri * row_bytes;
-    } else {
-        at = v;
-        return w + (size_t)ri * row_bytes;
-    }
-}
-
-// Chunk c of an entry whose first unit is v0: the unit where it begins, then (once that unit's
-// row and its place `at` there are known) the chunk's offset in the row.
-template <int F, bool SEGS>
-__device__ __forceinline__ int chunk_unit(int c, int v0) {
-    using P = QEntry<F, SEGS>;
-    if (c < P::HIGH) return v0 + (F == ARC_FORMAT_Q5_K ? 4 : 2) * c;
-    if (c < P::HIGH + P::SCALES) return v0 + (F == ARC_FORMAT_Q4_1 ? 4 : 8) * (c - P::HIGH);
-    return v0;  // Q6_K's d
-}
-template <int F, bool SEGS>
-__device__ __forceinline__ uint32_t chunk_offset(const RowLayout &L, int c, uint32_t at) {
-    using P = QEntry<F, SEGS>;
-    if (c < P::HIGH) return L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * at;
-    if (c < P::HIGH + P::SCALES) {
-        if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) return L.c + 16u * (at / 8);
-        if constexpr (F == ARC_FORMAT_Q4_1) return L.c + 4u * at;
-        return L.c + 2u * at;  // Q4_0, Q8_0 d; Q6_K's scales
-    }
-    return L.d + ((2u * (at / 8)) & ~15u);  // the 16 bytes holding the d of superblocks at / 8 .. + 3
-}
-
-// The copies of one entry (row index ri, the lane's unit v of the 32 from v - lane) into `dst`,
-// each lane its part: its quants, its chunk (lanes below CHUNKS), its word. Units past `units`
-// copy nothing (zero-filled from a legal, aligned address).
-template <int F, bool SEGS>
-__device__ __forceinline__ void copy_entry(uint32_t dst, const uint8_t *w, const RowLayout &L, uint32_t ri, int v,
-                                           int units, int segu, const long long *seg_ro, int lane) {
-    using P = QEntry<F, SEGS>;
-    int at;
-    const uint8_t *row = unit_row<SEGS>(w, ri, L.bytes, min(v, units - 1), segu, seg_ro, at);
-    if constexpr (F == ARC_FORMAT_Q8_0) {  // pieces lane and lane + 32: units v0 + lane / 2 and v0 + 16 + lane / 2
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int vp = v - lane + 16 * h + lane / 2;
-            int ap;
-            const uint8_t *rp = unit_row<SEGS>(w, ri, L.bytes, min(vp, units - 1), segu, seg_ro, ap);
-            cp_async16(dst + 512 * h + 16 * lane, rp + 32 * ap + 16 * (lane % 2), vp < units);
-        }
-    } else {
-        cp_async16(dst + 16 * lane, row + 16 * at, v < units);
-    }
-    if constexpr (P::WORD) {
-        const uint32_t off = F == ARC_FORMAT_Q4_1   ? L.c + 4u * (uint32_t)at
-                             : F == ARC_FORMAT_Q6_K ? L.d + ((2u * (uint32_t)(at / 8)) & ~3u)
-                                                    : L.c + ((2u * (uint32_t)at) & ~3u);
-        cp_async4(dst + P::WORD_AT + 4 * lane, row + off, v < units);
-    }
-    if constexpr (P::CHUNKS > 0) {
-        if (lane < P::CHUNKS) {
-            const int vc = chunk_unit<F, SEGS>(lane, v - lane);
-            int atc;
-            const uint8_t *rc = unit_row<SEGS>(w, ri, L.bytes, vc < units ? vc : 0, segu, seg_ro, atc);
-            cp_async16(dst + P::CHUNK_AT + 16 * lane, rc + chunk_offset<F, SEGS>(L, lane, (uint32_t)atc), vc < units);
-        }
-    }
-}
-
-// The raw unit of an entry `e` (quant.cuh's UnitRaw, the bytes load_unit loads), read by the lane
-// whose unit it is, v; `at`: its place in its row (which half of a word is its own).
-template <int F, bool SEGS>
-__device__ __forceinline__ void read_entry(const uint8_t *e, int lane, int v, int at, UnitRaw &r) {
-    using P = QEntry<F, SEGS>;
-    const uint8_t *ch = e + P::CHUNK_AT;
+// The two parts of quant.cuh's load_unit for unit u + STEP * k of the row at offset `ro`, with
+// `a` = unit_addr(u): its quants, then the rest (high bits and scales). Every load issued, none used.
+template <int F, int STEP>
+__device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
     if constexpr (F == ARC_FORMAT_Q8_0) {
-        r.q0 = *reinterpret_cast<const uint4 *>(e + 32 * lane);
-        r.q1 = *reinterpret_cast<const uint4 *>(e + 32 * lane + 16);
+        r.q0 = load_nc128(a.q + ro + 32 * STEP * k);
+        r.q1 = load_nc128(a.q + ro + 32 * STEP * k + 16);
     } else {
-        r.q0 = *reinterpret_cast<const uint4 *>(e + 16 * lane);
+        r.q0 = load_nc128(a.q + ro + 16 * STEP * k);
     }
-    if constexpr (F == ARC_FORMAT_Q4_K) r.s = *reinterpret_cast<const uint4 *>(ch + 16 * (lane / 8));
-    if constexpr (F == ARC_FORMAT_Q5_K) {
-        r.hb.x = *reinterpret_cast<const uint32_t *>(ch + 4 * lane);
-        r.s = *reinterpret_cast<const uint4 *>(ch + 128 + 16 * (lane / 8));
-    }
+}
+
+template <int F, int STEP>
+__device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(a.b + ro + 8 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(a.c + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(a.c + ro + 2 * STEP * k);
     if constexpr (F == ARC_FORMAT_Q6_K) {
-        r.hb = *reinterpret_cast<const uint2 *>(ch + 8 * lane);
-        r.s.x = *reinterpret_cast<const uint16_t *>(ch + 256 + 2 * lane);
-        if constexpr (!SEGS)  // the d of superblock (v0 + lane) / 8 in the run from (2 (v0 / 8)) & ~15
-            r.s.y = *reinterpret_cast<const uint16_t *>(ch + 320 + (((v - lane) / 4) & 15) + 2 * (lane / 8));
+        r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+        r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
     }
-    if constexpr (!SEGS && (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q8_0))
-        r.s.x = *reinterpret_cast<const uint16_t *>(ch + 2 * lane);
-    if constexpr (!SEGS && F == ARC_FORMAT_Q4_1) r.s.x = *reinterpret_cast<const uint32_t *>(ch + 4 * lane);
-    if constexpr (P::WORD) {
-        const uint32_t word = *reinterpret_cast<const uint32_t *>(e + P::WORD_AT + 4 * lane);
-        if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = word;
-        else if constexpr (F == ARC_FORMAT_Q6_K) r.s.y = word >> (16 * ((at / 8) & 1));
-        else r.s.x = word >> (16 * (at & 1));
+}
+
+// The row offset of row index `ri`.
+__device__ __forceinline__ size_t qrow_offset(uint32_t ri, uint32_t row_bytes) { return (size_t)ri * row_bytes; }
+
+// acc[r] += the dots of a full batch of units (U of them, base + STEP * u, all < units) of NR rows.
+template <int F, int NR, int U, int STEP>
+__device__ __forceinline__ void qfull_batch(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR],
+                                            int base, const KSlot &ks, const int4 *staged, const float *dxs,
+                                            const int2 *sums, float (&acc)[NR]) {
+    UnitRaw raw[NR][U];
+    const UnitAddr a = unit_addr<F>(w, L, (uint32_t)base);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        const size_t ro = qrow_offset(rix[r], L.bytes);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            load_quants_at<F, STEP>(a, ro, u, raw[r][u]);
+            load_rest_at<F, STEP>(a, ro, u, raw[r][u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], ks, in);
+    }
+}
+
+// ROUTED, not GATED: acc[r] += the dots of a full batch of units of the input's segments, each
+// from its own expert: unit v lies in segment j = v / segu, at unit v - j segu of its row, and the
+// segment's expert's matrix begins seg_ro[j] bytes into w (rows of L.bytes, rix[r] the row).
+template <int F, int NR, int U, int STEP>
+__device__ __forceinline__ void qrouted_batch(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR],
+                                              int base, const KSlot &ks, const int4 *staged, const float *dxs,
+                                              const int2 *sums, int segu, const long long *seg_ro, float (&acc)[NR]) {
+    UnitRaw raw[NR][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + STEP * u, j = v / segu;
+        const UnitAddr a = unit_addr<F>(w, L, (uint32_t)(v - j * segu));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const size_t ro = (size_t)seg_ro[j] + qrow_offset(rix[r], L.bytes);
+            load_quants_at<F, STEP>(a, ro, 0, raw[r][u]);
+            load_rest_at<F, STEP>(a, ro, 0, raw[r][u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(raw[r][u], ks, in);
     }
 }
 
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
 // KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
 // are rt.seg weights); HAND: the instance that takes part in the handoff (`hand`; the others
-// compile without it). Dynamic shared memory: qgemv_smem<F, ROUTED && !GATED>(cols).
+// compile without it). Dynamic shared memory: units * QGEMV_STAGE_BYTES.
 // Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
-//
-// The main loop streams. A warp's work is a run of items: for each of its tasks in turn, nb
-// batches, batch b holding the lane's units first + STEP k (k = b U .. b U + U - 1) of the task's
-// NR rows. Each item is copied into the next stage of the warp's ring by cp.async, S - 1 items
-// ahead of the one being multiplied, so the loads stay in flight through the dots, the epilogue
-// and into the next task, and hold no registers; the first S - 1 are issued before the
-// dependency wait, so their DRAM latency overlaps the kernel before. Each lane still adds its
-// units' dots in the order of k, so the sums are those of one batch at a time.
 template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED, bool HAND>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
@@ -205,13 +143,9 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     constexpr int U = qgemv_batch(NR);
     constexpr int GROUPS = GEMV_WARPS / KS;
     constexpr int STEP = 32 * KS;
-    constexpr bool SEGS = ROUTED && !GATED;
-    using P = QEntry<F, SEGS>;
-    constexpr int S = qgemv_stages<F, SEGS>(), ITEM = NR * U * P::BYTES;
-    static_assert(NR * U == QGEMV_UNITS, "an item fills a stage");
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
     static_assert(!(AM && ROUTED), "a routed product takes no argmax");
-    extern __shared__ int4 staged[];  // [2 * units] int8 words, then (s0, s1)[units], then dx[units]; the rings
+    extern __shared__ int4 staged[];  // [2 * units] int8 words, then (s0, s1)[units], then dx[units]
     __shared__ float red[GEMV_WARPS];
     __shared__ int route_ids[MOE_MAX_USED];  // ROUTED: the block's copy of the route
     __shared__ float route_scale[MOE_MAX_USED];
@@ -223,87 +157,26 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + lane;
     const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
-    const int segu = rt.seg / QUNIT;  // SEGS: a segment's units
-    uint8_t *ring = reinterpret_cast<uint8_t *>(staged) + qgemv_ring_at(cols) + (size_t)warp * S * ITEM;
-    // The block's tasks (uniform over it, so every warp reaches the barriers of the epilogue) and
-    // the batches of a task (those of the warp whose units reach furthest).
-    const int ntasks = (int)blockIdx.x < block_tasks ? (block_tasks - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int nb = ((units + STEP - 1) / STEP + U - 1) / U;
-
-    // The copy cursor: the next item to copy is batch cb of task ct, into stage cs.
-    int ct = 0, cb = 0, cs = 0;
-    uint32_t crix[NR];
-    const uint8_t *crow[NR];  // not SEGS: the task's rows
-    // Not SEGS, each copy is the row's start plus a lane's constant plus a multiple of the units
-    // advanced (d = STEP (cb U + u), a multiple of 32): the quants at qoff + QS d, the chunk at
-    // coff + cslope d (Q6_K's d: the run at (2 ((v0 + d) / 8)) & ~15, computed per copy).
-    constexpr int QS = F == ARC_FORMAT_Q8_0 ? 32 : 16;
-    const int v0 = first - lane, cunit = lane < P::CHUNKS ? chunk_unit<F, SEGS>(lane, v0) : v0;
-    const bool dchunk = F == ARC_FORMAT_Q6_K && !SEGS && lane == P::CHUNKS - 1;
-    const uint32_t qoff = F == ARC_FORMAT_Q8_0 ? 32u * v0 + 16u * lane : 16u * first;
-    const uint32_t coff = lane < P::CHUNKS ? chunk_offset<F, SEGS>(L, lane, (uint32_t)cunit) : 0u;
-    const uint32_t cslope = lane < P::HIGH ? (F == ARC_FORMAT_Q5_K ? 4u : 8u) : F == ARC_FORMAT_Q4_1 ? 4u : 2u;
-    auto copy_next = [&]() {
-        if (ct < ntasks) {
-            if (cb == 0) {
-                qtask_rows<R, GATED>(((int)blockIdx.x + ct * (int)gridDim.x) * GROUPS + group, rows, crix);
-                if constexpr (ROUTED && GATED) {  // the chosen experts' gate rows, their up rows rt.up further
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const int j = (int)crix[r] / rt.seg;
-                        crix[r] = (uint32_t)(route_ids[j] * rt.seg) + (crix[r] - (uint32_t)(j * rt.seg));
-                        crix[R + r] = (uint32_t)rt.up + crix[r];
-                    }
-                }
-                if constexpr (!SEGS) {
-#pragma unroll
-                    for (int r = 0; r < NR; ++r) crow[r] = w + (size_t)crix[r] * L.bytes;
-                }
-            }
-            const uint32_t dst = smem_addr(ring + cs * ITEM);
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int d = STEP * (cb * U + u);
-                if constexpr (SEGS) {
-#pragma unroll
-                    for (int r = 0; r < NR; ++r)
-                        copy_entry<F, SEGS>(dst + (u * NR + r) * P::BYTES, w, L, crix[r], first + d, units, segu, seg_ro,
-                                            lane);
-                } else {
-                    // Past the end, nothing is read: the row's start stands in as the legal address.
-                    const bool qok = F == ARC_FORMAT_Q8_0 ? v0 + d + lane / 2 < units : first + d < units;
-                    const bool qok2 = v0 + d + 16 + lane / 2 < units;  // Q8_0's second piece
-                    const bool cok = lane < P::CHUNKS && cunit + d < units;
-                    const uint32_t qa = qok ? qoff + QS * (uint32_t)d : 0u;
-                    const uint32_t qa2 = qok2 ? qoff + 512u + QS * (uint32_t)d : 0u;
-                    const uint32_t ca = !cok ? 0u
-                                        : dchunk ? L.d + ((2u * (uint32_t)((v0 + d) / 8)) & ~15u)
-                                                 : coff + cslope * (uint32_t)d;
-#pragma unroll
-                    for (int r = 0; r < NR; ++r) {
-                        const uint32_t e = dst + (u * NR + r) * P::BYTES;
-                        cp_async16(e + 16 * lane, crow[r] + qa, qok);
-                        if constexpr (F == ARC_FORMAT_Q8_0) cp_async16(e + 512 + 16 * lane, crow[r] + qa2, qok2);
-                        if constexpr (P::CHUNKS > 0) {
-                            if (lane < P::CHUNKS) cp_async16(e + P::CHUNK_AT + 16 * lane, crow[r] + ca, cok);
-                        }
-                    }
-                }
-            }
-            if (++cb == nb) {
-                cb = 0;
-                ++ct;
-            }
-            cs = cs + 1 == S ? 0 : cs + 1;
-        }
-        cp_async_commit();  // one group an item, empty past the last, so the wait below counts items
-    };
 
     pdl_launch_dependents();
-    if constexpr (!ROUTED) {  // weights no kernel writes: copied before the wait
-        for (int i = 0; i < S - 1; ++i) copy_next();
+    // Before the wait: the quants of the first batch of the block's first task (weights no kernel
+    // writes), so that their DRAM latency overlaps the kernel before and the staging below. (The
+    // scales follow after the staging: holding them too through it costs spills.)
+    // Units past the end (only where units < STEP * U) load the last unit instead: the loads need
+    // no branches, and the dots below skip them.
+    UnitRaw first_batch[NR][U];
+    if (!ROUTED && blockIdx.x < block_tasks) {
+        uint32_t rix[NR];
+        qtask_rows<R, GATED>(blockIdx.x * GROUPS + group, rows, rix);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(first + STEP * u, units - 1));
+#pragma unroll
+            for (int r = 0; r < NR; ++r) load_quants_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
+        }
     }
     pdl_wait();
+    const int segu = rt.seg / QUNIT;  // ROUTED, not GATED: a segment's units
     if constexpr (ROUTED) {  // seen by every thread after the staging's barrier
         stage_route(rt, route_ids, route_scale);
         if (!GATED && tid < rt.count) seg_ro[tid] = (long long)(rt.ids ? rt.ids[tid] : 0) * rows * L.bytes;
@@ -311,48 +184,63 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
 
     stage_input(x, cols, norm_w, eps, norm_add, HAND ? hand.in : nullptr, staged, dxs, sums, red);
     __syncthreads();
-    if constexpr (ROUTED) {  // the rows and segments the route chose, read after the barrier
-        for (int i = 0; i < S - 1; ++i) copy_next();
-    }
 
     // The scale and min of a _K unit depend on its place j = u % 8 in the superblock, the same for
     // all of a lane's units (first + STEP * k, STEP a multiple of 32).
     const KSlot ks = k_slot(first % 8);
     ArgmaxSeen seen;  // AM: what this lane saw of the rows it wrote
-    float acc[NR];
+    // The loop bound is uniform over the block: every warp reaches the barriers of the epilogue.
+    for (int bt = blockIdx.x; bt < block_tasks; bt += gridDim.x) {
+        const int task = bt * GROUPS + group;
+        uint32_t rix[NR];
+        qtask_rows<R, GATED>(task, rows, rix);
+        if constexpr (ROUTED && GATED) {  // the chosen experts' gate rows, their up rows rt.up further
 #pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-    int mt = 0, mb = 0, ms = 0;  // the item multiplied: batch mb of task mt, in stage ms
-    for (int i = 0; i < ntasks * nb; ++i) {
-        __syncwarp();  // every lane is done reading the stage the next copy refills
-        copy_next();
-        cp_async_wait<S - 1>();
-        __syncwarp();  // the item's chunks, copied by other lanes, are seen
-        const uint8_t *item = ring + ms * ITEM;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int v = first + STEP * (mb * U + u);
-            if (v < units) {
-                const UnitInput in = qinput(staged, dxs, sums, v);
-                const int at = P::WORD ? v % segu : v;
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    UnitRaw raw;
-                    read_entry<F, SEGS>(item + (u * NR + r) * P::BYTES, lane, v, at, raw);
-                    acc[r] += dot_unit<F>(raw, ks, in);
-                }
+            for (int r = 0; r < R; ++r) {
+                const int j = (int)rix[r] / rt.seg;
+                rix[r] = (uint32_t)(route_ids[j] * rt.seg) + (rix[r] - (uint32_t)(j * rt.seg));
+                rix[R + r] = (uint32_t)rt.up + rix[r];
             }
         }
-        ms = ms + 1 == S ? 0 : ms + 1;
-        if (++mb == nb) {
-            mb = 0;
-            gemv_finish_task<R, KS, GATED, AM>(acc, ((int)blockIdx.x + mt * (int)gridDim.x) * GROUPS + group, rows,
-                                               bias, accumulate, y, seen, ROUTED && GATED ? route_scale : nullptr,
-                                               rt.seg);
+        float acc[NR];
 #pragma unroll
-            for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-            ++mt;
+        for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+        int base = first;
+        if (!ROUTED && bt == blockIdx.x) {  // the batch whose quants were loaded before the wait
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
+#pragma unroll
+                for (int r = 0; r < NR; ++r) load_rest_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (base + STEP * u < units) {
+                    const UnitInput in = qinput(staged, dxs, sums, base + STEP * u);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r] += dot_unit<F>(first_batch[r][u], ks, in);
+                }
+            }
+            base += STEP * U;
         }
+        // Full batches, then the units left (fewer than a batch), one at a time.
+        if constexpr (ROUTED && !GATED) {
+            for (; base + STEP * (U - 1) < units; base += STEP * U)
+                qrouted_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, segu, seg_ro, acc);
+            if constexpr (U > 1) {
+                for (; base < units; base += STEP)
+                    qrouted_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, segu, seg_ro, acc);
+            }
+        } else {
+            for (; base + STEP * (U - 1) < units; base += STEP * U)
+                qfull_batch<F, NR, U, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+            if constexpr (U > 1) {
+                for (; base < units; base += STEP)
+                    qfull_batch<F, NR, 1, STEP>(w, L, rix, base, ks, staged, dxs, sums, acc);
+            }
+        }
+        gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
+                                           ROUTED && GATED ? route_scale : nullptr, rt.seg);
     }
     if constexpr (GATED && !ROUTED && HAND) {
         if (hand.out != nullptr && warp % KS == 0) quant_handoff<R, GROUPS>(y, rows, block_tasks, group, hand, lane);
@@ -381,7 +269,7 @@ struct QgemvArgs {
 template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false, bool HAND = false>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
     auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED, HAND>;
-    const size_t smem = qgemv_smem<F, ROUTED && !GATED>(a.cols);
+    const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = ROUTED ? "qgemv_kernel<routed>" : GATED ? "qgemv_kernel<swiglu>"
