@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sampled", action="store_true", help="also the sampled request (t 0.8, top-p 0.95)")
     ap.add_argument("--kernels", type=positions, default=[],
                     help="attention positions of a per-kernel table, e.g. 130,512 (none: no table)")
-    ap.add_argument("--bits", type=int, default=0, help="hash the logits of this many greedy forwards")
+    ap.add_argument("--bits", type=positive, default=None, help="hash the logits of this many greedy forwards")
     ap.add_argument("--tag", default=os.environ.get("ARC_LIBRARY", "packaged"), help="label of the build")
     a = ap.parse_args(argv)
     try:
@@ -79,7 +79,7 @@ def measure(shape: str, a: argparse.Namespace) -> None:
                 raise SystemExit(f"{shape}: the engine took the {stats.path} path, not the device loop")
             row[name] = round(statistics.median(us), 2)
             row[name + "_runs"] = [round(u, 1) for u in us]
-        if a.bits > 0:
+        if a.bits:
             row["bits"] = logits_hash(dev, a.bits)
     if a.kernels:
         for t in bench_kernels(cfg, max_seq, a.kernels, replays=3, formats=preset_formats(shape)):

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from arcpy.bench import hf as hf_bench
@@ -304,7 +305,8 @@ def test_the_script_refuses_counts_it_cannot_time(argv, capsys):
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("argv", [["--runs", "0"], ["--tokens", "1"], ["--kernels", "130,x"], ["--kernels", "-1"]])
+@pytest.mark.parametrize("argv", [["--runs", "0"], ["--tokens", "1"], ["--kernels", "130,x"], ["--kernels", "-1"],
+                                  ["--bits", "0"]])
 def test_the_ab_script_refuses_what_it_cannot_time(argv):
     with pytest.raises(SystemExit) as exc:
         load_script("ab_bench").main(argv)
@@ -317,6 +319,42 @@ def test_the_ab_script_reads_positions_and_names_an_unknown_shape_in_one_line(ca
     assert script.main(["--shapes", "llama9000B", "--runs", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
+
+
+class LogitsDevice:
+    """What logits_hash calls of a device: logits that depend on the token and the position."""
+
+    def __init__(self, flip_at=None):
+        self.inputs, self.flip_at = [], flip_at
+
+    def set_input(self, token, pos):
+        self.inputs.append((token, pos))
+
+    def enqueue_forward(self):
+        pass
+
+    def enqueue_logits_to_host(self):
+        pass
+
+    def stream_query(self):
+        return True
+
+    def host_logits(self):
+        token, pos = self.inputs[-1]
+        logits = np.sin(np.arange(64, dtype=np.float32) * (token + 1) + pos).astype(np.float32)
+        if pos == self.flip_at:
+            logits[5] = np.nextafter(logits[5], np.float32(np.inf))  # one bit of one logit
+        return logits
+
+
+def test_the_ab_script_hashes_the_bits_of_greedy_forwards():
+    script = load_script("ab_bench")
+    a, b, flipped = LogitsDevice(), LogitsDevice(), LogitsDevice(flip_at=3)
+    assert script.logits_hash(a, 6) == script.logits_hash(b, 6)
+    assert script.logits_hash(flipped, 6) != script.logits_hash(LogitsDevice(), 6)
+    # Each forward reads the argmax of the one before, from token 1 at position 0.
+    tokens = [1] + [int(np.argmax(np.sin(np.arange(64, dtype=np.float32) * (t + 1) + p))) for t, p in a.inputs[:-1]]
+    assert a.inputs == list(zip(tokens, range(6)))
 
 
 def test_an_unknown_shape_is_refused_before_any_gpu_work():
