@@ -339,9 +339,13 @@ class LogitsDevice:
     def stream_query(self):
         return True
 
+    @staticmethod
+    def logits(token, pos):
+        return np.sin(np.arange(64, dtype=np.float32) * (token + 1) + pos).astype(np.float32)
+
     def host_logits(self):
         token, pos = self.inputs[-1]
-        logits = np.sin(np.arange(64, dtype=np.float32) * (token + 1) + pos).astype(np.float32)
+        logits = self.logits(token, pos)
         if pos == self.flip_at:
             logits[5] = np.nextafter(logits[5], np.float32(np.inf))  # one bit of one logit
         return logits
@@ -353,7 +357,7 @@ def test_the_ab_script_hashes_the_bits_of_greedy_forwards():
     assert script.logits_hash(a, 6) == script.logits_hash(b, 6)
     assert script.logits_hash(flipped, 6) != script.logits_hash(LogitsDevice(), 6)
     # Each forward reads the argmax of the one before, from token 1 at position 0.
-    tokens = [1] + [int(np.argmax(np.sin(np.arange(64, dtype=np.float32) * (t + 1) + p))) for t, p in a.inputs[:-1]]
+    tokens = [1] + [int(np.argmax(LogitsDevice.logits(t, p))) for t, p in a.inputs[:-1]]
     assert a.inputs == list(zip(tokens, range(6)))
 
 
