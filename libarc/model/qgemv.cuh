@@ -5,10 +5,9 @@
 // input in dp4a instructions (quant.cuh), so a 4-bit weight costs about half an instruction.
 //
 // Each block stages the input once (qinput.cuh): normed and quantized, or handed over from the
-// SwiGLU GEMV. Each lane then walks units lane, lane + 32 * KS, ... of its task's rows: on sm_90
-// and later from shared memory, where the copy engine streams them (qgemv_bulk.cuh); elsewhere, and
-// for the routed products, a batch of loads in flight at a time in registers. Instances live in
-// qgemv_*.cu, a few formats a file, so that nvcc compiles them in parallel.
+// SwiGLU GEMV. Each lane then walks units lane, lane + 32 * KS, ... of its task's rows, a batch of
+// loads in flight at a time. Instances live in qgemv_*.cu, a few formats a file, so that nvcc
+// compiles them in parallel.
 #pragma once
 
 #include "gemv_common.cuh"
@@ -130,8 +129,6 @@ __device__ __forceinline__ void qrouted_batch(const uint8_t *w, const RowLayout 
     }
 }
 
-#include "qgemv_bulk.cuh"
-
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
 // KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
 // are rt.seg weights); HAND: the instance that takes part in the handoff (`hand`; the others
@@ -148,13 +145,7 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
     constexpr int STEP = 32 * KS;
     static_assert(!(AM && GATED), "the argmax is the lm_head's");
     static_assert(!(AM && ROUTED), "a routed product takes no argmax");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (!ROUTED) {
-        qgemv_bulk<F, R, KS, GATED, AM, HAND>(w, x, rows, cols, bias, norm_w, eps, norm_add, accumulate, y, am, hand);
-        return;
-    }
-#endif
-    extern __shared__ __align__(128) int4 staged[];  // [2 * units] int8 words, then (s0, s1)[units], then dx[units]
+    extern __shared__ int4 staged[];  // [2 * units] int8 words, then (s0, s1)[units], then dx[units]
     __shared__ float red[GEMV_WARPS];
     __shared__ int route_ids[MOE_MAX_USED];  // ROUTED: the block's copy of the route
     __shared__ float route_scale[MOE_MAX_USED];
@@ -278,9 +269,7 @@ struct QgemvArgs {
 template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED = false, bool HAND = false>
 static int launch_qgemv_kernel(arc_context *ctx, const QgemvArgs &a) {
     auto kernel = qgemv_kernel<F, R, KS, GATED, AM, ROUTED, HAND>;
-    // sm_90 and later run the bulk loop (every instance but the routed ones): its rings follow the input.
-    const size_t smem = !ROUTED && ctx->cc_major >= 9 ? qbulk_smem<F, GATED ? 2 * R : R>(a.cols / QUNIT)
-                                                      : (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
+    const size_t smem = (size_t)(a.cols / QUNIT) * QGEMV_STAGE_BYTES;
     int blocks = 0;
     ARC_TRY(gemv_blocks(ctx, kernel, smem, a.rows, R, KS, &blocks));
     const char *name = ROUTED ? "qgemv_kernel<routed>" : GATED ? "qgemv_kernel<swiglu>"
