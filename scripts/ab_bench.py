@@ -26,23 +26,12 @@ import statistics
 import sys
 
 from arcpy.bench.kernels import SAMPLED, bench_kernels
-from arcpy.bench.loop import PROMPT, at_least_two, bench_max_seq, positive, time_generation
+from arcpy.bench.loop import PROMPT, at_least_two, bench_max_seq, positions, positive, time_generation
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.model import preset_formats, synthetic_model
-
-
-def positions(text: str) -> list[int]:
-    """argparse type: comma-separated attention positions (non-negative)."""
-    try:
-        values = [int(p) for p in text.split(",") if p]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected positions like 130,512, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"positions must be >= 0, got {text!r}")
-    return values
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import arcpy
+
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench import loop as bench
@@ -319,6 +321,33 @@ def test_the_ab_script_reads_positions_and_names_an_unknown_shape_in_one_line(ca
     assert script.main(["--shapes", "llama9000B", "--runs", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
+
+
+def test_the_profile_script_names_an_unknown_shape_in_one_line_before_any_gpu_work(capsys):
+    script = load_script("profile_step")
+    assert script.main(["--shapes", "tiny-quant,llama9000B"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
+
+
+@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would profile")
+def test_the_profile_script_says_in_one_line_that_there_is_no_gpu(capsys):
+    assert load_script("profile_step").main(["--shapes", "tiny-quant"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
+
+
+@pytest.mark.gpu
+def test_each_kernel_of_the_step_is_launched_once_in_the_tables_order():
+    cfg, formats = SHAPES["tiny-quant"], preset_formats("tiny-quant")
+    rows = load_script("profile_step").launch_each_once(cfg, 64, [7], formats)
+    assert [r["name"] for r in rows] == [s.name for s in kernel_bench.kernel_specs(cfg, [7], formats)]
+    launches = {r["kind"]: r["launches"] for r in rows}
+    # Layer 0's q, k and v are in three formats (one GEMV each); every other kernel launches once
+    # or more (attention may add a combine).
+    assert launches["qkv"] == 3
+    assert all(r["launches"] >= 1 for r in rows)
 
 
 class LogitsDevice:

@@ -191,7 +191,7 @@ class Buffers:
         self.ptrs, self.keep = [], []
 
 
-class _Shape:
+class StepTensors:
     """Weights for every layer, KV cache, activations: what the step's kernels read and write."""
 
     def __init__(self, buf: Buffers, cfg: ModelConfig, max_seq: int, positions: list[int],
@@ -352,7 +352,7 @@ def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays:
     with Context(0) as ctx:
         buf = Buffers(ctx)
         try:
-            shape = _Shape(buf, cfg, max_seq, positions, formats)
+            shape = StepTensors(buf, cfg, max_seq, positions, formats)
             ctx.wait_idle()
             rows = []
             for spec in kernel_specs(cfg, positions, formats):

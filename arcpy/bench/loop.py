@@ -80,6 +80,17 @@ def at_least_two(text: str) -> int:
     return value
 
 
+def positions(text: str) -> list[int]:
+    """argparse type: comma-separated attention positions (non-negative)."""
+    try:
+        values = [int(p) for p in text.split(",") if p]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positions like 130,512, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"positions must be >= 0, got {text!r}")
+    return values
+
+
 # --- figures computed from the config ---------------------------------------------------------
 
 def bench_max_seq(cfg: ModelConfig) -> int:
