@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-
 from dataclasses import asdict
 
 from arcpy import _lib
 from arcpy.bench.kernels import Buffers, StepTensors, kernel_specs
-from arcpy.bench.loop import bench_max_seq, positions
+from arcpy.bench.loop import bench_max_seq
+from arcpy.bench.loop import positions as position_list
 from arcpy.devices.context import Context
 from arcpy.errors import ArcError
 from arcpy.model import SHAPES, ModelConfig, preset_formats
@@ -58,7 +58,7 @@ def launch_each_once(cfg: ModelConfig, max_seq: int, positions: list[int],
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="llama8B-q4km", help="comma-separated synthetic shapes")
-    ap.add_argument("--positions", type=positions, default=[130], help="attention positions, e.g. 130,512")
+    ap.add_argument("--positions", type=position_list, default=[130], help="attention positions, e.g. 130,512")
     a = ap.parse_args(argv)
     try:
         shapes = a.shapes.split(",")

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import arcpy
-
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench import loop as bench
