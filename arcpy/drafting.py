@@ -66,9 +66,9 @@ class NgramIndex:
 
 
 class Acceptance:
-    """What speculative steps of k drafts would make of the tokens seen so far: the greedy output
-    is fixed, so a step from position p yields 1 + the number of its drafts the following tokens
-    match. Fed every token in order; `tokens_per_step` is a moving average over recent steps
+    """What speculative steps of k drafts would make of the tokens seen so far: the output is fixed
+    (the argmax, or the draw at each position from the request's seed), so a step from position p
+    yields 1 + the number of its drafts the following tokens match. Fed every token in order; `tokens_per_step` is a moving average over recent steps
     (`weight` the newest's share), starting from `prior`."""
 
     def __init__(self, k: int, ngram: int, prompt: Sequence[int], weight: float = 0.25, prior: float = 1.0):

@@ -359,7 +359,7 @@ int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n
  * forward or the prefill have not written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
 
-/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy, bf16 weights). The draft: the latest
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled, bf16 weights). The draft: the latest
  * earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history, and the k
  * tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions p..p+k in
  * one pass (tensor-core products on inputs split exactly in bf16 parts; float32 attention). The accept: row 0's
@@ -371,6 +371,13 @@ int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32
 int arc_model_speculate_reserve(arc_model *model, int32_t k);
 /* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
 int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);
+/* The same step sampled: the token after each row is drawn from that row's logits with the loop's sampling
+ * parameters at that row's position (arc_loop_set_sampling; the draw of arc_loop_enqueue_draw_commit, with the
+ * same Philox counter: the position of the token drawn), and a draft is accepted where it equals the drawn token.
+ * So every published token is a draw from the model's distribution after the tokens before it, and with the plain
+ * step's logits it would be the plain sampled step's token. The loop's vocabulary must fit the draw
+ * (arc_sample_max_vocab); capturable. */
+int arc_model_forward_speculate_draw(arc_model *model, arc_loop *loop, int32_t ngram);
 /* The last step's rows: logits (k + 1, vocab) float32, inputs tokens[0..k], tokens[k + 1] drafts. */
 int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
 

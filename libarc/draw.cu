@@ -150,11 +150,11 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
     }
     grid_sync(&s->bar_count);
     const uint32_t top = __ldcg(&s->max_key);
-    const bool flat = top == ~__ldcg(&s->low_key);
+    const uint32_t low_all = __ldcg(&s->low_key);
     const float m = key_value(top);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m, false);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, p, out, -1, top, ~top ^ 1u);
     } else {
 #pragma unroll
         for (int e = 0; e < E; ++e)
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(DRAW_THREADS, 2)
                 return kept ? q[e] : 0ull;
             },
             0, true, x);
-        if (tok >= 0) publish<COMMIT>(c, out, tok, m, flat);
+        if (tok >= 0) publish<COMMIT>(c, p, out, tok, top, low_all);
     }
     // The last block out leaves the scratch as the next launch expects it.
     __shared__ bool last;
@@ -333,7 +333,7 @@ extern "C" int arc_sample(arc_context *ctx, const float *logits, int32_t n, cons
                           int64_t position, int32_t *out) {
     ARC_REQUIRE(ctx && out, "null argument");
     ARC_REQUIRE(position >= 0, "position must be >= 0, got %lld", (long long)position);
-    DrawParams p;
+    DrawParams p = {};
     int st = arc_draw_params(sampling, &p);
     if (st != ARC_OK) return st;
     p.position = position;
@@ -354,6 +354,14 @@ extern "C" int arc_loop_enqueue_draw_commit(arc_loop *loop, const float *logits,
     return st;
 }
 
+int enqueue_row_draw(arc_loop *loop, const float *logits, int row, int rows, unsigned long long *keys) {
+    DrawParams p = {};
+    p.keys = keys;
+    p.row = row;
+    p.rows = rows;
+    return launch_draw<true>(loop->ctx, logits, loop->vocab, p, commit_args(loop), nullptr);
+}
+
 __global__ void set_sampling_kernel(DeviceState *st, DrawParams p) {
     st->inv_temperature = p.inv_t;
     st->top_k = p.top_k;
@@ -363,7 +371,7 @@ __global__ void set_sampling_kernel(DeviceState *st, DrawParams p) {
 
 extern "C" int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling) {
     ARC_REQUIRE(loop, "loop is null");
-    DrawParams p;
+    DrawParams p = {};
     int st = arc_draw_params(sampling, &p);
     if (st != ARC_OK) return st;
     arc_context *ctx = loop->ctx;

@@ -17,6 +17,12 @@ struct DrawParams {
     uint64_t p32;      // 2^32: off
     uint64_t seed;
     int64_t position;  // the drawn token's position: the Philox counter
+    // A speculative step's row (speculate.cu), in the step graph only: the draw is that of the
+    // token after verify row `row` (its position the loop's + 1 + row) and, in place of the
+    // commit, leaves the row's pair of keys for the accept, as its greedy argmax would. keys null:
+    // the plain draw.
+    unsigned long long *keys;
+    int32_t row, rows;
 };
 
 // Exclusive prefix of v over the block's THREADS threads; *total gets the block's sum.
@@ -99,14 +105,15 @@ __device__ int find_in_thread(int base, Weight weight, unsigned long long acc, u
     return found;
 }
 
-// The loop's sampling parameters, from its device state (the sampled step graph). Read before the
-// draw's first barrier: the commit, after its last, moves the position on.
+// The loop's sampling parameters, from its device state (the sampled step graph), at the position
+// after the verify row p->row (0 in a plain step). Read before the draw's first barrier: the
+// commit, after its last, moves the position on.
 __device__ __forceinline__ void params_from_state(const DeviceState *st, DrawParams *p) {
     p->inv_t = st->inv_temperature;
     p->top_k = st->top_k;
     p->p32 = st->top_p32;
     p->seed = st->seed;
-    p->position = (int64_t)st->position + 1;
+    p->position = (int64_t)st->position + 1 + p->row;
 }
 
 // Ids [base, base + E): their logits (-0 made +0, 0 past n) and order keys (NaN above all, 0 past
@@ -129,12 +136,16 @@ __device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base,
     return __reduce_max_sync(0xffffffffu, kmax);
 }
 
-// The drawn token: the commit in the loop's step graph, else *out (visible to the host once the
-// launch is done); -1 and a non-finite maximum when the logits broke. `flat`: every logit equal.
+// The drawn token: the commit in the loop's step graph (or a verify row's keys), else *out
+// (visible to the host once the launch is done); -1 when the logits broke. kmax: the largest order
+// key of the logits, low: the largest ~key (every logit equal where kmax == ~low).
 template <bool COMMIT>
-__device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m, bool flat) {
-    if (COMMIT) {
-        commit_token(c, tok < 0 ? 0 : tok, m, flat);
+__device__ void publish(const CommitArgs &c, const DrawParams &p, int32_t *out, int tok, uint32_t kmax, uint32_t low) {
+    if (COMMIT && p.keys) {  // a verify row: speculate.cu's rowmax_kernel's pair, with the drawn token
+        p.keys[p.row] = (unsigned long long)kmax << 32 | ~(uint32_t)(tok < 0 ? 0 : tok);
+        p.keys[p.rows + p.row] = low;
+    } else if (COMMIT) {
+        commit_token(c, tok < 0 ? 0 : tok, key_value(kmax), tok >= 0 && kmax == ~low);
     } else {
         *(volatile int32_t *)out = tok;
         __threadfence_system();
@@ -145,3 +156,6 @@ __device__ void publish(const CommitArgs &c, int32_t *out, int tok, float m, boo
 // at 4 or 8 ids a thread (draw_cluster.cu); *launched says whether it did.
 int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
                      int32_t *out, bool commit, bool *launched);
+// Enqueues, in the speculative step graph, the draw after verify row `row` of `rows` over the
+// loop's vocabulary: logits the row's, its key pair into keys (speculate.cu's accept).
+int enqueue_row_draw(arc_loop *loop, const float *logits, int row, int rows, unsigned long long *keys);

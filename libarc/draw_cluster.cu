@@ -322,11 +322,10 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
         kmax = max(kmax, b < blocks ? sh->block_max[b] : 0u);
         low = max(low, b < blocks ? sh->block_low[b] : 0u);
     }
-    const bool flat = kmax == ~low;
     const float m = key_value(kmax);
     if (nonfinite(m)) {
         // NaN anywhere, +inf, or nothing but -inf: the forward broke; the commit latches it.
-        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, out, -1, m, false);
+        if (blockIdx.x == 0 && threadIdx.x == 0) publish<COMMIT>(c, p, out, -1, kmax, ~kmax ^ 1u);
         return;
     }
     unsigned long long r[E], q[E];
@@ -357,7 +356,7 @@ __global__ void __launch_bounds__(CD_THREADS, 1)
         cl, sh, 2, base,
         [&](int e) { return kept_k(e) && (r[e] < p_cut.r || (r[e] == p_cut.r && base + e <= p_cut.id)) ? q[e] : 0ull; },
         0, true, x);
-    if (tok >= 0) publish<COMMIT>(c, out, tok, m, flat);
+    if (tok >= 0) publish<COMMIT>(c, p, out, tok, kmax, low);
 #endif
 }
 

@@ -2,7 +2,7 @@
 0) is the model's fault, latched as ARC_FAULT_DEGENERATE by every sampler that commits in the
 device loop: the lm_head's fused argmax over bf16 and quantized weights (model/gemv.cu,
 model/qgemv.cuh), the draw, the argmax after a prefill (sampler.cu), and the speculative step's
-accept (model/speculate.cu). The host path raises the same error from arc_argmax's smallest
+accept (model/speculate.cu), greedy and sampled. The host path raises the same error from arc_argmax's smallest
 logit and from the logits it reads. No path falls back, and no token is emitted. The samplers'
 kernels alone are tested on chosen logits in tests/test_gpu_loop.py."""
 
@@ -49,11 +49,12 @@ def test_the_step_graphs_latch_degenerate_logits_and_publish_nothing(device, sam
     assert got == [] and device.poll_ring().published == 0
 
 
-def test_the_speculative_accept_latches_degenerate_logits(device):
+@pytest.mark.parametrize("sampling", [None, SAMPLED], ids=["greedy", "sampled"])
+def test_the_speculative_accept_latches_degenerate_logits(device, sampling):
     if not device.capabilities.speculate_k:
         pytest.skip("speculative steps need bf16 weights")
     drv = BurstDriver(device)
-    drv.begin_sequence(())
+    drv.begin_sequence((), sampling=sampling)
     prompt = [1, 5, 9, 5, 9, 5]
     device.set_history(prompt)
     device.set_input(prompt[-1], len(prompt) - 1)

@@ -6,6 +6,8 @@
   that ends inside an accepted run; a stop id; a lost step, which falls back to the host path.
 - The real model (SmolLM2-135M) on an extractive prompt: the same ids as the plain loop, with
   drafts accepted; and its golden ids with speculation on.
+- Sampled requests: the loop with speculation draws the plain sampled loop's tokens, for several
+  seeds, temperatures, top-k and top-p, on every synthetic shape and on the real model.
 - A quantized model declines speculation and says why.
 """
 
@@ -22,6 +24,7 @@ from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Request
 from arcpy.loop.speculate import StepCost
 from arcpy.model import synthetic_model
+from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 K = 7
@@ -95,6 +98,26 @@ def test_speculative_loop_gives_the_plain_loops_tokens(device, always, burst):
         assert st.spec_steps > 0 and 1.0 <= st.tokens_per_step <= K + 1
 
 
+SAMPLINGS = [Sampling(temperature=0.05, seed=1), Sampling(temperature=0.7, seed=2),
+             Sampling(temperature=0.7, seed=3, top_k=40), Sampling(temperature=1.0, seed=4, top_p=0.9),
+             Sampling(temperature=0.3, seed=5, top_k=8, top_p=0.8)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t0.05", "t0.7", "t0.7-k40", "t1-p0.9", "t0.3-k8-p0.8"])
+def test_sampled_speculative_loop_draws_the_plain_loops_tokens(device, sampling):
+    # Every token is the draw after its row at its position: the plain sampled loop's draw.
+    prompt = repeating_prompt(device.vocab, seed=4)
+    want = list(engine(device, speculate=False).generate(prompt, 120, sampling=sampling))
+    spec = engine(device, always=True, burst=8)
+    got = list(spec.generate(prompt, 120, sampling=sampling))
+    assert got == want
+    st = spec.stats
+    assert st.path == DEVICE_LOOP and st.speculation == "on" and st.spec_steps > 0 and st.seed == sampling.seed
+    greedy = list(engine(device, speculate=False).generate(prompt, 120))
+    if sampling.temperature >= 0.7:
+        assert got != greedy  # the draws, not the argmaxes
+
+
 @pytest.mark.parametrize("budget", [1, 2, 9, 37])
 def test_the_budget_holds_inside_an_accepted_run(device, budget):
     prompt = repeating_prompt(device.vocab, seed=1)
@@ -163,6 +186,24 @@ def test_real_model_extractive_prompt_same_ids_with_drafts_accepted(smollm2):
     assert got == plain
     assert plain_stats.speculation == "off" and st.speculation == "on"
     assert st.tokens_per_step > 1.5, st.summary()
+
+
+@needs_file
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_real_model_extractive_prompt_sampled_same_ids_with_drafts_accepted(smollm2, seed):
+    model, text = smollm2
+    request = Request(messages=[{"role": "user", "content": "Repeat this paragraph exactly, word for word:\n\n"
+                                 + PARAGRAPH}], max_new_tokens=120, stop_ids=text.eos_ids,
+                      sampling=Sampling(temperature=0.7, top_p=0.95, seed=seed))
+    with Engine.load(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
+                     drafts=K) as eng:
+        eng.speculate = False
+        plain = [p.token for p in eng.stream(request) if p.token is not None]
+        eng.speculate = True
+        got = [p.token for p in eng.stream(request) if p.token is not None]
+        st = eng.stats
+    assert got == plain
+    assert st.speculation == "on" and st.tokens_per_step > 1.5, st.summary()
 
 
 @needs_file

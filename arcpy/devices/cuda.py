@@ -58,16 +58,14 @@ class CudaDevice(KVStore, PromptScores):
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         self.forward = forward
         self.owns_context = owns_context
-        self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
+        self.loop = self.graph = self.step_graph = self.draw_graph = self.spec_graph = self.spec_draw_graph = None
         # The step graphs by (draw, log-probabilities, logit bias, mask); all False is step_graph.
         self.steps: dict[tuple[bool, bool, bool, bool], object] = {}
         self.supports_loop = self.supports_sampling = self.supports_logprobs = self.supports_masks = False
         self._masking, self._mask = False, None  # set_masking chose the masked step graphs; the MaskBlock
         self.supports_logit_bias = True  # on the host path an eager kernel; the loop's graphs in capture()
-        self._top_logprobs: int | None = None  # set_logprobs: None, off
-        self._bias = False  # set_logit_bias gave pairs
-        self.speculate_k = self.speculate_ngram = 0
-        self.speculation_refused = ""  # why speculative steps were asked for and not captured
+        self._top_logprobs, self._bias = None, False  # set_logprobs (None: off); set_logit_bias gave pairs
+        self.speculate_k, self.speculate_ngram, self.speculation_refused = 0, 0, ""  # refused: why not captured
         self.supports_prefill = forward.supports_prefill
         # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
         # the same at any row count, attention walks its keys in tiles at fixed positions:
@@ -78,8 +76,8 @@ class CudaDevice(KVStore, PromptScores):
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
         self._scores = self._scored = None  # enqueue_prompt_logprobs's arrays, and what it last scored
         self._drawing = False  # set_sampling chose the sampled step graph
-        self._idle = False  # stream_query() saw the stream idle after the last enqueue
-        self._prompt_in_use = False  # a prefill may still read the pinned prompt
+        # stream_query() saw the stream idle after the last enqueue; a prefill may still read the pinned prompt
+        self._idle = self._prompt_in_use = False
         self.name = ""
         try:
             self.name = ctx.name()  # kept: the capabilities still name the GPU once the context is closed
@@ -95,8 +93,7 @@ class CudaDevice(KVStore, PromptScores):
             self._sampled_value, self._sampled_value_dev = ctx.pinned((2,), np.float32)  # the argmax's, the smallest
             self._tokens = self.ffi.new("int32_t[]", ring_capacity)
             top = ring_capacity * MAX_TOP_LOGPROBS
-            self._lp = (self.ffi.new("float[]", ring_capacity), self.ffi.new("int32_t[]", top),
-                        self.ffi.new("float[]", top))
+            self._lp = (self.ffi.new("float[]", ring_capacity), self.ffi.new("int32_t[]", top), self.ffi.new("float[]", top))
             if self.supports_prefill:
                 prompt, prompt_dev = ctx.pinned((self.max_seq,), np.int32)
                 self._prompt, self._prompt_dev = prompt, self.ffi.cast("int32_t *", prompt_dev)
@@ -135,8 +132,7 @@ class CudaDevice(KVStore, PromptScores):
         flags = (False, True)
         for key in ((d, lp, b, m) for d in draws for lp in flags for b in flags for m in flags):
             self.steps[key] = self._capture(lambda: self._enqueue_step_graph(*key))
-        self.step_graph = self.steps[False, False, False, False]
-        self.draw_graph = self.steps.get((True, False, False, False))
+        self.step_graph, self.draw_graph = self.steps[False, False, False, False], self.steps.get((True, False, False, False))
         self.supports_loop = self.supports_logprobs = self.supports_masks = True
         self.supports_sampling = True in draws
 
@@ -154,13 +150,16 @@ class CudaDevice(KVStore, PromptScores):
             _lib.check(self.lib.arc_loop_enqueue_logprobs(self.loop, fwd.logits, fwd.width))
 
     def capture_speculation(self, k: int, ngram: int) -> None:
-        """The speculative step's graph: draft, verify forward of k + 1 rows, accept and commit.
-        Refused (InvalidArgumentError) by a forward without one, or with quantized weights."""
+        """The speculative steps' graphs: draft, verify forward of k + 1 rows, accept and commit,
+        greedy and (where the loop draws) sampled. Refused (InvalidArgumentError) by a forward
+        without one, or with quantized weights."""
         fwd = self.forward
         if not hasattr(fwd, "enqueue_speculate"):
             raise InvalidArgumentError("this device's forward has no speculative step")
         fwd.reserve_speculation(k)
         self.spec_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram))
+        if self.supports_sampling:
+            self.spec_draw_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram, draw=True))
         self.speculate_k, self.speculate_ngram = k, ngram
 
     def _capture(self, enqueue: Callable[[], None]):
@@ -377,10 +376,11 @@ class CudaDevice(KVStore, PromptScores):
         _lib.check(self.lib.arc_loop_begin_burst_limit(self.loop, burst_id, max_tokens))
 
     def enqueue_spec_step(self, burst_id: int) -> None:
-        if self.spec_graph is None:
-            raise InvalidArgumentError("this device has no speculative step (capture_speculation)")
+        graph = self.spec_draw_graph if self._drawing else self.spec_graph
+        if graph is None:
+            raise InvalidArgumentError("this device has no speculative step of this kind (capture_speculation)")
         self._idle = False
-        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, self.spec_graph, burst_id))
+        _lib.check(self.lib.arc_loop_enqueue_step(self.loop, graph, burst_id))
 
     def poll_ring(self) -> RingState:
         s = self._state
@@ -400,10 +400,10 @@ class CudaDevice(KVStore, PromptScores):
 
     def close(self) -> None:
         """Free everything the device owns; safe to call twice, and on a half-built device."""
-        for g in (self.graph, self.spec_graph, *self.steps.values()):
+        for g in (self.graph, self.spec_graph, self.spec_draw_graph, *self.steps.values()):
             if g is not None:
                 self.lib.arc_graph_destroy(g)
-        self.graph = self.step_graph = self.draw_graph = self.spec_graph = None
+        self.graph = self.step_graph = self.draw_graph = self.spec_graph = self.spec_draw_graph = None
         self.steps = {}
         self.supports_loop = self.supports_sampling = self.supports_logprobs = self.supports_masks = False
         self.speculate_k, self._mask = 0, None  # the mask block goes with the loop

@@ -106,8 +106,10 @@ class CudaModel:
         """Buffers for speculative steps of k drafts (bf16 weights only: libarc refuses others)."""
         _lib.check(self.lib.arc_model_speculate_reserve(self.ptr, k))
 
-    def enqueue_speculate(self, loop, ngram: int) -> None:
-        _lib.check(self.lib.arc_model_forward_speculate(self.ptr, loop, ngram))
+    def enqueue_speculate(self, loop, ngram: int, draw: bool = False) -> None:
+        """The speculative step; with `draw` the sampled one (each row's token drawn, not its argmax)."""
+        step = self.lib.arc_model_forward_speculate_draw if draw else self.lib.arc_model_forward_speculate
+        _lib.check(step(self.ptr, loop, ngram))
 
     def prefill(self, tokens, n: int, start: int) -> None:
         _lib.check(self.lib.arc_model_prefill(self.ptr, tokens, n, start))

@@ -162,8 +162,7 @@ class FakeDevice:
             if self.masking and self.position != s.nan_at_position:
                 logits = np.where(allowed(self.mask, self.vocab), logits, np.float32(-np.inf)).astype(np.float32)
                 tok = int(np.argmax(logits))
-            if self.sampler is not None and self.position not in (s.nan_at_position, s.flat_at_position):
-                tok = self.sampler.sample(logits, self.position + 1)
+            tok = self._drawn(logits, tok, self.position)
             self.step_logits = logits
             self._commit(op, tok)
         elif op.kind == "logprobs" and len(self.entries) < len(self.ring):  # the step published a token
@@ -171,6 +170,15 @@ class FakeDevice:
         elif op.kind == "score":  # each token after the first, against a forward of the one before
             tokens, top = op.arg
             self.scored = [token_logprob(self._forward(t, i)[0], tokens[i + 1], top) for i, t in enumerate(tokens[:-1])]
+
+    def _drawn(self, logits: np.ndarray, argmax: int, position: int) -> int:
+        """The token a step at `position` makes of its logits: the argmax, or with a sampler set the
+        draw for position + 1 (as the device's; the script's broken positions keep the argmax, which
+        their commit refuses)."""
+        s = self.script
+        if self.sampler is not None and position not in (s.nan_at_position, s.flat_at_position):
+            return self.sampler.sample(logits, position + 1)
+        return argmax
 
     def _add_bias(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
         """The logits with the bias added (float32, as the device adds it), and their argmax."""
@@ -244,8 +252,9 @@ class FakeDevice:
         return True
 
     def _speculate(self, op: _Op) -> None:
-        """A speculative step: drafts from the history, the model's token after each row, and
-        the accepted run committed token by token (speculate.cu's accept)."""
+        """A speculative step: drafts from the history, the model's token after each row (its
+        argmax, or its draw at that row's position), and the accepted run committed token by token
+        (speculate.cu's accept)."""
         if self._gone(op):
             return
         p = self.position
@@ -254,7 +263,7 @@ class FakeDevice:
         self.drafts.append(drafts)
         rows = [self.token, *drafts]
         for i, row_token in enumerate(rows):
-            made = self._forward(row_token, p + i)[1]
+            made = self._drawn(*self._forward(row_token, p + i), p + i)
             if not self._commit(op, made) or i >= len(drafts) or drafts[i] != made:
                 break
         self.spec_steps += 1

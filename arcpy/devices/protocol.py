@@ -107,8 +107,9 @@ class DeviceOps(Protocol):
     # A step of burst `burst_id` without its forward: the sampler and the commit on the logits a
     # prefill left, so the prompt's next token lands in the ring like every other.
     def enqueue_commit(self, burst_id: int) -> None: ...
-    # Speculative steps (speculate_k > 0; greedy): the prompt's ids go into the loop's history by
-    # enqueue_prefill, or by set_history when the prompt goes through token by token.
+    # Speculative steps (speculate_k > 0; greedy, or drawn as set_sampling says): the prompt's ids
+    # go into the loop's history by enqueue_prefill, or by set_history when the prompt goes
+    # through token by token.
     def set_history(self, tokens: Sequence[int]) -> None: ...
     # The commits enqueued after this belong to burst `burst_id`, which publishes at most
     # `max_tokens` tokens.

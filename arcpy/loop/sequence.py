@@ -21,7 +21,7 @@ class SequenceState:
     loop: bool
     budget_reason: str = ""  # why max_new ends it: the caller's budget, or the context
     prefilled: bool = False  # the next token comes from the prefill's logits, not a forward
-    policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop, greedy)
+    policy: SpecPolicy | None = None  # speculative bursts where they pay (the device loop)
     logprobs: int | None = None  # each token's log-probabilities with this many alternatives; None: none
     bias: tuple = ()         # the logit bias, (id, value) pairs
     bias_on_device: bool = False  # the device adds it (else the host path adds it to the logits it reads)

@@ -5,13 +5,17 @@ A speculative step verifies k drafts in one read of the weights; it costs more t
 choice is made per burst, from two measurements:
 
 - what speculation would make of this sequence: `Acceptance` replays the device's drafts over the
-  tokens seen so far (the greedy output does not depend on how it was produced), so the estimate
+  tokens seen so far (the output, greedy or drawn by position from a seed, does not depend on how
+  it was produced), so the estimate
   exists on plain bursts as well as on speculative ones;
 - what a step of each kind costs on this device: the wall time of whole bursts, per step, kept
   across sequences (`StepCost`), with a prior for the kind not yet measured.
 
 A burst speculates when the expected tokens per speculative step exceed the cost of such a step
-in plain steps by a margin; so k is in effect 0 where nothing repeats. A sequence starts on the
+in plain steps by a margin; so k is in effect 0 where nothing repeats. Greedy and sampled requests
+speculate alike: a sampled step draws the token after each verify row with the plain step's draw
+at that row's position and accepts a draft where it equals the drawn token, so the estimate (drafts
+that match the tokens made) is the same for both. A sequence starts on the
 plain loop (the estimate starts at one token a step) and turns to speculation as soon as the
 tokens it has made show drafts that would have matched.
 """
@@ -82,7 +86,7 @@ class SpecPolicy:
         return max(1, min(burst, math.floor(remaining / expected)))
 
 
-def speculation(device, allowed: bool, admitted: bool, greedy: bool, prompt: Sequence[int], cost: StepCost,
+def speculation(device, allowed: bool, admitted: bool, prompt: Sequence[int], cost: StepCost,
                 stats: GenerationStats) -> SpecPolicy | None:
     """A sequence's policy, or None where it does not speculate (stats.speculation says why).
     `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop."""
@@ -92,8 +96,6 @@ def speculation(device, allowed: bool, admitted: bool, greedy: bool, prompt: Seq
         stats.speculation = f"off: {refused}" if refused and allowed else "off"
     elif not admitted:
         stats.speculation = "off: only the device loop speculates"
-    elif not greedy:
-        stats.speculation = "off: speculation is greedy only; sampled requests run the plain loop"
     else:
         stats.speculation, stats.drafts = "on", k
         return SpecPolicy(k, caps.speculate_ngram, prompt, cost)

@@ -10,14 +10,18 @@
 //                  (norm) -> skinny qkv; QK_NORM head_norm; ATTEND rope + cache -> attention;
 //                  ATTN_OUT split -> skinny Wo (+x); FFN_IN split (norm) -> skinny SwiGLU;
 //                  FFN_OUT skinny Wdown (+x); then the lm_head over every row
-//   3 argmax       each row's argmax key (one atomic max a block)
-//   4 accept       commits the argmax of row 0, and of row i + 1 while draft i + 1 equals the
-//                  argmax of row i: each published token is what the model produces after the
-//                  tokens before it. The commit's checks (range, position, non-finite, stop ids,
+//   3 argmax       each row's argmax key (one atomic max a block); in the sampled step
+//                  (arc_model_forward_speculate_draw) instead the draw after each row, at that
+//                  row's position, with the loop's sampling parameters (draw.cu: the same draw,
+//                  the same Philox counter, as the plain sampled step's at that position)
+//   4 accept       commits the token after row 0, and after row i + 1 while draft i + 1 equals
+//                  the token after row i: each published token is what the model makes after the
+//                  tokens before it, greedy or drawn. The commit's checks (range, position, non-finite, stop ids,
 //                  the burst's limit) apply to each; a stop id ends the run. Then the step count.
 // Rejected rows leave cache rows past the new position; the next step's rows overwrite them
 // before any attention reads them.
 #include "../commit.cuh"
+#include "../draw.cuh"
 #include "buffers.cuh"
 #include "head_argmax.cuh"
 #include "layer.cuh"
@@ -262,29 +266,43 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
     return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, c.dim, nullptr, 0, b.logits);
 }
 
-extern "C" int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram) {
-    ARC_REQUIRE(model && loop, "null argument");
+// The speculative step; with draw, each row's token is drawn (the sampled step) instead of its argmax.
+static int speculate(arc_model *model, arc_loop *loop, int32_t ngram, bool draw, const char *who) {
+    ARC_REQUIRE_AS(who, model && loop, "null argument");
     const ModelParts mp = model_parts(model);
     arc_context *ctx = mp.ctx;
     const arc_model_config &c = mp.cfg;
     const SpecBuffers &b = *mp.spec;
-    ARC_REQUIRE(b.k > 0, "no speculative buffers: call arc_model_speculate_reserve first");
-    ARC_REQUIRE(ngram >= 1 && ngram <= SPEC_MAX_NGRAM, "ngram must be in 1..%d, got %d", SPEC_MAX_NGRAM, ngram);
-    ARC_REQUIRE(loop->ctx == ctx, "the loop and the model belong to different contexts");
-    ARC_REQUIRE(loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
-    ARC_REQUIRE(loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
+    ARC_REQUIRE_AS(who, b.k > 0, "no speculative buffers: call arc_model_speculate_reserve first");
+    ARC_REQUIRE_AS(who, ngram >= 1 && ngram <= SPEC_MAX_NGRAM, "ngram must be in 1..%d, got %d", SPEC_MAX_NGRAM, ngram);
+    ARC_REQUIRE_AS(who, loop->ctx == ctx, "the loop and the model belong to different contexts");
+    ARC_REQUIRE_AS(who, loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
+    ARC_REQUIRE_AS(who, loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
                 c.max_seq);
-    ARC_TRY(model_check_uploaded(model, __func__));
+    ARC_TRY(model_check_uploaded(model, who));
     const int rows = b.k + 1;
     ARC_TRY(arc_launch_pdl(ctx, "draft_kernel", draft_kernel, dim3(1), dim3(DRAFT_THREADS), 0, loop->state,
                            loop->history, b.k, ngram, b.tokens, b.positions, b.keys));
     ARC_TRY(verify_forward(model, mp, b, rows));
-    ARC_TRY(arc_launch_pdl(ctx, "rowmax_kernel", rowmax_kernel, dim3(ROWMAX_BLOCKS, rows), dim3(ROWMAX_THREADS), 0,
-                           (const float *)b.logits, c.vocab, b.keys));
+    if (draw) {
+        for (int i = 0; i < rows; ++i)
+            ARC_TRY(enqueue_row_draw(loop, b.logits + (size_t)i * c.vocab, i, rows, b.keys));
+    } else {
+        ARC_TRY(arc_launch_pdl(ctx, "rowmax_kernel", rowmax_kernel, dim3(ROWMAX_BLOCKS, rows), dim3(ROWMAX_THREADS), 0,
+                               (const float *)b.logits, c.vocab, b.keys));
+    }
     const int st = arc_launch_pdl(ctx, "accept_kernel", accept_kernel, dim3(1), dim3(1), 0, commit_args(loop),
                                   (const int32_t *)b.tokens, (const unsigned long long *)b.keys, b.k);
     if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
     return st;
+}
+
+extern "C" int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram) {
+    return speculate(model, loop, ngram, false, __func__);
+}
+
+extern "C" int arc_model_forward_speculate_draw(arc_model *model, arc_loop *loop, int32_t ngram) {
+    return speculate(model, loop, ngram, true, __func__);
 }
 
 extern "C" int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows) {
