@@ -12,7 +12,7 @@ from arcpy.drafting import Acceptance, NgramIndex, draft
 from arcpy.errors import FaultWordError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, Engine
-from arcpy.loop.speculate import COST_PRIOR, PLAIN, SPECULATIVE, SpecPolicy, StepCost
+from arcpy.loop.speculate import COST_PRIOR, PLAIN, SEEDED, SPECULATIVE, SpecPolicy, StepCost
 from arcpy.loop.stats import STOP_ID, TOKEN_BUDGET
 from arcpy.sampling import Sampling
 
@@ -219,19 +219,20 @@ def test_engine_stops_at_a_stop_id_drafted_inside_a_run(latch):
 
 
 @pytest.mark.parametrize("sampling", [
-    Sampling(temperature=0.05, seed=5),                      # nearly the argmax: long accepted runs
-    Sampling(temperature=0.7, seed=11),
-    Sampling(temperature=1.0, top_k=3, seed=2),
-    Sampling(temperature=0.8, top_p=0.9, seed=123),
+    Sampling(temperature=0.05),                       # nearly the argmax: long accepted runs
+    Sampling(temperature=0.7),
+    Sampling(temperature=1.0, top_k=3),
+    Sampling(temperature=0.8, top_p=0.9),
 ], ids=["t0.05", "t0.7", "t1-k3", "t0.8-p0.9"])
 @pytest.mark.parametrize("burst", [1, 4, 16])
-def test_a_seeded_sampled_request_speculates_and_draws_the_plain_loops_tokens(latch, sampling, burst):
-    # Each token after a verify row is the draw at that row's position: the plain loop's.
+def test_a_sampled_request_speculates_and_draws_what_the_plain_loop_draws_with_its_seed(latch, sampling, burst):
+    # Each token after a verify row is the draw at that row's position: with the seed the engine
+    # drew, the plain loop's (the fake's verify rows are its plain logits).
     spec = engine(latch, burst=burst, script={"vocab": 24})
-    plain = engine(latch, k=0, burst=burst, script={"vocab": 24})
     got = list(spec.generate(PROMPT, 90, sampling=sampling))
-    assert got == list(plain.generate(PROMPT, 90, sampling=sampling))
-    assert spec.stats.speculation == "on" and spec.stats.seed == sampling.seed
+    assert spec.stats.speculation == "on" and spec.stats.seed is not None
+    seeded = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed=spec.stats.seed)
+    assert got == list(engine(latch, k=0, burst=burst, script={"vocab": 24}).generate(PROMPT, 90, sampling=seeded))
     if sampling.temperature == 0.05 and burst > 1:  # the draws follow the cycle: drafts match
         assert spec.device.spec_steps > 0 and spec.stats.tokens_per_step > 2
 
@@ -239,12 +240,20 @@ def test_a_seeded_sampled_request_speculates_and_draws_the_plain_loops_tokens(la
 def test_sampled_speculative_tokens_are_draws_not_argmaxes(latch):
     # At temperature 1 the draws leave the scripted argmax often; the speculative loop keeps the
     # draws (not the verify rows' argmaxes) and accepts drafts only where they equal them.
-    sampling = Sampling(temperature=1.0, seed=9)
     spec = engine(latch, burst=8, script={"vocab": 4})
-    got = list(spec.generate(PROMPT, 200, sampling=sampling))
-    assert got == list(engine(latch, k=0, burst=8, script={"vocab": 4}).generate(PROMPT, 200, sampling=sampling))
+    got = list(spec.generate(PROMPT, 200, sampling=Sampling(temperature=1.0)))
+    seeded = Sampling(temperature=1.0, seed=spec.stats.seed)
+    assert got == list(engine(latch, k=0, burst=8, script={"vocab": 4}).generate(PROMPT, 200, sampling=seeded))
     assert got != reference(200, lambda tok, pos: cycle_next(tok, pos) % 4)
     assert spec.device.spec_steps > 0  # a 4-token vocabulary repeats itself: drafts are tried
+
+
+def test_a_sampled_request_with_its_own_seed_keeps_the_plain_loop_and_says_why(latch):
+    sampling = Sampling(temperature=0.05, seed=5)
+    eng = engine(latch, burst=4)
+    got = list(eng.generate(PROMPT, 40, sampling=sampling))
+    assert eng.stats.speculation == f"off: {SEEDED}" and eng.device.spec_steps == 0
+    assert got == list(engine(latch, k=0, burst=4).generate(PROMPT, 40, sampling=sampling))
 
 
 def test_text_without_repetition_never_speculates(latch):
