@@ -112,12 +112,14 @@ def loop_tokens(dev, prompt, sampling, n, speculative):
     return out
 
 
-# Peaked draws: the verify's rounding (its logits equal the plain step's only up to the order of
-# the sums) moves a draw's threshold far less than a token's share of the mass.
-PEAKED = [Sampling(temperature=0.05, seed=1), Sampling(temperature=0.3, seed=5, top_k=8, top_p=0.8)]
+# Peaked draws only: the verify's logits equal the plain step's up to the order of the sums, and
+# that rounding moves a broad draw's threshold across a boundary now and then (on stories15M and
+# gqa at temperature 0.7 to 1, and at 0.3 with top-k 8 and top-p 0.8, within 32 to 83 tokens,
+# docs/PERF.md), which is why a seeded request keeps the plain loop.
+PEAKED = [Sampling(temperature=0.05, seed=1), Sampling(temperature=0.05, seed=5, top_k=8, top_p=0.8)]
 
 
-@pytest.mark.parametrize("sampling", PEAKED, ids=["t0.05", "t0.3-k8-p0.8"])
+@pytest.mark.parametrize("sampling", PEAKED, ids=["t0.05", "t0.05-k8-p0.8"])
 def test_sampled_speculative_steps_draw_the_plain_loops_tokens(device, sampling):
     # Every token is the draw after its row at its position: the plain sampled loop's draw.
     prompt = repeating_prompt(device.vocab, seed=4)
