@@ -16,8 +16,9 @@ from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench import loop as bench
 from arcpy.devices.cuda_model import PREFILL_CHUNK
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.model import SHAPES, preset_formats, synthetic_model
+from arcpy.sampling import Sampler, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "docs" / "perf-baseline.json"
@@ -335,6 +336,33 @@ def test_the_profile_script_says_in_one_line_that_there_is_no_gpu(capsys):
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
+
+
+def test_the_divergence_script_names_an_unknown_shape_in_one_line_before_any_gpu_work(capsys):
+    assert load_script("sampled_divergence").main(["--shapes", "stories15M,llama9000B"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
+
+
+@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would run")
+def test_the_divergence_script_says_in_one_line_that_there_is_no_gpu(capsys):
+    assert load_script("sampled_divergence").main(["--shapes", "stories15M"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
+
+
+def test_the_boundary_distance_is_where_the_draw_lay_in_its_ids_interval():
+    script = load_script("sampled_divergence")
+    logits = np.random.default_rng(0).normal(size=5000).astype(np.float32)
+    sampling = Sampling(temperature=0.7, seed=2)
+    token = Sampler(sampling).sample(logits, 100)
+    row = script.boundary_distance(logits, sampling, 100, token)
+    assert row["kept_ids"] == 5000 and 0 < row["token_weight"] <= 2**40
+    total = int(Sampler(sampling)._kept_weights(logits).astype(np.uint64).sum())
+    assert 0 <= row["distance_over_mass"] <= row["token_weight"] / total / 2  # the nearer end of its interval
+    with pytest.raises(ArcError, match="not the device's"):
+        script.boundary_distance(logits, sampling, 100, (token + 1) % 5000)
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ from gpu_buffers import gpu_logits
 from test_real_model import CLEAR, FILE, needs_file
 
 from arcpy import _lib
+from arcpy.bench.speculate import driver_tokens, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -29,14 +30,6 @@ from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 K = 7
-
-
-def repeating_prompt(vocab: int, seed: int = 0) -> list[int]:
-    """A passage, something else, then the passage's start again: the model's continuation may
-    follow the passage, and the drafts will propose it."""
-    rng = np.random.default_rng(seed)
-    passage = rng.integers(3, vocab, 48).tolist()
-    return [1] + passage + rng.integers(3, vocab, 8).tolist() + passage[:12]
 
 
 @pytest.fixture(scope="module", params=["stories15M", "gqa", "qwen-tiny", "qwen3-tiny", "phi3-tiny", "smollm3-tiny",
@@ -99,23 +92,10 @@ def test_speculative_loop_gives_the_plain_loops_tokens(device, always, burst):
         assert st.spec_steps > 0 and 1.0 <= st.tokens_per_step <= K + 1
 
 
-def loop_tokens(dev, prompt, sampling, n, speculative):
-    """n tokens of the device loop after a prefill of `prompt`, drawn with `sampling` (its seed
-    as given), in bursts of 8 steps, each plain or each speculative."""
-    drv = BurstDriver(dev, max_spins=50_000_000)
-    drv.begin_sequence((), sampling=sampling)
-    dev.enqueue_prefill(prompt, 0)
-    dev.set_input(prompt[-1], len(prompt) - 1)
-    out = list(drv.run(1, first_commit=True))
-    while len(out) < n:
-        out += list(drv.run_speculative(8, n - len(out)) if speculative else drv.run(min(8, n - len(out))))
-    return out
-
-
 # Peaked draws only: the verify's logits equal the plain step's up to the order of the sums, and
 # that rounding moves a broad draw's threshold across a boundary now and then (on stories15M and
 # gqa at temperature 0.7 to 1, and at 0.3 with top-k 8 and top-p 0.8, within 32 to 83 tokens,
-# docs/PERF.md), which is why a seeded request keeps the plain loop.
+# docs/PERF.md, scripts/sampled_divergence.py), which is why a seeded request keeps the plain loop.
 PEAKED = [Sampling(temperature=0.05, seed=1), Sampling(temperature=0.05, seed=5, top_k=8, top_p=0.8)]
 
 
@@ -123,8 +103,8 @@ PEAKED = [Sampling(temperature=0.05, seed=1), Sampling(temperature=0.05, seed=5,
 def test_sampled_speculative_steps_draw_the_plain_loops_tokens(device, sampling):
     # Every token is the draw after its row at its position: the plain sampled loop's draw.
     prompt = repeating_prompt(device.vocab, seed=4)
-    want = loop_tokens(device, prompt, sampling, 120, speculative=False)
-    assert loop_tokens(device, prompt, sampling, 120, speculative=True) == want
+    want = driver_tokens(device, prompt, sampling, 120, speculative=False)
+    assert driver_tokens(device, prompt, sampling, 120, speculative=True) == want
 
 
 def test_an_unseeded_sampled_request_speculates(device):

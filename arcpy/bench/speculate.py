@@ -95,6 +95,28 @@ def step_costs(device, steps: int = 32, runs: int = 5) -> dict:
     return out
 
 
+def repeating_prompt(vocab: int, seed: int = 0) -> list[int]:
+    """A passage, something else, then the passage's start again: the model's continuation may
+    follow the passage, and the drafts will propose it."""
+    rng = np.random.default_rng(seed)
+    passage = rng.integers(3, vocab, 48).tolist()
+    return [1] + passage + rng.integers(3, vocab, 8).tolist() + passage[:12]
+
+
+def driver_tokens(device, prompt, sampling, n: int, speculative: bool) -> list[int]:
+    """n tokens of the device loop after a prefill of `prompt`, drawn with `sampling` (its seed as
+    given; None: greedy), in bursts of 8 steps, each plain or each speculative: the two kinds of
+    step compared directly, without the policy."""
+    drv = BurstDriver(device, max_spins=50_000_000)
+    drv.begin_sequence((), sampling=sampling)
+    device.enqueue_prefill(prompt, 0)
+    device.set_input(prompt[-1], len(prompt) - 1)
+    out = list(drv.run(1, first_commit=True))
+    while len(out) < n:
+        out += list(drv.run_speculative(8, n - len(out)) if speculative else drv.run(min(8, n - len(out))))
+    return out
+
+
 SKINNY_ROWS = (1, 4, 8)
 L2_BYTES = 50 << 20
 
