@@ -44,7 +44,8 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
         click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
                      help="Drafts a speculative step verifies, 0 for none: where the text repeats earlier text, the "
                           "device loop makes up to that many tokens more per read of the weights (greedy "
-                          "requests, bf16 weights; chosen burst by burst, only where it pays)."),
+                          "and unseeded sampled requests, bf16 weights; chosen burst by burst, only where it "
+                          "pays)."),
     ]
 
 
