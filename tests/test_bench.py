@@ -352,6 +352,25 @@ def test_the_divergence_script_says_in_one_line_that_there_is_no_gpu(capsys):
     assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "llama9000B"], "unknown synthetic shape 'llama9000B'"),
+    (["--shape", "tiny-quant"], "tiny-quant holds quantized matrices"),
+    (["--shape", "stories15M", "--layers", "7"], "--layers must be in 1..6, got 7"),
+])
+def test_the_verify_profile_script_refuses_bad_arguments_in_one_line_before_any_gpu_work(capsys, args, message):
+    assert load_script("profile_verify").main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would run")
+def test_the_verify_profile_script_says_in_one_line_that_there_is_no_gpu(capsys):
+    assert load_script("profile_verify").main(["--shape", "stories15M", "--layers", "1"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
+
+
 def test_the_boundary_distance_is_where_the_draw_lay_in_its_ids_interval():
     script = load_script("sampled_divergence")
     logits = np.random.default_rng(0).normal(size=5000).astype(np.float32)
