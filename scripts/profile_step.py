@@ -20,10 +20,9 @@ from dataclasses import asdict
 
 from arcpy import _lib
 from arcpy.bench.kernels import Buffers, StepTensors, kernel_specs
-from arcpy.bench.loop import bench_max_seq
+from arcpy.bench.loop import bench_max_seq, script_status
 from arcpy.bench.loop import positions as position_list
 from arcpy.devices.context import Context
-from arcpy.errors import ArcError
 from arcpy.model import SHAPES, ModelConfig, preset_formats
 
 
@@ -60,17 +59,16 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="llama8B-q4km", help="comma-separated synthetic shapes")
     ap.add_argument("--positions", type=position_list, default=[130], help="attention positions, e.g. 130,512")
     a = ap.parse_args(argv)
-    try:
+
+    def body():
         shapes = a.shapes.split(",")
         formats = {shape: preset_formats(shape) for shape in shapes}  # refuses an unknown shape first
         for shape in shapes:
             cfg = SHAPES[shape]
             for row in launch_each_once(cfg, bench_max_seq(cfg), a.positions, formats[shape]):
                 print(json.dumps({"shape": shape, **row}), flush=True)
-    except ArcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return script_status(body)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import sys
 
+from arcpy.bench.loop import script_status
 from arcpy.bench.speculate import DRAFTS, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
@@ -70,12 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="llama8B", help="a synthetic bf16 shape")
     ap.add_argument("--layers", type=int, default=2, help="layers of the shape to keep")
     a = ap.parse_args(argv)
-    try:
-        print(json.dumps(run(a.shape, a.layers)), flush=True)
-    except ArcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return script_status(lambda: print(json.dumps(run(a.shape, a.layers)), flush=True))
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@ import sys
 
 import numpy as np
 
+from arcpy.bench.loop import script_status
 from arcpy.bench.speculate import DRAFTS, driver_tokens, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
-from arcpy.model import SHAPES, synthetic_model
+from arcpy.model import preset_formats, synthetic_model
 from arcpy.sampling import Sampler, Sampling, draw_words
 
 SETTINGS = [Sampling(temperature=0.7, seed=2), Sampling(temperature=1.0, top_p=0.9, seed=4),
@@ -66,19 +67,17 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="stories15M,gqa", help="comma-separated synthetic shapes (bf16)")
     ap.add_argument("--tokens", type=int, default=160, help="tokens each loop makes")
     a = ap.parse_args(argv)
-    try:
+
+    def body():
         shapes = a.shapes.split(",")
         for shape in shapes:
-            if shape not in SHAPES:
-                raise ArcError(f"unknown synthetic shape {shape!r}")
+            preset_formats(shape)  # refuses an unknown shape before any GPU work
         for shape in shapes:
             with open_cuda_device(synthetic_model(shape, seed=3), max_seq=512, speculate=DRAFTS) as device:
                 for sampling in SETTINGS:
                     print(json.dumps({"shape": shape, **divergence(device, sampling, a.tokens)}), flush=True)
-    except ArcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return script_status(body)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -89,6 +90,17 @@ def positions(text: str) -> list[int]:
     if any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"positions must be >= 0, got {text!r}")
     return values
+
+
+def script_status(body: Callable[[], None]) -> int:
+    """A script's exit status: 0 after body(); an ArcError instead told in one line on stderr
+    (`error: ...`), and 1."""
+    try:
+        body()
+    except ArcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # --- figures computed from the config ---------------------------------------------------------
