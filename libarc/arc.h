@@ -359,13 +359,13 @@ int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n
  * forward or the prefill have not written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
 
-/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled, bf16 weights). The draft: the latest
- * earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history, and the k
- * tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions p..p+k in
- * one pass (tensor-core products on inputs split exactly in bf16 parts; float32 attention). The accept: row 0's
- * argmax, then row i's while draft i matched row i - 1's, each through the commit's checks (and the burst's limit);
- * then .steps. The history (max_seq ids) gets every commit's token; this writes tokens[0..n) at start.. (device or
- * mapped memory), stream-ordered. ---- */
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 weights). The draft:
+ * the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history,
+ * and the k tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions
+ * p..p+k in one pass (tensor-core products on inputs split exactly in bf16 parts; float32 attention). The accept:
+ * the token after row 0 (its argmax, or sampled its draw), then after row i while draft i matched the token after
+ * row i - 1, each through the commit's checks (and the burst's limit); then .steps. The history (max_seq ids) gets
+ * every commit's token; this writes tokens[0..n) at start.. (device or mapped memory), stream-ordered. ---- */
 int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
 /* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing. */
 int arc_model_speculate_reserve(arc_model *model, int32_t k);

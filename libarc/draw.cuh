@@ -140,7 +140,8 @@ __device__ uint32_t load_keys(const float *__restrict__ logits, int n, int base,
 // (visible to the host once the launch is done); -1 when the logits broke. kmax: the largest order
 // key of the logits, low: the largest ~key (every logit equal where kmax == ~low).
 template <bool COMMIT>
-__device__ void publish(const CommitArgs &c, const DrawParams &p, int32_t *out, int tok, uint32_t kmax, uint32_t low) {
+__device__ void publish(const CommitArgs &c, const DrawParams &p, int32_t *out, int tok, uint32_t kmax,
+                        uint32_t low) {
     if (COMMIT && p.keys) {  // a verify row: speculate.cu's rowmax_kernel's pair, with the drawn token
         p.keys[p.row] = (unsigned long long)kmax << 32 | ~(uint32_t)(tok < 0 ? 0 : tok);
         p.keys[p.rows + p.row] = low;

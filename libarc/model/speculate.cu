@@ -16,8 +16,9 @@
 //                  the same Philox counter, as the plain sampled step's at that position)
 //   4 accept       commits the token after row 0, and after row i + 1 while draft i + 1 equals
 //                  the token after row i: each published token is what the model makes after the
-//                  tokens before it, greedy or drawn. The commit's checks (range, position, non-finite, stop ids,
-//                  the burst's limit) apply to each; a stop id ends the run. Then the step count.
+//                  tokens before it, greedy or drawn. The commit's checks (range, position,
+//                  non-finite, stop ids, the burst's limit) apply to each; a stop id ends the run.
+//                  Then the step count.
 // Rejected rows leave cache rows past the new position; the next step's rows overwrite them
 // before any attention reads them.
 #include "../commit.cuh"
@@ -278,7 +279,7 @@ static int speculate(arc_model *model, arc_loop *loop, int32_t ngram, bool draw,
     ARC_REQUIRE_AS(who, loop->ctx == ctx, "the loop and the model belong to different contexts");
     ARC_REQUIRE_AS(who, loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
     ARC_REQUIRE_AS(who, loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d", loop->max_seq,
-                c.max_seq);
+                   c.max_seq);
     ARC_TRY(model_check_uploaded(model, who));
     const int rows = b.k + 1;
     ARC_TRY(arc_launch_pdl(ctx, "draft_kernel", draft_kernel, dim3(1), dim3(DRAFT_THREADS), 0, loop->state,
