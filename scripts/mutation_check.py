@@ -257,11 +257,11 @@ MUTATIONS = [
          "tests/test_speculation.py::test_policy_starts_plain_speculates_once_drafts_would_pay_and_sizes_bursts_by_them"),
     ),
     Mutation(
-        "sampled requests speculate",
+        "a sampled request with its own seed speculates",
         "arcpy/loop/speculate.py",
-        "    elif not greedy:\n",
+        "    elif seeded:\n",
         "    elif False:\n",
-        ("tests/test_speculation.py::test_sampled_requests_run_the_plain_loop_and_say_why",),
+        ("tests/test_speculation.py::test_a_sampled_request_with_its_own_seed_keeps_the_plain_loop_and_says_why",),
     ),
     Mutation(
         "the server's worker never looks at a cancel",
