@@ -323,49 +323,27 @@ def test_the_ab_script_reads_positions_and_names_an_unknown_shape_in_one_line(ca
     assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
 
 
-def test_the_profile_script_names_an_unknown_shape_in_one_line_before_any_gpu_work(capsys):
-    script = load_script("profile_step")
-    assert script.main(["--shapes", "tiny-quant,llama9000B"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
-
-
-@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would profile")
-def test_the_profile_script_says_in_one_line_that_there_is_no_gpu(capsys):
-    assert load_script("profile_step").main(["--shapes", "tiny-quant"]) == 1
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
-
-
-def test_the_divergence_script_names_an_unknown_shape_in_one_line_before_any_gpu_work(capsys):
-    assert load_script("sampled_divergence").main(["--shapes", "stories15M,llama9000B"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown synthetic shape 'llama9000B'" in err[0]
-
-
-@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would run")
-def test_the_divergence_script_says_in_one_line_that_there_is_no_gpu(capsys):
-    assert load_script("sampled_divergence").main(["--shapes", "stories15M"]) == 1
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--shape", "llama9000B"], "unknown synthetic shape 'llama9000B'"),
-    (["--shape", "tiny-quant"], "tiny-quant holds quantized matrices"),
-    (["--shape", "stories15M", "--layers", "7"], "--layers must be in 1..6, got 7"),
+@pytest.mark.parametrize("script, args, message", [
+    ("profile_step", ["--shapes", "tiny-quant,llama9000B"], "unknown synthetic shape 'llama9000B'"),
+    ("sampled_divergence", ["--shapes", "stories15M,llama9000B"], "unknown synthetic shape 'llama9000B'"),
+    ("profile_verify", ["--shape", "llama9000B"], "unknown synthetic shape 'llama9000B'"),
+    ("profile_verify", ["--shape", "tiny-quant"], "tiny-quant holds quantized matrices"),
+    ("profile_verify", ["--shape", "stories15M", "--layers", "7"], "--layers must be in 1..6, got 7"),
 ])
-def test_the_verify_profile_script_refuses_bad_arguments_in_one_line_before_any_gpu_work(capsys, args, message):
-    assert load_script("profile_verify").main(args) == 1
+def test_the_profile_scripts_refuse_bad_arguments_in_one_line_before_any_gpu_work(capsys, script, args, message):
+    assert load_script(script).main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
 
 
-@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the script would run")
-def test_the_verify_profile_script_says_in_one_line_that_there_is_no_gpu(capsys):
-    assert load_script("profile_verify").main(["--shape", "stories15M", "--layers", "1"]) == 1
+@pytest.mark.skipif(arcpy.cuda_available(), reason="a GPU is present: the scripts would run")
+@pytest.mark.parametrize("script, args", [
+    ("profile_step", ["--shapes", "tiny-quant"]),
+    ("sampled_divergence", ["--shapes", "stories15M"]),
+    ("profile_verify", ["--shape", "stories15M", "--layers", "1"]),
+])
+def test_the_profile_scripts_say_in_one_line_that_there_is_no_gpu(capsys, script, args):
+    assert load_script(script).main(args) == 1
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert captured.out == "" and len(err) == 1 and err[0].startswith("error: ") and "CUDA" in err[0]
