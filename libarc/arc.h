@@ -37,7 +37,6 @@ typedef enum arc_status {
 
 /* Limits a caller sizes its arrays by. */
 enum { ARC_MAX_STOP_IDS = 8 };  /* arc_loop_set_stop_ids takes at most this many ids */
-enum { ARC_SPLIT_PARTS = 3 };   /* bf16 parts of a speculative verify's inputs (arc_op_split_rows) */
 enum { ARC_MAX_LAYER_OPS = 8 }; /* arc_layer_program lists at most this many ops */
 
 typedef struct arc_context arc_context;
@@ -260,7 +259,7 @@ int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model
 int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows, int64_t *cols);
 
 /* The layer program: the sequence of one decoder layer, written once and run by the decode step (GEMVs), the
- * speculative verify (skinny products), the prefill (tensor-core products) and arcpy's NumPy reference, each op in
+ * speculative verify (GEMVs over rows), the prefill (tensor-core products) and arcpy's NumPy reference, each op in
  * its own form. arc_layer_program lists a layer's ops in order into ops (ARC_MAX_LAYER_OPS entries); host only, no
  * context. x is the residual stream (float32). */
 typedef enum arc_layer_op {
@@ -362,7 +361,9 @@ int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache)
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 weights). The draft:
  * the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history,
  * and the k tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions
- * p..p+k in one pass (tensor-core products on inputs split exactly in bf16 parts; float32 attention). The accept:
+ * p..p+k in one pass, each row through the decode's own kernels or their form over rows, which keep each row's sums
+ * in the decode's order: every row's logits are the decode step's at that position, bit for bit, so the tokens
+ * are the plain loop's, greedy or sampled with the same seed (arc_op_gemv_rows says how). The accept:
  * the token after row 0 (its argmax, or sampled its draw), then after row i while draft i matched the token after
  * row i - 1, each through the commit's checks (and the burst's limit); then .steps. The history (max_seq ids) gets
  * every commit's token; this writes tokens[0..n) at start.. (device or mapped memory), stream-ordered. ---- */

@@ -114,18 +114,16 @@ int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *in
                              int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, float *scratch,
                              uint16_t *out);
 
-/* The verify's inputs are split in ARC_SPLIT_PARTS bf16 parts, (parts, rows, cols): p0 = bf16(v), p1 = bf16(v -
- * p0), p2 = bf16(v - p0 - p1), their sum v exactly; here v = n(x) per row, n as in arc_op_gemv (norm_weight NULL: v
- * = x). rows 1..8, cols % 8 == 0, 16-byte aligned. */
-int arc_op_split_rows(arc_context *ctx, const float *x, int32_t rows, int32_t cols, const uint16_t *norm_weight,
-                      float eps, uint16_t *parts);
-/* y (rows, n) = x (rows, k, in parts) @ w (n, k)^T (+ bias[n]) (+ y if accumulate != 0), float32 sums, each weight
- * read once. rows 1..8, k % 32 == 0, no bias with accumulate; x, w 16-byte aligned, y 8-byte. With w_gate_up = [Wg;
- * Wu]: h = silu(x Wg^T) * (x Wu^T), in parts. */
-int arc_op_skinny(arc_context *ctx, const uint16_t *x, const uint16_t *w, int32_t rows, int32_t n, int32_t k,
-                  const uint16_t *bias, int32_t accumulate, float *y);
-int arc_op_skinny_swiglu(arc_context *ctx, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows, int32_t n,
-                         int32_t k, uint16_t *h);
+/* The speculative verify's products: y (m, rows) = w (rows, cols) @ n(x[i]) (+ bias) (+ y if accumulate) for the m
+ * rows x[i] of x (m, cols), n as in arc_op_gemv (norm_weight NULL: n(x) = x), each weight read once for every row.
+ * Row i of y has the bits arc_op_gemv gives for x[i] alone (the same sums in the same order). m 1..8, cols % 8 == 0;
+ * w, x, y 16-byte aligned; with a norm, xn (m, cols) float32, 16-byte aligned, takes n(x). With w_gate_up = [Wg; Wu]
+ * (2 rows, cols): y = silu(Wg n(x)) * (Wu n(x)), each row the bits of arc_op_gemv_swiglu's. */
+int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_t m, int32_t rows, int32_t cols,
+                     const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate, float *xn,
+                     float *y);
+int arc_op_gemv_rows_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t m, int32_t rows,
+                            int32_t cols, const uint16_t *norm_weight, float eps, float *xn, float *y);
 
 /* The ranking of a prompt's scores (arc_model_prompt_logprobs), as arc_loop_enqueue_logprobs ranks a step's: for each
  * row r < rows of logits (its first vocab of logits[r * stride ..]), the log-probability of targets[r] under

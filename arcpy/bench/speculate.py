@@ -117,11 +117,11 @@ def driver_tokens(device, prompt, sampling, n: int, speculative: bool) -> list[i
     return out
 
 
-SKINNY_ROWS = (1, 4, 8)
+PRODUCT_ROWS = (1, 4, 8)
 L2_BYTES = 50 << 20
 
 
-def skinny_report(cfg, replays: int) -> list[dict]:
+def products_report(cfg, replays: int) -> list[dict]:
     """Each product of the verify forward timed alone against the decode's GEMV of the same matrix:
     µs per launch and the weights' GB/s, for 1, 4 and 8 rows (graphs of launches over distinct
     copies of the matrix, so that no launch finds it in L2)."""
@@ -137,18 +137,17 @@ def skinny_report(cfg, replays: int) -> list[dict]:
                 copies = max(2, min(cfg.n_layers, -(-4 * L2_BYTES // nbytes)))
                 ws = [ffi.cast("uint16_t *", buf.random_bf16(nbytes)) for _ in range(copies)]
                 x = ffi.cast("float *", buf.random_bf16(8 * k * 4))
-                parts = ffi.cast("uint16_t *", buf.random_bf16(3 * 8 * k * 2))
                 y = ffi.cast("float *", buf.alloc(8 * w_rows * 4))
-                h = ffi.cast("uint16_t *", buf.alloc(3 * 8 * n * 2))
                 row = {"name": name, "n": w_rows, "k": k}
-                kinds = [("gemv", 1)] + [(f"skinny{r}", r) for r in SKINNY_ROWS]
+                kinds = [("gemv", 1)] + [(f"rows{r}", r) for r in PRODUCT_ROWS]
                 for kind, r in kinds:
                     if kind == "gemv":
                         op = (lambda w: lib.arc_op_gemv_swiglu(ctx.ptr, w, x, n, k, NULL, 0.0, y)) if swiglu else \
                             (lambda w: lib.arc_op_gemv(ctx.ptr, w, x, n, k, NULL, NULL, 0.0, 0, y))
                     else:
-                        op = (lambda w, r=r: lib.arc_op_skinny_swiglu(ctx.ptr, parts, w, r, n, k, h)) if swiglu else \
-                            (lambda w, r=r: lib.arc_op_skinny(ctx.ptr, parts, w, r, n, k, NULL, 0, y))
+                        op = (lambda w, r=r: lib.arc_op_gemv_rows_swiglu(ctx.ptr, w, x, r, n, k, NULL, 0.0, NULL, y)) \
+                            if swiglu else (lambda w, r=r: lib.arc_op_gemv_rows(ctx.ptr, w, x, r, n, k, NULL, NULL, 0.0,
+                                                                                0, NULL, y))
                     ctx.wait_idle()
                     graph = capture_graph(ctx, [lambda w=w, op=op: _lib.check(op(w)) for w in ws])
                     try:
@@ -244,7 +243,7 @@ def bench_shape(shape: str, tokens: int, runs: int) -> dict:
             if case != "random prompt":
                 sampled = Request(prompt_ids=ids, max_new_tokens=tokens, sampling=SAMPLED)
                 out["cases"][case + ", " + SAMPLED_NAME] = {**compare(device, sampled, runs), "prompt_tokens": len(ids)}
-    out["products"] = skinny_report(cfg, runs)
+    out["products"] = products_report(cfg, runs)
     return out
 
 
@@ -295,7 +294,7 @@ def format_table(report: dict) -> str:
                      f"({step['ratio']:.2f}x)")
         for prod in part.get("products", []):
             cells = "  ".join(f"{kind} {prod[kind + '_us']:7.1f} us {prod[kind + '_GBps']:5.0f} GB/s"
-                              for kind in ["gemv"] + [f"skinny{r}" for r in SKINNY_ROWS])
+                              for kind in ["gemv"] + [f"rows{r}" for r in PRODUCT_ROWS])
             lines.append(f"    {prod['name']:15s} {prod['n']:6d}x{prod['k']:<6d} {cells}")
         for case, row in part["cases"].items():
             lines.append(f"    {case:22s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "

@@ -9,67 +9,13 @@
 // head to finish combines the head's partials, so one kernel does all of it. When one block holds
 // every chunk up to the position, it writes the output directly.
 //
-// At batch 1 the kernel is latency-bound, not bandwidth-bound, so it is laid out around its
-// chain of memory round trips: the cached rows of earlier positions were written by earlier
-// steps, which completed before this step began, so a block loads its whole chunk of k and v
-// before the dependency wait, while the GEMV before it still runs; after the wait only q and the
-// new position's row are read.
+// At batch 1 the kernel is latency-bound, so it is laid out around its chain of memory round
+// trips: the cached rows of earlier positions were written by earlier steps, so a block loads its
+// whole chunk of k and v before the dependency wait, while the GEMV before it still runs; after
+// the wait only q and the new position's row are read.
 #include <math.h>
 
-#include "kernels.cuh"
-
-enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8, ATTN_MERGE = 4, ATTN_GRID_BLOCKS = 1024 };
-
-// VEC bf16 values of a cache row as floats: 16-byte loads when head_dim % 8 == 0, else 4-byte.
-template <int VEC>
-__device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
-    if constexpr (VEC == 8) {
-        const uint4 g = *reinterpret_cast<const uint4 *>(p);
-        f[0] = bf16_lo(g.x); f[1] = bf16_hi(g.x); f[2] = bf16_lo(g.y); f[3] = bf16_hi(g.y);
-        f[4] = bf16_lo(g.z); f[5] = bf16_hi(g.z); f[6] = bf16_lo(g.w); f[7] = bf16_hi(g.w);
-    } else {
-        const uint32_t g = *reinterpret_cast<const uint32_t *>(p);
-        f[0] = bf16_lo(g); f[1] = bf16_hi(g);
-    }
-}
-
-// A float rounded to bf16 (nearest even) and back: the value the cache holds.
-__device__ __forceinline__ float as_cached(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-
-// How the threads of a block share a chunk. LP lanes hold one position (each NV vectors of VEC
-// elements of its row; vector j = sub + LP * i of the row); a warp holds 32 / LP positions, a block
-// step ATTN_THREADS / LP, and a block ATTN_UNROLL steps: CHUNK positions, all loaded at once.
-template <int VEC, int LP>
-struct AttnLayout {
-    static constexpr int NV = VEC == 8 ? 1 : 2;  // VEC == 2 runs with LP == 32: hd / 2 <= 64 = 32 * NV
-    static constexpr int E = NV * VEC;           // elements of a head row per lane
-    static constexpr int PPW = 32 / LP;          // positions per warp
-    static constexpr int PG = ATTN_THREADS / LP; // positions per block step
-    static constexpr int CHUNK = PG * ATTN_UNROLL;
-    static constexpr int HD = LP * E;            // the longest head row the layout holds
-};
-
-// The ATTN_UNROLL rows of the chunk this lane helps hold (row t = warp * PPW + PG * u + pw), its
-// vectors of each; rows at or past `rows`, and vectors past the row's nvh, read as zeros.
-template <int VEC, int LP>
-__device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh, int rows, int warp, int pw,
-                                           int sub, float (&f)[ATTN_UNROLL][AttnLayout<VEC, LP>::E]) {
-    using L = AttnLayout<VEC, LP>;
-#pragma unroll
-    for (int u = 0; u < ATTN_UNROLL; ++u) {
-        const int t = warp * L::PPW + L::PG * u + pw;
-#pragma unroll
-        for (int i = 0; i < L::NV; ++i) {
-            const int j = sub + LP * i;
-            if (t < rows && j < nvh) {
-                load_row<VEC>(base + (size_t)t * hd + j * VEC, &f[u][i * VEC]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) f[u][i * VEC + e] = 0.0f;
-            }
-        }
-    }
-}
+#include "attention.cuh"
 
 // Attention of query head blockIdx.x over its chunks of CHUNK positions c = blockIdx.y,
 // blockIdx.y + gridDim.y, ... whose positions are <= *pos, the position being decoded (one chunk a
@@ -93,12 +39,15 @@ __device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh
 // PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
 // window's bounds and the partial rotation compile away, which a step of small kernels feels
 // (docs/PERF.md, 2026-12-02).
-template <int VEC, int LP, bool MULTI, bool PLAIN>
+// ROWS: the verify's row blockIdx.z at pos_ptr[row], with its own qkv row (qkv_stride apart), out,
+// partials and tickets; its k and v are cached already (verify_attention.cu): nothing is read
+// before the wait nor stored. Each row computes the one-row launch's bits at its position.
+template <int VEC, int LP, bool MULTI, bool PLAIN, bool ROWS>
 __global__ void __launch_bounds__(ATTN_THREADS, 1)
 attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache,
                  uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
                  const int32_t *__restrict__ pos_ptr, float scale, int window, float *__restrict__ o_part,
-                 float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out) {
+                 float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out, int qkv_stride) {
     using L = AttnLayout<VEC, LP>;
     constexpr int E = L::E, CHUNK = L::CHUNK;
     // Sized by the variant's longest row, not ATTN_MAX_HEAD_DIM: the small heads' variants keep
@@ -119,7 +68,16 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     // Before the wait: the position (written before this step began), the rotation's angles, and
     // the cached rows of earlier positions of the block's first chunk; nothing that the kernels of
     // this step write.
-    const int pos = *pos_ptr;
+    const int row = ROWS ? blockIdx.z : 0;
+    if constexpr (ROWS) {
+        qkv += (size_t)row * qkv_stride;
+        out += (size_t)row * n_heads * hd;
+        o_part += (size_t)row * n_heads * splits * hd;
+        ml_part += (size_t)row * n_heads * splits;
+        done += row * n_heads;
+        pdl_wait();
+    }
+    const int pos = pos_ptr[row];
     if (pos < 0 || pos >= max_seq) {
         pdl_wait();
         if (split == 0)
@@ -160,7 +118,7 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
 #pragma unroll
         for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rope_rotate_half<PLAIN>(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
     }
-    if (holds_new && head % group == 0) {
+    if (!ROWS && holds_new && head % group == 0) {
         // The first query head of the kv head stores the new row for later steps.
         const size_t at = head_base + (size_t)pos * hd;
         for (int d = tid; d < hd; d += ATTN_THREADS) {
@@ -379,24 +337,26 @@ struct AttnArgs {
     float2 *ml_part;
     unsigned *done;
     float *out;
+    AttnRows rows;  // the decode's one row, or the verify's
 };
 
-template <int VEC, int LP>
+template <int VEC, int LP, bool ROWS>
 static int launch_attention(arc_context *ctx, const AttnArgs &a) {
     const int blocks = attention_blocks(a.n_heads, a.splits);
-    const dim3 grid(a.n_heads, blocks);
+    const dim3 grid(a.n_heads, blocks, a.rows.count);
     const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
-    auto kernel = blocks < a.splits ? (plain ? attention_kernel<VEC, LP, true, true> : attention_kernel<VEC, LP, true, false>)
-                                    : (plain ? attention_kernel<VEC, LP, false, true> : attention_kernel<VEC, LP, false, false>);
-    return arc_launch_pdl(ctx, "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
+    auto kernel = blocks < a.splits ? (plain ? attention_kernel<VEC, LP, true, true, ROWS> : attention_kernel<VEC, LP, true, false, ROWS>)
+                                    : (plain ? attention_kernel<VEC, LP, false, true, ROWS> : attention_kernel<VEC, LP, false, false, ROWS>);
+    return arc_launch_pdl(ctx, ROWS ? "attention_kernel<rows>" : "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
                           a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale, a.window,
-                          a.o_part, a.ml_part, a.done, a.out);
+                          a.o_part, a.ml_part, a.done, a.out, a.rows.stride);
 }
 
 int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                     int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
-                    float *scratch, float *out) {
+                    float *scratch, float *out, const AttnRows &rows) {
     ARC_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE(rows.count == 1 || (rows.count > 1 && rows.stride > 0 && rows.done), "rows %d", rows.count);
     const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && pos && scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
@@ -415,14 +375,16 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
     const int splits = attention_splits(head_dim, max_seq);
+    const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
     const AttnArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
-                     (float)spec.scale, spec.window, scratch,
-                     reinterpret_cast<float2 *>(scratch + (size_t)n_heads * splits * head_dim), ctx->attn_done, out};
-    if (variant.vec == 2) return launch_attention<2, 32>(ctx, a);
-    if (variant.lp == 4) return launch_attention<8, 4>(ctx, a);
-    if (variant.lp == 8) return launch_attention<8, 8>(ctx, a);
-    if (variant.lp == 16) return launch_attention<8, 16>(ctx, a);
-    return launch_attention<8, 32>(ctx, a);
+                     (float)spec.scale, spec.window, scratch, reinterpret_cast<float2 *>(scratch + part),
+                     rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
+    const bool r = rows.count > 1;
+    if (variant.vec == 2) return r ? launch_attention<2, 32, true>(ctx, a) : launch_attention<2, 32, false>(ctx, a);
+    if (variant.lp == 4) return r ? launch_attention<8, 4, true>(ctx, a) : launch_attention<8, 4, false>(ctx, a);
+    if (variant.lp == 8) return r ? launch_attention<8, 8, true>(ctx, a) : launch_attention<8, 8, false>(ctx, a);
+    if (variant.lp == 16) return r ? launch_attention<8, 16, true>(ctx, a) : launch_attention<8, 16, false>(ctx, a);
+    return r ? launch_attention<8, 32, true>(ctx, a) : launch_attention<8, 32, false>(ctx, a);
 }
 
 extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,

@@ -52,10 +52,12 @@ struct SpecBuffers {
     uint64_t bytes;
     int32_t k;
     float *x;          // residual streams (rows, dim)
-    uint16_t *parts;   // a product's input, split (ARC_SPLIT_PARTS, rows, max(dim, q_dim))
-    uint16_t *h;       // the SwiGLU output, split (ARC_SPLIT_PARTS, rows, ffn_dim)
+    float *xn;         // a normed product input (rows, dim)
+    float *h;          // the GLU output (rows, ffn_dim)
     float *qkv;        // (rows, q_dim + 2 kv_dim)
     float *att;        // (rows, q_dim)
+    float *attn_scratch;  // the attention's partials, rows times arc_attention_scratch_bytes
+    unsigned *attn_done;  // its tickets (rows, n_heads)
     float *logits;     // (rows, vocab)
     float *t;          // with post_norms: a product's output before its norm (rows, dim)
     int32_t *tokens;   // the rows' tokens (rows), then the number of drafts

@@ -13,36 +13,6 @@
 // sampler without a kernel of its own.
 #include "moe.cuh"
 
-// Rows of at most 32 * min(GEMV_WX, U) vectors (1,024 columns; 512 at 4 rows a task) may skip
-// the block's staging: each warp holds the input in registers, that many vectors a lane (see
-// gemv_kernel's WX).
-enum { GEMV_WX = 4 };
-
-// The input vectors a lane holds under WX: one batch covers the row.
-constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
-
-// 8 inputs times inv times their 8 norm factors, add + the bf16 weights g (element 0 the low half
-// of g.x; add is 1 where the factors are stored less one, else 0).
-__device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g, float add) {
-    a.x = a.x * inv * (add + bf16_lo(g.x)); a.y = a.y * inv * (add + bf16_hi(g.x));
-    a.z = a.z * inv * (add + bf16_lo(g.y)); a.w = a.w * inv * (add + bf16_hi(g.y));
-    b.x = b.x * inv * (add + bf16_lo(g.z)); b.y = b.y * inv * (add + bf16_hi(g.z));
-    b.z = b.z * inv * (add + bf16_lo(g.w)); b.w = b.w * inv * (add + bf16_hi(g.w));
-}
-
-// The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
-// rows). A partial last task re-reads the last row; its result is never written.
-template <int R, bool GATED>
-__device__ __forceinline__ void task_rows(const uint4 *w, int task, int rows, int nvec,
-                                          const uint4 *(&wr)[GATED ? 2 * R : R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = min(task * R + r, rows - 1);
-        wr[r] = w + (size_t)row * nvec;
-        if constexpr (GATED) wr[R + r] = w + ((size_t)rows + row) * nvec;
-    }
-}
-
 // ROUTED and GATED: the gate and up rows of task `task`'s outputs under route rt (gemv_common.cuh),
 // the experts read from the block's copy `ids`.
 template <int R>
@@ -314,12 +284,12 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     if constexpr (GATED) ARC_REQUIRE_AS(who, a.rows <= INT32_MAX / 2, "rows %d too large", a.rows);
     if constexpr (GATED) ARC_REQUIRE_AS(who, a.am == nullptr, "the gated GEMV takes no argmax");
     constexpr int MAX_R = GATED ? 2 : 4;
-    int ks = 1;
     // A routed product: one row a task, the input staged, no split over k.
     if (a.route) return launch_gemv_kernel<1, 1, GATED, false, false, true>(ctx, a);
-    const int r = gemv_split(ctx, a.rows, a.cols / 8, MAX_R, GATED, &ks);
     // Short rows take the warp-local input where one batch of loads covers a row.
-    const bool wx = a.cols / 8 <= 32 * gemv_wx_vectors(GATED ? 2 * r : r) && ks == 1;
+    const GemvPlan plan = gemv_plan(ctx, a.rows, a.cols, GATED);
+    const int r = plan.r, ks = plan.ks;
+    const bool wx = plan.wx;
     if constexpr (MAX_R == 4) {
         if (r == 4 && wx) return launch_gemv_shape<4, 1, GATED, true>(ctx, a);
         if (r == 4) return launch_gemv_shape<4, 1, GATED>(ctx, a);

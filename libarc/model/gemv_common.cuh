@@ -15,6 +15,28 @@ enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32, GEMV_MIN_BLOCKS = 2, 
 // The weight vectors of each row a lane loads in one batch: GEMV_LOADS loads over its NR rows.
 constexpr int gemv_batch(int nr) { return nr >= GEMV_LOADS ? 1 : GEMV_LOADS / nr; }
 
+// 8 inputs times inv times their 8 norm factors, add + the bf16 weights g (element 0 the low half
+// of g.x; add is 1 where the factors are stored less one, else 0).
+__device__ __forceinline__ void norm8(float4 &a, float4 &b, float inv, uint4 g, float add) {
+    a.x = a.x * inv * (add + bf16_lo(g.x)); a.y = a.y * inv * (add + bf16_hi(g.x));
+    a.z = a.z * inv * (add + bf16_lo(g.y)); a.w = a.w * inv * (add + bf16_hi(g.y));
+    b.x = b.x * inv * (add + bf16_lo(g.z)); b.y = b.y * inv * (add + bf16_hi(g.z));
+    b.z = b.z * inv * (add + bf16_lo(g.w)); b.w = b.w * inv * (add + bf16_hi(g.w));
+}
+
+// The weight rows of row task `task` (R output rows; GATED: their gate rows, then their up
+// rows). A partial last task re-reads the last row; its result is never written.
+template <int R, bool GATED>
+__device__ __forceinline__ void task_rows(const uint4 *w, int task, int rows, int nvec,
+                                          const uint4 *(&wr)[GATED ? 2 * R : R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(task * R + r, rows - 1);
+        wr[r] = w + (size_t)row * nvec;
+        if constexpr (GATED) wr[R + r] = w + ((size_t)rows + row) * nvec;
+    }
+}
+
 // A mixture of experts' product (moe.cu): which experts' rows a launch reads, chosen on the device.
 // GATED: output row o of count * seg is row o % seg of expert e = ids[o / seg] (its gate row
 // e * seg + o % seg, its up row `up` rows further), times scale[o / seg]. Not GATED: the input is
@@ -107,6 +129,26 @@ static inline int gemv_split(const arc_context *ctx, int32_t rows, int32_t nvec,
         while (ks < 8 && tasks * ks < warp_slots && nvec >= 32 * u * ks * 2) ks *= 2;
     *ks_out = ks;
     return r;
+}
+
+// Rows of at most 32 * min(GEMV_WX, U) vectors (1,024 columns; 512 at 4 rows a task) may skip
+// the block's staging: each warp holds the input in registers (gemv.cu: gemv_kernel's WX).
+enum { GEMV_WX = 4 };
+
+// The input vectors a lane holds under WX: one batch covers the row.
+constexpr int gemv_wx_vectors(int nr) { return gemv_batch(nr) < GEMV_WX ? gemv_batch(nr) : GEMV_WX; }
+
+// How a bf16 GEMV launch of a shape runs (gemv.cu): R rows a task, KS warps a task, and whether
+// the input stays in registers (WX). KS fixes the order of each row's sum, and WX the order of the
+// fused norm's sum of squares; the rows GEMV (gemv_rows.cu) follows both.
+struct GemvPlan {
+    int r, ks;
+    bool wx;
+};
+static inline GemvPlan gemv_plan(const arc_context *ctx, int32_t rows, int32_t cols, bool gated) {
+    int ks = 1;
+    const int r = gemv_split(ctx, rows, cols / 8, gated ? 2 : 4, gated, &ks);
+    return GemvPlan{r, ks, cols / 8 <= 32 * gemv_wx_vectors(gated ? 2 * r : r) && ks == 1};
 }
 
 // The limits every GEMV entry point shares, bf16 or quantized; `who` names it in the message.

@@ -299,12 +299,19 @@ __device__ __forceinline__ float rope_rotate_half(const float *x, int d, int hal
 // arc_op_embedding with the rows scaled (a config's embed_scale).
 int embedding_scaled(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim, const uint32_t *token,
                      float scale, float *x);
-// arc_op_attention and arc_op_prefill_attention as a layer runs them (AttnSpec): the forward and
-// the prefill launch these; the entry points rotate every element at factor 1, scale the scores by
-// 1 / sqrt(head_dim) and attend every position.
+// The rows of one attention launch: the decode's one, or the verify's count of rows at positions
+// pos[0..count), qkv rows `stride` floats apart, outputs (count, n_heads, head_dim), count times
+// the scratch and count * n_heads zeroed tickets `done` of their own.
+struct AttnRows {
+    int count = 1, stride = 0;
+    unsigned *done = nullptr;
+};
+// arc_op_attention and arc_op_prefill_attention as a layer runs them (AttnSpec): the forward, the
+// verify (rows) and the prefill launch these; the entry points rotate every element at factor 1,
+// scale the scores by 1 / sqrt(head_dim) and attend every position.
 int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                    int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
-                   float *scratch, float *out);
+                   float *scratch, float *out, const AttnRows &rows = AttnRows{});
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
                            int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n);
@@ -330,11 +337,18 @@ int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const
                      int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows);
 
 
-// The verify forward's attention (verify_attention.cu): q and k of qkv (rows, stride) rotated in
-// place, k and v to the cache at each row's position, then out (rows, n_heads, hd) float32.
-int launch_verify_attention(arc_context *ctx, float *qkv, int rows, int stride, const int32_t *positions,
-                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads,
-                            int n_kv_heads, int hd, int max_seq, float *out);
+// The verify forward's attention (verify_attention.cu): k and v of qkv (rows, stride) to the cache
+// at each row's position, then out (rows, n_heads, hd) float32, each row the decode's attention at
+// its position; scratch: rows times arc_attention_scratch_bytes, done: rows * n_heads zeroed tickets.
+int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int stride, const int32_t *positions,
+                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads, int n_kv_heads,
+                            int hd, int max_seq, float *scratch, unsigned *done, float *out);
+// The bf16 GEMV over m <= 8 rows (gemv_rows.cu): y (m, rows) = W @ n(x[i]) (+ bias) (+ y when
+// accumulate), or with gated act(gate) * up (accumulate carries the arc_activation); with a norm,
+// n(x) goes through xn (m, cols). Each row's output has the bits of the one-row GEMV's.
+int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
+              int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
+              int32_t accumulate, bool gated, float *xn, float *y);
 
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
 // else written to *out and *value_out; `who` names the entry point in errors.
@@ -345,9 +359,6 @@ int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, con
 int launch_gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                      const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate,
                      float *y);
-// arc_op_split_rows with the norm's factors norm_add + w (skinny.cu).
-int split_rows(arc_context *ctx, const char *who, const float *x, int32_t rows, int32_t cols,
-               const uint16_t *norm_weight, float eps, float norm_add, uint16_t *parts);
 
 // ---- What the prefill (prefill.cu) reads of a model (model.cu) ------------------------------
 
@@ -410,11 +421,9 @@ int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_
 int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
                        const uint16_t *norm_weight, float eps, float norm_add, int act, float *y, bool hand = false);
 bool ffn_handoff(Weight gate_up, Weight down, int32_t ffn_dim);
-// arc_op_gemv_swiglu and arc_op_skinny_swiglu under an arc_activation; `who` names the caller.
+// arc_op_gemv_swiglu under an arc_activation; `who` names the caller.
 int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
              const uint16_t *norm_weight, float eps, float norm_add, int act, float *y);
-int skinny_glu(arc_context *ctx, const char *who, const uint16_t *x, const uint16_t *w_gate_up, int32_t rows,
-               int32_t n, int32_t k, int act, uint16_t *h);
 // x[r] += rmsnorm(t[r], w) for rows r of dim floats: a product's output normed before the residual
 // add (ARC_OP_ATTN_OUT_NORM, ARC_OP_FFN_OUT_NORM; norms.cu).
 int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,

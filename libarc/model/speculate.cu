@@ -6,10 +6,11 @@
 //                  to 1) in the loop's history; the k tokens that followed it are the drafts (the
 //                  stretch from the match to the current token repeated, where it is shorter)
 //   2 the verify forward over rows [token, drafts] at positions p..p+k, every weight read once:
-//                  each layer's program (layer.cuh) as the verify runs its ops: ATTN_IN split
-//                  (norm) -> skinny qkv; QK_NORM head_norm; ATTEND rope + cache -> attention;
-//                  ATTN_OUT split -> skinny Wo (+x); FFN_IN split (norm) -> skinny SwiGLU;
-//                  FFN_OUT skinny Wdown (+x); then the lm_head over every row
+//                  each layer's program (layer.cuh) as the verify runs its ops, each row through
+//                  the decode's kernels or their form over rows (gemv_rows.cu: the GEMVs;
+//                  verify_attention.cu: the cache rows, then the decode's attention over every
+//                  row), so each row's logits are the decode step's at its position, bit for bit;
+//                  then the lm_head over every row
 //   3 argmax       each row's argmax key (one atomic max a block); in the sampled step
 //                  (arc_model_forward_speculate_draw) instead the draw after each row, at that
 //                  row's position, with the loop's sampling parameters (draw.cu: the same draw,
@@ -167,16 +168,15 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     }
     ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
     ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
-    ARC_REQUIRE(c.head_dim % 8 == 0 && c.head_dim <= ATTN_MAX_HEAD_DIM, "speculative steps need head_dim a multiple "
-                "of 8 up to %d, got %d", ATTN_MAX_HEAD_DIM, c.head_dim);
-    ARC_REQUIRE(c.dim % 32 == 0 && c.ffn_dim % 32 == 0 && mp.q_dim % 32 == 0,
-                "speculative steps need dim, ffn_dim and the query width to be multiples of 32");
-    const uint64_t rows = (uint64_t)k + 1, wide = (uint64_t)(c.dim > mp.q_dim ? c.dim : mp.q_dim);
-    const uint64_t sizes[10] = {rows * c.dim * 4, ARC_SPLIT_PARTS * rows * wide * 2, ARC_SPLIT_PARTS * rows * c.ffn_dim * 2,
-                               rows * mp.qkv_rows * 4, rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4,
-                               rows * 4, rows * 16, c.post_norms ? rows * c.dim * 4 : 0};
-    uint64_t off[10], at = 0;
-    for (int i = 0; i < 10; ++i) {
+    const uint64_t rows = (uint64_t)k + 1;
+    enum { N = 13 };
+    const uint64_t sizes[N] = {rows * c.dim * 4, rows * c.dim * 4, rows * c.ffn_dim * 4, rows * mp.qkv_rows * 4,
+                               rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
+                               c.post_norms ? rows * c.dim * 4 : 0,
+                               rows * arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+                               rows * c.n_heads * 4, 0};
+    uint64_t off[N], at = 0;
+    for (int i = 0; i < N; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -188,8 +188,8 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     b->bytes = at;
     b->k = k;
     b->x = (float *)(base + off[0]);
-    b->parts = (uint16_t *)(base + off[1]);
-    b->h = (uint16_t *)(base + off[2]);
+    b->xn = (float *)(base + off[1]);
+    b->h = (float *)(base + off[2]);
     b->qkv = (float *)(base + off[3]);
     b->att = (float *)(base + off[4]);
     b->logits = (float *)(base + off[5]);
@@ -197,22 +197,28 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     b->positions = (int32_t *)(base + off[7]);
     b->keys = (unsigned long long *)(base + off[8]);
     b->t = c.post_norms ? (float *)(base + off[9]) : nullptr;
+    b->attn_scratch = (float *)(base + off[10]);
+    b->attn_done = (unsigned *)(base + off[11]);
     ARC_CUDA(ctx, cudaMemsetAsync(mem, 0, at, ctx->stream));
     return ARC_OK;
 }
 
-// The verify's form of each op: the step's rows, skinny tensor-core products over inputs split
-// in bf16 parts, float32 attention.
+// The verify's form of each op: the step's rows, each through the decode's kernels or their rows
+// form, which gives each row the decode's bits (gemv_rows.cu, attention.cu's ROWS).
 struct VerifyOps {
     const ModelParts &p;
     const SpecBuffers &b;
     int rows;
+    static constexpr const char *who = "arc_model_forward_speculate";
 
-    int attn_in(const LayerParts &lw) {
-        const uint16_t *wqkv = (const uint16_t *)lw.wq.p;  // Wq, Wk, Wv one after the other
-        ARC_TRY(split_rows(p.ctx, "arc_model_forward_speculate", b.x, rows, p.cfg.dim, lw.attn_norm, p.cfg.rms_eps, norm_offset(p.cfg),
-                           b.parts));
-        return arc_op_skinny(p.ctx, b.parts, wqkv, rows, p.qkv_rows, p.cfg.dim, lw.bqkv, 0, b.qkv);
+    // y (rows, n) = W @ n(x) (+ bias) (+ y), as gemv_rows says.
+    int product(const Weight &w, const float *x, int n, int k, const uint16_t *bias, const uint16_t *norm,
+                int accumulate, float *y, bool gated = false) const {
+        return gemv_rows(p.ctx, who, (const uint16_t *)w.p, x, rows, n, k, bias, norm, p.cfg.rms_eps,
+                         norm_offset(p.cfg), accumulate, gated, b.xn, y);
+    }
+    int attn_in(const LayerParts &lw) {  // Wq, Wk, Wv one after the other: one product
+        return product(lw.wq, b.x, p.qkv_rows, p.cfg.dim, lw.bqkv, lw.attn_norm, 0, b.qkv);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -222,36 +228,26 @@ struct VerifyOps {
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_attn(c, lw), lw.k_cache,
-                                       lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.att);
+                                       lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.attn_scratch,
+                                       b.attn_done, b.att);
     }
-    int attn_out(const LayerParts &lw) {
-        ARC_TRY(arc_op_split_rows(p.ctx, b.att, rows, p.q_dim, nullptr, 0.0f, b.parts));
-        return arc_op_skinny(p.ctx, b.parts, (const uint16_t *)lw.wo.p, rows, p.cfg.dim, p.q_dim, nullptr, 1, b.x);
-    }
+    int attn_out(const LayerParts &lw) { return product(lw.wo, b.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 1, b.x); }
     int ffn_in(const LayerParts &lw) {
-        const int dim = p.cfg.dim;
-        ARC_TRY(split_rows(p.ctx, "arc_model_forward_speculate", b.x, rows, dim, lw.mlp_norm, p.cfg.rms_eps, norm_offset(p.cfg), b.parts));
-        return skinny_glu(p.ctx, "arc_model_forward_speculate", b.parts, (const uint16_t *)lw.w_gate_up.p, rows,
-                          p.cfg.ffn_dim, dim, p.cfg.activation, b.h);
+        return product(lw.w_gate_up, b.x, p.cfg.ffn_dim, p.cfg.dim, nullptr, lw.mlp_norm, p.cfg.activation, b.h, true);
     }
-    int ffn_out(const LayerParts &lw) {
-        return arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 1,
-                             b.x);
-    }
+    int ffn_out(const LayerParts &lw) { return product(lw.w_down, b.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 1, b.x); }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(arc_op_split_rows(p.ctx, b.att, rows, p.q_dim, nullptr, 0.0f, b.parts));
-        ARC_TRY(arc_op_skinny(p.ctx, b.parts, (const uint16_t *)lw.wo.p, rows, p.cfg.dim, p.q_dim, nullptr, 0, b.t));
+        ARC_TRY(product(lw.wo, b.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0, b.t));
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps,
                                     norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
-        ARC_TRY(arc_op_skinny(p.ctx, b.h, (const uint16_t *)lw.w_down.p, rows, p.cfg.dim, p.cfg.ffn_dim, nullptr, 0,
-                              b.t));
+        ARC_TRY(product(lw.w_down, b.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0, b.t));
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps,
                                     norm_offset(p.cfg));
     }
     // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
-    int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, "arc_model_forward_speculate", "no MoE verify"); }
+    int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, who, "no MoE verify"); }
     int moe_out(const LayerParts &) { return moe_in(LayerParts{}); }
 };
 
@@ -263,8 +259,7 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
                            c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
     ARC_TRY(run_layers(model, mp, ops));
-    ARC_TRY(split_rows(ctx, "arc_model_forward_speculate", b.x, rows, c.dim, mp.final_norm, c.rms_eps, norm_offset(c), b.parts));
-    return arc_op_skinny(ctx, b.parts, (const uint16_t *)mp.lm_head.p, rows, c.vocab, c.dim, nullptr, 0, b.logits);
+    return ops.product(mp.lm_head, b.x, c.vocab, c.dim, nullptr, mp.final_norm, 0, b.logits);
 }
 
 // The speculative step; with draw, each row's token is drawn (the sampled step) instead of its argmax.

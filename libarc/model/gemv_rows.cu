@@ -1,0 +1,202 @@
+// gemv_rows.cu -- the bf16 GEMV over up to ROWS_MAX input rows at once: the speculative verify's
+// products. Each weight is read once for every row, and each row's output has the bits the
+// one-row GEMV (gemv.cu) gives for that row alone, by construction:
+//   - a row's dot product is summed in the one-row launch's order: lane `first` of a row task
+//     adds its vectors first, first + 32 KS, ... in turn (dot8's fused multiply-adds), the warp
+//     sums its lanes (warp_sum), and the KS warps of a task add their sums in warp order
+//     (gemv_finish_task). The rows per task R and the batching of the loads change no sum, so
+//     this kernel picks its own (4 weight rows a warp); it takes KS from the one-row plan
+//     (gemv_common.cuh: gemv_plan) of the same shape;
+//   - a fused norm (norm_rows_kernel) sums the squares in the order that plan's launch does
+//     (in the warp where the input stays in registers, WX; else thread t adds vectors t + 256 j,
+//     then block_sum), and scales each element as norm8 does;
+//   - the epilogue (bias, residual add, GLU) is gemv_finish_task's, row by row.
+// The rows are staged in shared memory as float32, all of them when they fit (ROWS_ONE_BYTES),
+// else in chunks of vectors, double-buffered with cp.async; a chunk is a whole number of a
+// lane's steps, so every lane still meets its vectors in order.
+#include "gemv_common.cuh"
+
+enum { ROWS_MAX = 8, ROWS_ONE_BYTES = 200 * 1024, ROWS_BUF_BYTES = 96 * 1024 };
+
+// xn[r] = x[r] * rsqrtf(mean(x[r]^2) + eps) * (add + w), one block a row r of cols floats; the
+// squares summed as the one-row GEMV of the product sums them (wx: its warp-local order).
+__global__ void __launch_bounds__(GEMV_THREADS)
+norm_rows_kernel(const float *__restrict__ x, int cols, const uint16_t *__restrict__ norm_w, float eps, float add,
+                 int wx, float *__restrict__ xn) {
+    __shared__ float red[GEMV_WARPS];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int nvec = cols / 8, tid = threadIdx.x;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x + (size_t)blockIdx.x * cols);
+    float4 *o4 = reinterpret_cast<float4 *>(xn + (size_t)blockIdx.x * cols);
+    const uint4 *nw = reinterpret_cast<const uint4 *>(norm_w);
+    float ss = 0.0f, inv;
+    if (wx) {  // every warp sums the whole row, lane l its vectors l + 32 j
+        for (int v = tid % 32; v < nvec; v += 32) ss = add_sq8(ss, x4[2 * v], x4[2 * v + 1]);
+        inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
+    } else {
+        for (int v = tid; v < nvec; v += GEMV_THREADS) ss = add_sq8(ss, x4[2 * v], x4[2 * v + 1]);
+        inv = rsqrtf(block_sum(ss, red) / (float)cols + eps);
+    }
+    for (int v = tid; v < nvec; v += GEMV_THREADS) {
+        float4 a = x4[2 * v], b = x4[2 * v + 1];
+        norm8(a, b, inv, nw[v], add);
+        o4[2 * v] = a;
+        o4[2 * v + 1] = b;
+    }
+}
+
+// Chunk c0.. (up to cv vectors) of each of the m rows of x into buf: row i's low halves at
+// i * 2 cv + v, its high halves cv further; one cp.async group.
+__device__ __forceinline__ void stage_rows(const float *x, int m, int cols, int nvec, int c0, int cv, float4 *buf) {
+    const int n = min(cv, nvec - c0);
+    for (int i = threadIdx.x; i < m * 2 * n; i += GEMV_THREADS) {
+        const int row = i / (2 * n), rem = i - row * 2 * n, v = rem >> 1, h = rem & 1;
+        cp_async16(smem_addr(buf + row * 2 * cv + h * cv + v), x + (size_t)row * cols + (size_t)(c0 + v) * 8 + h * 4,
+                   true);
+    }
+    cp_async_commit();
+}
+
+// y[i] (rows) = W @ x[i] (+ bias) (+ y[i] when accumulate) for the m rows x[i] of cols floats;
+// GATED: W = [gate; up] (2 rows, cols), y[i][r] = act(gate_r . x[i]) * (up_r . x[i]), act in the
+// accumulate slot. Row tasks of R rows (4 weight rows a warp), KS warps a task (the one-row plan's),
+// blocks striding over groups of tasks; cv: vectors a chunk (a multiple of 32 KS; nvec or more:
+// one chunk, staged once). Dynamic shared memory: m * cv * 32 bytes, twice when chunked.
+template <int KS, bool GATED>
+__global__ void __launch_bounds__(GEMV_THREADS, 1)
+gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int m, int rows, int cols,
+                 const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int cv) {
+    constexpr int R = GATED ? 2 : 4, NR = GATED ? 2 * R : R;
+    constexpr int GROUPS = GEMV_WARPS / KS, STEP = 32 * KS;
+    extern __shared__ float4 xs[];
+    const int nvec = cols / 8, tid = threadIdx.x, warp = tid / 32;
+    const int group = warp / KS, first = (warp % KS) * 32 + tid % 32;
+    const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
+    const int chunks = (nvec + cv - 1) / cv, buf_vecs = m * 2 * cv;
+    const int mine = blockIdx.x < block_tasks ? (block_tasks - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    pdl_launch_dependents();
+    if (mine == 0) return;  // the whole block: no barrier is left waiting
+    // Before the wait: the first weights of the block's first task (no kernel writes weights).
+    const uint4 *wr[NR];
+    task_rows<R, GATED>(wv, blockIdx.x * GROUPS + group, rows, nvec, wr);
+    uint4 wt[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) wt[r] = first < nvec ? load_nc128(wr[r] + first) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    stage_rows(x, m, cols, nvec, 0, cv, xs);
+    float acc[ROWS_MAX][NR];
+    ArgmaxSeen seen;  // gemv_finish_task's argument; no argmax here
+    for (int it = 0; it < mine * chunks; ++it) {
+        const int c = it % chunks, c0 = c * cv, c1 = min(nvec, c0 + cv);
+        const int task = (blockIdx.x + (it / chunks) * gridDim.x) * GROUPS + group;
+        const float4 *buf = xs + (chunks > 1 ? (it & 1) * buf_vecs : 0);
+        if (c == 0) {
+#pragma unroll
+            for (int i = 0; i < ROWS_MAX; ++i)
+#pragma unroll
+                for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
+        }
+        if (it > 0) {  // the chunk's first weights, before the barrier
+            if (c == 0) task_rows<R, GATED>(wv, task, rows, nvec, wr);
+#pragma unroll
+            for (int r = 0; r < NR; ++r) wt[r] = c0 + first < c1 ? load_nc128(wr[r] + c0 + first) : make_uint4(0, 0, 0, 0);
+        }
+        if (chunks > 1 && it + 1 < mine * chunks) {
+            stage_rows(x, m, cols, nvec, ((it + 1) % chunks) * cv, cv, xs + ((it + 1) & 1) * buf_vecs);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // the chunk is staged
+        for (int v = c0 + first; v < c1; v += STEP) {
+            uint4 wn[NR];  // the lane's next vector, loaded before this one is used
+            const bool more = v + STEP < c1;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) wn[r] = more ? load_nc128(wr[r] + v + STEP) : make_uint4(0, 0, 0, 0);
+            const int lv = v - c0;
+#pragma unroll
+            for (int i = 0; i < ROWS_MAX; ++i) {
+                if (i < m) {
+                    const float4 a = buf[i * 2 * cv + lv], b = buf[i * 2 * cv + cv + lv];
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[i][r] = dot8(wt[r], a, b, acc[i][r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; ++r) wt[r] = wn[r];
+        }
+        if (c == chunks - 1) {
+#pragma unroll
+            for (int i = 0; i < ROWS_MAX; ++i)
+                if (i < m)
+                    gemv_finish_task<R, KS, GATED, false>(acc[i], task, rows, bias, accumulate, y + (size_t)i * rows,
+                                                          seen);
+        }
+        __syncthreads();  // every warp is done with the buffer before it is staged again
+    }
+}
+
+template <int KS, bool GATED>
+static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int m, int rows, int cols,
+                       const uint16_t *bias, int accumulate, float *y) {
+    auto kernel = gemv_rows_kernel<KS, GATED>;
+    constexpr int STEP = 32 * KS;
+    const int nvec = cols / 8;
+    int cv = (nvec + STEP - 1) / STEP * STEP;
+    size_t smem = (size_t)m * cv * 32;
+    if (smem > ROWS_ONE_BYTES) {  // chunks, two buffers
+        cv = ROWS_BUF_BYTES / (m * 32) / STEP * STEP;
+        if (cv < STEP) cv = STEP;
+        smem = 2 * (size_t)m * cv * 32;
+    }
+    int blocks = 0;
+    ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, GATED ? 2 : 4, KS, &blocks));
+    return arc_launch_pdl(ctx, GATED ? "gemv_rows_kernel<swiglu>" : "gemv_rows_kernel", kernel, dim3(blocks),
+                          dim3(GEMV_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, cv);
+}
+
+int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
+              int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
+              int32_t accumulate, bool gated, float *xn, float *y) {
+    ARC_REQUIRE_AS(who, ctx, "ctx is null");
+    ARC_TRY(check_gemv_io(who, w, x, rows, cols, norm_weight, eps, y));
+    ARC_REQUIRE_AS(who, cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
+    ARC_REQUIRE_AS(who, m >= 1 && m <= ROWS_MAX, "m must be in 1..%d, got %d", ROWS_MAX, m);
+    ARC_REQUIRE_AS(who, !gated || rows <= INT32_MAX / 2, "rows %d too large", rows);
+    ARC_REQUIRE_AS(who, norm_weight == nullptr || (xn && (uintptr_t)xn % 16 == 0 && xn != y),
+                   "a fused norm needs xn: 16-byte aligned, m x cols floats, not y");
+    if (gated) ARC_REQUIRE_AS(who, accumulate == ARC_ACT_SILU || accumulate == ARC_ACT_GELU_TANH,
+                              "unknown activation %d", accumulate);
+    const GemvPlan plan = gemv_plan(ctx, rows, cols, gated);
+    if (norm_weight != nullptr) {
+        ARC_TRY(arc_launch_pdl(ctx, "norm_rows_kernel", norm_rows_kernel, dim3(m), dim3(GEMV_THREADS), 0, x, cols,
+                               norm_weight, eps, norm_add, plan.wx ? 1 : 0, xn));
+        x = xn;
+    }
+    switch (plan.ks) {
+    case 8: return gated ? launch_rows<8, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
+                         : launch_rows<8, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
+    case 4: return gated ? launch_rows<4, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
+                         : launch_rows<4, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
+    case 2: return gated ? launch_rows<2, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
+                         : launch_rows<2, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
+    default: return gated ? launch_rows<1, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
+                          : launch_rows<1, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
+    }
+}
+
+extern "C" int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_t m, int32_t rows,
+                                int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
+                                int32_t accumulate, float *xn, float *y) {
+    ARC_REQUIRE(accumulate == 0 || accumulate == 1, "accumulate must be 0 or 1, got %d", accumulate);
+    return gemv_rows(ctx, __func__, w, x, m, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, false, xn, y);
+}
+
+extern "C" int arc_op_gemv_rows_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t m,
+                                       int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *xn,
+                                       float *y) {
+    return gemv_rows(ctx, __func__, w_gate_up, x, m, rows, cols, nullptr, norm_weight, eps, 0.0f, ARC_ACT_SILU, true,
+                     xn, y);
+}
