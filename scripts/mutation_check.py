@@ -257,11 +257,12 @@ MUTATIONS = [
          "tests/test_speculation.py::test_policy_starts_plain_speculates_once_drafts_would_pay_and_sizes_bursts_by_them"),
     ),
     Mutation(
-        "a sampled request with its own seed speculates",
-        "arcpy/loop/speculate.py",
-        "    elif seeded:\n",
-        "    elif False:\n",
-        ("tests/test_speculation.py::test_a_sampled_request_with_its_own_seed_keeps_the_plain_loop_and_says_why",),
+        "a sampled speculative step accepts its rows' argmaxes, not their draws",
+        "arcpy/devices/fake.py",
+        "            made = self._drawn(*self._forward(row_token, p + i), p + i)\n",
+        "            made = self._forward(row_token, p + i)[1]\n",
+        ("tests/test_speculation.py::test_a_sampled_request_with_its_own_seed_speculates_and_gives_the_plain_loops_tokens"
+         "[t1-k3-p0.9-11]",),
     ),
     Mutation(
         "the server's worker never looks at a cancel",

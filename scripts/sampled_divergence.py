@@ -4,7 +4,8 @@ steps, all plain or all speculative), the first token where they differ, and, fr
 logits at that position read back and the draw replayed on the host (arcpy.sampling), how far the
 draw's target lay from the boundary of the id it picked, as a share of the kept mass. With
 random logits that distance is about 1e-3; a difference whose distance is far below it is a draw
-that the verify's rounding moved across a boundary. One JSON line per case:
+that a rounding moved across a boundary. The verify's rows have the plain step's logits bit for
+bit (arc.h), so every case should print "first_difference": null. One JSON line per case:
 
     python scripts/sampled_divergence.py --shapes stories15M,gqa --tokens 160
 

@@ -12,7 +12,7 @@ from arcpy.drafting import Acceptance, NgramIndex, draft
 from arcpy.errors import FaultWordError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, Engine
-from arcpy.loop.speculate import COST_PRIOR, PLAIN, SEEDED, SPECULATIVE, SpecPolicy, StepCost
+from arcpy.loop.speculate import COST_PRIOR, PLAIN, SPECULATIVE, SpecPolicy, StepCost
 from arcpy.loop.stats import STOP_ID, TOKEN_BUDGET
 from arcpy.sampling import Sampling
 
@@ -248,12 +248,16 @@ def test_sampled_speculative_tokens_are_draws_not_argmaxes(latch):
     assert spec.device.spec_steps > 0  # a 4-token vocabulary repeats itself: drafts are tried
 
 
-def test_a_sampled_request_with_its_own_seed_keeps_the_plain_loop_and_says_why(latch):
-    sampling = Sampling(temperature=0.05, seed=5)
-    eng = engine(latch, burst=4)
-    got = list(eng.generate(PROMPT, 40, sampling=sampling))
-    assert eng.stats.speculation == f"off: {SEEDED}" and eng.device.spec_steps == 0
-    assert got == list(engine(latch, k=0, burst=4).generate(PROMPT, 40, sampling=sampling))
+@pytest.mark.parametrize("seed", [5, 11, 2024])
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0.05), Sampling(temperature=1.0, top_k=3, top_p=0.9)],
+                         ids=["t0.05", "t1-k3-p0.9"])
+def test_a_sampled_request_with_its_own_seed_speculates_and_gives_the_plain_loops_tokens(latch, sampling, seed):
+    sampling = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+    eng = engine(latch, burst=4, script={"vocab": 6})
+    got = list(eng.generate(PROMPT, 60, sampling=sampling))
+    assert eng.stats.speculation == "on" and eng.stats.seed == seed
+    assert got == list(engine(latch, k=0, burst=4, script={"vocab": 6}).generate(PROMPT, 60, sampling=sampling))
+    assert eng.device.spec_steps > 0  # a 6-token vocabulary repeats itself: drafts are tried
 
 
 def test_text_without_repetition_never_speculates(latch):

@@ -188,8 +188,7 @@ class Engine(HostPath):
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
         plain = logprobs is None and not logit_bias and matcher is None  # what a speculative step computes
-        seeded = not sampler.greedy and sampling.seed is not None
-        policy = speculation(dev, self.speculate and plain, admitted, seeded, prompt, self.step_cost, self.stats)
+        policy = speculation(dev, self.speculate and plain, admitted, prompt, self.step_cost, self.stats)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:

@@ -16,7 +16,9 @@ in plain steps by a margin; so k is in effect 0 where nothing repeats. Greedy an
 speculate alike: a sampled step draws the token after each verify row with the plain step's draw
 at that row's position and accepts a draft where it equals the drawn token, so every token is a
 draw from the model's distribution and the estimate (drafts that match the tokens made) is the same
-for both. A sampled request that gives its own seed keeps the plain loop (`speculation`). A sequence starts on the
+for both. The verify's rows have the plain step's logits bit for bit (libarc's arc.h), so a seeded
+request gives the same tokens whichever steps ran, and which bursts speculate never shows in the
+output. A sequence starts on the
 plain loop (the estimate starts at one token a step) and turns to speculation as soon as the
 tokens it has made show drafts that would have matched.
 """
@@ -87,26 +89,16 @@ class SpecPolicy:
         return max(1, min(burst, math.floor(remaining / expected)))
 
 
-SEEDED = ("a sampled request with a seed runs the plain loop: its tokens must repeat, and the verify's "
-          "logits equal the plain step's only up to rounding")
-
-
-def speculation(device, allowed: bool, admitted: bool, seeded: bool, prompt: Sequence[int], cost: StepCost,
+def speculation(device, allowed: bool, admitted: bool, prompt: Sequence[int], cost: StepCost,
                 stats: GenerationStats) -> SpecPolicy | None:
     """A sequence's policy, or None where it does not speculate (stats.speculation says why).
-    `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop; `seeded`: a
-    sampled request that gave its own seed, so that its tokens must repeat run after run. A draw
-    moves to the next id where the verify's rounding shifts its threshold across a boundary (on
-    random weights at temperature 0.7 within 32 to 83 tokens, docs/PERF.md), and which bursts
-    speculate depends on their timing; so such a request keeps the plain loop."""
+    `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop."""
     caps = device.capabilities
     k, refused = caps.speculate_k, caps.speculation_refused
     if not (k and allowed):
         stats.speculation = f"off: {refused}" if refused and allowed else "off"
     elif not admitted:
         stats.speculation = "off: only the device loop speculates"
-    elif seeded:
-        stats.speculation = f"off: {SEEDED}"
     else:
         stats.speculation, stats.drafts = "on", k
         return SpecPolicy(k, caps.speculate_ngram, prompt, cost)

@@ -42,18 +42,6 @@ __device__ __forceinline__ void load_routed_batch(const uint4 *const (&wr)[NR], 
     }
 }
 
-// One batch: U vectors (stride `step`) of each of the NR rows, all loads issued before any use.
-template <int NR, int U>
-__device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int base, int step, int nvec,
-                                           uint4 (&wt)[NR][U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int v = base + step * u;
-#pragma unroll
-        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_nc128(wr[r] + v) : make_uint4(0, 0, 0, 0);
-    }
-}
-
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), where n(x) = x, or with
 // norm_w: x * rsqrtf(mean(x^2) + eps) * norm_w (each block recomputes the sum of squares).
 // GATED: W is [gate; up] (2 * rows, cols) and y[r] = silu(gate_r . n(x)) * (up_r . n(x)).

@@ -37,6 +37,18 @@ __device__ __forceinline__ void task_rows(const uint4 *w, int task, int rows, in
     }
 }
 
+// One batch: U vectors (stride `step`) of each of the NR rows, all loads issued before any use.
+template <int NR, int U>
+__device__ __forceinline__ void load_batch(const uint4 *const (&wr)[NR], int base, int step, int nvec,
+                                           uint4 (&wt)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int v = base + step * u;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wt[r][u] = v < nvec ? load_nc128(wr[r] + v) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // A mixture of experts' product (moe.cu): which experts' rows a launch reads, chosen on the device.
 // GATED: output row o of count * seg is row o % seg of expert e = ids[o / seg] (its gate row
 // e * seg + o % seg, its up row `up` rows further), times scale[o / seg]. Not GATED: the input is
@@ -66,12 +78,12 @@ __device__ __forceinline__ void stage_route(const GemvRoute &rt, int *ids, float
 // (the result does not depend on timing), then the rows written: act(gate) * up (GATED: the
 // `accumulate` slot carries the arc_activation; with seg_scale, times seg_scale[row / seg]), or the
 // dot (+ bias) (+ y when accumulate). AM: the rows this lane wrote join what it has `seen`. With
-// KS > 1 every warp of the block must call this, since it holds __syncthreads.
-template <int R, int KS, bool GATED, bool AM, int NR>
+// KS > 1 every warp of the block must call this, since it holds __syncthreads. WARPS: the block's.
+template <int R, int KS, bool GATED, bool AM, int NR, int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
                                                  int accumulate, float *y, ArgmaxSeen &seen,
                                                  const float *seg_scale = nullptr, int seg = 1) {
-    __shared__ float part[GEMV_WARPS][NR];  // the KS warps' partial sums
+    __shared__ float part[WARPS][NR];  // the KS warps' partial sums
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
@@ -166,17 +178,18 @@ static inline int check_gemv_io(const char *who, const void *w, const float *x, 
 }
 
 // The grid of a GEMV launch of `kernel` (R rows a task, KS warps a task, `smem` bytes of dynamic
-// shared memory): enough blocks to keep every SM at the kernel's occupancy limit, but no more
+// shared memory, `threads` a block): enough blocks to keep every SM at the kernel's occupancy limit, but no more
 // than there is work (so every block has a task). Above 48 KiB with the kernels' static shared
 // memory (under 1 KiB) the launch needs the opt-in: a host-side attribute, legal while capturing.
 template <typename Kernel>
-static int gemv_blocks(arc_context *ctx, Kernel kernel, size_t smem, int32_t rows, int r, int ks, int *blocks) {
+static int gemv_blocks(arc_context *ctx, Kernel kernel, size_t smem, int32_t rows, int r, int ks, int *blocks,
+                       int threads = GEMV_THREADS) {
     if (smem + 1024 > 48 * 1024)
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
-    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_THREADS, smem));
+    ARC_CUDA(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
     if (per_sm < 1) per_sm = 1;
-    const long long groups = GEMV_WARPS / ks;
+    const long long groups = threads / 32 / ks;
     const long long needed = ((rows + r - 1) / r + groups - 1) / groups;
     const long long most = (long long)ctx->sm_count * per_sm;
     *blocks = (int)(needed < most ? needed : most);

@@ -16,7 +16,9 @@
 // lane's steps, so every lane still meets its vectors in order.
 #include "gemv_common.cuh"
 
-enum { ROWS_MAX = 8, ROWS_ONE_BYTES = 200 * 1024, ROWS_BUF_BYTES = 96 * 1024 };
+// ROWS_THREADS: 16 warps a block, one block an SM (all its registers), sharing one staged input.
+enum { ROWS_MAX = 8, ROWS_THREADS = 512, ROWS_WARPS = ROWS_THREADS / 32, ROWS_ONE_BYTES = 200 * 1024,
+       ROWS_BUF_BYTES = 96 * 1024 };
 
 // xn[r] = x[r] * rsqrtf(mean(x[r]^2) + eps) * (add + w), one block a row r of cols floats; the
 // squares summed as the one-row GEMV of the product sums them (wx: its warp-local order).
@@ -46,11 +48,17 @@ norm_rows_kernel(const float *__restrict__ x, int cols, const uint16_t *__restri
     }
 }
 
+// The 8 bf16 weights of w as floats, element 0 the low half of w.x (dot8's order).
+__device__ __forceinline__ void bf16x8(uint4 w, float (&f)[8]) {
+    f[0] = bf16_lo(w.x); f[1] = bf16_hi(w.x); f[2] = bf16_lo(w.y); f[3] = bf16_hi(w.y);
+    f[4] = bf16_lo(w.z); f[5] = bf16_hi(w.z); f[6] = bf16_lo(w.w); f[7] = bf16_hi(w.w);
+}
+
 // Chunk c0.. (up to cv vectors) of each of the m rows of x into buf: row i's low halves at
 // i * 2 cv + v, its high halves cv further; one cp.async group.
 __device__ __forceinline__ void stage_rows(const float *x, int m, int cols, int nvec, int c0, int cv, float4 *buf) {
     const int n = min(cv, nvec - c0);
-    for (int i = threadIdx.x; i < m * 2 * n; i += GEMV_THREADS) {
+    for (int i = threadIdx.x; i < m * 2 * n; i += ROWS_THREADS) {
         const int row = i / (2 * n), rem = i - row * 2 * n, v = rem >> 1, h = rem & 1;
         cp_async16(smem_addr(buf + row * 2 * cv + h * cv + v), x + (size_t)row * cols + (size_t)(c0 + v) * 8 + h * 4,
                    true);
@@ -58,17 +66,65 @@ __device__ __forceinline__ void stage_rows(const float *x, int m, int cols, int 
     cp_async_commit();
 }
 
-// y[i] (rows) = W @ x[i] (+ bias) (+ y[i] when accumulate) for the m rows x[i] of cols floats;
-// GATED: W = [gate; up] (2 rows, cols), y[i][r] = act(gate_r . x[i]) * (up_r . x[i]), act in the
-// accumulate slot. Row tasks of R rows (4 weight rows a warp), KS warps a task (the one-row plan's),
-// blocks striding over groups of tasks; cv: vectors a chunk (a multiple of 32 KS; nvec or more:
-// one chunk, staged once). Dynamic shared memory: m * cv * 32 bytes, twice when chunked.
-template <int KS, bool GATED>
-__global__ void __launch_bounds__(GEMV_THREADS, 1)
+// The fused norm of the m rows staged whole in xs (cv vectors a row half): each row's squares
+// summed in the one-row GEMV's order (norm_rows_kernel's), then the row scaled in place.
+__device__ __forceinline__ void norm_staged(float4 *xs, int m, int cols, int cv, const uint16_t *norm_w, float eps,
+                                            float add, bool wx) {
+    __shared__ float red[ROWS_WARPS], inv[ROWS_MAX];
+    const int nvec = cols / 8, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    if (wx) {  // warp i sums row i, lane l its vectors l + 32 j
+        if (warp < m) {
+            const float4 *r = xs + warp * 2 * cv;
+            float ss = 0.0f;
+            for (int v = lane; v < nvec; v += 32) ss = add_sq8(ss, r[v], r[cv + v]);
+            ss = warp_sum(ss);
+            if (lane == 0) inv[warp] = rsqrtf(ss / (float)cols + eps);
+        }
+    } else {  // two rows at a time, each over 256 threads as the one-row GEMV's block sums it
+        for (int i0 = 0; i0 < m; i0 += 2) {
+            const int half = tid / GEMV_THREADS, i = i0 + half, t = tid % GEMV_THREADS;
+            float ss = 0.0f;
+            if (i < m) {
+                const float4 *r = xs + i * 2 * cv;
+                for (int v = t; v < nvec; v += GEMV_THREADS) ss = add_sq8(ss, r[v], r[cv + v]);
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) red[warp] = ss;
+            __syncthreads();
+            if (t == 0 && i < m) {
+                float sum = 0.0f;
+                for (int w = 0; w < GEMV_WARPS; ++w) sum += red[half * GEMV_WARPS + w];
+                inv[i] = rsqrtf(sum / (float)cols + eps);
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    const uint4 *nw = reinterpret_cast<const uint4 *>(norm_w);
+    for (int idx = tid; idx < m * nvec; idx += ROWS_THREADS) {
+        const int i = idx / nvec, v = idx - i * nvec;
+        float4 *r = xs + i * 2 * cv;
+        float4 a = r[v], b = r[cv + v];
+        norm8(a, b, inv[i], nw[v], add);
+        r[v] = a;
+        r[cv + v] = b;
+    }
+    __syncthreads();
+}
+
+// y[i] (rows) = W @ n(x[i]) (+ bias) (+ y[i] when accumulate) for the m rows x[i] of cols floats;
+// GATED: W = [gate; up] (2 rows, cols), y[i][r] = act(gate_r . n(x[i])) * (up_r . n(x[i])), act in
+// the accumulate slot. n: with norm_w null none, else the fused norm (norm_staged; one chunk only).
+// Row tasks of R rows, KS warps a task (the one-row plan's), blocks striding over groups of tasks;
+// cv: vectors a chunk (a multiple of 32 KS; nvec or more: one chunk, staged once). Dynamic shared
+// memory: m * cv * 32 bytes, twice when chunked.
+template <int R, int KS, bool GATED>
+__global__ void __launch_bounds__(ROWS_THREADS, 1)
 gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int m, int rows, int cols,
-                 const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int cv) {
-    constexpr int R = GATED ? 2 : 4, NR = GATED ? 2 * R : R;
-    constexpr int GROUPS = GEMV_WARPS / KS, STEP = 32 * KS;
+                 const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int cv,
+                 const uint16_t *__restrict__ norm_w, float eps, float norm_add, int wx) {
+    constexpr int NR = GATED ? 2 * R : R, U = NR >= 4 ? 1 : 4 / NR;  // 4 weight vectors a lane a batch
+    constexpr int GROUPS = ROWS_WARPS / KS, STEP = 32 * KS;
     extern __shared__ float4 xs[];
     const int nvec = cols / 8, tid = threadIdx.x, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + tid % 32;
@@ -81,11 +137,15 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
     // Before the wait: the first weights of the block's first task (no kernel writes weights).
     const uint4 *wr[NR];
     task_rows<R, GATED>(wv, blockIdx.x * GROUPS + group, rows, nvec, wr);
-    uint4 wt[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) wt[r] = first < nvec ? load_nc128(wr[r] + first) : make_uint4(0, 0, 0, 0);
+    uint4 wt[NR][U];
+    load_batch<NR, U>(wr, first, STEP, nvec, wt);
     pdl_wait();
     stage_rows(x, m, cols, nvec, 0, cv, xs);
+    if (norm_w != nullptr) {
+        cp_async_wait<0>();
+        __syncthreads();
+        norm_staged(xs, m, cols, cv, norm_w, eps, norm_add, wx != 0);
+    }
     float acc[ROWS_MAX][NR];
     ArgmaxSeen seen;  // gemv_finish_task's argument; no argmax here
     for (int it = 0; it < mine * chunks; ++it) {
@@ -100,8 +160,7 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
         }
         if (it > 0) {  // the chunk's first weights, before the barrier
             if (c == 0) task_rows<R, GATED>(wv, task, rows, nvec, wr);
-#pragma unroll
-            for (int r = 0; r < NR; ++r) wt[r] = c0 + first < c1 ? load_nc128(wr[r] + c0 + first) : make_uint4(0, 0, 0, 0);
+            load_batch<NR, U>(wr, c0 + first, STEP, c1, wt);
         }
         if (chunks > 1 && it + 1 < mine * chunks) {
             stage_rows(x, m, cols, nvec, ((it + 1) % chunks) * cv, cv, xs + ((it + 1) & 1) * buf_vecs);
@@ -110,38 +169,61 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
             cp_async_wait<0>();
         }
         __syncthreads();  // the chunk is staged
-        for (int v = c0 + first; v < c1; v += STEP) {
-            uint4 wn[NR];  // the lane's next vector, loaded before this one is used
-            const bool more = v + STEP < c1;
+        for (int v0 = c0 + first; v0 < c1; v0 += STEP * U) {
+            uint4 wn[NR][U];  // the lane's next batch, loaded before this one is used
+            load_batch<NR, U>(wr, v0 + STEP * U, STEP, c1, wn);
 #pragma unroll
-            for (int r = 0; r < NR; ++r) wn[r] = more ? load_nc128(wr[r] + v + STEP) : make_uint4(0, 0, 0, 0);
-            const int lv = v - c0;
+            for (int u = 0; u < U; ++u) {
+                const int lv = v0 + STEP * u - c0;
+                if (c0 + lv >= c1) break;
+                float wf[NR][8];  // the vector's weights as floats, once for every row
 #pragma unroll
-            for (int i = 0; i < ROWS_MAX; ++i) {
-                if (i < m) {
-                    const float4 a = buf[i * 2 * cv + lv], b = buf[i * 2 * cv + cv + lv];
+                for (int r = 0; r < NR; ++r) bf16x8(wt[r][u], wf[r]);
 #pragma unroll
-                    for (int r = 0; r < NR; ++r) acc[i][r] = dot8(wt[r], a, b, acc[i][r]);
+                for (int i = 0; i < ROWS_MAX; i += 2) {  // two rows at a time: independent sums a step
+                    if (i < m) {
+                        float xf[2][8];
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) {
+                            const int row = i + j < m ? i + j : i;  // an odd m repeats its last row, unused
+                            const float4 a = buf[row * 2 * cv + lv], b = buf[row * 2 * cv + cv + lv];
+                            xf[j][0] = a.x; xf[j][1] = a.y; xf[j][2] = a.z; xf[j][3] = a.w;
+                            xf[j][4] = b.x; xf[j][5] = b.y; xf[j][6] = b.z; xf[j][7] = b.w;
+                        }
+                        // Element e of every sum before element e + 1: each sum still adds its 8
+                        // products in dot8's order, but no product waits on the one before it.
+#pragma unroll
+                        for (int e = 0; e < 8; ++e)
+#pragma unroll
+                            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                                for (int r = 0; r < NR; ++r) acc[i + j][r] = fmaf(wf[r][e], xf[j][e], acc[i + j][r]);
+                    }
                 }
             }
 #pragma unroll
-            for (int r = 0; r < NR; ++r) wt[r] = wn[r];
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int u = 0; u < U; ++u) wt[r][u] = wn[r][u];
         }
         if (c == chunks - 1) {
 #pragma unroll
             for (int i = 0; i < ROWS_MAX; ++i)
                 if (i < m)
-                    gemv_finish_task<R, KS, GATED, false>(acc[i], task, rows, bias, accumulate, y + (size_t)i * rows,
-                                                          seen);
+                    gemv_finish_task<R, KS, GATED, false, NR, ROWS_WARPS>(acc[i], task, rows, bias, accumulate,
+                                                                          y + (size_t)i * rows, seen);
         }
         __syncthreads();  // every warp is done with the buffer before it is staged again
     }
 }
 
-template <int KS, bool GATED>
+// The launch of the rows kernel for one plan; the norm fused where the rows are staged whole,
+// else run first by norm_rows_kernel into xn.
+template <int R, int KS, bool GATED>
 static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int m, int rows, int cols,
-                       const uint16_t *bias, int accumulate, float *y) {
-    auto kernel = gemv_rows_kernel<KS, GATED>;
+                       const uint16_t *bias, const uint16_t *norm_w, float eps, float norm_add, int accumulate,
+                       bool wx, float *xn, float *y) {
+    auto kernel = gemv_rows_kernel<R, KS, GATED>;
     constexpr int STEP = 32 * KS;
     const int nvec = cols / 8;
     int cv = (nvec + STEP - 1) / STEP * STEP;
@@ -150,11 +232,33 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
         cv = ROWS_BUF_BYTES / (m * 32) / STEP * STEP;
         if (cv < STEP) cv = STEP;
         smem = 2 * (size_t)m * cv * 32;
+        if (norm_w != nullptr) {
+            ARC_TRY(arc_launch_pdl(ctx, "norm_rows_kernel", norm_rows_kernel, dim3(m), dim3(GEMV_THREADS), 0, x, cols,
+                                   norm_w, eps, norm_add, wx ? 1 : 0, xn));
+            x = xn;
+            norm_w = nullptr;
+        }
     }
     int blocks = 0;
-    ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, GATED ? 2 : 4, KS, &blocks));
+    ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, R, KS, &blocks, ROWS_THREADS));
     return arc_launch_pdl(ctx, GATED ? "gemv_rows_kernel<swiglu>" : "gemv_rows_kernel", kernel, dim3(blocks),
-                          dim3(GEMV_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, cv);
+                          dim3(ROWS_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, cv, norm_w, eps,
+                          norm_add, wx ? 1 : 0);
+}
+
+// The instance of the one-row plan's R and KS.
+template <bool GATED, typename... Args>
+static int launch_plan(const GemvPlan &plan, Args... args) {
+    if constexpr (!GATED) {
+        if (plan.r == 4) return launch_rows<4, 1, GATED>(args...);
+    }
+    if (plan.r == 2) return launch_rows<2, 1, GATED>(args...);
+    switch (plan.ks) {
+    case 8: return launch_rows<1, 8, GATED>(args...);
+    case 4: return launch_rows<1, 4, GATED>(args...);
+    case 2: return launch_rows<1, 2, GATED>(args...);
+    default: return launch_rows<1, 1, GATED>(args...);
+    }
 }
 
 int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
@@ -170,21 +274,11 @@ int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float 
     if (gated) ARC_REQUIRE_AS(who, accumulate == ARC_ACT_SILU || accumulate == ARC_ACT_GELU_TANH,
                               "unknown activation %d", accumulate);
     const GemvPlan plan = gemv_plan(ctx, rows, cols, gated);
-    if (norm_weight != nullptr) {
-        ARC_TRY(arc_launch_pdl(ctx, "norm_rows_kernel", norm_rows_kernel, dim3(m), dim3(GEMV_THREADS), 0, x, cols,
-                               norm_weight, eps, norm_add, plan.wx ? 1 : 0, xn));
-        x = xn;
-    }
-    switch (plan.ks) {
-    case 8: return gated ? launch_rows<8, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
-                         : launch_rows<8, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
-    case 4: return gated ? launch_rows<4, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
-                         : launch_rows<4, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
-    case 2: return gated ? launch_rows<2, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
-                         : launch_rows<2, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
-    default: return gated ? launch_rows<1, true>(ctx, w, x, m, rows, cols, bias, accumulate, y)
-                          : launch_rows<1, false>(ctx, w, x, m, rows, cols, bias, accumulate, y);
-    }
+    if (gated)
+        return launch_plan<true>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
+                                 (int)accumulate, plan.wx, xn, y);
+    return launch_plan<false>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
+                              (int)accumulate, plan.wx, xn, y);
 }
 
 extern "C" int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_t m, int32_t rows,
