@@ -66,6 +66,10 @@ __device__ __forceinline__ void stage_rows(const float *x, int m, int cols, int 
     cp_async_commit();
 }
 
+// The vectors of each weight row a lane loads in a batch: 4 weight vectors in all, 1 a row where
+// a task splits k (KS >= 4: so that a chunk of 8 rows, a whole number of batches, fits twice).
+constexpr int rows_batch(int nr, int ks) { return nr >= 4 || ks >= 4 ? 1 : 4 / nr; }
+
 // The fused norm of the m rows staged whole in xs (cv vectors a row half): each row's squares
 // summed in the one-row GEMV's order (norm_rows_kernel's), then the row scaled in place.
 __device__ __forceinline__ void norm_staged(float4 *xs, int m, int cols, int cv, const uint16_t *norm_w, float eps,
@@ -116,27 +120,33 @@ __device__ __forceinline__ void norm_staged(float4 *xs, int m, int cols, int cv,
 // GATED: W = [gate; up] (2 rows, cols), y[i][r] = act(gate_r . n(x[i])) * (up_r . n(x[i])), act in
 // the accumulate slot. n: with norm_w null none, else the fused norm (norm_staged; one chunk only).
 // Row tasks of R rows, KS warps a task (the one-row plan's), blocks striding over groups of tasks;
-// cv: vectors a chunk (a multiple of 32 KS; nvec or more: one chunk, staged once). Dynamic shared
+// cv: vectors a chunk (whole batches of every lane; nvec or more: one chunk, staged once). Dynamic shared
 // memory: m * cv * 32 bytes, twice when chunked.
 template <int R, int KS, bool GATED>
 __global__ void __launch_bounds__(ROWS_THREADS, 1)
 gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int m, int rows, int cols,
                  const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int cv,
                  const uint16_t *__restrict__ norm_w, float eps, float norm_add, int wx) {
-    constexpr int NR = GATED ? 2 * R : R, U = NR >= 4 ? 1 : 4 / NR;  // 4 weight vectors a lane a batch
+    constexpr int NR = GATED ? 2 * R : R, U = rows_batch(NR, KS);
     constexpr int GROUPS = ROWS_WARPS / KS, STEP = 32 * KS;
     extern __shared__ float4 xs[];
     const int nvec = cols / 8, tid = threadIdx.x, warp = tid / 32;
     const int group = warp / KS, first = (warp % KS) * 32 + tid % 32;
-    const int block_tasks = ((rows + R - 1) / R + GROUPS - 1) / GROUPS;
+    const int tasks = (rows + R - 1) / R, block_tasks = (tasks + GROUPS - 1) / GROUPS;
     const int chunks = (nvec + cv - 1) / cv, buf_vecs = m * 2 * cv;
-    const int mine = blockIdx.x < block_tasks ? (block_tasks - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    // Solo warps (one warp a task, the input staged once): each warp takes tasks of its own,
+    // dealt round the blocks (so every SM gets its share), with no barrier between them. Else the
+    // block's warps step through groups of tasks and the chunks together.
+    const bool solo = KS == 1 && chunks == 1;
+    const int wg = warp * gridDim.x + blockIdx.x, all = gridDim.x * ROWS_WARPS;
+    const int mine = solo ? (wg < tasks ? (tasks - 1 - wg) / all + 1 : 0)
+                          : (blockIdx.x < block_tasks ? (block_tasks - 1 - blockIdx.x) / gridDim.x + 1 : 0);
     const uint4 *wv = reinterpret_cast<const uint4 *>(w);
     pdl_launch_dependents();
-    if (mine == 0) return;  // the whole block: no barrier is left waiting
-    // Before the wait: the first weights of the block's first task (no kernel writes weights).
+    if (solo ? (int)blockIdx.x >= tasks : mine == 0) return;  // the whole block: no barrier is left waiting
+    // Before the wait: the first weights of the warp's first task (no kernel writes weights).
     const uint4 *wr[NR];
-    task_rows<R, GATED>(wv, blockIdx.x * GROUPS + group, rows, nvec, wr);
+    task_rows<R, GATED>(wv, solo ? wg : blockIdx.x * GROUPS + group, rows, nvec, wr);
     uint4 wt[NR][U];
     load_batch<NR, U>(wr, first, STEP, nvec, wt);
     pdl_wait();
@@ -145,12 +155,19 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
         cp_async_wait<0>();
         __syncthreads();
         norm_staged(xs, m, cols, cv, norm_w, eps, norm_add, wx != 0);
+    } else if (solo) {
+        cp_async_wait<0>();
+        __syncthreads();
     }
     float acc[ROWS_MAX][NR];
     ArgmaxSeen seen;  // gemv_finish_task's argument; no argmax here
+    // The lane's weights stream on without a gap: each batch loads the next one, in this chunk, in
+    // the next (cv is a whole number of batches), or the first of the warp's next task.
+    const int task_step = solo ? all : gridDim.x * GROUPS;
+    int task = solo ? wg : blockIdx.x * GROUPS + group;
     for (int it = 0; it < mine * chunks; ++it) {
         const int c = it % chunks, c0 = c * cv, c1 = min(nvec, c0 + cv);
-        const int task = (blockIdx.x + (it / chunks) * gridDim.x) * GROUPS + group;
+        const bool last = c == chunks - 1, next_task = last && it + 1 < mine * chunks;
         const float4 *buf = xs + (chunks > 1 ? (it & 1) * buf_vecs : 0);
         if (c == 0) {
 #pragma unroll
@@ -158,20 +175,23 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
 #pragma unroll
                 for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
         }
-        if (it > 0) {  // the chunk's first weights, before the barrier
-            if (c == 0) task_rows<R, GATED>(wv, task, rows, nvec, wr);
-            load_batch<NR, U>(wr, c0 + first, STEP, c1, wt);
-        }
         if (chunks > 1 && it + 1 < mine * chunks) {
             stage_rows(x, m, cols, nvec, ((it + 1) % chunks) * cv, cv, xs + ((it + 1) & 1) * buf_vecs);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();  // the chunk is staged
+        if (!solo) __syncthreads();  // the chunk is staged
+        bool fetched = false;  // the next task's first batch
         for (int v0 = c0 + first; v0 < c1; v0 += STEP * U) {
             uint4 wn[NR][U];  // the lane's next batch, loaded before this one is used
-            load_batch<NR, U>(wr, v0 + STEP * U, STEP, c1, wn);
+            if (next_task && v0 + STEP * U >= c1) {
+                task_rows<R, GATED>(wv, task + task_step, rows, nvec, wr);
+                load_batch<NR, U>(wr, first, STEP, nvec, wn);
+                fetched = true;
+            } else {
+                load_batch<NR, U>(wr, v0 + STEP * U, STEP, nvec, wn);
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int lv = v0 + STEP * u - c0;
@@ -206,14 +226,19 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
 #pragma unroll
                 for (int u = 0; u < U; ++u) wt[r][u] = wn[r][u];
         }
-        if (c == chunks - 1) {
+        if (last) {
 #pragma unroll
             for (int i = 0; i < ROWS_MAX; ++i)
                 if (i < m)
                     gemv_finish_task<R, KS, GATED, false, NR, ROWS_WARPS>(acc[i], task, rows, bias, accumulate,
                                                                           y + (size_t)i * rows, seen);
+            task += task_step;
+            if (next_task && !fetched) {  // a lane with no vector in the last chunk
+                task_rows<R, GATED>(wv, task, rows, nvec, wr);
+                load_batch<NR, U>(wr, first, STEP, nvec, wt);
+            }
         }
-        __syncthreads();  // every warp is done with the buffer before it is staged again
+        if (!solo) __syncthreads();  // every warp is done with the buffer before it is staged again
     }
 }
 
@@ -224,13 +249,13 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
                        const uint16_t *bias, const uint16_t *norm_w, float eps, float norm_add, int accumulate,
                        bool wx, float *xn, float *y) {
     auto kernel = gemv_rows_kernel<R, KS, GATED>;
-    constexpr int STEP = 32 * KS;
+    constexpr int BATCH = 32 * KS * rows_batch(GATED ? 2 * R : R, KS);  // a chunk is a whole number of these
     const int nvec = cols / 8;
-    int cv = (nvec + STEP - 1) / STEP * STEP;
+    int cv = (nvec + BATCH - 1) / BATCH * BATCH;
     size_t smem = (size_t)m * cv * 32;
     if (smem > ROWS_ONE_BYTES) {  // chunks, two buffers
-        cv = ROWS_BUF_BYTES / (m * 32) / STEP * STEP;
-        if (cv < STEP) cv = STEP;
+        cv = ROWS_BUF_BYTES / (m * 32) / BATCH * BATCH;
+        if (cv < BATCH) cv = BATCH;
         smem = 2 * (size_t)m * cv * 32;
         if (norm_w != nullptr) {
             ARC_TRY(arc_launch_pdl(ctx, "norm_rows_kernel", norm_rows_kernel, dim3(m), dim3(GEMV_THREADS), 0, x, cols,
@@ -240,7 +265,10 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
         }
     }
     int blocks = 0;
-    ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, R, KS, &blocks, ROWS_THREADS));
+    if (KS == 1 && cv >= nvec)  // solo warps (the kernel's): as many blocks as tasks, up to the GPU's fill
+        ARC_TRY(gemv_blocks(ctx, kernel, smem, (rows + R - 1) / R, 1, ROWS_WARPS, &blocks, ROWS_THREADS));
+    else
+        ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, R, KS, &blocks, ROWS_THREADS));
     return arc_launch_pdl(ctx, GATED ? "gemv_rows_kernel<swiglu>" : "gemv_rows_kernel", kernel, dim3(blocks),
                           dim3(ROWS_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, cv, norm_w, eps,
                           norm_add, wx ? 1 : 0);

@@ -12,9 +12,9 @@
 
 enum { VSTORE_THREADS = 128 };
 
-// Row i = blockIdx.x of qkv (rows, q | k | v), float32 and unrotated: k rotated at positions[i] as
-// `rope` says (kernels.cuh), rounded to bf16, into cache row positions[i], and v with it, when that
-// row is below max_seq. qkv is left as it is.
+// Row i = blockIdx.x of qkv (rows, q | k | v), float32 and unrotated, kv head blockIdx.y: k rotated
+// at positions[i] as `rope` says (kernels.cuh), rounded to bf16, into cache row positions[i], and v
+// with it, when that row is below max_seq. qkv is left as it is.
 __global__ void __launch_bounds__(VSTORE_THREADS)
 verify_store_kernel(const float *__restrict__ qkv, int stride, const int32_t *__restrict__ positions,
                     const RopeArgs rope, uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache, int n_heads,
@@ -22,16 +22,15 @@ verify_store_kernel(const float *__restrict__ qkv, int stride, const int32_t *__
     __shared__ float cs[ATTN_MAX_HEAD_DIM / 2], sn[ATTN_MAX_HEAD_DIM / 2];
     pdl_launch_dependents();
     pdl_wait();
-    const int i = blockIdx.x, tid = threadIdx.x, pos = positions[i];
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, pos = positions[i];
     if (pos < 0 || pos >= max_seq) return;
     for (int t = tid; t < rope.half; t += VSTORE_THREADS) rope_angles(rope, pos, t, &sn[t], &cs[t]);
     __syncthreads();
-    const float *k = qkv + (size_t)i * stride + (size_t)n_heads * hd, *v = k + (size_t)n_kv_heads * hd;
-    for (int e = tid; e < n_kv_heads * hd; e += VSTORE_THREADS) {
-        const int h = e / hd, d = e % hd;
-        const size_t at = ((size_t)h * max_seq + pos) * hd + d;
-        k_cache[at] = f32_to_bf16(rope_rotate_half(k + (size_t)h * hd, d, rope.half, cs, sn));
-        v_cache[at] = f32_to_bf16(v[e]);
+    const float *k = qkv + (size_t)i * stride + (size_t)(n_heads + h) * hd, *v = k + (size_t)n_kv_heads * hd;
+    const size_t at = ((size_t)h * max_seq + pos) * hd;
+    for (int d = tid; d < hd; d += VSTORE_THREADS) {
+        k_cache[at + d] = f32_to_bf16(rope_rotate_half(k, d, rope.half, cs, sn));
+        v_cache[at + d] = f32_to_bf16(v[d]);
     }
 }
 
@@ -41,7 +40,7 @@ int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int st
     const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(hd > 0 && hd <= ATTN_MAX_HEAD_DIM && rope.half >= 1 && 2 * rope.half <= hd,
                 "RoPE of %d pairs in a head of %d (at most %d)", rope.half, hd, ATTN_MAX_HEAD_DIM);
-    ARC_TRY(arc_launch_pdl(ctx, "verify_store_kernel", verify_store_kernel, dim3(rows), dim3(VSTORE_THREADS), 0, qkv,
+    ARC_TRY(arc_launch_pdl(ctx, "verify_store_kernel", verify_store_kernel, dim3(rows, n_kv_heads), dim3(VSTORE_THREADS), 0, qkv,
                            stride, positions, rope, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq));
     return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, hd, max_seq, positions, scratch, out,
                            AttnRows{rows, stride, done});
