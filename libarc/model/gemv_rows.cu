@@ -2,18 +2,19 @@
 // products. Each weight is read once for every row, and each row's output has the bits the
 // one-row GEMV (gemv.cu) gives for that row alone, by construction:
 //   - a row's dot product is summed in the one-row launch's order: lane `first` of a row task
-//     adds its vectors first, first + 32 KS, ... in turn (dot8's fused multiply-adds), the warp
-//     sums its lanes (warp_sum), and the KS warps of a task add their sums in warp order
-//     (gemv_finish_task). The rows per task R and the batching of the loads change no sum, so
-//     this kernel picks its own (4 weight rows a warp); it takes KS from the one-row plan
-//     (gemv_common.cuh: gemv_plan) of the same shape;
-//   - a fused norm (norm_rows_kernel) sums the squares in the order that plan's launch does
-//     (in the warp where the input stays in registers, WX; else thread t adds vectors t + 256 j,
-//     then block_sum), and scales each element as norm8 does;
+//     adds its vectors first, first + 32 KS, ... in turn, each with dot8's 8 fused multiply-adds
+//     in element order; the warp sums its lanes (warp_sum), and the KS warps of a task add their
+//     sums in warp order (gemv_finish_task). The rows per task R, the batching of the loads and
+//     the interleaving of different sums change no sum; KS is taken from the one-row plan of the
+//     same shape (gemv_common.cuh: gemv_plan), and R too, as it spreads the tasks;
+//   - a fused norm (norm_staged, or norm_rows_kernel first where the rows are staged in chunks)
+//     sums the squares in the order that plan's launch does (in the warp where the input stays in
+//     registers, WX; else thread t of 256 adds vectors t + 256 j, then block_sum's order), and
+//     scales each element as norm8 does;
 //   - the epilogue (bias, residual add, GLU) is gemv_finish_task's, row by row.
 // The rows are staged in shared memory as float32, all of them when they fit (ROWS_ONE_BYTES),
-// else in chunks of vectors, double-buffered with cp.async; a chunk is a whole number of a
-// lane's steps, so every lane still meets its vectors in order.
+// else in chunks of vectors, double-buffered with cp.async; a chunk is a whole number of every
+// lane's batches, so every lane still meets its vectors in order.
 #include "gemv_common.cuh"
 
 // ROWS_THREADS: 16 warps a block, one block an SM (all its registers), sharing one staged input.
