@@ -3,11 +3,10 @@ prompts and the same device, and what one speculative step costs.
 
 - Step cost: a burst of plain steps and a burst of speculative steps at the same positions, timed
   whole, per step; their ratio is what a speculative step must make up in tokens.
-- Generations (burst 16; greedy, and where the text repeats sampled at temperature 0.7 without a
-  seed, as chat clients send it, since a seeded request keeps the plain loop): tokens/s of the plain
-  loop and of the loop with speculation (the policy choosing burst by burst), the tokens per
-  speculative step, the share of drafts accepted, the tokens per weight read, and (greedy) whether
-  the two made the same tokens.
+- Generations (burst 16; greedy, and where the text repeats sampled at temperature 0.7 with a
+  seed, so that the two loops' tokens can be compared): tokens/s of the plain loop and of the loop
+  with speculation (the policy choosing burst by burst), the tokens per speculative step, the share
+  of drafts accepted, the tokens per weight read, and whether the two made the same tokens.
 - Cases: on synthetic shapes, a random prompt (random weights do not repeat themselves: the
   policy should keep to the plain loop) and a prompt whose continuation repeats earlier text. For
   the latter the shape's attention and MLP outputs are zeroed (Wo = Wdown = 0, every weight still
@@ -41,7 +40,7 @@ from arcpy.sampling import Sampling
 
 DRAFTS = 7
 BURST = 16
-SAMPLED = Sampling(temperature=0.7)  # the chat clients' common temperature; unseeded, as they send it
+SAMPLED = Sampling(temperature=0.7, seed=7)  # the chat clients' common temperature; seeded, to compare tokens
 SAMPLED_NAME = "sampled t 0.7"
 SAME = {True: "yes", False: "NO", None: "n/a (unseeded draws)"}
 
@@ -194,8 +193,9 @@ def compare(device, request: Request, runs: int, text=None) -> dict:
             row.update(tokens=st.tokens, spec_steps=st.spec_steps, tokens_per_step=st.tokens_per_step,
                        acceptance=st.acceptance, tokens_per_weight_read=st.tokens_per_weight_read)
     row["speedup"] = row["speculative_tok_s"] / row["plain_tok_s"] if row["plain_tok_s"] else 0.0
-    # Unseeded draws differ run to run: only greedy rows can be compared token for token.
-    row["identical"] = tokens["plain"] == tokens["speculative"] if request.sampling.is_greedy() else None
+    # Unseeded draws differ run to run: only greedy and seeded rows can be compared token for token.
+    comparable = request.sampling.is_greedy() or request.sampling.seed is not None
+    row["identical"] = tokens["plain"] == tokens["speculative"] if comparable else None
     return row
 
 
