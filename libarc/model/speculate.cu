@@ -169,12 +169,12 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
     ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
     const uint64_t rows = (uint64_t)k + 1;
-    enum { N = 13 };
+    enum { N = 12 };
     const uint64_t sizes[N] = {rows * c.dim * 4, rows * c.dim * 4, rows * c.ffn_dim * 4, rows * mp.qkv_rows * 4,
                                rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
                                c.post_norms ? rows * c.dim * 4 : 0,
                                rows * arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
-                               rows * c.n_heads * 4, 0};
+                               rows * c.n_heads * 4};
     uint64_t off[N], at = 0;
     for (int i = 0; i < N; ++i) {
         off[i] = at;
