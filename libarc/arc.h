@@ -358,17 +358,19 @@ int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n
  * forward or the prefill have not written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
 
-/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 weights). The draft:
- * the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest first) in the loop's history,
- * and the k tokens that followed it (periodic past p). The verify forward: the token and the drafts at positions
- * p..p+k in one pass, each row through the decode's own kernels or their form over rows, which keep each row's sums
- * in the decode's order: every row's logits are the decode step's at that position, bit for bit, so the tokens
- * are the plain loop's, greedy or sampled with the same seed (arc_op_gemv_rows says how). The accept:
- * the token after row 0 (its argmax, or sampled its draw), then after row i while draft i matched the token after
- * row i - 1, each through the commit's checks (and the burst's limit); then .steps. The history (max_seq ids) gets
- * every commit's token; this writes tokens[0..n) at start.. (device or mapped memory), stream-ordered. ---- */
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no
+ * mixture of experts). The draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest
+ * first) in the loop's history, and the k tokens that followed it (periodic past p). The verify forward: the token
+ * and the drafts at positions p..p+k in one pass, each row through the decode's own kernels or their form over
+ * rows, which keep each row's sums in the decode's order: every row's logits are the decode step's at that
+ * position, bit for bit, so the tokens are the plain loop's, greedy or sampled with the same seed
+ * (arc_op_gemv_rows and arc_op_qgemv_rows say how). The accept: the token after row 0 (its argmax, or sampled its
+ * draw), then after row i while draft i matched the token after row i - 1, each through the commit's checks (and
+ * the burst's limit); then .steps. The history (max_seq ids) gets every commit's token; this writes tokens[0..n)
+ * at start.. (device or mapped memory), stream-ordered. ---- */
 int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
-/* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing. */
+/* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing; a mixture of experts is
+ * refused. */
 int arc_model_speculate_reserve(arc_model *model, int32_t k);
 /* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
 int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);

@@ -124,6 +124,17 @@ int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_
                      float *y);
 int arc_op_gemv_rows_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t m, int32_t rows,
                             int32_t cols, const uint16_t *norm_weight, float eps, float *xn, float *y);
+/* arc_op_gemv_rows and arc_op_gemv_rows_swiglu over w in a quantized `format` (laid out as for arc_op_qgemv): row i
+ * of y has the bits arc_op_qgemv (arc_op_qgemv_swiglu) gives for x[i] alone, each row's input quantized by that
+ * GEMV's own staging and each unit's dot summed in its order. m 1..8, cols a multiple of the format's unit, w, x, y
+ * 16-byte aligned; scratch: device memory of m x cols floats, 16-byte aligned, neither x nor y (the rows, normed and
+ * quantized). */
+int arc_op_qgemv_rows(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t m, int32_t rows,
+                      int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
+                      float *scratch, float *y);
+int arc_op_qgemv_rows_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x, int32_t m,
+                             int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *scratch,
+                             float *y);
 
 /* The ranking of a prompt's scores (arc_model_prompt_logprobs), as arc_loop_enqueue_logprobs ranks a step's: for each
  * row r < rows of logits (its first vocab of logits[r * stride ..]), the log-probability of targets[r] under

@@ -116,14 +116,14 @@ def test_the_memory_report_counts_what_the_model_holds():
 
 
 def test_the_cuda_device_states_its_capabilities():
-    """The record the layers above read: a quantized model captures the loop and the draw but no
-    speculative step, and says why; closing takes the loop away."""
+    """The record the layers above read: a quantized model captures the loop, the draw and the
+    speculative step; closing takes the loop away."""
     model = synthetic_model("tiny-quant", seed=3)
     dev = open_cuda_device(model, max_seq=MAX_SEQ, speculate=4)
     try:
         caps = dev.capabilities
         assert caps.name == dev.ctx.name() and caps.loop and caps.sampling and caps.prefill and caps.graphs
-        assert caps.memory_report and caps.speculate_k == 0 and "quantized" in caps.speculation_refused
+        assert caps.memory_report and caps.speculate_k == 4 and not caps.speculation_refused
     finally:
         dev.close()
     assert not dev.capabilities.loop and not dev.capabilities.graphs

@@ -10,7 +10,8 @@
   (every synthetic shape, seven seeds, temperatures 0.05 to 1.3, top-k and top-p), and on the real
   model's extractive prompt; sampled requests speculate, unseeded or seeded, and a seeded one gives
   the plain loop's tokens.
-- A quantized model declines speculation and says why.
+- Quantized models (every format, q/k/v in three formats, a bf16 product among quantized ones, a
+  quantized lm_head and a bf16 one) run all of the above.
 """
 
 import numpy as np
@@ -34,7 +35,7 @@ K = 7
 
 
 @pytest.fixture(scope="module", params=["stories15M", "gqa", "qwen-tiny", "qwen3-tiny", "phi3-tiny", "smollm3-tiny",
-                                                   "gemma3-tiny"])
+                                        "gemma3-tiny", "tiny-quant", "tiny-quant-tied"])
 def device(request):
     dev = open_cuda_device(synthetic_model(request.param, seed=3), max_seq=512, speculate=K)
     yield dev
@@ -158,14 +159,6 @@ def test_a_lost_speculative_step_falls_back_to_the_host_path_with_the_same_token
     assert got == want
     assert spec.stats.path == f"{DEVICE_LOOP}+{HOST}" and latch.latched
     assert "speculative steps ran" in spec.stats.fallback
-
-
-def test_a_quantized_model_declines_speculation_and_says_why():
-    with open_cuda_device(synthetic_model("tiny-quant", seed=1), max_seq=256, speculate=K) as dev:
-        eng = engine(dev)
-        toks = list(eng.generate([1, 5, 9], 8))
-        assert len(toks) == 8 and dev.speculate_k == 0
-        assert eng.stats.speculation.startswith("off: the model holds quantized matrices")
 
 
 PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wound the great "

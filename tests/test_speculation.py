@@ -4,6 +4,7 @@ speculative step drafts, verifies and accepts as libarc's does (one model token 
 
 import random
 
+import numpy as np
 import pytest
 from scripted_tokens import following
 
@@ -272,3 +273,34 @@ def test_engine_without_speculation_never_speculates(latch):
     eng = engine(latch, burst=4, speculate=False)
     assert list(eng.generate(PROMPT, 30)) == reference(30, cycle_next)
     assert eng.stats.speculation == "off" and eng.device.spec_steps == 0
+
+
+def test_the_bench_times_each_verify_product_in_its_format_and_runs_of_q_k_v():
+    from arcpy.bench.speculate import verify_products
+    from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
+    from arcpy.model import SHAPES
+    cfg = SHAPES["llama8B-q4km"]  # layer 0: q and k Q4_K, v and down Q6_K (llama.cpp's more bits)
+    assert verify_products("llama8B-q4km", cfg) == [
+        ("qk", 5120, 4096, False, FORMAT_Q4_K), ("v", 1024, 4096, False, FORMAT_Q6_K),
+        ("o", 4096, 4096, False, FORMAT_Q4_K), ("gate/up swiglu", 14336, 4096, True, FORMAT_Q4_K),
+        ("down", 4096, 14336, False, FORMAT_Q6_K), ("lm_head", 128256, 4096, False, FORMAT_Q6_K)]
+    tiny = verify_products("tiny-quant", SHAPES["tiny-quant"])
+    assert [(name, fmt) for name, _, _, _, fmt in tiny] == [
+        ("q", FORMAT_Q4_K), ("k", FORMAT_Q6_K), ("v", FORMAT_Q8_0), ("o", FORMAT_Q4_0),
+        ("gate/up swiglu", FORMAT_Q5_K), ("down", FORMAT_Q4_1), ("lm_head", FORMAT_Q6_K)]
+    assert verify_products("tiny-quant-tied", SHAPES["tiny-quant-tied"])[-1][-1] == FORMAT_BF16
+    assert [p[:2] for p in verify_products("llama8B", SHAPES["llama8B"])][:1] == [("qkv", 6144)]
+
+
+def test_the_looping_bench_model_zeroes_quantized_outputs_too():
+    from arcpy.bench.speculate import looping
+    from arcpy.model import synthetic_model
+    from arcpy.model.quant import QuantTensor, dequantize
+    model = synthetic_model("tiny-quant", seed=0)
+    looping(model)
+    outs = {n: t for n, t in model.tensors.items() if n.endswith(("o_proj.weight", "down_proj.weight"))}
+    assert len(outs) == 4 and any(isinstance(t, QuantTensor) for t in outs.values())
+    for name, t in outs.items():
+        w = dequantize(t) if isinstance(t, QuantTensor) else t
+        assert not np.any(w), name
+    assert np.any(dequantize(model.tensors["model.layers.0.self_attn.q_proj.weight"]))

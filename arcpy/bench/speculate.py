@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from arcpy import _lib
-from arcpy.bench.kernels import Buffers, capture_graph, gemm_shapes, time_graph
+from arcpy.bench.kernels import Buffers, capture_graph, time_graph
 from arcpy.bench.loop import bench_max_seq
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
@@ -35,7 +35,9 @@ from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Request
-from arcpy.model import synthetic_model
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
+from arcpy.model import LM_HEAD, layer_prefix, preset_formats, synthetic_model
+from arcpy.model.quant import QuantTensor, row_bytes
 from arcpy.sampling import Sampling
 
 DRAFTS = 7
@@ -120,40 +122,71 @@ PRODUCT_ROWS = (1, 4, 8)
 L2_BYTES = 50 << 20
 
 
-def products_report(cfg, replays: int) -> list[dict]:
-    """Each product of the verify forward timed alone against the decode's GEMV of the same matrix:
-    µs per launch and the weights' GB/s, for 1, 4 and 8 rows (graphs of launches over distinct
-    copies of the matrix, so that no launch finds it in L2)."""
+def verify_products(shape: str, cfg) -> list[tuple[str, int, int, bool, int]]:
+    """(name, n, k, swiglu, arc_format) of the verify's products in layer 0 and the lm_head, as the
+    forward launches them: q, k and v one product for each run of one format."""
+    formats = preset_formats(shape)
+    pre = layer_prefix(0)
+    fmt = {part: formats[f"{pre}{part}.weight"] for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                             "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")}
+    out, runs = [], [("q", cfg.q_dim, fmt["self_attn.q_proj"]), ("k", cfg.kv_dim, fmt["self_attn.k_proj"]),
+                     ("v", cfg.kv_dim, fmt["self_attn.v_proj"])]
+    while runs:  # a run of parts of one format
+        n = 1
+        while n < len(runs) and runs[n][2] == runs[0][2]:
+            n += 1
+        out.append(("".join(r[0] for r in runs[:n]), sum(r[1] for r in runs[:n]), cfg.dim, False, runs[0][2]))
+        runs = runs[n:]
+    out += [("o", cfg.dim, cfg.q_dim, False, fmt["self_attn.o_proj"]),
+            ("gate/up swiglu", cfg.ffn_dim, cfg.dim, True, fmt["mlp.gate_proj"]),
+            ("down", cfg.dim, cfg.ffn_dim, False, fmt["mlp.down_proj"]),
+            ("lm_head", cfg.vocab, cfg.dim, False, formats.get(LM_HEAD, FORMAT_BF16))]
+    return out
+
+
+def product_ops(ctx, fmt: int, n: int, k: int, swiglu: bool, x, s, y) -> list[tuple[str, int, Callable]]:
+    """(kind, rows, op(w)) for the decode's GEMV of the product and its rows form over 1, 4 and 8 rows."""
+    lib, NULL = ctx.lib, ctx.ffi.NULL
+    if fmt == FORMAT_BF16:
+        one = (lambda w: lib.arc_op_gemv_swiglu(ctx.ptr, w, x, n, k, NULL, 0.0, y)) if swiglu else \
+            (lambda w: lib.arc_op_gemv(ctx.ptr, w, x, n, k, NULL, NULL, 0.0, 0, y))
+        rows = (lambda r: lambda w: lib.arc_op_gemv_rows_swiglu(ctx.ptr, w, x, r, n, k, NULL, 0.0, NULL, y)) \
+            if swiglu else (lambda r: lambda w: lib.arc_op_gemv_rows(ctx.ptr, w, x, r, n, k, NULL, NULL, 0.0, 0, NULL, y))
+    else:
+        one = (lambda w: lib.arc_op_qgemv_swiglu(ctx.ptr, fmt, w, x, n, k, NULL, 0.0, y)) if swiglu else \
+            (lambda w: lib.arc_op_qgemv(ctx.ptr, fmt, w, x, n, k, NULL, NULL, 0.0, 0, y))
+        rows = (lambda r: lambda w: lib.arc_op_qgemv_rows_swiglu(ctx.ptr, fmt, w, x, r, n, k, NULL, 0.0, s, y)) \
+            if swiglu else (lambda r: lambda w: lib.arc_op_qgemv_rows(ctx.ptr, fmt, w, x, r, n, k, NULL, NULL, 0.0, 0,
+                                                                      s, y))
+    return [("gemv", 1, one)] + [(f"rows{r}", r, rows(r)) for r in PRODUCT_ROWS]
+
+
+def products_report(shape: str, cfg, replays: int) -> list[dict]:
+    """Each product of the verify forward timed alone against the decode's GEMV of the same matrix,
+    in its format: µs per launch and the weights' GB/s, for 1, 4 and 8 rows (graphs of launches
+    over distinct copies of the matrix, so that no launch finds it in L2)."""
     out = []
-    shapes = gemm_shapes(cfg) + [("lm_head", cfg.vocab, cfg.dim, False)]
     with Context(0) as ctx:
         buf = Buffers(ctx)
         try:
-            lib, ffi, NULL = ctx.lib, ctx.ffi, ctx.ffi.NULL
-            for name, n, k, swiglu in shapes:
+            ffi = ctx.ffi
+            for name, n, k, swiglu, fmt in verify_products(shape, cfg):
                 w_rows = 2 * n if swiglu else n
-                nbytes = w_rows * k * 2
+                nbytes = w_rows * row_bytes(fmt, k)
                 copies = max(2, min(cfg.n_layers, -(-4 * L2_BYTES // nbytes)))
-                ws = [ffi.cast("uint16_t *", buf.random_bf16(nbytes)) for _ in range(copies)]
+                ws = [buf.matrix(fmt, w_rows, k) for _ in range(copies)]
                 x = ffi.cast("float *", buf.random_bf16(8 * k * 4))
+                s = ffi.cast("float *", buf.alloc(8 * k * 4))
                 y = ffi.cast("float *", buf.alloc(8 * w_rows * 4))
-                row = {"name": name, "n": w_rows, "k": k}
-                kinds = [("gemv", 1)] + [(f"rows{r}", r) for r in PRODUCT_ROWS]
-                for kind, r in kinds:
-                    if kind == "gemv":
-                        op = (lambda w: lib.arc_op_gemv_swiglu(ctx.ptr, w, x, n, k, NULL, 0.0, y)) if swiglu else \
-                            (lambda w: lib.arc_op_gemv(ctx.ptr, w, x, n, k, NULL, NULL, 0.0, 0, y))
-                    else:
-                        op = (lambda w, r=r: lib.arc_op_gemv_rows_swiglu(ctx.ptr, w, x, r, n, k, NULL, 0.0, NULL, y)) \
-                            if swiglu else (lambda w, r=r: lib.arc_op_gemv_rows(ctx.ptr, w, x, r, n, k, NULL, NULL, 0.0,
-                                                                                0, NULL, y))
+                row = {"name": name, "format": FORMAT_NAMES[fmt], "n": w_rows, "k": k}
+                for kind, _, op in product_ops(ctx, fmt, n, k, swiglu, x, s, y):
                     ctx.wait_idle()
                     graph = capture_graph(ctx, [lambda w=w, op=op: _lib.check(op(w)) for w in ws])
                     try:
                         us = statistics.median(time_graph(ctx, graph, copies, replays))
                     finally:
                         ctx.wait_idle()
-                        _lib.check(lib.arc_graph_destroy(graph))
+                        _lib.check(ctx.lib.arc_graph_destroy(graph))
                     row[f"{kind}_us"] = us
                     row[f"{kind}_GBps"] = nbytes / us / 1e3
                 out.append(row)
@@ -207,7 +240,8 @@ def looping(model) -> None:
     so the next token depends on the last one alone (the forward still reads every weight)."""
     for name, array in model.tensors.items():
         if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
-            array[...] = 0
+            # A quantized matrix of zero bytes has zero scales, so zero weights in every format.
+            (array.data if isinstance(array, QuantTensor) else array)[...] = 0
 
 
 def one_turn(device, tokens: int) -> list[int]:
@@ -243,7 +277,7 @@ def bench_shape(shape: str, tokens: int, runs: int) -> dict:
             if case != "random prompt":
                 sampled = Request(prompt_ids=ids, max_new_tokens=tokens, sampling=SAMPLED)
                 out["cases"][case + ", " + SAMPLED_NAME] = {**compare(device, sampled, runs), "prompt_tokens": len(ids)}
-    out["products"] = products_report(cfg, runs)
+    out["products"] = products_report(shape, cfg, runs)
     return out
 
 
@@ -295,7 +329,7 @@ def format_table(report: dict) -> str:
         for prod in part.get("products", []):
             cells = "  ".join(f"{kind} {prod[kind + '_us']:7.1f} us {prod[kind + '_GBps']:5.0f} GB/s"
                               for kind in ["gemv"] + [f"rows{r}" for r in PRODUCT_ROWS])
-            lines.append(f"    {prod['name']:15s} {prod['n']:6d}x{prod['k']:<6d} {cells}")
+            lines.append(f"    {prod['name']:15s} {prod.get('format', 'bf16'):5s} {prod['n']:6d}x{prod['k']:<6d} {cells}")
         for case, row in part["cases"].items():
             lines.append(f"    {case:22s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "
                          f"{row['speculative_tok_s']:8.1f} tok/s  {row['speedup']:.2f}x  "

@@ -440,8 +440,6 @@ def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool =
             device.capture()
             if speculate and model.config.n_experts:
                 device.speculation_refused = "the model is a mixture of experts; speculative steps do not route rows yet"
-            elif speculate and model.quantized:
-                device.speculation_refused = "the model holds quantized matrices; speculative steps read bf16 weights"
             elif speculate:
                 device.capture_speculation(speculate, ngram)
     except BaseException:

@@ -103,7 +103,7 @@ class CudaModel:
         _lib.check(self.lib.arc_model_forward_commit(self.ptr, loop))
 
     def reserve_speculation(self, k: int) -> None:
-        """Buffers for speculative steps of k drafts (bf16 weights only: libarc refuses others)."""
+        """Buffers for speculative steps of k drafts (libarc refuses a mixture of experts)."""
         _lib.check(self.lib.arc_model_speculate_reserve(self.ptr, k))
 
     def enqueue_speculate(self, loop, ngram: int, draw: bool = False) -> None:

@@ -98,7 +98,7 @@ class Engine(HostPath):
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
-        `drafts` > 0 captures speculative steps of that many drafts (cuda, bf16 weights). The
+        `drafts` > 0 captures speculative steps of that many drafts (cuda; not a mixture of experts). The
         engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)

@@ -52,7 +52,7 @@ struct SpecBuffers {
     uint64_t bytes;
     int32_t k;
     float *x;          // residual streams (rows, dim)
-    float *xn;         // a normed product input (rows, dim)
+    float *xn;         // a product's normed or quantized input rows (rows, max(dim, q_dim, ffn_dim))
     float *h;          // the GLU output (rows, ffn_dim)
     float *qkv;        // (rows, q_dim + 2 kv_dim)
     float *att;        // (rows, q_dim)

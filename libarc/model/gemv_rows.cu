@@ -117,7 +117,7 @@ __device__ __forceinline__ void norm_staged(float4 *xs, int m, int cols, int cv,
     __syncthreads();
 }
 
-// y[i] (rows) = W @ n(x[i]) (+ bias) (+ y[i] when accumulate) for the m rows x[i] of cols floats;
+// y[i] (rows, ldy apart) = W @ n(x[i]) (+ bias) (+ y[i] when accumulate) for the m rows x[i] of cols floats;
 // GATED: W = [gate; up] (2 rows, cols), y[i][r] = act(gate_r . n(x[i])) * (up_r . n(x[i])), act in
 // the accumulate slot. n: with norm_w null none, else the fused norm (norm_staged; one chunk only).
 // Row tasks of R rows, KS warps a task (the one-row plan's), blocks striding over groups of tasks;
@@ -126,7 +126,7 @@ __device__ __forceinline__ void norm_staged(float4 *xs, int m, int cols, int cv,
 template <int R, int KS, bool GATED>
 __global__ void __launch_bounds__(ROWS_THREADS, 1)
 gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int m, int rows, int cols,
-                 const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int cv,
+                 const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int ldy, int cv,
                  const uint16_t *__restrict__ norm_w, float eps, float norm_add, int wx) {
     constexpr int NR = GATED ? 2 * R : R, U = rows_batch(NR, KS);
     constexpr int GROUPS = ROWS_WARPS / KS, STEP = 32 * KS;
@@ -232,7 +232,7 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
             for (int i = 0; i < ROWS_MAX; ++i)
                 if (i < m)
                     gemv_finish_task<R, KS, GATED, false, NR, ROWS_WARPS>(acc[i], task, rows, bias, accumulate,
-                                                                          y + (size_t)i * rows, seen);
+                                                                          y + (size_t)i * ldy, seen);
             task += task_step;
             if (next_task && !fetched) {  // a lane with no vector in the last chunk
                 task_rows<R, GATED>(wv, task, rows, nvec, wr);
@@ -248,7 +248,7 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
 template <int R, int KS, bool GATED>
 static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int m, int rows, int cols,
                        const uint16_t *bias, const uint16_t *norm_w, float eps, float norm_add, int accumulate,
-                       bool wx, float *xn, float *y) {
+                       bool wx, float *xn, float *y, int ldy) {
     auto kernel = gemv_rows_kernel<R, KS, GATED>;
     constexpr int BATCH = 32 * KS * rows_batch(GATED ? 2 * R : R, KS);  // a chunk is a whole number of these
     const int nvec = cols / 8;
@@ -271,7 +271,7 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
     else
         ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, R, KS, &blocks, ROWS_THREADS));
     return arc_launch_pdl(ctx, GATED ? "gemv_rows_kernel<swiglu>" : "gemv_rows_kernel", kernel, dim3(blocks),
-                          dim3(ROWS_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, cv, norm_w, eps,
+                          dim3(ROWS_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, ldy, cv, norm_w, eps,
                           norm_add, wx ? 1 : 0);
 }
 
@@ -292,11 +292,12 @@ static int launch_plan(const GemvPlan &plan, Args... args) {
 
 int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
               int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
-              int32_t accumulate, bool gated, float *xn, float *y) {
+              int32_t accumulate, bool gated, float *xn, float *y, int32_t ldy) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
     ARC_TRY(check_gemv_io(who, w, x, rows, cols, norm_weight, eps, y));
     ARC_REQUIRE_AS(who, cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
     ARC_REQUIRE_AS(who, m >= 1 && m <= ROWS_MAX, "m must be in 1..%d, got %d", ROWS_MAX, m);
+    ARC_REQUIRE_AS(who, ldy >= rows, "the output rows' stride %d is below rows %d", ldy, rows);
     ARC_REQUIRE_AS(who, !gated || rows <= INT32_MAX / 2, "rows %d too large", rows);
     ARC_REQUIRE_AS(who, norm_weight == nullptr || (xn && (uintptr_t)xn % 16 == 0 && xn != y),
                    "a fused norm needs xn: 16-byte aligned, m x cols floats, not y");
@@ -305,21 +306,21 @@ int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float 
     const GemvPlan plan = gemv_plan(ctx, rows, cols, gated);
     if (gated)
         return launch_plan<true>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
-                                 (int)accumulate, plan.wx, xn, y);
+                                 (int)accumulate, plan.wx, xn, y, (int)ldy);
     return launch_plan<false>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
-                              (int)accumulate, plan.wx, xn, y);
+                              (int)accumulate, plan.wx, xn, y, (int)ldy);
 }
 
 extern "C" int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_t m, int32_t rows,
                                 int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
                                 int32_t accumulate, float *xn, float *y) {
     ARC_REQUIRE(accumulate == 0 || accumulate == 1, "accumulate must be 0 or 1, got %d", accumulate);
-    return gemv_rows(ctx, __func__, w, x, m, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, false, xn, y);
+    return gemv_rows(ctx, __func__, w, x, m, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, false, xn, y, rows);
 }
 
 extern "C" int arc_op_gemv_rows_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t m,
                                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *xn,
                                        float *y) {
     return gemv_rows(ctx, __func__, w_gate_up, x, m, rows, cols, nullptr, norm_weight, eps, 0.0f, ARC_ACT_SILU, true,
-                     xn, y);
+                     xn, y, rows);
 }

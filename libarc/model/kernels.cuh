@@ -343,12 +343,13 @@ int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const
 int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int stride, const int32_t *positions,
                             const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads, int n_kv_heads,
                             int hd, int max_seq, float *scratch, unsigned *done, float *out);
-// The bf16 GEMV over m <= 8 rows (gemv_rows.cu): y (m, rows) = W @ n(x[i]) (+ bias) (+ y when
-// accumulate), or with gated act(gate) * up (accumulate carries the arc_activation); with a norm,
-// n(x) goes through xn (m, cols). Each row's output has the bits of the one-row GEMV's.
+// The bf16 GEMV over m <= 8 rows (gemv_rows.cu): y (m rows of `rows` values, ldy apart) = W @
+// n(x[i]) (+ bias) (+ y when accumulate), or with gated act(gate) * up (accumulate carries the
+// arc_activation); with a norm, n(x) goes through xn (m, cols). Each row's output has the bits of
+// the one-row GEMV's.
 int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
               int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
-              int32_t accumulate, bool gated, float *xn, float *y);
+              int32_t accumulate, bool gated, float *xn, float *y, int32_t ldy);
 
 // The lm_head GEMV with the argmax of its rows (gemv.cu): committed to loop when it is not null,
 // else written to *out and *value_out; `who` names the entry point in errors.
@@ -433,3 +434,9 @@ int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float 
 // y = [Wq; Wk; Wv] @ n(x) (+ [bq; bk; bv]): one GEMV for each run of parts of one format.
 int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
              float eps, float norm_add, float *y);
+// The verify's products over m <= 8 rows of a Weight of any format: gemv_rows (bf16) or the
+// quantized rows GEMV (qgemv_rows.cu), each row of y (ldy apart) the bits of the one-row GEMV of
+// that format. scratch: m * cols floats, 16-byte aligned (the normed rows, or the quantized ones).
+int gemv_rows_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t m, int32_t rows,
+                     int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
+                     int32_t accumulate, bool gated, float *scratch, float *y, int32_t ldy);

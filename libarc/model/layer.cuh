@@ -36,6 +36,24 @@ inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
     return AttnSpec{rope, scale, lw.window};
 }
 
+// The runs of Wq, Wk, Wv that share a format, in order: fn(weight, rows, at) for each, `at` the
+// run's first row in [Wq; Wk; Wv] (a run is one product: its parts lie one after the other).
+template <class Fn>
+int qkv_runs(const LayerParts &lw, int32_t q_rows, int32_t kv_rows, Fn fn) {
+    const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
+    const int32_t rows[3] = {q_rows, kv_rows, kv_rows};
+    int32_t at = 0;
+    for (int i = 0; i < 3;) {
+        int j = i, n = 0;
+        while (j < 3 && parts[j].format == parts[i].format) n += rows[j++];
+        const int st = fn(parts[i], n, at);
+        if (st != ARC_OK) return st;
+        at += n;
+        i = j;
+    }
+    return ARC_OK;
+}
+
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
 // attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out), each taking
 // the layer's parts and enqueuing the op.

@@ -1,6 +1,7 @@
 // quant.cu -- the entry points of the quantized formats: a row's size, the quantized GEMVs
 // (checked here, launched from qgemv_*.cu), and the dequantization the prefill's matrix
 // products read (each thread decodes one unit of 32 weights to bf16).
+#include "layer.cuh"
 #include "moe.cuh"
 #include "qgemv.cuh"
 
@@ -209,16 +210,8 @@ int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float 
 
 int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
              float eps, float norm_add, float *y) {
-    const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
-    const int32_t rows[3] = {q_rows, kv_rows, kv_rows};
-    int32_t at = 0;
-    for (int i = 0; i < 3;) {
-        int j = i, n = 0;
-        while (j < 3 && parts[j].format == parts[i].format) n += rows[j++];
-        const uint16_t *bias = lw.bqkv ? lw.bqkv + at : nullptr;
-        ARC_TRY(gemv_weight(ctx, parts[i], x, n, cols, bias, lw.attn_norm, eps, norm_add, /*accumulate=*/0, y + at));
-        at += n;
-        i = j;
-    }
-    return ARC_OK;
+    return qkv_runs(lw, q_rows, kv_rows, [&](Weight w, int32_t n, int32_t at) {
+        return gemv_weight(ctx, w, x, n, cols, lw.bqkv ? lw.bqkv + at : nullptr, lw.attn_norm, eps, norm_add,
+                           /*accumulate=*/0, y + at);
+    });
 }

@@ -22,6 +22,8 @@
 //                  Then the step count.
 // Rejected rows leave cache rows past the new position; the next step's rows overwrite them
 // before any attention reads them.
+#include <algorithm>
+
 #include "../commit.cuh"
 #include "../draw.cuh"
 #include "buffers.cuh"
@@ -143,17 +145,6 @@ __global__ void accept_kernel(CommitArgs c, const int32_t *tokens, const unsigne
     c.ring->steps = st->steps;
 }
 
-static bool all_bf16(arc_model *model, const ModelParts &mp) {
-    if (mp.lm_head.format != ARC_FORMAT_BF16) return false;
-    for (int l = 0; l < mp.cfg.n_layers; ++l) {
-        const LayerParts lw = model_layer(model, l);
-        const Weight ws[6] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate_up, lw.w_down};
-        for (const Weight &w : ws)
-            if (w.format != ARC_FORMAT_BF16) return false;
-    }
-    return true;
-}
-
 extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     ARC_REQUIRE(model, "model is null");
     const ModelParts mp = model_parts(model);
@@ -167,10 +158,10 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
         return ARC_OK;
     }
     ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
-    ARC_REQUIRE(all_bf16(model, mp), "speculative steps need bf16 weights; this model holds quantized matrices");
     const uint64_t rows = (uint64_t)k + 1;
     enum { N = 12 };
-    const uint64_t sizes[N] = {rows * c.dim * 4, rows * c.dim * 4, rows * c.ffn_dim * 4, rows * mp.qkv_rows * 4,
+    const uint64_t widest = (uint64_t)std::max({c.dim, mp.q_dim, c.ffn_dim});  // a product's input
+    const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * c.ffn_dim * 4, rows * mp.qkv_rows * 4,
                                rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
                                c.post_norms ? rows * c.dim * 4 : 0,
                                rows * arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
@@ -211,14 +202,17 @@ struct VerifyOps {
     int rows;
     static constexpr const char *who = "arc_model_forward_speculate";
 
-    // y (rows, n) = W @ n(x) (+ bias) (+ y), as gemv_rows says.
+    // y (rows, n; ldy apart, n by default) = W @ n(x) (+ bias) (+ y), as gemv_rows_weight says.
     int product(const Weight &w, const float *x, int n, int k, const uint16_t *bias, const uint16_t *norm,
-                int accumulate, float *y, bool gated = false) const {
-        return gemv_rows(p.ctx, who, (const uint16_t *)w.p, x, rows, n, k, bias, norm, p.cfg.rms_eps,
-                         norm_offset(p.cfg), accumulate, gated, b.xn, y);
+                int accumulate, float *y, bool gated = false, int ldy = 0) const {
+        return gemv_rows_weight(p.ctx, who, w, x, rows, n, k, bias, norm, p.cfg.rms_eps, norm_offset(p.cfg),
+                                accumulate, gated, b.xn, y, ldy ? ldy : n);
     }
-    int attn_in(const LayerParts &lw) {  // Wq, Wk, Wv one after the other: one product
-        return product(lw.wq, b.x, p.qkv_rows, p.cfg.dim, lw.bqkv, lw.attn_norm, 0, b.qkv);
+    int attn_in(const LayerParts &lw) {  // the decode's products: one a run of Wq, Wk, Wv of one format
+        return qkv_runs(lw, p.q_dim, p.kv_dim, [&](Weight w, int32_t n, int32_t at) {
+            return product(w, b.x, n, p.cfg.dim, lw.bqkv ? lw.bqkv + at : nullptr, lw.attn_norm, 0, b.qkv + at,
+                           false, p.qkv_rows);
+        });
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
