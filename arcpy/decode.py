@@ -77,8 +77,9 @@ def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **l
     return engine
 
 
-def speculation_note(drafts: int, engine) -> None:
-    """A note where --speculate was asked for and the engine cannot take it."""
+def speculation_note(drafts: int | None, engine) -> None:
+    """A note where --speculate N was asked for and the engine cannot take it (the default, where
+    it cannot, is silent: `engine.stats.speculation` says why)."""
     caps = engine.device.capabilities
     if drafts and not caps.speculate_k:
         why = caps.speculation_refused or f"the {engine.backend} backend has no device loop to run it"

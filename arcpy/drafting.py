@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 MAX_DRAFTS = 7   # arc_model_speculate_reserve's limit on k
+DEFAULT_DRAFTS = MAX_DRAFTS  # what Engine.load and the commands capture unless told otherwise
 MAX_NGRAM = 8    # arc_model_forward_speculate's limit on ngram
 
 

@@ -12,6 +12,7 @@ import click
 
 from arcpy.checks import quoted
 from arcpy.codes import MAX_BURST
+from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
@@ -26,13 +27,13 @@ class EngineOptions:
     device_loop: bool | None = None  # None: ARC_GRAPH_DEVICE_LOOP decides
     burst: int = 4                  # device-loop steps enqueued per burst
     max_seq: int | None = None      # the context to allocate (None: the model's, at most Engine.load's default)
-    drafts: int = 0                 # drafts a speculative step verifies (0: none)
+    drafts: int | None = None       # drafts a speculative step verifies (0: none; None: the default, on)
 
 
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
-    --device-loop/--host-path, --burst, --max-seq, --speculate. A command under them takes one
-    EngineOptions, `engine_opts` (as_engine_options builds it)."""
+    --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate. A command under
+    them takes one EngineOptions, `engine_opts` (as_engine_options builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
@@ -41,11 +42,13 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
         click.option("--burst", type=click.IntRange(1, MAX_BURST), default=4, show_default=True, help=burst_help),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
                      help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
-        click.option("--speculate", "drafts", type=click.IntRange(0, 7), default=0, show_default=True,
-                     help="Drafts a speculative step verifies, 0 for none: where the text repeats earlier text, the "
-                          "device loop makes up to that many tokens more per read of the weights (greedy "
-                          "and unseeded sampled requests, bf16 weights; chosen burst by burst, only where it "
-                          "pays)."),
+        click.option("--speculate", "drafts", type=click.IntRange(0, MAX_DRAFTS), default=None,
+                     help=f"Drafts a speculative step verifies (default {DEFAULT_DRAFTS}; 0: none): where the text "
+                          "repeats earlier text, the device loop makes up to that many tokens more per read of the "
+                          "weights, chosen burst by burst, only where it pays. The tokens are the plain loop's "
+                          "(greedy, or sampled with the same seed)."),
+        click.option("--no-speculate", "no_speculate", is_flag=True, default=False,
+                     help="No speculative steps (--speculate 0)."),
     ]
 
 
@@ -125,6 +128,10 @@ def as_engine_options(command):
     has them) as one SamplingOptions, `sampling_opts`."""
     @functools.wraps(command)
     def with_record(**options):
+        if options.pop("no_speculate"):
+            if options["drafts"] not in (None, 0):
+                raise click.UsageError("--speculate and --no-speculate contradict each other")
+            options["drafts"] = 0
         options["engine_opts"] = EngineOptions(**{f.name: options.pop(f.name) for f in fields(EngineOptions)})
         if "temperature" in options:
             options["sampling_opts"] = SamplingOptions(**{f.name: options.pop(f.name) for f in fields(SamplingOptions)

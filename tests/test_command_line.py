@@ -85,6 +85,7 @@ def test_a_terminal_is_never_read_and_the_built_in_question_is_shown(text_model)
     (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf: no such file or directory"),
     (["--speculate", "8"], "--speculate"),
     (["--speculate", "-1"], "--speculate"),
+    (["--speculate", "3", "--no-speculate"], "--speculate and --no-speculate contradict each other"),
 ])
 def test_every_argument_is_checked_before_the_model_loads(text_model, args, message):
     model = [] if "--model" in args else ["--model", str(text_model)]
@@ -101,6 +102,12 @@ def test_speculate_on_a_backend_without_a_device_loop_decodes_plainly_and_says_s
     plain = decode("--shape", "stories15M", "--prompt-ids", "1 2 3", "-n", "4", "--backend", "numpy")
     assert out.stdout == plain.stdout and out.stdout.strip()
     assert "--speculate 7 has no effect: the numpy backend has no device loop" in out.stderr
+
+
+def test_speculation_is_on_by_default_and_silent_where_the_backend_cannot_run_it():
+    out = decode("--shape", "stories15M", "--prompt-ids", "1 2 3", "-n", "4", "--backend", "numpy")
+    assert out.returncode == 0, out.stderr
+    assert "speculate" not in out.stderr, out.stderr
 
 
 def test_a_seed_without_temperature_gets_a_note():

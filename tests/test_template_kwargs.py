@@ -245,3 +245,21 @@ def test_the_engine_options_reach_every_command_as_one_record(monkeypatch):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0, result.output
     assert seen == [EngineOptions("numpy", False, 16, 128, 3)] * 3
+
+
+def test_speculation_is_on_unless_switched_off(monkeypatch):
+    """No option: drafts None (Engine.load's default, on); --no-speculate and --speculate 0: none."""
+    from click.testing import CliRunner
+
+    from arcpy import decode
+    from arcpy.drafting import DEFAULT_DRAFTS
+
+    seen = []
+    monkeypatch.setattr(decode, "cli_decode", lambda **o: seen.append(o["engine_opts"].drafts) or 0)
+    for args in ([], ["--no-speculate"], ["--speculate", "0"], ["--speculate", "0", "--no-speculate"],
+                 ["--speculate", "5"]):
+        result = CliRunner().invoke(decode.main, ["--backend", "numpy", *args])
+        assert result.exit_code == 0, result.output
+    assert seen == [None, 0, 0, 0, 5] and DEFAULT_DRAFTS == 7
+    result = CliRunner().invoke(decode.main, ["--backend", "numpy", "--speculate", "2", "--no-speculate"])
+    assert result.exit_code == 2 and "--speculate and --no-speculate contradict each other" in result.output

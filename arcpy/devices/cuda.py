@@ -25,6 +25,7 @@ from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
 from arcpy.devices.prompt_scores import PromptScores
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
+from arcpy.drafting import DEFAULT_DRAFTS
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
 from arcpy.sampling import TokenLogprob, logprob_entries
@@ -421,12 +422,12 @@ class CudaDevice(KVStore, PromptScores):
 
 
 def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool = True,
-                     vocab_limit: int | None = None, speculate: int = 0, ngram: int = 3) -> CudaDevice:
+                     vocab_limit: int | None = None, speculate: int = DEFAULT_DRAFTS, ngram: int = 3) -> CudaDevice:
     """Load `model` onto GPU 0, in order: a context; the config validated and the weights uploaded;
     the loop's state; one warm-up forward; the graphs captured (unless `use_graph` is off: the
     eager forward, no device loop). `vocab_limit` narrows the valid token ids below the lm_head's
-    width, as a padded head does. `speculate` > 0 also captures the speculative step with that
-    many drafts, looked up by n-grams of up to `ngram` tokens. The device owns all of it: close it, or use it in a `with`."""
+    width, as a padded head does. `speculate` > 0 (by default DEFAULT_DRAFTS) also captures the
+    speculative step with that many drafts, looked up by n-grams of up to `ngram` tokens. The device owns all of it: close it, or use it in a `with`."""
     ctx = Context(0)
     try:
         forward = CudaModel(ctx, model, max_seq or model.config.max_seq)

@@ -30,6 +30,7 @@ from typing import Iterable, Iterator, Mapping
 
 from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
+from arcpy.drafting import DEFAULT_DRAFTS
 from arcpy.errors import (
     ArcError,
     ContextLostError,
@@ -94,12 +95,14 @@ class Engine(HostPath):
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
-             environ: Mapping[str, str] | None = None, text=None, drafts: int = 0, **kw) -> "Engine":
+             environ: Mapping[str, str] | None = None, text=None, drafts: int | None = None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
-        `drafts` > 0 captures speculative steps of that many drafts (cuda; not a mixture of experts). The
-        engine owns the device it builds: `with Engine.load(...) as engine:` frees it."""
+        `drafts` is how many drafts a speculative step verifies (None: DEFAULT_DRAFTS; 0: no
+        speculative steps); they are captured where the device loop runs them (cuda, not a mixture of
+        experts) and taken burst by burst where they pay, with the plain loop's tokens. The engine
+        owns the device it builds: `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
         max_seq = context_of(model.config, max_seq)
@@ -111,6 +114,7 @@ class Engine(HostPath):
         use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
         if backend == "cuda":
             from arcpy.devices.cuda import open_cuda_device
+            drafts = DEFAULT_DRAFTS if drafts is None else drafts
             device = open_cuda_device(model, max_seq, use_graph, speculate=drafts if use_graph else 0)
         elif backend == "numpy":
             from arcpy.devices.cpu import NumpyDevice
