@@ -68,6 +68,25 @@ __device__ __forceinline__ UnitInput qrow_input(const uint8_t *sm, size_t stride
     return in;
 }
 
+// Units a lane loads a batch, over its NR rows: 2, so that two batches (the one in use and the
+// next, streaming) fit the registers beside the 8 rows' sums.
+constexpr int qrows_batch(int nr) { return nr >= 2 ? 1 : 2; }
+
+// A batch: units base + STEP * u (past the end: the last unit) of the NR rows, every load issued.
+template <int F, int NR, int U, int STEP>
+__device__ __forceinline__ void qrows_load(const uint8_t *w, const RowLayout &L, const uint32_t (&rix)[NR], int base,
+                                           int units, UnitRaw (&raw)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            load_quants_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, raw[r][u]);
+            load_rest_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, raw[r][u]);
+        }
+    }
+}
+
 // acc[i][r] += the dots of a batch of units (base + STEP * u, those < units) of NR weight rows
 // with each of the m staged rows: unit by unit, so each row's sum meets its units in order.
 template <int F, int NR, int U, int STEP>
@@ -98,7 +117,7 @@ __global__ void __launch_bounds__(QROWS_THREADS, 1)
 qgemv_rows_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ xq, int m, int rows, int cols,
                   const uint16_t *__restrict__ bias, int accumulate, float *__restrict__ y, int ldy) {
     constexpr int NR = GATED ? 2 * R : R;
-    constexpr int U = qgemv_batch(NR);
+    constexpr int U = qrows_batch(NR);
     constexpr int GROUPS = QROWS_WARPS / KS, STEP = 32 * KS;
     constexpr bool SOLO = KS == 1;
     extern __shared__ int4 qrows_smem[];
@@ -114,56 +133,41 @@ qgemv_rows_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ xq,
                           : (blockIdx.x < block_tasks ? (block_tasks - 1 - blockIdx.x) / gridDim.x + 1 : 0);
     const int task_step = SOLO ? all : gridDim.x * GROUPS;
     pdl_launch_dependents();
-    // Before the wait: the quants of the first batch of the warp's first task (weights no kernel
-    // writes). Units past the end load the last unit; the dots skip them.
-    UnitRaw first_batch[NR][U];
+    // The lane's batches stream without a gap: each loads the next one before its dots (the next
+    // of its task, or the first of the warp's next task), so a warp's loads are in flight while
+    // it computes. The first, before the wait (weights no kernel writes). Units past the end load
+    // the last unit; the dots skip them.
+    int task = SOLO ? wg : blockIdx.x * GROUPS + group;
+    uint32_t rix[NR];
+    UnitRaw cur[NR][U];
     if (mine > 0) {
-        uint32_t rix[NR];
-        qtask_rows<R, GATED>(SOLO ? wg : blockIdx.x * GROUPS + group, rows, rix);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(first + STEP * u, units - 1));
-#pragma unroll
-            for (int r = 0; r < NR; ++r) load_quants_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
-        }
+        qtask_rows<R, GATED>(task, rows, rix);
+        qrows_load<F, NR, U, STEP>(w, L, rix, first, units, cur);
     }
     pdl_wait();
     copy_staged_rows(xq, m, units, stride, reinterpret_cast<uint8_t *>(qrows_smem));
     __syncthreads();
     const KSlot ks = k_slot(first % 8);  // the same place in the superblock for all of a lane's units
     ArgmaxSeen seen;                    // gemv_finish_task's argument; no argmax here
-    int task = SOLO ? wg : blockIdx.x * GROUPS + group;
     for (int t = 0; t < mine; ++t, task += task_step) {
-        uint32_t rix[NR];
-        qtask_rows<R, GATED>(task, rows, rix);
         float acc[QROWS_MAX][NR];
 #pragma unroll
         for (int i = 0; i < QROWS_MAX; ++i)
 #pragma unroll
             for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
-        int base = first;
-        if (t == 0) {  // the batch whose quants were loaded before the wait
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
-#pragma unroll
-                for (int r = 0; r < NR; ++r) load_rest_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, first_batch[r][u]);
+        for (int base = first; base < units; base += STEP * U) {
+            UnitRaw nxt[NR][U];
+            if (base + STEP * U < units) {
+                qrows_load<F, NR, U, STEP>(w, L, rix, base + STEP * U, units, nxt);
+            } else if (t + 1 < mine) {
+                qtask_rows<R, GATED>(task + task_step, rows, rix);
+                qrows_load<F, NR, U, STEP>(w, L, rix, first, units, nxt);
             }
-            qrows_dots<F, NR, U, STEP>(first_batch, base, units, m, sm, stride, ks, acc);
-            base += STEP * U;
-        }
-        for (; base < units; base += STEP * U) {
-            UnitRaw raw[NR][U];
+            qrows_dots<F, NR, U, STEP>(cur, base, units, m, sm, stride, ks, acc);
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const UnitAddr a = unit_addr<F>(w, L, (uint32_t)min(base + STEP * u, units - 1));
+            for (int r = 0; r < NR; ++r)
 #pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    load_quants_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, raw[r][u]);
-                    load_rest_at<F, STEP>(a, qrow_offset(rix[r], L.bytes), 0, raw[r][u]);
-                }
-            }
-            qrows_dots<F, NR, U, STEP>(raw, base, units, m, sm, stride, ks, acc);
+                for (int u = 0; u < U; ++u) cur[r][u] = nxt[r][u];
         }
 #pragma unroll
         for (int i = 0; i < QROWS_MAX; ++i)
@@ -204,13 +208,11 @@ static int launch_qrows_kernel(arc_context *ctx, const QrowsArgs &a) {
                           dim3(QROWS_THREADS), smem, a.w, a.xq, a.m, a.rows, a.cols, a.bias, a.accumulate, a.y, a.ldy);
 }
 
-// Format F's instance of the one-row plan's R and KS (GATED takes at most R = 2).
+// Format F's instance of the one-row plan's KS.
+// R, which changes no sum, is at most 2 rows (1 gated): the streamed batches need the registers.
 template <int F, bool GATED>
 static int launch_qrows_format(arc_context *ctx, const GemvPlan &plan, const QrowsArgs &a) {
-    if constexpr (!GATED) {
-        if (plan.r == 4) return launch_qrows_kernel<F, 4, 1, GATED>(ctx, a);
-    }
-    if (plan.r == 2) return launch_qrows_kernel<F, 2, 1, GATED>(ctx, a);
+    if (plan.r > 1) return launch_qrows_kernel<F, GATED ? 1 : 2, 1, GATED>(ctx, a);
     switch (plan.ks) {
     case 4: return launch_qrows_kernel<F, 1, 4, GATED>(ctx, a);
     case 2: return launch_qrows_kernel<F, 1, 2, GATED>(ctx, a);
