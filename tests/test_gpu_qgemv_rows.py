@@ -32,9 +32,11 @@ FORMATS = {"Q8_0": codes.FORMAT_Q8_0, "Q4_0": codes.FORMAT_Q4_0, "Q4_1": codes.F
            "Q4_K": codes.FORMAT_Q4_K, "Q5_K": codes.FORMAT_Q5_K, "Q6_K": codes.FORMAT_Q6_K}
 
 # (rows, cols): 4 rows a task (many rows), 2, 1 with split k over 2 and 4 warps (few long rows), a
-# partial last task, and 8 rows too wide for one block (28,672 and 49,152 columns: 2 and 3 launches).
+# partial last task, and 8 rows too wide for one block (28,672 and 49,152 columns: 2 and 3 launches);
+# inputs of 2,048 columns and less are staged in the product's blocks (QROWS_FUSE_COLS), wider ones
+# by their own launch.
 SHAPES = [(4096, 4096), (2048, 4096), (300, 2048), (64, 4096), (96, 14336), (1003, 2048), (64, 28672),
-          (32, 49152)]
+          (32, 49152), (100, 512), (1536, 256)]
 
 
 def rows_buffer(gpu, n, first=None):
@@ -110,14 +112,17 @@ def test_rows_are_the_one_row_qgemv_bit_for_bit(gpu, name, n, k, m):
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @pytest.mark.parametrize("variant", ["norm", "bias", "accumulate", "all"])
-def test_rows_with_norm_bias_and_residual_are_the_one_row_qgemv(gpu, name, variant):
-    check_rows(gpu, name, 1003, 4096, 5, use_norm=variant in ("norm", "all"), use_bias=variant in ("bias", "all"),
-               accumulate=variant in ("accumulate", "all"), seed=len(variant) + FORMATS[name])
+@pytest.mark.parametrize("k", [4096, 1536])
+def test_rows_with_norm_bias_and_residual_are_the_one_row_qgemv(gpu, name, variant, k):
+    check_rows(gpu, name, 1003, k, 5, use_norm=variant in ("norm", "all"), use_bias=variant in ("bias", "all"),
+               accumulate=variant in ("accumulate", "all"), seed=len(variant) + FORMATS[name] + k)
 
 
-@pytest.mark.parametrize("n,k", [(14336, 4096), (300, 2048), (64, 14336)])
+@pytest.mark.parametrize("n,k", [(14336, 4096), (300, 2048), (64, 14336), (1536, 576)])
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_swiglu_rows_are_the_one_row_qgemv_bit_for_bit(gpu, name, n, k):
+    if k % 256 and name.endswith("_K"):
+        k = 512  # the demo model's 576 columns take the formats of 32-weight blocks only
     check_rows(gpu, name, n, k, 8, swiglu=True, use_norm=True, seed=n * 13 + k + FORMATS[name])
 
 
