@@ -265,6 +265,13 @@ MUTATIONS = [
          "[t1-k3-p0.9-11]",),
     ),
     Mutation(
+        "--no-speculate leaves speculation on",
+        "arcpy/options.py",
+        "            options[\"drafts\"] = 0\n",
+        "            pass\n",
+        ("tests/test_template_kwargs.py::test_speculation_is_on_unless_switched_off",),
+    ),
+    Mutation(
         "the server's worker never looks at a cancel",
         "arcpy/serve/worker.py",
         "                    if job.cancelled:\n                        break\n",

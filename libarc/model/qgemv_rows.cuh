@@ -9,6 +9,9 @@
 //     first + 32 KS, ... in turn, as the one-row lane does; the warp and the KS warps of a task add
 //     their sums as gemv_finish_task does. KS is the one-row plan's (qgemv_plan); the rows a task
 //     and the batching of the loads change no sum.
+// The float part of a unit's dot (its scales, applied once) is one expression shared by both
+// kernels; any change to it must keep the two compiling it alike (an a * b + c * d may have
+// either product fused into the add; the rows tests compare the two as bits in every format).
 // The staged rows (QGEMV_STAGE_BYTES a unit) are copied into shared memory whole, each row's
 // int8 words split into the units' first and second halves so that a warp's reads of consecutive
 // units meet no bank twice; rows that do not fit together (very wide inputs) take more launches.
@@ -109,9 +112,10 @@ __device__ __forceinline__ void qrows_dots(const UnitRaw (&raw)[NR][U], int base
 
 // y[i] (rows, ldy apart) = W @ n(x[i]) (+ bias) (+ y[i] when accumulate) for the m rows staged in
 // xq (qstage_rows_kernel, stride apart), W in format F; GATED: W = [gate; up], the activation in
-// the accumulate slot. R rows a task, KS warps a task (the one-row plan's). KS == 1: "solo" warps,
-// each taking tasks of its own dealt round the blocks, with no barrier after the copy; else the
-// block's warps step through groups of tasks together. Dynamic shared memory: m * stride.
+// the accumulate slot. R rows a task (at most 2), KS warps a task (the one-row plan's). KS == 1:
+// "solo" warps, each taking tasks of its own dealt round the blocks, with no barrier after the
+// copy; else the block's warps step through groups of tasks together. Dynamic shared memory:
+// m * stride.
 template <int F, int R, int KS, bool GATED>
 __global__ void __launch_bounds__(QROWS_THREADS, 1)
 qgemv_rows_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ xq, int m, int rows, int cols,
