@@ -5,13 +5,13 @@
 //   - each row's input is quantized by the one-row staging itself (qinput.cuh: stage_input, run by
 //     qstage_rows_kernel a row a block), with its fused norm; the handoff that feeds the decode's
 //     down GEMV quantizes with the same arithmetic, so its bits are these too;
-//   - a unit's dot is dot_unit's, and lane `first` of a row task adds its units first,
-//     first + 32 KS, ... in turn, as the one-row lane does; the warp and the KS warps of a task add
-//     their sums as gemv_finish_task does. KS is the one-row plan's (qgemv_plan); the rows a task
-//     and the batching of the loads change no sum.
-// The float part of a unit's dot (its scales, applied once) is one expression shared by both
-// kernels; any change to it must keep the two compiling it alike (an a * b + c * d may have
-// either product fused into the add; the rows tests compare the two as bits in every format).
+//   - a unit's dot is dot_w's (dot_unit's: quant.cuh), and lane `first` of a row task adds its
+//     units first, first + 32 KS, ... in turn, as the one-row lane does; the warp and the KS warps
+//     of a task add their sums as gemv_finish_task does. KS is the one-row plan's (qgemv_plan);
+//     the rows a task and the batching of the loads change no sum.
+// Each weight unit is decoded once for the m rows (quant.cuh: unit_weights), and its dot with a
+// row is dot_w, whose float operations are each rounded on their own, so that no fused
+// multiply-add can differ between this kernel and the one-row GEMV that inlines the same code.
 // The staged rows (QGEMV_STAGE_BYTES a unit) are copied into shared memory whole, each row's
 // int8 words split into the units' first and second halves so that a warp's reads of consecutive
 // units meet no bank twice; rows that do not fit together (very wide inputs) take more launches.
@@ -99,12 +99,15 @@ __device__ __forceinline__ void qrows_dots(const UnitRaw (&raw)[NR][U], int base
     for (int u = 0; u < U; ++u) {
         const int v = base + STEP * u;
         if (v >= units) break;
+        UnitW wts[NR];  // each weight row's unit decoded once, for every input row
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wts[r] = unit_weights<F>(raw[r][u], ks);
 #pragma unroll
         for (int i = 0; i < QROWS_MAX; ++i) {
             if (i < m) {
                 const UnitInput in = qrow_input(sm, stride, units, i, v);
 #pragma unroll
-                for (int r = 0; r < NR; ++r) acc[i][r] += dot_unit<F>(raw[r][u], ks, in);
+                for (int r = 0; r < NR; ++r) acc[i][r] += dot_w<F>(wts[r], in);
             }
         }
     }

@@ -144,67 +144,112 @@ __device__ __forceinline__ int prmt_sext(uint32_t w, uint32_t sel) {
     return (int)d;
 }
 
+// A unit's weights as its dot reads them, decoded once for any number of inputs: lo[i] and hi[i]
+// the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the 4-bit formats:
+// the low nibbles, and the high ones in place, times 16; Q5_K, Q6_K: the low and high quants with
+// their high bits), and the scales: a and b (Q6_K: a, and the halves' int8 scales sa and sb).
+struct UnitW {
+    uint32_t lo[4], hi[4];
+    float a, b;
+    int sa, sb;
+};
+
+template <int F>
+__device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) {
+    UnitW w;
+    const uint32_t q[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
+    if constexpr (F == ARC_FORMAT_Q8_0) {
+        const uint32_t q1[4] = {r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w.lo[i] = q[i];
+            w.hi[i] = q1[i];
+        }
+    } else if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q4_K) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w.lo[i] = q[i] & 0x0f0f0f0fu;
+            w.hi[i] = q[i] & 0xf0f0f0f0u;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) unpack_word<F>(r, i, q[i], w.lo[i], w.hi[i]);
+    }
+    if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) {
+        int sc, m;
+        k_scale_min(r.s, k, sc, m);
+        w.a = __fmul_rn(half_lo(r.s.x), (float)sc);
+        w.b = __fmul_rn(half_hi(r.s.x), (float)m);
+    } else if constexpr (F == ARC_FORMAT_Q6_K) {
+        w.a = half_lo(r.s.y);
+        w.sa = prmt_sext(r.s.x, 0x8880u);
+        w.sb = prmt_sext(r.s.x, 0x9991u);
+    } else {
+        w.a = half_lo(r.s.x);
+        w.b = half_hi(r.s.x);  // Q4_1's min
+    }
+    return w;
+}
+
 // c + the sum over a 4-bit unit of weight times input (Q4_0, Q4_1, Q4_K): the high nibbles are
 // multiplied in place, as 16 times their value (bytes up to 0xf0, hence unsigned), in a chain
 // started at 16c whose sum, a multiple of 16, is shifted down exactly before the low nibbles
 // join it. One mask per word instead of a shift and a mask for the high nibbles.
-__device__ __forceinline__ int q4_sum(const UnitRaw &r, const UnitInput &x, int c) {
-    int h = dp4a_us(r.q0.x & 0xf0f0f0f0u, x.xb.x, 16 * c);
-    h = dp4a_us(r.q0.y & 0xf0f0f0f0u, x.xb.y, h);
-    h = dp4a_us(r.q0.z & 0xf0f0f0f0u, x.xb.z, h);
-    h = dp4a_us(r.q0.w & 0xf0f0f0f0u, x.xb.w, h);
-    int s = __dp4a((int)(r.q0.x & 0x0f0f0f0fu), x.xa.x, h >> 4);
-    s = __dp4a((int)(r.q0.y & 0x0f0f0f0fu), x.xa.y, s);
-    s = __dp4a((int)(r.q0.z & 0x0f0f0f0fu), x.xa.z, s);
-    return __dp4a((int)(r.q0.w & 0x0f0f0f0fu), x.xa.w, s);
+__device__ __forceinline__ int q4_sum(const UnitW &w, const UnitInput &x, int c) {
+    int h = dp4a_us(w.hi[0], x.xb.x, 16 * c);
+    h = dp4a_us(w.hi[1], x.xb.y, h);
+    h = dp4a_us(w.hi[2], x.xb.z, h);
+    h = dp4a_us(w.hi[3], x.xb.w, h);
+    int s = __dp4a((int)w.lo[0], x.xa.x, h >> 4);
+    s = __dp4a((int)w.lo[1], x.xa.y, s);
+    s = __dp4a((int)w.lo[2], x.xa.z, s);
+    return __dp4a((int)w.lo[3], x.xa.w, s);
 }
 
-// dot(a unit's weights, its input), as arc.h defines it: exact integer sums, then the scales.
-// k: the unit's place in its superblock (_K formats; k_slot). The integer sums are those of the
-// plain formula, only grouped differently (a chain may start at the term it is added to).
+// scale * dx * n, each product rounded on its own (never fused into an add).
+__device__ __forceinline__ float scaled(float scale, float dx, int n) { return __fmul_rn(__fmul_rn(scale, dx), (float)n); }
+
+// dot(a unit's weights, its input), as arc.h defines it: exact integer sums, then the scales. The
+// integer sums are those of the plain formula, only grouped differently (a chain may start at the
+// term it is added to). Every float operation is rounded on its own (__fmul_rn, __fadd_rn), so no
+// kernel that inlines this can fuse a product into an add differently from another: the decode's
+// GEMV and the verify's rows GEMV give the same bits.
 template <int F>
-__device__ __forceinline__ float dot_unit(const UnitRaw &r, const KSlot &k, const UnitInput &x) {
+__device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
     if constexpr (F == ARC_FORMAT_Q8_0) {
-        int acc = __dp4a((int)r.q0.x, x.xa.x, 0);
-        acc = __dp4a((int)r.q0.y, x.xa.y, acc);
-        acc = __dp4a((int)r.q0.z, x.xa.z, acc);
-        acc = __dp4a((int)r.q0.w, x.xa.w, acc);
-        acc = __dp4a((int)r.q1.x, x.xb.x, acc);
-        acc = __dp4a((int)r.q1.y, x.xb.y, acc);
-        acc = __dp4a((int)r.q1.z, x.xb.z, acc);
-        acc = __dp4a((int)r.q1.w, x.xb.w, acc);
-        return half_lo(r.s.x) * x.dx * (float)acc;
+        int acc = __dp4a((int)w.lo[0], x.xa.x, 0);
+        acc = __dp4a((int)w.lo[1], x.xa.y, acc);
+        acc = __dp4a((int)w.lo[2], x.xa.z, acc);
+        acc = __dp4a((int)w.lo[3], x.xa.w, acc);
+        acc = __dp4a((int)w.hi[0], x.xb.x, acc);
+        acc = __dp4a((int)w.hi[1], x.xb.y, acc);
+        acc = __dp4a((int)w.hi[2], x.xb.z, acc);
+        acc = __dp4a((int)w.hi[3], x.xb.w, acc);
+        return scaled(w.a, x.dx, acc);
     } else if constexpr (F == ARC_FORMAT_Q4_0) {  // slo + shi - 8 * (s0 + s1)
-        return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, -8 * (x.s0 + x.s1));
+        return scaled(w.a, x.dx, q4_sum(w, x, -8 * (x.s0 + x.s1)));
     } else if constexpr (F == ARC_FORMAT_Q4_1) {  // slo + shi
-        return half_lo(r.s.x) * x.dx * (float)q4_sum(r, x, 0) + half_hi(r.s.x) * x.dx * (float)(x.s0 + x.s1);
+        return __fadd_rn(scaled(w.a, x.dx, q4_sum(w, x, 0)), scaled(w.b, x.dx, x.s0 + x.s1));
     } else if constexpr (F == ARC_FORMAT_Q4_K) {  // slo + shi
-        int sc, m;
-        k_scale_min(r.s, k, sc, m);
-        return half_lo(r.s.x) * (float)sc * x.dx * (float)q4_sum(r, x, 0) -
-               half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
+        return __fsub_rn(scaled(w.a, x.dx, q4_sum(w, x, 0)), scaled(w.b, x.dx, x.s0 + x.s1));
     } else {
-        const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
         // Q6_K: slo - 32 * s0 and shi - 32 * s1, each chain started at its offset
         int slo = F == ARC_FORMAT_Q6_K ? -32 * x.s0 : 0, shi = F == ARC_FORMAT_Q6_K ? -32 * x.s1 : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            uint32_t lo, hi;
-            unpack_word<F>(r, i, w[i], lo, hi);
-            slo = __dp4a((int)lo, xa[i], slo);
-            shi = __dp4a((int)hi, xb[i], shi);
+            slo = __dp4a((int)w.lo[i], xa[i], slo);
+            shi = __dp4a((int)w.hi[i], xb[i], shi);
         }
-        if constexpr (F == ARC_FORMAT_Q6_K) {
-            const int sa = prmt_sext(r.s.x, 0x8880u), sb = prmt_sext(r.s.x, 0x9991u);
-            return half_lo(r.s.y) * x.dx * (float)(sa * slo + sb * shi);
-        } else {  // Q5_K
-            int sc, m;
-            k_scale_min(r.s, k, sc, m);
-            return half_lo(r.s.x) * (float)sc * x.dx * (float)(slo + shi) -
-                   half_hi(r.s.x) * (float)m * x.dx * (float)(x.s0 + x.s1);
-        }
+        if constexpr (F == ARC_FORMAT_Q6_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
     }
+}
+
+// dot(a unit's weights, its input) from its raw bytes (k: its place in the superblock, _K formats).
+template <int F>
+__device__ __forceinline__ float dot_unit(const UnitRaw &r, const KSlot &k, const UnitInput &x) {
+    return dot_w<F>(unit_weights<F>(r, k), x);
 }
 
 // The 32 weights of unit u as floats, by arc.h's formulas: w[k] is weight 32u + k.
