@@ -328,6 +328,7 @@ def test_the_ab_script_reads_positions_and_names_an_unknown_shape_in_one_line(ca
     ("sampled_divergence", ["--shapes", "stories15M,llama9000B"], "unknown synthetic shape 'llama9000B'"),
     ("profile_verify", ["--shape", "llama9000B"], "unknown synthetic shape 'llama9000B'"),
     ("profile_verify", ["--shape", "moe-tiny-quant"], "moe-tiny-quant is a mixture of experts"),
+    ("profile_verify", ["--model", "/nonexistent/m.gguf"], "/nonexistent/m.gguf: no such GGUF file"),
     ("profile_verify", ["--shape", "stories15M", "--layers", "7"], "--layers must be in 1..6, got 7"),
 ])
 def test_the_profile_scripts_refuse_bad_arguments_in_one_line_before_any_gpu_work(capsys, script, args, message):
