@@ -209,3 +209,20 @@ def log_softmax64(x):
     x = np.asarray(x, dtype=np.float64)
     top = x[np.isfinite(x)].max()
     return x - (top + np.log(np.sum(np.exp(x - top))))
+
+
+def assert_refused_changing_nothing(gpu, cases, buffers, inits) -> None:
+    """Each (message, call) of `cases` returns ARC_INVALID_ARGUMENT and, through _lib.check, raises
+    InvalidArgumentError naming `message`; then nothing failed on the device and every buffer
+    (`buffers[name]`, uploaded from `inits[name]`) still holds its first bytes."""
+    import arcpy
+    lib = gpu.lib
+    for message, call in cases:
+        assert call() == lib.ARC_INVALID_ARGUMENT, message
+        with pytest.raises(arcpy.InvalidArgumentError, match=message) as info:
+            _lib.check(call())
+        assert info.value.status == lib.ARC_INVALID_ARGUMENT
+    gpu.wait()  # nothing was launched, and nothing failed on the device
+    for name, a in inits.items():
+        got = gpu.read(buffers[name], np.uint8, a.nbytes)
+        assert got.tobytes() == a.tobytes(), f"{name} was changed"
