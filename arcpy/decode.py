@@ -72,7 +72,8 @@ def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **l
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
-                         burst=options.burst, text=text, drafts=options.drafts, **load)
+                         burst=options.burst, text=text, drafts=options.drafts,
+                         draft_memory=options.draft_memory, **load)
     speculation_note(options.drafts, engine)
     return engine
 

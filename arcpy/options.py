@@ -21,18 +21,20 @@ from arcpy.text import check_template_kwargs
 @dataclass(frozen=True)
 class EngineOptions:
     """How the engine runs, one record: what --backend, --device-loop/--host-path, --burst,
-    --max-seq and --speculate say (engine_options), handed on by decode, chat and serve alike."""
+    --max-seq, --speculate and --draft-memory say (engine_options), handed on by decode, chat and serve alike."""
 
     backend: str = "auto"           # auto, cuda or numpy
     device_loop: bool | None = None  # None: ARC_GRAPH_DEVICE_LOOP decides
     burst: int = 4                  # device-loop steps enqueued per burst
     max_seq: int | None = None      # the context to allocate (None: the model's, at most Engine.load's default)
     drafts: int | None = None       # drafts a speculative step verifies (0: none; None: the default, on)
+    draft_memory: bool = True       # drafts also come from earlier sequences' answers (Engine's draft_memory)
 
 
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
-    --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate. A command under
+    --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate,
+    --draft-memory/--no-draft-memory. A command under
     them takes one EngineOptions, `engine_opts` (as_engine_options builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
@@ -49,6 +51,10 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                           "(greedy, or sampled with the same seed)."),
         click.option("--no-speculate", "no_speculate", is_flag=True, default=False,
                      help="No speculative steps (--speculate 0)."),
+        click.option("--draft-memory/--no-draft-memory", "draft_memory", default=True, show_default=True,
+                     help="Drafts also come from the answers this engine gave before (a question asked again "
+                          "drafts its earlier answer). Off: each request drafts from its own tokens alone, so its "
+                          "speed tells nothing of other requests."),
     ]
 
 
@@ -124,7 +130,7 @@ def _json_or_text(text: str):
 
 def as_engine_options(command):
     """The command (innermost, under its click options) receives the engine options as one
-    EngineOptions, `engine_opts`, in place of the five values, and the sampling options (where it
+    EngineOptions, `engine_opts`, in place of its values, and the sampling options (where it
     has them) as one SamplingOptions, `sampling_opts`."""
     @functools.wraps(command)
     def with_record(**options):

@@ -360,7 +360,8 @@ int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache)
 
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no
  * mixture of experts). The draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest
- * first) in the loop's history, and the k tokens that followed it (periodic past p). The verify forward: the token
+ * first) in the loop's history (then in its memory of earlier sequences, arc_loop_set_draft_memory), and the k
+ * tokens that followed it (periodic past p). The verify forward: the token
  * and the drafts at positions p..p+k in one pass, each row through the decode's own kernels or their form over
  * rows, which keep each row's sums in the decode's order: every row's logits are the decode step's at that
  * position, bit for bit, so the tokens are the plain loop's, greedy or sampled with the same seed
@@ -369,6 +370,12 @@ int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache)
  * the burst's limit); then .steps. The history (max_seq ids) gets every commit's token; this writes tokens[0..n)
  * at start.. (device or mapped memory), stream-ordered. ---- */
 int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
+/* The drafts' memory of earlier sequences: tokens[0..n) (device or mapped memory), stream-ordered, kept until the next
+ * call (n = 0 empties it). A negative id separates two sequences, and one follows the last. The draft looks it up as
+ * if it came right before the history's position 0: a match there ranks below an equally long one in the history,
+ * and its drafts stop at the next separator. It changes which tokens are drafted, never which are published. */
+enum { ARC_DRAFT_MEMORY = 16384 };  /* arc_loop_set_draft_memory takes n < this */
+int arc_loop_set_draft_memory(arc_loop *loop, const int32_t *tokens, int32_t n);
 /* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing; a mixture of experts is
  * refused. */
 int arc_model_speculate_reserve(arc_model *model, int32_t k);

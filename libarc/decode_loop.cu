@@ -52,6 +52,17 @@ __global__ void set_history_kernel(int32_t *history, const int32_t *tokens, int 
         history[start + i] = tokens[i];
 }
 
+// The drafts' memory: tokens[0..n) then a separator, ending right before history[0]; n = 0 empties it.
+__global__ void set_memory_kernel(DeviceState *st, int32_t *history, const int32_t *tokens, int n) {
+    const int used = n > 0 ? n + 1 : 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        history[i - used] = tokens[i];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (n > 0) history[-1] = -1;
+        st->memory = used;
+    }
+}
+
 __global__ void inject_kernel(DeviceState *st, int32_t n) { st->lose_in = n; }
 
 // --- The loop handle ---------------------------------------------------------------------
@@ -66,7 +77,7 @@ static void loop_release(arc_loop *loop) {
     if (loop->lp_part) cudaFree(loop->lp_part);
     if (loop->lp_done) cudaFree(loop->lp_done);
     if (loop->state) cudaFree(loop->state);
-    if (loop->history) cudaFree(loop->history);
+    if (loop->history) cudaFree(loop->history - ARC_DRAFT_MEMORY);
     free(loop);
 }
 
@@ -84,8 +95,11 @@ static int loop_init(arc_loop *loop) {
     loop->slots_dev = (int32_t *)((char *)d + PINNED_HEADER);
     ARC_CUDA(ctx, cudaMalloc(&loop->state, sizeof(DeviceState)));
     ARC_CUDA(ctx, cudaMemsetAsync(loop->state, 0, sizeof(DeviceState), ctx->stream));
-    ARC_CUDA(ctx, cudaMalloc(&loop->history, (size_t)loop->max_seq * sizeof(int32_t)));
-    ARC_CUDA(ctx, cudaMemsetAsync(loop->history, 0, (size_t)loop->max_seq * sizeof(int32_t), ctx->stream));
+    int32_t *history = nullptr;
+    const size_t history_ids = (size_t)ARC_DRAFT_MEMORY + loop->max_seq;
+    ARC_CUDA(ctx, cudaMalloc(&history, history_ids * sizeof(int32_t)));
+    loop->history = history + ARC_DRAFT_MEMORY;
+    ARC_CUDA(ctx, cudaMemsetAsync(history, 0, history_ids * sizeof(int32_t), ctx->stream));
     inject_kernel<<<1, 1, 0, ctx->stream>>>(loop->state, -1);
     ARC_LAUNCHED(ctx, "inject_kernel");
     reset_ring_kernel<<<1, 1, 0, ctx->stream>>>(loop->state);
@@ -192,6 +206,16 @@ extern "C" int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32
     const int blocks = (n + 255) / 256 < 64 ? (n + 255) / 256 : 64;
     set_history_kernel<<<blocks, 256, 0, ctx->stream>>>(loop->history, tokens, n, start);
     ARC_LAUNCHED(ctx, "set_history_kernel");
+    return ARC_OK;
+}
+
+extern "C" int arc_loop_set_draft_memory(arc_loop *loop, const int32_t *tokens, int32_t n) {
+    ARC_REQUIRE(loop && (tokens || n == 0), "null argument");
+    ARC_REQUIRE(n >= 0 && n < ARC_DRAFT_MEMORY, "a draft memory of %d tokens: it holds 0..%d", n, ARC_DRAFT_MEMORY - 1);
+    arc_context *ctx = loop->ctx;
+    const int blocks = n < 256 ? 1 : ((n + 255) / 256 < 64 ? (n + 255) / 256 : 64);
+    set_memory_kernel<<<blocks, 256, 0, ctx->stream>>>(loop->state, loop->history, tokens, n);
+    ARC_LAUNCHED(ctx, "set_memory_kernel");
     return ARC_OK;
 }
 

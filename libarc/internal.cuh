@@ -126,6 +126,7 @@ struct DeviceState {
     int32_t n_bias;       // the logit bias (arc_loop_set_logit_bias): pairs in use
     int32_t bias_ids[ARC_MAX_LOGIT_BIAS];
     float bias_values[ARC_MAX_LOGIT_BIAS];
+    int32_t memory;       // the drafts' memory (arc_loop_set_draft_memory): ids before history[0], separator included
 };
 
 // The log-probability ring (logprobs.cu): pinned and mapped, one entry beside each token slot,
@@ -148,7 +149,8 @@ struct arc_loop {
     int32_t *slots_host;
     int32_t *slots_dev;
     DeviceState *state;   // device memory
-    int32_t *history;     // device memory, max_seq token ids: the token at each position
+    int32_t *history;     // device memory, max_seq token ids: the token at each position, preceded by
+                          // ARC_DRAFT_MEMORY ids of the drafts' memory (history[-ARC_DRAFT_MEMORY..-1])
     void *lp_host;        // the log-probability ring's pinned block, null until arc_loop_set_logprobs
     LogprobRing lp_ring_host, lp_ring_dev;
     float *lp_part;       // device: per block, max, sum and ARC_MAX_TOP_LOGPROBS (value, id) candidates

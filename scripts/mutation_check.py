@@ -257,6 +257,28 @@ MUTATIONS = [
          "tests/test_speculation.py::test_policy_starts_plain_speculates_once_drafts_would_pay_and_sizes_bursts_by_them"),
     ),
     Mutation(
+        "the engine remembers no answer for the drafts of later sequences",
+        "arcpy/loop/engine.py",
+        "            self.memory.remember(seq.policy.prompt, seq.policy.answer)\n",
+        "            pass\n",
+        ("tests/test_draft_memory.py::test_a_question_asked_again_speculates_on_its_remembered_answer_with_the_same_tokens",),
+    ),
+    Mutation(
+        "the device is never sent the drafts' memory",
+        "arcpy/loop/engine.py",
+        "                dev.set_draft_memory(memory)\n",
+        "                dev.set_draft_memory([])\n",
+        ("tests/test_draft_memory.py::test_a_question_asked_again_speculates_on_its_remembered_answer_with_the_same_tokens",),
+    ),
+    Mutation(
+        "drafts from the memory run past the end of a remembered sequence",
+        "arcpy/drafting.py",
+        "        if tok < 0:\n            break\n",
+        "",
+        ("tests/test_draft_memory.py::test_a_question_asked_again_drafts_its_earlier_answer",
+         "tests/test_draft_memory.py::test_acceptance_counts_steps_whose_drafts_run_out_at_a_separator"),
+    ),
+    Mutation(
         "a sampled speculative step accepts its rows' argmaxes, not their draws",
         "arcpy/devices/fake.py",
         "            made = self._drawn(*self._forward(row_token, p + i), p + i)\n",

@@ -263,3 +263,26 @@ def test_speculation_is_on_unless_switched_off(monkeypatch):
     assert seen == [None, 0, 0, 0, 5] and DEFAULT_DRAFTS == 7
     result = CliRunner().invoke(decode.main, ["--backend", "numpy", "--speculate", "2", "--no-speculate"])
     assert result.exit_code == 2 and "--speculate and --no-speculate contradict each other" in result.output
+
+
+
+def test_the_drafts_memory_is_on_unless_switched_off_and_reaches_the_engine(monkeypatch):
+    """--no-draft-memory gives the engine draft_memory=False; the default and --draft-memory, True."""
+    from click.testing import CliRunner
+
+    from arcpy import decode
+    from arcpy.loop.engine import Engine
+
+    seen = []
+    real = Engine.load.__func__
+
+    def load(cls, model, backend, **kw):
+        seen.append(kw["draft_memory"])
+        return real(cls, model, backend, **kw)
+
+    monkeypatch.setattr(Engine, "load", classmethod(load))
+    for args in ([], ["--draft-memory"], ["--no-draft-memory"]):
+        result = CliRunner().invoke(decode.main, ["--backend", "numpy", "--shape", "stories15M", "--prompt-ids", "1 2",
+                                                  "--max-new-tokens", "1", *args])
+        assert result.exit_code == 0, result.output
+    assert seen == [True, True, False]

@@ -14,6 +14,9 @@ prompts and the same device, and what one speculative step costs.
   continuation falls into a cycle; the prompt is the continuation up to one full turn of it. On
   the real model (the demo SmolLM2 file, when fetched): an extractive prompt (quote a paragraph),
   a code edit and free text, through its chat template.
+- Every case drafts from its own sequence alone, except those "asked again": the random prompt
+  and the free text once more after an earlier answer to them, drafting from the engine's memory
+  of earlier sequences (arcpy.drafting.DraftMemory).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ BURST = 16
 SAMPLED = Sampling(temperature=0.7, seed=7)  # the chat clients' common temperature; seeded, to compare tokens
 SAMPLED_NAME = "sampled t 0.7"
 SAME = {True: "yes", False: "NO", None: "n/a (unseeded draws)"}
+AGAIN = "asked again"  # the same request after an earlier run: drafts from the engine's memory of it
 
 PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wound the great "
              "clockwork, trimmed the wick, and polished the lens until it shone. Ships far out at sea saw the "
@@ -205,14 +209,16 @@ def _generate(engine: Engine, request: Request) -> tuple[list[int], float]:
     return toks, rate
 
 
-def compare(device, request: Request, runs: int, text=None) -> dict:
+def compare(device, request: Request, runs: int, text=None, memory: bool = False) -> dict:
     """The plain loop and the loop with speculation on one request: median tokens/s of each (the
-    first run of each warms up), and the speculative run's statistics."""
+    first run of each warms up), and the speculative run's statistics. Without `memory` each
+    sequence drafts from itself alone; with it, from the earlier runs too: every timed run is the
+    question asked again."""
     row = {}
     tokens = {}
     for kind, speculate in (("plain", False), ("speculative", True)):
         eng = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
-                     speculate=speculate)
+                     speculate=speculate, draft_memory=memory)
         eng.text = text
         rates = []
         for i in range(runs + 1):
@@ -274,6 +280,9 @@ def bench_shape(shape: str, tokens: int, runs: int) -> dict:
                 ids = one_turn(device, tokens)
             out["cases"][case] = compare(device, Request(prompt_ids=ids, max_new_tokens=tokens), runs)
             out["cases"][case]["prompt_tokens"] = len(ids)
+            if case == "random prompt":
+                again = compare(device, Request(prompt_ids=ids, max_new_tokens=tokens), runs, memory=True)
+                out["cases"][case + ", " + AGAIN] = {**again, "prompt_tokens": len(ids)}
             if case != "random prompt":
                 sampled = Request(prompt_ids=ids, max_new_tokens=tokens, sampling=SAMPLED)
                 out["cases"][case + ", " + SAMPLED_NAME] = {**compare(device, sampled, runs), "prompt_tokens": len(ids)}
@@ -290,6 +299,8 @@ def bench_real(path: str, tokens: int, runs: int) -> dict:
             request = Request(messages=[{"role": "user", "content": prompt}], max_new_tokens=tokens,
                               stop_ids=text.eos_ids)
             out["cases"][name] = compare(device, request, runs, text)
+            if name == "free text":
+                out["cases"][name + ", " + AGAIN] = compare(device, request, runs, text, memory=True)
             if name == "extractive":
                 sampled = replace(request, sampling=SAMPLED)
                 out["cases"][name + ", " + SAMPLED_NAME] = compare(device, sampled, runs, text)
@@ -331,7 +342,7 @@ def format_table(report: dict) -> str:
                               for kind in ["gemv"] + [f"rows{r}" for r in PRODUCT_ROWS])
             lines.append(f"    {prod['name']:15s} {prod.get('format', 'bf16'):5s} {prod['n']:6d}x{prod['k']:<6d} {cells}")
         for case, row in part["cases"].items():
-            lines.append(f"    {case:22s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "
+            lines.append(f"    {case:28s} plain {row['plain_tok_s']:8.1f} tok/s  speculative "
                          f"{row['speculative_tok_s']:8.1f} tok/s  {row['speedup']:.2f}x  "
                          f"{row['tokens_per_step']:.2f} tok/step  {row['acceptance']:.0%} accepted  "
                          f"same tokens: {SAME[row['identical']]}")

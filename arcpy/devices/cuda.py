@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS, RING_CAPACITY
+from arcpy.codes import ARC_BUSY, DRAFT_MEMORY, MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.kv_store import KVStore
@@ -79,6 +79,8 @@ class CudaDevice(KVStore, PromptScores):
         self._drawing = False  # set_sampling chose the sampled step graph
         # stream_query() saw the stream idle after the last enqueue; a prefill may still read the pinned prompt
         self._idle = self._prompt_in_use = False
+        self._memory = self._memory_sent = None  # the drafts' memory: its pinned staging, what was last sent
+        self._memory_in_use = False  # set_draft_memory's copy may still read the staging
         self.name = ""
         try:
             self.name = ctx.name()  # kept: the capabilities still name the GPU once the context is closed
@@ -158,6 +160,9 @@ class CudaDevice(KVStore, PromptScores):
         if not hasattr(fwd, "enqueue_speculate"):
             raise InvalidArgumentError("this device's forward has no speculative step")
         fwd.reserve_speculation(k)
+        if self._memory is None:
+            memory, memory_dev = self.ctx.pinned((DRAFT_MEMORY,), np.int32)
+            self._memory = (memory, self.ffi.cast("int32_t *", memory_dev))
         self.spec_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram))
         if self.supports_sampling:
             self.spec_draw_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram, draw=True))
@@ -183,7 +188,7 @@ class CudaDevice(KVStore, PromptScores):
         idle = self.ctx.query()
         if idle:
             self._idle = True
-            self._prompt_in_use = False
+            self._prompt_in_use = self._memory_in_use = False
         return idle
 
     @property
@@ -248,6 +253,24 @@ class CudaDevice(KVStore, PromptScores):
         self._stage_prompt(tokens)
         _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, 0))
 
+    def set_draft_memory(self, layout) -> None:
+        """The drafts' memory (DraftMemory.layout()); sent only when it differs from what the device
+        holds, through pinned staging that is rewritten once no earlier copy can still read it."""
+        layout = np.asarray(layout, np.int32)
+        n = len(layout)
+        if not (self.speculate_k and n <= DRAFT_MEMORY and (n == 0 or layout[-1] < 0)):
+            raise InvalidArgumentError(f"a draft memory of {n} ids needs a speculative step, at most {DRAFT_MEMORY} "
+                                       "ids and a separator last")
+        if self._memory_sent is not None and np.array_equal(self._memory_sent, layout):
+            return
+        if self._memory_in_use:
+            spin_until(self.stream_query, IDLE_SPINS, "draft memory: waiting for the last copy")
+        staging, staging_dev = self._memory
+        staging[:max(n - 1, 0)] = layout[:-1]  # the library adds the last separator
+        self._idle = False
+        _lib.check(self.lib.arc_loop_set_draft_memory(self.loop, staging_dev, max(n - 1, 0)))
+        self._memory_sent, self._memory_in_use = layout, True
+
     def enqueue_forward(self, eager: bool = False) -> None:
         self._idle = False
         if self.graph is not None and not eager:
@@ -281,7 +304,7 @@ class CudaDevice(KVStore, PromptScores):
             return False
         _lib.check(status)
         self._idle = False
-        self._prompt_in_use = False  # the stream was idle: no prefill is reading the prompt
+        self._prompt_in_use = self._memory_in_use = False  # the stream was idle: nothing reads the staging
         return True
 
     def set_stop_ids(self, ids: tuple[int, ...]) -> None:

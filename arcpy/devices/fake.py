@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arcpy.codes import (FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE,
-                         FAULT_TOKEN_RANGE, MAX_STOP_IDS)
+from arcpy.codes import (DRAFT_MEMORY, FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAULT_NONE, FAULT_NONFINITE,
+                         FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS)
 from arcpy.devices.fake_script import FakeScript
 from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.scripted import scripted_next
@@ -78,6 +78,7 @@ class FakeDevice:
         self.sticky, self.steps_enqueued = False, 0
         self.speculate_k, self.speculate_ngram = self.script.speculate_k, self.script.speculate_ngram
         self.history = [0] * self.max_seq  # the loop's token history (drafts read it)
+        self.memory: tuple[int, ...] = ()  # the drafts' memory of earlier sequences (set_draft_memory)
         self.limit = None  # the ring count at which the burst stops publishing
         self.burst = 0  # the burst id last begun
         self.spec_steps = 0  # speculative steps whose commit ran
@@ -138,6 +139,8 @@ class FakeDevice:
         elif op.kind == "history":
             tokens, start = op.arg
             self.history[start:start + len(tokens)] = tokens
+        elif op.kind == "memory":
+            self.memory = op.arg
         elif op.kind == "burst":
             self.limit = None if op.arg is None else len(self.ring) + op.arg
         elif op.kind == "spec":
@@ -259,7 +262,7 @@ class FakeDevice:
             return
         p = self.position
         self.history[p] = self.token
-        drafts = draft(self.history[:p + 1], self.speculate_k, self.speculate_ngram)
+        drafts = draft(self.history[:p + 1], self.speculate_k, self.speculate_ngram, self.memory)
         self.drafts.append(drafts)
         rows = [self.token, *drafts]
         for i, row_token in enumerate(rows):
@@ -375,6 +378,14 @@ class FakeDevice:
             raise InvalidArgumentError(f"a history of {len(tokens)} tokens does not fit max_seq {self.max_seq}")
         self._count()
         self._enqueue(_Op("history", (tokens, 0)))
+
+    def set_draft_memory(self, layout) -> None:
+        layout = tuple(int(t) for t in layout)
+        if not (self.speculate_k and len(layout) <= DRAFT_MEMORY and (not layout or layout[-1] < 0)):
+            raise InvalidArgumentError(f"a draft memory of {len(layout)} ids needs a speculative step, at most "
+                                       f"{DRAFT_MEMORY} ids and a separator last")
+        self._count()
+        self._enqueue(_Op("memory", layout))
 
     def begin_burst(self, burst_id: int, max_tokens: int | None) -> None:
         # As arc_loop_begin_burst(_limit): written to the device only when the id changes.

@@ -111,6 +111,9 @@ class DeviceOps(Protocol):
     # go into the loop's history by enqueue_prefill, or by set_history when the prompt goes
     # through token by token.
     def set_history(self, tokens: Sequence[int]) -> None: ...
+    # The drafts' memory of earlier sequences (arcpy.drafting.DraftMemory.layout(): each sequence
+    # followed by a negative id; empty: none), kept on the device across sequences.
+    def set_draft_memory(self, layout: Sequence[int]) -> None: ...
     # The commits enqueued after this belong to burst `burst_id`, which publishes at most
     # `max_tokens` tokens.
     def begin_burst(self, burst_id: int, max_tokens: int) -> None: ...

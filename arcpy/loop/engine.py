@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Mapping
 
 from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
-from arcpy.drafting import DEFAULT_DRAFTS
+from arcpy.drafting import DEFAULT_DRAFTS, DraftMemory
 from arcpy.errors import (
     ArcError,
     ContextLostError,
@@ -60,13 +60,15 @@ class Engine(HostPath):
                  burst: int = 4, verify: bool | None = None, max_spins: int = MAX_SPINS,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
                  prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None,
-                 prefix_cache: bool = True, prompt_cache_bytes: int | None = None):
+                 prefix_cache: bool = True, prompt_cache_bytes: int | None = None, draft_memory: bool = True):
         if not (isinstance(burst, int) and 1 <= burst <= MAX_BURST):
             raise InvalidArgumentError(f"burst must be an integer in 1..{MAX_BURST}, got {burst!r}")
         self.device = device
         self.prefill = prefill  # off: the prompt goes through the decode step token by token
         self.speculate = speculate  # off: never a speculative step, even where the device has one
         self.step_cost = step_cost or StepCost()  # seconds a step of each kind takes, across sequences
+        # Earlier sequences the drafts also come from (off: each sequence drafts from itself alone).
+        self.memory = DraftMemory() if draft_memory else None
         self.backend = backend
         self.burst = burst
         self.environ = environ
@@ -192,7 +194,8 @@ class Engine(HostPath):
                                      seed=None if sampler.greedy else sampler.params.seed)
         self.path_reason = reason
         plain = logprobs is None and not logit_bias and matcher is None  # what a speculative step computes
-        policy = speculation(dev, self.speculate and plain, admitted, prompt, self.step_cost, self.stats)
+        memory = self.memory.layout() if self.memory is not None else []
+        policy = speculation(dev, self.speculate and plain, admitted, prompt, self.step_cost, self.stats, memory)
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
             if admitted:
@@ -202,6 +205,8 @@ class Engine(HostPath):
                 self.stats.setup_waits = self.driver.host_waits
             if dev.capabilities.logit_bias:
                 dev.set_logit_bias(logit_bias if bias_on_device else ())
+            if policy is not None:
+                dev.set_draft_memory(memory)
             prefill = self.prefill and not self.verify and dev.supports_prefill
             granule = dev.capabilities.prefix_granule if prefill else 0
             cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
@@ -390,6 +395,8 @@ class Engine(HostPath):
         if seq is None or seq.finished:
             return
         seq.finished = True
+        if seq.policy is not None and self.memory is not None and reason != "fault":
+            self.memory.remember(seq.policy.prompt, seq.policy.answer)
         st = self.stats
         st.finish_reason = reason
         st.tokens = seq.produced

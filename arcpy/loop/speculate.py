@@ -20,7 +20,9 @@ for both. The verify's rows have the plain step's logits bit for bit (libarc's a
 request gives the same tokens whichever steps ran, and which bursts speculate never shows in the
 output. A sequence starts on the
 plain loop (the estimate starts at one token a step) and turns to speculation as soon as the
-tokens it has made show drafts that would have matched.
+tokens it has made show drafts that would have matched. The drafts also come from earlier
+sequences (the engine's DraftMemory, which the device searches too), so a question asked again
+speculates from its second burst on.
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ class StepCost:
 
 
 class SpecPolicy:
-    """One sequence's choice, burst by burst, from the estimate of what its drafts would make."""
+    """One sequence's choice, burst by burst, from the estimate of what its drafts would make
+    (`memory`: the drafts' memory of earlier sequences, as the device holds it). `answer` keeps
+    the tokens made, for the memory of the sequences after this one."""
 
-    def __init__(self, k: int, ngram: int, prompt: Sequence[int], cost: StepCost):
-        self.acceptance = Acceptance(k, ngram, prompt, prior=1.0)
+    def __init__(self, k: int, ngram: int, prompt: Sequence[int], cost: StepCost, memory: Sequence[int] = ()):
+        self.acceptance = Acceptance(k, ngram, prompt, prior=1.0, memory=memory)
         self.cost = cost
+        self.prompt = prompt
+        self.answer: list[int] = []
 
     def push(self, tok: int) -> None:
         self.acceptance.push(tok)
+        self.answer.append(tok)
 
     def speculate(self) -> bool:
         return self.cost.ready() and self.acceptance.tokens_per_step > MARGIN * self.cost.ratio()
@@ -90,9 +97,10 @@ class SpecPolicy:
 
 
 def speculation(device, allowed: bool, admitted: bool, prompt: Sequence[int], cost: StepCost,
-                stats: GenerationStats) -> SpecPolicy | None:
+                stats: GenerationStats, memory: Sequence[int] = ()) -> SpecPolicy | None:
     """A sequence's policy, or None where it does not speculate (stats.speculation says why).
-    `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop."""
+    `allowed`: the engine's choice; `admitted`: the sequence runs on the device loop; `memory`: the
+    drafts' memory the device will search (DraftMemory.layout())."""
     caps = device.capabilities
     k, refused = caps.speculate_k, caps.speculation_refused
     if not (k and allowed):
@@ -101,7 +109,7 @@ def speculation(device, allowed: bool, admitted: bool, prompt: Sequence[int], co
         stats.speculation = "off: only the device loop speculates"
     else:
         stats.speculation, stats.drafts = "on", k
-        return SpecPolicy(k, caps.speculate_ngram, prompt, cost)
+        return SpecPolicy(k, caps.speculate_ngram, prompt, cost, memory)
     return None
 
 

@@ -290,25 +290,32 @@ static int launch_qgemv_shape(arc_context *ctx, const QgemvArgs &a) {
     return launch_qgemv_kernel<F, R, KS, GATED, false>(ctx, a);
 }
 
-// Picks (R, KS) for the shape, as the bf16 GEMV does over the row's 16-byte quant vectors, and
-// launches format F's instance. GATED takes at most R = 2.
+// The plan of a one-row quantized product of a shape: R rows a task and KS warps splitting k, as
+// the bf16 GEMV splits over the row's 16-byte quant vectors (GATED takes at most R = 2; a split of
+// 8 runs as 4: both are 4 warps a task). The decode's launch below and the verify's rows kernels
+// (qgemv_rows.cuh) both take it from here, so a row's sums are added in one order whichever runs.
+static inline GemvPlan qgemv_plan(const arc_context *ctx, int format, int32_t rows, int32_t cols, bool gated) {
+    int ks = 1;
+    const int r = gemv_split(ctx, rows, cols / QUNIT * (format == ARC_FORMAT_Q8_0 ? 2 : 1), gated ? 2 : 4, gated, &ks);
+    return GemvPlan{r, r == 1 ? (ks >= 4 ? 4 : ks) : 1, false};
+}
+
+// Launches format F's instance of the shape's plan; a routed product (a mixture's expert) takes
+// rows of 1 or 2 a task and no split over k.
 template <int F, bool GATED>
 static int launch_qgemv_format(arc_context *ctx, const QgemvArgs &a) {
-    constexpr int MAX_R = GATED ? 2 : 4;
-    const int vectors = a.cols / QUNIT * (F == ARC_FORMAT_Q8_0 ? 2 : 1);
-    int ks = 1;
-    if (a.route) {  // a routed product: rows of 1 or 2 a task, no split over k
-        const int r = gemv_split(ctx, a.rows, vectors, 2, GATED, &ks);
+    if (a.route) {
+        int ks = 1;
+        const int r = gemv_split(ctx, a.rows, a.cols / QUNIT * (F == ARC_FORMAT_Q8_0 ? 2 : 1), 2, GATED, &ks);
         return r == 2 ? launch_qgemv_kernel<F, 2, 1, GATED, false, true>(ctx, a)
                       : launch_qgemv_kernel<F, 1, 1, GATED, false, true>(ctx, a);
     }
-    const int r = gemv_split(ctx, a.rows, vectors, MAX_R, GATED, &ks);
-    if constexpr (MAX_R == 4) {
-        if (r == 4) return launch_qgemv_shape<F, 4, 1, GATED>(ctx, a);
+    const GemvPlan plan = qgemv_plan(ctx, F, a.rows, a.cols, GATED);
+    if constexpr (!GATED) {
+        if (plan.r == 4) return launch_qgemv_shape<F, 4, 1, GATED>(ctx, a);
     }
-    if (r == 2) return launch_qgemv_shape<F, 2, 1, GATED>(ctx, a);
-    switch (ks) {
-    case 8:
+    if (plan.r == 2) return launch_qgemv_shape<F, 2, 1, GATED>(ctx, a);
+    switch (plan.ks) {
     case 4: return launch_qgemv_shape<F, 1, 4, GATED>(ctx, a);
     case 2: return launch_qgemv_shape<F, 1, 2, GATED>(ctx, a);
     default: return launch_qgemv_shape<F, 1, 1, GATED>(ctx, a);

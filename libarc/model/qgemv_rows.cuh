@@ -7,7 +7,7 @@
 //     down GEMV quantizes with the same arithmetic, so its bits are these too;
 //   - a unit's dot is dot_w's (dot_unit's: quant.cuh), and lane `first` of a row task adds its
 //     units first, first + 32 KS, ... in turn, as the one-row lane does; the warp and the KS warps
-//     of a task add their sums as gemv_finish_task does. KS is the one-row plan's (qgemv_plan);
+//     of a task add their sums as gemv_finish_task does. KS is the one-row plan's (qgemv.cuh: qgemv_plan);
 //     the rows a task and the batching of the loads change no sum.
 // Each weight unit is decoded once for the m rows (quant.cuh: unit_weights), and its dot with a
 // row is dot_w, whose float operations are each rounded on their own, so that no fused
@@ -182,14 +182,6 @@ qgemv_rows_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ xq,
                 gemv_finish_task<R, KS, GATED, false, NR, QROWS_WARPS>(acc[i], task, rows, bias, accumulate,
                                                                        y + (size_t)i * ldy, seen);
     }
-}
-
-// The one-row quantized GEMV's plan of a shape (qgemv.cuh: launch_qgemv_format): R, and KS as
-// that launch maps the split (8 and 4 both run 4 warps a task).
-static inline GemvPlan qgemv_plan(const arc_context *ctx, int format, int32_t rows, int32_t cols, bool gated) {
-    int ks = 1;
-    const int r = gemv_split(ctx, rows, cols / QUNIT * (format == ARC_FORMAT_Q8_0 ? 2 : 1), gated ? 2 : 4, gated, &ks);
-    return GemvPlan{r, r == 1 ? (ks >= 4 ? 4 : ks) : 1, false};
 }
 
 // What one rows launch computes: m staged rows of xq, y rows ldy apart.

@@ -3,8 +3,9 @@
 //
 // One step, all of it captured once into a graph:
 //   1 draft        the latest earlier occurrence of the sequence's last n tokens (n = ngram down
-//                  to 1) in the loop's history; the k tokens that followed it are the drafts (the
-//                  stretch from the match to the current token repeated, where it is shorter)
+//                  to 1) in the loop's history or its memory of earlier sequences; the k
+//                  tokens that followed it are the drafts (the stretch from the match to the
+//                  current token repeated, where it is shorter; a remembered sequence's end ends them)
 //   2 the verify forward over rows [token, drafts] at positions p..p+k, every weight read once:
 //                  each layer's program (layer.cuh) as the verify runs its ops, each row through
 //                  the decode's kernels or their form over rows (gemv_rows.cu: the GEMVs;
@@ -38,23 +39,29 @@ void spec_buffers_release(SpecBuffers *b) {
 }
 
 // The draft: writes the rows' tokens (the current token, then up to k drafts, padded with the
-// current token), their positions, the number of drafts, and clears the argmax keys. The longest
-// match wins, then the latest: one key per candidate end j < p, (match length << 32) | j.
+// current token), their positions, the number of drafts, and clears the argmax keys. The candidate
+// ends j run over the memory of earlier sequences (history[-memory..-1], a negative id between
+// two) and the history before p; a match never spans a separator. The longest match wins, then the
+// latest: one key per candidate, (match length << 32) | (j + ARC_DRAFT_MEMORY). Drafts from the
+// memory stop at its next separator.
 __global__ void __launch_bounds__(DRAFT_THREADS)
 draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, int32_t *tokens, int32_t *positions,
              unsigned long long *keys) {
     __shared__ unsigned long long wbest[DRAFT_THREADS / 32];
     pdl_launch_dependents();
     pdl_wait();
-    const int p = st->position, tid = threadIdx.x;
+    const int p = st->position, tid = threadIdx.x, memory = st->memory;
     const int32_t tok = (int32_t)st->token;
     unsigned long long best = 0;
-    for (int j = tid; j < p; j += DRAFT_THREADS) {
+    for (int j = tid - memory; j < p; j += DRAFT_THREADS) {
         int len = 0;
         // history[p] is the current token (the commit or the prompt wrote it); compare with tok.
-        while (len < ngram && j - len >= 0 && history[j - len] == (len == 0 ? tok : history[p - len])) ++len;
+        for (; len < ngram && j - len >= -memory; ++len) {
+            const int32_t h = history[j - len];
+            if (h < 0 || h != (len == 0 ? tok : history[p - len])) break;
+        }
         if (len > 0) {
-            const unsigned long long key = (unsigned long long)len << 32 | (uint32_t)j;
+            const unsigned long long key = (unsigned long long)len << 32 | (uint32_t)(j + ARC_DRAFT_MEMORY);
             best = key > best ? key : best;
         }
     }
@@ -68,9 +75,12 @@ draft_kernel(DeviceState *st, int32_t *__restrict__ history, int k, int ngram, i
     for (int w = 1; w < DRAFT_THREADS / 32; ++w) best = wbest[w] > best ? wbest[w] : best;
     int n = 0;
     if (best != 0) {  // what followed the match, repeated with its period p - j where it runs out
-        const int j = (int)(uint32_t)best;
-        n = k;
-        for (int i = 0; i < n; ++i) tokens[1 + i] = history[j + 1 + i % (p - j)];
+        const int j = (int)(uint32_t)best - ARC_DRAFT_MEMORY;
+        for (; n < k; ++n) {
+            const int32_t t = history[j + 1 + n % (p - j)];
+            if (t < 0) break;  // the end of a remembered sequence
+            tokens[1 + n] = t;
+        }
     }
     for (int i = n; i < k; ++i) tokens[1 + i] = tok;
     tokens[0] = tok;
