@@ -1,0 +1,88 @@
+"""The NumPy reference of tensor parallelism: `world` ranks, each with its slice of every layer
+(arcpy/parallel/shard.py's ShardPlan), running each layer's program in lockstep; after o_proj and
+down_proj the ranks' partial outputs are summed in rank order (what the all-reduce computes) and
+added to every rank's copy of the residual stream, through the post-norm where the family has
+one. Each rank would compute its rows of the logits; a logit is one row's dot product, so that
+split changes no value, and the reference computes them at once.
+
+It is a ReferenceModel (the same forward, prefill and greedy), whose KV cache is the ranks'
+caches side by side: rank r's heads are rows r * n_kv / world.. of the one cache, so a position's
+rows are where the single-device reference keeps them. Its logits equal the single-device
+reference's up to the order of the sums that the split divides."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from arcpy.codes import OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_OUT, OP_FFN_OUT_NORM
+from arcpy.devices.reference import ReferenceModel, _RowOps, rmsnorm
+from arcpy.model import Model, layer_prefix
+from arcpy.model.quant import QuantTensor
+from arcpy.parallel.shard import ShardPlan
+
+# The ops whose output is the ranks' partial sums: the partial, and the post-norm's weights if any.
+_REDUCED = {OP_ATTN_OUT: ("attn_partial", None), OP_ATTN_OUT_NORM: ("attn_partial", "post_attn_norm"),
+            OP_FFN_OUT: ("ffn_partial", None), OP_FFN_OUT_NORM: ("ffn_partial", "post_ffn_norm")}
+# The float32 arrays of a layer that ranks slice, by the tensor they come from.
+_LAYER_ARRAYS = {"wq": "self_attn.q_proj.weight", "bq": "self_attn.q_proj.bias",
+                 "wk": "self_attn.k_proj.weight", "bk": "self_attn.k_proj.bias",
+                 "wv": "self_attn.v_proj.weight", "bv": "self_attn.v_proj.bias",
+                 "wo": "self_attn.o_proj.weight", "w_gate": "mlp.gate_proj.weight",
+                 "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight"}
+
+
+class TensorParallelReference(ReferenceModel):
+    """`model` split over `world` ranks (InvalidArgumentError where it cannot split)."""
+
+    def __init__(self, model: Model, world: int, max_seq: int | None = None):
+        formats = {name: t.format for name, t in model.tensors.items() if isinstance(t, QuantTensor)}
+        self.plan = ShardPlan(model.config, world, formats)
+        super().__init__(model, max_seq)
+        self.world = world
+        self.ranks = [self._rank(r) for r in range(world)]
+
+    def _rank(self, r: int) -> ReferenceModel:
+        """Rank r: a ReferenceModel of the rank's config over its slices and its heads' cache rows."""
+        plan, c = self.plan, self.config
+        rank = copy.copy(self)  # (a rank has no ranks of its own)
+        rank.config = plan.rank_config()
+        rank.layers = []
+        for li, layer in enumerate(self.layers):
+            mine = copy.copy(layer)
+            for attr, suffix in _LAYER_ARRAYS.items():
+                if getattr(layer, attr, None) is not None:
+                    setattr(mine, attr, plan.shard(layer_prefix(li) + suffix, getattr(layer, attr), r))
+            rank.layers.append(mine)
+        rank._bf16_layers = None
+        kv = slice(r * c.n_kv_heads // self.world, (r + 1) * c.n_kv_heads // self.world)
+        rank.k_cache, rank.v_cache = self.k_cache[:, kv], self.v_cache[:, kv]  # views of the one cache
+        return rank
+
+    def __copy__(self):
+        new = object.__new__(type(self))
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "ranks"})
+        new.ranks = None
+        return new
+
+    def _run_rows(self, tokens: list[int], start: int, layers, r) -> np.ndarray:
+        bf16 = layers is not self.layers  # the prefill's form: each rank's own layers rounded
+        ops = [_RowOps(rank, tokens, start, r) for rank in self.ranks]
+        rank_layers = [rank._product_layers(bf16) for rank in self.ranks]
+        for li in range(self.config.n_layers):
+            for op in self.programs[li]:
+                if op in _REDUCED:
+                    partial, norm = _REDUCED[op]
+                    parts = [getattr(o, partial)(li, lr[li]) for o, lr in zip(ops, rank_layers)]
+                    total = parts[0]
+                    for p in parts[1:]:  # the all-reduce: a sum in rank order
+                        total = total + p
+                    if norm is not None:
+                        total = rmsnorm(total, getattr(rank_layers[0][li], norm), self.config.rms_eps)
+                    for o in ops:
+                        o.x = o.x + total
+                else:
+                    for o, lr in zip(ops, rank_layers):
+                        o.run(op, li, lr[li])
+        return ops[0].x
