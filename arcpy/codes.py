@@ -30,6 +30,7 @@ FAULT_NAMES = {
 MAX_STOP_IDS = 8
 MAX_LOGIT_BIAS = 256  # ARC_MAX_LOGIT_BIAS: the most (id, value) pairs of a request's logit bias
 MAX_TOP_LOGPROBS = 20  # ARC_MAX_TOP_LOGPROBS: the most alternatives a token's log-probabilities list
+MAX_WORLD = 8  # the most ranks a model splits over (tensor parallelism): the GPUs of one host
 DRAFT_MEMORY = 16384  # ARC_DRAFT_MEMORY: the drafts' memory of earlier sequences holds fewer ids than this
 
 # The device loop's ring (arc_loop_create's capacity) holds this many tokens, so a burst, whose

@@ -73,7 +73,8 @@ def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **l
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
                          burst=options.burst, text=text, drafts=options.drafts,
-                         draft_memory=options.draft_memory, **load)
+                         draft_memory=options.draft_memory,
+                         devices=list(range(options.tensor_parallel)) if options.tensor_parallel > 1 else None, **load)
     speculation_note(options.drafts, engine)
     return engine
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 import click
 
 from arcpy.checks import quoted
-from arcpy.codes import MAX_BURST
+from arcpy.codes import MAX_BURST, MAX_WORLD
 from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
 from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import Sampling
@@ -21,7 +21,7 @@ from arcpy.text import check_template_kwargs
 @dataclass(frozen=True)
 class EngineOptions:
     """How the engine runs, one record: what --backend, --device-loop/--host-path, --burst,
-    --max-seq, --speculate and --draft-memory say (engine_options), handed on by decode, chat and serve alike."""
+    --max-seq, --speculate, --draft-memory and --tensor-parallel say (engine_options), handed on by decode, chat and serve alike."""
 
     backend: str = "auto"           # auto, cuda or numpy
     device_loop: bool | None = None  # None: ARC_GRAPH_DEVICE_LOOP decides
@@ -29,12 +29,13 @@ class EngineOptions:
     max_seq: int | None = None      # the context to allocate (None: the model's, at most Engine.load's default)
     drafts: int | None = None       # drafts a speculative step verifies (0: none; None: the default, on)
     draft_memory: bool = True       # drafts also come from earlier sequences' answers (Engine's draft_memory)
+    tensor_parallel: int = 1        # ranks the model splits over (Engine.load's devices; 1: no split)
 
 
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
     --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate,
-    --draft-memory/--no-draft-memory. A command under
+    --draft-memory/--no-draft-memory, --tensor-parallel N. A command under
     them takes one EngineOptions, `engine_opts` (as_engine_options builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
@@ -51,6 +52,11 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                           "(greedy, or sampled with the same seed)."),
         click.option("--no-speculate", "no_speculate", is_flag=True, default=False,
                      help="No speculative steps (--speculate 0)."),
+        click.option("--tensor-parallel", "tensor_parallel", type=click.IntRange(1, MAX_WORLD), default=1,
+                     show_default=True, metavar="N",
+                     help="Split the model over N ranks (its heads, FFN rows and lm_head rows; the partial sums "
+                          "added after each attention and FFN). On --backend numpy, N ranks on the CPU; on the GPU "
+                          "it is not built yet and is refused."),
         click.option("--draft-memory/--no-draft-memory", "draft_memory", default=True, show_default=True,
                      help="Drafts also come from the answers this engine gave before (a question asked again "
                           "drafts its earlier answer). Off: each request drafts from its own tokens alone, so its "

@@ -279,6 +279,20 @@ MUTATIONS = [
          "tests/test_draft_memory.py::test_acceptance_counts_steps_whose_drafts_run_out_at_a_separator"),
     ),
     Mutation(
+        "a fault word on a rank other than 0 goes unseen",
+        "arcpy/parallel/devices.py",
+        "            if faulted is not None:  # another rank's fault word: the burst's fault, as on rank 0\n",
+        "            if False:\n",
+        ("tests/test_tensor_parallel_loop.py::test_a_fault_word_on_any_rank_falls_back_with_the_same_tokens[1]",),
+    ),
+    Mutation(
+        "only rank 0's stream is asked whether it faulted",
+        "arcpy/parallel/devices.py",
+        "        idle = [dev.stream_query() for dev in self.ranks]  # every rank, so that any rank's fault surfaces\n",
+        "        idle = [self.ranks[0].stream_query()]\n",
+        ("tests/test_tensor_parallel_loop.py::test_the_stream_query_asks_every_rank",),
+    ),
+    Mutation(
         "a sampled speculative step accepts its rows' argmaxes, not their draws",
         "arcpy/devices/fake.py",
         "            made = self._drawn(*self._forward(row_token, p + i), p + i)\n",

@@ -8,7 +8,8 @@ CudaDevice frees the graphs, the loop, the forward and (when it created it) the 
 - Context (context.py): one device, one non-blocking stream (arc_context).
 - CudaModel (cuda_model.py): a forward on a context: one model's weights, KV cache, activations.
 - CudaDevice: DeviceOps over a forward, with the host path, the device loop (greedy, and sampled
-  by libarc's draw), the prefix store (kv_store.py) and a prompt's scoring (prompt_scores.py).
+  by libarc's draw), the prefix store (kv_store.py), a prompt's scoring (prompt_scores.py) and the
+  drafts' history and memory (draft_staging.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY, DRAFT_MEMORY, MAX_TOP_LOGPROBS, RING_CAPACITY
+from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
 from arcpy.devices.cuda_model import CudaModel
+from arcpy.devices.draft_staging import DraftStaging
 from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
 from arcpy.devices.prompt_scores import PromptScores
@@ -47,7 +49,7 @@ class Forward(Protocol):
     def close(self) -> None: ...
 
 
-class CudaDevice(KVStore, PromptScores):
+class CudaDevice(KVStore, PromptScores, DraftStaging):
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
     enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
     last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
@@ -79,8 +81,7 @@ class CudaDevice(KVStore, PromptScores):
         self._drawing = False  # set_sampling chose the sampled step graph
         # stream_query() saw the stream idle after the last enqueue; a prefill may still read the pinned prompt
         self._idle = self._prompt_in_use = False
-        self._memory = self._memory_sent = None  # the drafts' memory: its pinned staging, what was last sent
-        self._memory_in_use = False  # set_draft_memory's copy may still read the staging
+        self._memory, self._memory_sent, self._memory_in_use = None, None, False  # DraftStaging's
         self.name = ""
         try:
             self.name = ctx.name()  # kept: the capabilities still name the GPU once the context is closed
@@ -160,9 +161,7 @@ class CudaDevice(KVStore, PromptScores):
         if not hasattr(fwd, "enqueue_speculate"):
             raise InvalidArgumentError("this device's forward has no speculative step")
         fwd.reserve_speculation(k)
-        if self._memory is None:
-            memory, memory_dev = self.ctx.pinned((DRAFT_MEMORY,), np.int32)
-            self._memory = (memory, self.ffi.cast("int32_t *", memory_dev))
+        self._reserve_draft_memory()
         self.spec_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram))
         if self.supports_sampling:
             self.spec_draw_graph = self._capture(lambda: fwd.enqueue_speculate(self.loop, ngram, draw=True))
@@ -244,32 +243,6 @@ class CudaDevice(KVStore, PromptScores):
         self._prompt[:len(tokens)] = tokens
         self._idle = False
         self._prompt_in_use = True
-
-    def set_history(self, tokens) -> None:
-        n = len(tokens)
-        if not (self.speculate_k and 1 <= n <= self.max_seq):
-            raise InvalidArgumentError(f"a history of {n} tokens needs a speculative step and at most max_seq "
-                                       f"{self.max_seq} tokens")
-        self._stage_prompt(tokens)
-        _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, 0))
-
-    def set_draft_memory(self, layout) -> None:
-        """The drafts' memory (DraftMemory.layout()); sent only when it differs from what the device
-        holds, through pinned staging that is rewritten once no earlier copy can still read it."""
-        layout = np.asarray(layout, np.int32)
-        n = len(layout)
-        if not (self.speculate_k and n <= DRAFT_MEMORY and (n == 0 or layout[-1] < 0)):
-            raise InvalidArgumentError(f"a draft memory of {n} ids needs a speculative step, at most {DRAFT_MEMORY} "
-                                       "ids and a separator last")
-        if self._memory_sent is not None and np.array_equal(self._memory_sent, layout):
-            return
-        if self._memory_in_use:
-            spin_until(self.stream_query, IDLE_SPINS, "draft memory: waiting for the last copy")
-        staging, staging_dev = self._memory
-        staging[:max(n - 1, 0)] = layout[:-1]  # the library adds the last separator
-        self._idle = False
-        _lib.check(self.lib.arc_loop_set_draft_memory(self.loop, staging_dev, max(n - 1, 0)))
-        self._memory_sent, self._memory_in_use = layout, True
 
     def enqueue_forward(self, eager: bool = False) -> None:
         self._idle = False

@@ -382,8 +382,7 @@ class FakeDevice:
     def set_draft_memory(self, layout) -> None:
         layout = tuple(int(t) for t in layout)
         if not (self.speculate_k and len(layout) <= DRAFT_MEMORY and (not layout or layout[-1] < 0)):
-            raise InvalidArgumentError(f"a draft memory of {len(layout)} ids needs a speculative step, at most "
-                                       f"{DRAFT_MEMORY} ids and a separator last")
+            raise InvalidArgumentError(f"a draft memory of {len(layout)} ids refused (as CudaDevice refuses it)")
         self._count()
         self._enqueue(_Op("memory", layout))
 

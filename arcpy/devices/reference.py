@@ -269,23 +269,15 @@ class _RowOps:
         self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
                                            c.scores_scale, c.window(li)))
 
-    # What o_proj and down_proj add to the residual stream: under tensor parallelism, one rank's
-    # partial sum of it (arcpy/parallel/reference.py sums them).
-    def attn_partial(self, li: int, L: _Layer) -> np.ndarray:
-        return linear(self.att.reshape(self.t, -1), L.wo)
-
-    def ffn_partial(self, li: int, L: _Layer) -> np.ndarray:
-        return linear(self.h, L.w_down)
-
     def attn_out(self, li: int, L: _Layer) -> None:
-        self.x = self.x + self.attn_partial(li, L)
+        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
 
     def ffn_in(self, li: int, L: _Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
         self.h = self.r(GLUS[self.cfg.activation](linear(h, L.w_gate), linear(h, L.w_up)))
 
     def ffn_out(self, li: int, L: _Layer) -> None:
-        self.x = self.x + self.ffn_partial(li, L)
+        self.x = self.x + linear(self.h, L.w_down)
 
     def moe_in(self, li: int, L: _Layer) -> None:
         c, glu = self.cfg, GLUS[self.cfg.activation]
@@ -323,10 +315,11 @@ class _RowOps:
         self.x = self.x + out
 
     def attn_out_norm(self, li: int, L: _Layer) -> None:
-        self.x = self.x + rmsnorm(self.attn_partial(li, L), L.post_attn_norm, self.cfg.rms_eps)
+        t = linear(self.att.reshape(self.t, -1), L.wo)
+        self.x = self.x + rmsnorm(t, L.post_attn_norm, self.cfg.rms_eps)
 
     def ffn_out_norm(self, li: int, L: _Layer) -> None:
-        self.x = self.x + rmsnorm(self.ffn_partial(li, L), L.post_ffn_norm, self.cfg.rms_eps)
+        self.x = self.x + rmsnorm(linear(self.h, L.w_down), L.post_ffn_norm, self.cfg.rms_eps)
 
 
 class ReferenceModel:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
@@ -49,6 +49,7 @@ from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
 from arcpy.loop.sequence import SequenceState as _Sequence
 from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
+from arcpy.parallel.devices import check_devices
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
@@ -97,14 +98,18 @@ class Engine(HostPath):
 
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
-             environ: Mapping[str, str] | None = None, text=None, drafts: int | None = None, **kw) -> "Engine":
+             environ: Mapping[str, str] | None = None, text=None, drafts: int | None = None,
+             devices: Sequence[int] | None = None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
         `drafts` is how many drafts a speculative step verifies (None: DEFAULT_DRAFTS; 0: no
         speculative steps); they are captured where the device loop runs them (cuda, not a mixture of
-        experts) and taken burst by burst where they pay, with the plain loop's tokens. The engine
-        owns the device it builds: `with Engine.load(...) as engine:` frees it."""
+        experts) and taken burst by burst where they pay, with the plain loop's tokens. `devices`
+        splits the model over that many ranks (tensor parallelism, arcpy/parallel): on the numpy
+        backend, ranks on the CPU whose partial sums are added after o_proj and down_proj; on cuda
+        it is refused for now (libarc has no all-reduce yet). The engine owns the device it builds:
+        `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
         max_seq = context_of(model.config, max_seq)
@@ -114,7 +119,15 @@ class Engine(HostPath):
         if backend == "auto":
             backend = _lib.auto_backend()
         use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
-        if backend == "cuda":
+        world = check_devices(devices)
+        if world and backend == "cuda":
+            raise InvalidArgumentError(f"tensor parallel over {world} GPUs is not built yet (libarc has no "
+                                       "all-reduce); --backend numpy runs the split model on the CPU")
+        if world and backend == "numpy":
+            from arcpy.devices.cpu import NumpyDevice
+            from arcpy.parallel.reference import TensorParallelReference
+            device = NumpyDevice(TensorParallelReference(model, world, max_seq))
+        elif backend == "cuda":
             from arcpy.devices.cuda import open_cuda_device
             drafts = DEFAULT_DRAFTS if drafts is None else drafts
             device = open_cuda_device(model, max_seq, use_graph, speculate=drafts if use_graph else 0)

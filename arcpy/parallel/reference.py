@@ -17,14 +17,24 @@ import copy
 import numpy as np
 
 from arcpy.codes import OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_OUT, OP_FFN_OUT_NORM
-from arcpy.devices.reference import ReferenceModel, _RowOps, rmsnorm
+from arcpy.devices.reference import ReferenceModel, _RowOps, linear, rmsnorm
 from arcpy.model import Model, layer_prefix
 from arcpy.model.quant import QuantTensor
 from arcpy.parallel.shard import ShardPlan
 
+
+def _attn_partial(o: _RowOps, L) -> np.ndarray:
+    """What a rank's o_proj adds to the residual stream: its heads' part (the op's own product)."""
+    return linear(o.att.reshape(o.t, -1), L.wo)
+
+
+def _ffn_partial(o: _RowOps, L) -> np.ndarray:
+    return linear(o.h, L.w_down)
+
+
 # The ops whose output is the ranks' partial sums: the partial, and the post-norm's weights if any.
-_REDUCED = {OP_ATTN_OUT: ("attn_partial", None), OP_ATTN_OUT_NORM: ("attn_partial", "post_attn_norm"),
-            OP_FFN_OUT: ("ffn_partial", None), OP_FFN_OUT_NORM: ("ffn_partial", "post_ffn_norm")}
+_REDUCED = {OP_ATTN_OUT: (_attn_partial, None), OP_ATTN_OUT_NORM: (_attn_partial, "post_attn_norm"),
+            OP_FFN_OUT: (_ffn_partial, None), OP_FFN_OUT_NORM: (_ffn_partial, "post_ffn_norm")}
 # The float32 arrays of a layer that ranks slice, by the tensor they come from.
 _LAYER_ARRAYS = {"wq": "self_attn.q_proj.weight", "bq": "self_attn.q_proj.bias",
                  "wk": "self_attn.k_proj.weight", "bk": "self_attn.k_proj.bias",
@@ -74,7 +84,7 @@ class TensorParallelReference(ReferenceModel):
             for op in self.programs[li]:
                 if op in _REDUCED:
                     partial, norm = _REDUCED[op]
-                    parts = [getattr(o, partial)(li, lr[li]) for o, lr in zip(ops, rank_layers)]
+                    parts = [partial(o, lr[li]) for o, lr in zip(ops, rank_layers)]
                     total = parts[0]
                     for p in parts[1:]:  # the all-reduce: a sum in rank order
                         total = total + p

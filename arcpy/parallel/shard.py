@@ -25,13 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from arcpy.checks import is_int
-from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
+from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_WORLD
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import LM_HEAD, layer_prefix
 from arcpy.model.config import ModelConfig
 from arcpy.model.quant import K_FORMATS, SUPER, UNIT, QuantTensor, layout
-
-MAX_WORLD = 8  # the GPUs of one host
 
 # Each layer tensor a rank slices: (axis, what the split divides). Rows are axis 0.
 _LAYER_SPLITS = {
@@ -61,13 +59,13 @@ class ShardPlan:
     def __post_init__(self) -> None:
         c, w = self.config, self.world
         if not (is_int(w) and 1 <= w <= MAX_WORLD):
-            raise InvalidArgumentError(f"tensor parallel over {w!r} GPUs: give 1 to {MAX_WORLD}")
+            raise InvalidArgumentError(f"tensor parallel over {w!r} ranks: give 1 to {MAX_WORLD}")
         if c.n_experts:
             raise InvalidArgumentError("tensor parallel: a mixture of experts does not split yet")
         for n, what in ((c.n_heads, "attention heads"), (c.n_kv_heads, "key/value heads"),
                         (c.ffn_dim, "FFN rows")):
             if n % w:
-                raise InvalidArgumentError(f"tensor parallel over {w} GPUs: the model's {n} {what} do not divide "
+                raise InvalidArgumentError(f"tensor parallel over {w} ranks: the model's {n} {what} do not divide "
                                            f"among {w}")
         for li in range(c.n_layers):
             for suffix, (axis, what) in _LAYER_SPLITS.items():
@@ -75,8 +73,8 @@ class ShardPlan:
                 fmt = self.formats.get(name, FORMAT_BF16)
                 if axis == 1 and self.part(what) % block_of(fmt):
                     raise InvalidArgumentError(
-                        f"tensor parallel over {w} GPUs: {name} would split its {FORMAT_NAMES[fmt]} blocks of "
-                        f"{block_of(fmt)} weights ({self.part(what)} columns a GPU)")
+                        f"tensor parallel over {w} ranks: {name} would split its {FORMAT_NAMES[fmt]} blocks of "
+                        f"{block_of(fmt)} weights ({self.part(what)} columns a rank)")
 
     def part(self, what: str) -> int:
         """The rows or columns of one rank's share: of q (heads x head_dim), of kv, of the FFN."""
