@@ -30,7 +30,7 @@ DEFAULT_ARCHS = "80;90"
 SLOW_FIRST = ("model/gemm_sm90.cu", "model/qgemv_rows_k.cu", "model/qgemv_rows_q8_q4.cu", "model/attention.cu",
               "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
-HOST_ONLY = ("core.cu", "graph.cu")
+HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
 HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")
 

@@ -391,6 +391,24 @@ int arc_model_forward_speculate_draw(arc_model *model, arc_loop *loop, int32_t n
 /* The last step's rows: logits (k + 1, vocab) float32, inputs tokens[0..k], tokens[k + 1] drafts. */
 int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
 
+/* ---- The all-reduce of tensor parallelism (NCCL, loaded at run time from `library`, a path; null: libnccl.so.2
+ * where the dynamic loader finds it; no NCCL is ARC_NO_DEVICE). A communicator is one rank's, on one context. ---- */
+typedef struct arc_comm arc_comm;
+enum { ARC_COMM_ID_BYTES = 128, ARC_MAX_WORLD = 8 };
+/* A new unique id for a world's ranks to join with (id: ARC_COMM_ID_BYTES bytes). */
+int arc_comm_unique_id(const char *library, uint8_t *id);
+/* Rank `rank` of `world` (1..ARC_MAX_WORLD) joins the world of `id`, on ctx's device; blocks until every rank has
+ * joined (each from its own thread or process), so at load, not while capturing. */
+int arc_comm_create(arc_context *ctx, const char *library, const uint8_t *id, int32_t world, int32_t rank,
+                    arc_comm **out);
+/* buffer[0..count) (device memory, float32) replaced in place by its sum over the world's ranks, enqueued on the
+ * context's stream; every rank enqueues its own, in the same order. Capturable: a graph replays it with no host
+ * in between. */
+int arc_comm_all_reduce(arc_comm *comm, float *buffer, int64_t count);
+/* The world's size, this rank, and the NCCL version (as ncclGetVersion: 22703 for 2.27.3). */
+int arc_comm_info(arc_comm *comm, int32_t *world, int32_t *rank, int32_t *nccl_version);
+int arc_comm_destroy(arc_comm *comm);
+
 /* arc-cdef-end */
 
 #ifdef __cplusplus

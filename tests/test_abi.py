@@ -133,7 +133,7 @@ def test_the_python_copies_of_the_abi_numbers_equal_the_header():
         "ARC_FAULT_NONE": codes.FAULT_NONE, "ARC_FAULT_TOKEN_RANGE": codes.FAULT_TOKEN_RANGE,
         "ARC_FAULT_POSITION_RANGE": codes.FAULT_POSITION_RANGE, "ARC_FAULT_NONFINITE": codes.FAULT_NONFINITE,
         "ARC_MAX_STOP_IDS": codes.MAX_STOP_IDS, "ARC_MAX_TOP_LOGPROBS": codes.MAX_TOP_LOGPROBS,
-        "ARC_DRAFT_MEMORY": codes.DRAFT_MEMORY,
+        "ARC_DRAFT_MEMORY": codes.DRAFT_MEMORY, "ARC_MAX_WORLD": codes.MAX_WORLD,
         "ARC_MAX_LOGIT_BIAS": codes.MAX_LOGIT_BIAS,
         **{f"ARC_FORMAT_{name.upper()}": number for number, name in codes.FORMAT_NAMES.items()},
         **{f"ARC_OP_{name}": number for number, name in codes.OP_NAMES.items()},
