@@ -54,9 +54,9 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                      help="No speculative steps (--speculate 0)."),
         click.option("--tensor-parallel", "tensor_parallel", type=click.IntRange(1, MAX_WORLD), default=1,
                      show_default=True, metavar="N",
-                     help="Split the model over N ranks (its heads, FFN rows and lm_head rows; the partial sums "
-                          "added after each attention and FFN). On --backend numpy, N ranks on the CPU; on the GPU "
-                          "it is not built yet and is refused."),
+                     help="Split the model over N GPUs (GPUs 0 to N-1; each holds its share of the heads and "
+                          "FFN rows, the partial sums added through NCCL inside the step graphs). On --backend "
+                          "numpy, N ranks on the CPU."),
         click.option("--draft-memory/--no-draft-memory", "draft_memory", default=True, show_default=True,
                      help="Drafts also come from the answers this engine gave before (a question asked again "
                           "drafts its earlier answer). Off: each request drafts from its own tokens alone, so its "

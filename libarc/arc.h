@@ -398,13 +398,19 @@ enum { ARC_COMM_ID_BYTES = 128, ARC_MAX_WORLD = 8 };
 /* A new unique id for a world's ranks to join with (id: ARC_COMM_ID_BYTES bytes). */
 int arc_comm_unique_id(const char *library, uint8_t *id);
 /* Rank `rank` of `world` (1..ARC_MAX_WORLD) joins the world of `id`, on ctx's device; blocks until every rank has
- * joined (each from its own thread or process), so at load, not while capturing. */
+ * joined (each from its own thread or process), so at load, not while capturing. The context holds it (one at a
+ * time) until arc_comm_destroy, which comes before the context's: a model's forward on that context is then the
+ * rank's share of a split model (its heads, FFN rows; the lm_head whole), its o and down products summed over the
+ * ranks (the residual added by rank 0's); its prefill and speculative steps are refused. */
 int arc_comm_create(arc_context *ctx, const char *library, const uint8_t *id, int32_t world, int32_t rank,
                     arc_comm **out);
-/* buffer[0..count) (device memory, float32) replaced in place by its sum over the world's ranks, enqueued on the
- * context's stream; every rank enqueues its own, in the same order. Capturable: a graph replays it with no host
- * in between. */
-int arc_comm_all_reduce(arc_comm *comm, float *buffer, int64_t count);
+/* Every rank of a world of `world` contexts (each its own GPU) at once, from this process (ncclCommInitAll), their
+ * first all-reduce run together so that none waits for its peers later; out[r] is rank r's, held by ctxs[r]. */
+int arc_comm_create_all(arc_context *const *ctxs, int32_t world, const char *library, arc_comm **out);
+/* recv[0..count) = the sum over the world's ranks of their send[0..count) (device memory, float32; send == recv: in
+ * place), enqueued on the context's stream; every rank enqueues its own, in the same order. Capturable: a graph
+ * replays it with no host in between. (A world of one copies send to recv, and in place does nothing at all.) */
+int arc_comm_all_reduce(arc_comm *comm, const float *send, float *recv, int64_t count);
 /* The world's size, this rank, and the NCCL version (as ncclGetVersion: 22703 for 2.27.3). */
 int arc_comm_info(arc_comm *comm, int32_t *world, int32_t *rank, int32_t *nccl_version);
 int arc_comm_destroy(arc_comm *comm);

@@ -1,8 +1,9 @@
 // comm.cu -- the all-reduce of tensor parallelism: NCCL, loaded when first asked for (dlopen), so
 // that libarc.so needs no NCCL to load and a machine without one gets an error, not a failed link.
-// A communicator is one rank's: `world` processes (or contexts) join with one unique id, and each
-// rank's all-reduce is enqueued on its context's stream like any other step work, so it can be
-// captured into the step graph and replayed with no host in between.
+// A communicator is one rank's, held by its context: `world` processes (or threads) join with one
+// unique id, or one process creates every rank's at once; each rank's all-reduce is enqueued on its
+// context's stream like any other step work, so it is captured into the step graph and replayed
+// with no host in between. A model on a context with a communicator is that rank's shard.
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,9 @@ struct NcclApi {
     int (*all_reduce)(const void *, void *, size_t, int, int, ncclComm_t, cudaStream_t);
     const char *(*error_string)(int);
     int (*get_version)(int *);
+    int (*comm_init_all)(ncclComm_t *, int, const int *);
+    int (*group_start)(void);
+    int (*group_end)(void);
 };
 
 struct arc_comm {
@@ -45,7 +49,9 @@ static int nccl_load(const char *path, NcclApi *api, const char *who) {
         const char *symbol;
     } entries[] = {{(void **)&api->get_unique_id, "ncclGetUniqueId"}, {(void **)&api->comm_init_rank, "ncclCommInitRank"},
                    {(void **)&api->comm_destroy, "ncclCommDestroy"}, {(void **)&api->all_reduce, "ncclAllReduce"},
-                   {(void **)&api->error_string, "ncclGetErrorString"}, {(void **)&api->get_version, "ncclGetVersion"}};
+                   {(void **)&api->error_string, "ncclGetErrorString"}, {(void **)&api->get_version, "ncclGetVersion"},
+                   {(void **)&api->comm_init_all, "ncclCommInitAll"}, {(void **)&api->group_start, "ncclGroupStart"},
+                   {(void **)&api->group_end, "ncclGroupEnd"}};
     for (auto &e : entries) {
         *e.slot = dlsym(api->handle, e.symbol);
         if (!*e.slot) {
@@ -80,6 +86,7 @@ extern "C" int arc_comm_create(arc_context *ctx, const char *library, const uint
     ARC_REQUIRE(world >= 1 && world <= ARC_MAX_WORLD && rank >= 0 && rank < world,
                 "rank %d of world %d: a world holds 1 to %d ranks", rank, world, ARC_MAX_WORLD);
     ARC_REQUIRE(!ctx->capturing, "not while a graph is being captured");
+    ARC_REQUIRE(!ctx->comm, "the context already holds a rank's communicator");
     *out = nullptr;
     arc_comm *c = (arc_comm *)calloc(1, sizeof(arc_comm));
     ARC_REQUIRE(c, "out of host memory");
@@ -102,12 +109,82 @@ extern "C" int arc_comm_create(arc_context *ctx, const char *library, const uint
     c->ctx = ctx;
     c->world = world;
     c->rank = rank;
+    ctx->comm = c;
     *out = c;
     return ARC_OK;
 }
 
+extern "C" int arc_comm_create_all(arc_context *const *ctxs, int32_t world, const char *library, arc_comm **out) {
+    ARC_REQUIRE(ctxs && out, "null argument");
+    ARC_REQUIRE(world >= 1 && world <= ARC_MAX_WORLD, "a world holds 1 to %d ranks, got %d", ARC_MAX_WORLD, world);
+    int devices[ARC_MAX_WORLD];
+    for (int r = 0; r < world; ++r) {
+        ARC_REQUIRE(ctxs[r], "context %d is null", r);
+        ARC_REQUIRE(!ctxs[r]->capturing && !ctxs[r]->comm, "context %d is capturing or holds a communicator", r);
+        devices[r] = ctxs[r]->device;
+        out[r] = nullptr;
+    }
+    arc_comm *c[ARC_MAX_WORLD] = {};
+    ncclComm_t comms[ARC_MAX_WORLD] = {};
+    int status = ARC_OK;
+    for (int r = 0; r < world && status == ARC_OK; ++r) {
+        c[r] = (arc_comm *)calloc(1, sizeof(arc_comm));
+        status = c[r] ? nccl_load(library, &c[r]->api, __func__) : arc_fail(ARC_INVALID_ARGUMENT, __func__, "out of memory");
+    }
+    if (status == ARC_OK) {
+        const int r = c[0]->api.comm_init_all(comms, world, devices);
+        if (r != NCCL_SUCCESS) status = nccl_failed(c[0]->api, r, "ncclCommInitAll", __func__);
+    }
+    float *one[ARC_MAX_WORLD] = {};
+    if (status == ARC_OK) {  // one all-reduce of every rank together: the ranks connect in it, at load,
+        const NcclApi &api = c[0]->api;  // not in the first capture (which cannot wait for its peers)
+        for (int r = 0; r < world && status == ARC_OK; ++r) {
+            cudaError_t err = cudaSetDevice(devices[r]);
+            if (err == cudaSuccess) err = cudaMallocAsync((void **)&one[r], sizeof(float), ctxs[r]->stream);
+            if (err == cudaSuccess) err = cudaMemsetAsync(one[r], 0, sizeof(float), ctxs[r]->stream);
+            if (err != cudaSuccess) status = arc_fail_cuda(err, "cudaMallocAsync", __func__);
+        }
+        int res = status == ARC_OK ? api.group_start() : NCCL_SUCCESS;
+        for (int r = 0; r < world && status == ARC_OK && res == NCCL_SUCCESS; ++r)
+            res = api.all_reduce(one[r], one[r], 1, NCCL_FLOAT32, NCCL_SUM, comms[r], ctxs[r]->stream);
+        if (status == ARC_OK) {
+            const int end = api.group_end();
+            if (res == NCCL_SUCCESS) res = end;
+            if (res != NCCL_SUCCESS) status = nccl_failed(api, res, "ncclAllReduce (the ranks' first)", __func__);
+        }
+        for (int r = 0; r < world; ++r)  // freed in stream order, after each rank's sum
+            if (one[r]) {
+                const cudaError_t err = cudaFreeAsync(one[r], ctxs[r]->stream);
+                if (err != cudaSuccess && status == ARC_OK) status = arc_fail_cuda(err, "cudaFreeAsync", __func__);
+            }
+    }
+    for (int r = 0; r < world; ++r) {
+        if (!c[r]) continue;
+        if (status != ARC_OK) {
+            if (comms[r]) c[r]->api.comm_destroy(comms[r]);
+            if (c[r]->api.handle) dlclose(c[r]->api.handle);
+            free(c[r]);
+            continue;
+        }
+        c[r]->ctx = ctxs[r];
+        c[r]->comm = comms[r];
+        c[r]->world = world;
+        c[r]->rank = r;
+        ctxs[r]->comm = c[r];
+        out[r] = c[r];
+    }
+    return status;
+}
+
+int comm_rank(const arc_context *ctx) { return ctx->comm ? ctx->comm->rank : 0; }
+
+int comm_sum(arc_context *ctx, float *x, int64_t n) {
+    return ctx->comm ? arc_comm_all_reduce(ctx->comm, x, x, n) : ARC_OK;
+}
+
 extern "C" int arc_comm_destroy(arc_comm *comm) {
     if (!comm) return ARC_OK;
+    if (comm->ctx->comm == comm) comm->ctx->comm = nullptr;
     const int r = comm->api.comm_destroy(comm->comm);
     const int status = r == NCCL_SUCCESS ? ARC_OK : nccl_failed(comm->api, r, "ncclCommDestroy", __func__);
     dlclose(comm->api.handle);
@@ -115,11 +192,11 @@ extern "C" int arc_comm_destroy(arc_comm *comm) {
     return status;
 }
 
-extern "C" int arc_comm_all_reduce(arc_comm *comm, float *buffer, int64_t count) {
-    ARC_REQUIRE(comm && buffer, "null argument");
+extern "C" int arc_comm_all_reduce(arc_comm *comm, const float *send, float *recv, int64_t count) {
+    ARC_REQUIRE(comm && send && recv, "null argument");
     ARC_REQUIRE(count >= 1, "count must be at least 1, got %lld", (long long)count);
     arc_context *ctx = comm->ctx;
-    const int r = comm->api.all_reduce(buffer, buffer, (size_t)count, NCCL_FLOAT32, NCCL_SUM, comm->comm, ctx->stream);
+    const int r = comm->api.all_reduce(send, recv, (size_t)count, NCCL_FLOAT32, NCCL_SUM, comm->comm, ctx->stream);
     if (r != NCCL_SUCCESS) return nccl_failed(comm->api, r, "ncclAllReduce", __func__);
     ARC_CUDA(ctx, cudaGetLastError());
     return ARC_OK;

@@ -79,7 +79,13 @@ struct arc_context {
     // Blocks of the cluster the draw runs in, by ids per thread (4, 8) and commit or not
     // (arc_draw_init); 0 where the cluster draw does not run.
     int draw_cluster[2][2];
+    arc_comm *comm;  // tensor parallelism: this rank's communicator (comm.cu); null: the model is whole
 };
+
+// A split model's o and down products add the residual on rank 0 alone, then sum over the ranks
+// (comm.cu): the rank (0 without a communicator), and the sum of n floats in place (nothing without).
+int comm_rank(const arc_context *ctx);
+int comm_sum(arc_context *ctx, float *x, int64_t n);
 
 // Sets the draw kernels' attributes and finds the cluster they run in, once per context.
 int arc_draw_init(arc_context *ctx);

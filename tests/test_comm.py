@@ -26,7 +26,7 @@ def test_bad_arguments_are_refused_before_any_nccl_call():
     ffi, lib = _lib.load()
     out = ffi.new("arc_comm **")
     assert lib.arc_comm_create(ffi.NULL, ffi.NULL, bytes(ID_BYTES), 1, 0, out) == 2  # ARC_INVALID_ARGUMENT
-    assert lib.arc_comm_all_reduce(ffi.NULL, ffi.NULL, 4) == 2
+    assert lib.arc_comm_all_reduce(ffi.NULL, ffi.NULL, ffi.NULL, 4) == 2
     assert lib.arc_comm_destroy(ffi.NULL) == 0  # nothing to destroy
 
     ctx = type("Ctx", (), {"ffi": ffi, "lib": lib, "ptr": ffi.NULL})()
@@ -34,6 +34,19 @@ def test_bad_arguments_are_refused_before_any_nccl_call():
         Communicator(ctx, bytes(ID_BYTES), 2, 2)
     with pytest.raises(InvalidArgumentError, match="128 bytes"):
         Communicator(ctx, b"short", 1, 0)
+
+
+def capture(ctx, enqueue):
+    _lib.check(ctx.lib.arc_graph_capture_begin(ctx.ptr))
+    try:
+        enqueue()
+    finally:
+        gp = ctx.ffi.new("arc_graph **")
+        status = ctx.lib.arc_graph_capture_end(ctx.ptr, gp)
+    _lib.check(status)
+    nodes = ctx.ffi.new("uint64_t *")
+    _lib.check(ctx.lib.arc_graph_node_count(gp[0], nodes))
+    return gp[0], int(nodes[0])
 
 
 @pytest.mark.gpu
@@ -49,37 +62,32 @@ def test_gpu_a_world_of_one_all_reduces_in_a_captured_graph():
         try:
             world, rank, version = comm.info()
             assert (world, rank) == (1, 0) and version >= 20000
-            n = 4096  # an 4096-dim model's residual stream
+            n = 4096  # a 4096-dim model's residual stream
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-            buf = ctx.device_alloc(4 * n)
-            dev = ctx.ffi.cast("float *", buf)
-            ctx.upload_async(buf, x)
-            comm.all_reduce(dev, n)  # eager
-            _lib.check(ctx.lib.arc_graph_capture_begin(ctx.ptr))
-            try:
-                for _ in range(64):
-                    comm.all_reduce(dev, n)
-            finally:
-                gp = ctx.ffi.new("arc_graph **")
-                status = ctx.lib.arc_graph_capture_end(ctx.ptr, gp)
-            _lib.check(status)
-            nodes = ctx.ffi.new("uint64_t *")
-            _lib.check(ctx.lib.arc_graph_node_count(gp[0], nodes))
-            assert nodes[0] >= 64  # NCCL's work is in the graph: one node or more an all-reduce
-            _lib.check(ctx.lib.arc_graph_launch(gp[0]))
+            bufs = [ctx.device_alloc(4 * n) for _ in range(2)]
+            send, recv = (ctx.ffi.cast("float *", b) for b in bufs)
+            ctx.upload_async(bufs[0], x)
+            ctx.upload_async(bufs[1], np.full(n, np.nan, np.float32))
+            graph, nodes = capture(ctx, lambda: [comm.all_reduce(send, recv, n) for _ in range(64)])
+            assert nodes >= 64  # NCCL's work is in the graph: a node or more an all-reduce
+            _lib.check(ctx.lib.arc_graph_launch(graph))
             ctx.wait_idle()
             t0 = time.perf_counter()
             for _ in range(10):
-                _lib.check(ctx.lib.arc_graph_launch(gp[0]))
+                _lib.check(ctx.lib.arc_graph_launch(graph))
             ctx.wait_idle()
             per = (time.perf_counter() - t0) / 640
             out, _ = ctx.pinned((n,), np.float32)
-            ctx.download_async(out, buf)
+            ctx.download_async(out, bufs[1])
             ctx.wait_idle()
             assert np.array_equal(out, x)  # the sum over one rank is the rank's own
-            print(f"\nNCCL {version}: a world of one, {n} floats, {per * 1e6:.2f} us an all-reduce in a graph, "
-                  f"{nodes[0]} nodes for 64")
-            _lib.check(ctx.lib.arc_graph_destroy(gp[0]))
-            ctx.device_free(buf)
+            in_place, none = capture(ctx, lambda: comm.all_reduce(send, send, n))
+            assert none == 0  # in place, a world of one has nothing to do
+            print(f"\nNCCL {version}: a world of one, {n} floats out of place, {per * 1e6:.2f} us an all-reduce in a "
+                  f"graph ({nodes} nodes for 64); in place: {none} nodes")
+            for g in (graph, in_place):
+                _lib.check(ctx.lib.arc_graph_destroy(g))
+            for b in bufs:
+                ctx.device_free(b)
         finally:
             comm.close()

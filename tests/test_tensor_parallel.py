@@ -13,7 +13,7 @@ from arcpy.model import LM_HEAD, SHAPES, layer_prefix, random_model, synthetic_m
 from arcpy.model.quant import QUANT_FORMATS, dequantize
 from arcpy.model.quant_pack import random_quant
 from arcpy.parallel.reference import TensorParallelReference
-from arcpy.parallel.shard import ShardPlan, block_of, slice_columns
+from arcpy.parallel.shard import ShardPlan, block_of, shard_model, slice_columns
 
 Q, O, DOWN = "self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"
 
@@ -35,14 +35,20 @@ def test_each_rank_holds_its_heads_rows_and_the_matching_columns():
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.dim) == (c.n_heads // 2, c.n_kv_heads // 2, f, c.dim)
 
 
-def test_the_lm_head_rows_cover_the_vocabulary_once_however_it_divides():
-    c = dataclasses.replace(SHAPES["qwen3-tiny"], vocab=1001)
-    for world in (1, 2, 3):
-        if c.n_heads % world or c.n_kv_heads % world:
-            continue
-        rows = [ShardPlan(c, world).bounds(LM_HEAD, r) for r in range(world)]
-        assert rows[0][1] == 0 and rows[-1][2] == 1001
-        assert all(a[2] == b[1] for a, b in zip(rows, rows[1:]))
+def test_every_rank_holds_the_lm_head_and_the_norms_whole():
+    plan = ShardPlan(SHAPES["qwen3-tiny"], 2)
+    for name in (LM_HEAD, "model.embed_tokens.weight", layer_prefix(0) + "input_layernorm.weight"):
+        assert plan.bounds(name, 1) is None
+
+
+def test_a_rank_model_holds_its_slices_under_its_config():
+    model = synthetic_model("qwen3-tiny", seed=1)
+    plan = ShardPlan(model.config, 2)
+    rank = shard_model(model, plan, 1)
+    assert rank.config == plan.rank_config()
+    _, lo, hi = plan.bounds(layer_prefix(2) + DOWN, 1)
+    assert np.array_equal(rank.tensor(layer_prefix(2) + DOWN), model.tensor(layer_prefix(2) + DOWN)[:, lo:hi])
+    assert rank.lm_head() is model.lm_head()  # whole, the very array
 
 
 @pytest.mark.parametrize("world, why", [

@@ -113,11 +113,17 @@ def test_bad_devices_are_refused_in_one_line(devices, why):
         Engine.load(synthetic_model("qwen3-tiny"), "numpy", max_seq=16, devices=devices)
 
 
-def test_the_gpu_split_is_refused_until_libarc_has_an_all_reduce():
+def test_the_gpu_split_needs_a_gpu_and_says_so_in_one_line():
+    from arcpy import _lib
+    from arcpy.errors import NoDeviceError
     from arcpy.model import synthetic_model
 
-    with pytest.raises(InvalidArgumentError, match="tensor parallel over 2 GPUs is not built yet"):
+    if _lib.cuda_available()[0]:
+        pytest.skip("a GPU is here: the GPU tier runs the split (tests/test_gpu_tensor_parallel.py)")
+    with pytest.raises(NoDeviceError, match="no CUDA device"):
         Engine.load(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1])
+    with pytest.raises(InvalidArgumentError, match="2 key/value heads do not divide among 4"):
+        Engine.load(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1, 2, 3])
 
 
 def test_the_command_line_splits_the_model_and_says_what_cannot_split():

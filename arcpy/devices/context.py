@@ -24,6 +24,7 @@ class Context:
         _lib.check(self.lib.arc_context_create(device, pp))
         self.ptr = pp[0]
         self._pinned = []
+        self.comm = None  # a tensor-parallel rank's communicator (arcpy.parallel.comm), closed first
 
     def __enter__(self) -> "Context":
         return self
@@ -83,6 +84,8 @@ class Context:
     def close(self) -> None:
         if self.ptr is None:
             return
+        if self.comm is not None:
+            self.comm.close()
         for host in self._pinned:
             self.lib.arc_host_free(self.ptr, host)
         self._pinned = []

@@ -106,9 +106,9 @@ class Engine(HostPath):
         `drafts` is how many drafts a speculative step verifies (None: DEFAULT_DRAFTS; 0: no
         speculative steps); they are captured where the device loop runs them (cuda, not a mixture of
         experts) and taken burst by burst where they pay, with the plain loop's tokens. `devices`
-        splits the model over that many ranks (tensor parallelism, arcpy/parallel): on the numpy
-        backend, ranks on the CPU whose partial sums are added after o_proj and down_proj; on cuda
-        it is refused for now (libarc has no all-reduce yet). The engine owns the device it builds:
+        splits the model over that many ranks (tensor parallelism, arcpy/parallel): on cuda, the
+        GPUs of those indices, their sums through NCCL in the step graphs; on numpy, ranks on the
+        CPU whose partial sums are added in rank order. The engine owns the device it builds:
         `with Engine.load(...) as engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
@@ -121,9 +121,9 @@ class Engine(HostPath):
         use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
         world = check_devices(devices)
         if world and backend == "cuda":
-            raise InvalidArgumentError(f"tensor parallel over {world} GPUs is not built yet (libarc has no "
-                                       "all-reduce); --backend numpy runs the split model on the CPU")
-        if world and backend == "numpy":
+            from arcpy.parallel.cuda import open_tensor_parallel
+            device = open_tensor_parallel(model, devices, max_seq, use_graph)
+        elif world and backend == "numpy":
             from arcpy.devices.cpu import NumpyDevice
             from arcpy.parallel.reference import TensorParallelReference
             device = NumpyDevice(TensorParallelReference(model, world, max_seq))

@@ -66,7 +66,8 @@ class TensorParallelDevice:
         first = self.ranks[0].capabilities
         return Capabilities(f"{len(self.ranks)} x {first.name} (tensor parallel)", loop=self.supports_loop,
                             sampling=self.supports_sampling, prefill=self.supports_prefill, graphs=first.graphs,
-                            speculation_refused="not over several devices yet")
+                            speculation_refused="not over several devices yet",
+                            memory_report=all(d.capabilities.memory_report for d in self.ranks))
 
     # -- both paths ----------------------------------------------------------------------------
 
@@ -94,8 +95,8 @@ class TensorParallelDevice:
             dev.enqueue_prefill(tokens, start)
 
     def memory_report(self) -> str:
-        return "; ".join(f"rank {r}: {dev.memory_report()}" for r, dev in enumerate(self.ranks)
-                         if dev.capabilities.memory_report)
+        """Each rank's line: the memory of every GPU."""
+        return "; ".join(f"rank {r} {dev.memory_report()}" for r, dev in enumerate(self.ranks))
 
     # -- host path: rank 0 holds the gathered logits ---------------------------------------------
 

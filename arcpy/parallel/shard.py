@@ -7,9 +7,10 @@ Every rank holds:
   attention maps them), their biases alike, and those heads' KV cache;
 - the matching columns of o_proj: each rank's product is a partial sum of the full output;
 - its rows of gate_proj and up_proj (ffn_dim / world) and the matching columns of down_proj;
-- its rows of the lm_head (the vocabulary divided as evenly as it goes: every logit is one row's
-  dot product, so the split changes no logit);
-- a copy of everything else (the embedding, the norms, the residual stream).
+- a copy of everything else: the embedding, the norms, the residual stream, and the lm_head, whole,
+  so that every rank's x, equal after each sum, gives every rank the same logits and the same token
+  to commit with no exchange of the token (a split of the lm_head by vocabulary rows would save its
+  share of the bytes, about a tenth at 8B, at the cost of a combined argmax or draw).
 After o_proj and after down_proj the ranks' partial outputs are summed (the all-reduce), in rank
 order, and every rank adds the sum to its copy of the residual stream (through the post-norm
 where the family has one). A head count or FFN width that `world` does not divide is refused, as
@@ -27,7 +28,7 @@ import numpy as np
 from arcpy.checks import is_int
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_WORLD
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import LM_HEAD, layer_prefix
+from arcpy.model import Model, layer_prefix
 from arcpy.model.config import ModelConfig
 from arcpy.model.quant import K_FORMATS, SUPER, UNIT, QuantTensor, layout
 
@@ -87,15 +88,8 @@ class ShardPlan:
         return dataclasses.replace(c, n_heads=c.n_heads // self.world, n_kv_heads=c.n_kv_heads // self.world,
                                    ffn_dim=c.ffn_dim // self.world)
 
-    def head_rows(self, rank: int) -> tuple[int, int]:
-        """Rank `rank`'s rows of the lm_head: [lo, hi) of the vocabulary."""
-        v = self.config.vocab
-        return rank * v // self.world, (rank + 1) * v // self.world
-
     def split(self, name: str) -> tuple[int, str] | None:
         """(axis, what divides it) of a tensor every rank slices; None where every rank holds it whole."""
-        if name == LM_HEAD:
-            return 0, "vocab"
         for suffix, split in _LAYER_SPLITS.items():
             if name.endswith("." + suffix) and name.startswith("model.layers."):
                 return split
@@ -109,8 +103,6 @@ class ShardPlan:
         if split is None:
             return None
         axis, what = split
-        if what == "vocab":
-            return (0, *self.head_rows(rank))
         n = self.part(what)
         return axis, rank * n, (rank + 1) * n
 
@@ -122,9 +114,17 @@ class ShardPlan:
         axis, lo, hi = b
         if isinstance(tensor, QuantTensor):
             if axis == 0:
-                return QuantTensor(tensor.format, (hi - lo, tensor.cols), np.ascontiguousarray(tensor.data[lo:hi]))
+                return QuantTensor(tensor.format, (hi - lo, tensor.cols), tensor.data[lo:hi])
             return slice_columns(tensor, lo, hi)
-        return np.ascontiguousarray(tensor[lo:hi] if axis == 0 else tensor[..., lo:hi])
+        return tensor[lo:hi] if axis == 0 else np.ascontiguousarray(tensor[..., lo:hi])
+
+
+def shard_model(model: Model, plan: ShardPlan, rank: int) -> Model:
+    """Rank `rank`'s model: the rank's config (its heads, its FFN rows) over its slices of every
+    tensor (views where the rows are whole, copies where the columns are cut)."""
+    tensors = {name: plan.shard(name, t, rank) for name, t in model.tensors.items()}
+    return Model(plan.rank_config(), tensors, f"{model.name} (rank {rank} of {plan.world})", model.source,
+                 model.notes)
 
 
 def slice_columns(qt: QuantTensor, lo: int, hi: int) -> QuantTensor:

@@ -13,6 +13,9 @@
 //   FFN_IN    gemv_swiglu  h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, mlp_norm)
 //   FFN_OUT   gemv         x += Wdown @ h
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the same product to t, then add_norm_rows: x += rmsnorm(t)
+//   (a rank of a split model, arc_comm_create: its products summed over the ranks, the residual
+//   added by rank 0's, before x or the norm takes them; the lm_head is whole on every rank, whose
+//   identical x gives each the same token to commit)
 //   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
@@ -41,8 +44,11 @@ struct DecodeOps {
         return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
                                c.head_dim, c.max_seq, pos, p.scratch, p.att);
     }
+    // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed.
     int attn_out(const LayerParts &lw) {
-        return gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1, p.x);
+        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f,
+                            /*accumulate=*/comm_rank(p.ctx) == 0, p.x));
+        return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     // h reaches the down GEMV already quantized where both matrices are (quant.cu: ffn_handoff).
     bool hand(const LayerParts &lw) const { return ffn_handoff(lw.w_gate_up, lw.w_down, p.cfg.ffn_dim); }
@@ -51,16 +57,19 @@ struct DecodeOps {
                                   norm_offset(p.cfg), p.cfg.activation, p.h, hand(lw));
     }
     int ffn_out(const LayerParts &lw) {
-        return gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1,
-                           p.x, hand(lw));
+        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f,
+                            /*accumulate=*/comm_rank(p.ctx) == 0, p.x, hand(lw)));
+        return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     int attn_out_norm(const LayerParts &lw) {
         ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0, p.t));
+        ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int ffn_out_norm(const LayerParts &lw) {
         ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0,
                             p.t, hand(lw)));
+        ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
@@ -78,6 +87,7 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     ARC_REQUIRE_AS(who, loop->max_seq <= c.max_seq, "the loop's max_seq %d exceeds the model's %d",
                    loop->max_seq, c.max_seq);
     ARC_TRY(model_check_uploaded(model, who));
+    ARC_REQUIRE_AS(who, !(ctx->comm && c.n_experts), "a mixture of experts does not split over ranks yet");
     const uint32_t *token = nullptr;
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));

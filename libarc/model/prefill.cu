@@ -320,6 +320,7 @@ static int prefill_run(arc_model *model, const char *who, const int32_t *tokens,
                        const Scores *scores) {
     const ModelParts mp = model_parts(model);
     const arc_model_config &c = mp.cfg;
+    ARC_REQUIRE_AS(who, !mp.ctx->comm, "the prefill does not run on a split model yet (tensor parallelism)");
     ARC_REQUIRE_AS(who, n >= 1, "n must be at least 1, got %d", n);
     ARC_REQUIRE_AS(who, start >= 0 && (int64_t)start + n <= c.max_seq,
                    "tokens at positions %d..%lld do not fit in max_seq %d", start, (long long)start + n - 1,

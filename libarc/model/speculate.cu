@@ -168,6 +168,7 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
         return ARC_OK;
     }
     ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
+    ARC_REQUIRE(!ctx->comm, "speculative steps do not run on a split model yet (tensor parallelism)");
     const uint64_t rows = (uint64_t)k + 1;
     enum { N = 12 };
     const uint64_t widest = (uint64_t)std::max({c.dim, mp.q_dim, c.ffn_dim});  // a product's input
@@ -274,6 +275,7 @@ static int speculate(arc_model *model, arc_loop *loop, int32_t ngram, bool draw,
     const arc_model_config &c = mp.cfg;
     const SpecBuffers &b = *mp.spec;
     ARC_REQUIRE_AS(who, b.k > 0, "no speculative buffers: call arc_model_speculate_reserve first");
+    ARC_REQUIRE_AS(who, !ctx->comm, "speculative steps do not run on a split model yet (tensor parallelism)");
     ARC_REQUIRE_AS(who, ngram >= 1 && ngram <= SPEC_MAX_NGRAM, "ngram must be in 1..%d, got %d", SPEC_MAX_NGRAM, ngram);
     ARC_REQUIRE_AS(who, loop->ctx == ctx, "the loop and the model belong to different contexts");
     ARC_REQUIRE_AS(who, loop->vocab <= c.vocab, "the loop's vocab %d exceeds the model's %d", loop->vocab, c.vocab);
