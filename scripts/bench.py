@@ -41,6 +41,7 @@ import sys
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import context as context_bench
 from arcpy.bench import loop as bench
+from arcpy.bench import parallel as parallel_bench
 from arcpy.bench import serving as serving_bench
 from arcpy.bench import speculate as spec_bench
 from arcpy.demo import demo_model_path
@@ -81,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--turns", type=bench.positive, default=10, help="turns of the --serving conversation (default 10)")
     ap.add_argument("--history", type=bench.positive, default=4096,
                     help="tokens of its last turn's history (default 4096)")
+    ap.add_argument("--tensor-parallel", type=bench.positive, default=None, metavar="N",
+                    help="also each shape split over GPUs 0..N-1 (device loop, burst 16), beside it whole on GPU 0")
     ap.add_argument("--json", help="write the report here")
     return ap.parse_args(argv)
 
@@ -137,6 +140,14 @@ def main(argv=None) -> int:
         for name, rows in report["serving"].items():
             print("\n".join(serving_bench.format_rows(name, rows.get("turns"), rows.get("logprobs"),
                                                        rows.get("constrained"))))
+    if args.tensor_parallel:
+        try:
+            report["tensor_parallel"] = parallel_bench.run(shapes, args.tensor_parallel, args.tokens, args.runs, progress)
+        except ArcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        save(report)
+        print(parallel_bench.format_rows(report["tensor_parallel"]))
     if args.speculation:
         try:
             report["speculation"] = spec_bench.run([s for s in args.spec_shapes.split(",") if s], args.tokens,

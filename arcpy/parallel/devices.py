@@ -61,6 +61,12 @@ class TensorParallelDevice:
         self.supports_sampling = all(d.supports_sampling for d in ranks)
         self.supports_prefill = all(d.supports_prefill for d in ranks)
 
+    def __enter__(self) -> "TensorParallelDevice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def capabilities(self) -> Capabilities:
         first = self.ranks[0].capabilities
