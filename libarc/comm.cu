@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mutex>
+
 #include "internal.cuh"
 
 // NCCL's C ABI, as far as this file uses it (nccl.h's types: an opaque communicator, int enums).
@@ -33,15 +35,20 @@ struct NcclApi {
 
 struct arc_comm {
     arc_context *ctx;
-    NcclApi api;
+    const NcclApi *api;
     ncclComm_t comm;
     int world, rank;
 };
 
+// NCCL, once loaded, stays loaded for the life of the process: ncclGetUniqueId leaves a thread
+// running in it (the root of the ranks' bootstrap), which an unloaded library would pull the code from under.
+static std::mutex nccl_lock;
+static NcclApi nccl_loaded;
+static char nccl_name[4096];
+
 // The library at `path` (null: "libnccl.so.2" where the dynamic loader finds it), its entry points.
-static int nccl_load(const char *path, NcclApi *api, const char *who) {
+static int nccl_open(const char *name, NcclApi *api, const char *who) {
     memset(api, 0, sizeof(*api));
-    const char *name = path ? path : "libnccl.so.2";
     api->handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!api->handle) return arc_fail(ARC_NO_DEVICE, who, "cannot load NCCL from %s: %s", name, dlerror());
     struct {
@@ -63,21 +70,38 @@ static int nccl_load(const char *path, NcclApi *api, const char *who) {
     return ARC_OK;
 }
 
+// The process's NCCL: loaded from `path` the first time, the same library every time after.
+static int nccl_load(const char *path, const NcclApi **api, const char *who) {
+    std::lock_guard<std::mutex> hold(nccl_lock);
+    const char *name = path ? path : "libnccl.so.2";
+    if (!nccl_loaded.handle) {
+        if (strlen(name) >= sizeof(nccl_name)) return arc_fail(ARC_INVALID_ARGUMENT, who, "NCCL's path is too long");
+        NcclApi fresh;
+        const int status = nccl_open(name, &fresh, who);
+        if (status != ARC_OK) return status;
+        nccl_loaded = fresh;
+        strcpy(nccl_name, name);
+    } else if (strcmp(name, nccl_name) != 0) {
+        return arc_fail(ARC_INVALID_ARGUMENT, who, "NCCL is loaded from %s already, not %s", nccl_name, name);
+    }
+    *api = &nccl_loaded;
+    return ARC_OK;
+}
+
 static int nccl_failed(const NcclApi &api, int result, const char *call, const char *who) {
     return arc_fail(ARC_CUDA_ERROR, who, "%s failed: %s (NCCL error %d)", call, api.error_string(result), result);
 }
 
 extern "C" int arc_comm_unique_id(const char *library, uint8_t *id) {
     ARC_REQUIRE(id, "id is null");
-    NcclApi api;
+    const NcclApi *api = nullptr;
     const int loaded = nccl_load(library, &api, __func__);
     if (loaded != ARC_OK) return loaded;
     NcclId nid;
-    const int r = api.get_unique_id(&nid);
-    if (r == NCCL_SUCCESS) memcpy(id, nid.internal, sizeof(nid.internal));
-    const int status = r == NCCL_SUCCESS ? ARC_OK : nccl_failed(api, r, "ncclGetUniqueId", __func__);
-    dlclose(api.handle);
-    return status;
+    const int r = api->get_unique_id(&nid);
+    if (r != NCCL_SUCCESS) return nccl_failed(*api, r, "ncclGetUniqueId", __func__);
+    memcpy(id, nid.internal, sizeof(nid.internal));
+    return ARC_OK;
 }
 
 extern "C" int arc_comm_create(arc_context *ctx, const char *library, const uint8_t *id, int32_t world, int32_t rank,
@@ -98,11 +122,10 @@ extern "C" int arc_comm_create(arc_context *ctx, const char *library, const uint
     if (status == ARC_OK) {  // blocks until every rank has joined: at load, never per step
         NcclId nid;
         memcpy(nid.internal, id, sizeof(nid.internal));
-        const int r = c->api.comm_init_rank(&c->comm, world, nid, rank);
-        if (r != NCCL_SUCCESS) status = nccl_failed(c->api, r, "ncclCommInitRank", __func__);
+        const int r = c->api->comm_init_rank(&c->comm, world, nid, rank);
+        if (r != NCCL_SUCCESS) status = nccl_failed(*c->api, r, "ncclCommInitRank", __func__);
     }
     if (status != ARC_OK) {
-        if (c->api.handle) dlclose(c->api.handle);
         free(c);
         return status;
     }
@@ -126,18 +149,19 @@ extern "C" int arc_comm_create_all(arc_context *const *ctxs, int32_t world, cons
     }
     arc_comm *c[ARC_MAX_WORLD] = {};
     ncclComm_t comms[ARC_MAX_WORLD] = {};
-    int status = ARC_OK;
+    const NcclApi *nccl = nullptr;
+    int status = nccl_load(library, &nccl, __func__);
     for (int r = 0; r < world && status == ARC_OK; ++r) {
         c[r] = (arc_comm *)calloc(1, sizeof(arc_comm));
-        status = c[r] ? nccl_load(library, &c[r]->api, __func__) : arc_fail(ARC_INVALID_ARGUMENT, __func__, "out of memory");
+        if (!c[r]) status = arc_fail(ARC_INVALID_ARGUMENT, __func__, "out of host memory");
     }
     if (status == ARC_OK) {
-        const int r = c[0]->api.comm_init_all(comms, world, devices);
-        if (r != NCCL_SUCCESS) status = nccl_failed(c[0]->api, r, "ncclCommInitAll", __func__);
+        const int r = nccl->comm_init_all(comms, world, devices);
+        if (r != NCCL_SUCCESS) status = nccl_failed(*nccl, r, "ncclCommInitAll", __func__);
     }
     float *one[ARC_MAX_WORLD] = {};
     if (status == ARC_OK) {  // one all-reduce of every rank together: the ranks connect in it, at load,
-        const NcclApi &api = c[0]->api;  // not in the first capture (which cannot wait for its peers)
+        const NcclApi &api = *nccl;  // not in the first capture (which cannot wait for its peers)
         for (int r = 0; r < world && status == ARC_OK; ++r) {
             cudaError_t err = cudaSetDevice(devices[r]);
             if (err == cudaSuccess) err = cudaMallocAsync((void **)&one[r], sizeof(float), ctxs[r]->stream);
@@ -161,12 +185,12 @@ extern "C" int arc_comm_create_all(arc_context *const *ctxs, int32_t world, cons
     for (int r = 0; r < world; ++r) {
         if (!c[r]) continue;
         if (status != ARC_OK) {
-            if (comms[r]) c[r]->api.comm_destroy(comms[r]);
-            if (c[r]->api.handle) dlclose(c[r]->api.handle);
+            if (comms[r]) nccl->comm_destroy(comms[r]);
             free(c[r]);
             continue;
         }
         c[r]->ctx = ctxs[r];
+        c[r]->api = nccl;
         c[r]->comm = comms[r];
         c[r]->world = world;
         c[r]->rank = r;
@@ -185,9 +209,8 @@ int comm_sum(arc_context *ctx, float *x, int64_t n) {
 extern "C" int arc_comm_destroy(arc_comm *comm) {
     if (!comm) return ARC_OK;
     if (comm->ctx->comm == comm) comm->ctx->comm = nullptr;
-    const int r = comm->api.comm_destroy(comm->comm);
-    const int status = r == NCCL_SUCCESS ? ARC_OK : nccl_failed(comm->api, r, "ncclCommDestroy", __func__);
-    dlclose(comm->api.handle);
+    const int r = comm->api->comm_destroy(comm->comm);
+    const int status = r == NCCL_SUCCESS ? ARC_OK : nccl_failed(*comm->api, r, "ncclCommDestroy", __func__);
     free(comm);
     return status;
 }
@@ -196,8 +219,8 @@ extern "C" int arc_comm_all_reduce(arc_comm *comm, const float *send, float *rec
     ARC_REQUIRE(comm && send && recv, "null argument");
     ARC_REQUIRE(count >= 1, "count must be at least 1, got %lld", (long long)count);
     arc_context *ctx = comm->ctx;
-    const int r = comm->api.all_reduce(send, recv, (size_t)count, NCCL_FLOAT32, NCCL_SUM, comm->comm, ctx->stream);
-    if (r != NCCL_SUCCESS) return nccl_failed(comm->api, r, "ncclAllReduce", __func__);
+    const int r = comm->api->all_reduce(send, recv, (size_t)count, NCCL_FLOAT32, NCCL_SUM, comm->comm, ctx->stream);
+    if (r != NCCL_SUCCESS) return nccl_failed(*comm->api, r, "ncclAllReduce", __func__);
     ARC_CUDA(ctx, cudaGetLastError());
     return ARC_OK;
 }
@@ -206,6 +229,6 @@ extern "C" int arc_comm_info(arc_comm *comm, int32_t *world, int32_t *rank, int3
     ARC_REQUIRE(comm && world && rank && nccl_version, "null argument");
     *world = comm->world;
     *rank = comm->rank;
-    return comm->api.get_version(nccl_version) == NCCL_SUCCESS ? ARC_OK
+    return comm->api->get_version(nccl_version) == NCCL_SUCCESS ? ARC_OK
                                                                : arc_fail(ARC_CUDA_ERROR, __func__, "ncclGetVersion failed");
 }
