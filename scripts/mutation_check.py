@@ -286,6 +286,20 @@ MUTATIONS = [
         ("tests/test_tensor_parallel_loop.py::test_a_fault_word_on_any_rank_falls_back_with_the_same_tokens[1]",),
     ),
     Mutation(
+        "a token counts once rank 0 has it, whatever the other ranks committed",
+        "arcpy/parallel/devices.py",
+        "        count = min(s.published for s in states)\n",
+        "        count = states[0].published\n",
+        ("tests/test_tensor_parallel_loop.py::test_a_commit_lost_on_rank_1_falls_back_with_the_same_tokens",),
+    ),
+    Mutation(
+        "the ranks' tokens are not compared",
+        "arcpy/parallel/devices.py",
+        "                if theirs != tokens:\n",
+        "                if False:\n",
+        ("tests/test_tensor_parallel_loop.py::test_a_rank_that_commits_another_token_stops_the_loop_before_that_token",),
+    ),
+    Mutation(
         "only rank 0's stream is asked whether it faulted",
         "arcpy/parallel/devices.py",
         "        idle = [dev.stream_query() for dev in self.ranks]  # every rank, so that any rank's fault surfaces\n",

@@ -3,7 +3,8 @@
 - A world of one through NCCL on one GPU: the rank's step graphs hold its (empty) sums and give the
   whole model's tokens bit for bit, greedy and seeded, on the device loop with no host wait a
   token, bf16 and quantized; what a split rank refuses (its prefill, speculative steps).
-- With two GPUs or more (skipped on one): the split's tokens against the whole model's.
+- With two GPUs or more (skipped on one): the split's tokens against the whole model's; a commit lost on
+  rank 1 caught before its token is handed out.
 """
 
 import pytest
@@ -70,3 +71,17 @@ def test_the_split_over_gpus_gives_the_whole_models_greedy_tokens(world):
     with split(model, list(range(world))) as tp:
         assert list(tp.generate(PROMPT, 32)) == want  # sums in another order: equal where no near tie
         assert tp.stats.host_waits == 0
+
+
+def test_a_commit_lost_on_rank_1_is_caught_before_its_token_and_falls_back():
+    if gpus() < 2:
+        pytest.skip("2 GPUs needed")
+    from arcpy.loop.gate import FallbackLatch
+
+    model = synthetic_model("gqa", seed=9)
+    with Engine.load(model, "cuda", max_seq=256, devices=[0, 1], burst=8, device_loop=True,
+                     latch=FallbackLatch()) as tp:
+        want = list(tp.generate(PROMPT, 24))
+        tp.device.ranks[1].inject_lost_step(5)  # rank 1's input goes stale: every rank's sums go wrong
+        assert list(tp.generate(PROMPT, 24)) == want
+        assert tp.stats.fallback and ("disagree" in tp.stats.fallback or "idle" in tp.stats.fallback)

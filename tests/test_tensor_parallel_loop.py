@@ -5,6 +5,7 @@ import pytest
 from scripted_tokens import scripted_tokens
 
 from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.scripted import scripted_next
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -51,6 +52,27 @@ def test_a_fault_word_on_any_rank_falls_back_with_the_same_tokens(faulty):
     eng = engine(dev)
     assert list(eng.generate(PROMPT, 12)) == reference(12)
     assert eng.stats.path == f"{DEVICE_LOOP}+{HOST}" and "token out of range" in eng.stats.fallback
+
+
+def test_a_commit_lost_on_rank_1_falls_back_with_the_same_tokens():
+    eng = engine(ranks(2, {1: dict(lost_steps=frozenset({2}))}))
+    eng.max_spins = eng.driver.max_spins = 100_000
+    eng.driver.query_every = 8
+    assert list(eng.generate(PROMPT, 10)) == reference(10)
+    assert "idle" in eng.stats.fallback
+
+
+def test_a_rank_that_commits_another_token_stops_the_loop_before_that_token():
+    base = FakeScript()
+    vocab = base.vocab
+
+    def odd(tok, pos):  # rank 1's model makes another token at position 9
+        return (scripted_next(tok, pos, vocab) + (pos == 9)) % vocab
+
+    dev = TensorParallelDevice([FakeDevice(FakeScript()), FakeDevice(FakeScript(next_token=odd))])
+    eng = engine(dev)
+    assert list(eng.generate(PROMPT, 12)) == reference(12)  # rank 0's, by the host path after the fault
+    assert eng.stats.path == f"{DEVICE_LOOP}+{HOST}" and "the ranks disagree: rank 1" in eng.stats.fallback
 
 
 def test_a_sticky_fault_on_rank_1_poisons_the_engine():

@@ -7,8 +7,11 @@ BurstDriver and Engine run on it unchanged:
   enqueued on every rank, rank 0 first; each rank's step ends in its own commit, which writes the
   token the ranks agreed on into that rank's input (on the GPU the agreement is the all-reduce of
   the argmax or the draw, never the host);
-- the tokens are read from rank 0's ring;
-- `poll_ring` reads every rank's ring: a fault word latched on any rank is the burst's fault, and
+- the tokens are read from rank 0's ring, each once every rank has published it;
+- `poll_ring` reads every rank's ring: a rank that falls short (a lost commit) keeps the count
+  short, so the driver's idle-but-short check catches it; a rank that committed another token is a
+  loop fault before that token is handed out; a fault word latched on any rank is the burst's
+  fault; and
   `stream_query` asks every rank, so a sticky fault on any rank surfaces as on one device. Either
   stops all ranks at once: the engine falls back or gives up as it would for one device;
 - the host path reads rank 0's logits (the gathered ones, where the ranks split the vocabulary).
@@ -25,7 +28,7 @@ from typing import Sequence
 from arcpy.checks import is_int
 from arcpy.codes import FAULT_NONE, MAX_WORLD
 from arcpy.devices.protocol import Capabilities, Counters, RingState
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import InvalidArgumentError, LoopFault
 
 
 def check_devices(devices) -> int:
@@ -60,6 +63,7 @@ class TensorParallelDevice:
         self.supports_loop = all(d.supports_loop for d in ranks)
         self.supports_sampling = all(d.supports_sampling for d in ranks)
         self.supports_prefill = all(d.supports_prefill for d in ranks)
+        self._agreed = 0  # ring entries every rank has published alike, since the last reset
 
     def __enter__(self) -> "TensorParallelDevice":
         return self
@@ -127,6 +131,8 @@ class TensorParallelDevice:
     def reset_ring(self) -> bool:
         # Each rank's reset succeeds only on an idle stream; a rank reset twice is reset still.
         done = [dev.reset_ring() for dev in self.ranks]
+        if all(done):
+            self._agreed = 0
         return all(done)
 
     def set_stop_ids(self, ids: tuple[int, ...]) -> None:
@@ -151,7 +157,21 @@ class TensorParallelDevice:
 
     def poll_ring(self) -> RingState:
         states = [dev.poll_ring() for dev in self.ranks]
-        state = states[0]
+        # A token counts once every rank has committed it, the same on every rank: a rank whose
+        # commit was lost falls short (the driver's idle-but-short check catches it), and a rank
+        # that committed another token (its input went stale, so every rank's sums went wrong) stops
+        # the loop here, before any token from that position is handed out.
+        count = min(s.published for s in states)
+        if count > self._agreed:
+            tokens = self.ranks[0].read_ring(self._agreed, count - self._agreed)
+            for r, dev in enumerate(self.ranks[1:], 1):
+                theirs = dev.read_ring(self._agreed, count - self._agreed)
+                if theirs != tokens:
+                    i = next(i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b)
+                    raise LoopFault(f"the ranks disagree: rank {r} committed token {theirs[i]} as the burst's token "
+                                    f"{self._agreed + i}, rank 0 token {tokens[i]}")
+            self._agreed = count
+        state = replace(states[0], published=count)
         if state.fault == FAULT_NONE:
             faulted = next((s for s in states[1:] if s.fault != FAULT_NONE), None)
             if faulted is not None:  # another rank's fault word: the burst's fault, as on rank 0
