@@ -461,3 +461,16 @@ def test_the_table_shows_time_to_first_token_and_the_prefill_gemms():
     shape["prefill_gemms"] = {"error": "invalid argument: k % 8"}
     assert "tiny: prefill GEMMs: FAILED: invalid argument: k % 8" in bench.format_table(report)
 
+
+
+def test_the_loop_rows_time_plain_steps_even_where_the_model_repeats_itself():
+    """Speculation is on by default; the loop rows stay the plain step against the bandwidth floor."""
+    from arcpy.bench.loop import bench_paths
+    from arcpy.devices.fake import FakeDevice, FakeScript
+
+    looping = FakeScript(next_token=lambda tok, pos: (tok * 5 + 1) % 17, speculate_k=4, latency=1, ops_per_tick=64)
+    dev = FakeDevice(looping)
+    before = dev.spec_steps
+    rows = bench_paths(dev, tokens=48, runs=1, bursts=(16,))
+    assert [r.path for r in rows][:2] == ["host", "device-loop"]
+    assert dev.spec_steps == before  # no speculative step ran, though every draft would have matched

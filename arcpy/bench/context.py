@@ -46,7 +46,7 @@ def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, c
     """The greedy device loop after a `context`-token prompt on an open device of a model of cfg."""
     check_context(cfg, max_seq, context, tokens)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab, size=context).tolist()
-    engine = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch())
+    engine = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
     us, stats = time_generation(engine, prompt, tokens, runs)
     if stats.path != "device-loop":
         raise ArcError(f"asked for the device loop at a {context}-token context, the engine took {stats.path}")

@@ -165,14 +165,15 @@ def time_generation(engine: Engine, prompt: list[int], tokens: int, runs: int,
 
 def bench_paths(device, tokens: int, runs: int, bursts=(4, 16), sampled_burst: int = 16) -> list[PathResult]:
     """Greedy: the host path and the device loop at each burst; sampled (SAMPLED): the host path
-    and, where the device draws, the device loop at `sampled_burst`."""
+    and, where the device draws, the device loop at `sampled_burst`. Plain steps only: each row is
+    the step against the bandwidth floor (speculative steps have rows of their own, --speculation)."""
     results = []
     configs = [("host", False, 1, None)] + [("device-loop", True, b, None) for b in bursts]
     configs.append(("host", False, 1, SAMPLED))
     if device.capabilities.sampling:
         configs.append(("device-loop", True, sampled_burst, SAMPLED))
     for name, loop, burst, sampling in configs:
-        eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
+        eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch(), speculate=False)
         us, st = time_generation(eng, PROMPT, tokens, runs, sampling)
         if st.path != name:
             raise ArcError(f"asked for the {name} path, the engine took {st.path}")
