@@ -62,7 +62,7 @@ def measure(shape: str, a: argparse.Namespace) -> None:
     with open_cuda_device(model, max_seq=max_seq) as dev:
         del model
         for name, sampling in [("greedy", None)] + ([("sampled", SAMPLED)] if a.sampled else []):
-            eng = Engine(dev, "cuda", device_loop=True, burst=16, environ={}, latch=FallbackLatch())
+            eng = Engine(dev, "cuda", device_loop=True, burst=16, environ={}, latch=FallbackLatch(), speculate=False)
             us, stats = time_generation(eng, PROMPT, a.tokens, a.runs, sampling)
             if stats.path != "device-loop":
                 raise SystemExit(f"{shape}: the engine took the {stats.path} path, not the device loop")
