@@ -14,7 +14,6 @@ from arcpy.devices.cuda import CudaDevice
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
-from arcpy.model.quant import QuantTensor
 from arcpy.parallel.comm import Communicator, create_all, nccl_library, unique_id
 from arcpy.parallel.devices import TensorParallelDevice
 from arcpy.parallel.shard import ShardPlan, shard_model
@@ -26,8 +25,7 @@ def open_tensor_parallel(model: Model, devices, max_seq: int | None = None, use_
     split), a context and a communicator per GPU, each rank's shard uploaded, one warm-up forward
     of every rank together (their sums wait for each other), the graphs captured rank by rank.
     `library`: NCCL's path (default: the nvidia-nccl wheel's, else the system's)."""
-    formats = {name: t.format for name, t in model.tensors.items() if isinstance(t, QuantTensor)}
-    plan = ShardPlan(model.config, len(devices), formats)
+    plan = ShardPlan.of(model, len(devices))
     if not use_graph:
         raise InvalidArgumentError("tensor parallel runs the device loop's graphs: not with the graphs off")
     library = library or nccl_library()

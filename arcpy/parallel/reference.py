@@ -19,7 +19,6 @@ import numpy as np
 from arcpy.codes import OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_OUT, OP_FFN_OUT_NORM
 from arcpy.devices.reference import ReferenceModel, _RowOps, linear, rmsnorm
 from arcpy.model import Model, layer_prefix
-from arcpy.model.quant import QuantTensor
 from arcpy.parallel.shard import ShardPlan
 
 
@@ -47,8 +46,7 @@ class TensorParallelReference(ReferenceModel):
     """`model` split over `world` ranks (InvalidArgumentError where it cannot split)."""
 
     def __init__(self, model: Model, world: int, max_seq: int | None = None):
-        formats = {name: t.format for name, t in model.tensors.items() if isinstance(t, QuantTensor)}
-        self.plan = ShardPlan(model.config, world, formats)
+        self.plan = ShardPlan.of(model, world)
         super().__init__(model, max_seq)
         self.world = world
         self.ranks = [self._rank(r) for r in range(world)]
@@ -56,7 +54,8 @@ class TensorParallelReference(ReferenceModel):
     def _rank(self, r: int) -> ReferenceModel:
         """Rank r: a ReferenceModel of the rank's config over its slices and its heads' cache rows."""
         plan, c = self.plan, self.config
-        rank = copy.copy(self)  # (a rank has no ranks of its own)
+        rank = ReferenceModel.__new__(ReferenceModel)  # the whole model's fields, then the rank's own
+        rank.__dict__.update(self.__dict__)
         rank.config = plan.rank_config()
         rank.layers = []
         for li, layer in enumerate(self.layers):
@@ -69,12 +68,6 @@ class TensorParallelReference(ReferenceModel):
         kv = slice(r * c.n_kv_heads // self.world, (r + 1) * c.n_kv_heads // self.world)
         rank.k_cache, rank.v_cache = self.k_cache[:, kv], self.v_cache[:, kv]  # views of the one cache
         return rank
-
-    def __copy__(self):
-        new = object.__new__(type(self))
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "ranks"})
-        new.ranks = None
-        return new
 
     def _run_rows(self, tokens: list[int], start: int, layers, r) -> np.ndarray:
         bf16 = layers is not self.layers  # the prefill's form: each rank's own layers rounded

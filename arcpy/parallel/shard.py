@@ -77,6 +77,12 @@ class ShardPlan:
                         f"tensor parallel over {w} ranks: {name} would split its {FORMAT_NAMES[fmt]} blocks of "
                         f"{block_of(fmt)} weights ({self.part(what)} columns a rank)")
 
+    @classmethod
+    def of(cls, model: Model, world: int) -> "ShardPlan":
+        """The split of `model`, with its quantized matrices' formats."""
+        formats = {name: t.format for name, t in model.tensors.items() if isinstance(t, QuantTensor)}
+        return cls(model.config, world, formats)
+
     def part(self, what: str) -> int:
         """The rows or columns of one rank's share: of q (heads x head_dim), of kv, of the FFN."""
         c = self.config
