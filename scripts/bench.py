@@ -21,11 +21,16 @@ log-probabilities against without (arcpy.bench.serving):
 
     python scripts/bench.py --shapes "" --serving --json serving.json
 
---context N adds, per shape, the device loop after an N-token prompt (arcpy.bench.context): its
-floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
-timed on the same weights with its window off too, which shows what reading only the window saves:
+--context N,M,... adds, per shape, the device loop (plain steps) after prompts of N, M, ... tokens
+(arcpy.bench.context; 0 is a one-token prompt), every context on one device opened for the longest:
+its floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
+timed on the same weights with its window off too, which shows what reading only the window saves.
+The shape's dims run at as many positions as the longest context needs. --no-loop leaves out the
+per-shape loop rows (the copy bandwidth is still measured):
 
     python scripts/bench.py --shapes gemma3-4B --context 4096 --no-kernels --no-hf --json ctx.json
+    python scripts/bench.py --shapes llama8B-q4km,qwen3-8B-q4km,qwen3-30B-A3B-q4km --context 0,4096,8192,32768 \
+        --no-loop --no-kernels --no-hf --tokens 128 --json ctx.json
 
 The quantized presets (their matrices in arc.h's quantized formats, llama.cpp's Q4_K_M mix or Q8_0)
 run with the same parts; their floor is the bytes of their rows, and Hugging Face is not run on them.
@@ -71,9 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--speculation", action=argparse.BooleanOptionalAction, default=False,
                     help="the speculation benchmark too (default off)")
     ap.add_argument("--spec-shapes", default=SPEC_SHAPES, help=f"its synthetic shapes (default {SPEC_SHAPES})")
-    ap.add_argument("--context", type=bench.positive, default=None,
-                    help="also time each shape's device loop after a prompt of this many tokens, its floor "
-                         "counting the KV reads, and a windowed model without its window too")
+    ap.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True,
+                    help="the per-shape loop rows (default on; --no-loop with --context times the contexts alone)")
+    ap.add_argument("--context", default=None,
+                    help="comma-separated prompt lengths (0,4096,8192,32768): also time each shape's device loop "
+                         "after each, its floor counting the KV reads, and a windowed model without its window too")
     ap.add_argument("--serving", action=argparse.BooleanOptionalAction, default=False,
                     help="the serving features too (arcpy.bench.serving): a conversation of --turns turns, "
                          "its last history --history tokens, with the prefix cache and cold; the device loop "
@@ -107,20 +114,20 @@ def main(argv=None) -> int:
                 json.dump(report, f, indent=1)
 
     try:
-        report = bench.run(shapes, args.tokens, args.runs, kernels=args.kernels, hf=hf, hf_tokens=args.hf_tokens,
+        contexts = context_bench.parse_contexts(args.context) if args.context else []
+        report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels, hf=hf, hf_tokens=args.hf_tokens,
                            hf_runs=args.hf_runs, hf_compile=args.hf_compile, on_update=save, progress=progress)
     except ArcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bench.format_table(report))
-    if args.context:
+    if contexts:
         try:
             report["context"] = {}
+            max_seq = context_bench.context_max_seq(contexts, args.tokens)
             for shape in shapes:
-                model = synthetic_model(shape, seed=0)
-                max_seq = bench.bench_max_seq(model.config)
-                context_bench.check_context(model.config, max_seq, args.context, args.tokens)
-                rows = context_bench.context_rows(model, report["copy_bandwidth_GBps"] * 1e9, args.context,
+                model = synthetic_model(shape, seed=0, max_seq=max_seq)
+                rows = context_bench.context_rows(model, report["copy_bandwidth_GBps"] * 1e9, contexts,
                                                   args.tokens, args.runs, max_seq)
                 del model
                 report["context"][shape] = rows

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from arcpy.bench.context import check_context, format_rows, kv_read_bytes, without_window
+from arcpy.bench.context import (check_context, context_max_seq, format_rows, kv_read_bytes, parse_contexts,
+                                 without_window)
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES, random_model
 
@@ -46,3 +47,30 @@ def test_the_rows_print_the_windows_saving():
     assert "window 1024 (every 6th layer global): 400.00 us/token (2500.0 tok/s), KV read 100.0 MB/token" in lines[0]
     assert "no window: 430.00 us/token" in lines[1]
     assert lines[2] == "gemma3-4B: the window saves 30.00 us/token and 150.0 MB of KV reads a token at a 4096-token context"
+
+
+def test_the_contexts_are_a_list_of_prompt_lengths_or_one_clear_error():
+    assert parse_contexts("0,4096,8192,32768") == [0, 4096, 8192, 32768]
+    assert parse_contexts("4096") == [4096]
+    for bad in ("", "4k", "1,-2", ","):
+        with pytest.raises(InvalidArgumentError, match="expected prompt lengths like 0,4096"):
+            parse_contexts(bad)
+    # The cache holds the longest prompt and the tokens after it; a context of 0 is one token.
+    assert context_max_seq([0, 4096, 32768], 128) == 32768 + 128
+    assert context_max_seq([0], 128) == 129
+    cfg = SHAPES["llama8B"]
+    check_context(cfg, 129, 0, 128)
+    with pytest.raises(InvalidArgumentError):
+        check_context(cfg, 128, 0, 128)
+
+
+def test_every_windowed_row_is_set_beside_its_unwindowed_one():
+    def row(context, window, us, kv):
+        return {"context": context, "window": window, "window_pattern": 6 if window else 0, "us_per_token": us,
+                "kv_bytes_per_token": kv, "floor_us": 100.0, "host_waits_per_token": 0.0}
+    rows = [row(4096, 1024, 400.0, 100e6), row(8192, 1024, 450.0, 120e6),
+            row(4096, 0, 430.0, 250e6), row(8192, 0, 520.0, 480e6)]
+    lines = format_rows("g", rows)
+    assert lines[4] == "g: the window saves 30.00 us/token and 150.0 MB of KV reads a token at a 4096-token context"
+    assert lines[5] == "g: the window saves 70.00 us/token and 360.0 MB of KV reads a token at a 8192-token context"
+    assert len(lines) == 6

@@ -48,9 +48,10 @@ def engine(dev, *, speculate=True, always=False, burst=8, latch=None):
                   speculate=speculate, step_cost=cost)
 
 
-def test_verify_rows_are_the_decode_forwards_logits_at_their_positions(device):
+def assert_verify_rows_are_decode_logits(device, prompt):
+    """One speculative step after `prompt`: each of its verify rows equals, as bits, the decode
+    forward's logits of the row's token at the row's position."""
     ctx, lib, ffi = device.ctx, device.lib, device.ffi
-    prompt = repeating_prompt(device.vocab)
     drv = BurstDriver(device, max_spins=50_000_000)
     drv.begin_sequence(())
     device.enqueue_prefill(prompt, 0)
@@ -75,6 +76,21 @@ def test_verify_rows_are_the_decode_forwards_logits_at_their_positions(device):
         diff = np.flatnonzero(verify[i].view(np.uint32) != ref.view(np.uint32))
         assert diff.size == 0, (f"row {i}: {diff.size} logits differ from the decode's as bits, first "
                                 f"{diff[:3].tolist()}: {verify[i][diff[:3]].tolist()} vs {ref[diff[:3]].tolist()}")
+
+
+def test_verify_rows_are_the_decode_forwards_logits_at_their_positions(device):
+    assert_verify_rows_are_decode_logits(device, repeating_prompt(device.vocab))
+
+
+def test_verify_rows_at_depth_are_the_decode_forwards_logits():
+    # 4,477 positions: the attention's blocks each take several tiles of 64 positions, and the
+    # rows p..p + 7 cross the tile boundary at 4,480.
+    dev = open_cuda_device(synthetic_model("gqa", seed=3), max_seq=8192, speculate=K)
+    try:
+        prompt = np.random.default_rng(5).integers(3, dev.vocab, 4477).tolist()
+        assert_verify_rows_are_decode_logits(dev, prompt)
+    finally:
+        dev.close()
 
 
 @pytest.mark.parametrize("always", [True, False], ids=["every-burst", "policy"])

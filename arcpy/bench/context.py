@@ -3,10 +3,12 @@ saves.
 
 At position p a layer's attention reads the bf16 keys and values of the positions it attends: all
 p + 1 of them, or a windowed layer's last `window` (ModelConfig.window). A context row prefills a
-prompt of `context` tokens, then times the greedy device loop (burst 16) over the tokens after it;
-its floor counts the weights and those KV bytes, averaged over the generation's positions. A model
-with windowed layers is timed a second time on the same weights with its window off: the
-difference between the two rows is what reading only the window saves.
+prompt of `context` tokens (one token for a context of 0), then times the greedy device loop
+(burst 16, plain steps) over the tokens after it, and the prompt's time to first token (one
+prefill, cold); its floor counts the weights and those KV bytes,
+averaged over the generation's positions. Every context of a shape runs on one device opened for
+the longest of them. A model with windowed layers is timed a second time on the same weights with
+its window off: the difference between the two rows is what reading only the window saves.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 
 import numpy as np
 
-from arcpy.bench.loop import generation_positions, time_generation
+from arcpy.bench.loop import generation_positions, time_generation, time_to_first_token
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
@@ -34,9 +36,26 @@ def kv_read_bytes(cfg: ModelConfig, position: int) -> int:
     return per_position * sum(min(seen, cfg.window(layer) or seen) for layer in range(cfg.n_layers))
 
 
+def parse_contexts(text: str) -> list[int]:
+    """`--context`'s comma-separated list of prompt lengths (0: a one-token prompt), or one clear
+    error."""
+    try:
+        contexts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        contexts = []
+    if not contexts or any(c < 0 for c in contexts):
+        raise InvalidArgumentError(f"--context {text!r}: expected prompt lengths like 0,4096,8192,32768")
+    return contexts
+
+
+def context_max_seq(contexts: list[int], tokens: int) -> int:
+    """The KV cache positions the rows of `contexts` need: the longest prompt and the tokens after it."""
+    return max(max(contexts), 1) + tokens
+
+
 def check_context(cfg: ModelConfig, max_seq: int, context: int, tokens: int) -> None:
     """The context and the tokens after it fit the benchmark's KV cache, or one clear error."""
-    if context < 1 or context + tokens > max_seq:
+    if context < 0 or max(context, 1) + tokens > max_seq:
         raise InvalidArgumentError(f"a context of {context} tokens and {tokens} more do not fit the "
                                    f"benchmark's {max_seq} positions of {cfg.n_layers}-layer model")
 
@@ -45,14 +64,16 @@ def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, c
                 runs: int, max_seq: int) -> dict:
     """The greedy device loop after a `context`-token prompt on an open device of a model of cfg."""
     check_context(cfg, max_seq, context, tokens)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab, size=context).tolist()
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab, size=max(context, 1)).tolist()
     engine = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
     us, stats = time_generation(engine, prompt, tokens, runs)
     if stats.path != "device-loop":
         raise ArcError(f"asked for the device loop at a {context}-token context, the engine took {stats.path}")
-    first, last = generation_positions(context, tokens, max_seq)
+    first, last = generation_positions(len(prompt), tokens, max_seq)
     kv = statistics.fmean(kv_read_bytes(cfg, p) for p in range(first, last + 1))
-    return {"context": context, "window": cfg.sliding_window, "window_pattern": cfg.window_pattern,
+    ttft = time_to_first_token(device, runs, [len(prompt)], token_by_token=False) if context > 1 else []
+    return {"context": context, "ttft_ms": ttft[0]["ms"] if ttft else None, "window": cfg.sliding_window,
+            "window_pattern": cfg.window_pattern,
             "burst": BURST, "us_per_token": statistics.median(us), "runs_us": [round(u, 2) for u in us],
             "kv_bytes_per_token": kv, "floor_us": (weight_bytes + kv) / bandwidth * 1e6,
             "host_waits_per_token": stats.per_token(stats.host_waits)}
@@ -64,13 +85,16 @@ def without_window(model: Model) -> Model:
     return Model(cfg, model.tensors, name=f"{model.name} (no window)", source=model.source)
 
 
-def context_rows(model: Model, bandwidth: float, context: int, tokens: int, runs: int, max_seq: int) -> list[dict]:
-    """The context row of `model`, and for a windowed model the same weights' row without it."""
+def context_rows(model: Model, bandwidth: float, contexts: list[int], tokens: int, runs: int,
+                 max_seq: int) -> list[dict]:
+    """The context rows of `model` at each of `contexts`, and for a windowed model the same
+    weights' rows without it; each variant's device is opened once, with `max_seq` positions."""
     rows = []
     variants = [model] + ([without_window(model)] if model.config.sliding_window else [])
     for m in variants:
         with open_cuda_device(m, max_seq=max_seq) as device:
-            rows.append(context_row(device, m.config, m.weight_bytes, bandwidth, context, tokens, runs, max_seq))
+            for context in contexts:
+                rows.append(context_row(device, m.config, m.weight_bytes, bandwidth, context, tokens, runs, max_seq))
     return rows
 
 
@@ -82,10 +106,14 @@ def format_rows(shape: str, rows: list[dict]) -> list[str]:
         lines.append(f"{shape}: {r['context']}-token context, {what}: {r['us_per_token']:.2f} us/token "
                      f"({1e6 / r['us_per_token']:.1f} tok/s), KV read {r['kv_bytes_per_token'] / 1e6:.1f} MB/token, "
                      f"floor {r['floor_us']:.2f} us ({r['floor_us'] / r['us_per_token']:.1%}), "
-                     f"host waits/token {r['host_waits_per_token']:.2f}")
-    if len(rows) == 2:
-        saved = rows[1]["us_per_token"] - rows[0]["us_per_token"]
-        bytes_saved = rows[1]["kv_bytes_per_token"] - rows[0]["kv_bytes_per_token"]
-        lines.append(f"{shape}: the window saves {saved:.2f} us/token and {bytes_saved / 1e6:.1f} MB of KV reads "
-                     f"a token at a {rows[0]['context']}-token context")
+                     f"host waits/token {r['host_waits_per_token']:.2f}"
+                     + (f", time to first token {r['ttft_ms']:.1f} ms" if r.get("ttft_ms") is not None else ""))
+    flat = {r["context"]: r for r in rows if not r["window"]}
+    for r in rows:
+        if r["window"] and r["context"] in flat:
+            other = flat[r["context"]]
+            saved = other["us_per_token"] - r["us_per_token"]
+            bytes_saved = other["kv_bytes_per_token"] - r["kv_bytes_per_token"]
+            lines.append(f"{shape}: the window saves {saved:.2f} us/token and {bytes_saved / 1e6:.1f} MB of KV reads "
+                         f"a token at a {r['context']}-token context")
     return lines

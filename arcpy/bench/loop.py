@@ -244,15 +244,16 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
     return out
 
 
-def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS) -> list[dict]:
+def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS, token_by_token: bool = True) -> list[dict]:
     """Milliseconds from Engine.start to the first token in hand on the device loop, for random
     prompts of each length the context holds: the prompt in one prefill (chunks of
-    PREFILL_CHUNK) and, for the shortest, token by token through the decode step beside it."""
+    PREFILL_CHUNK) and, for the shortest (with token_by_token), token by token through the decode
+    step beside it."""
     rng = np.random.default_rng(1)
     rows = []
     for length in [n for n in lengths if n < device.max_seq]:
         prompt = rng.integers(0, device.vocab, length).tolist()
-        for prefill in (True, False) if length == lengths[0] else (True,):
+        for prefill in (True, False) if token_by_token and length == lengths[0] else (True,):
             # Cold each time: the prefix cache would hand the repeated prompt's rows back.
             eng = Engine(device, "cuda", device_loop=True, burst=1, environ={}, latch=FallbackLatch(),
                          prefill=prefill, prefix_cache=False)

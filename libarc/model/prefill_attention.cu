@@ -17,9 +17,9 @@
 // is the same arithmetic with nothing to merge.
 #include <math.h>
 
-#include "kernels.cuh"
+#include "attention.cuh"
 
-enum { ROPE_THREADS = 128, FLASH_Q = 64, FLASH_KV = 64, FLASH_THREADS = 128, FLASH_SEG_TILES = 16,
+enum { ROPE_THREADS = 128, FLASH_Q = ATTN_TILE, FLASH_KV = ATTN_TILE, FLASH_THREADS = ATTN_TILE_THREADS, FLASH_SEG_TILES = 16,
        FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };
 
 // The partials of a segment for one (query, head): m (log2 units) and l, then hd sums.
@@ -68,38 +68,6 @@ rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__r
         const size_t at = ((size_t)kvh * max_seq + pos) * hd + d;
         k_cache[at] = f32_to_bf16(rope_rotate_half(row + (n_heads + kvh) * hd, d, half, cos_t, sin_t));
         v_cache[at] = f32_to_bf16(row[(n_heads + n_kv_heads + kvh) * hd + d]);
-    }
-}
-
-// Element offset of (row, 8-element chunk) in a tile of rows of D elements; chunks are XOR-
-// swizzled by the row so that the 8 rows one ldmatrix reads lie on distinct banks.
-template <int D>
-__device__ __forceinline__ int row_offset(int row, int chunk) {
-    constexpr int CPR = D / 8;
-    const int sw = CPR >= 8 ? (row & 7) : ((row >> 1) & (CPR - 1));
-    return row * D + ((chunk ^ sw) << 3);
-}
-
-// 64 rows of hd bf16 elements, row r at src + r * stride (rows at or past `rows` and elements at
-// or past hd read as zeros), into a swizzled [64][D] tile. cp.async when rows are 16-byte
-// aligned (hd % 8 == 0); otherwise plain 4-byte loads, complete on return.
-template <int D>
-__device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, size_t stride, int rows, int hd,
-                                          int tid) {
-    constexpr int CPR = D / 8;
-    if (hd % 8 == 0) {
-        const uint32_t base = smem_addr(tile);
-        for (int e = tid; e < 64 * CPR; e += FLASH_THREADS) {
-            const int r = e / CPR, c = e % CPR;
-            const bool ok = r < rows && c * 8 < hd;
-            cp_async16(base + row_offset<D>(r, c) * 2, ok ? src + r * stride + c * 8 : src, ok);
-        }
-    } else {
-        for (int e = tid; e < 64 * (D / 2); e += FLASH_THREADS) {
-            const int r = e / (D / 2), d = (e % (D / 2)) * 2;
-            const uint32_t v = r < rows && d < hd ? *reinterpret_cast<const uint32_t *>(src + r * stride + d) : 0u;
-            *reinterpret_cast<uint32_t *>(tile + row_offset<D>(r, d / 8) + d % 8) = v;
-        }
     }
 }
 
