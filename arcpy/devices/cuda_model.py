@@ -19,6 +19,23 @@ from arcpy.model.native import native_config, place
 PREFILL_CHUNK = 2048
 
 
+def check_fits(model: Model, max_seq: int, free: int) -> None:
+    """Refuses, before anything is allocated, a model whose weights and KV cache for max_seq
+    positions exceed the device's free bytes: one line naming the bytes and the longest context
+    that would fit."""
+    cfg = model.config
+    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16, every layer
+    weights, kv = model.stored_bytes, per_position * max_seq
+    if weights + kv <= free:
+        return
+    gb = 1e9
+    fits = (free - weights) // per_position if free > weights else 0
+    advice = (f"lower --max-seq to at most {fits}" if fits > 0
+              else "its weights alone do not fit: use a smaller or more quantized model file")
+    raise InvalidArgumentError(f"the model needs {weights / gb:.2f} GB of weights and {kv / gb:.2f} GB of KV cache for "
+                               f"{max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
+
+
 class CudaModel:
     """An arc_model: libarc's Llama-family forward, its weights, KV cache and activations, and the
     prefill's activations for chunks of PREFILL_CHUNK tokens."""
@@ -29,6 +46,7 @@ class CudaModel:
         cfg = model.config
         if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
             raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
+        check_fits(model, max_seq, ctx.memory()[0])
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
         c = native_config(self.ffi, cfg, max_seq)
         pp = self.ffi.new("arc_model **")

@@ -1,0 +1,45 @@
+"""A model whose weights and KV cache exceed the device's free memory is refused before anything is
+allocated, in one line naming the bytes and the longest context that fits (arcpy.devices.cuda_model)."""
+
+import pytest
+
+from arcpy.devices.cuda_model import CudaModel, check_fits
+from arcpy.errors import InvalidArgumentError
+from arcpy.model import synthetic_model
+
+MODEL = synthetic_model("stories15M", seed=0)
+CFG = MODEL.config
+PER_POSITION = 2 * CFG.n_layers * CFG.n_kv_heads * CFG.head_dim * 2
+
+
+def test_a_model_that_fits_passes():
+    check_fits(MODEL, 1024, MODEL.stored_bytes + 1024 * PER_POSITION)
+
+
+def test_a_context_too_long_names_the_bytes_and_the_longest_that_fits():
+    with pytest.raises(InvalidArgumentError) as info:
+        check_fits(MODEL, 1024, MODEL.stored_bytes + 100 * PER_POSITION + 5)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert f"{1024 * PER_POSITION / 1e9:.2f} GB of KV cache for 1024 positions" in msg
+    assert msg.endswith("lower --max-seq to at most 100")
+
+
+def test_weights_that_do_not_fit_alone_say_so():
+    with pytest.raises(InvalidArgumentError, match="its weights alone do not fit"):
+        check_fits(MODEL, 16, MODEL.stored_bytes // 2)
+
+
+class NoMemoryContext:
+    """A context with nothing free, on which any allocation would fail loudly."""
+
+    def memory(self):
+        return 0, 80 * 10**9
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the model touched the context's {name} before refusing")
+
+
+def test_the_model_is_refused_before_anything_is_allocated():
+    with pytest.raises(InvalidArgumentError, match="the device has 0.00 GB free"):
+        CudaModel(NoMemoryContext(), MODEL, 64)
