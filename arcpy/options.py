@@ -4,6 +4,7 @@ checked here)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from dataclasses import dataclass, fields
@@ -13,9 +14,19 @@ import click
 from arcpy.checks import quoted
 from arcpy.codes import MAX_BURST, MAX_WORLD
 from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
+
+
+@contextlib.contextmanager
+def about(option: str):
+    """`with about("--tools"):` around reading and checking what an option names (a file, a
+    schema), before any model loads: an arcpy error becomes one usage error naming the option."""
+    try:
+        yield
+    except ArcError as exc:
+        raise click.UsageError(f"{option}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,16 @@ def test_a_prompt_longer_than_the_context_names_max_seq_and_the_model_s_limit():
     assert "raise --max-seq (the model allows up to 1024)" in out.stderr
 
 
+def test_a_prompt_longer_than_the_model_s_own_context_is_told_to_be_shorter():
+    out = decode("--shape", "stories15M", "--prompt-ids", " ".join(["5"] * 1100), "--max-seq", "32", "--backend",
+                 "numpy")
+    assert out.returncode == 1
+    assert out.stderr.strip().endswith("the prompt has 1100 tokens, but the context holds 32 positions and leaves no "
+                                       "room to generate: shorten the prompt (the model's own context is 1024 "
+                                       "positions)"), out.stderr
+    assert "raise --max-seq" not in out.stderr
+
+
 def test_invalid_utf8_in_the_prompt_points_into_the_prompt(text_model):
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(text_model), "--backend", "numpy",
                           "--chat", "--prompt", b"hello \xff there".decode("utf-8", "surrogateescape")],
