@@ -35,7 +35,7 @@ from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids, room_hint
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import (EngineOptions, SamplingOptions, about, as_engine_options, engine_options,
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
                             parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
@@ -296,7 +296,7 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats
         if engine_opts.max_seq is not None and engine_opts.max_seq > model.config.max_seq:
             raise click.UsageError(f"--max-seq {engine_opts.max_seq} exceeds the model's context of "
                                    f"{model.config.max_seq}")
-        with open_engine(model, text, engine_opts) as engine:
+        with open_engine(model, text, engine_opts, prefill_progress=PrefillProgress()) as engine:
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()

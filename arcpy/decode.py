@@ -38,7 +38,7 @@ from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, room
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
-from arcpy.options import (EngineOptions, SamplingOptions, about, as_engine_options, engine_options,
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
                             parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.text import TextSpec, token_text
 
@@ -67,7 +67,7 @@ def parse_ids(text: str) -> list[int]:
 def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **load) -> Engine:
     """The engine `options` ask for (the CUDA one where "auto" finds a GPU), with the notes a user
     of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect.
-    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes)."""
+    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes, a prefill_progress)."""
     backend = _lib.auto_backend() if options.backend == "auto" else options.backend
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
@@ -383,7 +383,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     out = out or sys.stdout
     model, text = load(run.model_path, run.shape, run.weights)
     request = with_prompt(request, model, text, run)
-    with open_engine(model, text, run.engine) as engine:
+    with open_engine(model, text, run.engine, prefill_progress=PrefillProgress()) as engine:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)
