@@ -33,10 +33,10 @@ from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.files import read_json_file
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
-from arcpy.loop.prompt import request_ids
+from arcpy.loop.prompt import request_ids, room_hint
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
-                            sampling_options, template_options, with_options)
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
+                            parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
@@ -61,8 +61,10 @@ class Conversation:
 
     def __init__(self, engine: Engine, text: TextSpec, system: str | None = None,
                  max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None,
-                 template_kwargs=None, tools=None):
+                 template_kwargs=None, tools=None, model_context: int | None = None):
         self.engine, self.text, self.system = engine, text, system
+        # the model's own context, which --max-seq may raise the engine's to (default: the engine's)
+        self.model_context = model_context or engine.device.max_seq
         self.max_new_tokens, self.stop, self.sampling = max_new_tokens, tuple(stop), sampling or Sampling()
         self.template_kwargs = TemplateKwargs(template_kwargs)  # checked once, for every turn
         self.tools = check_tools(tools) or None
@@ -94,8 +96,9 @@ class Conversation:
                 return ids, dropped
         if len(ids) < context:
             return ids, len(self.turns) - (user is None)
+        hint = room_hint(len(ids) + 1, context, self.model_context, smaller="shorten the message")
         raise InvalidArgumentError(f"the message takes {len(ids)} tokens with the template; the context holds "
-                                   f"{context} (--max-seq)")
+                                   f"{context}: {hint}")
 
     def answer(self, user: str | None, write: Callable[[str], None], stop_asked: Callable[[], bool]) -> Reply:
         """Stream the answer to `user` through `write`; stop at the piece after `stop_asked()`.
@@ -278,7 +281,10 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats
         kwargs = parse_template_kwargs(template_kwargs)
         if any(not s for s in stop_strings):
             raise click.UsageError("--stop must not be empty")
-        tools = check_tools(read_json_file(Path(tools_path), "tools file")) if tools_path is not None else None
+        tools = None
+        if tools_path is not None:
+            with about("--tools"):
+                tools = check_tools(read_json_file(Path(tools_path), "tools file"))
         gate.read_all()
         if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
@@ -290,12 +296,13 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats
         if engine_opts.max_seq is not None and engine_opts.max_seq > model.config.max_seq:
             raise click.UsageError(f"--max-seq {engine_opts.max_seq} exceeds the model's context of "
                                    f"{model.config.max_seq}")
-        with open_engine(model, text, engine_opts) as engine:
+        with open_engine(model, text, engine_opts, prefill_progress=PrefillProgress()) as engine:
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()
             click.echo(f"chat with {model.name} (backend {engine.backend}); {HELP}", err=True)
-            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs, tools)
+            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs, tools,
+                                        model.config.max_seq)
             return converse(conversation, read, stats=stats)
     return errors.status
 

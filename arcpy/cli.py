@@ -86,8 +86,10 @@ def smoke(tokens):
 @click.option("--tokens", type=click.IntRange(2, 4096), default=128, show_default=True)
 @click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True)
 def bench(shapes, tokens, runs):
-    """Microseconds per token, host path against device loop (needs a GPU; scripts/bench.py
-    is the full benchmark)."""
+    """Microseconds per token on the GPU, host path against device loop, on synthetic models of
+    --shapes (random weights): the copy bandwidth and each shape's bandwidth floor, greedy and
+    sampled, bursts 4 and 16, the step graph's size and the time to first token, then the loop's
+    own cost on a scripted one-kernel model. Needs a GPU."""
     from arcpy.bench import loop as measure
     try:
         click.echo(measure.format_table(measure.run([s for s in shapes.split(",") if s], tokens, runs)))

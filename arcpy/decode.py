@@ -32,14 +32,14 @@ from arcpy.errors import ArcError, NoDeviceError
 from arcpy.files import read_json_file
 from arcpy.loading import load_checkpoint
 from arcpy.loop import gate
-from arcpy.loop.constrain import compile_constraint, resolve
+from arcpy.loop.constrain import check_constraint, compile_constraint, resolve
 from arcpy.loop.engine import Engine
-from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids
+from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, room_hint
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
-from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
-                            sampling_options, template_options, with_options)
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
+                            parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -67,7 +67,7 @@ def parse_ids(text: str) -> list[int]:
 def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **load) -> Engine:
     """The engine `options` ask for (the CUDA one where "auto" finds a GPU), with the notes a user
     of the command line is owed: the slow NumPy backend, a --speculate that cannot take effect.
-    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes)."""
+    `load`: more of Engine.load's arguments (the server's prompt_cache_bytes, a prefill_progress)."""
     backend = _lib.auto_backend() if options.backend == "auto" else options.backend
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
@@ -290,11 +290,14 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
     else:
         source = {"prompt": prompt}
     if json_schema is not None:
-        schema = read_json_file(Path(json_schema), "JSON schema")
+        with about("--json-schema"):
+            schema = read_json_file(Path(json_schema), "JSON schema")
         source["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
     request = Request(**source, max_new_tokens=64 if max_new_tokens is None else max_new_tokens,
                       stop_ids=stop_ids, stop=stop_strings, sampling=sampling,
                       template_kwargs=kwargs if "messages" in source else {}, logprobs=logprobs)
+    with about("--json-schema"):
+        check_constraint(request.response_format)  # the schema, before the model loads
     return request, RunOptions(model_path, shape, engine_opts, weights, question=prompt is None and prompt_ids is None,
                                budget_given=max_new_tokens is not None, template_kwargs=kwargs)
 
@@ -317,9 +320,7 @@ def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunO
     if max_seq is not None and max_seq > cfg.max_seq:
         raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {cfg.max_seq}")
     context = context_of(cfg, max_seq)
-    fix = (f"raise --max-seq (the model allows up to {cfg.max_seq})" if context < cfg.max_seq
-           else "that is the model's own limit: shorten the prompt")
-    check_prompt(ids, cfg.vocab, context, request.stop_ids, f": {fix}")
+    check_prompt(ids, cfg.vocab, context, request.stop_ids, f": {room_hint(len(ids) + 1, context, cfg.max_seq)}")
     return dataclasses.replace(request, prompt=None, messages=None, template_kwargs={}, prompt_ids=ids)
 
 
@@ -382,7 +383,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     out = out or sys.stdout
     model, text = load(run.model_path, run.shape, run.weights)
     request = with_prompt(request, model, text, run)
-    with open_engine(model, text, run.engine) as engine:
+    with open_engine(model, text, run.engine, prefill_progress=PrefillProgress()) as engine:
         cfg = model.config
         click.echo(f"model {model.name}: {cfg.n_layers} layers, dim {cfg.dim}, vocab {cfg.vocab}{held(model)}; "
                    f"prompt {len(request.prompt_ids)} tokens", err=True)

@@ -7,6 +7,7 @@ never end. JSON failures become one line that says what is wrong without repeati
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -33,6 +34,16 @@ def open_regular(path: Path) -> tuple[BinaryIO, int]:
     except BaseException:
         os.close(fd)
         raise
+
+
+@contextlib.contextmanager
+def reading(path):
+    """`with reading(path):` around reading a file: an OSError (a missing or unreadable file, a
+    dangling link, an I/O error) becomes one ModelFileError line naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
 
 
 def parse_json(raw: bytes) -> tuple[object, str | None]:
@@ -72,13 +83,15 @@ def read_json_text(fh: BinaryIO, n: int, max_items: int) -> bytearray | None:
 
 def read_json_file(path: Path, what: str, max_items: int | None = None) -> object:
     """Parse a small JSON file (config.json, the shard index). `what` names it in messages;
-    `max_items`, when given, bounds its values and keys before it is parsed."""
-    fh, size = open_regular(path)
-    with fh:
-        if size > MAX_JSON_BYTES:
-            raise ModelFileError(f"{path}: {size} bytes is too large for a {what}")
-        # What the file holds, not the cap: read(n) sets aside n bytes before it reads any.
-        raw = fh.read(size + 1) if max_items is None else read_json_text(fh, size + 1, max_items)
+    `max_items`, when given, bounds its values and keys before it is parsed. A file that cannot be
+    read is one ModelFileError line, as is one that is not JSON."""
+    with reading(path):
+        fh, size = open_regular(path)
+        with fh:
+            if size > MAX_JSON_BYTES:
+                raise ModelFileError(f"{path}: {size} bytes is too large for a {what}")
+            # What the file holds, not the cap: read(n) sets aside n bytes before it reads any.
+            raw = fh.read(size + 1) if max_items is None else read_json_text(fh, size + 1, max_items)
     if raw is None:
         raise ModelFileError(f"{path}: {what} holds more than {max_items} JSON items")
     value, problem = parse_json(raw)

@@ -1,11 +1,14 @@
 """The command-line options that decode, chat and serve share: how the engine runs, how it
 samples, and the chat template's keyword arguments (--template-kwarg KEY=VALUE, parsed and
-checked here)."""
+checked here); the errors of what an option names (`about`), and a long prefill's progress line
+on a terminal (PrefillProgress)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import sys
 from dataclasses import dataclass, fields
 
 import click
@@ -13,9 +16,34 @@ import click
 from arcpy.checks import quoted
 from arcpy.codes import MAX_BURST, MAX_WORLD
 from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
-from arcpy.errors import InvalidArgumentError
+from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
+
+
+@contextlib.contextmanager
+def about(option: str):
+    """`with about("--tools"):` around reading and checking what an option names (a file, a
+    schema), before any model loads: an arcpy error becomes one usage error naming the option."""
+    try:
+        yield
+    except ArcError as exc:
+        raise click.UsageError(f"{option}: {exc}") from None
+
+
+class PrefillProgress:
+    """Engine.load's prefill_progress for a command on a terminal: while a prompt of more than
+    one chunk goes through the CPU backend's prefill (seconds a chunk), one line on stderr says
+    how many chunks are done, rewritten in place and erased at the end. Where stderr is not a
+    terminal, nothing."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+
+    def __call__(self, done: int, total: int) -> None:
+        if total > 1 and self.stream.isatty():
+            self.stream.write(f"\rprefill: {done}/{total} chunks" if done < total else "\r\033[K")
+            self.stream.flush()
 
 
 @dataclass(frozen=True)

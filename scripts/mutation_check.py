@@ -368,7 +368,7 @@ MUTATIONS = [
     Mutation(
         "a template keyword argument's special-token strings become control tokens",
         "arcpy/text/chat.py",
-        "    context.update(_marked(marks, kwargs))\n",
+        "    context.update({name: _marked(marks, value, keys=name != \"tools\") for name, value in kwargs.items()})\n",
         "    context.update(kwargs)\n",
         ("tests/test_template_kwargs.py::test_special_token_strings_in_an_argument_are_text",),
     ),

@@ -61,3 +61,29 @@ def test_a_bad_schema_file_is_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["generate", "--shape", "stories15M", "--prompt-ids", "1", "--json-schema",
                                  str(path)])
     assert r.exit_code == 2 and "--json-schema needs a model with a tokenizer" in r.stderr
+
+
+def errors_of(r) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("error")]
+
+
+def test_a_missing_file_argument_is_one_line(tmp_path):
+    for args, words in [(["generate", "--model", str(QWEN3), "--json-schema", "/no/file.json", "-n", "3"],
+                         "error: --json-schema: /no/file.json: cannot read (No such file or directory)"),
+                        (["chat", "--model", str(QWEN3), "--tools", "/no/tools.json"],
+                         "error: --tools: /no/tools.json: cannot read (No such file or directory)")]:
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and not isinstance(r.exception, OSError), (r.exception, r.output)
+        assert errors_of(r) == [words] and "loaded " not in r.stderr, r.output
+
+
+def test_a_file_argument_and_the_schema_are_checked_before_the_model_loads(tmp_path):
+    schema, tools = tmp_path / "schema.json", tmp_path / "tools.json"
+    schema.write_text('{"type": "objekt"}')
+    tools.write_text('{"type": "function"}')
+    for args, words in [(["generate", "--model", str(QWEN3), "--prompt", "hi", "--json-schema", str(schema)],
+                         "error: --json-schema: the JSON schema is not valid"),
+                        (["chat", "--model", str(QWEN3), "--tools", str(tools)], "error: --tools: tools must be")]:
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and "loaded " not in r.stderr, r.output
+        assert len(errors_of(r)) == 1 and errors_of(r)[0].startswith(words), r.output

@@ -204,7 +204,7 @@ def test_a_gbnf_grammar_as_an_extension(server):
      "response_format", "not valid"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
     ({"response_format": {"type": "yaml"}}, "response_format", "response_format must be"),
-    ({"grammar": "root ::= (("}, "response_format", "GBNF"),
+    ({"grammar": "root ::= (("}, "grammar", "GBNF"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "letters, digits"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "must be True or False"),

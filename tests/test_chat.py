@@ -119,6 +119,19 @@ def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
         assert "error: the message takes 46 tokens" in err.getvalue() and "context holds 40" in err.getvalue()
 
 
+def test_a_message_too_long_for_the_context_gets_advice_that_can_help(model_dir):
+    model, text = load_checkpoint(model_dir)
+    own = model.config.max_seq  # 512
+    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
+        for words, hint in [(45, f"raise --max-seq (the model allows up to {own})"),
+                            (own + 10, f"shorten the message (the model's own context is {own} positions)")]:
+            conv = Conversation(small, text, system="general", max_new_tokens=8, model_context=own)
+            out, err = io.StringIO(), io.StringIO()
+            converse(conv, script(" ".join(["hello"] * words)), out, err)
+            assert f"error: the message takes {words + 1} tokens with the template; the context holds 40: {hint}\n" \
+                in err.getvalue(), err.getvalue()
+
+
 def spawn(*args, timeout=120):
     return pexpect.spawn(sys.executable, ["-m", "arcpy.chat", "--backend", "numpy", *args], env=server_env(),
                          encoding="utf-8", timeout=timeout)

@@ -1,6 +1,7 @@
 """The command line as a new user meets it: the prompt from stdin, every argument checked before the
 model loads, one line per mistake, the statistics on Ctrl-C, stop ids kept out of the output."""
 
+import io
 import json
 import os
 import shutil
@@ -124,6 +125,16 @@ def test_a_prompt_longer_than_the_context_names_max_seq_and_the_model_s_limit():
     assert "raise --max-seq (the model allows up to 1024)" in out.stderr
 
 
+def test_a_prompt_longer_than_the_model_s_own_context_is_told_to_be_shorter():
+    out = decode("--shape", "stories15M", "--prompt-ids", " ".join(["5"] * 1100), "--max-seq", "32", "--backend",
+                 "numpy")
+    assert out.returncode == 1
+    assert out.stderr.strip().endswith("the prompt has 1100 tokens, but the context holds 32 positions and leaves no "
+                                       "room to generate: shorten the prompt (the model's own context is 1024 "
+                                       "positions)"), out.stderr
+    assert "raise --max-seq" not in out.stderr
+
+
 def test_invalid_utf8_in_the_prompt_points_into_the_prompt(text_model):
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(text_model), "--backend", "numpy",
                           "--chat", "--prompt", b"hello \xff there".decode("utf-8", "surrogateescape")],
@@ -202,3 +213,38 @@ def test_a_temperature_the_sampler_refuses_is_one_line(temperature):
                  "numpy")
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "temperature must be 0 (greedy) or in [1e-06, 1e+06]" in out.stderr
+
+
+class _TerminalText(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_long_prefill_on_the_cpu_reports_its_chunks_on_a_terminal_only():
+    from arcpy.devices.cpu import PREFILL_CHUNK
+    from arcpy.loop.engine import Engine
+    from arcpy.model import synthetic_model
+    from arcpy.options import PrefillProgress
+
+    prompt = [5] * (3 * PREFILL_CHUNK + 8)  # four chunks
+    seen, terminal, pipe = [], _TerminalText(), io.StringIO()
+    with Engine.load(synthetic_model("stories15M"), "numpy",
+                     prefill_progress=lambda *a: (seen.append(a), PrefillProgress(terminal)(*a),
+                                                  PrefillProgress(pipe)(*a))) as engine:
+        want = list(engine.generate(prompt, 2))
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    assert terminal.getvalue() == "".join(f"\rprefill: {k}/4 chunks" for k in range(4)) + "\r\033[K"
+    assert pipe.getvalue() == ""
+    with Engine.load(synthetic_model("stories15M"), "numpy") as engine:
+        assert list(engine.generate(prompt, 2)) == want  # the same tokens, told or not
+
+
+def test_the_main_job_shows_the_prefill_on_a_terminal_and_not_in_a_pipe():
+    pexpect = pytest.importorskip("pexpect")
+    args = ["-m", "arcpy.decode", "--shape", "stories15M", "--prompt-ids", " ".join(["5"] * 200), "-n", "1",
+            "--backend", "numpy"]
+    child = pexpect.spawn(sys.executable, args, encoding="utf-8", timeout=300)
+    child.expect("prefill: 3/4 chunks")
+    child.expect(pexpect.EOF)
+    piped = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0 and "prefill" not in piped.stderr, piped.stderr

@@ -99,6 +99,8 @@ def llama_meta(cfg: ModelConfig) -> dict:
 def put(w: GGUFWriter, key: str, value) -> None:
     if isinstance(value, bool):
         w.add_bool(key, value)
+    elif isinstance(value, int) and value < 0:
+        w.add_int32(key, value)
     elif isinstance(value, int):
         w.add_uint32(key, value)
     elif isinstance(value, float):
@@ -753,6 +755,8 @@ def test_tensor_of_a_type_that_cannot_be_dequantized_is_refused(tmp_path):
      "LongRoPE scaling needs tensor 'rope_factors_short.weight' of shape"),
     ({"llama.attention.temperature_scale": 0.1}, "llama.attention.temperature_scale is not supported"),
     ({"llama.expert_count": 8}, "missing metadata 'llama.expert_used_count'"),  # Mixtral's, incomplete
+    ({"llama.expert_count": -1}, "metadata 'llama.expert_count' must be 0 (no experts) or more, got -1"),
+    ({"llama.expert_count": -1, "llama.expert_used_count": 2}, "'llama.expert_count' must be 0 (no experts) or more"),
     ({"llama.block_count": "2"}, "'llama.block_count' must be an integer, got '2'"),
     ({"llama.vocab_size": 300}, "llama.vocab_size 300 differs from the 267 tokens"),
     ({"llama.rope.dimension_count": 7}, "7 rotated dims are not supported"),

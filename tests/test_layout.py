@@ -1,5 +1,6 @@
 """The package's shape: no module imports in a circle, files stay a size one can hold in one's head,
-and README's layout table names what is in the tree. The layers themselves are pyproject.toml's
+and the layout tables of docs/ARCHITECTURE.md name what is in the tree; README stays a front door
+whose test commands are the ones CI runs. The layers themselves are pyproject.toml's
 import-linter contract, which CI runs (`lint-imports`)."""
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def test_files_stay_small():
 
 
 def layout_rows() -> list[tuple[list[str], str]]:
-    """README's layout table: (the paths a row names, the row)."""
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Layout"):text.index("## Set up")]
+    """The layout tables of docs/ARCHITECTURE.md (its last section): (the paths a row names, the row)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    table = text[text.index("## 5. Layout"):]
     rows = []
     for line in table.splitlines():
         if line.startswith("| `"):
@@ -94,7 +95,7 @@ def layout_rows() -> list[tuple[list[str], str]]:
     return rows
 
 
-def test_readme_layout_names_every_module_and_nothing_else():
+def test_the_layout_names_every_module_and_nothing_else():
     named: set[str] = set()
     for paths, row in layout_rows():
         folder = ""
@@ -103,11 +104,21 @@ def test_readme_layout_names_every_module_and_nothing_else():
             full = p if "/" in p or not folder else folder + p
             folder = full[:full.rindex("/") + 1] if "/" in full else folder
             for hit in sorted(ROOT.glob(full.rstrip("/"))) or [None]:
-                assert hit is not None, f"README's layout names {full!r}, which is not in the tree ({row})"
+                assert hit is not None, f"the layout names {full!r}, which is not in the tree ({row})"
                 named.add(str(hit.relative_to(ROOT)))
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "arcpy").rglob("*.py")}
     covered = {m for m in modules if m in named or any(m.startswith(n.rstrip("/") + "/") for n in named)}
-    assert modules - covered == set(), "modules README's layout table does not name"
+    assert modules - covered == set(), "modules the layout tables do not name"
+
+
+def test_readme_stays_short_and_its_test_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    block = readme[readme.index("## Test"):].split("```")[1]
+    commands = [line for line in block.splitlines() if line.strip()]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands and all(c.startswith("python ") for c in commands)
+    assert [c for c in commands if '"$venv/bin/python"' + c[len("python"):] not in ci] == []
 
 
 def device_probes(source: str) -> list[str]:

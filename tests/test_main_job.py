@@ -43,6 +43,14 @@ def test_main_job_decodes_on_a_cpu_only_machine(stories):
     assert "NumPy reference backend, which is slow" in out.stderr
 
 
+def test_bench_help_says_what_the_installed_command_does():
+    """An installed arcpy has no scripts/ folder: the help describes the command itself."""
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0 and "scripts/" not in r.output, r.output
+    assert "host path against device loop" in r.output and "Needs a GPU" in r.output
+    assert "bench" in CliRunner().invoke(cli, ["--help"]).output
+
+
 def test_help_lists_the_options():
     out = decode("--help")
     assert out.returncode == 0

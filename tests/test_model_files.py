@@ -246,6 +246,32 @@ def test_a_null_inside_the_rope_settings_is_refused_by_name(where):
         config_from_hf(d, "cfg.json")
 
 
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "sliding_window": 512, "num_hidden_layers": 6}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [1.0] * 64}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"head_dim": 10**400}, "key 'head_dim' must be a positive int32"),
+    ({"hidden_size": 10**400}, "key 'hidden_size' must be a positive int32"),
+    ({"num_attention_heads": 0}, "key 'num_attention_heads' must be a positive int32, got 0"),
+    ({"max_position_embeddings": 10**400}, "key 'max_position_embeddings' must be a positive int32"),
+    ({"num_hidden_layers": 2**40}, "key 'num_hidden_layers' must be a positive int32"),
+    ({"partial_rotary_factor": 1e308}, "key 'partial_rotary_factor' must be in (0, 1], got 1e+308"),
+    ({"partial_rotary_factor": -0.5}, "key 'partial_rotary_factor' must be in (0, 1], got -0.5"),
+    ({"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 0}},
+     "key 'original_max_position_embeddings' must be a positive int32, got 0"),
+    ({"rope_scaling": {**LONGROPE, "original_max_position_embeddings": 1}},
+     "longrope's original_max_position_embeddings must be above 1"),
+    ({**GEMMA3, "query_pre_attn_scalar": 0}, "key 'query_pre_attn_scalar' must be positive, got 0.0"),
+], ids=lambda v: str(v)[:40])
+def test_sizes_and_factors_are_range_checked_before_any_arithmetic(change, words):
+    """A fuzzed config.json: no OverflowError or ZeroDivisionError, one line naming the key."""
+    d = {**llama3_8b_config(), **change}
+    with pytest.raises(ModelFileError) as ei:
+        config_from_hf(d, "cfg.json")
+    assert str(ei.value).startswith("cfg.json: ") and words in str(ei.value) and "\n" not in str(ei.value)
+
+
 def test_config_with_neither_architectures_nor_model_type_names_the_missing_key():
     d = llama3_8b_config()
     del d["architectures"], d["model_type"]

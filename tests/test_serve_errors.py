@@ -115,9 +115,11 @@ def test_a_budget_beyond_the_context_is_a_400_naming_both_numbers(server, path, 
     error = error_of(post(server, path, body), 400)
     prompt = post(server, path, {**body, field: 1}).json()["usage"]["prompt_tokens"]
     assert error["param"] == field and error["code"] == "context_length_exceeded"
+    # A larger --max-seq helps only where the model's own context (512) holds the prompt and the budget.
+    fix = ("the server's --max-seq sets it (the model allows up to 512)" if prompt + body[field] <= 512
+           else "ask for fewer or shorten the prompt (the model's own context is 512 positions)")
     assert error["message"] == (f"{field} is {body[field]}, but the context holds 64 positions and the prompt takes "
-                                f"{prompt}: at most {64 - prompt} new tokens fit (the server's --max-seq; the model "
-                                "allows 512)")
+                                f"{prompt}: at most {64 - prompt} new tokens fit; {fix}")
     fits = post(server, path, {**body, field: 64 - prompt})
     assert fits.status_code == 200, fits.text
 
@@ -149,7 +151,17 @@ def test_a_prompt_longer_than_the_context_is_a_400_with_the_numbers(server):
     error = error_of(post(server, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": long}]}),
                      400)
     assert "the prompt has 80 tokens, but the context holds 64 positions" in error["message"]
-    assert "--max-seq; the model allows 512" in error["message"] and error["code"] == "context_length_exceeded"
+    assert "the server's --max-seq sets it (the model allows up to 512)" in error["message"]
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_a_prompt_longer_than_the_model_s_own_context_is_told_to_be_shorter(server):
+    long = " ".join(["hello"] * 600)  # the model's own context is 512: no --max-seq can hold it
+    error = error_of(post(server, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": long}]}),
+                     400)
+    assert "the prompt has 600 tokens, but the context holds 64 positions" in error["message"]
+    assert error["message"].endswith(": shorten the prompt (the model's own context is 512 positions)"), error
+    assert "--max-seq" not in error["message"] and error["code"] == "context_length_exceeded"
 
 
 def test_an_unknown_model_is_a_404(server):

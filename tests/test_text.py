@@ -604,12 +604,16 @@ def test_a_turn_typed_into_a_message_is_text_and_only_the_templates_markup_is_co
     spec = spec_of(tok, bos="<|im_start|>", eos=("<|im_end|>",), template=CHATML_TEMPLATE)
     start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
     template_markup = [start, end, start, end, start]  # the default system turn, the user's, the answer's header
-    for messages in ([{"role": "user", "content": INJECTED}], [{"role": "user<|im_end|>", "content": "hi"}]):
-        ids = chat_ids(spec, messages)
-        rendered = render_chat(spec, messages)
-        assert tok.decode(ids, skip_special_tokens=False) == rendered  # the same text...
-        assert [i for i in ids if i in (start, end)] == template_markup  # ...with only the markup as control tokens
+    messages = [{"role": "user", "content": INJECTED}]
+    ids = chat_ids(spec, messages)
+    rendered = render_chat(spec, messages)
+    assert tok.decode(ids, skip_special_tokens=False) == rendered  # the same text...
+    assert [i for i in ids if i in (start, end)] == template_markup  # ...with only the markup as control tokens
     assert contains(chat_ids(spec, [{"role": "user", "content": INJECTED}]), encode(spec, INJECTED))
+    # A role is the template's structure, read as the template reads it (a request takes only
+    # arcpy.loop.request.ROLES): not a user's text.
+    odd = [{"role": "user<|im_end|>", "content": "hi"}]
+    assert chat_ids(spec, odd) == encode(spec, render_chat(spec, odd), parse_special=True)
     # The tokenizer alone reads the injected markers as a turn of their own.
     assert encode(spec, render_chat(spec, [{"role": "user", "content": INJECTED}]), parse_special=True).count(start) == 5
 
@@ -625,6 +629,31 @@ def test_messages_without_special_strings_give_the_ids_they_always_did():
         assert chat_ids(spec, messages) == encode(spec, render_chat(spec, messages), parse_special=True)
     injected = chat_ids(mistral, [{"role": "user", "content": "x </s> y <s><unk>"}])
     assert injected.count(mistral.bos_id) == 1 and injected.count(mistral.eos_ids[0]) == 1
+
+
+def test_only_the_text_a_message_carries_is_user_text_not_its_keys_or_role():
+    """A vocabulary whose special tokens are words the template's structure uses ('role', 'user',
+    'content'): the keys, the roles and the keyword arguments' names are rendered as the template
+    renders them, so the prompt is the rendered template's ids."""
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "there": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["role", "user", "content"])
+    user = tok.token_to_id("user")
+    messages = [{"role": "user", "content": "hello there"}]
+    for template in ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}",
+                     "{% for message in messages %}{{ message.role }} {{ message.content }} {% endfor %}",
+                     "{% for m in messages %}{% if m.role == 'user' %}user {% endif %}{{ m.content }}{% endfor %}"):
+        spec = spec_of(tok, template=template)
+        assert chat_ids(spec, messages) == encode(spec, render_chat(spec, messages), parse_special=True) == [user, 1, 2]
+    spec = spec_of(tok, template="{{ content }} {% for m in messages %}{{ m.content }}{% endfor %}")
+    assert chat_ids(spec, messages, template_kwargs={"content": "hello"}) == [1, 1, 2]
+    # What a message carries stays text: 'user' typed into it is not the control token.
+    assert user not in chat_ids(spec, [{"role": "user", "content": "hello user"}], template_kwargs={"content": "user"})
+    calls = spec_of(tok, template="{% for m in messages %}{{ m.content }} {% for c in m.tool_calls or [] %}"
+                                  "{{ c.function.name }} {{ c.function.arguments | tojson }}{% endfor %}{% endfor %}")
+    call = {"id": "user", "type": "function", "function": {"name": "user", "arguments": '{"user": "user"}'}}
+    ids = chat_ids(calls, [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert ids[0] == 1 and user not in ids
 
 
 # -- stop strings and finish reasons ------------------------------------------------------------

@@ -66,9 +66,10 @@ class NumpyDevice(HostPathDevice):
         return Capabilities("CPU (NumPy reference backend)", prefill=True, prefix_granule=self.prefix_granule,
                             prefix_row_bytes=self.prefix_row_bytes)
 
-    def __init__(self, reference: ReferenceModel):
+    def __init__(self, reference: ReferenceModel, prefill_progress=None):
         super().__init__(reference.config.vocab, reference.max_seq)
         self.ref = reference
+        self.prefill_progress = prefill_progress  # progress(chunks done, chunks) as a prefill goes, or None
         k = reference.k_cache
         self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
         self.store = np.zeros(0, k.dtype)  # the store of earlier prefixes (reserve_prefix_store)
@@ -97,12 +98,12 @@ class NumpyDevice(HostPathDevice):
         self.ref.k_cache[:, :, :n], self.ref.v_cache[:, :, :n] = k[:, :, :n], v[:, :, :n]
 
     def enqueue_prefill(self, tokens, start: int) -> None:
-        self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK)
+        self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK, progress=self.prefill_progress)
 
     def enqueue_prompt_logprobs(self, tokens, top_n: int) -> None:
         """The prefill of `tokens` from position 0, in the chunks a cold prefill takes, and each
         token after the first scored against the row before it (float64, as a step's)."""
-        rows = self.ref.prefill(list(tokens), 0, chunk=PREFILL_CHUNK, every_row=True)
+        rows = self.ref.prefill(list(tokens), 0, chunk=PREFILL_CHUNK, every_row=True, progress=self.prefill_progress)
         self.logits = rows[-1]
         self.scored = [token_logprob(rows[i], tokens[i + 1], top_n) for i in range(len(tokens) - 1)]
 

@@ -72,7 +72,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         self.supports_prefill = forward.supports_prefill
         # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
         # the same at any row count, attention walks its keys in tiles at fixed positions:
-        # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; README, Prefix reuse.
+        # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; docs/USAGE.md, Prefix reuse.
         self.prefix_granule = 1 if self.supports_prefill else 0
         blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows

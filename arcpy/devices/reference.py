@@ -39,18 +39,8 @@ import numpy as np
 from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
                          OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import (
-    EMBED,
-    FINAL_NORM,
-    Model,
-    QuantTensor,
-    bf16_to_f32,
-    dequantize,
-    f32_to_bf16,
-    layer_prefix,
-    norm_names,
-    rope_inv_freq,
-)
+from arcpy.model import (EMBED, FINAL_NORM, Model, QuantTensor, bf16_to_f32, dequantize, f32_to_bf16, layer_prefix,
+                         norm_names, rope_inv_freq)
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
 
@@ -371,7 +361,7 @@ class ReferenceModel:
             raise InvalidArgumentError(f"token {token!r} out of range 0..{self.config.vocab - 1}")
 
     def prefill(self, tokens: list[int], start: int = 0, chunk: int | None = None,
-                bf16_products: bool = False, every_row: bool = False) -> np.ndarray:
+                bf16_products: bool = False, every_row: bool = False, progress=None) -> np.ndarray:
         """Run `tokens` at positions start..start+len-1 -> the logits of the last (vocab,) f32, or
         with every_row those of every token (len, vocab), each as the last's.
 
@@ -380,7 +370,8 @@ class ReferenceModel:
         attending to the cache the earlier ones wrote. Only summation order differs from forward().
         bf16_products: round what enters each matrix product to bf16 as libarc's tensor-core
         prefill does (the normed inputs, the rotated q, the attention probabilities and output,
-        the SwiGLU output); the residual stream and every sum stay float32.
+        the SwiGLU output); the residual stream and every sum stay float32. `progress(done, total)`,
+        where given, is called with the chunks done before the first and after each.
         """
         tokens = list(tokens)
         if not tokens:
@@ -392,8 +383,14 @@ class ReferenceModel:
         if chunk is not None and (not _is_int(chunk) or chunk < 1):
             raise InvalidArgumentError(f"chunk must be a positive integer, got {chunk!r}")
         step = int(chunk) if chunk is not None else len(tokens)
-        xs = [self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products)
-              for off in range(0, len(tokens), step)]
+        offsets = range(0, len(tokens), step)
+        xs = []
+        for done, off in enumerate(offsets):
+            if progress is not None:
+                progress(done, len(offsets))
+            xs.append(self._prefill_chunk([int(t) for t in tokens[off:off + step]], int(start) + off, bf16_products))
+        if progress is not None:
+            progress(len(offsets), len(offsets))
         rows = np.concatenate(xs) if every_row else xs[-1][-1:]
         logits = np.stack([gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)) for x in rows])
         return logits if every_row else logits[0]

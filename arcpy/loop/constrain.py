@@ -16,7 +16,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Constraint, Frozen, Request
 from arcpy.text import TextSpec
 from arcpy.text.answer import CALLS, special_marks
-from arcpy.text.grammar import LARK, Grammar, Matcher, TokenTables, allowed, words
+from arcpy.text.grammar import LARK, Grammar, Matcher, TokenTables, allowed, check_grammar, words
 from arcpy.text.tools import AUTO, MISTRAL, NONE, call_grammar, tool_format
 
 
@@ -45,8 +45,17 @@ def compile_constraint(text: TextSpec | None, vocab: int, constraint: Constraint
         return None
     if text is None:
         raise InvalidArgumentError("constrained output needs the model's tokenizer, and this engine has none")
-    source = constraint.source.value if isinstance(constraint.source, Frozen) else constraint.source
-    return Grammar.compile(vocabulary(text, vocab), constraint.kind, source)
+    return Grammar.compile(vocabulary(text, vocab), constraint.kind, _source(constraint))
+
+
+def check_constraint(constraint: Constraint | None) -> None:
+    """compile_constraint's checks that need no model, for a front end to make before one loads."""
+    if constraint is not None:
+        check_grammar(constraint.kind, _source(constraint))
+
+
+def _source(constraint: Constraint):
+    return constraint.source.value if isinstance(constraint.source, Frozen) else constraint.source
 
 
 def matcher_for(text: TextSpec | None, vocab: int, request: Request) -> Matcher | None:

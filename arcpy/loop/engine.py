@@ -99,7 +99,7 @@ class Engine(HostPath):
     @classmethod
     def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
              environ: Mapping[str, str] | None = None, text=None, drafts: int | None = None,
-             devices: Sequence[int] | None = None, **kw) -> "Engine":
+             devices: Sequence[int] | None = None, prefill_progress=None, **kw) -> "Engine":
         """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
         usable). `max_seq` is the context to allocate, by default the model's, at most
         arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
@@ -108,8 +108,10 @@ class Engine(HostPath):
         experts) and taken burst by burst where they pay, with the plain loop's tokens. `devices`
         splits the model over that many ranks (tensor parallelism, arcpy/parallel): on cuda, the
         GPUs of those indices, their sums through NCCL in the step graphs; on numpy, ranks on the
-        CPU whose partial sums are added in rank order. The engine owns the device it builds:
-        `with Engine.load(...) as engine:` frees it."""
+        CPU whose partial sums are added in rank order. `prefill_progress(done, total)` hears
+        how the chunks of a prefill on numpy go (seconds each; on cuda a prompt takes milliseconds,
+        and it is not called). The engine owns the device it builds: `with Engine.load(...) as
+        engine:` frees it."""
         from arcpy import _lib
         gate.read_all(environ)
         max_seq = context_of(model.config, max_seq)
@@ -126,7 +128,7 @@ class Engine(HostPath):
         elif world and backend == "numpy":
             from arcpy.devices.cpu import NumpyDevice
             from arcpy.parallel.reference import TensorParallelReference
-            device = NumpyDevice(TensorParallelReference(model, world, max_seq))
+            device = NumpyDevice(TensorParallelReference(model, world, max_seq), prefill_progress)
         elif backend == "cuda":
             from arcpy.devices.cuda import open_cuda_device
             drafts = DEFAULT_DRAFTS if drafts is None else drafts
@@ -134,7 +136,7 @@ class Engine(HostPath):
         elif backend == "numpy":
             from arcpy.devices.cpu import NumpyDevice
             from arcpy.devices.reference import ReferenceModel
-            device = NumpyDevice(ReferenceModel(model, max_seq))
+            device = NumpyDevice(ReferenceModel(model, max_seq), prefill_progress)
         else:
             raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
         try:

@@ -5,7 +5,7 @@ a bounded store in spare device memory, and how many of a new prompt's first pos
 Only rows a prefill wrote are held, never rows of decode steps: a step's GEMV sums in another
 order than the prefill's products. The prompt's last token is always prefilled again (its logits
 give the first token). Where reuse stops is rounded down to the device's `prefix_granule`, chosen
-so that the reused rows are those a cold prefill would write (README, section Use). The store
+so that the reused rows are those a cold prefill would write (docs/USAGE.md, Prefix reuse). The store
 keeps copies of such rows, bit for bit: before a prefill rewrites rows of the held prefix, they
 are copied into it, and a prompt that shares more with a stored prefix than with the held one
 gets that prefix's rows copied back first. The least recently used leave it first when it is

@@ -62,6 +62,17 @@ def check_prompt(ids, vocab: int, context: int, stop_ids=(), hint: str = "") -> 
                           f"no room to generate{hint}")
 
 
+def room_hint(needed: int, context: int, model_context: int, larger: str = "raise --max-seq",
+              smaller: str = "shorten the prompt") -> str:
+    """What can make room for `needed` positions (a prompt and what it must leave to generate)
+    that a context of `context` positions lacks: a larger context (`larger` says how to ask for
+    one) where the model's own context of `model_context` holds them, else asking for fewer
+    (`smaller`): no context can hold more than the model's."""
+    if context < model_context and needed <= model_context:
+        return f"{larger} (the model allows up to {model_context})"
+    return f"{smaller} (the model's own context is {model_context} positions)"
+
+
 def check_budget(ids, max_new_tokens: int, context: int, name: str = "max_new_tokens") -> None:
     """Refuse a budget of new tokens that the context cannot hold after the prompt, naming both
     numbers (for a front end that takes a budget as given, as OpenAI's API does)."""

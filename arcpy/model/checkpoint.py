@@ -18,7 +18,7 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
-from arcpy.files import read_json_file
+from arcpy.files import read_json_file, reading
 from arcpy.model.config import ModelConfig
 from arcpy.model.native import LM_HEAD, expected_tensors, iter_tensors, layer_prefix
 from arcpy.model.config import one_layer as single_layer
@@ -201,10 +201,8 @@ def load_model(path, max_seq: int | None = None) -> Model:
     """
     if "\0" in os.fspath(path):
         raise ModelFileError(f"{quoted(os.fspath(path))}: not a valid path")
-    try:
+    with reading(path):
         return _load_model(Path(path), max_seq)
-    except OSError as e:  # unreadable file, I/O error: still one line naming the file
-        raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
 
 
 def _load_model(directory: Path, max_seq: int | None) -> Model:

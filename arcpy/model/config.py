@@ -15,7 +15,7 @@ from arcpy.model.native import EMBED, expected_tensors
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
-_INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
+INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
 _MAX_DENSE_LISTED = 128
 _EXPERTS = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")  # arc_model_config's dense_layers mask holds layers 0..127
 
@@ -39,7 +39,7 @@ class RopeScaling:
                 f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                 f"low_freq_factor ({self.low_freq_factor})")
         orig = self.original_max_position_embeddings
-        require(is_int(orig) and 0 < orig < _INT32_LIMIT,
+        require(is_int(orig) and 0 < orig < INT32_LIMIT,
                 f"rope_scaling.original_max_position_embeddings must be a positive int32, got {quoted(orig)}")
 
 
@@ -72,7 +72,7 @@ class YarnScaling:
             v = getattr(self, field)
             require(is_finite_real(v) and v > 0, f"rope_scaling.{field} must be a finite number > 0, got {quoted(v)}")
         orig = self.original_max_position_embeddings
-        require(is_int(orig) and 0 < orig < _INT32_LIMIT,
+        require(is_int(orig) and 0 < orig < INT32_LIMIT,
                 f"rope_scaling.original_max_position_embeddings must be a positive int32, got {quoted(orig)}")
         require(isinstance(self.truncate, bool), "rope_scaling.truncate must be true or false")
 
@@ -96,7 +96,7 @@ class LongRopeScaling:
         require(len(self.short_factors) == len(self.long_factors),
                 "rope_scaling's short and long factors must be as many")
         orig = self.original_max_position_embeddings
-        require(is_int(orig) and 0 < orig < _INT32_LIMIT,
+        require(is_int(orig) and 0 < orig < INT32_LIMIT,
                 f"rope_scaling.original_max_position_embeddings must be a positive int32, got {quoted(orig)}")
         require(is_finite_real(self.attention_factor) and self.attention_factor > 0,
                 f"rope_scaling.attention_factor must be a finite number > 0, got {quoted(self.attention_factor)}")
@@ -161,7 +161,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
             v = getattr(self, field)
-            require(is_int(v) and 0 < v < _INT32_LIMIT, f"ModelConfig.{field} must be a positive int32, got {quoted(v)}")
+            require(is_int(v) and 0 < v < INT32_LIMIT, f"ModelConfig.{field} must be a positive int32, got {quoted(v)}")
         require(self.n_heads % self.n_kv_heads == 0,
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         require(self.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {self.head_dim}")
@@ -204,7 +204,7 @@ class ModelConfig:
             require(is_finite_real(v) and 0 < v < _F32_MAX, f"{field} must be a finite number > 0, got {quoted(v)}")
         for field in ("sliding_window", "window_pattern"):
             v = getattr(self, field)
-            require(is_int(v) and 0 <= v < _INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
+            require(is_int(v) and 0 <= v < INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
         local = self.rope_local_theta
         require(local is None or (is_finite_real(local) and local > 1
                                   and _rope_in_float32_range(float(local), self.rotary_dim, None)),
@@ -214,7 +214,7 @@ class ModelConfig:
     def _check_experts(self) -> None:
         for field in ("n_experts", "n_experts_used", "expert_ffn_dim", "shared_expert_ffn_dim", "moe_every"):
             v = getattr(self, field)
-            require(is_int(v) and 0 <= v < _INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
+            require(is_int(v) and 0 <= v < INT32_LIMIT, f"{field} must be a non-negative int32, got {quoted(v)}")
         require(self.routing in ROUTINGS, f"routing must be one of {', '.join(ROUTINGS)}, got {quoted(self.routing)}")
         require(isinstance(self.norm_topk_prob, bool), "norm_topk_prob must be bool")
         dense = self.mlp_only_layers

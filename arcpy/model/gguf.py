@@ -25,7 +25,6 @@ which the RopeScaling parameters are recovered and checked.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ import numpy as np
 
 from arcpy.checks import is_int, quoted, require
 from arcpy.errors import ModelFileError
+from arcpy.files import reading
 from arcpy.model.bf16 import require_finite
 from arcpy.model.config import ModelConfig
 from arcpy.model.gguf_config import OUTPUT, PERMUTED, ROPE_TENSORS, gguf_config, unfused
@@ -79,7 +79,7 @@ class GGUFCheckpoint:
     head_from_embedding: bool = False  # the file is tied; the model's lm_head is token_embd's blocks
 
     def vocabulary(self) -> Vocabulary:
-        with _reading(self.file.path):
+        with reading(self.file.path):
             return read_vocabulary(self.file.meta, self.config.vocab)
 
     def model(self, progress=None) -> Model:
@@ -87,7 +87,7 @@ class GGUFCheckpoint:
         quantized (see the module's docstring); the model's notes say which quantized tensors
         were dequantized. `progress(done, total)`, when given, is called after each tensor is
         read (a large file takes seconds)."""
-        with _reading(self.file.path):
+        with reading(self.file.path):
             return _model(self, progress)
 
 
@@ -100,7 +100,7 @@ def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFC
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
     require(isinstance(quantized, bool), f"quantized must be True or False, got {quantized!r}")
     path = Path(path)
-    with _reading(path):
+    with reading(path):
         if not path.exists():
             raise ModelFileError(f"{path}: no such GGUF file")
         f = read_gguf(path)
@@ -118,14 +118,6 @@ def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFC
 def load_gguf_model(path, max_seq: int | None = None, quantized: bool = True) -> Model:
     """The model of a GGUF file, without its vocabulary (what `load_model` returns for one)."""
     return open_gguf(path, max_seq, quantized).model()
-
-
-@contextlib.contextmanager
-def _reading(path: Path):
-    try:
-        yield
-    except OSError as e:  # unreadable file, I/O error: still one line naming the file
-        raise ModelFileError(f"{e.filename or path}: cannot read ({e.strerror or e})") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,6 +104,8 @@ def _experts(m, a: str, arch: str, path) -> dict:
     """A mixture of experts' fields as llama.cpp reads them: expert_count, expert_used_count, and
     an expert's width (qwen3moe: expert_feed_forward_length; llama: feed_forward_length)."""
     n = m.integer(a + "expert_count", 0)
+    if n < 0:  # before expert_used_count is read: the message names the key that is wrong
+        raise ModelFileError(f"{path}: metadata {quoted(a + 'expert_count')} must be 0 (no experts) or more, got {n}")
     if n == 0:
         return {}
     if arch not in _MOE_ARCHITECTURES:

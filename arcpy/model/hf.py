@@ -15,7 +15,8 @@ from typing import Mapping
 from arcpy.checks import is_finite_real, is_int, quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model.moe import GPT_OSS_NEEDS
-from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling
+from arcpy.model.config import (INT32_LIMIT, LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling,
+                                 YarnScaling)
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "SmolLM3ForCausalLM": "smollm3", "Phi3ForCausalLM": "phi3",
@@ -46,6 +47,15 @@ def _int(d: Mapping, key: str, source: str, default=_MISSING) -> int:
     v = _get(d, key, source, default)
     if not is_int(v):
         raise ModelFileError(f"{source}: key '{key}' must be an integer, got {quoted(v)}")
+    return v
+
+
+def _size(d: Mapping, key: str, source: str, default=_MISSING) -> int:
+    """A size the config's arithmetic goes on to use: a positive int32, checked first (10**400
+    is an integer, and no float holds it)."""
+    v = _int(d, key, source, default)
+    if not 0 < v < INT32_LIMIT:
+        raise ModelFileError(f"{source}: key '{key}' must be a positive int32, got {quoted(v)}")
     return v
 
 
@@ -122,7 +132,7 @@ def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
     rope_type = rs.get("rope_type", rs.get("type"))
     if rope_type in _IGNORED_ROPE_TYPES:
         return None
-    max_pos = _int(d, "max_position_embeddings", source)
+    max_pos = _size(d, "max_position_embeddings", source)
     if rope_type == "llama3":
         return RopeScaling(factor=_number(rs, "factor", source), low_freq_factor=_number(rs, "low_freq_factor", source),
                            high_freq_factor=_number(rs, "high_freq_factor", source),
@@ -131,8 +141,8 @@ def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
         return LinearScaling(factor=_number(rs, "factor", source))
     if rope_type in ("yarn", "longrope"):
         # The original context, and the factor (default: how far the context reaches past it).
-        orig = _int(rs, "original_max_position_embeddings", source, _int(d, "original_max_position_embeddings",
-                                                                          source, max_pos))
+        orig = _size(rs, "original_max_position_embeddings", source, _size(d, "original_max_position_embeddings",
+                                                                            source, max_pos))
         factor = max_pos / orig if rs.get("factor") is None else _number(rs, "factor", source)
     if rope_type == "yarn":
         attention = rs.get("attention_factor")
@@ -151,6 +161,8 @@ def _scaling(rs: Mapping, d: Mapping, source: str) -> Scaling | None:
                            truncate=_flag(rs, "truncate", source, True))
     if rope_type == "longrope":
         attention = rs.get("attention_factor")
+        if attention is None and factor > 1.0 and orig == 1:
+            raise ModelFileError(f"{source}: longrope's original_max_position_embeddings must be above 1, got 1")
         if attention is None:
             attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
         else:
@@ -171,8 +183,10 @@ def _rope_from_hf(d: Mapping, source: str, head_dim: int) -> tuple[float, Scalin
     rs = _rope_params(d, source)
     theta = _number(rs, "rope_theta", source, 10000.0)
     fraction = _number(rs, "partial_rotary_factor", source, 1.0)
-    rope_dim = int(head_dim * fraction)
-    if not 0 < fraction <= 1 or rope_dim % 2 or rope_dim == 0:
+    if not 0 < fraction <= 1:  # before any arithmetic: 1e308 times a head overflows
+        raise ModelFileError(f"{source}: key 'partial_rotary_factor' must be in (0, 1], got {fraction}")
+    rope_dim = int(head_dim * fraction)  # head_dim is an int32 (_size)
+    if rope_dim % 2 or rope_dim == 0:
         raise ModelFileError(f"{source}: partial_rotary_factor {fraction} of head_dim {head_dim} gives {rope_dim} "
                              "rotated elements; an even number in 2..head_dim is needed")
     try:
@@ -209,9 +223,11 @@ def _gemma3(d: Mapping, n_layers: int, head_dim: int, source: str) -> dict:
     sqrt(hidden_size), the scores by query_pre_attn_scalar^-1/2, and a window on the layers
     layer_types (or sliding_window_pattern) names sliding, whose RoPE base is rope_local_base_freq,
     unscaled."""
-    dim = _int(d, "hidden_size", source)
-    out = {"post_norms": True, "norm_plus_one": True, "embed_scale": math.sqrt(dim),
-           "attn_scale": _number(d, "query_pre_attn_scalar", source, float(head_dim)) ** -0.5}
+    dim = _size(d, "hidden_size", source)
+    scalar = _number(d, "query_pre_attn_scalar", source, float(head_dim))
+    if scalar <= 0:
+        raise ModelFileError(f"{source}: key 'query_pre_attn_scalar' must be positive, got {scalar}")
+    out = {"post_norms": True, "norm_plus_one": True, "embed_scale": math.sqrt(dim), "attn_scale": scalar ** -0.5}
     kinds = d.get("layer_types")
     if kinds is None:
         every = _int(d, "sliding_window_pattern", source, 6)
@@ -300,11 +316,9 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     else:
         qkv_bias = False
 
-    dim = _int(d, "hidden_size", source)
-    n_heads = _int(d, "num_attention_heads", source)
-    if n_heads <= 0:
-        raise ModelFileError(f"{source}: key 'num_attention_heads' must be a positive int")
-    max_seq = _int(d, "max_position_embeddings", source)
+    dim = _size(d, "hidden_size", source)
+    n_heads = _size(d, "num_attention_heads", source)
+    max_seq = _size(d, "max_position_embeddings", source)
     window = d.get("sliding_window")
     # Mistral and Phi-3 window every layer: a context no longer than the window is exact.
     capped = family in ("mistral", "phi3", "mixtral")
@@ -316,8 +330,8 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
         if not is_int(window) or window <= 0:
             raise ModelFileError(f"{source}: key 'sliding_window' must be a positive int, got {quoted(window)}")
         max_seq = min(max_seq, window)
-    head_dim = _int(d, "head_dim", source, default=dim // n_heads)
-    n_layers = _int(d, "num_hidden_layers", source)
+    head_dim = _size(d, "head_dim", source, default=dim // n_heads)
+    n_layers = _size(d, "num_hidden_layers", source)
     theta, scaling, rope_dim = _rope_from_hf(d, source, head_dim)
     extra = _gemma3(d, n_layers, head_dim, source) if family == "gemma3" else {}
     if "full_attention" in extra:  # Gemma 3's rope settings by layer kind

@@ -31,7 +31,7 @@ from arcpy import __version__
 from arcpy.errors import ArcError
 from arcpy.loop import gate
 from arcpy.loop.constrain import compile_constraint, resolve
-from arcpy.loop.prompt import ContextFull, check_budget, check_prompt, request_ids
+from arcpy.loop.prompt import ContextFull, check_budget, check_prompt, request_ids, room_hint
 from arcpy.loop.request import Request
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
 from arcpy.text.tools import tool_format
@@ -110,17 +110,18 @@ class Service:
     def token_text(self, token: int) -> str:
         return token_text(self.text, token)
 
-    def prepare(self, request: Request, budget_field: str | None = None) -> tuple[list[int], Request, dict | None]:
+    def prepare(self, request: Request, budget_field: str | None = None,
+                constraint_field: str = "tool_choice") -> tuple[list[int], Request, dict | None]:
         """The prompt's ids (prompt_ids, with the budget `budget_field` names checked), the request
         the worker decodes (the prompt as those ids, a constraint compiled once here so that a bad
-        one is a 400), and how to split its answer (None: as plain text)."""
+        one is a 400 naming `constraint_field`, the body's field it came from), and how to split
+        its answer (None: as plain text)."""
         ids = self.prompt_ids(request, budget_field)
         try:
             constraint = resolve(self.text, request)
             compile_constraint(self.text, self.worker.vocab, constraint)
         except ArcError as exc:
-            raise bad(str(exc), param="tool_choice" if request.response_format is None else "response_format") \
-                from None
+            raise bad(str(exc), param=constraint_field) from None
         job = replace(request, prompt=None, messages=None, template_kwargs={}, tools=None, tool_choice=None,
                       response_format=constraint, prompt_ids=ids)
         if request.messages is None:
@@ -143,11 +144,10 @@ class Service:
             ids = request_ids(self.text, request)
         except ArcError as exc:  # the chat template refused the messages, or they are too long for it
             raise bad(str(exc), param=where) from None
-        context = self.worker.max_seq
-        fix = (f"the server's --max-seq; the model allows {self.settings.model_max_seq}"
-               if context < self.settings.model_max_seq else "the model's own limit")
+        context, larger = self.worker.max_seq, "the server's --max-seq sets it"
         try:
-            check_prompt(ids, self.worker.vocab, context, hint=f" ({fix})")
+            check_prompt(ids, self.worker.vocab, context,
+                         hint=f": {room_hint(len(ids) + 1, context, self.settings.model_max_seq, larger)}")
         except ContextFull as exc:
             raise bad(str(exc), param=where, code="context_length_exceeded") from None
         except ArcError as exc:
@@ -160,7 +160,9 @@ class Service:
             try:
                 check_budget(ids, request.max_new_tokens, context, budget_field)
             except ContextFull as exc:
-                raise bad(f"{exc} ({fix})", param=budget_field, code="context_length_exceeded") from None
+                fix = room_hint(len(ids) + request.max_new_tokens, context, self.settings.model_max_seq, larger,
+                                "ask for fewer or shorten the prompt")
+                raise bad(f"{exc}; {fix}", param=budget_field, code="context_length_exceeded") from None
         return ids
 
     async def complete(self, request: HttpRequest, kind: str):
@@ -177,8 +179,8 @@ class Service:
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
         # round trip would cost more than it saves. A long one goes to the thread pool.
         inline = size <= INLINE_PROMPT_CHARS and r.response_format is None and not r.tools
-        ids, request, split = (self.prepare(r, call.budget_field) if inline
-                               else await run_in_threadpool(self.prepare, r, call.budget_field))
+        ids, request, split = (self.prepare(r, call.budget_field, call.constraint_field) if inline
+                               else await run_in_threadpool(self.prepare, r, call.budget_field, call.constraint_field))
         shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage, self.token_text,
                         call.continuous_usage, len(ids))
         job = Job(request, Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived,

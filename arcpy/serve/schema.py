@@ -88,6 +88,7 @@ class Call:
     budget_field: str | None = None  # max_tokens or max_completion_tokens, where the client gave one
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: the counts on every chunk
     echo: bool = False   # a completion's `echo`: the prompt's text (and log-probabilities) before the answer's
+    constraint_field: str = "tool_choice"  # the field a constraint came from: response_format, grammar or tool_choice
 
 
 def _neutral_zero(v) -> bool:
@@ -147,7 +148,8 @@ def parse(kind: str, body, model: str, defaults: Defaults) -> Call:
         text = str(exc)
         raise bad(text, param=next((n for n in _AGENT if text.startswith(n)), None)) from None
     echo = kind == COMPLETION and (_optional(body, "echo", _bool) or False)
-    return Call(kind, request, stream, include_usage, budget_field, continuous_usage, echo)
+    constrained_by = next((n for n in ("grammar", "response_format") if body.get(n) is not None), "tool_choice")
+    return Call(kind, request, stream, include_usage, budget_field, continuous_usage, echo, constrained_by)
 
 
 def check_model(body: dict, model: str, required: bool = True) -> None:

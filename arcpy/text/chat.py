@@ -7,8 +7,9 @@ and eos_token (where the model has them), and the request's template keyword arg
 that arcpy sets or that the sandbox defines.
 
 `chat_ids` is the prompt to decode: the template's markup becomes the model's control tokens, and
-the messages' own text (and the strings of the keyword arguments) stays text, whatever it holds
-(arcpy.text.specials). `render_chat` is the same prompt as text, to show.
+the text the messages carry (and the strings of the keyword arguments and tools) stays text,
+whatever it holds (arcpy.text.specials); the messages' keys and roles and the arguments' names
+are the template's structure, read as the template reads them. `render_chat` is the same prompt as text, to show.
 """
 
 from __future__ import annotations
@@ -147,15 +148,34 @@ def _strings(value):
             yield from _strings(v)
 
 
-def _marked(marks: Marks, value):
-    """A JSON value with each of its strings marked (its special-token strings stay text)."""
+def _marked(marks: Marks, value, keys: bool = True):
+    """A JSON value with each of its strings marked (its special-token strings stay text), and
+    its objects' keys too where `keys` (data, as a call's arguments are; not a record's fields)."""
     if isinstance(value, str):
         return marks.mark(value)
     if isinstance(value, dict):
-        return {marks.mark(k): _marked(marks, v) for k, v in value.items()}
+        return {(marks.mark(k) if keys else k): _marked(marks, v, keys) for k, v in value.items()}
     if isinstance(value, list):
-        return [_marked(marks, v) for v in value]
+        return [_marked(marks, v, keys) for v in value]
     return value
+
+
+def _marked_message(marks: Marks, message: dict) -> dict:
+    """A message with the text it carries marked: its content, name and tool_call_id, its calls'
+    ids, names and arguments. Its keys and its role are the template's structure (a template
+    compares message.role == 'user'): they stay as the template reads them."""
+    out = {}
+    for key, value in message.items():
+        if key == "role":
+            out[key] = value
+        elif key == "tool_calls":
+            out[key] = [{"id": marks.mark(call["id"]), "type": call["type"],
+                         "function": {"name": marks.mark(call["function"]["name"]),
+                                      "arguments": _marked(marks, call["function"]["arguments"])}}
+                        for call in value]  # the shape check_tool_calls gives
+        else:
+            out[key] = _marked(marks, value)
+    return out
 
 
 def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None,
@@ -181,8 +201,9 @@ def chat_ids(spec: TextSpec, messages, add_generation_prompt: bool = True, templ
     given = [context.get("bos_token") or "", context.get("eos_token") or ""]
     given += list(_strings(context["messages"])) + list(_strings(kwargs))
     marks = Marks(spec.tokenizer, [spec.chat_template, *given])
-    context["messages"] = _marked(marks, context["messages"])
-    context.update(_marked(marks, kwargs))
+    context["messages"] = [_marked_message(marks, m) for m in context["messages"]]
+    # Names are the template's; their values are the caller's text (a tool's too, but not its fields).
+    context.update({name: _marked(marks, value, keys=name != "tools") for name, value in kwargs.items()})
     ids = marks.encode(render_template(spec.chat_template, context))
     return led_by_bos(spec, ids, spec.add_bos)
 

@@ -4,6 +4,7 @@ chose it).
 
     TokenTables(spec, vocab)                     the model's tokens as llguidance reads them (once a model)
     Grammar.compile(tables, kind, source)        -> a Grammar; a bad schema or grammar is one line
+    check_grammar(kind, source)                  the same checks without a model (before one loads)
     grammar.matcher()                            -> a Matcher for one answer
     matcher.fill(bits)                           the allowed next tokens, as a bitmask (int32 words)
     matcher.consume(token)                       move past a token the mask allowed
@@ -127,39 +128,56 @@ class Grammar:
     def compile(cls, vocabulary: TokenTables, kind: str, source=None) -> "Grammar":
         """`source`: a JSON schema (a dict, for JSON_SCHEMA), None (JSON_OBJECT), or grammar text
         (GBNF, LARK). An invalid one raises InvalidArgumentError with llguidance's reason."""
-        import llguidance
-
-        if kind == JSON_OBJECT:
-            kind, source = JSON_SCHEMA, _ANY_OBJECT
-        if kind == JSON_SCHEMA:
-            if not isinstance(source, dict):
-                raise InvalidArgumentError(f"a JSON schema must be an object, got {quoted(source)}")
-            try:
-                text = llguidance.LLMatcher.grammar_from_json_schema(source, overrides=_JSON_OPTIONS)
-            except (ValueError, TypeError) as exc:
-                raise InvalidArgumentError(f"the JSON schema is not valid: {exc}") from None
-        elif kind == GBNF:
-            if not isinstance(source, str) or not source.strip():
-                raise InvalidArgumentError("a GBNF grammar must be a non-empty string")
-            from llguidance.gbnf_to_lark import gbnf_to_lark
-            try:
-                text = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(source))
-            except Exception as exc:  # the converter raises what its parser meets
-                raise InvalidArgumentError(f"the GBNF grammar is not valid: {exc}") from None
-        elif kind == LARK:
-            if not isinstance(source, str) or not source.strip():
-                raise InvalidArgumentError("a Lark grammar must be a non-empty string")
-            text = llguidance.LLMatcher.grammar_from_lark(source)
-        else:
-            raise InvalidArgumentError(f"unknown grammar kind {quoted(kind)} (known: {', '.join(KINDS)})")
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, vocabulary.lltok)
-        if failed:
-            what = "JSON schema" if kind == JSON_SCHEMA else f"{kind.upper() if kind == GBNF else 'Lark'} grammar"
-            raise InvalidArgumentError(f"the {what} is not valid: {messages[0].strip()[:500]}")
+        kind, text = _grammar(kind, source)
+        _validate(kind, text, vocabulary.lltok)
         return cls(kind, text, vocabulary)
 
     def matcher(self) -> "Matcher":
         return Matcher(self)
+
+
+def check_grammar(kind: str, source=None) -> None:
+    """Grammar.compile's checks of `source` that need no model: a bad schema or grammar raises
+    InvalidArgumentError with the reason before any model is loaded."""
+    _validate(*_grammar(kind, source), None)
+
+
+def _grammar(kind: str, source) -> tuple[str, str]:
+    """(kind, llguidance's grammar text) of `source` (Grammar.compile's)."""
+    import llguidance
+
+    if kind == JSON_OBJECT:
+        kind, source = JSON_SCHEMA, _ANY_OBJECT
+    if kind == JSON_SCHEMA:
+        if not isinstance(source, dict):
+            raise InvalidArgumentError(f"a JSON schema must be an object, got {quoted(source)}")
+        try:
+            return kind, llguidance.LLMatcher.grammar_from_json_schema(source, overrides=_JSON_OPTIONS)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgumentError(f"the JSON schema is not valid: {exc}") from None
+    if kind == GBNF:
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidArgumentError("a GBNF grammar must be a non-empty string")
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+        try:
+            return kind, llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(source))
+        except Exception as exc:  # the converter raises what its parser meets
+            raise InvalidArgumentError(f"the GBNF grammar is not valid: {exc}") from None
+    if kind == LARK:
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidArgumentError("a Lark grammar must be a non-empty string")
+        return kind, llguidance.LLMatcher.grammar_from_lark(source)
+    raise InvalidArgumentError(f"unknown grammar kind {quoted(kind)} (known: {', '.join(KINDS)})")
+
+
+def _validate(kind: str, text: str, lltok) -> None:
+    """llguidance's check of a grammar's text, against the model's tokens (`lltok`) or none."""
+    import llguidance
+
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    if failed:
+        what = "JSON schema" if kind == JSON_SCHEMA else f"{kind.upper() if kind == GBNF else 'Lark'} grammar"
+        raise InvalidArgumentError(f"the {what} is not valid: {messages[0].strip()[:500]}")
 
 
 class Matcher:

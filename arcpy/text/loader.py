@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from arcpy.checks import is_int, quoted
 from arcpy.errors import ModelFileError
-from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file
+from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file, reading
 from arcpy.text.limits import MAX_TEMPLATE_CHARS, check_template_size
 from arcpy.text.spec import TextSpec
 
@@ -32,10 +32,8 @@ def load_text_spec(directory) -> TextSpec | None:
     if "\0" in os.fspath(directory):
         raise ModelFileError(f"{quoted(os.fspath(directory))}: not a valid path")
     directory = Path(directory)
-    try:
+    with reading(directory):
         return _load(directory)
-    except OSError as e:  # unreadable file, dangling link, I/O error: one line naming the file
-        raise ModelFileError(f"{e.filename or directory}: cannot read ({e.strerror or e})") from None
 
 
 def _load(directory: Path) -> TextSpec | None:
