@@ -67,8 +67,10 @@ def typist_engine(text: TextSpec, script: Callable[[str], str]) -> Engine:
     return engine
 
 
-def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typist", **defaults) -> InProcess:
-    """The app on uvicorn in this process, over a Typist engine; `.engine` is the engine."""
+def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typist", settings: dict | None = None,
+                  **defaults) -> InProcess:
+    """The app on uvicorn in this process, over a Typist engine; `.engine` is the engine.
+    `settings`: the Settings besides the name, the context and the defaults (api_key, ...)."""
     holder = {}
 
     def build():
@@ -76,6 +78,6 @@ def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typ
         return holder["engine"]
 
     worker = Worker(build, 4, warm_up=False).start()
-    server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults)))))
+    server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults), **(settings or {})))))
     server.engine = holder["engine"]
     return server
