@@ -7,16 +7,18 @@ errors, in OpenAI's shape."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from agent_helpers import family_text, typist_server
+from agent_helpers import Typist, family_text, typist_server
 from llamacpp_sdist import llamacpp_models
 from serve_helpers import Server, client_of
 
 from arcpy.demo import FETCH_HINT, demo_model_path
+from arcpy.errors import ArcError
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather now in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -38,16 +40,42 @@ def script(prompt: str) -> str:
     return "Hello there."
 
 
+def qwen3_text():
+    return family_text((llamacpp_models() / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text())
+
+
 @pytest.fixture(scope="module")
 def typist():
-    text = family_text((llamacpp_models() / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text())
-    s = typist_server(text, script, settings={"stored_responses": 3})
+    s = typist_server(qwen3_text(), script, settings={"stored_responses": 3})
     yield s, client_of(s)
     s.stop()
 
 
-def events_of(stream) -> list:
-    return list(stream)
+class Failing(Typist):
+    """The Typist, whose device fails at its fourth forward of an answer, a while after the
+    third (so that the answer's first tokens were sent)."""
+
+    def enqueue_forward(self, eager: bool = False) -> None:
+        if self.position - self.start >= 3:
+            time.sleep(0.5)
+            raise ArcError("the device failed (a test's)")
+        super().enqueue_forward(eager)
+
+
+def test_a_failure_before_the_stream_is_a_status_and_after_it_an_error_event():
+    s = typist_server(qwen3_text(), lambda prompt: "Hello there, and a long answer to it, word by word.",
+                      device=Failing)
+    try:
+        client = client_of(s)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.responses.create(model="typist", input="Hi")
+        assert caught.value.body["code"] == "fault"
+        events = list(client.responses.create(model="typist", input="Hi", stream=True))
+        assert events[0].type == "response.created" and events[-1].type == "error"
+        assert events[-1].code == "fault" and "the device failed" in events[-1].message
+        assert "response.completed" not in [e.type for e in events]
+    finally:
+        s.stop()
 
 
 def streamed(client, **kw):
@@ -135,11 +163,14 @@ def test_the_store_keeps_the_last_responses(typist):
 
 def test_text_format_json_schema_constrains_the_answer(typist):
     server, client = typist
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    # The Typist writes {"name": "Ada", "age": 36}: the schema's maximum holds all the same.
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "maximum": 30}},
               "required": ["name", "age"], "additionalProperties": False}
-    r = client.responses.create(model="typist", input="Hi", max_output_tokens=200,
+    r = client.responses.create(model="typist", input="Who? Answer in JSON.", max_output_tokens=200, temperature=0,
                                 text={"format": {"type": "json_schema", "name": "person", "schema": schema}})
-    jsonschema.validate(json.loads(r.output_text), schema)
+    answer = json.loads(r.output_text)
+    jsonschema.validate(answer, schema)
+    assert answer["name"] == "Ada"
 
 
 @pytest.mark.parametrize("body, param, words", [
