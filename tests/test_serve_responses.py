@@ -216,6 +216,7 @@ def test_the_demo_model_answers_as_on_the_chat_route():
                                         max_output_tokens=6, temperature=0)
         assert whole.output_text == want and whole.status == "incomplete"
         assert whole.incomplete_details.reason == "max_output_tokens" and whole.usage.output_tokens == 6
+        assert whole.output[-1].status == "incomplete"
         events, last = streamed(client, model=name, input=question, instructions="Answer briefly.",
                                 max_output_tokens=6, temperature=0)
         assert events[-1].type == "response.incomplete" and last.output_text == want

@@ -64,10 +64,12 @@ class ResponseShaper:
         shown.update({"content": []} if "content" in item else {"arguments": ""} if "arguments" in item else {})
         return self._emit("response.output_item.added", output_index=len(self.items) - 1, item=shown)
 
-    def _close(self) -> bytes:
+    def _close(self, status: str = "completed") -> bytes:
+        """The open item done; `status` "incomplete" for the last one of an answer cut short."""
         item, self.open = self.open, None
         if item is None:
             return b""
+        item["status"] = status
         part = item["content"][0]
         if item["type"] == "reasoning":
             out = self._emit("response.reasoning_text.done", **self._where(item), content_index=0, text=part["text"])
@@ -121,9 +123,12 @@ class ResponseShaper:
                 "incomplete_details": incomplete, "model": self.model, "output": list(self.items),
                 **self.turn.echo, "usage": None if stats is None else _usage(stats)}
 
-    def _finish(self, stats: GenerationStats, calls: bool) -> dict:
-        """The last item closed, the conversation stored: the response object."""
-        status = "incomplete" if finish_reason(stats, calls) == "length" else "completed"
+    @staticmethod
+    def _status(stats: GenerationStats, calls: bool) -> str:
+        return "incomplete" if finish_reason(stats, calls) == "length" else "completed"
+
+    def _finish(self, status: str, stats: GenerationStats) -> dict:
+        """The conversation stored (the last item closed): the response object."""
         if self.turn.store:
             self.store.put(self.id, self.turn.conversation + [self._message()])
         return self._response(status, stats)
@@ -153,9 +158,9 @@ class ResponseShaper:
         return self._text("reasoning", delta.reasoning) + self._text("message", delta.content)
 
     def last_chunks(self, stats: GenerationStats, calls: bool = False) -> bytes:
-        out = self._close()
-        response = self._finish(stats, calls)
-        return out + self._emit("response." + response["status"], response=response)
+        status = self._status(stats, calls)
+        out = self._close(status)
+        return out + self._emit("response." + status, response=self._finish(status, stats))
 
     def error_event(self, error: dict) -> bytes:
         e = error["error"]
@@ -168,5 +173,6 @@ class ResponseShaper:
             self.delta_chunk(Delta(reasoning=answer.reasoning, content=answer.content))
             for call in answer.tool_calls:
                 self._call(call)
-        self._close()
-        return self._finish(stats, bool(answer and answer.tool_calls))
+        status = self._status(stats, bool(answer and answer.tool_calls))
+        self._close(status)
+        return self._finish(status, stats)
