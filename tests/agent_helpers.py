@@ -79,6 +79,7 @@ def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typ
         return holder["engine"]
 
     worker = Worker(build, 4, warm_up=False).start()
-    server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults), **(settings or {})))))
+    configured = Settings(name, 4096, defaults=Defaults(**defaults), **(settings or {}))
+    server = InProcess(create_app(Service(worker, text, configured)))
     server.engine = holder["engine"]
     return server

@@ -63,7 +63,8 @@ def status(browser) -> str:
 
 
 def cancelled(url: str) -> float:
-    found = re.search(r'^arcpy_sequences_total\{finish_reason="cancelled"\} (\S+)$', httpx.get(url + "/metrics").text, re.M)
+    metrics = httpx.get(url + "/metrics").text
+    found = re.search(r'^arcpy_sequences_total\{finish_reason="cancelled"\} (\S+)$', metrics, re.M)
     return float(found.group(1)) if found else 0.0
 
 

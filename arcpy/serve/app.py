@@ -1,8 +1,9 @@
 """The ASGI application (Starlette) and the service its routes share (the routes themselves are
 arcpy/serve/routes.py).
 
-A completion request (chat, text, or a Responses request read as a chat one) is read (at most --max-body bytes), parsed (schema), its prompt rendered and
-encoded off the event loop and checked against the context, then queued for the worker; its
+A completion request (chat, text, or a Responses request read as a chat one) is read (at most
+--max-body bytes), parsed (schema), its prompt rendered and encoded off the event loop and
+checked against the context, then queued for the worker; its
 response (arcpy/serve/response.py) waits for the first event before it sends a status, so a
 request that fails before its first token still gets its own status (400, 500, 503, 504); once
 the stream began, a failure is an error event, which OpenAI's clients raise. While it waits, the
@@ -33,7 +34,7 @@ from arcpy.loop.request import Request
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
 from arcpy.text.tools import tool_format
 from arcpy.serve import events, responses, routes
-from arcpy.serve.schema import CHAT, ApiError, Call, Defaults, bad, parse
+from arcpy.serve.schema import ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import Shaper
 from arcpy.text import decode, token_text
 from arcpy.serve.response import JobResponse
