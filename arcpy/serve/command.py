@@ -112,7 +112,8 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
-                       f"{worker.device_name}; context {worker.max_seq}); Ctrl-C stops", err=True)
+                       f"{worker.device_name}; context {worker.max_seq}); a chat page at http://{where}:{bound[1]}/; "
+                       "Ctrl-C stops", err=True)
             _serve(app, sock, worker, switch_interval, log_level, access_log)
         finally:
             if worker is not None:
