@@ -1,7 +1,8 @@
 """Prove that the control-logic tests can fail: break the driver, the gate, the engine, the
 sampler, the server's worker, the chat template's keyword arguments, the agents' parts (the
-answer splitter, the constrained step, tool calls in templates and answers) and the experts'
-routing and shared expert on purpose, one named
+answer splitter, the constrained step, tool calls in templates and answers), the server's chat
+page (its test runs in headless Chromium: without it, that mutation survives) and Responses
+store, and the experts' routing and shared expert on purpose, one named
 mutation at a time, and require the tests that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
@@ -458,6 +459,21 @@ MUTATIONS = [
         '    return "tool_calls" if calls and reason == "stop" else reason\n',
         "    return reason\n",
         ("tests/test_agents_serve.py::test_the_openai_tool_flow_end_to_end",),
+    ),
+    Mutation(
+        "the chat page's stop button does not abort the stream",
+        "arcpy/serve/page.html",
+        '$("stop").addEventListener("click", () => { if (running) running.abort(); });\n',
+        '$("stop").addEventListener("click", () => {});\n',
+        ("tests/test_serve_page.py::test_an_answer_streams_into_the_page_and_stop_cuts_it",),
+    ),
+    Mutation(
+        "a stored response forgets its answer",
+        "arcpy/serve/events.py",
+        "            self.store.put(self.id, self.turn.conversation + [self._message()])\n",
+        "            self.store.put(self.id, self.turn.conversation)\n",
+        ("tests/test_serve_responses.py::test_the_tool_flow_by_previous_response_id_and_by_items",
+         "tests/test_serve_responses.py::test_a_message_continues_by_previous_response_id"),
     ),
     Mutation(
         "router ties go to the higher expert",

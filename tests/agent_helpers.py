@@ -61,21 +61,25 @@ class Typist(HostPathDevice):
         self.logits = self._logits_at(self.position)
 
 
-def typist_engine(text: TextSpec, script: Callable[[str], str]) -> Engine:
-    engine = Engine(Typist(text, script), "typist", environ={}, latch=gate.FallbackLatch())
+def typist_engine(text: TextSpec, script: Callable[[str], str], device=Typist) -> Engine:
+    engine = Engine(device(text, script), "typist", environ={}, latch=gate.FallbackLatch())
     engine.text = text
     return engine
 
 
-def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typist", **defaults) -> InProcess:
-    """The app on uvicorn in this process, over a Typist engine; `.engine` is the engine."""
+def typist_server(text: TextSpec, script: Callable[[str], str], name: str = "typist", settings: dict | None = None,
+                  device=Typist, **defaults) -> InProcess:
+    """The app on uvicorn in this process, over a Typist engine (`device`: the Typist or a class of
+    its kind); `.engine` is the engine. `settings`: the Settings besides the name, the context and
+    the defaults (api_key, ...)."""
     holder = {}
 
     def build():
-        holder["engine"] = typist_engine(text, script)
+        holder["engine"] = typist_engine(text, script, device)
         return holder["engine"]
 
     worker = Worker(build, 4, warm_up=False).start()
-    server = InProcess(create_app(Service(worker, text, Settings(name, 4096, defaults=Defaults(**defaults)))))
+    configured = Settings(name, 4096, defaults=Defaults(**defaults), **(settings or {}))
+    server = InProcess(create_app(Service(worker, text, configured)))
     server.engine = holder["engine"]
     return server

@@ -1,7 +1,9 @@
-"""The ASGI application (Starlette): the OpenAI routes, /health and /metrics.
+"""The ASGI application (Starlette) and the service its routes share (the routes themselves are
+arcpy/serve/routes.py).
 
-A completion request is read (at most --max-body bytes), parsed (schema), its prompt rendered and
-encoded off the event loop and checked against the context, then queued for the worker; its
+A completion request (chat, text, or a Responses request read as a chat one) is read (at most
+--max-body bytes), parsed (schema), its prompt rendered and encoded off the event loop and
+checked against the context, then queued for the worker; its
 response (arcpy/serve/response.py) waits for the first event before it sends a status, so a
 request that fails before its first token still gets its own status (400, 500, 503, 504); once
 the stream began, a failure is an error event, which OpenAI's clients raise. While it waits, the
@@ -15,38 +17,31 @@ import asyncio
 import contextlib
 import hmac
 import json
-import logging
 import time
 from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
 from arcpy import __version__
 from arcpy.errors import ArcError
-from arcpy.loop import gate
 from arcpy.loop.constrain import compile_constraint, resolve
 from arcpy.loop.prompt import ContextFull, check_budget, check_prompt, request_ids, room_hint
 from arcpy.loop.request import Request
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
 from arcpy.text.tools import tool_format
-from arcpy.serve.metrics import CONTENT_TYPE
-from arcpy.serve.schema import CHAT, COMPLETION, ApiError, Defaults, bad, parse
+from arcpy.serve import events, responses, routes
+from arcpy.serve.schema import ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import Shaper
-from arcpy.serve.tokens import detokenize, tokenize
 from arcpy.text import decode, token_text
 from arcpy.serve.response import JobResponse
 from arcpy.serve.worker import Channel, Job, QueueFull, Unavailable, Worker
 
-log = logging.getLogger("arcpy.serve")
-
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/reset_prefix_cache",
-          "/flush_cache", "/tokenize", "/detokenize")
+# The paths /metrics counts responses by (a path with a parameter counts under its pattern)
+COUNTED = {r.path for r in routes.ALL if "{" not in r.path}
 INLINE_PROMPT_CHARS = 1024
 
 
@@ -58,6 +53,7 @@ class Settings:
     max_body: int = 1 << 20
     timeout: float | None = 600.0  # per request, from its arrival; None: none
     defaults: Defaults = Defaults()
+    stored_responses: int = responses.STORED  # /v1/responses kept for previous_response_id
 
 
 class Service:
@@ -68,6 +64,7 @@ class Service:
         self.metrics = worker.metrics
         self.started = int(time.time())
         self.fingerprint = f"arcpy-{__version__}-{worker.backend}"
+        self.stored = responses.Store(settings.stored_responses)
 
     def warm_up(self) -> None:
         """Compile the chat template and run the tokenizer once, so that the first request does
@@ -165,15 +162,42 @@ class Service:
                 raise bad(f"{exc}; {fix}", param=budget_field, code="context_length_exceeded") from None
         return ids
 
-    async def complete(self, request: HttpRequest, kind: str):
-        arrived = time.perf_counter()
+    async def _body(self, request: HttpRequest):
+        """The request's JSON, once its key is checked; None where the client left while sending it."""
         self.authorize(request)
         try:
-            body = await self.read_json(request)
+            return await self.read_json(request)
         except ClientDisconnect:
+            return None
+
+    async def complete(self, request: HttpRequest, kind: str):
+        """POST /v1/chat/completions and /v1/completions."""
+        arrived = time.perf_counter()
+        body = await self._body(request)
+        if body is None:
             return Response(status_code=499)  # nobody to answer
         s = self.settings
         call = parse(kind, body, s.model_name, s.defaults)
+        return await self.submit(call, arrived, lambda prompt_tokens: Shaper(
+            kind, s.model_name, self.fingerprint, call.include_usage, self.token_text, call.continuous_usage,
+            prompt_tokens))
+
+    async def respond(self, request: HttpRequest):
+        """POST /v1/responses: the request read as a chat completion's (arcpy/serve/responses.py),
+        its answer in the Responses API's shape (arcpy/serve/events.py)."""
+        arrived = time.perf_counter()
+        body = await self._body(request)
+        if body is None:
+            return Response(status_code=499)
+        turn = responses.parse(body, self.settings.model_name, self.settings.defaults, self.stored)
+        try:
+            return await self.submit(turn.call, arrived, lambda prompt_tokens: events.ResponseShaper(
+                turn, self.settings.model_name, self.stored))
+        except ApiError as exc:  # the prompt, the budget or a constraint refused: in the Responses API's names
+            raise responses.renamed(exc) from None
+
+    async def submit(self, call: Call, arrived: float, shaper_of) -> JobResponse:
+        """Queue the job of a parsed request; its response, shaped by `shaper_of(prompt_tokens)`."""
         r = call.request
         size = len(r.prompt or "") + sum(len(m.content) for m in r.messages or ())
         # A short prompt is rendered and encoded here (well under a millisecond): a thread's
@@ -181,8 +205,7 @@ class Service:
         inline = size <= INLINE_PROMPT_CHARS and r.response_format is None and not r.tools
         ids, request, split = (self.prepare(r, call.budget_field, call.constraint_field) if inline
                                else await run_in_threadpool(self.prepare, r, call.budget_field, call.constraint_field))
-        shaper = Shaper(kind, s.model_name, self.fingerprint, call.include_usage, self.token_text,
-                        call.continuous_usage, len(ids))
+        shaper = shaper_of(len(ids))
         job = Job(request, Channel(asyncio.get_running_loop()), name=shaper.id, arrived=arrived,
                   echo_logprobs=r.logprobs if call.echo else None)
         try:
@@ -197,87 +220,8 @@ class Service:
 
 
 def create_app(service: Service) -> Starlette:
-    async def chat(request):
-        return await service.complete(request, CHAT)
-
-    async def completions(request):
-        return await service.complete(request, COMPLETION)
-
-    def model_card():
-        return {"id": service.settings.model_name, "object": "model", "created": service.started,
-                "owned_by": "arcpy", "max_model_len": service.worker.max_seq}
-
-    async def models(request):
-        service.authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card()]})
-
-    async def model(request):
-        service.authorize(request)
-        name = request.path_params["name"]
-        if name != service.settings.model_name:
-            raise ApiError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
-        return JSONResponse(model_card())
-
-    async def health(request):
-        state = service.worker.state()
-        ok = state["alive"] and not state["poisoned"]
-        w = service.worker
-        return JSONResponse({"status": "ok" if ok else "unavailable", "model": service.settings.model_name,
-                             "backend": w.backend, "device": w.device_name, "max_seq": w.max_seq,
-                             "device_loop_latched": gate.LATCH.reason, **state}, status_code=200 if ok else 503)
-
-    async def tokenize_route(request):
-        service.authorize(request)
-        s, body = service.settings, await service.read_json(request)
-        return JSONResponse(await run_in_threadpool(tokenize, body, s.model_name, service.text, service.worker.max_seq,
-                                                    s.defaults))
-
-    async def detokenize_route(request):
-        service.authorize(request)
-        body = await service.read_json(request)
-        return JSONResponse(detokenize(body, service.settings.model_name, service.text))
-
-    async def reset_prefix_cache(request):
-        service.authorize(request)
-        service.worker.clear_cache()
-        return JSONResponse({"status": "ok", "detail": "the next request prefills its whole prompt"})
-
-    async def metrics(request):
-        return Response(await run_in_threadpool(service.metrics.text), media_type=CONTENT_TYPE)
-
-    async def api_error(request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    async def http_error(request, exc: HTTPException):
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        error = ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)),
-                         code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
-
-    async def internal_error(request, exc: Exception):
-        log.exception("internal error on %s", request.url.path, exc_info=exc)
-        error = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
-        return JSONResponse(error.body(), status_code=500)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await run_in_threadpool(service.warm_up)  # the thread pool's first use costs ~15 ms
-        yield
-        await run_in_threadpool(service.worker.close)  # the worker thread closes the engine
-
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/models/{name:path}", model, methods=["GET"]),
-              Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"]),
-              # vLLM's name, and SGLang's: the ecosystem's two for forgetting cached prefixes
-              Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-              Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
-              Route("/tokenize", tokenize_route, methods=["POST"]),
-              Route("/detokenize", detokenize_route, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        ApiError: api_error, HTTPException: http_error, Exception: internal_error})
+    app = Starlette(routes=routes.ALL, lifespan=routes.lifespan, exception_handlers=routes.ERRORS)
+    app.state.service = service
     return _Counted(app, service.metrics)
 
 
@@ -291,7 +235,7 @@ class _Counted:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        route = path if path in ROUTES else "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
+        route = path if path in COUNTED else "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
 
         async def counted(message):
             if message["type"] == "http.response.start":

@@ -24,6 +24,7 @@ from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
 from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
                             sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
+from arcpy.serve.responses import STORED
 from arcpy.serve.schema import Defaults
 
 # The decoding thread spins on the ring while tokens land; Python hands the GIL to a waiting thread
@@ -49,6 +50,9 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
               help="Seconds a request may take from its arrival (queue included); 0: no limit.")
 @click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
               help="Largest request body in bytes (beyond it: 413).")
+@click.option("--stored-responses", type=click.IntRange(min=0), default=STORED, show_default=True,
+              help="/v1/responses answers kept in memory for a later previous_response_id (the least recently "
+                   "used forgotten first); 0: none.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW_TOKENS, show_default=True,
               help="New tokens for a request that sets no max_tokens.")
 @with_options(sampling_options(1.0, 2.0, seed=False, helps={
@@ -76,7 +80,7 @@ def main(**options):
 
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, template_kwargs,
-        switch_interval, log_level, access_log, raw_reasoning=False, prompt_cache_bytes=None,
+        switch_interval, log_level, access_log, raw_reasoning=False, prompt_cache_bytes=None, stored_responses=STORED,
         sampling_opts: SamplingOptions = SamplingOptions(1.0), engine_opts: EngineOptions = EngineOptions()) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
@@ -104,11 +108,12 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       engine_opts, prompt_cache_bytes)
+                                       engine_opts, prompt_cache_bytes, stored_responses)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
-                       f"{worker.device_name}; context {worker.max_seq}); Ctrl-C stops", err=True)
+                       f"{worker.device_name}; context {worker.max_seq}); a chat page at http://{where}:{bound[1]}/; "
+                       "Ctrl-C stops", err=True)
             _serve(app, sock, worker, switch_interval, log_level, access_log)
         finally:
             if worker is not None:
@@ -139,7 +144,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions,
-           prompt_cache_bytes=None):
+           prompt_cache_bytes=None, stored_responses=STORED):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
@@ -161,7 +166,7 @@ def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, 
 
     worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
     name = model_name or model.name
-    settings = Settings(name, model.config.max_seq, api_key, max_body, timeout or None, defaults)
+    settings = Settings(name, model.config.max_seq, api_key, max_body, timeout or None, defaults, stored_responses)
     return worker, create_app(Service(worker, text, settings)), name
 
 
