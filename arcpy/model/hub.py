@@ -175,15 +175,27 @@ class _Hub:
                     raise self.error(exc) from None
                 self.why_offline = f"the hub at {self.endpoint} cannot be reached ({_first_line(exc)})"
                 self.note = f"{self.why_offline}: {self.where} from the cache"
-        folder = Path(self.cached_folder())
+        folder = self.cached_folder()
         return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
-    def cached_folder(self) -> str:
-        try:
-            return self.hf.snapshot_download(self.name.repo, revision=self.revision, cache_dir=self.cache_dir,
-                                             local_files_only=True)
-        except Exception as exc:  # noqa: BLE001
-            raise self.error(exc) from None
+    def cached_folder(self) -> Path:
+        """The revision's snapshot folder in the cache, as the hub lays it out: refs/<revision> holds
+        the commit of snapshots/<commit>. (The hub's own snapshot_download refuses a folder whose
+        other files were never fetched: a GGUF repository pulled for one quantization.)"""
+        from huggingface_hub.file_download import repo_folder_name
+
+        top = Path(self.cache_dir) / repo_folder_name(repo_id=self.name.repo, repo_type="model")
+        commit = self.revision or "main"
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            try:
+                commit = (top / "refs" / commit).read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                commit = ""
+        folder = top / "snapshots" / commit
+        if not commit or not folder.is_dir():
+            raise ModelFileError(f"{self.where} is not in the Hugging Face cache ({self.cache_dir}) and "
+                                 f"{self.why_offline}: fetch it with the network first ({self.pull})")
+        return folder
 
     def download(self, filename: str) -> str:
         try:
@@ -254,7 +266,7 @@ def resolve_name(name: HubName, revision: str | None = None, offline: str | None
     """The files of a model named on the hub, fetched into the cache where they are not there yet
     (never where `offline` says why not, nor with HF_HUB_OFFLINE on): a .gguf file's path, or the
     snapshot folder of a safetensors model. Raises ModelFileError, one line."""
-    if revision is not None and (not revision.strip() or "\0" in revision):
+    if revision is not None and (not revision.strip() or "\0" in revision or ".." in revision):
         raise ModelFileError(f"revision {quoted(revision)} is not a branch, tag or commit")
     hub = _Hub(name, revision, offline, cache_dir)
     files = hub.files()
