@@ -6,6 +6,9 @@ linked statically, so the library needs only the driver (libcuda.so.1) at run ti
 ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last). With 90
 among them, model/gemm_sm90.cu is compiled for sm_90a alone, against the CUTLASS headers of the
 nvidia-cutlass wheel (also a build requirement); without it, that file builds its stand-ins.
+ARC_CUDA_ARCHS=none builds no library at all (a CPU-only install: the NumPy backend runs, the CUDA
+backend says it was not built): libarc.skipped takes libarc.so's place, and the build asks for no
+CUDA wheels (build_backend.py).
 """
 
 import importlib.util
@@ -33,6 +36,7 @@ SLOW_FIRST = ("model/gemm_sm90.cu", "model/qgemv_rows_k.cu", "model/qgemv_rows_q
 HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
 HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")
+SKIPPED = "libarc.skipped"  # in libarc.so's place where ARC_CUDA_ARCHS=none (arcpy/_lib.py reads it)
 
 
 def fail(message):
@@ -66,10 +70,13 @@ def find_cutlass():
 
 
 def cuda_archs():
+    """The targets; [] for ARC_CUDA_ARCHS=none (no library)."""
     raw = os.environ.get("ARC_CUDA_ARCHS", DEFAULT_ARCHS)
+    if raw.strip().lower() == "none":
+        return []
     archs = [a.strip() for a in re.split(r"[;,\s]+", raw) if a.strip()]
     if not archs or not all(re.fullmatch(r"[1-9][0-9]a?", a) for a in archs):
-        fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90'")
+        fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90', or none")
     return archs
 
 
@@ -154,6 +161,16 @@ class BuildPyWithLibarc(build_py):
         else:
             target = Path(self.build_lib) / "arcpy" / "libarc.so"
         target.parent.mkdir(parents=True, exist_ok=True)
+        skipped = target.with_name(SKIPPED)
+        if not cuda_archs():
+            # Nothing of an earlier build may stay behind to be loaded in its place.
+            for stale in (target, *(target.with_name(h) for h in HEADERS)):
+                stale.unlink(missing_ok=True)
+            skipped.write_text("ARC_CUDA_ARCHS=none: libarc.so was not built\n")
+            print("arcpy build: ARC_CUDA_ARCHS=none: no libarc.so (the NumPy backend runs; the CUDA one is "
+                  "unavailable)")
+            return
+        skipped.unlink(missing_ok=True)
         compile_libarc(target)
 
 
