@@ -144,8 +144,12 @@ def compile_libarc(target: Path):
 
 
 def run(cmd, env):
+    started = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     what = cmd[-3] if "-c" in cmd else "the link"
+    # Each step's seconds (`pip install -v` shows them): where the build's wall time goes.
+    name = what if what == "the link" else Path(what).name
+    print(f"arcpy build: {name} {time.monotonic() - started:.1f}s", flush=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         fail(f"nvcc failed on {what}")
