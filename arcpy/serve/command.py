@@ -36,7 +36,8 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
 @with_options(model_options("A Hugging Face model directory or a .gguf file, with a tokenizer",
                             "Default: the demo model."))
 @click.option("--model-name", default=None,
-              help="The id clients send as `model` [default: the model's file or folder name].")
+              help="The id clients send as `model` [default: --model's name on the hub, else the model's file or "
+                   "folder name].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free one, printed at start).")
