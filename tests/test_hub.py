@@ -5,6 +5,7 @@ test reaches the network."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from hub_cache import FAMILY, HF_FILES, FakeHub, cache_repo, commit_of, gguf_repo, hf_repo
 
+from arcpy.bench.serve import ServerProcess, get
 from arcpy.errors import ModelFileError
 from arcpy.loading import load_checkpoint
 from arcpy.model.hub import HubName, parse_name, pick_gguf, resolve_model, resolve_name
@@ -215,6 +217,9 @@ def test_a_model_neither_here_nor_a_name_is_a_usage_error(tmp_path, args, messag
 def test_chat_and_serve_take_a_name_of_the_hub(tmp_path):
     hf_repo(tmp_path / "hub")
     env = hub_env(tmp_path)
+    with ServerProcess(["--model", "tiny/qwen3", "--backend", "numpy"], env=env) as server:
+        status, body = get(server.url + "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["tiny/qwen3"]
     out = arcpy("chat", "--model", "tiny/qwen3", "-n", "3", "--backend", "numpy", env=env, stdin="hello\n")
     assert out.returncode == 0 and "chat with tiny/qwen3 (backend numpy)" in out.stderr, out.stderr
     line = one_line_error(arcpy("chat", "--model", "tiny/qwen3", "--revision", "v9", env=env, stdin=""))
