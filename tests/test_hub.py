@@ -286,3 +286,15 @@ def test_a_hub_that_cannot_be_reached_leaves_the_cache(tmp_path):
     line = one_line_error(arcpy("pull", "tiny/absent", env=env))
     assert f"tiny/absent is not in the Hugging Face cache ({tmp_path / 'hub'}) and the hub at {closed} cannot be " \
            "reached" in line
+
+
+def test_a_download_on_a_terminal_shows_the_hubs_progress_bar(tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    gguf = (FAMILY / "model-q8_0.gguf").read_bytes()
+    with FakeHub({"tiny/qwen3-GGUF": {"qwen3-Q8_0.gguf": gguf}}) as hub:
+        env = hub_env(tmp_path, HF_HUB_OFFLINE=None, HF_ENDPOINT=hub.url)
+        child = pexpect.spawn(sys.executable, ["-m", "arcpy", "pull", "tiny/qwen3-GGUF"], env=env, encoding="utf-8",
+                              dimensions=(24, 120))
+        child.expect(pexpect.EOF, timeout=120)
+    assert "qwen3-Q8_0.gguf: 100%" in child.before and f"{len(gguf) / 1e3:.0f}k/{len(gguf) / 1e3:.0f}k" in child.before
+    assert child.before.strip().endswith("qwen3-Q8_0.gguf")
