@@ -28,8 +28,9 @@ def hub_env(tmp_path: Path, **extra) -> dict:
     """The environment of a command run against the cache in tmp_path/hub: huggingface_hub's own
     variables, its home in tmp_path too, and offline unless `extra` says otherwise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "ARC_OFFLINE"))}
+    path = [str(Path(__file__).resolve().parent.parent), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+               HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=os.pathsep.join(p for p in path if p))
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 
