@@ -26,12 +26,15 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCHS = "80;90"
-# The sources whose device code takes longest to compile start first, so that none of them
-# begins last and runs alone (measured one at a time, sm_90 alone: gemm_sm90.cu 32 s,
-# qgemv_rows_k.cu 29 s, qgemv_rows_q8_q4.cu 19 s, attention.cu 13 s, gemm.cu 12 s, qgemv_k.cu
-# 12 s, qgemv_q8_q4.cu, gemv.cu 5 s).
-SLOW_FIRST = ("model/gemm_sm90.cu", "model/qgemv_rows_k.cu", "model/qgemv_rows_q8_q4.cu", "model/attention.cu",
-              "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
+# The sources whose device code takes longest to compile start first, slowest first, so that none
+# of them begins last and runs alone. Measured on 2026-12-06 in a default build (targets 80;90) on
+# a 2-core machine, two compiles at a time (docs/INSTALL.md): attention.cu 88 s, gemm_sm90.cu 62 s,
+# qgemv_k.cu 52 s, qgemv_q8_q4.cu 51 s, gemm_quant.cu 18 s, qgemv_rows_k.cu 17 s, gemm.cu 14 s,
+# draw.cu 14 s, qgemv_rows_q8_q4.cu 14 s, gemv.cu 13 s, gemv_rows.cu 12 s, draw_cluster.cu 10 s,
+# prefill_attention.cu 8 s; the other 20 sources at most 2.3 s each.
+SLOW_FIRST = ("model/attention.cu", "model/gemm_sm90.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu",
+              "model/gemm_quant.cu", "model/qgemv_rows_k.cu", "model/gemm.cu", "draw.cu", "model/qgemv_rows_q8_q4.cu",
+              "model/gemv.cu", "model/gemv_rows.cu", "draw_cluster.cu", "model/prefill_attention.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
