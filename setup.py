@@ -131,7 +131,8 @@ def compile_libarc(target: Path):
         return obj
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        objects = list(pool.map(compile_one, sources))
+        # The link takes the objects by name, whatever order they compiled in.
+        objects = sorted(pool.map(compile_one, sources))
     # The SONAME is the file's own name, so `-larc` with an rpath to this folder resolves
     # without a versioned symlink.
     run([nvcc, *common, "-shared", "-cudart=static", f"-L{cuda / 'lib'}", "-Xlinker=-soname=libarc.so",
