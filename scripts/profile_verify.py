@@ -8,8 +8,7 @@ device loop's own graphs (a profiler times each graph node apart):
     ncu --profile-from-start off --section SpeedOfLight \\
         --metrics dram__bytes_read.sum python scripts/profile_verify.py --shape llama8B --layers 2
 
-`--model` takes a .gguf file, a model directory or a name of the hub (docs/MODELS.md) instead (the
-demo model's file, say), whole.
+`--model` takes a .gguf file or a model directory instead (the demo model's file, say), whole.
 
 One JSON line on stdout says what ran: the shape (or the model), layers, position, drafts, and the
 tokens each step published.
@@ -29,7 +28,6 @@ from arcpy.errors import ArcError
 from arcpy.loading import load_checkpoint
 from arcpy.loop.burst import BurstDriver
 from arcpy.model import SHAPES, preset_formats, random_model
-from arcpy.model.hub import resolve_model
 
 
 def profiled(step):
@@ -89,7 +87,7 @@ def main(argv=None) -> int:
 
     def one():
         if a.model is not None:
-            model, _ = load_checkpoint(resolve_model(a.model).path)  # a path, or a name of the hub
+            model, _ = load_checkpoint(a.model)
             what = {"model": model.name, "layers": model.config.n_layers}
         else:
             model, what = synthetic(a.shape, a.layers), {"shape": a.shape, "layers": a.layers}
