@@ -6,6 +6,9 @@ linked statically, so the library needs only the driver (libcuda.so.1) at run ti
 ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last). With 90
 among them, model/gemm_sm90.cu is compiled for sm_90a alone, against the CUTLASS headers of the
 nvidia-cutlass wheel (also a build requirement); without it, that file builds its stand-ins.
+ARC_CUDA_ARCHS=none builds no library at all (a CPU-only install: the NumPy backend runs, the CUDA
+backend says it was not built): libarc.skipped takes libarc.so's place, and the build asks for no
+CUDA wheels (build_backend.py).
 """
 
 import importlib.util
@@ -23,16 +26,20 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCHS = "80;90"
-# The sources whose device code takes longest to compile start first, so that none of them
-# begins last and runs alone (measured one at a time, sm_90 alone: gemm_sm90.cu 32 s,
-# qgemv_rows_k.cu 29 s, qgemv_rows_q8_q4.cu 19 s, attention.cu 13 s, gemm.cu 12 s, qgemv_k.cu
-# 12 s, qgemv_q8_q4.cu, gemv.cu 5 s).
-SLOW_FIRST = ("model/gemm_sm90.cu", "model/qgemv_rows_k.cu", "model/qgemv_rows_q8_q4.cu", "model/attention.cu",
-              "model/gemm.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu", "model/gemv.cu")
+# The sources whose device code takes longest to compile start first, slowest first, so that none
+# of them begins last and runs alone. Measured on 2026-12-06 in a default build (targets 80;90) on
+# a 2-core machine, two compiles at a time (docs/INSTALL.md): attention.cu 88 s, gemm_sm90.cu 62 s,
+# qgemv_k.cu 52 s, qgemv_q8_q4.cu 51 s, gemm_quant.cu 18 s, qgemv_rows_k.cu 17 s, gemm.cu 14 s,
+# draw.cu 14 s, qgemv_rows_q8_q4.cu 14 s, gemv.cu 13 s, gemv_rows.cu 12 s, draw_cluster.cu 10 s,
+# prefill_attention.cu 8 s; the other 20 sources at most 2.3 s each.
+SLOW_FIRST = ("model/attention.cu", "model/gemm_sm90.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu",
+              "model/gemm_quant.cu", "model/qgemv_rows_k.cu", "model/gemm.cu", "draw.cu", "model/qgemv_rows_q8_q4.cu",
+              "model/gemv.cu", "model/gemv_rows.cu", "draw_cluster.cu", "model/prefill_attention.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
 HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")
+SKIPPED = "libarc.skipped"  # in libarc.so's place where ARC_CUDA_ARCHS=none (arcpy/_lib.py reads it)
 
 
 def fail(message):
@@ -66,10 +73,13 @@ def find_cutlass():
 
 
 def cuda_archs():
+    """The targets; [] for ARC_CUDA_ARCHS=none (no library)."""
     raw = os.environ.get("ARC_CUDA_ARCHS", DEFAULT_ARCHS)
+    if raw.strip().lower() == "none":
+        return []
     archs = [a.strip() for a in re.split(r"[;,\s]+", raw) if a.strip()]
     if not archs or not all(re.fullmatch(r"[1-9][0-9]a?", a) for a in archs):
-        fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90'")
+        fail(f"ARC_CUDA_ARCHS={raw!r}: expected compute capabilities like '80;90', or none")
     return archs
 
 
@@ -121,7 +131,8 @@ def compile_libarc(target: Path):
         return obj
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        objects = list(pool.map(compile_one, sources))
+        # The link takes the objects by name, whatever order they compiled in.
+        objects = sorted(pool.map(compile_one, sources))
     # The SONAME is the file's own name, so `-larc` with an rpath to this folder resolves
     # without a versioned symlink.
     run([nvcc, *common, "-shared", "-cudart=static", f"-L{cuda / 'lib'}", "-Xlinker=-soname=libarc.so",
@@ -137,8 +148,12 @@ def compile_libarc(target: Path):
 
 
 def run(cmd, env):
+    started = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     what = cmd[-3] if "-c" in cmd else "the link"
+    # Each step's seconds (`pip install -v` shows them): where the build's wall time goes.
+    name = what if what == "the link" else Path(what).name
+    print(f"arcpy build: {name} {time.monotonic() - started:.1f}s", flush=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         fail(f"nvcc failed on {what}")
@@ -154,6 +169,16 @@ class BuildPyWithLibarc(build_py):
         else:
             target = Path(self.build_lib) / "arcpy" / "libarc.so"
         target.parent.mkdir(parents=True, exist_ok=True)
+        skipped = target.with_name(SKIPPED)
+        if not cuda_archs():
+            # Nothing of an earlier build may stay behind to be loaded in its place.
+            for stale in (target, *(target.with_name(h) for h in HEADERS)):
+                stale.unlink(missing_ok=True)
+            skipped.write_text("ARC_CUDA_ARCHS=none: libarc.so was not built\n")
+            print("arcpy build: ARC_CUDA_ARCHS=none: no libarc.so (the NumPy backend runs; the CUDA one is "
+                  "unavailable)")
+            return
+        skipped.unlink(missing_ok=True)
         compile_libarc(target)
 
 

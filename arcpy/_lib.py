@@ -8,6 +8,9 @@ then of arc_ops.h (the kernel entry points) and arc_test.h (the test hooks), so 
 2. The libarc.so built into this package.
 3. When this package is a source checkout without a build (run from the project's folder after
    `pip install .`), the libarc.so of the installed distribution.
+A package built with ARC_CUDA_ARCHS=none has no libarc.so, and a file saying so in its place
+(SKIPPED): the CUDA backend is then unavailable, said in one line (NOT_BUILT), and the NumPy
+backend reads libarc's tables from arcpy.model.table (not_built()).
 A missing library, a missing driver or no GPU all end in NoDeviceError on the first GPU call:
 `import arcpy` never fails for want of a GPU, and nothing here can crash the interpreter.
 """
@@ -27,6 +30,8 @@ LIBRARY_ENV = "ARC_LIBRARY"
 _MARKERS = re.compile(r"/\* arc-cdef-begin \*/(.*)/\* arc-cdef-end \*/", re.S)
 _PACKAGE = Path(__file__).resolve().parent
 HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")  # in the order their cdefs are read
+SKIPPED = "libarc.skipped"  # what the build leaves in libarc.so's place where ARC_CUDA_ARCHS=none
+NOT_BUILT = "libarc.so was not built (ARC_CUDA_ARCHS=none): the CUDA backend is unavailable"
 
 
 def cdef_from_header(text: str, name: str = "arc.h") -> str:
@@ -62,6 +67,12 @@ def _installed_library() -> Path | None:
     return None
 
 
+def not_built() -> bool:
+    """This package was built without libarc.so (ARC_CUDA_ARCHS=none), and ARC_LIBRARY names none."""
+    return (LIBRARY_ENV not in os.environ and not (_PACKAGE / "libarc.so").is_file()
+            and (_PACKAGE / SKIPPED).is_file())
+
+
 def library_path() -> Path:
     """Where libarc.so is loaded from (see the module's docstring); raises NoDeviceError when
     ARC_LIBRARY is set to nothing usable, naming the variable."""
@@ -76,6 +87,8 @@ def library_path() -> Path:
     here = _PACKAGE / "libarc.so"
     if here.is_file():
         return here
+    if (_PACKAGE / SKIPPED).is_file():
+        raise NoDeviceError(NOT_BUILT)
     installed = _installed_library()
     if installed is not None:
         return installed

@@ -35,8 +35,9 @@ from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids, room_hint
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
-                            parse_template_kwargs, sampling_options, template_options, with_options)
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, check_model,
+                            engine_options, model_options, parse_template_kwargs, sampling_options, template_options,
+                            with_options)
 from arcpy.sampling import Sampling
 from arcpy.text import TextSpec
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
@@ -254,8 +255,8 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 
 
 @click.command("chat", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "model_path", type=click.Path(), default=None,
-              help="A Hugging Face model directory or a .gguf file with a chat template. Default: the demo model.")
+@with_options(model_options("A Hugging Face model directory or a .gguf file with a chat template",
+                            "Default: the demo model."))
 @click.option("--system", default=None, help="The system message.")
 @with_options(template_options())
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_NEW, show_default=True,
@@ -274,7 +275,7 @@ def main(**options):
 
 def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats, tools_path=None,
         sampling_opts: SamplingOptions = SamplingOptions(), engine_opts: EngineOptions = EngineOptions(),
-        read=input) -> int:
+        read=input, revision=None) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
     with one_line_errors() as errors:
         sampling = sampling_opts.sampling()
@@ -288,8 +289,9 @@ def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats
         gate.read_all()
         if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
             raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
+        check_model(model_path, revision)
         model_path = model_or_demo(model_path)
-        model, text = load(model_path, None)
+        model, text = load(model_path, None, revision=revision)
         if text is None or text.chat_template is None:
             raise click.UsageError(f"{model.name} has no {'tokenizer' if text is None else 'chat template'}: "
                                    "arcpy chat needs both (arcpy generate takes a plain prompt)")

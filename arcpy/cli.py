@@ -1,5 +1,6 @@
 """`arcpy`: the command line. generate (the main job), serve (the OpenAI HTTP API), chat (in the
-terminal); info, smoke and bench for checking a machine."""
+terminal), pull (a model of the Hugging Face hub into its cache); info, smoke and bench for
+checking a machine."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import sys
 
 import click
 
-from arcpy import __version__, _lib
+from arcpy import __version__, _lib, demo
 from arcpy.chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
+from arcpy.model.hub import NAME_HELP, parse_name, resolve_name
 from arcpy.serve.command import main as serve_command
 
 
@@ -96,6 +98,27 @@ def bench(shapes, tokens, runs):
     except ArcError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--revision", default=None, help="The branch, tag or commit [default: main].")
+def pull(name, revision):
+    """Fetch a model of the Hugging Face hub into its cache without running it, and print where it
+    lies. NAME: org/name (safetensors), org/name:QUANT or org/name/FILE.gguf (GGUF). The hub's
+    variables apply: HF_HUB_CACHE, HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE (the cache alone)."""
+    parsed = parse_name(name)
+    if parsed is None:
+        click.echo(f"error: {name}: not a name {NAME_HELP}", err=True)
+        sys.exit(2)
+    try:
+        resolved = resolve_name(parsed, revision, f"{demo.OFFLINE} is on" if demo.offline() else None)
+    except ArcError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if resolved.note is not None:
+        click.echo(f"note: {resolved.note}", err=True)
+    click.echo(resolved.path)
 
 
 @main.command()

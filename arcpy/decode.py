@@ -2,6 +2,7 @@
 
     python -m arcpy.decode                                  # the demo model answers a question
     python -m arcpy.decode --model DIR_OR_GGUF --chat --prompt "Why is the sky blue?"
+    python -m arcpy.decode --model org/name-GGUF:Q4_K_M --chat --prompt "Hi"   # a name of the hub
     python -m arcpy.decode --model QWEN3.gguf --chat --template-kwarg enable_thinking=false --prompt "Hi"
     python -m arcpy.decode --shape stories15M --prompt-ids "1 2 3"
     python -m arcpy.decode --help
@@ -38,8 +39,10 @@ from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, room
 from arcpy.loop.request import Request
 from arcpy.loop.stats import DEVICE_LOOP
 from arcpy.model import SHAPES, Model, is_matrix, synthetic_model
-from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, engine_options,
-                            parse_template_kwargs, sampling_options, template_options, with_options)
+from arcpy.model.hub import resolve_model
+from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, check_model,
+                            engine_options, model_options, parse_template_kwargs, sampling_options, template_options,
+                            with_options)
 from arcpy.text import TextSpec, token_text
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -91,10 +94,9 @@ def speculation_note(drafts: int | None, engine) -> None:
 def decode_options(f):
     options = [
         click.version_option(__version__, "--version", prog_name="arcpy"),
-        click.option("--model", "model_path", type=click.Path(), default=None,
-                     help="A Hugging Face model directory (config.json, safetensors, tokenizer.json) or a "
-                          ".gguf file. Default: the demo model (fetched on first use unless ARC_OFFLINE is on), "
-                          "else --shape."),
+        *model_options("A Hugging Face model directory (config.json, safetensors, tokenizer.json), a .gguf file "
+                       "or a folder holding one", "Default: the demo model (fetched on first use unless ARC_OFFLINE "
+                       "is on), else --shape."),
         click.option("--shape", type=click.Choice(sorted(SHAPES)), default=None,
                      help="A synthetic preset (random weights, fixed seed, no tokenizer) instead of a model."),
         click.option("--prompt", default=None, help="The prompt, as text (needs a model with a tokenizer)."),
@@ -179,10 +181,12 @@ def model_or_demo(model_path: str | None) -> str:
     return str(demo_model(False))
 
 
-def load(model_path: str | None, shape: str | None, weights: str = "auto") -> tuple[Model, TextSpec | None]:
+def load(model_path: str | None, shape: str | None, weights: str = "auto",
+         revision: str | None = None) -> tuple[Model, TextSpec | None]:
     """The model and its text (None without a tokenizer); the demo model where neither is given.
-    `weights` (WEIGHTS) says how a GGUF file's quantized tensors are held. Nothing is on the GPU
-    yet."""
+    `model_path` is a path here or a name of the hub (fetched where it is not in the cache:
+    arcpy.model.hub), `revision` its branch, tag or commit. `weights` (WEIGHTS) says how a GGUF
+    file's quantized tensors are held. Nothing is on the GPU yet."""
     if model_path is None and shape is None:
         path = demo_model(demo.offline())
         if path is None:
@@ -191,9 +195,14 @@ def load(model_path: str | None, shape: str | None, weights: str = "auto") -> tu
             model_path = str(path)
     if shape is not None:
         return synthetic_model(shape), None
+    resolved = resolve_model(model_path, revision, f"{demo.OFFLINE} is on" if demo.offline() else None)
+    if resolved.note is not None:
+        note(resolved.note)
     started = time.perf_counter()
-    with ProgressBar(f"loading {Path(model_path).name}") as bar:
-        model, text = load_checkpoint(model_path, progress=bar, quantized=WEIGHTS[weights])
+    with ProgressBar(f"loading {resolved.name or Path(model_path).name}") as bar:
+        model, text = load_checkpoint(resolved.path, progress=bar, quantized=WEIGHTS[weights])
+    if resolved.name is not None:
+        model.name = resolved.name
     click.echo(f"loaded {model.name} in {time.perf_counter() - started:.1f} s", err=True)
     for line in model.notes:
         note(line)
@@ -219,6 +228,7 @@ class RunOptions:
     question: bool = False      # no prompt was given: ask the built-in question, where the model has text
     budget_given: bool = True   # -n was given (else the built-in question has a budget of its own)
     template_kwargs: dict = dataclasses.field(default_factory=dict)  # --template-kwarg, for the question
+    revision: str | None = None  # of a model named on the hub
 
 
 def read_prompt(prompt: str | None, prompt_ids: str | None, stdin=None) -> str | None:
@@ -246,7 +256,7 @@ def _ready(stream) -> bool:
 def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, stop_ids, stop_strings,
          sampling_opts: SamplingOptions = SamplingOptions(), engine_opts: EngineOptions = EngineOptions(),
          weights="auto", template_kwargs=(),
-         stdin=None, json_schema=None, logprobs=None) -> tuple[Request, RunOptions]:
+         stdin=None, json_schema=None, logprobs=None, revision=None) -> tuple[Request, RunOptions]:
     """Every argument checked, nothing loaded: the request and how to run it. Where no prompt was
     given, the request's prompt is token id 1, and `run_decode` asks the built-in question instead
     once it sees that the model has text."""
@@ -255,8 +265,7 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         raise click.UsageError("give --prompt or --prompt-ids, not both")
     if model_path is not None and shape is not None:
         raise click.UsageError("give --model or --shape, not both")
-    if model_path is not None and not model_path.strip():
-        raise click.UsageError("--model is empty: name a model directory or a .gguf file")
+    check_model(model_path, revision)
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
     kwargs = parse_template_kwargs(template_kwargs)
@@ -268,8 +277,6 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
         what = "--prompt" if prompt is not None else "--chat" if chat else "--stop" if stop_strings else "--json-schema"
         raise click.UsageError(f"{what} needs a model with a tokenizer; the synthetic {shape} has none: "
                                "use --prompt-ids")
-    if model_path is not None and not os.path.exists(model_path):
-        raise click.UsageError(f"--model {model_path}: no such file or directory")
     sampling = sampling_opts.sampling()
     if sampling.temperature == 0.0 and (sampling.top_k > 1 or sampling.top_p < 1.0 or sampling.seed is not None):
         used = [o for o, on in (("--top-k", sampling.top_k > 1), ("--top-p", sampling.top_p < 1.0),
@@ -299,7 +306,8 @@ def plan(model_path, shape, prompt, prompt_ids, chat, system, max_new_tokens, st
     with about("--json-schema"):
         check_constraint(request.response_format)  # the schema, before the model loads
     return request, RunOptions(model_path, shape, engine_opts, weights, question=prompt is None and prompt_ids is None,
-                               budget_given=max_new_tokens is not None, template_kwargs=kwargs)
+                               budget_given=max_new_tokens is not None, template_kwargs=kwargs,
+                               revision=revision)
 
 
 def with_prompt(request: Request, model: Model, text: TextSpec | None, run: RunOptions) -> Request:
@@ -381,7 +389,7 @@ def run_decode(request: Request, run: RunOptions, out=None) -> int:
     status: 0, or 130 when interrupted (the statistics so far are still reported). Errors raise:
     arcpy.ArcError, or click.UsageError for what the command line asked wrongly."""
     out = out or sys.stdout
-    model, text = load(run.model_path, run.shape, run.weights)
+    model, text = load(run.model_path, run.shape, run.weights, run.revision)
     request = with_prompt(request, model, text, run)
     with open_engine(model, text, run.engine, prefill_progress=PrefillProgress()) as engine:
         cfg = model.config

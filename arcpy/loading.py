@@ -11,6 +11,7 @@ import os
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import Model, load_model, open_gguf
 from arcpy.model.gguf import GGUF_SUFFIX
+from arcpy.model.hub import pick_gguf
 from arcpy.model.quant_pack import GGUF_FORMATS
 from arcpy.text import TextSpec, gguf_text_spec, load_text_spec
 
@@ -49,10 +50,27 @@ def load_gguf(path, max_seq: int | None = None, progress=None,
 
 def load_checkpoint(path, max_seq: int | None = None, progress=None,
                     quantized: bool | None = None) -> tuple[Model, TextSpec | None]:
-    """A model directory or a .gguf file -> (Model, TextSpec, or None where the directory has no
-    tokenizer.json). `quantized` is load_gguf's (a directory's safetensors are bf16)."""
+    """A model directory, a .gguf file, or a folder holding one .gguf file and no config.json ->
+    (Model, TextSpec, or None where the directory has no tokenizer.json). `quantized` is
+    load_gguf's (a directory's safetensors are bf16)."""
     if not isinstance(path, (str, os.PathLike)):
         raise ModelFileError(f"a model path must be a string or a path, got {type(path).__name__}")
     if os.fspath(path).endswith(GGUF_SUFFIX):
         return load_gguf(path, max_seq, progress, quantized)
+    gguf = gguf_in_folder(path)
+    if gguf is not None:
+        return load_gguf(gguf, max_seq, progress, quantized)
     return load_model(path, max_seq), load_text_spec(path)
+
+
+def gguf_in_folder(path) -> str | None:
+    """The .gguf file a folder without config.json holds (mmproj* projector files aside); None where
+    `path` is no such folder. Several .gguf files are an error listing them."""
+    try:
+        if not os.path.isdir(path) or os.path.lexists(os.path.join(path, "config.json")):
+            return None
+        names = os.listdir(path)
+    except (OSError, ValueError):  # unreadable, or a NUL in the path: load_model says so
+        return None
+    name = pick_gguf(names, os.fspath(path), how="name the file")
+    return None if name is None else os.path.join(path, name)

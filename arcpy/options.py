@@ -1,13 +1,14 @@
-"""The command-line options that decode, chat and serve share: how the engine runs, how it
-samples, and the chat template's keyword arguments (--template-kwarg KEY=VALUE, parsed and
-checked here); the errors of what an option names (`about`), and a long prefill's progress line
-on a terminal (PrefillProgress)."""
+"""The command-line options that decode, chat and serve share: the model (--model, a path here or
+a name of the hub, and --revision), how the engine runs, how it samples, and the chat template's
+keyword arguments (--template-kwarg KEY=VALUE, parsed and checked here); the errors of what an
+option names (`about`), and a long prefill's progress line on a terminal (PrefillProgress)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
+import os
 import sys
 from dataclasses import dataclass, fields
 
@@ -17,6 +18,7 @@ from arcpy.checks import quoted
 from arcpy.codes import MAX_BURST, MAX_WORLD
 from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
 from arcpy.errors import ArcError, InvalidArgumentError
+from arcpy.model.hub import NAME_HELP, is_model_name, no_such_model
 from arcpy.sampling import Sampling
 from arcpy.text import check_template_kwargs
 
@@ -90,6 +92,30 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                           "drafts its earlier answer). Off: each request drafts from its own tokens alone, so its "
                           "speed tells nothing of other requests."),
     ]
+
+
+def model_options(what: str, default: str) -> list:
+    """--model (`what` it takes besides a name of the hub, and its `default`) and --revision, shared
+    by decode, chat and serve: a command under them takes `model_path` and `revision`, which
+    arcpy.model.hub resolves (check_model checks them first)."""
+    return [
+        click.option("--model", "model_path", type=click.Path(), default=None,
+                     help=f"{what}; or a name, {NAME_HELP}, fetched into its cache on first use (HF_HUB_OFFLINE or "
+                          f"ARC_OFFLINE: from the cache alone). {default}"),
+        click.option("--revision", default=None,
+                     help="The branch, tag or commit of a --model named on the hub [default: main]."),
+    ]
+
+
+def check_model(model_path: str | None, revision: str | None) -> None:
+    """--model and --revision, before anything loads: a path here or a name of the hub."""
+    if model_path is not None and not model_path.strip():
+        raise click.UsageError("--model is empty: name a model directory, a .gguf file or a model of the hub")
+    if model_path is not None and not is_model_name(model_path):
+        raise click.UsageError(f"--model {no_such_model(model_path)}")
+    if revision is not None and (model_path is None or os.path.exists(model_path)):
+        raise click.UsageError("--revision is for a --model named on the hub (org/name)"
+                               + (f"; {model_path} is a path here" if model_path is not None else ""))
 
 
 @dataclass(frozen=True)

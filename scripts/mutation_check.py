@@ -2,7 +2,8 @@
 sampler, the server's worker, the chat template's keyword arguments, the agents' parts (the
 answer splitter, the constrained step, tool calls in templates and answers), the server's chat
 page (its test runs in headless Chromium: without it, that mutation survives) and Responses
-store, and the experts' routing and shared expert on purpose, one named
+store, the experts' routing and shared expert, and the resolution of models named on the hub on
+purpose, one named
 mutation at a time, and require the tests that name the behaviour to fail.
 
 Each mutation is applied to a copy of the package in a temporary folder (the working tree is
@@ -489,6 +490,20 @@ MUTATIONS = [
         "            out = out + self.shared_w * linear(self.shared_h, L.s_down)\n",
         "            out = out + linear(self.shared_h, L.s_down)\n",
         ("tests/test_moe.py::test_the_reference_moe_op_matches_an_independent_computation[1-qwen2moe-shared]",),
+    ),
+    Mutation(
+        "a model of the hub: a quantization matches a longer one (Q4_K picks Q4_K_M)",
+        "arcpy/model/hub.py",
+        '    return re.compile(rf"(?:^|[-./]){re.escape(quant.upper())}(?:$|[-./])")\n',
+        '    return re.compile(rf"(?:^|[-./]){re.escape(quant.upper())}")\n',
+        ("tests/test_hub.py::test_a_quantization_is_picked_as_a_whole_word_of_the_file_name",),
+    ),
+    Mutation(
+        "a model of the hub: the cached revision is not the one asked for",
+        "arcpy/model/hub.py",
+        '        commit = self.revision or "main"\n',
+        '        commit = "main"\n',
+        ("tests/test_hub.py::test_names_resolve_from_the_cache_alone",),
     ),
 ]
 

@@ -39,6 +39,7 @@ from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request
+from arcpy.model.hub import resolve_model
 
 QUESTION = "Write a long story about a lighthouse keeper and a storm, with many details."
 SHORT = "Say hello."
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
         print('serve_bench: no --model and the demo model is not fetched (python -m arcpy.demo fetches it)', file=sys.stderr)
         return 2
     backend = _lib.auto_backend() if args.backend == "auto" else args.backend
-    model, text = load_checkpoint(model_path)
+    model, text = load_checkpoint(resolve_model(model_path).path)  # a path, or a name of the hub
     flags = ["--model", model_path, "--backend", backend, "--burst", str(args.burst), "--temperature", "0",
              "--log-level", "warning", "--no-access-log", *shlex.split(args.server_args)]
     if args.max_seq:

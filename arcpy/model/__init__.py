@@ -9,6 +9,7 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     quant_pack   GGUF blocks repacked into those rows, and random quantized tensors
     config       ModelConfig, its RoPE scalings, RoPE frequencies
     native       libarc's description of a model: arc_model_config, the tensor table, the layer program
+    table        the tensor table and the layer program read in Python, for an install without libarc.so
     moe          mixtures of experts: the routing rule, the bytes of the experts a token or a step reads
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
@@ -16,6 +17,7 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     checkpoint   model directories: load_model, save_model
     gguf         GGUF files (with gguf_file, the container, and gguf_vocab, the tokenizer's metadata)
     presets      named shapes with deterministic random weights
+    hub          models named on the Hugging Face hub (org/name, org/name:QUANT), resolved to files here
     files        opening files and parsing JSON that may be hostile
     checks       argument checks, and quoting file text for messages
 """

@@ -7,9 +7,10 @@ Both tables are written once, in libarc, and read from there by every backend:
   file's tensors all follow libarc's answer.
 - the layer program (arc.h: arc_layer_op, arc_layer_program) is the sequence of one decoder
   layer: the CUDA forwards run it, and the NumPy reference runs each op in its own form.
-libarc.so loads without a GPU, so the NumPy backend reads the same tables; where no libarc.so
-loads at all, describing a model is the NoDeviceError that says why. Every `cfg` here is a
-ModelConfig (arcpy.model.config, which reads its tensor table from here).
+libarc.so loads without a GPU, so the NumPy backend reads the same tables. An install built
+without libarc.so (ARC_CUDA_ARCHS=none) reads them from arcpy.model.table, their Python reading;
+where a library that should load does not, describing a model is the NoDeviceError that says why.
+Every `cfg` here is a ModelConfig (arcpy.model.config, which reads its tensor table from here).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from arcpy import _lib
 from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
+from arcpy.model import table
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -89,26 +91,34 @@ def is_matrix(name: str) -> bool:
     return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
 
 
+def config_values(cfg, max_seq: int | None = None) -> dict:
+    """arc_model_config's fields holding cfg, by name (max_seq: the context to allocate, else the
+    config's): what native_config writes, and what arcpy.model.table reads without libarc."""
+    dense = [0, 0, 0, 0]
+    for layer in cfg.mlp_only_layers:  # below 128: ModelConfig checks it
+        dense[layer // 32] |= 1 << (layer % 32)
+    return dict(
+        dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        ffn_dim=cfg.ffn_dim, vocab=cfg.vocab, max_seq=cfg.max_seq if max_seq is None else max_seq,
+        rms_eps=cfg.rms_eps, tied_embeddings=int(cfg.tied_embeddings), qkv_bias=int(cfg.qkv_bias),
+        qk_norm=int(cfg.qk_norm), rope_dim=cfg.rope_dim, rope_factor=cfg.rope_attention_factor,
+        post_norms=int(cfg.post_norms), activation=ACTIVATIONS.index(cfg.activation),
+        # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
+        embed_scale=cfg.embed_scale, attn_scale=cfg.attn_scale if cfg.attn_scale is not None else 0.0,
+        sliding_window=cfg.sliding_window, window_pattern=cfg.window_pattern, norm_plus_one=int(cfg.norm_plus_one),
+        n_experts=cfg.n_experts, n_experts_used=cfg.n_experts_used, expert_ffn_dim=cfg.expert_ffn_dim,
+        routing=ROUTINGS.index(cfg.routing), norm_topk=int(cfg.norm_topk_prob),
+        shared_ffn_dim=cfg.shared_expert_ffn_dim, moe_every=cfg.moe_every, dense_layers=dense)
+
+
 def native_config(ffi, cfg, max_seq: int | None = None):
     """A new arc_model_config * holding cfg (max_seq: the context to allocate, else the config's)."""
     c = ffi.new("arc_model_config *")
-    c.dim, c.n_layers, c.n_heads, c.n_kv_heads = cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads
-    c.head_dim, c.ffn_dim, c.vocab = cfg.head_dim, cfg.ffn_dim, cfg.vocab
-    c.max_seq = cfg.max_seq if max_seq is None else max_seq
-    c.rms_eps = cfg.rms_eps
-    c.tied_embeddings, c.qkv_bias, c.qk_norm = int(cfg.tied_embeddings), int(cfg.qkv_bias), int(cfg.qk_norm)
-    c.rope_dim = cfg.rope_dim
-    c.rope_factor = cfg.rope_attention_factor
-    c.post_norms, c.activation = int(cfg.post_norms), ACTIVATIONS.index(cfg.activation)
-    # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
-    c.embed_scale, c.attn_scale = cfg.embed_scale, cfg.attn_scale if cfg.attn_scale is not None else 0.0
-    c.sliding_window, c.window_pattern = cfg.sliding_window, cfg.window_pattern
-    c.norm_plus_one = int(cfg.norm_plus_one)
-    c.n_experts, c.n_experts_used, c.expert_ffn_dim = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
-    c.routing, c.norm_topk = ROUTINGS.index(cfg.routing), int(cfg.norm_topk_prob)
-    c.shared_ffn_dim, c.moe_every = cfg.shared_expert_ffn_dim, cfg.moe_every
-    for layer in cfg.mlp_only_layers:  # below 128: ModelConfig checks it
-        c.dense_layers[layer // 32] |= 1 << (layer % 32)
+    for name, value in config_values(cfg, max_seq).items():
+        if name == "dense_layers":
+            c.dense_layers[0:len(value)] = value
+        else:
+            setattr(c, name, value)
     return c
 
 
@@ -117,13 +127,19 @@ class _Table:
     config has no such tensor. Rank 2 for the embedding and the matrices, 1 for the rest."""
 
     def __init__(self, cfg):
-        self.ffi, self.lib = _lib.load()
-        self.config = native_config(self.ffi, cfg)
-        self.rows, self.cols = self.ffi.new("int64_t *"), self.ffi.new("int64_t *")
+        self.values = config_values(cfg) if _lib.not_built() else None
+        if self.values is None:
+            self.ffi, self.lib = _lib.load()
+            self.config = native_config(self.ffi, cfg)
+            self.rows, self.cols = self.ffi.new("int64_t *"), self.ffi.new("int64_t *")
 
     def shape(self, tensor: str, layer: int, matrix: bool) -> tuple[int, ...] | None:
-        _lib.check(self.lib.arc_tensor_shape(self.config, getattr(self.lib, tensor), layer, self.rows, self.cols))
-        rows, cols = int(self.rows[0]), int(self.cols[0])
+        if self.values is not None:
+            rows, cols = table.tensor_shape(self.values, tensor, layer)
+        else:
+            _lib.check(self.lib.arc_tensor_shape(self.config, getattr(self.lib, tensor), layer, self.rows,
+                                                 self.cols))
+            rows, cols = int(self.rows[0]), int(self.cols[0])
         if rows == 0:
             return None
         return (rows, cols) if matrix else (cols,)
@@ -170,6 +186,8 @@ def place(name: str, cfg) -> tuple[str, int]:
 
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
+    if _lib.not_built():
+        return table.layer_program(config_values(cfg), layer)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))

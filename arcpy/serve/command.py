@@ -9,7 +9,6 @@ are cut (a 503, or an error event in a stream that began), the engine is closed,
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import sys
@@ -21,8 +20,8 @@ from arcpy.decode import load, model_or_demo, note, one_line_errors, open_engine
 from arcpy.errors import ArcError, NoDeviceError
 from arcpy.loop import gate
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
-from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, engine_options, parse_template_kwargs,
-                            sampling_options, template_options, with_options)
+from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, check_model, engine_options,
+                            model_options, parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.serve.responses import STORED
 from arcpy.serve.schema import Defaults
@@ -35,10 +34,11 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
 
 
 @click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "model_path", type=click.Path(), default=None,
-              help="A Hugging Face model directory or a .gguf file, with a tokenizer. Default: the demo model.")
+@with_options(model_options("A Hugging Face model directory or a .gguf file, with a tokenizer",
+                            "Default: the demo model."))
 @click.option("--model-name", default=None,
-              help="The id clients send as `model` [default: the model's file or folder name].")
+              help="The id clients send as `model` [default: --model's name on the hub, else the model's file or "
+                   "folder name].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on (0: any free one, printed at start).")
@@ -81,14 +81,14 @@ def main(**options):
 
 def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, template_kwargs,
         switch_interval, log_level, access_log, raw_reasoning=False, prompt_cache_bytes=None, stored_responses=STORED,
-        sampling_opts: SamplingOptions = SamplingOptions(1.0), engine_opts: EngineOptions = EngineOptions()) -> int:
+        sampling_opts: SamplingOptions = SamplingOptions(1.0), engine_opts: EngineOptions = EngineOptions(),
+        revision=None) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
     try:
         if api_key is not None and not api_key.strip():
             raise click.UsageError("--api-key is empty")
+        check_model(model_path, revision)
         model_path = model_or_demo(model_path)
-        if not model_path.strip() or not os.path.exists(model_path):
-            raise click.UsageError(f"--model {model_path}: no such file or directory")
         s = sampling_opts
         defaults = Defaults(max_tokens, 0.0 if s.temperature < 1e-6 else s.temperature, s.top_p, s.top_k,
                             TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
@@ -108,7 +108,7 @@ def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_bod
     with one_line_errors() as errors:
         try:
             worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       engine_opts, prompt_cache_bytes, stored_responses)
+                                       engine_opts, prompt_cache_bytes, stored_responses, revision)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
@@ -144,12 +144,12 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions,
-           prompt_cache_bytes=None, stored_responses=STORED):
+           prompt_cache_bytes=None, stored_responses=STORED, revision=None):
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
 
-    model, text = load(model_path, None)
+    model, text = load(model_path, None, revision=revision)
     if text is None:
         raise click.UsageError(f"{model.name} has no tokenizer (tokenizer.json): the server answers text")
     max_seq = engine_opts.max_seq

@@ -1,0 +1,111 @@
+"""libarc's tensor table and layer program, answered in Python where this install has no libarc.so
+(built with ARC_CUDA_ARCHS=none): the NumPy backend then still describes and runs models.
+
+The tables are libarc's (arc_tensor_shape in libarc/model/layer.cu over model.cu's table_shape,
+arc_layer_program over layer_program); this is their reading for a CPU-only install, nothing more:
+tests/test_table.py requires the same answers, and the same errors word for word, as libarc's over
+every preset and a spread of configs, wherever libarc.so is built. `c` below is a config's
+arc_model_config fields by name (native.config_values).
+"""
+
+from __future__ import annotations
+
+from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
+                         OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+from arcpy.errors import InvalidArgumentError
+
+# arc.h's arc_tensor, by id.
+TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_NORM", "W_GATE", "W_UP", "W_DOWN",
+           "FINAL_NORM", "LM_HEAD", "ROPE_INV_FREQ", "Q_NORM", "K_NORM", "POST_ATTN_NORM", "POST_FFN_NORM",
+           "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
+           "SHARED_ROUTER")
+_GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
+ROUTE_SOFTMAX_TOPK, ROUTE_TOPK_SOFTMAX = 0, 1
+
+
+def _require(ok: bool, who: str, message: str) -> None:
+    if not ok:  # as libarc's ARC_REQUIRE reads through _lib.check
+        raise InvalidArgumentError(f"invalid argument: {who}: {message}")
+
+
+def _check_moe(c: dict, who: str) -> None:
+    _require(c["n_experts"] >= 0, who, f"config.n_experts must not be negative, got {c['n_experts']}")
+    if c["n_experts"] == 0:
+        return
+    _require(1 <= c["n_experts_used"] <= c["n_experts"], who,
+             f"config.n_experts_used must be in [1, n_experts {c['n_experts']}], got {c['n_experts_used']}")
+    _require(c["expert_ffn_dim"] > 0, who, f"config.expert_ffn_dim must be positive, got {c['expert_ffn_dim']}")
+    _require(c["routing"] in (ROUTE_SOFTMAX_TOPK, ROUTE_TOPK_SOFTMAX), who,
+             f"config.routing must be an arc_routing (0 or 1), got {c['routing']}")
+    _require(c["norm_topk"] in (0, 1), who, f"config.norm_topk must be 0 or 1, got {c['norm_topk']}")
+    _require(c["shared_ffn_dim"] >= 0 and c["moe_every"] >= 0, who,
+             "config.shared_ffn_dim and moe_every must not be negative, got "
+             f"{c['shared_ffn_dim']} and {c['moe_every']}")
+    _require(not c["post_norms"], who, "config: post_norms and mixture-of-experts layers do not combine")
+
+
+def _layer_moe(c: dict, layer: int) -> bool:
+    if c["n_experts"] <= 0:
+        return False
+    every = c["moe_every"] if c["moe_every"] > 0 else 1
+    if (layer + 1) % every != 0:
+        return False
+    return not (layer < 128 and (c["dense_layers"][layer // 32] >> (layer % 32)) & 1)
+
+
+def layer_program(c: dict, layer: int) -> list[int]:
+    """arc_layer_program: the ops layer `layer` runs, in order."""
+    who = "arc_layer_program"
+    _require(c["qk_norm"] in (0, 1), who, f"config.qk_norm must be 0 or 1, got {c['qk_norm']}")
+    _require(c["post_norms"] in (0, 1), who, f"config.post_norms must be 0 or 1, got {c['post_norms']}")
+    _require(0 <= layer < c["n_layers"], who, f"layer must be in [0, {c['n_layers']}), got {layer}")
+    _check_moe(c, who)
+    ops = [OP_ATTN_IN] + ([OP_QK_NORM] if c["qk_norm"] else []) + [OP_ATTEND]
+    ops.append(OP_ATTN_OUT_NORM if c["post_norms"] else OP_ATTN_OUT)
+    if _layer_moe(c, layer):
+        return ops + [OP_MOE_IN, OP_MOE_OUT]
+    return ops + [OP_FFN_IN, OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT]
+
+
+def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
+    dim, experts, ffn, shared = c["dim"], c["n_experts"], c["expert_ffn_dim"], c["shared_ffn_dim"]
+    r, k = {"MOE_ROUTER": (experts, dim), "MOE_GATE": (experts * ffn, dim), "MOE_UP": (experts * ffn, dim),
+            "MOE_DOWN": (experts * dim, ffn), "SHARED_GATE": (shared, dim), "SHARED_UP": (shared, dim),
+            "SHARED_DOWN": (dim if shared else 0, shared), "SHARED_ROUTER": (1 if shared else 0, dim)}[t]
+    return (r if _layer_moe(c, layer) else 0), k
+
+
+def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
+    if TENSORS.index(t) >= TENSORS.index("MOE_ROUTER"):
+        return _moe_shape(c, t, layer)
+    dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
+    moe = t not in _GLOBAL and _layer_moe(c, layer)
+    q, kv = c["n_heads"] * c["head_dim"], c["n_kv_heads"] * c["head_dim"]
+    rope = c["rope_dim"] or c["head_dim"]
+    r, k, present = {
+        "EMBED": (vocab, dim, True), "LM_HEAD": (vocab, dim, not c["tied_embeddings"]), "WQ": (q, dim, True),
+        "WK": (kv, dim, True), "WV": (kv, dim, True), "BQ": (1, q, c["qkv_bias"]), "BK": (1, kv, c["qkv_bias"]),
+        "BV": (1, kv, c["qkv_bias"]), "WO": (dim, q, True), "W_GATE": (ffn, dim, not moe),
+        "W_UP": (ffn, dim, not moe), "W_DOWN": (dim, ffn, not moe), "ROPE_INV_FREQ": (1, rope // 2, True),
+        "Q_NORM": (1, c["head_dim"], c["qk_norm"]), "K_NORM": (1, c["head_dim"], c["qk_norm"]),
+        "POST_ATTN_NORM": (1, dim, c["post_norms"]), "POST_FFN_NORM": (1, dim, c["post_norms"]),
+    }.get(t, (1, dim, True))  # ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
+    return (r if present else 0), k
+
+
+def tensor_shape(c: dict, tensor: str, layer: int) -> tuple[int, int]:
+    """arc_tensor_shape: (rows, cols) of tensor `tensor` (its arc.h name, ARC_TENSOR_...) of layer
+    `layer`; rows 0 where the config has no such tensor there."""
+    who = "arc_tensor_shape"
+    t = tensor.removeprefix("ARC_TENSOR_")
+    _require(all(c[f] > 0 for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab")),
+             who, "config: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim and vocab must be positive")
+    _require(c["rope_dim"] >= 0 and c["rope_dim"] % 2 == 0 and c["rope_dim"] <= c["head_dim"], who,
+             f"config.rope_dim must be even and in [0, head_dim {c['head_dim']}] (0: head_dim), got {c['rope_dim']}")
+    _check_moe(c, who)
+    if t in _GLOBAL:
+        _require(layer == 0, who, f"ARC_TENSOR_{t} is a global tensor: layer must be 0, got {layer}")
+    else:
+        _require(0 <= layer < c["n_layers"], who, f"ARC_TENSOR_{t} is a per-layer tensor: layer must be in "
+                                                  f"[0, {c['n_layers']}), got {layer}")
+    return _shape(c, t, layer)
