@@ -21,7 +21,6 @@ import select
 import stat
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -217,7 +216,7 @@ def held(model: Model) -> str:
     return ", matrices " + ", ".join(f"{formats.count(f)} {FORMAT_NAMES[f]}" for f in sorted(set(formats)))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RunOptions:
     """How to run a request: which model, on which backend and path."""
 
