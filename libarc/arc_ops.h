@@ -74,6 +74,14 @@ int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t ma
 int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
+/* The scratch arc_op_attention_tiles needs, in bytes. */
+int arc_op_attention_tiles_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes);
+/* arc_op_attention laid out for a deep cache (the forward does not launch it yet): a block takes the query heads of
+ * one kv head and its share of the tiles of 64 positions up to *pos, on tensor cores. The same arguments, results
+ * and limits, within the float32 reference's tolerance. */
+int arc_op_attention_tiles(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                           uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                           int32_t max_seq, const int32_t *pos, float *scratch, float *out);
 
 /* The prefill's kernels (the prefill launches the same launchers). */
 

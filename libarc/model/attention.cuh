@@ -1,49 +1,58 @@
-// attention.cuh -- the tiles of cached k and v rows that the attention kernels (attention.cu for
-// the decode and the verify, prefill_attention.cu for the prefill) stage in shared memory for
-// their tensor-core products: the swizzled layout and the loader.
+// attention.cuh -- how the decode's attention kernel (attention.cu) lays a chunk of cached k or v
+// rows over a block's lanes, and reads them.
 #pragma once
 
 #include "kernels.cuh"
 
-// Every attention kernel stages tiles of 64 cache rows with 128 threads.
-enum { ATTN_TILE = 64, ATTN_TILE_THREADS = 128 };
+enum { ATTN_THREADS = 128, ATTN_WARPS = ATTN_THREADS / 32, ATTN_UNROLL = 8, ATTN_MERGE = 4, ATTN_GRID_BLOCKS = 1024 };
 
-// Element offset of (row, 8-element chunk) in a tile of rows of D elements; chunks are XOR-
-// swizzled by the row so that the 8 rows one ldmatrix reads lie on distinct banks.
-template <int D>
-__device__ __forceinline__ int row_offset(int row, int chunk) {
-    constexpr int CPR = D / 8;
-    const int sw = CPR >= 8 ? (row & 7) : ((row >> 1) & (CPR - 1));
-    return row * D + ((chunk ^ sw) << 3);
-}
-
-// 64 rows of hd bf16 elements, row r at src + r * stride (rows at or past `rows` and elements at
-// or past hd read as zeros), into a swizzled [64][D] tile, by the block's ATTN_TILE_THREADS
-// threads. cp.async when rows are 16-byte aligned (hd % 8 == 0); otherwise plain 4-byte loads,
-// complete on return.
-template <int D>
-__device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, size_t stride, int rows, int hd,
-                                          int tid) {
-    constexpr int CPR = D / 8;
-    if (hd % 8 == 0) {
-        const uint32_t base = smem_addr(tile);
-        for (int e = tid; e < ATTN_TILE * CPR; e += ATTN_TILE_THREADS) {
-            const int r = e / CPR, c = e % CPR;
-            const bool ok = r < rows && c * 8 < hd;
-            cp_async16(base + row_offset<D>(r, c) * 2, ok ? src + r * stride + c * 8 : src, ok);
-        }
+// VEC bf16 values of a cache row as floats: 16-byte loads when head_dim % 8 == 0, else 4-byte.
+template <int VEC>
+__device__ __forceinline__ void load_row(const uint16_t *p, float *f) {
+    if constexpr (VEC == 8) {
+        const uint4 g = *reinterpret_cast<const uint4 *>(p);
+        f[0] = bf16_lo(g.x); f[1] = bf16_hi(g.x); f[2] = bf16_lo(g.y); f[3] = bf16_hi(g.y);
+        f[4] = bf16_lo(g.z); f[5] = bf16_hi(g.z); f[6] = bf16_lo(g.w); f[7] = bf16_hi(g.w);
     } else {
-        for (int e = tid; e < ATTN_TILE * (D / 2); e += ATTN_TILE_THREADS) {
-            const int r = e / (D / 2), d = (e % (D / 2)) * 2;
-            const uint32_t v = r < rows && d < hd ? *reinterpret_cast<const uint32_t *>(src + r * stride + d) : 0u;
-            *reinterpret_cast<uint32_t *>(tile + row_offset<D>(r, d / 8) + d % 8) = v;
-        }
+        const uint32_t g = *reinterpret_cast<const uint32_t *>(p);
+        f[0] = bf16_lo(g); f[1] = bf16_hi(g);
     }
 }
 
-// A float as the sum of two bf16 values, hi = bf16(x) and lo = bf16(x - hi), packed in pairs for a
-// tensor-core operand: products with a bf16 operand then carry about 16 bits of x, not 8.
-__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    hi = pack_bf16x2(a, b);
-    lo = pack_bf16x2(a - bf16_lo(hi), b - bf16_hi(hi));
+// A float rounded to bf16 (nearest even) and back: the value the cache holds.
+__device__ __forceinline__ float as_cached(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// How the threads of a block share a chunk. LP lanes hold one position (each NV vectors of VEC
+// elements of its row; vector j = sub + LP * i of the row); a warp holds 32 / LP positions, a block
+// step ATTN_THREADS / LP, and a block ATTN_UNROLL steps: CHUNK positions, all loaded at once.
+template <int VEC, int LP>
+struct AttnLayout {
+    static constexpr int NV = VEC == 8 ? 1 : 2;  // VEC == 2 runs with LP == 32: hd / 2 <= 64 = 32 * NV
+    static constexpr int E = NV * VEC;           // elements of a head row per lane
+    static constexpr int PPW = 32 / LP;          // positions per warp
+    static constexpr int PG = ATTN_THREADS / LP; // positions per block step
+    static constexpr int CHUNK = PG * ATTN_UNROLL;
+    static constexpr int HD = LP * E;            // the longest head row the layout holds
+};
+
+// The ATTN_UNROLL rows of the chunk this lane helps hold (row t = warp * PPW + PG * u + pw), its
+// vectors of each; rows at or past `rows`, and vectors past the row's nvh, read as zeros.
+template <int VEC, int LP>
+__device__ __forceinline__ void load_chunk(const uint16_t *base, int hd, int nvh, int rows, int warp, int pw,
+                                           int sub, float (&f)[ATTN_UNROLL][AttnLayout<VEC, LP>::E]) {
+    using L = AttnLayout<VEC, LP>;
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; ++u) {
+        const int t = warp * L::PPW + L::PG * u + pw;
+#pragma unroll
+        for (int i = 0; i < L::NV; ++i) {
+            const int j = sub + LP * i;
+            if (t < rows && j < nvh) {
+                load_row<VEC>(base + (size_t)t * hd + j * VEC, &f[u][i * VEC]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) f[u][i * VEC + e] = 0.0f;
+            }
+        }
+    }
 }

@@ -17,7 +17,7 @@
 // is the same arithmetic with nothing to merge.
 #include <math.h>
 
-#include "attention.cuh"
+#include "attention_tile.cuh"
 
 enum { ROPE_THREADS = 128, FLASH_Q = ATTN_TILE, FLASH_KV = ATTN_TILE, FLASH_THREADS = ATTN_TILE_THREADS, FLASH_SEG_TILES = 16,
        FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };

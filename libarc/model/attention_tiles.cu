@@ -1,0 +1,450 @@
+// attention_tiles.cu -- one token's attention at batch 1 laid out for a deep cache (and the
+// verify's rows, each as the one-row launch computes it), with the rotary embedding and the
+// KV-cache write of the new position fused in, as attention.cu's kernel does. It is reached through
+// arc_op_attention_tiles (arc_ops.h) and its GPU tests (tests/test_gpu_kernels.py); the forward
+// still launches attention.cu's kernel until this one has run the GPU tier and the bench beside it
+// (docs/PERF.md, "Decode attention over a deep cache").
+//
+// Laid out so that each cached k and v element is read once a token, at the bandwidth of the cache:
+// - a block takes the query heads of one kv head (up to 16 of them: the rows of a tensor-core
+//   product), so grouped-query attention reads a kv head's rows once, not once per query head;
+// - the grid is fixed (a step graph is captured once), and its blocks divide the positions attended
+//   on the device: at position p each of a kv head's `S` blocks takes its share of the
+//   ceil((p + 1) / 64) tiles of 64 positions (fewer blocks work at short positions);
+// - the tiles stream through shared memory by cp.async, the next one loading while the block
+//   multiplies the current one: S = Q K^T and O += P V by mma.sync, each warp 16 of a tile's
+//   positions, the softmax online;
+// - the last block of a kv head to finish (a ticket) merges the blocks' partials: no second launch.
+// q and the softmax weights enter the products as two bf16 parts each (hi + lo, split_bf16x2), so
+// the scores and the weighted sums carry about 16 bits of q and p, meant to hold the float32
+// reference's tolerance of the one-row kernel (2e-5 + 1e-4 |x|). The order of every sum depends
+// only on the position and the shapes, so a verify row would compute the one-row bits at its
+// position.
+#include <math.h>
+
+#include "attention_tile.cuh"
+
+enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256 };
+
+// Dynamic shared memory of the kernel for D: two stages of a k and a v tile, q as hi and lo
+// tiles, the rotation's cosines and sines.
+static constexpr size_t dec_smem_bytes(int D) {
+    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4;
+}
+// The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
+static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
+static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the weights fit the smallest tiles");
+
+// Attention of the query heads h0..h0 + nh - 1 of kv head kvh (block x = kvh * ht + i takes
+// h0 = kvh * group + 16 i, ht = ceil(group / 16)) over its share of the positions lo..*pos:
+// of the nc tiles of 64 positions holding them, block y of S = gridDim.y takes per = ceil(nc / S)
+// in a row, and ceil(nc / per) blocks hold some.
+// qkv = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, unrotated, as the
+// QKV GEMV writes it. k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's; the rows
+// before *pos are read, row *pos is written (rotated k and v, rounded to nearest even) by the
+// block of the kv head's first heads holding it, and the scores use those rounded values, as the
+// reference does. RoPE as `rope` says (kernels.cuh: RopeArgs, rope_rotate_half). scale_log2 is the
+// scores' factor times log2(e); with window > 0 only positions > *pos - window count.
+// A block writes o_part[head][y][hd] = sum_t 2^(s_t - m) v_t and ml_part[head][y] = (m, sum_t
+// 2^(s_t - m)) (row stride `splits` >= S), s_t the scores in log2 units, m their max; the last of
+// the kv head's blocks to finish (a ticket on done[x], which it resets) writes out[head][:] = the
+// partials merged. When one block holds every tile it writes out at once.
+// A position outside [0, max_seq) writes NaN to out and nothing to the cache.
+// PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
+// window's bounds and the partial rotation compile away.
+// ROWS: the verify's row blockIdx.z at pos_ptr[row], with its own qkv row (qkv_stride apart), out,
+// partials and tickets; its k and v are cached already (verify_attention.cu): nothing is read
+// before the wait nor stored.
+// Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D) bytes of
+// dynamic shared memory. Limits: hd even, hd <= D; the caches 16-byte aligned when hd % 8 == 0.
+template <int D, bool PLAIN, bool ROWS>
+__global__ void __launch_bounds__(ATTN_TILE_THREADS)
+decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                        int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
+                        float scale_log2, int window, float *__restrict__ o_part, float2 *__restrict__ ml_part,
+                        unsigned *done, float *__restrict__ out, int qkv_stride) {
+    constexpr int KD = D / 16;       // k16 steps of q . k
+    constexpr bool QREG = D <= 128;  // q's fragments held in registers across the tiles
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *kv = smem;  // [stage][k | v][64][D]
+    uint16_t *q_hi = smem + 4 * ATTN_TILE * D, *q_lo = q_hi + DEC_HEADS * D;
+    float *cos_t = reinterpret_cast<float *>(q_lo + DEC_HEADS * D), *sin_t = cos_t + D / 2;
+    __shared__ float wm[DEC_WARPS][DEC_HEADS], wl[DEC_WARPS][DEC_HEADS], wa[DEC_HEADS][DEC_WARPS], wsum[DEC_HEADS];
+    __shared__ bool last;
+
+    pdl_launch_dependents();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    const int group = n_heads / n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
+    const int kvh = blockIdx.x / ht, h0 = kvh * group + (blockIdx.x % ht) * DEC_HEADS;
+    const int nh = min(DEC_HEADS, (kvh + 1) * group - h0);
+    const int split = blockIdx.y, S = gridDim.y;
+
+    const int row = ROWS ? blockIdx.z : 0;
+    if constexpr (ROWS) {
+        qkv += (size_t)row * qkv_stride;
+        out += (size_t)row * n_heads * hd;
+        o_part += (size_t)row * n_heads * splits * hd;
+        ml_part += (size_t)row * n_heads * splits;
+        done += row * n_heads;
+        pdl_wait();
+    }
+    const int pos = pos_ptr[row];
+    if (pos < 0 || pos >= max_seq) {
+        pdl_wait();
+        if (split == 0)
+            for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) out[(size_t)h0 * hd + e] = quiet_nan();
+        return;
+    }
+    // The positions attended, lo..pos, lie in tiles c_lo..ns - 1; this block's are j0..j1 - 1.
+    const int lo = !PLAIN && window > 0 && pos >= window ? pos - window + 1 : 0;
+    const int ns = pos / ATTN_TILE + 1, c_lo = lo / ATTN_TILE, nc = ns - c_lo;
+    const int per = (nc + S - 1) / S, parts = (nc + per - 1) / per;
+    if (split >= parts) return;
+    const int j0 = c_lo + split * per, j1 = min(j0 + per, ns);
+    // The rows a tile takes from the cache: those before the new position (the decode substitutes
+    // it from qkv), or up to it (the verify's rows are cached already).
+    const int limit = ROWS ? pos + 1 : pos;
+    const size_t head_base = (size_t)kvh * max_seq * hd;
+    auto load_tile = [&](int j, int stage) {
+        uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
+        const size_t at = head_base + (size_t)j * ATTN_TILE * hd;
+        load_rows<D>(kt, k_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        load_rows<D>(kt + ATTN_TILE * D, v_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        cp_async_commit();
+    };
+
+    // Before the wait (the decode): the angles and the first tile, which earlier steps wrote.
+    const int half = PLAIN ? hd / 2 : rope.half;
+    for (int i = tid; i < half; i += ATTN_TILE_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
+    if (!ROWS) load_tile(j0, 0);
+    pdl_wait();
+    if (ROWS) load_tile(j0, 0);
+    __syncthreads();  // the angles
+    // q of the block's heads, rotated, as hi and lo bf16 tiles (heads past nh and elements past
+    // hd are zeros).
+    for (int e = tid; e < DEC_HEADS * D / 2; e += ATTN_TILE_THREADS) {
+        const int r = e / (D / 2), d = (e % (D / 2)) * 2;
+        float a = 0.0f, b = 0.0f;
+        if (r < nh && d < hd) {
+            const float *q_row = qkv + (size_t)(h0 + r) * hd;
+            a = rope_rotate_half<PLAIN>(q_row, d, half, cos_t, sin_t);
+            b = rope_rotate_half<PLAIN>(q_row, d + 1, half, cos_t, sin_t);
+        }
+        uint32_t hi, lo2;
+        split_bf16x2(a, b, hi, lo2);
+        const int off = row_offset<D>(r, d / 8) + d % 8;
+        *reinterpret_cast<uint32_t *>(q_hi + off) = hi;
+        *reinterpret_cast<uint32_t *>(q_lo + off) = lo2;
+    }
+    __syncthreads();
+    uint32_t qh[QREG ? KD : 1][4], ql[QREG ? KD : 1][4];
+    if constexpr (QREG) {
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+            ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qh[kd]);
+            ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), ql[kd]);
+        }
+    }
+
+    // Rows g and g + 8 of the 16 heads are this thread's: their running maximum (log2 units) and
+    // sum of exponentials (this thread's columns; summed over the quad at the end).
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+
+    for (int j = j0; j < j1; ++j) {
+        const int buf = (j - j0) & 1;
+        if (j + 1 < j1) load_tile(j + 1, buf ^ 1);
+        else cp_async_commit();  // an empty group keeps the count of the wait below
+        cp_async_wait<1>();
+        __syncthreads();
+        uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
+        if (!ROWS && j == ns - 1) {
+            // The new position's row, as the cache will hold it; the block of the kv head's first
+            // heads stores it there for later steps.
+            const int tr = pos - j * ATTN_TILE;
+            const float *k_row = qkv + (size_t)(n_heads + kvh) * hd, *v_row = k_row + (size_t)n_kv_heads * hd;
+            const bool store = blockIdx.x % ht == 0;
+            for (int d = tid; d < hd; d += ATTN_TILE_THREADS) {
+                const uint16_t kb = f32_to_bf16(rope_rotate_half<PLAIN>(k_row, d, half, cos_t, sin_t));
+                const uint16_t vb = f32_to_bf16(v_row[d]);
+                kt[row_offset<D>(tr, d / 8) + d % 8] = kb;
+                vt[row_offset<D>(tr, d / 8) + d % 8] = vb;
+                if (store) {
+                    k_cache[head_base + (size_t)pos * hd + d] = kb;
+                    v_cache[head_base + (size_t)pos * hd + d] = vb;
+                }
+            }
+            __syncthreads();
+        }
+
+        // S = Q K^T over the warp's 16 positions (two n8 tiles), q as hi + lo.
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+            uint32_t kf[4];
+            ldmatrix_x4(smem_addr(kt + row_offset<D>(warp * 16 + (lane / 16) * 8 + lane % 8, kd * 2 + (lane / 8) % 2)), kf);
+            if constexpr (QREG) {
+                mma_bf16_16816(s[0], qh[kd], kf[0], kf[1]);
+                mma_bf16_16816(s[1], qh[kd], kf[2], kf[3]);
+                mma_bf16_16816(s[0], ql[kd], kf[0], kf[1]);
+                mma_bf16_16816(s[1], ql[kd], kf[2], kf[3]);
+            } else {
+                uint32_t qa[4], qb[4];
+                ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qa);
+                ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qb);
+                mma_bf16_16816(s[0], qa, kf[0], kf[1]);
+                mma_bf16_16816(s[1], qa, kf[2], kf[3]);
+                mma_bf16_16816(s[0], qb, kf[0], kf[1]);
+                mma_bf16_16816(s[1], qb, kf[2], kf[3]);
+            }
+        }
+        // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
+        const int k0 = j * ATTN_TILE + warp * 16;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nt * 8 + 2 * t + (e & 1);
+                s[nt][e] = key > pos || (!PLAIN && key < lo) ? -INFINITY : s[nt][e] * scale_log2;
+            }
+        // The online softmax of each of the thread's two rows; a row whose maximum is still -inf
+        // (no position of it seen) takes its exponentials against 0, every one of them 0.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = exp2f(m_run[r] - m_use);
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
+                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+            m_run[r] = m_new;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
+        }
+        // O += P V: the score accumulators are already in the layout of an A fragment; P as hi + lo.
+        uint32_t ph[4], pl[4];
+        split_bf16x2(s[0][0], s[0][1], ph[0], pl[0]);
+        split_bf16x2(s[0][2], s[0][3], ph[1], pl[1]);
+        split_bf16x2(s[1][0], s[1][1], ph[2], pl[2]);
+        split_bf16x2(s[1][2], s[1][3], ph[3], pl[3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(smem_addr(vt + row_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 2 + lane / 16)),
+                              vf);
+            mma_bf16_16816(o[2 * dp], ph, vf[0], vf[1]);
+            mma_bf16_16816(o[2 * dp + 1], ph, vf[2], vf[3]);
+            mma_bf16_16816(o[2 * dp], pl, vf[0], vf[1]);
+            mma_bf16_16816(o[2 * dp + 1], pl, vf[2], vf[3]);
+        }
+        __syncthreads();  // every warp is done with this tile's buffers before they are refilled
+    }
+
+    // The warps' states merged in warp order: each warp's (m, l, o) into shared memory (over the
+    // tiles' buffers), then each head's weights 2^(m_w - m) and sum.
+    float *wo = reinterpret_cast<float *>(kv);  // [warp][head][D]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int hr = g + 8 * r;
+        if (t == 0) {
+            wm[warp][hr] = m_run[r];
+            wl[warp][hr] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *reinterpret_cast<float2 *>(wo + ((size_t)warp * DEC_HEADS + hr) * D + dt * 8 + 2 * t) =
+                make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+    }
+    __syncthreads();
+    if (tid < DEC_HEADS) {
+        float m = wm[0][tid];
+#pragma unroll
+        for (int w = 1; w < DEC_WARPS; ++w) m = fmaxf(m, wm[w][tid]);
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            wa[tid][w] = wm[w][tid] == -INFINITY ? 0.0f : exp2f(wm[w][tid] - m);
+            l = fmaf(wa[tid][w], wl[w][tid], l);
+        }
+        wm[0][tid] = m;
+        wsum[tid] = l;
+    }
+    __syncthreads();
+    // Every block holds at least one position of each head, so m is finite and l > 0.
+    for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
+        const int r = e / hd, d = e % hd;
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) acc = fmaf(wa[r][w], wo[((size_t)w * DEC_HEADS + r) * D + d], acc);
+        if (parts == 1) out[(size_t)(h0 + r) * hd + d] = acc / wsum[r];
+        else o_part[((size_t)(h0 + r) * splits + split) * hd + d] = acc;
+    }
+    if (parts == 1) return;
+    if (tid < nh) ml_part[(size_t)(h0 + tid) * splits + split] = make_float2(wm[0][tid], wsum[tid]);
+
+    // Every thread's partials are visible device-wide before the block takes its ticket.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&done[blockIdx.x], 1u) == (unsigned)(parts - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // The last block merges the parts: each head's maximum m over them, its sum l, and the weight
+    // 2^(m_p - m) / l of each part (a warp a head), then out = the weighted sum of the parts'
+    // outputs, in part order.
+    float *fw = reinterpret_cast<float *>(kv);  // [head][part]: 16 * DEC_MAX_SPLITS floats fit every D's tiles
+    for (int r = warp; r < nh; r += DEC_WARPS) {
+        const float2 *st = ml_part + (size_t)(h0 + r) * splits;
+        float m = -INFINITY, l = 0.0f;
+        for (int p = lane; p < parts; p += 32) m = fmaxf(m, __ldcg(&st[p]).x);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        for (int p = lane; p < parts; p += 32) {
+            const float2 v = __ldcg(&st[p]);
+            l = fmaf(exp2f(v.x - m), v.y, l);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+        for (int p = lane; p < parts; p += 32) fw[r * parts + p] = exp2f(__ldcg(&st[p]).x - m) / l;
+    }
+    __syncthreads();
+    for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
+        const int r = e / hd, d = e % hd;
+        const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
+        const float *w = fw + r * parts;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int p = 0; p < parts; ++p) acc = fmaf(w[p], __ldcg(op + (size_t)p * hd), acc);
+        out[(size_t)(h0 + r) * hd + d] = acc;
+    }
+    if (tid == 0) done[blockIdx.x] = 0;
+}
+
+// The partials' row stride: a slot for every tile of max_seq, at most DEC_MAX_SPLITS.
+static int tiles_splits(int32_t max_seq) {
+    const int tiles = (max_seq + ATTN_TILE - 1) / ATTN_TILE;
+    return tiles < DEC_MAX_SPLITS ? tiles : DEC_MAX_SPLITS;
+}
+
+// The blocks a kv head's positions are divided among: about DEC_TARGET_BLOCKS in the grid (two
+// blocks a multiprocessor on a 132-SM card; the same on every card, so that the bits do not depend
+// on it), at most one a slot. Blocks past a short position return at once.
+static int tiles_blocks(int32_t head_tiles, int splits) {
+    const int per = (DEC_TARGET_BLOCKS + head_tiles - 1) / head_tiles;
+    return per < splits ? per : splits;
+}
+
+static uint64_t tiles_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq) {
+    if (n_heads <= 0 || head_dim <= 0 || max_seq <= 0) return 0;
+    const uint64_t parts = (uint64_t)n_heads * tiles_splits(max_seq);
+    return parts * head_dim * sizeof(float) + parts * sizeof(float2);
+}
+
+// What every variant is launched with.
+struct TilesArgs {
+    const float *qkv;
+    RopeArgs rope;
+    uint16_t *k, *v;
+    int n_heads, n_kv_heads, hd, max_seq, splits;
+    const int32_t *pos;
+    float scale_log2;
+    int window;
+    float *o_part;
+    float2 *ml_part;
+    unsigned *done;
+    float *out;
+    AttnRows rows;  // the decode's one row, or the verify's
+};
+
+template <int D, bool ROWS>
+static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
+    const int group = a.n_heads / a.n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
+    const dim3 grid(a.n_kv_heads * ht, tiles_blocks(a.n_kv_heads * ht, a.splits), a.rows.count);
+    const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
+    auto kernel = plain ? decode_attention_kernel<D, true, ROWS> : decode_attention_kernel<D, false, ROWS>;
+    constexpr size_t smem = dec_smem_bytes(D);
+    if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return arc_launch_pdl(ctx, ROWS ? "decode_attention_kernel<rows>" : "decode_attention_kernel", kernel, grid,
+                          dim3(ATTN_TILE_THREADS), smem, a.qkv, a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd,
+                          a.max_seq, a.splits, a.pos, a.scale_log2, a.window, a.o_part, a.ml_part, a.done, a.out,
+                          a.rows.stride);
+}
+
+template <bool ROWS>
+static int launch_tiles_hd(arc_context *ctx, const TilesArgs &a) {
+    if (a.hd <= 32) return launch_tiles<32, ROWS>(ctx, a);
+    if (a.hd <= 64) return launch_tiles<64, ROWS>(ctx, a);
+    if (a.hd <= 128) return launch_tiles<128, ROWS>(ctx, a);
+    return launch_tiles<256, ROWS>(ctx, a);
+}
+
+static int tiles_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
+                                 uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
+                                 const int32_t *pos, float *scratch, float *out, const AttnRows &rows = AttnRows{}) {
+    ARC_REQUIRE(ctx, "ctx is null");
+    ARC_REQUIRE(rows.count == 1 || (rows.count > 1 && rows.stride > 0 && rows.done), "rows %d", rows.count);
+    const RopeArgs &rope = spec.rope;
+    ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && pos && scratch && out,
+                "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
+    ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
+    ARC_REQUIRE(n_heads <= ARC_ATTN_MAX_GROUPS, "at most %d heads, got %d", ARC_ATTN_MAX_GROUPS, n_heads);
+    ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM && (head_dim <= 128 || head_dim % 8 == 0),
+                "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
+    ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
+                ATTN_MAX_SEQ, max_seq);
+    const int align = head_dim % 8 == 0 ? 16 : 4;
+    ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0, "the caches must be %d-byte aligned",
+                align);
+    ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
+    ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
+    ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
+                spec.scale);
+    const int splits = tiles_splits(max_seq);
+    const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
+    const TilesArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
+                     (float)(1.4426950408889634 * spec.scale), spec.window, scratch,
+                     reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
+    return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
+}
+
+extern "C" int arc_op_attention_tiles(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
+    return tiles_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
+                           out);
+}
+
+extern "C" int arc_op_attention_tiles_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
+                                              uint64_t *bytes) {
+    ARC_REQUIRE(bytes, "bytes is null");
+    *bytes = 0;
+    ARC_REQUIRE(n_heads > 0 && head_dim > 0 && max_seq > 0 && max_seq <= ATTN_MAX_SEQ,
+                "shapes out of range: n_heads %d, head_dim %d, max_seq %d", n_heads, head_dim, max_seq);
+    *bytes = tiles_scratch_bytes(n_heads, head_dim, max_seq);
+    return ARC_OK;
+}
