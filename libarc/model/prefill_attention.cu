@@ -19,8 +19,8 @@
 
 #include "attention_tile.cuh"
 
-enum { ROPE_THREADS = 128, FLASH_Q = ATTN_TILE, FLASH_KV = ATTN_TILE, FLASH_THREADS = ATTN_TILE_THREADS, FLASH_SEG_TILES = 16,
-       FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };
+enum { ROPE_THREADS = 128, FLASH_Q = ATTN_TILE, FLASH_KV = ATTN_TILE, FLASH_THREADS = ATTN_TILE_THREADS,
+       FLASH_SEG_TILES = 16, FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };
 
 // The partials of a segment for one (query, head): m (log2 units) and l, then hd sums.
 __host__ __device__ inline size_t part_floats(int hd) { return (size_t)hd + 2; }
