@@ -21,7 +21,7 @@ from arcpy.model import SHAPES, preset_formats, synthetic_model
 from arcpy.sampling import Sampler, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = ROOT / "docs" / "perf-baseline.json"
+BASELINE = ROOT / "docs" / "measurements" / "perf-baseline.json"
 
 
 def load_script(name: str = "bench"):
@@ -169,7 +169,7 @@ def test_hf_config_has_the_shape_and_no_end_of_sequence():
 # --- tables -----------------------------------------------------------------------------------
 
 def test_the_recorded_h200_report_still_formats():
-    report = json.loads((ROOT / "docs" / "bench-h200-2026-11-30.json").read_text())
+    report = json.loads((ROOT / "docs" / "measurements" / "bench-h200-2026-11-30.json").read_text())
     text = bench.format_table(report)
     row = next(line for line in text.splitlines() if line.startswith("stories15M") and line.split()[3] == "16")
     # 100.63 us/token is 9,937 tok/s; the floor 7.16 us is 7.1% of it; a report without the
@@ -259,7 +259,7 @@ def test_a_failed_kernel_bench_is_one_line():
 def test_the_baseline_file_parses_with_the_recorded_h200_figures():
     # The H200 figures are the device loop's at burst 16 in the recorded report of the same run.
     baseline = bench.read_baseline(BASELINE)
-    report = json.loads((ROOT / "docs" / "bench-h200-2026-11-30-1603.json").read_text())
+    report = json.loads((ROOT / "docs" / "measurements" / "bench-h200-2026-11-30-1603.json").read_text())
     recorded = {s["shape"]: round(1e6 / bench.greedy_loop16(s["paths"])[0]) for s in report["shapes"]
                 if s["shape"] in SHAPES}
     assert baseline["NVIDIA H200"] == recorded

@@ -1,5 +1,5 @@
-"""GPU tier: the regression guard. For each shape docs/perf-baseline.json records for this card,
-the device loop (burst 16) decodes a short greedy generation and must reach at least 85% of the
+"""GPU tier: the regression guard. For each shape docs/measurements/perf-baseline.json records for
+this card, the device loop (burst 16) decodes a short greedy generation and must reach at least 85% of the
 recorded tokens per second. A card with no baseline skips, saying so.
 
 The generation is shorter than the benchmark's (so attention is a little cheaper): a loss shows,
@@ -22,7 +22,7 @@ from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
 
-BASELINE = Path(__file__).resolve().parents[1] / "docs" / "perf-baseline.json"
+BASELINE = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "perf-baseline.json"
 TOKENS, RUNS = 128, 3
 RECORDED = read_baseline(BASELINE)
 
