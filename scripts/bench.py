@@ -25,8 +25,10 @@ log-probabilities against without (arcpy.bench.serving):
 (arcpy.bench.context; 0 is a one-token prompt), every context on one device opened for the longest:
 its floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
 timed on the same weights with its window off too, which shows what reading only the window saves.
-The shape's dims run at as many positions as the longest context needs. --no-loop leaves out the
-per-shape loop rows (the copy bandwidth is still measured):
+The shape's dims run at as many positions as the longest context needs. With --kernels (the default)
+each context also times one layer's decode attention alone at its position, the forward's kernel
+beside the tiled one. --no-loop leaves out the per-shape loop rows (the copy bandwidth is still
+measured):
 
     python scripts/bench.py --shapes gemma3-4B --context 4096 --no-kernels --no-hf --json ctx.json
     python scripts/bench.py --shapes llama8B-q4km,qwen3-8B-q4km,qwen3-30B-A3B-q4km --context 0,4096,8192,32768 \
@@ -129,10 +131,17 @@ def main(argv=None) -> int:
                 model = synthetic_model(shape, seed=0, max_seq=max_seq)
                 rows = context_bench.context_rows(model, report["copy_bandwidth_GBps"] * 1e9, contexts,
                                                   args.tokens, args.runs, max_seq)
+                cfg = model.config
                 del model
                 report["context"][shape] = rows
                 save(report)
                 print("\n".join(context_bench.format_rows(shape, rows)))
+                if args.kernels:
+                    attention = context_bench.attention_rows(cfg, max_seq, contexts, args.runs,
+                                                             report["copy_bandwidth_GBps"] * 1e9)
+                    report.setdefault("context_attention", {})[shape] = attention
+                    save(report)
+                    print("\n".join(context_bench.format_attention(shape, attention)))
         except ArcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -349,10 +349,11 @@ def time_graph(ctx: Context, graph, launches: int, replays: int) -> list[float]:
 
 
 def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays: int = 5,
-                  formats: dict[str, int] | None = None) -> list[dict]:
+                  formats: dict[str, int] | None = None, kinds: tuple[str, ...] | None = None) -> list[dict]:
     """Time every kernel of the step for `cfg` on a context of its own (see the module's
     docstring): each row is its KernelSpec with `us` (median µs per launch) and `runs_us`.
-    `formats` (tensor name -> arc_format) holds a quantized preset's matrices in its formats."""
+    `formats` (tensor name -> arc_format) holds a quantized preset's matrices in its formats;
+    `kinds`, where given, keeps only the kernels of those KernelSpec kinds."""
     with Context(0) as ctx:
         buf = Buffers(ctx)
         try:
@@ -360,6 +361,8 @@ def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays:
             ctx.wait_idle()
             rows = []
             for spec in kernel_specs(cfg, positions, formats):
+                if kinds is not None and spec.kind not in kinds:
+                    continue
                 graph = capture_graph(ctx, shape.launches(spec))
                 try:
                     us = time_graph(ctx, graph, cfg.n_layers, replays)
