@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="tokens of its last turn's history (default 4096)")
     ap.add_argument("--tensor-parallel", type=bench.positive, default=None, metavar="N",
                     help="also each shape split over GPUs 0..N-1 (device loop, burst 16), beside it whole on GPU 0")
+    ap.add_argument("--record-baseline", metavar="PATH", default=None,
+                    help="write this card's greedy device-loop figures (burst 16) per shape into the regression "
+                         "guard's baseline file (docs/measurements/perf-baseline.json), keeping other cards'")
     ap.add_argument("--json", help="write the report here")
     return ap.parse_args(argv)
 
@@ -123,6 +126,14 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(bench.format_table(report))
+    if args.record_baseline:
+        try:
+            recorded = bench.record_baseline(report, args.record_baseline)
+        except ArcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"{args.record_baseline}: {report['device']}: "
+              + ", ".join(f"{k} {v}" for k, v in recorded[report["device"]].items()) + " tok/s")
     if contexts:
         try:
             report["context"] = {}

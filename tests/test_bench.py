@@ -288,6 +288,34 @@ def test_a_missing_baseline_is_one_clear_error(tmp_path):
         bench.read_baseline(tmp_path / "none.json")
 
 
+def test_a_card_s_figures_are_recorded_beside_the_other_cards(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"NVIDIA H200": {"llama1B": 1238, "llama8B": 243}}))
+    report = canned_report(None)
+    report["device"] = "NVIDIA H100 80GB HBM3"
+    report["shapes"][0]["shape"] = "llama1B"  # its greedy device loop at burst 16: 200 us/token
+    sampled = {**report["shapes"][0]["paths"][0], "sampling": "t0.8", "us_per_token": 100.0}
+    burst4 = {**report["shapes"][0]["paths"][0], "burst": 4, "us_per_token": 150.0}
+    report["shapes"][0]["paths"] += [sampled, burst4]
+    report["shapes"].append({"shape": "scripted", "paths": [{**burst4, "burst": 16}]})  # not a benchmark shape
+    written = bench.record_baseline(report, path)
+    assert written == bench.read_baseline(path) == {"NVIDIA H200": {"llama1B": 1238, "llama8B": 243},
+                                                    "NVIDIA H100 80GB HBM3": {"llama1B": 5000}}
+    # Recording the same card again replaces its shapes' figures and keeps the ones not rerun.
+    report["shapes"][0]["paths"][0]["us_per_token"] = 250.0
+    report["device"] = "NVIDIA H200"
+    assert bench.record_baseline(report, path)["NVIDIA H200"] == {"llama1B": 4000, "llama8B": 243}
+
+
+def test_a_report_without_a_device_loop_figure_records_nothing(tmp_path):
+    path = tmp_path / "baseline.json"
+    report = canned_report(None)
+    report["shapes"] = []
+    with pytest.raises(InvalidArgumentError, match="no device-loop figure"):
+        bench.record_baseline(report, path)
+    assert not path.exists()
+
+
 # --- the script -------------------------------------------------------------------------------
 
 def test_the_script_defaults_to_every_benchmark_shape_kernels_and_hf_where_importable():

@@ -1,6 +1,8 @@
 """GPU tier: the regression guard. For each shape docs/measurements/perf-baseline.json records for
 this card, the device loop (burst 16) decodes a short greedy generation and must reach at least 85% of the
-recorded tokens per second. A card with no baseline skips, saying so.
+recorded tokens per second. A card with no baseline skips, saying so. A card's figures are written
+by the benchmark on that card: `python scripts/bench.py --no-hf --no-kernels --record-baseline
+docs/measurements/perf-baseline.json` (its default shapes, the other cards' figures kept).
 
 The generation is shorter than the benchmark's (so attention is a little cheaper): a loss shows,
 a gain does not need to be recorded to pass.

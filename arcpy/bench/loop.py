@@ -433,6 +433,24 @@ def read_baseline(path: str | Path) -> dict[str, dict[str, float]]:
     return data
 
 
+def record_baseline(report: dict, path: str | Path) -> dict[str, dict[str, float]]:
+    """Write the report's card's figures into the baseline file: per shape, the greedy device loop's
+    tok/s at burst 16, rounded. Other cards' figures, and this card's shapes the report did not run,
+    stay as they were; a file that is not there yet starts empty. Returns what was written."""
+    path = Path(path)
+    recorded = read_baseline(path) if path.exists() else {}
+    card = dict(recorded.get(report["device"], {}))
+    for s in report["shapes"]:
+        loop16 = greedy_loop16(s.get("paths", []))
+        if s["shape"] in SHAPES and loop16:
+            card[s["shape"]] = round(1e6 / loop16[0])
+    if not card:
+        raise InvalidArgumentError(f"the report has no device-loop figure of a benchmark shape to record in {path}")
+    recorded[report["device"]] = dict(sorted(card.items()))
+    path.write_text(json.dumps(recorded, indent=1) + "\n")
+    return recorded
+
+
 def guard_verdict(measured_tps: float, recorded_tps: float,
                   tolerance: float = GUARD_TOLERANCE) -> tuple[bool, float]:
     """(passes, the lowest tok/s that passes): a measurement may fall at most `tolerance` below
