@@ -10,6 +10,7 @@ a change of behaviour. Rewrite it, where a change is meant, with `python tests/t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arcpy.model import SHAPES, config_from_hf, config_to_hf, load_model, open_gguf
+from arcpy.model import SHAPES, config_from_hf, config_to_hf, load_model, open_gguf, random_model
 from arcpy.model.checkpoint import _split_experts
 from arcpy.model.gguf import _gguf_name
 from arcpy.model.hf import stores_norms_less_one
@@ -76,13 +77,23 @@ def preset_facts() -> dict:
 def written_gguf_facts(tmp: Path) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from test_families import FAMILIES, GGUF_ARCH, preset, write_family_gguf
+    from test_gguf import write_model
+    from test_moe import MIXTRAL, QWEN, gguf_tensors, write
 
+    paths = {GGUF_ARCH[family]: write_family_gguf(tmp / f"{family}.gguf", family, preset(family, max_seq=128))
+             for family in FAMILIES}
+    vocab = preset("qwen3").config.vocab
+    for name in ("stories15M", "gqa", "tiny-quant"):
+        cfg = dataclasses.replace(SHAPES[name], vocab=vocab, max_seq=256)
+        paths[f"llama {name}"] = write_model(tmp / f"{name}.gguf", random_model(cfg, seed=3))
+    for cfg, arch in ((QWEN, "qwen3moe"), (MIXTRAL, "llama")):
+        cfg = dataclasses.replace(cfg, vocab=vocab, mlp_only_layers=())
+        model = random_model(cfg, seed=5)
+        paths[f"moe {arch}"] = write(tmp / f"{arch}-moe.gguf", cfg, gguf_tensors(model, permute=arch == "llama"), arch)
     out = {}
-    for family in FAMILIES:
-        model = preset(family, max_seq=128)
-        path = write_family_gguf(tmp / f"{family}.gguf", family, model)
+    for key, path in paths.items():
         ckpt = open_gguf(path)
-        out[f"{GGUF_ARCH[family]}"] = {"config": repr(ckpt.config), "tensors": tensor_digests(ckpt.model())}
+        out[key] = {"config": repr(ckpt.config), "tensors": tensor_digests(ckpt.model())}
     return out
 
 
