@@ -21,7 +21,7 @@ import numpy as np
 from arcpy.model import SHAPES, config_from_hf, config_to_hf, load_model, open_gguf, random_model
 from arcpy.model.checkpoint import _split_experts
 from arcpy.model.gguf import _gguf_name
-from arcpy.model.hf import stores_norms_less_one
+from arcpy.model.families import family_for
 from arcpy.model.native import expected_tensors
 from arcpy.model.quant import QuantTensor
 
@@ -67,10 +67,11 @@ def preset_facts() -> dict:
         doc = config_to_hf(cfg)
         shapes = expected_tensors(cfg)
         stub = {n: np.empty((s[0], 0), np.uint16) for n, s in shapes.items()}
+        family = family_for(cfg)
         out[name] = {"config_json": doc, "read_back": repr(config_from_hf(json.loads(json.dumps(doc)), "c")),
-                     "norms_less_one": stores_norms_less_one(doc),
-                     "gguf_names": digest({n: _gguf_name(n, cfg.post_norms) for n in shapes}),
-                     "saved_names": digest(sorted(_split_experts(stub, cfg, doc["model_type"])))}
+                     "norms_less_one": family.norms_less_one,
+                     "gguf_names": digest({n: _gguf_name(n, family) for n in shapes}),
+                     "saved_names": digest(sorted(_split_experts(stub, cfg, family)))}
     return out
 
 
