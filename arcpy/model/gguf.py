@@ -5,7 +5,7 @@
     gguf_vocab  the tokenizer metadata, as a plain Vocabulary (arcpy.text builds the tokenizer)
     gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
-Architectures and their configs: gguf_config.py.
+Architectures and their configs: gguf_config.py, and each family's module in arcpy.model.families.
 
 The projections and the output of types Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K stay quantized:
 their blocks are repacked into arc.h's rows (quant_pack.from_gguf), the values unchanged. Every
@@ -15,11 +15,11 @@ in one line. With `quantized=False` every tensor is bf16. Every weight must be f
 makes a block of NaN weights). A tied model whose token_embd is of a kept type gets an lm_head of
 its own, the same blocks kept quantized beside the bf16 embedding, and an untied config.
 
-Two things differ from a Hugging Face checkpoint. For "llama", "smollm3" and "mistral3", llama.cpp's
-converter reorders the rows of each q and k head so that interleaved RoPE (pairs 2i, 2i+1) computes
-what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts them back, bf16
-or quantized rows alike (the others run rotate-half RoPE in llama.cpp too, and their rows are stored
-as they are). Llama 3 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from
+Two things differ from a Hugging Face checkpoint. For "llama", "smollm3" and "mistral3" (the
+families whose gguf_permuted is set), llama.cpp's converter reorders the rows of each q and k head
+so that interleaved RoPE (pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i,
+i + head_dim/2) does; the loader puts them back, bf16 or quantized rows alike (the others run
+rotate-half RoPE in llama.cpp too, and their rows are stored as they are). Llama 3 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from
 which the RopeScaling parameters are recovered and checked.
 """
 

@@ -27,7 +27,8 @@ class Qwen3Moe(Family):
     def hf_fields(self, d: Mapping, source: str, n_layers: int, head_dim: int) -> dict:
         dense = d.get("mlp_only_layers", [])
         if not isinstance(dense, list) or not all(is_int(i) for i in dense):
-            raise ModelFileError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, got {quoted(dense)}")
+            raise ModelFileError(f"{source}: key 'mlp_only_layers' must be a list of layer indices, "
+                                 f"got {quoted(dense)}")
         out = {"n_experts": integer(d, "num_experts", source),
                "n_experts_used": integer(d, "num_experts_per_tok", source),
                "expert_ffn_dim": integer(d, "moe_intermediate_size", source),
