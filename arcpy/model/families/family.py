@@ -47,7 +47,7 @@ class Family:
     qk_norm = False              # q and k heads are RMS-normed before RoPE
     window = NO_WINDOW           # NO_WINDOW, EVERY_LAYER or BY_LAYER
     norms_less_one = False       # config.json's files store each norm's factor less one
-    # config.json keys whose fixed values config_to_hf writes for the family (the reader checks them).
+    # config.json keys of a fixed value that config_to_hf writes for the family.
     hf_constants: Mapping[str, object] = {"attention_bias": False}
     hf_fused: Mapping[str, tuple[str, ...]] = {}  # a layer's fused tensor -> the parts it stacks
     hf_expert_block = "mlp"      # model.layers.N.<block>.experts.E.<name>.weight, <block>.gate the router
