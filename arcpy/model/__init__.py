@@ -13,6 +13,7 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     moe          mixtures of experts: the routing rule, the bytes of the experts a token or a step reads
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
+    families     a module per family of decoders (what it changes in reading its files), and their registry
     safetensors  the safetensors reader and writer
     checkpoint   model directories: load_model, save_model
     gguf         GGUF files (with gguf_file, the container, and gguf_vocab, the tokenizer's metadata)

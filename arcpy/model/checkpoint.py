@@ -24,7 +24,8 @@ from arcpy.model.native import LM_HEAD, expected_tensors, iter_tensors, layer_pr
 from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
-from arcpy.model.hf import config_from_hf, config_to_hf, stores_norms_less_one
+from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for
+from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -91,11 +92,6 @@ def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
     raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
-# Fused projections some families store (Phi-3: qkv_proj, gate_up_proj) -> the parts they stack.
-_FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-          "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
-
-
 def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
     """Each fused projection replaced by its parts: consecutive row ranges of the same bytes, so
     nothing is copied. A fused tensor whose rows do not add up to its parts' is one error line."""
@@ -105,7 +101,7 @@ def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, Ten
         if not name.startswith("model.layers."):
             continue
         layer, _, suffix = name[len("model.layers."):].partition(".")
-        parts = _FUSED.get(suffix)
+        parts = HF_FUSED.get(suffix)
         if parts is None:
             continue
         rows = [expected[layer_prefix(0) + part][0] for part in parts]
@@ -124,11 +120,11 @@ def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, Ten
     return out
 
 
-# An expert's matrix as the files store it, one tensor per expert (Qwen-MoE's mlp.experts.E.*_proj,
-# Mixtral's block_sparse_moe.experts.E.w1/w3/w2 for gate/up/down), and Mixtral's router.
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
-_MIXTRAL_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_MIXTRAL_ROUTER = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.gate\.weight")
+# An expert's matrix as the files store it, one tensor per expert (model.layers.N.<block>.experts.E.<name>,
+# each family's block and names: arcpy.model.families), and a router of a block other than mlp.
+_BLOCKS = "|".join(HF_EXPERT_BLOCKS)
+_EXPERT = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.experts\.(\d+)\.(\w+)\.weight")
+_ROUTER = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.gate\.weight")
 
 
 def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple[dict[str, TensorEntry],
@@ -140,14 +136,14 @@ def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple
     groups: dict[str, dict[int, tuple[str, TensorEntry]]] = {}
     templates: dict[str, str] = {}  # a stacked name -> its experts' names in the files, {} the expert
     for name, e in entries.items():
-        m, router = _EXPERT.fullmatch(name), _MIXTRAL_ROUTER.fullmatch(name)
+        m, router = _EXPERT.fullmatch(name), _ROUTER.fullmatch(name)
         if router:
             name = f"model.layers.{router.group(1)}.mlp.gate.weight"
         if not m:
             out[name] = e
             continue
         layer, kind, expert, proj = m.groups()
-        proj = _MIXTRAL_PROJ.get(proj) if kind == "block_sparse_moe" else proj
+        proj = HF_EXPERT_BLOCKS[kind].get(proj)
         if proj not in ("gate_proj", "up_proj", "down_proj") or int(expert) >= cfg.n_experts:
             raise ModelFileError(f"{e.file}: unexpected tensor {quoted(name)} (not part of this config)")
         groups.setdefault(f"model.layers.{layer}.mlp.experts.{proj}.weight", {})[int(expert)] = (name, e)
@@ -245,26 +241,23 @@ def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np
             for name, t in tensors.items()}
 
 
-def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: str) -> dict[str, np.ndarray]:
+def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Family) -> dict[str, np.ndarray]:
     """The stacked experts split back into one tensor per expert under the family's names (and
-    Mixtral's router under its own), as transformers writes them; the rest untouched."""
+    its router under its block's name), as transformers writes them; the rest untouched."""
     if not cfg.n_experts:
         return tensors
     out = {}
+    block = family.hf_expert_block
     for name, t in tensors.items():
         head, sep, proj = name.partition(".mlp.experts.")
-        if family == "mixtral" and name.endswith(".mlp.gate.weight"):
-            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+        if name.endswith(".mlp.gate.weight"):
+            out[name.replace(".mlp.gate.", f".{block}.gate.")] = t
         elif not sep:
             out[name] = t
         else:
-            proj = proj[:-len(".weight")]
+            w = family.hf_expert_names[proj[:-len(".weight")]]
             for e, part in enumerate(np.split(t, cfg.n_experts)):
-                if family == "mixtral":
-                    w = {v: k for k, v in _MIXTRAL_PROJ.items()}[proj]
-                    out[f"{head}.block_sparse_moe.experts.{e}.{w}.weight"] = np.ascontiguousarray(part)
-                else:
-                    out[f"{head}.mlp.experts.{e}.{proj}.weight"] = np.ascontiguousarray(part)
+                out[f"{head}.{block}.experts.{e}.{w}.weight"] = np.ascontiguousarray(part)
     return out
 
 
@@ -280,6 +273,7 @@ def save_model(model: Model, directory) -> None:
     (directory / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
     # The files of a family store its norms' factors less one, or whole: shift the weights where the
     # model holds them the other way (a Gemma read from GGUF holds its factors whole: shift -1).
-    shift = float(model.config.norm_plus_one) - float(stores_norms_less_one(doc))
+    family = family_for(model.config)
+    shift = float(model.config.norm_plus_one) - float(family.norms_less_one)
     tensors = _shifted_norms(model.tensors, shift) if shift else model.tensors
-    save_safetensors(directory / "model.safetensors", _split_experts(tensors, model.config, doc["model_type"]), "BF16")
+    save_safetensors(directory / "model.safetensors", _split_experts(tensors, model.config, family), "BF16")

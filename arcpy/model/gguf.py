@@ -5,7 +5,7 @@
     gguf_vocab  the tokenizer metadata, as a plain Vocabulary (arcpy.text builds the tokenizer)
     gguf        (here) the config, the tensors under Hugging Face names: open_gguf
 
-Architectures and their configs: gguf_config.py.
+Architectures and their configs: gguf_config.py, and each family's module in arcpy.model.families.
 
 The projections and the output of types Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K stay quantized:
 their blocks are repacked into arc.h's rows (quant_pack.from_gguf), the values unchanged. Every
@@ -15,11 +15,11 @@ in one line. With `quantized=False` every tensor is bf16. Every weight must be f
 makes a block of NaN weights). A tied model whose token_embd is of a kept type gets an lm_head of
 its own, the same blocks kept quantized beside the bf16 embedding, and an untied config.
 
-Two things differ from a Hugging Face checkpoint. For "llama", "smollm3" and "mistral3", llama.cpp's
-converter reorders the rows of each q and k head so that interleaved RoPE (pairs 2i, 2i+1) computes
-what Hugging Face's rotate-half RoPE (pairs i, i + head_dim/2) does; the loader puts them back, bf16
-or quantized rows alike (the others run rotate-half RoPE in llama.cpp too, and their rows are stored
-as they are). Llama 3 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from
+Two things differ from a Hugging Face checkpoint. For "llama", "smollm3" and "mistral3" (the
+families whose gguf_permuted is set), llama.cpp's converter reorders the rows of each q and k head
+so that interleaved RoPE (pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i,
+i + head_dim/2) does; the loader puts them back, bf16 or quantized rows alike (the others run
+rotate-half RoPE in llama.cpp too, and their rows are stored as they are). Llama 3 frequency scaling travels as a tensor of per-pair divisors (rope_freqs), from
 which the RopeScaling parameters are recovered and checked.
 """
 
@@ -38,31 +38,18 @@ from arcpy.errors import ModelFileError
 from arcpy.files import reading
 from arcpy.model.bf16 import require_finite
 from arcpy.model.config import ModelConfig
-from arcpy.model.gguf_config import OUTPUT, PERMUTED, ROPE_TENSORS, gguf_config, unfused
+from arcpy.model.families import Family, gguf_family
+from arcpy.model.families.family import GGUF_GLOBAL_NAMES
+from arcpy.model.gguf_config import ROPE_TENSORS, gguf_config, unfused
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
-from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, is_matrix, iter_tensors
+from arcpy.model.native import EMBED, LM_HEAD, is_matrix, iter_tensors
 from arcpy.model.quant import QuantTensor
 from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf
 from arcpy.model.tensors import Model, Tensor, require_nonzero
 from arcpy.vocabulary import Vocabulary
 
 GGUF_SUFFIX = ".gguf"
-# Hugging Face names (arcpy.model) -> GGUF names.
-_GLOBAL_NAMES = {EMBED: "token_embd.weight", FINAL_NORM: "output_norm.weight", LM_HEAD: OUTPUT}
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps", "mlp.experts.up_proj": "ffn_up_exps",
-    "mlp.experts.down_proj": "ffn_down_exps", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
-    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
-    "mlp.shared_expert.down_proj": "ffn_down_shexp",
-}
-# gemma3's norms after attention: its own output norms, and the FFN's input norm as llama's.
-_POST_NORM_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                    "post_feedforward_layernorm": "post_ffw_norm"}
 _READERS = 8  # threads reading tensors, at most
 _UNQUANTIZED = ("F32", "F16", "BF16", "F64")  # types that are not a quantization (bf16 loses nothing worth a note)
 
@@ -77,6 +64,11 @@ class GGUFCheckpoint:
     config: ModelConfig         # the model's: untied where the lm_head is token_embd kept quantized
     quantized: bool = True      # keep the matrix tensors of the kept types quantized
     head_from_embedding: bool = False  # the file is tied; the model's lm_head is token_embd's blocks
+
+    @property
+    def family(self) -> Family:
+        """The family the file's general.architecture names."""
+        return gguf_family(self.file.meta.text("general.architecture"), self.file.path)
 
     def vocabulary(self) -> Vocabulary:
         with reading(self.file.path):
@@ -105,10 +97,10 @@ def open_gguf(path, max_seq: int | None = None, quantized: bool = True) -> GGUFC
             raise ModelFileError(f"{path}: no such GGUF file")
         f = read_gguf(path)
         cfg = gguf_config(f)
-        f = dataclasses.replace(f, tensors=unfused(f, cfg))
+        f = dataclasses.replace(f, tensors=unfused(f, cfg, gguf_family(f.meta.text("general.architecture"), path)))
         if max_seq is not None:
             cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
-        embed = f.tensors.get(_GLOBAL_NAMES[EMBED])
+        embed = f.tensors.get(GGUF_GLOBAL_NAMES[EMBED])
         head = quantized and cfg.tied_embeddings and embed is not None and embed.qtype in GGUF_FORMATS
         if head:
             cfg = dataclasses.replace(cfg, tied_embeddings=False)
@@ -137,23 +129,23 @@ def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
                                 .swapaxes(1, 2).reshape(w.shape))
 
 
-def _gguf_name(hf_name: str, post_norms: bool = False) -> str:
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
+def _gguf_name(hf_name: str, family: Family) -> str:
+    """A tensor's name in the family's GGUF files."""
+    if hf_name in GGUF_GLOBAL_NAMES:
+        return GGUF_GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight (or .bias)
     module, kind = rest.rsplit(".", 1)
-    names = {**_LAYER_NAMES, **_POST_NORM_NAMES} if post_norms else _LAYER_NAMES
-    return f"blk.{layer}.{names[module]}.{kind}"
+    return f"blk.{layer}.{family.gguf_names[module]}.{kind}"
 
 
 def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     """Match the file's tensors to the config, then read each under its HF name."""
-    f, cfg = ckpt.file, ckpt.config
+    f, cfg, family = ckpt.file, ckpt.config, ckpt.family
     file_cfg = dataclasses.replace(cfg, tied_embeddings=True) if ckpt.head_from_embedding else cfg
     wanted: dict[str, TensorInfo] = {}
     # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
     for hf_name, shape in iter_tensors(file_cfg):
-        name = _gguf_name(hf_name, cfg.post_norms)
+        name = _gguf_name(hf_name, family)
         info = f.tensors.get(name)
         if info is None:
             raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}")
@@ -166,7 +158,7 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         raise ModelFileError(f"{f.path}: unexpected tensor {quoted(extra[0])} (not part of this config)")
     f.check_types(wanted.values())
     # llama's q/k rows are reordered for interleaved RoPE; qwen2's are stored as they are.
-    permuted = f.meta.text("general.architecture") in PERMUTED
+    permuted = family.gguf_permuted
     dequantized = [info for hf_name, info in wanted.items()  # quantized tensors of types not kept, made bf16
                    if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and not _kept(ckpt, hf_name, info)
                    and (is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings))]
@@ -223,7 +215,7 @@ def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
     if not (ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS):
         return False
     partner = _partner(hf_name)
-    return partner is None or ckpt.file.tensors[_gguf_name(partner)].qtype == info.qtype
+    return partner is None or ckpt.file.tensors[_gguf_name(partner, ckpt.family)].qtype == info.qtype
 
 
 def _unpermute(t: Tensor, n_heads: int) -> Tensor:

@@ -1,14 +1,12 @@
 """The config of a GGUF file, from its metadata (and, for some scalings, tensors), as llama.cpp
 reads it for each architecture arcpy runs; and its fused tensors split into their parts.
 
-Architectures: "llama" (Llama 2/3, Mistral, SmolLM), "qwen2" (q/k/v biases), "qwen3" (q/k norms),
-"smollm3" (every 4th layer without RoPE), "mistral3" (the text model of Mistral Small 3.x),
-"phi3" (Phi-3, Phi-4: partial rotary, LongRoPE, q/k/v in one tensor and gate/up in ffn_up) and
-"gemma3" (post-norms, GELU, a window on 5 layers of 6 with a RoPE base of its own), and the
-mixtures of experts "qwen3moe" (q/k norms; softmax, then the top k, renormalized) and "llama" with
-expert_count > 0 (Mixtral: the top k logits, then their softmax), whose experts' matrices are 3-D
-tensors (ffn_gate_exps, ffn_up_exps, ffn_down_exps: one matrix per expert), read as the stacked
-matrices of the tensor table. The metadata keys carry the architecture's name as their prefix.
+The keys every architecture shares are read here, each family's own by its module
+(arcpy.model.families, looked up by general.architecture: "llama", "qwen2", "qwen3", "smollm3",
+"mistral3", "phi3", "gemma3", "qwen3moe"). The mixtures of experts ("qwen3moe", and "llama" with
+expert_count > 0: Mixtral) hold their experts' matrices as 3-D tensors (ffn_gate_exps, ffn_up_exps,
+ffn_down_exps: one matrix per expert), read as the stacked matrices of the tensor table. The
+metadata keys carry the architecture's name as their prefix.
 """
 
 from __future__ import annotations
@@ -21,20 +19,14 @@ import numpy as np
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, Scaling, YarnScaling, rope_inv_freq
+from arcpy.model.families import Family, gguf_experts, gguf_family
+from arcpy.model.families.family import EVERY_LAYER, GGUF_OUTPUT, NO_WINDOW
 from arcpy.model.gguf_file import GGUFFile, TensorInfo
-from arcpy.model.moe import GPT_OSS_NEEDS
 
-OUTPUT = "output.weight"  # the lm_head; a tied file has none
 _ROPE_FREQS = "rope_freqs.weight"
 _ROPE_LONG, _ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 ROPE_TENSORS = (_ROPE_FREQS, _ROPE_LONG, _ROPE_SHORT)  # read into the config, not the weights
-_ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "mistral3", "phi3", "gemma3", "qwen3moe")
-_MOE_ARCHITECTURES = ("llama", "qwen3moe")
 _EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-# Their converter reorders q/k rows for interleaved RoPE (gguf.py's docstring); the others rotate halves.
-PERMUTED = ("llama", "smollm3", "mistral3")
-_NO_ROPE_EVERY = 4  # smollm3: layers i with (i + 1) % 4 == 0 have no RoPE, as llama.cpp runs them
-_GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10000.0  # llama.cpp's defaults where the file names none
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
 
 
@@ -42,13 +34,9 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     """The file's config, checked; every failure is one ModelFileError line naming the file."""
     m, path = f.meta, f.path
     arch = m.text("general.architecture")
-    if arch == "gpt-oss":
-        raise ModelFileError(f"{path}: {GPT_OSS_NEEDS}")
-    if arch not in _ARCHITECTURES:
-        raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} "
-                             f"(supported: {', '.join(_ARCHITECTURES)})")
+    family = gguf_family(arch, path)
     a = f"{arch}."  # every key below is the architecture's
-    experts = _experts(m, a, arch, path)
+    experts = gguf_experts(family, m, a, path)
     dim = m.integer(a + "embedding_length")
     n_heads = m.integer(a + "attention.head_count")
     if n_heads <= 0:
@@ -64,8 +52,8 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         if m.number(a + key, 0.0) != 0.0:
             raise ModelFileError(f"{path}: {a}{key} is not supported")
     max_seq = m.integer(a + "context_length")
-    window = m.integer(a + "attention.sliding_window", 0) if arch in ("phi3", "gemma3") else 0
-    if window > 0 and arch == "phi3":  # Phi-3 windows every layer: a context no longer than the window is exact
+    window = m.integer(a + "attention.sliding_window", 0) if family.window != NO_WINDOW else 0
+    if window > 0 and family.window == EVERY_LAYER:  # a context no longer than the window is exact
         max_seq = min(max_seq, window)
     if m.number(a + "final_logit_softcapping", 0.0) != 0.0:
         raise ModelFileError(f"{path}: {a}final_logit_softcapping is not supported")
@@ -83,13 +71,11 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
             rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=m.number(a + "rope.freq_base", 10000.0),
             rope_scaling=_scaling(f, a, rope_dim),
-            tied_embeddings=OUTPUT not in f.tensors,
-            qkv_bias=arch == "qwen2",
-            qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
+            tied_embeddings=GGUF_OUTPUT not in f.tensors,
+            qkv_bias=family.qkv_bias,
+            qk_norm=family.qk_norm,
             rope_dim=0 if rope_dim == head_dim else rope_dim,
-            no_rope_layers=tuple(i for i in range(m.integer(a + "block_count")) if (i + 1) % _NO_ROPE_EVERY == 0)
-            if arch == "smollm3" else (),
-            **(_gemma3(m, a, dim, n_heads, head_dim, window) if arch == "gemma3" else {}),
+            **family.gguf_fields(m, a, (dim, n_heads, head_dim), window),
             **experts,
         )
         if _ROPE_FREQS in f.tensors:
@@ -98,41 +84,6 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     except InvalidArgumentError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
-
-
-def _experts(m, a: str, arch: str, path) -> dict:
-    """A mixture of experts' fields as llama.cpp reads them: expert_count, expert_used_count, and
-    an expert's width (qwen3moe: expert_feed_forward_length; llama: feed_forward_length)."""
-    n = m.integer(a + "expert_count", 0)
-    if n < 0:  # before expert_used_count is read: the message names the key that is wrong
-        raise ModelFileError(f"{path}: metadata {quoted(a + 'expert_count')} must be 0 (no experts) or more, got {n}")
-    if n == 0:
-        return {}
-    if arch not in _MOE_ARCHITECTURES:
-        raise ModelFileError(f"{path}: mixture-of-experts {arch} models are not supported "
-                             f"(supported: {', '.join(_MOE_ARCHITECTURES)})")
-    out = {"n_experts": n, "n_experts_used": m.integer(a + "expert_used_count")}
-    if arch == "qwen3moe":
-        out.update(expert_ffn_dim=m.integer(a + "expert_feed_forward_length"), routing="softmax_topk",
-                   norm_topk_prob=bool(m.values.get(a + "expert_weights_norm", True)))
-    else:
-        out.update(expert_ffn_dim=m.integer(a + "feed_forward_length"), routing="topk_softmax")
-    return out
-
-
-def _gemma3(m, a: str, dim: int, n_heads: int, head_dim: int, window: int) -> dict:
-    """gemma3's fields as llama.cpp runs them: post-norms (the files store Gemma's norms with their
-    1 added), GELU, the embedding scaled by sqrt(dim), the scores by 1/sqrt(head_dim) (by
-    1/sqrt(dim / heads) for the 62-layer 27B), a window on all but every 6th layer (or the file's
-    sliding_window_pattern), whose RoPE base is rope.freq_base_swa (10000 by default), unscaled."""
-    big = m.integer(a + "block_count") == 62
-    out = {"post_norms": True, "activation": "gelu_tanh", "embed_scale": math.sqrt(dim),
-           "attn_scale": 1.0 / math.sqrt(dim // n_heads if big else head_dim)}
-    if window > 0:
-        out.update(sliding_window=window, window_pattern=m.integer(a + "attention.sliding_window_pattern",
-                                                                   _GEMMA3_PATTERN),
-                   rope_local_theta=m.number(a + "rope.freq_base_swa", _GEMMA3_LOCAL_BASE))
-    return out
 
 
 def _scaling(f: GGUFFile, a: str, rope_dim: int) -> Scaling | None:
@@ -211,19 +162,20 @@ def _with_rope_freqs(cfg: ModelConfig, f: GGUFFile, orig: int) -> ModelConfig:
     return scaled
 
 
-def unfused(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
-    """The file's tensors with each fused projection (phi3: attn_qkv, and ffn_up holding gate and up)
-    replaced by its parts: row ranges of the same bytes, named as the unfused files name them, so
-    everything after reads them as if stored apart. A fused tensor of the wrong shape is one line."""
+def unfused(f: GGUFFile, cfg: ModelConfig, family: Family) -> dict[str, TensorInfo]:
+    """The file's tensors with each fused projection of the family (phi3: attn_qkv, and ffn_up
+    holding gate and up) replaced by its parts: row ranges of the same bytes, named as the unfused
+    files name them, so everything after reads them as if stored apart. A fused tensor of the
+    wrong shape is one line."""
     if cfg.n_experts:
         return _flat_experts(f)
-    if f.meta.text("general.architecture") != "phi3":
+    fused_parts = family.gguf_fused(cfg)
+    if not fused_parts:
         return f.tensors
     out = dict(f.tensors)
-    q, kv, ffn = cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
     for i in range(cfg.n_layers):
-        for fused, parts in ((f"blk.{i}.attn_qkv.weight", (("attn_q", q), ("attn_k", kv), ("attn_v", kv))),
-                             (f"blk.{i}.ffn_up.weight", (("ffn_gate", ffn), ("ffn_up", ffn)))):
+        for name, parts in fused_parts.items():
+            fused = f"blk.{i}.{name}.weight"
             info = f.tensors.get(fused)
             if info is None:
                 continue
