@@ -9,7 +9,7 @@ import sys
 import click
 
 from arcpy import __version__, _lib, demo
-from arcpy.chat import main as chat_command
+from arcpy.terminal_chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
 from arcpy.model.hub import NAME_HELP, parse_name, resolve_name

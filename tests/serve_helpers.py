@@ -1,5 +1,5 @@
 """What the server's tests share: a small model with a tokenizer, `arcpy serve` in a subprocess
-on a free port, ready once /health answers (arcpy.bench.serve), the `openai` client of a server,
+on a free port, ready once /health answers (arcpy.bench.http_client), the `openai` client of a server,
 an engine of its own to answer alike, and the fixtures of a tiny model's server."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import uvicorn
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from arcpy.bench.serve import ServerProcess, child_env
+from arcpy.bench.http_client import ServerProcess, child_env
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 from arcpy.model import SHAPES, random_model, save_model

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from llamacpp_sdist import llamacpp_models
 from test_agents_serve import FINAL, WEATHER, script
 
-from arcpy.chat import Conversation, converse
+from arcpy.terminal_chat import Conversation, converse
 from arcpy.cli import main as cli
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from serve_helpers import make_text_model, server_env
 
-from arcpy.chat import PROMPT, Conversation, converse
+from arcpy.terminal_chat import PROMPT, Conversation, converse
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 
@@ -133,7 +133,7 @@ def test_a_message_too_long_for_the_context_gets_advice_that_can_help(model_dir)
 
 
 def spawn(*args, timeout=120):
-    return pexpect.spawn(sys.executable, ["-m", "arcpy.chat", "--backend", "numpy", *args], env=server_env(),
+    return pexpect.spawn(sys.executable, ["-m", "arcpy.terminal_chat", "--backend", "numpy", *args], env=server_env(),
                          encoding="utf-8", timeout=timeout)
 
 

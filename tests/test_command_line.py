@@ -200,9 +200,9 @@ def test_ctrl_c_prints_the_statistics_so_far():
 def test_decode_chat_and_serve_take_their_sampling_as_one_record():
     import inspect
 
-    from arcpy import chat, decode as decode_module
+    from arcpy import decode as decode_module, terminal_chat
     from arcpy.serve import command
-    for f in (decode_module.plan, chat.run, command.run):
+    for f in (decode_module.plan, terminal_chat.run, command.run):
         params = inspect.signature(f).parameters
         assert "sampling_opts" in params and not {"temperature", "top_k", "top_p", "seed"} & set(params), f
 
@@ -221,7 +221,7 @@ class _TerminalText(io.StringIO):
 
 
 def test_a_long_prefill_on_the_cpu_reports_its_chunks_on_a_terminal_only():
-    from arcpy.devices.cpu import PREFILL_CHUNK
+    from arcpy.devices.numpy_device import PREFILL_CHUNK
     from arcpy.loop.engine import Engine
     from arcpy.model import synthetic_model
     from arcpy.options import PrefillProgress

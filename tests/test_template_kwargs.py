@@ -16,8 +16,8 @@ import pytest
 from serve_helpers import make_text_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from arcpy.chat import Conversation, converse
-from arcpy.chat import run as run_chat
+from arcpy.terminal_chat import Conversation, converse
+from arcpy.terminal_chat import run as run_chat
 from arcpy.decode import plan
 from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_checkpoint
@@ -233,15 +233,15 @@ def test_the_engine_options_reach_every_command_as_one_record(monkeypatch):
     EngineOptions, which decode, chat and serve receive in place of the five values."""
     from click.testing import CliRunner
 
-    from arcpy import chat, decode
+    from arcpy import decode, terminal_chat
     from arcpy.serve import command
 
     seen = []
     monkeypatch.setattr(decode, "cli_decode", lambda **o: seen.append(o["engine_opts"]) or 0)
-    monkeypatch.setattr(chat, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
+    monkeypatch.setattr(terminal_chat, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
     monkeypatch.setattr(command, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
     args = ["--backend", "numpy", "--host-path", "--burst", "16", "--max-seq", "128", "--speculate", "3"]
-    for main in (decode.main, chat.main, command.main):
+    for main in (decode.main, terminal_chat.main, command.main):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0, result.output
     assert seen == [EngineOptions("numpy", False, 16, 128, 3)] * 3

@@ -126,7 +126,7 @@ class Engine(HostPath):
             from arcpy.parallel.cuda import open_tensor_parallel
             device = open_tensor_parallel(model, devices, max_seq, use_graph)
         elif world and backend == "numpy":
-            from arcpy.devices.cpu import NumpyDevice
+            from arcpy.devices.numpy_device import NumpyDevice
             from arcpy.parallel.reference import TensorParallelReference
             device = NumpyDevice(TensorParallelReference(model, world, max_seq), prefill_progress)
         elif backend == "cuda":
@@ -134,7 +134,7 @@ class Engine(HostPath):
             drafts = DEFAULT_DRAFTS if drafts is None else drafts
             device = open_cuda_device(model, max_seq, use_graph, speculate=drafts if use_graph else 0)
         elif backend == "numpy":
-            from arcpy.devices.cpu import NumpyDevice
+            from arcpy.devices.numpy_device import NumpyDevice
             from arcpy.devices.reference import ReferenceModel
             device = NumpyDevice(ReferenceModel(model, max_seq), prefill_progress)
         else:

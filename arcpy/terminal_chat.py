@@ -1,4 +1,4 @@
-"""`arcpy chat` (and `python -m arcpy.chat`): a conversation with a model in the terminal.
+"""`arcpy chat` (and `python -m arcpy.terminal_chat`): a conversation with a model in the terminal.
 
 Each answer streams to stdout as it lands; notes go to stderr. The whole conversation goes through
 the model's chat template every turn; when it no longer leaves room for an answer in the context,
