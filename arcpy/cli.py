@@ -55,7 +55,7 @@ def smoke(tokens):
     from the NumPy reference; reports how many tokens equal the reference's (float32 on the CPU,
     bf16 weights read in float32 on the GPU: a near tie may go either way later on)."""
     from arcpy.devices.reference import ReferenceModel
-    from arcpy.loop.engine import Engine
+    from arcpy.backends import open_engine
     from arcpy.model import synthetic_model
 
     model = synthetic_model("stories15M")
@@ -66,7 +66,7 @@ def smoke(tokens):
     failed, gpu_tokens = 0, None
     for backend, loop in runs:
         try:
-            with Engine.load(model, backend, device_loop=loop, burst=4) as engine:
+            with open_engine(model, backend, device_loop=loop, burst=4) as engine:
                 got = list(engine.generate(SMOKE_PROMPT, tokens))
                 st = engine.stats
         except ArcError as exc:

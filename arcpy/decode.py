@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from arcpy import __version__, _lib, demo
+from arcpy import __version__, _lib, backends, demo
 from arcpy.checks import quoted
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_TOP_LOGPROBS
 from arcpy.errors import ArcError, NoDeviceError
@@ -73,10 +73,10 @@ def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **l
     backend = _lib.auto_backend() if options.backend == "auto" else options.backend
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
-    engine = Engine.load(model, backend, max_seq=options.max_seq, device_loop=options.device_loop,
-                         burst=options.burst, text=text, drafts=options.drafts,
-                         draft_memory=options.draft_memory,
-                         devices=list(range(options.tensor_parallel)) if options.tensor_parallel > 1 else None, **load)
+    engine = backends.open_engine(model, backend, text, max_seq=options.max_seq, device_loop=options.device_loop,
+                                  burst=options.burst, speculate=options.drafts, draft_memory=options.draft_memory,
+                                  devices=list(range(options.tensor_parallel)) if options.tensor_parallel > 1 else None,
+                                  **load)
     speculation_note(options.drafts, engine)
     return engine
 

@@ -33,6 +33,7 @@ import threading
 import time
 
 from arcpy import __version__, _lib
+from arcpy.backends import open_engine
 from arcpy.bench import http_client as client
 from arcpy.demo import demo_model_path
 from arcpy.loading import load_checkpoint
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     if args.max_seq:
         flags += ["--max-seq", str(args.max_seq)]
     print(f"server_overhead: {model.name} on {backend}", file=sys.stderr)
-    with Engine.load(model, backend, max_seq=args.max_seq, burst=args.burst, text=text) as engine, \
+    with open_engine(model, backend, max_seq=args.max_seq, burst=args.burst, text=text) as engine, \
             client.ServerProcess(flags) as server:
         alone, served = Alone(engine, text, args), Served(server, model.name, args)
         device = engine.device.ctx.name() if backend == "cuda" else f"CPU: {platform.processor() or platform.machine()}"

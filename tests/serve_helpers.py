@@ -17,6 +17,7 @@ import uvicorn
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from arcpy.backends import open_engine
 from arcpy.bench.http_client import ServerProcess, child_env
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
@@ -61,7 +62,7 @@ def engine_alone(model_dir: Path, **kw) -> Engine:
     """An engine of its own over the model of `model_dir`, on the NumPy backend: what a server
     of that model must answer alike."""
     model, text = load_checkpoint(model_dir)
-    return Engine.load(model, "numpy", text=text, **kw)
+    return open_engine(model, "numpy", text=text, **kw)
 
 
 # The fixtures of a test module that talks to a tiny model's server (the module imports them by

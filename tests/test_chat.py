@@ -12,9 +12,9 @@ import sys
 import pytest
 from serve_helpers import make_text_model, server_env
 
+from arcpy.backends import open_engine
 from arcpy.terminal_chat import PROMPT, Conversation, converse
 from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 
 pexpect = pytest.importorskip("pexpect")  # the pty tests need it; a machine without it skips them
 
@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text) as e:
+    with open_engine(model, "numpy", text=text) as e:
         yield e
 
 
@@ -108,7 +108,7 @@ def test_unknown_commands_are_explained_and_empty_lines_ignored(engine):
 
 def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
+    with open_engine(model, "numpy", text=text, max_seq=40) as small:
         conv = Conversation(small, text, system="general", max_new_tokens=8)
         out, err = io.StringIO(), io.StringIO()
         long = " ".join(["hello"] * 12)
@@ -122,7 +122,7 @@ def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
 def test_a_message_too_long_for_the_context_gets_advice_that_can_help(model_dir):
     model, text = load_checkpoint(model_dir)
     own = model.config.max_seq  # 512
-    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
+    with open_engine(model, "numpy", text=text, max_seq=40) as small:
         for words, hint in [(45, f"raise --max-seq (the model allows up to {own})"),
                             (own + 10, f"shorten the message (the model's own context is {own} positions)")]:
             conv = Conversation(small, text, system="general", max_new_tokens=8, model_context=own)
@@ -166,7 +166,7 @@ def test_in_a_terminal_ctrl_c_stops_the_answer_not_the_session(tmp_path):
 
 def test_each_turn_reuses_the_rows_of_the_history_before_it(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text) as eng, Engine.load(model, "numpy", text=text,
+    with open_engine(model, "numpy", text=text) as eng, open_engine(model, "numpy", text=text,
                                                                       prefix_cache=False) as cold:
         long = " ".join(f"w{i % 50}" for i in range(150))  # more than two chunks of the NumPy prefill
         conv = Conversation(eng, text, system=long, max_new_tokens=6)

@@ -16,16 +16,16 @@ import pytest
 from serve_helpers import make_text_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from arcpy.terminal_chat import Conversation, converse
-from arcpy.terminal_chat import run as run_chat
+from arcpy.backends import open_engine
 from arcpy.decode import plan
 from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
 from arcpy.options import EngineOptions, parse_template_kwargs
 from arcpy.serve.schema import CHAT, ApiError, Defaults, parse
+from arcpy.terminal_chat import Conversation, converse
+from arcpy.terminal_chat import run as run_chat
 from arcpy.text import TextSpec, chat_ids, check_template_kwargs, encode, render_chat
 from arcpy.text.chat import SET_BY_ARCPY
 from arcpy.text.sandbox import GLOBALS
@@ -196,7 +196,7 @@ def test_the_decode_command_renders_the_template_with_them(model_dir):
 def test_the_chat_command_renders_every_turn_with_them(model_dir):
     model, text = load_checkpoint(model_dir)
     lead = {"lead": "general"}
-    with Engine.load(model, "numpy", text=text) as engine:
+    with open_engine(model, "numpy", text=text) as engine:
         conv = Conversation(engine, text, max_new_tokens=2, template_kwargs=lead)
         lines = iter(["hello", "/exit"])
         assert converse(conv, lambda prompt: next(lines), io.StringIO(), io.StringIO()) == 0
@@ -248,7 +248,7 @@ def test_the_engine_options_reach_every_command_as_one_record(monkeypatch):
 
 
 def test_speculation_is_on_unless_switched_off(monkeypatch):
-    """No option: drafts None (Engine.load's default, on); --no-speculate and --speculate 0: none."""
+    """No option: speculate None (open_device's default, on); --no-speculate and --speculate 0: none."""
     from click.testing import CliRunner
 
     from arcpy import decode
@@ -270,17 +270,16 @@ def test_the_drafts_memory_is_on_unless_switched_off_and_reaches_the_engine(monk
     """--no-draft-memory gives the engine draft_memory=False; the default and --draft-memory, True."""
     from click.testing import CliRunner
 
-    from arcpy import decode
-    from arcpy.loop.engine import Engine
+    from arcpy import backends, decode
 
     seen = []
-    real = Engine.load.__func__
+    real = backends.Engine
 
-    def load(cls, model, backend, **kw):
+    def engine(device, backend, **kw):
         seen.append(kw["draft_memory"])
-        return real(cls, model, backend, **kw)
+        return real(device, backend, **kw)
 
-    monkeypatch.setattr(Engine, "load", classmethod(load))
+    monkeypatch.setattr(backends, "Engine", engine)
     for args in ([], ["--draft-memory"], ["--no-draft-memory"]):
         result = CliRunner().invoke(decode.main, ["--backend", "numpy", "--shape", "stories15M", "--prompt-ids", "1 2",
                                                   "--max-new-tokens", "1", *args])
