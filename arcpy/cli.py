@@ -123,9 +123,9 @@ def pull(name, revision):
 
 @main.command()
 @decode_options
-def generate(**options):
+def generate(options):
     """The main job (same as python -m arcpy.decode)."""
-    sys.exit(cli_decode(**options))
+    sys.exit(cli_decode(options))
 
 
 main.add_command(serve_command, "serve")

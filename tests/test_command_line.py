@@ -199,13 +199,16 @@ def test_ctrl_c_prints_the_statistics_so_far():
 
 
 def test_decode_chat_and_serve_take_their_sampling_as_one_record():
+    import dataclasses
     import inspect
 
     from arcpy import decode as decode_module, terminal_chat
     from arcpy.serve import command
-    for f in (decode_module.plan, terminal_chat.run, command.run):
-        params = inspect.signature(f).parameters
-        assert "sampling_opts" in params and not {"temperature", "top_k", "top_p", "seed"} & set(params), f
+    for f, record in ((decode_module.plan, decode_module.DecodeOptions), (terminal_chat.run, terminal_chat.ChatOptions),
+                      (command.run, command.ServeOptions)):
+        assert list(inspect.signature(f).parameters)[0] == "options", f
+        names = {field.name for field in dataclasses.fields(record)}
+        assert "sampling_opts" in names and not {"temperature", "top_k", "top_p", "seed"} & names, f
 
 
 @pytest.mark.parametrize("temperature", ["1e-9", "2000000"])
