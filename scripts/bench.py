@@ -117,8 +117,9 @@ def main(argv=None) -> int:
 
     try:
         contexts = context_bench.parse_contexts(args.context) if args.context else []
-        report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels, hf=hf, hf_tokens=args.hf_tokens,
-                           hf_runs=args.hf_runs, hf_compile=args.hf_compile, on_update=save, progress=progress)
+        report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels,
+                           hf=bench.HfRun(args.hf_tokens, args.hf_runs, args.hf_compile) if hf else None,
+                           on_update=save, progress=progress)
     except ArcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
