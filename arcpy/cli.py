@@ -9,11 +9,11 @@ import sys
 import click
 
 from arcpy import __version__, _lib, demo
-from arcpy.terminal_chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
 from arcpy.model.hub import NAME_HELP, parse_name, resolve_name
 from arcpy.serve.command import main as serve_command
+from arcpy.terminal_chat import main as chat_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from llamacpp_sdist import llamacpp_models
 from test_agents_serve import FINAL, WEATHER, script
 
-from arcpy.terminal_chat import Conversation, converse
 from arcpy.cli import main as cli
+from arcpy.terminal_chat import Conversation, converse
 
 
 def test_chat_shows_a_tool_call_and_takes_its_result():

@@ -13,8 +13,8 @@ import pytest
 from serve_helpers import make_text_model, server_env
 
 from arcpy.backends import open_engine
-from arcpy.terminal_chat import PROMPT, Conversation, converse
 from arcpy.loading import load_checkpoint
+from arcpy.terminal_chat import PROMPT, Conversation, converse
 
 pexpect = pytest.importorskip("pexpect")  # the pty tests need it; a machine without it skips them
 
