@@ -30,6 +30,7 @@ _LAZY = {
     "Request": "arcpy.loop.request", "Message": "arcpy.loop.request", "Sampling": "arcpy.sampling",
     "load_checkpoint": "arcpy.loading", "load_gguf": "arcpy.loading", "load_model": "arcpy.model",
     "load_text_spec": "arcpy.text", "synthetic_model": "arcpy.model",
+    "open_engine": "arcpy.backends", "open_device": "arcpy.backends",
 }
 
 

@@ -9,11 +9,11 @@ import sys
 import click
 
 from arcpy import __version__, _lib, demo
-from arcpy.chat import main as chat_command
 from arcpy.decode import cli_decode, decode_options
 from arcpy.errors import ArcError
 from arcpy.model.hub import NAME_HELP, parse_name, resolve_name
 from arcpy.serve.command import main as serve_command
+from arcpy.terminal_chat import main as chat_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -55,7 +55,7 @@ def smoke(tokens):
     from the NumPy reference; reports how many tokens equal the reference's (float32 on the CPU,
     bf16 weights read in float32 on the GPU: a near tie may go either way later on)."""
     from arcpy.devices.reference import ReferenceModel
-    from arcpy.loop.engine import Engine
+    from arcpy.backends import open_engine
     from arcpy.model import synthetic_model
 
     model = synthetic_model("stories15M")
@@ -66,7 +66,7 @@ def smoke(tokens):
     failed, gpu_tokens = 0, None
     for backend, loop in runs:
         try:
-            with Engine.load(model, backend, device_loop=loop, burst=4) as engine:
+            with open_engine(model, backend, device_loop=loop, burst=4) as engine:
                 got = list(engine.generate(SMOKE_PROMPT, tokens))
                 st = engine.stats
         except ArcError as exc:
@@ -123,9 +123,9 @@ def pull(name, revision):
 
 @main.command()
 @decode_options
-def generate(**options):
+def generate(options):
     """The main job (same as python -m arcpy.decode)."""
-    sys.exit(cli_decode(**options))
+    sys.exit(cli_decode(options))
 
 
 main.add_command(serve_command, "serve")

@@ -21,7 +21,7 @@ from typing import Sequence
 from arcpy.codes import DRAFT_MEMORY
 
 MAX_DRAFTS = 7   # arc_model_speculate_reserve's limit on k
-DEFAULT_DRAFTS = MAX_DRAFTS  # what Engine.load and the commands capture unless told otherwise
+DEFAULT_DRAFTS = MAX_DRAFTS  # what open_device and the commands capture unless told otherwise
 MAX_NGRAM = 8    # arc_model_forward_speculate's limit on ngram
 SEPARATOR = -1   # ends each sequence in the memory's layout
 

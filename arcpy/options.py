@@ -34,7 +34,7 @@ def about(option: str):
 
 
 class PrefillProgress:
-    """Engine.load's prefill_progress for a command on a terminal: while a prompt of more than
+    """open_device's prefill_progress for a command on a terminal: while a prompt of more than
     one chunk goes through the CPU backend's prefill (seconds a chunk), one line on stderr says
     how many chunks are done, rewritten in place and erased at the end. Where stderr is not a
     terminal, nothing."""
@@ -51,22 +51,28 @@ class PrefillProgress:
 @dataclass(frozen=True)
 class EngineOptions:
     """How the engine runs, one record: what --backend, --device-loop/--host-path, --burst,
-    --max-seq, --speculate, --draft-memory and --tensor-parallel say (engine_options), handed on by decode, chat and serve alike."""
+    --max-seq, --speculate, --draft-memory and --tensor-parallel say (engine_options), handed on by
+    decode, chat and serve alike to arcpy.front.open_engine."""
 
     backend: str = "auto"           # auto, cuda or numpy
     device_loop: bool | None = None  # None: ARC_GRAPH_DEVICE_LOOP decides
     burst: int = 4                  # device-loop steps enqueued per burst
-    max_seq: int | None = None      # the context to allocate (None: the model's, at most Engine.load's default)
-    drafts: int | None = None       # drafts a speculative step verifies (0: none; None: the default, on)
+    max_seq: int | None = None      # the context to allocate (None: the model's, at most open_device's default)
+    speculate: int | None = None    # drafts a speculative step verifies (0: none; None: the default, on)
     draft_memory: bool = True       # drafts also come from earlier sequences' answers (Engine's draft_memory)
-    tensor_parallel: int = 1        # ranks the model splits over (Engine.load's devices; 1: no split)
+    tensor_parallel: int = 1        # ranks the model splits over (1: no split)
+
+    @property
+    def devices(self) -> list[int] | None:
+        """open_device's `devices`: ranks 0 to N-1 for --tensor-parallel N, None for one."""
+        return list(range(self.tensor_parallel)) if self.tensor_parallel > 1 else None
 
 
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
     --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate,
     --draft-memory/--no-draft-memory, --tensor-parallel N. A command under
-    them takes one EngineOptions, `engine_opts` (as_engine_options builds it)."""
+    them takes one EngineOptions, `engine_opts` (as_records builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
         click.option("--device-loop/--host-path", "device_loop", default=None,
@@ -75,7 +81,7 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
         click.option("--burst", type=click.IntRange(1, MAX_BURST), default=4, show_default=True, help=burst_help),
         click.option("--max-seq", type=click.IntRange(min=1), default=None,
                      help="Context length to allocate, at most the model's (default: the model's, at most 4096)."),
-        click.option("--speculate", "drafts", type=click.IntRange(0, MAX_DRAFTS), default=None,
+        click.option("--speculate", "speculate", type=click.IntRange(0, MAX_DRAFTS), default=None,
                      help=f"Drafts a speculative step verifies (default {DEFAULT_DRAFTS}; 0: none): where the text "
                           "repeats earlier text, the device loop makes up to that many tokens more per read of the "
                           "weights, chosen burst by burst, only where it pays. The tokens are the plain loop's "
@@ -97,7 +103,8 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
 def model_options(what: str, default: str) -> list:
     """--model (`what` it takes besides a name of the hub, and its `default`) and --revision, shared
     by decode, chat and serve: a command under them takes `model_path` and `revision`, which
-    arcpy.model.hub resolves (check_model checks them first)."""
+    arcpy.model.hub resolves (check_model checks them first); as_records makes them one
+    ModelOptions, `model_opts`."""
     return [
         click.option("--model", "model_path", type=click.Path(), default=None,
                      help=f"{what}; or a name, {NAME_HELP}, fetched into its cache on first use (HF_HUB_OFFLINE or "
@@ -105,6 +112,14 @@ def model_options(what: str, default: str) -> list:
         click.option("--revision", default=None,
                      help="The branch, tag or commit of a --model named on the hub [default: main]."),
     ]
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model, one record: what --model and --revision say (model_options)."""
+
+    model_path: str | None = None  # a path here or a name of the hub (None: the command's default)
+    revision: str | None = None    # of a model named on the hub
 
 
 def check_model(model_path: str | None, revision: str | None) -> None:
@@ -137,7 +152,7 @@ def sampling_options(temperature: float = 0.0, most: float | None = None, helps:
                      seed: bool = True) -> list:
     """The options that say how a command samples: --temperature (from 0 to `most`, default
     `temperature`), --top-k, --top-p and (with `seed`) --seed; `helps` gives each its help by name.
-    A command under them takes one SamplingOptions, `sampling_opts` (as_engine_options builds it)."""
+    A command under them takes one SamplingOptions, `sampling_opts` (as_records builds it)."""
     helps = helps or {}
     options = [
         click.option("--temperature", type=click.FloatRange(0.0, most), default=temperature, show_default=True,
@@ -188,16 +203,18 @@ def _json_or_text(text: str):
         return text
 
 
-def as_engine_options(command):
+def as_records(command):
     """The command (innermost, under its click options) receives the engine options as one
-    EngineOptions, `engine_opts`, in place of its values, and the sampling options (where it
-    has them) as one SamplingOptions, `sampling_opts`."""
+    EngineOptions, `engine_opts`, in place of their values, the model options as one
+    ModelOptions, `model_opts`, and the sampling options (where it has them) as one
+    SamplingOptions, `sampling_opts`."""
     @functools.wraps(command)
     def with_record(**options):
         if options.pop("no_speculate"):
-            if options["drafts"] not in (None, 0):
+            if options["speculate"] not in (None, 0):
                 raise click.UsageError("--speculate and --no-speculate contradict each other")
-            options["drafts"] = 0
+            options["speculate"] = 0
+        options["model_opts"] = ModelOptions(options.pop("model_path"), options.pop("revision"))
         options["engine_opts"] = EngineOptions(**{f.name: options.pop(f.name) for f in fields(EngineOptions)})
         if "temperature" in options:
             options["sampling_opts"] = SamplingOptions(**{f.name: options.pop(f.name) for f in fields(SamplingOptions)

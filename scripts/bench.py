@@ -17,7 +17,7 @@ what a speculative step costs, and tokens/s on prompts that repeat earlier text 
 
 --serving adds, on --serving-shapes and the demo model when fetched, a conversation's turns with the
 prefix cache against cold (time to first token, hit rate, equal answers) and the device loop with
-log-probabilities against without (arcpy.bench.serving):
+log-probabilities against without (arcpy.bench.serving_features):
 
     python scripts/bench.py --shapes "" --serving --json serving.json
 
@@ -49,7 +49,7 @@ from arcpy.bench import hf as hf_bench
 from arcpy.bench import context as context_bench
 from arcpy.bench import loop as bench
 from arcpy.bench import parallel as parallel_bench
-from arcpy.bench import serving as serving_bench
+from arcpy.bench import serving_features as serving_bench
 from arcpy.bench import speculate as spec_bench
 from arcpy.demo import demo_model_path
 from arcpy.errors import ArcError
@@ -84,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="comma-separated prompt lengths (0,4096,8192,32768): also time each shape's device loop "
                          "after each, its floor counting the KV reads, and a windowed model without its window too")
     ap.add_argument("--serving", action=argparse.BooleanOptionalAction, default=False,
-                    help="the serving features too (arcpy.bench.serving): a conversation of --turns turns, "
+                    help="the serving features too (arcpy.bench.serving_features): a conversation of --turns turns, "
                          "its last history --history tokens, with the prefix cache and cold; the device loop "
                          "with top_logprobs 5 against none; on --serving-shapes and the demo model when fetched")
     ap.add_argument("--serving-shapes", default=SERVING_SHAPES, help=f"its synthetic shapes (default {SERVING_SHAPES})")
@@ -120,8 +120,9 @@ def main(argv=None) -> int:
 
     try:
         contexts = context_bench.parse_contexts(args.context) if args.context else []
-        report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels, hf=hf, hf_tokens=args.hf_tokens,
-                           hf_runs=args.hf_runs, hf_compile=args.hf_compile, on_update=save, progress=progress)
+        report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels,
+                           hf=bench.HfRun(args.hf_tokens, args.hf_runs, args.hf_compile) if hf else None,
+                           on_update=save, progress=progress)
     except ArcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from arcpy import __version__
-from arcpy.bench import serve as client
+from arcpy.bench import http_client as client
 from arcpy.demo import demo_model_path
 
 PROMPTS = ["What is the capital of France?", "Name three colors.", "Write a haiku about rain.",

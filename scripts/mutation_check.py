@@ -319,7 +319,7 @@ MUTATIONS = [
     Mutation(
         "--no-speculate leaves speculation on",
         "arcpy/options.py",
-        "            options[\"drafts\"] = 0\n",
+        "            options[\"speculate\"] = 0\n",
         "            pass\n",
         ("tests/test_template_kwargs.py::test_speculation_is_on_unless_switched_off",),
     ),

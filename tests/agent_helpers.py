@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 from serve_helpers import InProcess
 
-from arcpy.devices.cpu import HostPathDevice
+from arcpy.devices.numpy_device import HostPathDevice
 from arcpy.devices.protocol import Capabilities
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine

@@ -1,5 +1,5 @@
 """What the server's tests share: a small model with a tokenizer, `arcpy serve` in a subprocess
-on a free port, ready once /health answers (arcpy.bench.serve), the `openai` client of a server,
+on a free port, ready once /health answers (arcpy.bench.http_client), the `openai` client of a server,
 an engine of its own to answer alike, and the fixtures of a tiny model's server."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import uvicorn
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from arcpy.bench.serve import ServerProcess, child_env
+from arcpy.backends import open_engine
+from arcpy.bench.http_client import ServerProcess, child_env
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
 from arcpy.model import SHAPES, random_model, save_model
@@ -61,7 +62,7 @@ def engine_alone(model_dir: Path, **kw) -> Engine:
     """An engine of its own over the model of `model_dir`, on the NumPy backend: what a server
     of that model must answer alike."""
     model, text = load_checkpoint(model_dir)
-    return Engine.load(model, "numpy", text=text, **kw)
+    return open_engine(model, "numpy", text=text, **kw)
 
 
 # The fixtures of a test module that talks to a tiny model's server (the module imports them by

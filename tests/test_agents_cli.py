@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from llamacpp_sdist import llamacpp_models
 from test_agents_serve import FINAL, WEATHER, script
 
-from arcpy.chat import Conversation, converse
 from arcpy.cli import main as cli
+from arcpy.terminal_chat import Conversation, converse
 
 
 def test_chat_shows_a_tool_call_and_takes_its_result():
     text = family_text((llamacpp_models() / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text())
     engine = typist_engine(text, script)
-    conversation = Conversation(engine, text, tools=[WEATHER])
+    conversation = Conversation(engine, tools=[WEATHER])
     lines = iter(["What is the weather in Paris?", '/tool {"temperature": 18}', "/exit"])
     out, err = io.StringIO(), io.StringIO()
     assert converse(conversation, lambda prompt: next(lines), out=out, err=err) == 0

@@ -468,7 +468,7 @@ def test_run_saves_the_report_after_each_part(monkeypatch):
     monkeypatch.setattr(bench, "bench_shape", lambda s, bw, tokens, runs, kernels: {"shape": s, "seconds": {}})
     monkeypatch.setattr(hf_bench, "hf_report", lambda shapes, prompt, n, runs, compile, say: {"shapes": list(shapes)})
     seen = []
-    report = bench.run(["stories15M", "llama1B"], 16, 2, hf=True,
+    report = bench.run(["stories15M", "llama1B"], 16, 2, hf=bench.HfRun(),
                        on_update=lambda r: seen.append([s["shape"] for s in r["shapes"]] + (["hf"] if "hf" in r else [])))
     assert seen == [["scripted"], ["scripted", "stories15M"], ["scripted", "stories15M", "llama1B"],
                     ["scripted", "stories15M", "llama1B", "hf"]]

@@ -12,9 +12,9 @@ import sys
 import pytest
 from serve_helpers import make_text_model, server_env
 
-from arcpy.chat import PROMPT, Conversation, converse
+from arcpy.backends import open_engine
 from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
+from arcpy.terminal_chat import PROMPT, Conversation, converse
 
 pexpect = pytest.importorskip("pexpect")  # the pty tests need it; a machine without it skips them
 
@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text) as e:
+    with open_engine(model, "numpy", text=text) as e:
         yield e
 
 
@@ -49,7 +49,7 @@ def script(*lines):
 
 
 def test_each_turn_sees_the_history_and_reset_forgets_it(engine):
-    conv = Conversation(engine, engine.text, system="general", max_new_tokens=6)
+    conv = Conversation(engine, system="general", max_new_tokens=6)
     out, err = io.StringIO(), io.StringIO()
     assert converse(conv, script("hello there", "kenobi", "/reset", "kenobi", "/exit", "never read"), out, err) == 0
     sys_msg = {"role": "system", "content": "general"}
@@ -67,7 +67,7 @@ def test_ctrl_d_and_ctrl_c_at_the_prompt_end_the_session(engine):
     def interrupted(prompt):
         raise KeyboardInterrupt
 
-    conv = Conversation(engine, engine.text, max_new_tokens=4)
+    conv = Conversation(engine, max_new_tokens=4)
     assert converse(conv, script(), io.StringIO(), io.StringIO()) == 0
     assert converse(conv, interrupted, io.StringIO(), io.StringIO()) == 0
 
@@ -88,7 +88,7 @@ class StopAfter:
 
 
 def test_a_stopped_answer_ends_at_once_stays_in_the_history_and_the_session_goes_on(engine):
-    conv = Conversation(engine, engine.text, max_new_tokens=40)
+    conv = Conversation(engine, max_new_tokens=40)
     out, err = io.StringIO(), io.StringIO()
     assert converse(conv, script("hello there", "general"), out, err, stop_key=StopAfter(3)) == 0
     assert err.getvalue().count("[stopped]") == 2
@@ -99,7 +99,7 @@ def test_a_stopped_answer_ends_at_once_stays_in_the_history_and_the_session_goes
 
 
 def test_unknown_commands_are_explained_and_empty_lines_ignored(engine):
-    conv = Conversation(engine, engine.text, max_new_tokens=2)
+    conv = Conversation(engine, max_new_tokens=2)
     out, err = io.StringIO(), io.StringIO()
     converse(conv, script("", "   ", "/wat", "/help"), out, err)
     assert "unknown command /wat" in err.getvalue() and "/reset forgets" in err.getvalue()
@@ -108,8 +108,8 @@ def test_unknown_commands_are_explained_and_empty_lines_ignored(engine):
 
 def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
-        conv = Conversation(small, text, system="general", max_new_tokens=8)
+    with open_engine(model, "numpy", text=text, max_seq=40) as small:
+        conv = Conversation(small, system="general", max_new_tokens=8)
         out, err = io.StringIO(), io.StringIO()
         long = " ".join(["hello"] * 12)
         converse(conv, script(long, long, long, long), out, err)
@@ -122,10 +122,10 @@ def test_the_oldest_turns_are_left_out_when_the_context_is_full(model_dir):
 def test_a_message_too_long_for_the_context_gets_advice_that_can_help(model_dir):
     model, text = load_checkpoint(model_dir)
     own = model.config.max_seq  # 512
-    with Engine.load(model, "numpy", text=text, max_seq=40) as small:
+    with open_engine(model, "numpy", text=text, max_seq=40) as small:
         for words, hint in [(45, f"raise --max-seq (the model allows up to {own})"),
                             (own + 10, f"shorten the message (the model's own context is {own} positions)")]:
-            conv = Conversation(small, text, system="general", max_new_tokens=8, model_context=own)
+            conv = Conversation(small, system="general", max_new_tokens=8, model_context=own)
             out, err = io.StringIO(), io.StringIO()
             converse(conv, script(" ".join(["hello"] * words)), out, err)
             assert f"error: the message takes {words + 1} tokens with the template; the context holds 40: {hint}\n" \
@@ -133,7 +133,7 @@ def test_a_message_too_long_for_the_context_gets_advice_that_can_help(model_dir)
 
 
 def spawn(*args, timeout=120):
-    return pexpect.spawn(sys.executable, ["-m", "arcpy.chat", "--backend", "numpy", *args], env=server_env(),
+    return pexpect.spawn(sys.executable, ["-m", "arcpy.terminal_chat", "--backend", "numpy", *args], env=server_env(),
                          encoding="utf-8", timeout=timeout)
 
 
@@ -166,10 +166,10 @@ def test_in_a_terminal_ctrl_c_stops_the_answer_not_the_session(tmp_path):
 
 def test_each_turn_reuses_the_rows_of_the_history_before_it(model_dir):
     model, text = load_checkpoint(model_dir)
-    with Engine.load(model, "numpy", text=text) as eng, Engine.load(model, "numpy", text=text,
+    with open_engine(model, "numpy", text=text) as eng, open_engine(model, "numpy", text=text,
                                                                       prefix_cache=False) as cold:
         long = " ".join(f"w{i % 50}" for i in range(150))  # more than two chunks of the NumPy prefill
-        conv = Conversation(eng, text, system=long, max_new_tokens=6)
+        conv = Conversation(eng, system=long, max_new_tokens=6)
         out, err = io.StringIO(), io.StringIO()
         converse(conv, script("hello there", "kenobi", "general"), out, err, stats=True)
         cached = [int(m.group(1)) for m in re.finditer(r"(\d+) of \d+ prompt tokens cached", err.getvalue())]

@@ -14,6 +14,7 @@ import time
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from arcpy.backends import open_engine
 from arcpy.decode import read_prompt
 from arcpy.model import SHAPES, random_model, save_model
 
@@ -198,13 +199,16 @@ def test_ctrl_c_prints_the_statistics_so_far():
 
 
 def test_decode_chat_and_serve_take_their_sampling_as_one_record():
+    import dataclasses
     import inspect
 
-    from arcpy import chat, decode as decode_module
+    from arcpy import decode as decode_module, terminal_chat
     from arcpy.serve import command
-    for f in (decode_module.plan, chat.run, command.run):
-        params = inspect.signature(f).parameters
-        assert "sampling_opts" in params and not {"temperature", "top_k", "top_p", "seed"} & set(params), f
+    for f, record in ((decode_module.plan, decode_module.DecodeOptions), (terminal_chat.run, terminal_chat.ChatOptions),
+                      (command.run, command.ServeOptions)):
+        assert list(inspect.signature(f).parameters)[0] == "options", f
+        names = {field.name for field in dataclasses.fields(record)}
+        assert "sampling_opts" in names and not {"temperature", "top_k", "top_p", "seed"} & names, f
 
 
 @pytest.mark.parametrize("temperature", ["1e-9", "2000000"])
@@ -221,21 +225,20 @@ class _TerminalText(io.StringIO):
 
 
 def test_a_long_prefill_on_the_cpu_reports_its_chunks_on_a_terminal_only():
-    from arcpy.devices.cpu import PREFILL_CHUNK
-    from arcpy.loop.engine import Engine
+    from arcpy.devices.numpy_device import PREFILL_CHUNK
     from arcpy.model import synthetic_model
     from arcpy.options import PrefillProgress
 
     prompt = [5] * (3 * PREFILL_CHUNK + 8)  # four chunks
     seen, terminal, pipe = [], _TerminalText(), io.StringIO()
-    with Engine.load(synthetic_model("stories15M"), "numpy",
+    with open_engine(synthetic_model("stories15M"), "numpy",
                      prefill_progress=lambda *a: (seen.append(a), PrefillProgress(terminal)(*a),
                                                   PrefillProgress(pipe)(*a))) as engine:
         want = list(engine.generate(prompt, 2))
     assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
     assert terminal.getvalue() == "".join(f"\rprefill: {k}/4 chunks" for k in range(4)) + "\r\033[K"
     assert pipe.getvalue() == ""
-    with Engine.load(synthetic_model("stories15M"), "numpy") as engine:
+    with open_engine(synthetic_model("stories15M"), "numpy") as engine:
         assert list(engine.generate(prompt, 2)) == want  # the same tokens, told or not
 
 

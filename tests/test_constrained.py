@@ -18,7 +18,8 @@ import pytest
 from agent_helpers import QWEN3, family_text, typist_engine
 from llamacpp_sdist import llamacpp_models
 
-from arcpy import Engine, load_checkpoint
+from arcpy import load_checkpoint
+from arcpy.backends import open_engine
 from arcpy.errors import InvalidArgumentError, NonFiniteLogitsError
 from arcpy.loop.constrain import Constrained, vocabulary
 from arcpy.loop.request import Request
@@ -74,7 +75,7 @@ def test_a_thousand_sampled_answers_all_parse_and_validate():
 
 def test_answers_of_a_real_forward_validate_too():
     model, text = load_checkpoint(QWEN3)
-    with Engine.load(model, "numpy", text=text, max_seq=256) as engine:
+    with open_engine(model, "numpy", text=text, max_seq=256) as engine:
         for i in range(12):
             schema = SCHEMAS[i % len(SCHEMAS)]
             out, reason = ask(engine, i, response_format=fmt(schema))

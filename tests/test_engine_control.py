@@ -428,7 +428,7 @@ def test_chat_without_the_model_s_text_is_one_clear_error(latch):
 
 
 def test_each_device_states_its_capabilities_in_one_record():
-    from arcpy.devices.cpu import NumpyDevice
+    from arcpy.devices.numpy_device import NumpyDevice
     from arcpy.devices.protocol import Capabilities
     from arcpy.devices.reference import ReferenceModel
     from arcpy.model import random_model, SHAPES

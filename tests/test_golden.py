@@ -10,8 +10,9 @@ docs/PERF.md): the GPU must give exactly these ids too.
 import numpy as np
 import pytest
 
+from arcpy.backends import open_engine
 from arcpy.devices.reference import ReferenceModel
-from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.engine import DEVICE_LOOP, HOST
 from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 
@@ -56,7 +57,7 @@ def test_reference_greedy_ids_are_the_golden_ones(shape):
 @pytest.mark.parametrize("shape", sorted(GOLDEN))
 def test_numpy_backend_decodes_the_golden_ids(shape):
     prompt, ids = GOLDEN[shape]
-    with Engine.load(synthetic_model(shape, seed=0), "numpy", max_seq=MAX_SEQ, environ={}) as eng:
+    with open_engine(synthetic_model(shape, seed=0), "numpy", max_seq=MAX_SEQ, environ={}) as eng:
         assert list(eng.generate(prompt, len(ids))) == ids
 
 
@@ -65,7 +66,7 @@ def test_numpy_backend_decodes_the_golden_ids(shape):
 @pytest.mark.parametrize("shape", sorted(GOLDEN))
 def test_gpu_decodes_the_golden_ids(shape, loop):
     prompt, ids = GOLDEN[shape]
-    with Engine.load(synthetic_model(shape, seed=0), "cuda", max_seq=MAX_SEQ, device_loop=loop, burst=8,
+    with open_engine(synthetic_model(shape, seed=0), "cuda", max_seq=MAX_SEQ, device_loop=loop, burst=8,
                      environ={}, latch=FallbackLatch()) as eng:
         got = list(eng.generate(prompt, len(ids)))
         assert eng.stats.path == (DEVICE_LOOP if loop else HOST)

@@ -16,7 +16,8 @@ pytest.importorskip("llguidance")
 from agent_helpers import QWEN3  # noqa: E402
 from test_constrained import SCHEMAS, fmt  # noqa: E402
 
-from arcpy import Engine, load_checkpoint  # noqa: E402
+from arcpy import load_checkpoint  # noqa: E402
+from arcpy.backends import open_engine
 from arcpy.demo import demo_model_path  # noqa: E402
 from arcpy.loop.request import Request  # noqa: E402
 from arcpy.sampling import Sampling  # noqa: E402
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.gpu
 def test_constrained_answers_validate_on_the_gpu():
     model, text = load_checkpoint(QWEN3)
     cut = []
-    with Engine.load(model, "cuda", text=text, max_seq=256) as engine:
+    with open_engine(model, "cuda", text=text, max_seq=256) as engine:
         for i in range(200):
             schema = SCHEMAS[i % len(SCHEMAS)]
             r = Request(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=220,
@@ -55,7 +56,7 @@ def test_the_rate_under_a_schema_against_the_device_loop():
     schema = {"type": "array", "minItems": 200, "maxItems": 200, "items": {"type": "integer", "minimum": 0,
                                                                             "maximum": 9}}
     ask = [{"role": "user", "content": "List two hundred numbers from 0 to 9, separated by commas."}]
-    with Engine.load(model, "cuda", text=text, burst=16) as engine:
+    with open_engine(model, "cuda", text=text, burst=16) as engine:
         rates = {}
         runs = (("device loop, unconstrained", {}), ("device loop, schema", {"response_format": fmt(schema)}))
         for name, extra in runs:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from serve_helpers import Server, client_of
 
+from arcpy.backends import open_engine
 from arcpy.demo import FETCH_HINT, demo_model_path
 from arcpy.sampling import Sampling
 
@@ -39,12 +40,11 @@ def metric(server, name: str) -> float:
 
 def test_the_stream_equals_engine_chat_and_no_host_waits_per_token(server):
     from arcpy.loading import load_gguf
-    from arcpy.loop.engine import Engine
 
     greedy = streamed(server, temperature=0)
     seeded = streamed(server, temperature=0.8, top_p=0.95, seed=3)
     model, text = load_gguf(FILE)
-    with Engine.load(model, "cuda", device_loop=True, text=text) as engine:
+    with open_engine(model, "cuda", device_loop=True, text=text) as engine:
         assert greedy == "".join(engine.chat(MESSAGES, max_new_tokens=128))
         assert seeded == "".join(engine.chat(MESSAGES, max_new_tokens=128,
                                              sampling=Sampling(temperature=0.8, top_p=0.95, seed=3)))

@@ -20,6 +20,7 @@ from gpu_buffers import gpu_logits
 from test_real_model import CLEAR, FILE, needs_file
 
 from arcpy import _lib
+from arcpy.backends import open_engine
 from arcpy.bench.speculate import driver_tokens, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.burst import BurstDriver
@@ -196,8 +197,8 @@ def test_real_model_extractive_prompt_same_ids_with_drafts_accepted(smollm2):
     model, text = smollm2
     request = Request(messages=[{"role": "user", "content": "Repeat this paragraph exactly, word for word:\n\n"
                                  + PARAGRAPH}], max_new_tokens=120, stop_ids=text.eos_ids)
-    with Engine.load(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
-                     drafts=K) as eng:
+    with open_engine(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
+                     speculate=K) as eng:
         eng.speculate = False
         plain = [p.token for p in eng.stream(request) if p.token is not None]
         plain_stats = eng.stats
@@ -215,8 +216,8 @@ def test_real_model_extractive_prompt_sampled_speculates_with_drafts_accepted(sm
     request = Request(messages=[{"role": "user", "content": "Repeat this paragraph exactly, word for word:\n\n"
                                  + PARAGRAPH}], max_new_tokens=120, stop_ids=text.eos_ids,
                       sampling=Sampling(temperature=0.7, top_p=0.95))
-    with Engine.load(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
-                     drafts=K) as eng:
+    with open_engine(model, "cuda", max_seq=512, burst=8, environ={}, latch=FallbackLatch(), text=text,
+                     speculate=K) as eng:
         got = [p.token for p in eng.stream(request) if p.token is not None]
         st = eng.stats
     assert got and st.speculation == "on" and st.tokens_per_step > 1.5, st.summary()
@@ -226,7 +227,7 @@ def test_real_model_extractive_prompt_sampled_speculates_with_drafts_accepted(sm
 @pytest.mark.parametrize("case", CLEAR, ids=lambda c: c["question"])
 def test_real_model_golden_ids_with_speculation(smollm2, case):
     model, text = smollm2
-    with Engine.load(model, "cuda", max_seq=256, burst=8, environ={}, latch=FallbackLatch(), drafts=K,
+    with open_engine(model, "cuda", max_seq=256, burst=8, environ={}, latch=FallbackLatch(), speculate=K,
                      step_cost=StepCost(measure=False, prior=0.0)) as eng:
         got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
         assert eng.stats.speculation == "on" and eng.stats.spec_steps > 0

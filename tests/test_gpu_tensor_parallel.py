@@ -10,8 +10,9 @@
 import pytest
 
 from arcpy import _lib
+from arcpy.backends import open_engine
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
-from arcpy.loop.engine import DEVICE_LOOP, Engine
+from arcpy.loop.engine import DEVICE_LOOP
 from arcpy.model import synthetic_model
 from arcpy.sampling import Sampling
 
@@ -29,7 +30,7 @@ def gpus() -> int:
 
 def split(model, devices):
     try:
-        return Engine.load(model, "cuda", max_seq=256, devices=devices, burst=8, device_loop=True)
+        return open_engine(model, "cuda", max_seq=256, devices=devices, burst=8, device_loop=True)
     except NoDeviceError as exc:
         pytest.skip(f"no NCCL here: {exc}")
 
@@ -37,7 +38,7 @@ def split(model, devices):
 @pytest.mark.parametrize("shape", ["qwen3-tiny", "tiny-quant", "stories15M"])
 def test_a_world_of_one_gives_the_whole_models_tokens(shape):
     model = synthetic_model(shape, seed=9)
-    with Engine.load(model, "cuda", max_seq=256, drafts=0, prefill=False, burst=8, device_loop=True) as whole, \
+    with open_engine(model, "cuda", max_seq=256, speculate=0, prefill=False, burst=8, device_loop=True) as whole, \
             split(model, [0]) as one:
         assert one.device.capabilities.name.startswith("1 x ")
         for sampling in DRAWS:
@@ -66,7 +67,7 @@ def test_the_split_over_gpus_gives_the_whole_models_greedy_tokens(world):
     if gpus() < world:
         pytest.skip(f"{world} GPUs needed")
     model = synthetic_model("gqa", seed=9)  # 32 heads, 8 key/value heads
-    with Engine.load(model, "cuda", max_seq=256, drafts=0, prefill=False, burst=8, device_loop=True) as whole:
+    with open_engine(model, "cuda", max_seq=256, speculate=0, prefill=False, burst=8, device_loop=True) as whole:
         want = list(whole.generate(PROMPT, 32))
     with split(model, list(range(world))) as tp:
         assert list(tp.generate(PROMPT, 32)) == want  # sums in another order: equal where no near tie
@@ -79,7 +80,7 @@ def test_a_commit_lost_on_rank_1_is_caught_before_its_token_and_falls_back():
     from arcpy.loop.gate import FallbackLatch
 
     model = synthetic_model("gqa", seed=9)
-    with Engine.load(model, "cuda", max_seq=256, devices=[0, 1], burst=8, device_loop=True,
+    with open_engine(model, "cuda", max_seq=256, devices=[0, 1], burst=8, device_loop=True,
                      latch=FallbackLatch()) as tp:
         want = list(tp.generate(PROMPT, 24))
         tp.device.ranks[1].inject_lost_step(5)  # rank 1's input goes stale: every rank's sums go wrong

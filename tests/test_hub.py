@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hub_cache import FAMILY, HF_FILES, FakeHub, cache_repo, commit_of, gguf_repo, hf_repo
 
-from arcpy.bench.serve import ServerProcess, get
+from arcpy.bench.http_client import ServerProcess, get
 from arcpy.errors import ModelFileError
 from arcpy.loading import load_checkpoint
 from arcpy.model.hub import HubName, parse_name, pick_gguf, resolve_model, resolve_name

@@ -7,15 +7,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from arcpy.devices.cpu import NumpyDevice
+from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.request import Request
 from arcpy.model import SHAPES, random_model
-from arcpy.codes import MAX_TOP_LOGPROBS
 from arcpy.sampling import Sampling, TokenLogprob, logprob_entries, token_logprob
 
 PROMPT = (1, 2, 3)

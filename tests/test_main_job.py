@@ -8,11 +8,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from arcpy.backends import open_engine
 import arcpy
 from arcpy.cli import main as cli
 from arcpy.codes import ABI_VERSION
 from arcpy.devices.reference import ReferenceModel
-from arcpy.loop.engine import HOST, Engine
+from arcpy.loop.engine import HOST
 from arcpy.model import SHAPES, random_model, save_model, synthetic_model
 from arcpy.sampling import Sampling
 
@@ -162,7 +163,7 @@ def test_main_job_refuses_a_corrupt_weight_file(tmp_path):
 
 
 def test_engine_on_the_numpy_backend_matches_the_reference(stories):
-    eng = Engine.load(stories, "numpy", max_seq=256, environ={})
+    eng = open_engine(stories, "numpy", max_seq=256, environ={})
     assert list(eng.generate([1, 2], 10)) == ReferenceModel(stories).greedy([1, 2], 10)
     assert eng.stats.path == HOST and eng.stats.host_waits == 10
     eng.start([1, 2], 3)
@@ -170,7 +171,7 @@ def test_engine_on_the_numpy_backend_matches_the_reference(stories):
 
 
 def test_engine_sampling_is_seeded_on_the_numpy_backend(stories):
-    eng = Engine.load(stories, "numpy", max_seq=64, environ={})
+    eng = open_engine(stories, "numpy", max_seq=64, environ={})
     s = Sampling(temperature=1.0, top_p=0.9, seed=42)
     assert list(eng.generate([1], 8, sampling=s)) == list(eng.generate([1], 8, sampling=s))
 

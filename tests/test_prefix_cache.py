@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from arcpy.devices.cpu import NumpyDevice
 from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate

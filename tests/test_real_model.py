@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from arcpy.backends import open_engine
 from arcpy.demo import FETCH_HINT, demo_model_path
-from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.engine import DEVICE_LOOP, HOST
 from arcpy.loop.gate import FallbackLatch
 from arcpy.text import StreamDecoder, chat_ids, decode, encode, render_chat
 
@@ -85,7 +86,7 @@ def test_a_turn_typed_into_a_message_stays_text(smollm2):
 @pytest.mark.parametrize("case", CLEAR, ids=lambda c: c["question"])
 def test_numpy_backend_decodes_the_golden_ids_and_text(smollm2, case):
     model, text = smollm2
-    with Engine.load(model, "numpy", max_seq=MAX_SEQ, environ={}) as eng:
+    with open_engine(model, "numpy", max_seq=MAX_SEQ, environ={}) as eng:
         got = list(eng.generate(case["prompt_ids"], 16, stop_ids=text.eos_ids))
         assert eng.stats.stop_id == case["ids"][-1]  # the end of sequence: it ends the answer, unseen
     assert got == case["ids"][:-1]
@@ -123,7 +124,7 @@ def test_a_stop_string_ends_the_answer_and_never_reaches_the_output():
 @pytest.mark.parametrize("weights", ["bf16", "quantized"])
 def test_gpu_decodes_the_golden_ids(smollm2, smollm2_quantized, case, loop, weights):
     model, text = smollm2 if weights == "bf16" else smollm2_quantized
-    with Engine.load(model, "cuda", max_seq=MAX_SEQ, device_loop=loop, burst=8, environ={},
+    with open_engine(model, "cuda", max_seq=MAX_SEQ, device_loop=loop, burst=8, environ={},
                      latch=FallbackLatch()) as eng:
         got = list(eng.generate(case["prompt_ids"], 64, stop_ids=text.eos_ids))
         assert eng.stats.path == (DEVICE_LOOP if loop else HOST)
@@ -135,7 +136,7 @@ def test_gpu_decodes_the_golden_ids(smollm2, smollm2_quantized, case, loop, weig
 def test_engine_chat_answers_in_text(smollm2):
     model, text = smollm2
     case = next(c for c in CLEAR if "week" in c["question"])
-    with Engine.load(model, "numpy", max_seq=MAX_SEQ, environ={}, text=text) as eng:
+    with open_engine(model, "numpy", max_seq=MAX_SEQ, environ={}, text=text) as eng:
         answer = "".join(eng.chat([{"role": "user", "content": case["question"]}], max_new_tokens=32))
         assert eng.stats.finish_reason == "stop_id"
     assert answer == case["text"]

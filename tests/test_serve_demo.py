@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from serve_helpers import Server, client_of
 
+from arcpy.backends import open_engine
 from arcpy.demo import FETCH_HINT, demo_model_path
 
 FILE = demo_model_path()
@@ -24,9 +25,8 @@ def client():
 @pytest.fixture(scope="module")
 def engine():
     from arcpy.loading import load_gguf
-    from arcpy.loop.engine import Engine
     model, text = load_gguf(FILE)
-    with Engine.load(model, "numpy", max_seq=256, text=text) as e:
+    with open_engine(model, "numpy", max_seq=256, text=text) as e:
         yield e
 
 

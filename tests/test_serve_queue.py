@@ -18,7 +18,7 @@ import httpx
 import pytest
 from serve_helpers import Server, make_text_model
 
-from arcpy.bench.serve import metric
+from arcpy.bench.http_client import metric
 
 LONG = {"model": "slow", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 1000,
         "temperature": 0}

@@ -1,4 +1,4 @@
-"""scripts/serve_bench.py and scripts/load_test.py run, on the NumPy backend with a tiny model, and
+"""scripts/server_overhead.py and scripts/load_test.py run, on the NumPy backend with a tiny model, and
 report what they promise (their figures are the GPU's business; here: that they work)."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def script(name, *args, timeout=600):
                           env=server_env(), timeout=timeout)
 
 
-def test_serve_bench_measures_the_three_targets(model_dir, tmp_path):
-    out = script("serve_bench.py", "--model", str(model_dir), "--backend", "numpy", "--tokens", "16", "--runs", "2",
+def test_server_overhead_measures_the_three_targets(model_dir, tmp_path):
+    out = script("server_overhead.py", "--model", str(model_dir), "--backend", "numpy", "--tokens", "16", "--runs", "2",
                  "--json", str(tmp_path / "bench.json"))
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())

@@ -154,7 +154,7 @@ def test_a_cpu_only_install_decodes_and_says_the_cuda_backend_was_not_built(tmp_
     assert out.stdout == inside.stdout  # the Python tables decode what libarc's do
     assert run("-m", "arcpy", "smoke", "-n", "4").returncode == 0
     for args in (["-m", "arcpy.decode", "-n", "2", "--backend", "cuda"], ["-m", "arcpy", "info"],
-                 ["-m", "arcpy.config", "--libs"]):
+                 ["-m", "arcpy.build_flags", "--libs"]):
         out = run(*args)
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
         assert [line for line in out.stderr.splitlines() if _lib.NOT_BUILT in line], out.stderr

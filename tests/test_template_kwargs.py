@@ -16,16 +16,16 @@ import pytest
 from serve_helpers import make_text_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from arcpy.chat import Conversation, converse
-from arcpy.chat import run as run_chat
-from arcpy.decode import plan
+from arcpy.backends import open_engine
+from arcpy.decode import DecodeOptions, plan
 from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_checkpoint
-from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request, TemplateKwargs
 from arcpy.options import EngineOptions, parse_template_kwargs
 from arcpy.serve.schema import CHAT, ApiError, Defaults, parse
+from arcpy.terminal_chat import ChatOptions, Conversation, converse
+from arcpy.terminal_chat import run as run_chat
 from arcpy.text import TextSpec, chat_ids, check_template_kwargs, encode, render_chat
 from arcpy.text.chat import SET_BY_ARCPY
 from arcpy.text.sandbox import GLOBALS
@@ -151,9 +151,9 @@ def test_a_bad_template_kwarg_is_a_usage_error(pairs, words):
 
 
 def plan_of(**changes):
-    options = dict(model_path=None, shape=None, prompt="hello", prompt_ids=None, chat=True, system=None,
+    options = dict(shape=None, prompt="hello", prompt_ids=None, chat=True, system=None,
                    max_new_tokens=2, stop_ids=(), stop_strings=(), engine_opts=EngineOptions(backend="numpy"))
-    return plan(**{**options, **changes})
+    return plan(DecodeOptions(**{**options, **changes}))
 
 
 def test_decode_puts_them_in_the_chat_request_and_needs_chat():
@@ -196,8 +196,8 @@ def test_the_decode_command_renders_the_template_with_them(model_dir):
 def test_the_chat_command_renders_every_turn_with_them(model_dir):
     model, text = load_checkpoint(model_dir)
     lead = {"lead": "general"}
-    with Engine.load(model, "numpy", text=text) as engine:
-        conv = Conversation(engine, text, max_new_tokens=2, template_kwargs=lead)
+    with open_engine(model, "numpy", text=text) as engine:
+        conv = Conversation(engine, max_new_tokens=2, template_kwargs=lead)
         lines = iter(["hello", "/exit"])
         assert converse(conv, lambda prompt: next(lines), io.StringIO(), io.StringIO()) == 0
         [(asked, answered)] = conv.turns
@@ -209,8 +209,8 @@ def test_the_chat_command_renders_every_turn_with_them(model_dir):
 
 
 def test_the_chat_command_refuses_a_bad_template_kwarg_before_loading(capsys):
-    status = run_chat(model_path=None, system=None, template_kwargs=("enable_thinking",), max_new_tokens=8,
-                      stop_strings=(), stats=False, engine_opts=EngineOptions(backend="numpy"))
+    status = run_chat(ChatOptions(system=None, template_kwargs=("enable_thinking",), max_new_tokens=8,
+                                  stop_strings=(), stats=False, engine_opts=EngineOptions(backend="numpy")))
     assert status == 2 and "--template-kwarg takes KEY=VALUE" in capsys.readouterr().err
 
 
@@ -233,29 +233,29 @@ def test_the_engine_options_reach_every_command_as_one_record(monkeypatch):
     EngineOptions, which decode, chat and serve receive in place of the five values."""
     from click.testing import CliRunner
 
-    from arcpy import chat, decode
+    from arcpy import decode, terminal_chat
     from arcpy.serve import command
 
     seen = []
-    monkeypatch.setattr(decode, "cli_decode", lambda **o: seen.append(o["engine_opts"]) or 0)
-    monkeypatch.setattr(chat, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
-    monkeypatch.setattr(command, "run", lambda **o: seen.append(o["engine_opts"]) or 0)
+    monkeypatch.setattr(decode, "cli_decode", lambda options: seen.append(options.engine_opts) or 0)
+    monkeypatch.setattr(terminal_chat, "run", lambda options: seen.append(options.engine_opts) or 0)
+    monkeypatch.setattr(command, "run", lambda options: seen.append(options.engine_opts) or 0)
     args = ["--backend", "numpy", "--host-path", "--burst", "16", "--max-seq", "128", "--speculate", "3"]
-    for main in (decode.main, chat.main, command.main):
+    for main in (decode.main, terminal_chat.main, command.main):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0, result.output
     assert seen == [EngineOptions("numpy", False, 16, 128, 3)] * 3
 
 
 def test_speculation_is_on_unless_switched_off(monkeypatch):
-    """No option: drafts None (Engine.load's default, on); --no-speculate and --speculate 0: none."""
+    """No option: speculate None (open_device's default, on); --no-speculate and --speculate 0: none."""
     from click.testing import CliRunner
 
     from arcpy import decode
     from arcpy.drafting import DEFAULT_DRAFTS
 
     seen = []
-    monkeypatch.setattr(decode, "cli_decode", lambda **o: seen.append(o["engine_opts"].drafts) or 0)
+    monkeypatch.setattr(decode, "cli_decode", lambda options: seen.append(options.engine_opts.speculate) or 0)
     for args in ([], ["--no-speculate"], ["--speculate", "0"], ["--speculate", "0", "--no-speculate"],
                  ["--speculate", "5"]):
         result = CliRunner().invoke(decode.main, ["--backend", "numpy", *args])
@@ -270,17 +270,16 @@ def test_the_drafts_memory_is_on_unless_switched_off_and_reaches_the_engine(monk
     """--no-draft-memory gives the engine draft_memory=False; the default and --draft-memory, True."""
     from click.testing import CliRunner
 
-    from arcpy import decode
-    from arcpy.loop.engine import Engine
+    from arcpy import backends, decode
 
     seen = []
-    real = Engine.load.__func__
+    real = backends.Engine
 
-    def load(cls, model, backend, **kw):
+    def engine(device, backend, **kw):
         seen.append(kw["draft_memory"])
-        return real(cls, model, backend, **kw)
+        return real(device, backend, **kw)
 
-    monkeypatch.setattr(Engine, "load", classmethod(load))
+    monkeypatch.setattr(backends, "Engine", engine)
     for args in ([], ["--draft-memory"], ["--no-draft-memory"]):
         result = CliRunner().invoke(decode.main, ["--backend", "numpy", "--shape", "stories15M", "--prompt-ids", "1 2",
                                                   "--max-new-tokens", "1", *args])

@@ -4,6 +4,7 @@ against FakeDevices, and the split model on the NumPy backend through the engine
 import pytest
 from scripted_tokens import scripted_tokens
 
+from arcpy.backends import open_engine
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.devices.scripted import scripted_next
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
@@ -118,8 +119,8 @@ def test_the_numpy_backend_runs_the_split_model_with_the_single_models_tokens():
     from arcpy.model import synthetic_model
 
     model = synthetic_model("qwen3-tiny", seed=6)
-    with Engine.load(model, "numpy", max_seq=64, device_loop=False) as one, \
-            Engine.load(model, "numpy", max_seq=64, device_loop=False, devices=[0, 1]) as split:
+    with open_engine(model, "numpy", max_seq=64, device_loop=False) as one, \
+            open_engine(model, "numpy", max_seq=64, device_loop=False, devices=[0, 1]) as split:
         assert list(split.generate([4, 8, 15, 16], 10)) == list(one.generate([4, 8, 15, 16], 10))
         assert split.device.ref.world == 2
 
@@ -132,7 +133,7 @@ def test_bad_devices_are_refused_in_one_line(devices, why):
     from arcpy.model import synthetic_model
 
     with pytest.raises(InvalidArgumentError, match=why):
-        Engine.load(synthetic_model("qwen3-tiny"), "numpy", max_seq=16, devices=devices)
+        open_engine(synthetic_model("qwen3-tiny"), "numpy", max_seq=16, devices=devices)
 
 
 def test_the_gpu_split_needs_a_gpu_and_says_so_in_one_line():
@@ -143,9 +144,9 @@ def test_the_gpu_split_needs_a_gpu_and_says_so_in_one_line():
     if _lib.cuda_available()[0]:
         pytest.skip("a GPU is here: the GPU tier runs the split (tests/test_gpu_tensor_parallel.py)")
     with pytest.raises(NoDeviceError, match="no CUDA device"):
-        Engine.load(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1])
+        open_engine(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1])
     with pytest.raises(InvalidArgumentError, match="2 key/value heads do not divide among 4"):
-        Engine.load(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1, 2, 3])
+        open_engine(synthetic_model("qwen3-tiny"), "cuda", max_seq=16, devices=[0, 1, 2, 3])
 
 
 def test_the_command_line_splits_the_model_and_says_what_cannot_split():

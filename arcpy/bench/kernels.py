@@ -250,9 +250,9 @@ class StepTensors:
             row += rows
         return [(fmt, self.buf.matrix(fmt, rows, c.dim), row0, rows) for fmt, _, row0, rows in groups]
 
-    def gemv(self, fmt: int, w, x, rows: int, cols: int, bias, norm, accumulate: int, y) -> int:
-        """arc_op_gemv, or arc_op_qgemv for a quantized format."""
-        lib, eps = self.buf.lib, self.cfg.rms_eps
+    def gemv(self, matrix, x, rows: int, cols: int, bias, norm, accumulate: int, y) -> int:
+        """arc_op_gemv, or arc_op_qgemv for a quantized format; `matrix` is (its format, its weights)."""
+        (fmt, w), lib, eps = matrix, self.buf.lib, self.cfg.rms_eps
         if fmt == FORMAT_BF16:
             return lib.arc_op_gemv(self.buf.ctx.ptr, self.u16(w), x, rows, cols, bias, norm, eps, accumulate, y)
         return lib.arc_op_qgemv(self.buf.ctx.ptr, fmt, w, x, rows, cols, bias, norm, eps, accumulate, y)
@@ -280,7 +280,7 @@ class StepTensors:
                 status = 0
                 for fmt, w, row0, rows in self.wqkv[l]:
                     bias = self.layer(self.bqkv, l, r * 2) + row0 if self.bqkv is not None else NULL
-                    status = status or self.gemv(fmt, w, self.x, rows, d, bias, self.layer(self.attn_norm, l, d * 2),
+                    status = status or self.gemv((fmt, w), self.x, rows, d, bias, self.layer(self.attn_norm, l, d * 2),
                                                  0, self.qkv + row0)
                 return status
         elif kind in ("attention", "attention_tiles"):
@@ -289,7 +289,7 @@ class StepTensors:
                                   self.layer(self.v, l, self.kv_layer_bytes), c.n_heads, c.n_kv_heads, c.head_dim,
                                   ms, pos, self.scratch, self.att)
         elif kind == "o":
-            op = lambda l: self.gemv(*self.wo[l], self.att, d, c.q_dim, NULL, NULL, 1, self.x)
+            op = lambda l: self.gemv(self.wo[l], self.att, d, c.q_dim, NULL, NULL, 1, self.x)
         elif kind == "gate_up":
             def op(l):
                 fmt, w = self.wgu[l]
@@ -298,7 +298,7 @@ class StepTensors:
                     return lib.arc_op_gemv_swiglu(ctx, self.u16(w), self.x, f, d, norm, eps, self.h)
                 return lib.arc_op_qgemv_swiglu(ctx, fmt, w, self.x, f, d, norm, eps, self.h)
         elif kind == "down":
-            op = lambda l: self.gemv(*self.wdown[l], self.h, d, f, NULL, NULL, 1, self.x)
+            op = lambda l: self.gemv(self.wdown[l], self.h, d, f, NULL, NULL, 1, self.x)
         elif kind == "lm_head":
             def op(l):
                 fmt, w = self.head

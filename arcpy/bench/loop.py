@@ -302,16 +302,24 @@ def bench_scripted(tokens: int, runs: int) -> dict:
 
 # --- the whole run ----------------------------------------------------------------------------
 
-def run(shapes, tokens: int = 256, runs: int = 5, *, kernels: bool = False, hf: bool = False,
-        hf_tokens: int = 64, hf_runs: int = 3, hf_compile: bool = False,
+@dataclass(frozen=True)
+class HfRun:
+    """The Hugging Face comparison of a run: tokens a generation, runs, and torch.compile or not."""
+
+    tokens: int = 64
+    runs: int = 3
+    compile: bool = False
+
+
+def run(shapes, tokens: int = 256, runs: int = 5, *, kernels: bool = False, hf: HfRun | None = None,
         on_update: Callable[[dict], None] | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """The benchmark. `on_update(report)` is called after each part, so a run cut short keeps
-    what it measured; `progress(line)` hears what was done and how long it took."""
+    """The benchmark (with `hf`, Hugging Face too). `on_update(report)` is called after each part, so
+    a run cut short keeps what it measured; `progress(line)` hears what was done and how long."""
     shapes = list(shapes)
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise InvalidArgumentError(f"unknown shape(s) {', '.join(unknown)} (choose from {', '.join(SHAPES)})")
-    if tokens < 2 or runs < 1 or (hf and (hf_tokens < 2 or hf_runs < 1)):
+    if tokens < 2 or runs < 1 or (hf is not None and (hf.tokens < 2 or hf.runs < 1)):
         raise InvalidArgumentError("tokens and hf_tokens must be >= 2, runs and hf_runs >= 1")
     say = progress or (lambda line: None)
     update = on_update or (lambda report: None)
@@ -327,9 +335,9 @@ def run(shapes, tokens: int = 256, runs: int = 5, *, kernels: bool = False, hf: 
         report["shapes"].append(bench_shape(shape, bandwidth, tokens, runs, kernels))
         say(f"{shape}: seconds {report['shapes'][-1]['seconds']}")
         update(report)
-    if hf:  # Hugging Face runs the bf16 shapes; a quantized preset has no counterpart there
-        report["hf"] = hf_bench.hf_report([s for s in shapes if not quantized_preset(s)], PROMPT, hf_tokens,
-                                          hf_runs, hf_compile, say)
+    if hf is not None:  # Hugging Face runs the bf16 shapes; a quantized preset has no counterpart there
+        report["hf"] = hf_bench.hf_report([s for s in shapes if not quantized_preset(s)], PROMPT, hf.tokens,
+                                          hf.runs, hf.compile, say)
         update(report)
     return report
 

@@ -6,7 +6,7 @@
     cuda        CudaDevice and open_cuda_device: start-up on the GPU in one sequence
     scripted    the scripted stand-in forward, for the loop's GPU tests
     reference   ReferenceModel: the NumPy float32 forward, the oracle of the tests
-    cpu         HostPathDevice, a host path whose work completes when enqueued; NumpyDevice, the
-                CPU backend over the reference
+    numpy_device  HostPathDevice, a host path whose work completes when enqueued; NumpyDevice, the
+                  CPU backend over the reference
     fake        FakeDevice: a GPU in Python for the control logic's tests
 """

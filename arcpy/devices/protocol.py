@@ -7,7 +7,7 @@ by polling: `stream_query()` (never blocks) and the ring (`poll_ring()`).
 The devices that answer it live in modules of their own:
 - arcpy.devices.cuda: libarc through cffi (a context, a loop, a forward captured into graphs);
 - arcpy.devices.scripted: the same CudaDevice over libarc's scripted stand-in forward (loop tests);
-- arcpy.devices.cpu: the NumPy reference forward, the host path on a machine without a GPU;
+- arcpy.devices.numpy_device: the NumPy reference forward, the host path on a machine without a GPU;
 - arcpy.devices.fake: a scripted GPU for the control-logic tests, on a simulated clock.
 """
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping
 
 from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
-from arcpy.drafting import DEFAULT_DRAFTS, DraftMemory
+from arcpy.drafting import DraftMemory
 from arcpy.errors import (
     ArcError,
     ContextLostError,
@@ -44,12 +44,11 @@ from arcpy.loop.burst import MAX_SPINS, BurstDriver
 from arcpy.loop.constrain import Constrained, matcher_for
 from arcpy.loop.host import HostPath
 from arcpy.loop.prefix import PrefixCache
-from arcpy.loop.prompt import Piece, check_prompt, context_of, request_ids, request_stop_ids
+from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
 from arcpy.loop.sequence import SequenceState as _Sequence
 from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
-from arcpy.parallel.devices import check_devices
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
@@ -91,61 +90,10 @@ class Engine(HostPath):
         self.path_reason = ""
         self._t0 = 0.0
         self._c0 = Counters()
-        self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by load(text=...)
+        self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by arcpy.backends.open_engine
         self.prefix = PrefixCache(prefix_cache)  # .clear(): the next prompt is prefilled whole
         # A store of earlier prefixes in device memory: `prompt_cache_bytes` (None: the device's default).
         self.prefix.reserve(device, prompt_cache_bytes)
-
-    @classmethod
-    def load(cls, model, backend: str = "auto", max_seq: int | None = None, graph: bool | None = None,
-             environ: Mapping[str, str] | None = None, text=None, drafts: int | None = None,
-             devices: Sequence[int] | None = None, prefill_progress=None, **kw) -> "Engine":
-        """An engine for `model` on `backend`: "cuda", "numpy", or "auto" (cuda when a GPU is
-        usable). `max_seq` is the context to allocate, by default the model's, at most
-        arcpy.loop.prompt's DEFAULT_MAX_SEQ (context_of). `graph` None reads ARC_GRAPH (default on); off means the eager forward.
-        `drafts` is how many drafts a speculative step verifies (None: DEFAULT_DRAFTS; 0: no
-        speculative steps); they are captured where the device loop runs them (cuda, not a mixture of
-        experts) and taken burst by burst where they pay, with the plain loop's tokens. `devices`
-        splits the model over that many ranks (tensor parallelism, arcpy/parallel): on cuda, the
-        GPUs of those indices, their sums through NCCL in the step graphs; on numpy, ranks on the
-        CPU whose partial sums are added in rank order. `prefill_progress(done, total)` hears
-        how the chunks of a prefill on numpy go (seconds each; on cuda a prompt takes milliseconds,
-        and it is not called). The engine owns the device it builds: `with Engine.load(...) as
-        engine:` frees it."""
-        from arcpy import _lib
-        gate.read_all(environ)
-        max_seq = context_of(model.config, max_seq)
-        if not (isinstance(max_seq, int) and 0 < max_seq <= model.config.max_seq):
-            raise InvalidArgumentError(
-                f"max_seq must be in 1..{model.config.max_seq} (the model's context), got {max_seq}")
-        if backend == "auto":
-            backend = _lib.auto_backend()
-        use_graph = gate.read_flag(gate.GRAPH, gate.DEFAULTS[gate.GRAPH], environ) if graph is None else graph
-        world = check_devices(devices)
-        if world and backend == "cuda":
-            from arcpy.parallel.cuda import open_tensor_parallel
-            device = open_tensor_parallel(model, devices, max_seq, use_graph)
-        elif world and backend == "numpy":
-            from arcpy.devices.cpu import NumpyDevice
-            from arcpy.parallel.reference import TensorParallelReference
-            device = NumpyDevice(TensorParallelReference(model, world, max_seq), prefill_progress)
-        elif backend == "cuda":
-            from arcpy.devices.cuda import open_cuda_device
-            drafts = DEFAULT_DRAFTS if drafts is None else drafts
-            device = open_cuda_device(model, max_seq, use_graph, speculate=drafts if use_graph else 0)
-        elif backend == "numpy":
-            from arcpy.devices.cpu import NumpyDevice
-            from arcpy.devices.reference import ReferenceModel
-            device = NumpyDevice(ReferenceModel(model, max_seq), prefill_progress)
-        else:
-            raise InvalidArgumentError(f"unknown backend {backend!r}: use auto, cuda or numpy")
-        try:
-            engine = cls(device, backend, environ=environ, **kw)
-        except BaseException:
-            device.close()
-            raise
-        engine.text = text
-        return engine
 
     def __enter__(self) -> "Engine":
         return self

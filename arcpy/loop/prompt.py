@@ -40,11 +40,11 @@ def request_ids(text: TextSpec | None, request: Request) -> list[int]:
     return ids
 
 
-DEFAULT_MAX_SEQ = 4096  # what Engine.load allocates unless told: the KV cache grows with it
+DEFAULT_MAX_SEQ = 4096  # what arcpy.backends.open_device allocates unless told: the KV cache grows with it
 
 
 def context_of(config, max_seq: int | None = None) -> int:
-    """The context Engine.load allocates for a model of `config`: `max_seq` where given, else
+    """The context arcpy.backends.open_device allocates for a model of `config`: `max_seq` where given, else
     the model's own, at most DEFAULT_MAX_SEQ."""
     return min(config.max_seq, DEFAULT_MAX_SEQ) if max_seq is None else max_seq
 

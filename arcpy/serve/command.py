@@ -12,16 +12,16 @@ import logging
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 
 import click
 
-from arcpy import _lib
-from arcpy.decode import load, model_or_demo, note, one_line_errors, open_engine
-from arcpy.errors import ArcError, NoDeviceError
+from arcpy.errors import ArcError
+from arcpy.front import check_backend, check_context, model_or_demo, note, one_line_errors, open_engine, open_model
 from arcpy.loop import gate
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, TemplateKwargs
-from arcpy.options import (EngineOptions, SamplingOptions, as_engine_options, check_model, engine_options,
-                            model_options, parse_template_kwargs, sampling_options, template_options, with_options)
+from arcpy.options import (EngineOptions, ModelOptions, SamplingOptions, as_records, check_model, engine_options,
+                           model_options, parse_template_kwargs, sampling_options, template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.serve.responses import STORED
 from arcpy.serve.schema import Defaults
@@ -73,48 +73,67 @@ GRACEFUL_SECONDS = 5  # after a stop signal, how long open connections may take 
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="One line per HTTP request.")
-@as_engine_options
+@as_records
 def main(**options):
     """Serve a model over the OpenAI HTTP API (chat and text completions, streamed or whole)."""
-    sys.exit(run(**options))
+    sys.exit(run(ServeOptions(**options)))
 
 
-def run(model_path, model_name, host, port, api_key, max_queue, timeout, max_body, max_tokens, template_kwargs,
-        switch_interval, log_level, access_log, raw_reasoning=False, prompt_cache_bytes=None, stored_responses=STORED,
-        sampling_opts: SamplingOptions = SamplingOptions(1.0), engine_opts: EngineOptions = EngineOptions(),
-        revision=None) -> int:
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the serve command's options say, one record (main builds it)."""
+
+    model_opts: ModelOptions = ModelOptions()
+    model_name: str | None = None          # the id clients send as `model`
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 32                    # requests that may wait while one is decoded
+    timeout: float = 600.0                 # seconds a request may take from its arrival; 0: no limit
+    max_body: int = 1 << 20                # bytes
+    max_tokens: int = DEFAULT_MAX_NEW_TOKENS  # for a request that sets none
+    template_kwargs: tuple = ()            # --template-kwarg KEY=VALUE, as typed
+    raw_reasoning: bool = False
+    prompt_cache_bytes: int | None = None  # None: the device's default
+    stored_responses: int = STORED
+    switch_interval: float = SWITCH_INTERVAL
+    log_level: str = "info"
+    access_log: bool = True
+    engine_opts: EngineOptions = EngineOptions()
+    sampling_opts: SamplingOptions = SamplingOptions(1.0)
+
+
+def run(options: ServeOptions) -> int:
     """The server, start to stop; the exit status. Mistakes are one line on stderr."""
+    o = options
     try:
-        if api_key is not None and not api_key.strip():
+        if o.api_key is not None and not o.api_key.strip():
             raise click.UsageError("--api-key is empty")
-        check_model(model_path, revision)
-        model_path = model_or_demo(model_path)
-        s = sampling_opts
-        defaults = Defaults(max_tokens, 0.0 if s.temperature < 1e-6 else s.temperature, s.top_p, s.top_k,
-                            TemplateKwargs(parse_template_kwargs(template_kwargs)), raw_reasoning)
+        check_model(o.model_opts.model_path, o.model_opts.revision)
+        model_path = model_or_demo(o.model_opts.model_path)
+        s = o.sampling_opts
+        defaults = Defaults(o.max_tokens, 0.0 if s.temperature < 1e-6 else s.temperature, s.top_p, s.top_k,
+                            TemplateKwargs(parse_template_kwargs(o.template_kwargs)), o.raw_reasoning)
         Sampling(defaults.temperature, s.top_k, s.top_p)
-        gate.read_all()
-        if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
-            raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
-        sock = _bind(host, port)
+        check_backend(o.engine_opts)
+        sock = _bind(o.host, o.port)
     except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return 2
     except (ArcError, OSError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 1
-    _configure_logging(log_level)
+    _configure_logging(o.log_level)
     worker = None
     with one_line_errors() as errors:
         try:
-            worker, app, name = _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults,
-                                       engine_opts, prompt_cache_bytes, stored_responses, revision)
+            worker, app, name = _start(model_path, o, defaults)
             bound = sock.getsockname()
             where = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             click.echo(f"arcpy serve: {name} on http://{where}:{bound[1]}/v1 (backend {worker.backend}, "
                        f"{worker.device_name}; context {worker.max_seq}); a chat page at http://{where}:{bound[1]}/; "
                        "Ctrl-C stops", err=True)
-            _serve(app, sock, worker, switch_interval, log_level, access_log)
+            _serve(app, sock, worker, o)
         finally:
             if worker is not None:
                 worker.close()
@@ -143,34 +162,34 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _start(sock, model_path, model_name, api_key, max_queue, timeout, max_body, defaults, engine_opts: EngineOptions,
-           prompt_cache_bytes=None, stored_responses=STORED, revision=None):
+def _start(model_path: str, o: ServeOptions, defaults: Defaults):
+    """The model read, the worker started (it builds and warms up the engine in its thread), the
+    application over them; and the name clients send as `model`."""
     from arcpy.serve.app import Service, Settings, create_app
     from arcpy.serve.metrics import Metrics
     from arcpy.serve.worker import Worker
 
-    model, text = load(model_path, None, revision=revision)
+    model, text = open_model(model_path, revision=o.model_opts.revision)
     if text is None:
         raise click.UsageError(f"{model.name} has no tokenizer (tokenizer.json): the server answers text")
-    max_seq = engine_opts.max_seq
-    if max_seq is not None and max_seq > model.config.max_seq:
-        raise click.UsageError(f"--max-seq {max_seq} exceeds the model's context of {model.config.max_seq}")
+    check_context(model, o.engine_opts)
 
     def build():
-        engine = open_engine(model, text, engine_opts, prompt_cache_bytes=prompt_cache_bytes)
+        engine = open_engine(model, text, o.engine_opts, prompt_cache_bytes=o.prompt_cache_bytes)
         p = engine.prefix
         if p.capacity:
             note(f"prompt cache: {p.capacity / 1e9:.2f} GB for earlier prompts' KV rows, "
                  f"{p.capacity // p.row_bytes} positions (--prompt-cache-bytes)")
         return engine
 
-    worker = Worker(build, max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
-    name = model_name or model.name
-    settings = Settings(name, model.config.max_seq, api_key, max_body, timeout or None, defaults, stored_responses)
+    worker = Worker(build, o.max_queue, Metrics(latched=lambda: gate.LATCH.latched)).start()
+    name = o.model_name or model.name
+    settings = Settings(name, model.config.max_seq, o.api_key, o.max_body, o.timeout or None, defaults,
+                        o.stored_responses)
     return worker, create_app(Service(worker, text, settings)), name
 
 
-def _serve(app, sock, worker, switch_interval: float, log_level: str, access_log: bool) -> None:
+def _serve(app, sock, worker, o: ServeOptions) -> None:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -178,9 +197,9 @@ def _serve(app, sock, worker, switch_interval: float, log_level: str, access_log
             worker.stop()  # cut the running and queued requests, so that connections close now
             await super().shutdown(sockets)
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+    config = uvicorn.Config(app, log_level=o.log_level, access_log=o.access_log, lifespan="on",
                             timeout_graceful_shutdown=GRACEFUL_SECONDS)
-    sys.setswitchinterval(switch_interval)
+    sys.setswitchinterval(o.switch_interval)
     # uvicorn catches SIGINT and SIGTERM, stops, then raises the signal again for the handler it
     # found: this one, so that a clean stop ends in the `return 0` above.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}

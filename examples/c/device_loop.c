@@ -1,7 +1,7 @@
 /* device_loop.c -- the device loop from C, over libarc's scripted model.
  *
  * Build from any directory, after `pip install .` or `pip install -e .` of arcpy:
- *   cc device_loop.c $(python -m arcpy.config --cflags --libs) -o device_loop
+ *   cc device_loop.c $(python -m arcpy.build_flags --cflags --libs) -o device_loop
  *
  * Captures one step (the scripted forward, then the sampler with its commit) into a graph,
  * enqueues a burst of 16 steps, and prints each token as it lands in the ring: no synchronize,

@@ -1,6 +1,6 @@
 """Measuring the server from outside, as its clients meet it: `arcpy serve` in a child process,
 and a streaming client (the standard library's http.client, nothing between it and the socket)
-that stamps each part of an answer as it arrives. scripts/serve_bench.py, scripts/load_test.py
+that stamps each part of an answer as it arrives. scripts/server_overhead.py, scripts/load_test.py
 and the server's tests use it.
 """
 

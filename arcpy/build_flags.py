@@ -1,6 +1,6 @@
 """Compiler and linker flags for C programs built against the installed libarc.
 
-    cc prog.c $(python -m arcpy.config --cflags --libs) -o prog
+    cc prog.c $(python -m arcpy.build_flags --cflags --libs) -o prog
 
 --cflags names the folder of arc.h, --libs the folder of libarc.so (for the linker and, as an
 rpath, for the loader: the program then runs from any directory). Both folders are the ones
@@ -15,7 +15,7 @@ import sys
 from arcpy import _lib
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 
-USAGE = "usage: python -m arcpy.config [--cflags] [--libs]"
+USAGE = "usage: python -m arcpy.build_flags [--cflags] [--libs]"
 OPTIONS = ("--cflags", "--libs")
 
 
@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in args if a not in OPTIONS]
     if unknown or not args:
         what = f"unknown option {unknown[0]!r}" if unknown else "no option given"
-        print(f"arcpy.config: {what}; {USAGE}", file=sys.stderr)
+        print(f"arcpy.build_flags: {what}; {USAGE}", file=sys.stderr)
         return 2
     try:
         print(flags("--cflags" in args, "--libs" in args))
     except ArcError as exc:
-        print(f"arcpy.config: {exc}", file=sys.stderr)
+        print(f"arcpy.build_flags: {exc}", file=sys.stderr)
         return 1
     return 0
 

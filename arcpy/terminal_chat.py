@@ -1,4 +1,4 @@
-"""`arcpy chat` (and `python -m arcpy.chat`): a conversation with a model in the terminal.
+"""`arcpy chat` (and `python -m arcpy.terminal_chat`): a conversation with a model in the terminal.
 
 Each answer streams to stdout as it lands; notes go to stderr. The whole conversation goes through
 the model's chat template every turn; when it no longer leaves room for an answer in the context,
@@ -27,19 +27,16 @@ from typing import Callable
 
 import click
 
-from arcpy import _lib
-from arcpy.decode import load, model_or_demo, one_line_errors, open_engine
-from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
+from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.files import read_json_file
-from arcpy.loop import gate
+from arcpy.front import check_backend, check_context, model_or_demo, one_line_errors, open_engine, open_model
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import request_ids, room_hint
 from arcpy.loop.request import Request, TemplateKwargs
-from arcpy.options import (EngineOptions, PrefillProgress, SamplingOptions, about, as_engine_options, check_model,
-                            engine_options, model_options, parse_template_kwargs, sampling_options, template_options,
-                            with_options)
+from arcpy.options import (EngineOptions, ModelOptions, PrefillProgress, SamplingOptions, about, as_records,
+                           check_model, engine_options, model_options, parse_template_kwargs, sampling_options,
+                           template_options, with_options)
 from arcpy.sampling import Sampling
-from arcpy.text import TextSpec
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
 from arcpy.text.tools import check_tools, tool_format
 
@@ -58,12 +55,13 @@ class Reply:
 
 
 class Conversation:
-    """The history of one chat and how each turn is asked of the engine."""
+    """The history of one chat and how each turn is asked of the engine (one with the model's text,
+    `engine.text`)."""
 
-    def __init__(self, engine: Engine, text: TextSpec, system: str | None = None,
-                 max_new_tokens: int = DEFAULT_MAX_NEW, stop=(), sampling: Sampling | None = None,
-                 template_kwargs=None, tools=None, model_context: int | None = None):
-        self.engine, self.text, self.system = engine, text, system
+    def __init__(self, engine: Engine, system: str | None = None, max_new_tokens: int = DEFAULT_MAX_NEW,
+                 stop=(), sampling: Sampling | None = None, template_kwargs=None, tools=None,
+                 model_context: int | None = None):
+        self.engine, self.text, self.system = engine, engine.text, system  # the model's text: open_engine's
         # the model's own context, which --max-seq may raise the engine's to (default: the engine's)
         self.model_context = model_context or engine.device.max_seq
         self.max_new_tokens, self.stop, self.sampling = max_new_tokens, tuple(stop), sampling or Sampling()
@@ -267,45 +265,55 @@ def converse(conversation: Conversation, read: Callable[[str], str] = input, out
 @click.option("--stats", is_flag=True, help="After each answer, its statistics on stderr.")
 @click.option("--tools", "tools_path", type=click.Path(dir_okay=False), default=None,
               help="A JSON file of OpenAI function tools for the template; calls are shown, /tool answers them.")
-@as_engine_options
+@as_records
 def main(**options):
     """Chat with a model in the terminal: the answer streams as it lands."""
-    sys.exit(run(**options))
+    sys.exit(run(ChatOptions(**options)))
 
 
-def run(model_path, system, template_kwargs, max_new_tokens, stop_strings, stats, tools_path=None,
-        sampling_opts: SamplingOptions = SamplingOptions(), engine_opts: EngineOptions = EngineOptions(),
-        read=input, revision=None) -> int:
+@dataclass(frozen=True)
+class ChatOptions:
+    """What the chat command's options say, one record (main builds it)."""
+
+    model_opts: ModelOptions = ModelOptions()
+    system: str | None = None
+    template_kwargs: tuple = ()     # --template-kwarg KEY=VALUE, as typed
+    max_new_tokens: int = DEFAULT_MAX_NEW
+    stop_strings: tuple = ()
+    stats: bool = False             # each answer's statistics on stderr
+    tools_path: str | None = None   # a JSON file of OpenAI function tools
+    engine_opts: EngineOptions = EngineOptions()
+    sampling_opts: SamplingOptions = SamplingOptions()
+
+
+def run(options: ChatOptions, read=input) -> int:
     """The session, start to end; the exit status. Mistakes are one line on stderr."""
+    o = options
     with one_line_errors() as errors:
-        sampling = sampling_opts.sampling()
-        kwargs = parse_template_kwargs(template_kwargs)
-        if any(not s for s in stop_strings):
+        sampling = o.sampling_opts.sampling()
+        kwargs = parse_template_kwargs(o.template_kwargs)
+        if any(not s for s in o.stop_strings):
             raise click.UsageError("--stop must not be empty")
         tools = None
-        if tools_path is not None:
+        if o.tools_path is not None:
             with about("--tools"):
-                tools = check_tools(read_json_file(Path(tools_path), "tools file"))
-        gate.read_all()
-        if engine_opts.backend == "cuda" and not _lib.cuda_available()[0]:
-            raise NoDeviceError(f"{_lib.cuda_available()[1]}; --backend cuda needs one")
-        check_model(model_path, revision)
-        model_path = model_or_demo(model_path)
-        model, text = load(model_path, None, revision=revision)
+                tools = check_tools(read_json_file(Path(o.tools_path), "tools file"))
+        check_backend(o.engine_opts)
+        check_model(o.model_opts.model_path, o.model_opts.revision)
+        model_path = model_or_demo(o.model_opts.model_path)
+        model, text = open_model(model_path, revision=o.model_opts.revision)
         if text is None or text.chat_template is None:
             raise click.UsageError(f"{model.name} has no {'tokenizer' if text is None else 'chat template'}: "
                                    "arcpy chat needs both (arcpy generate takes a plain prompt)")
-        if engine_opts.max_seq is not None and engine_opts.max_seq > model.config.max_seq:
-            raise click.UsageError(f"--max-seq {engine_opts.max_seq} exceeds the model's context of "
-                                   f"{model.config.max_seq}")
-        with open_engine(model, text, engine_opts, prefill_progress=PrefillProgress()) as engine:
+        check_context(model, o.engine_opts)
+        with open_engine(model, text, o.engine_opts, prefill_progress=PrefillProgress()) as engine:
             if sys.stdin.isatty() and read is input:
                 with contextlib.suppress(ImportError):
                     import readline  # noqa: F401 - line editing and history for input()
             click.echo(f"chat with {model.name} (backend {engine.backend}); {HELP}", err=True)
-            conversation = Conversation(engine, text, system, max_new_tokens, stop_strings, sampling, kwargs, tools,
+            conversation = Conversation(engine, o.system, o.max_new_tokens, o.stop_strings, sampling, kwargs, tools,
                                         model.config.max_seq)
-            return converse(conversation, read, stats=stats)
+            return converse(conversation, read, stats=o.stats)
     return errors.status
 
 

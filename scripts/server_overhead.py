@@ -16,8 +16,8 @@ weighs on both alike. Each figure is the median of --runs repetitions after a wa
 keeps its connection alive (the standard library's http.client). Decoding is greedy, so both give
 the same text, which is checked (exit status 1 otherwise).
 
-    python scripts/serve_bench.py --json serve-bench.json
-    python scripts/serve_bench.py --model tiny-model-dir --backend numpy --tokens 32 --runs 3
+    python scripts/server_overhead.py --json serve-bench.json
+    python scripts/server_overhead.py --model tiny-model-dir --backend numpy --tokens 32 --runs 3
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import threading
 import time
 
 from arcpy import __version__, _lib
-from arcpy.bench import serve as client
+from arcpy.backends import open_engine
+from arcpy.bench import http_client as client
 from arcpy.demo import demo_model_path
 from arcpy.loading import load_checkpoint
 from arcpy.loop.engine import Engine
@@ -111,7 +112,7 @@ class Served:
     def stream(self, body) -> client.Streamed:
         out = client.stream_chat(self.url, body, conn=self.conn)
         if out.error or not out.done:
-            raise SystemExit(f"serve_bench: the server failed a request: {out.error}")
+            raise SystemExit(f"server_overhead: the server failed a request: {out.error}")
         return out
 
     def run(self) -> None:
@@ -143,14 +144,14 @@ class Served:
             if streamed.hung_up and "at" in hung_up and "at" in first:
                 self.cancels.append(first["at"] - hung_up["at"])
                 return
-        raise SystemExit("serve_bench: the long answer kept ending before a request could queue behind it")
+        raise SystemExit("server_overhead: the long answer kept ending before a request could queue behind it")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     model_path = args.model or (str(demo_model_path()) if demo_model_path() else None)
     if model_path is None:
-        print('serve_bench: no --model and the demo model is not fetched (python -m arcpy.demo fetches it)', file=sys.stderr)
+        print('server_overhead: no --model and the demo model is not fetched (python -m arcpy.demo fetches it)', file=sys.stderr)
         return 2
     backend = _lib.auto_backend() if args.backend == "auto" else args.backend
     model, text = load_checkpoint(resolve_model(model_path).path)  # a path, or a name of the hub
@@ -158,8 +159,8 @@ def main(argv=None) -> int:
              "--log-level", "warning", "--no-access-log", *shlex.split(args.server_args)]
     if args.max_seq:
         flags += ["--max-seq", str(args.max_seq)]
-    print(f"serve_bench: {model.name} on {backend}", file=sys.stderr)
-    with Engine.load(model, backend, max_seq=args.max_seq, burst=args.burst, text=text) as engine, \
+    print(f"server_overhead: {model.name} on {backend}", file=sys.stderr)
+    with open_engine(model, backend, max_seq=args.max_seq, burst=args.burst, text=text) as engine, \
             client.ServerProcess(flags) as server:
         alone, served = Alone(engine, text, args), Served(server, model.name, args)
         device = engine.device.ctx.name() if backend == "cuda" else f"CPU: {platform.processor() or platform.machine()}"
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
         for i in range(args.runs):
             alone.run()
             served.run()
-            print(f"serve_bench: run {i + 1} of {args.runs}", file=sys.stderr)
+            print(f"server_overhead: run {i + 1} of {args.runs}", file=sys.stderr)
         for _ in range(args.runs):
             served.cancel()
         same_text = served.stream(served.long).text == alone.answer()
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     if not same_text:
-        print("serve_bench: the server's text differs from the engine's", file=sys.stderr)
+        print("server_overhead: the server's text differs from the engine's", file=sys.stderr)
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""`python -m arcpy.config`: the flags a C program builds with, and the C example built with them
+"""`python -m arcpy.build_flags`: the flags a C program builds with, and the C example built with them
 from outside the source tree, as examples/c/device_loop.c documents."""
 
 import os
@@ -21,7 +21,7 @@ def config(*args, cwd, **env):
     """Run the module as a user would, from `cwd`, importing the arcpy these tests import."""
     path = os.pathsep.join(filter(None, [str(Path(arcpy.__file__).parent.parent), os.environ.get("PYTHONPATH")]))
     environ = dict(os.environ, PYTHONPATH=path, **env)
-    return subprocess.run([sys.executable, "-m", "arcpy.config", *args], cwd=cwd, env=environ,
+    return subprocess.run([sys.executable, "-m", "arcpy.build_flags", *args], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -55,13 +55,13 @@ def test_usage_errors_are_one_line(tmp_path, args, message):
 
 def test_help_prints_the_usage(tmp_path):
     out = config("--help", cwd=tmp_path)
-    assert (out.returncode, out.stderr) == (0, "") and out.stdout.startswith("usage: python -m arcpy.config")
+    assert (out.returncode, out.stderr) == (0, "") and out.stdout.startswith("usage: python -m arcpy.build_flags")
 
 
 def test_a_missing_library_is_one_line(tmp_path):
     out = config("--libs", cwd=tmp_path, ARC_LIBRARY=str(tmp_path / "libarc.so"))
     assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr == f"arcpy.config: ARC_LIBRARY={str(tmp_path / 'libarc.so')!r}: no such file\n"
+    assert out.stderr == f"arcpy.build_flags: ARC_LIBRARY={str(tmp_path / 'libarc.so')!r}: no such file\n"
 
 
 def test_a_library_not_named_libarc_so_is_refused(tmp_path):

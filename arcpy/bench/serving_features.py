@@ -34,8 +34,8 @@ from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
 from arcpy.loop.stats import FinishReason
-from arcpy.sampling import Sampling
 from arcpy.model import SHAPES, preset_formats, random_model, synthetic_model
+from arcpy.sampling import Sampling
 
 ANSWER = 48     # new tokens of each turn's answer
 QUESTION = 24   # tokens of each turn's question
