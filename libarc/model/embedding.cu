@@ -1,5 +1,6 @@
 // embedding.cu -- the first step of the forward: the token's row of the embedding table.
-#include "kernels.cuh"
+#include "embedding.cuh"
+#include "launch.cuh"
 
 enum { EMBED_THREADS = 256 };
 

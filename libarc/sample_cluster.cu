@@ -1,6 +1,6 @@
-// draw_cluster.cu -- the draw (draw.cu's definition) inside one thread-block cluster (compute
+// sample_cluster.cu -- the draw (sample.cu's definition) inside one thread-block cluster (compute
 // capability 9.0), for vocabularies that fit one cluster of CD_THREADS-thread blocks at 8 ids a
-// thread (16 * 512 * 8 = 65,536 ids on the H200; above that draw.cu's grid-wide draw is faster, the
+// thread (16 * 512 * 8 = 65,536 ids on the H200; above that sample.cu's grid-wide draw is faster, the
 // cluster's 16 multiprocessors computing every weight). The blocks meet at the cluster's hardware
 // barrier (about a quarter of a grid barrier's cost) and sum their histograms in each other's
 // shared memory, so the draw needs no global scratch. The selections search a 54-bit rank of each
@@ -16,7 +16,7 @@
 
 #include <cooperative_groups.h>
 
-#include "draw.cuh"
+#include "sample.cuh"
 
 enum {
     CD_THREADS = 512,

@@ -1,12 +1,13 @@
-// sampler.cu -- the greedy sampler: the argmax, as a standalone entry point and, in the device
+// argmax.cu -- the greedy sampler: the argmax, as a standalone entry point and, in the device
 // loop's greedy step graph, with the commit in its last block. The draw (temperature, top-k,
-// top-p) is draw.cu's.
+// top-p) is sample.cu's.
 #include <limits.h>
 
 #include "commit.cuh"
-#include "draw_math.cuh"
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
+#include "sample_math.cuh"
 
 // --- Argmax ------------------------------------------------------------------------------
 

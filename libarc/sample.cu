@@ -1,13 +1,13 @@
-// draw.cu -- the sampled step's sampler: one token drawn from the logits by temperature, top-k and
+// sample.cu -- the sampled step's sampler: one token drawn from the logits by temperature, top-k and
 // top-p (the definition is arc.h's, at arc_sample, and arcpy/sampling.py's), as a standalone
 // entry point and, in the device loop's sampled step graph, with the commit in the thread that
-// finds the token. Up to 65,536 ids it runs inside one thread-block cluster (draw_cluster.cu),
+// finds the token. Up to 65,536 ids it runs inside one thread-block cluster (sample_cluster.cu),
 // above over co-resident blocks (here).
 #include <limits.h>
 #include <math.h>
 
-#include "draw.cuh"
 #include "grid_sync.cuh"
+#include "sample.cuh"
 
 // One grid of co-resident blocks (at most the occupancy times the SM count), each thread holding
 // E consecutive ids in registers, so the ids run in order block by block, thread by thread. The
