@@ -266,16 +266,15 @@ static int draw_capacity(arc_context *ctx, int *blocks) {
 }
 
 template <int E, bool COMMIT>
-static int try_draw(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                    int32_t *out, bool *launched) {
+static int try_draw(arc_context *ctx, const DrawJob &d, bool *launched) {
     int cap = 0;
     int st = draw_capacity<E, COMMIT>(ctx, &cap);
     if (st != ARC_OK) return st;
-    int blocks = (n + DRAW_THREADS * E - 1) / (DRAW_THREADS * E);
+    int blocks = (d.n + DRAW_THREADS * E - 1) / (DRAW_THREADS * E);
     *launched = blocks <= cap;
     if (!*launched) return ARC_OK;
     return arc_launch_pdl(ctx, COMMIT ? "draw_commit_kernel" : "draw_kernel", draw_kernel<E, COMMIT>, dim3(blocks),
-                          dim3(DRAW_THREADS), 0, logits, n, p, ctx->draw, c, out);
+                          dim3(DRAW_THREADS), 0, d.logits, d.n, d.p, ctx->draw, d.c, d.out);
 }
 
 // In one cluster where the vocabulary fits it, else over co-resident blocks; as few ids per
@@ -286,10 +285,11 @@ static int launch_draw(arc_context *ctx, const float *logits, int32_t n, const D
     ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     bool launched = false;
-    int st = try_draw_cluster(ctx, logits, n, p, c, out, COMMIT, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<4, COMMIT>(ctx, logits, n, p, c, out, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, logits, n, p, c, out, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, logits, n, p, c, out, &launched);
+    const DrawJob d{.logits = logits, .n = n, .p = p, .c = c, .out = out};
+    int st = try_draw_cluster(ctx, d, COMMIT, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<4, COMMIT>(ctx, d, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, d, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, d, &launched);
     if (st == ARC_OK && !launched) {
         int32_t most = 0;
         st = arc_sample_max_vocab(ctx, &most);

@@ -400,22 +400,18 @@ int arc_draw_init(arc_context *ctx) {
 }
 
 template <int E, bool COMMIT>
-static int try_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                       int32_t *out, bool *launched) {
+static int try_cluster(arc_context *ctx, const DrawJob &d, bool *launched) {
     const int blocks = ctx->draw_cluster[E == 4 ? 0 : 1][COMMIT ? 1 : 0];
-    *launched = blocks > 0 && n <= blocks * CD_THREADS * E;
+    *launched = blocks > 0 && d.n <= blocks * CD_THREADS * E;
     if (!*launched) return ARC_OK;
     return arc_launch_ex(ctx, COMMIT ? "draw_cluster_commit_kernel" : "draw_cluster_kernel",
                          draw_cluster_kernel<E, COMMIT>, dim3(blocks), dim3(CD_THREADS), sizeof(ClusterShared), blocks,
-                         logits, n, p, c, out);
+                         d.logits, d.n, d.p, d.c, d.out);
 }
 
-int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                     int32_t *out, bool commit, bool *launched) {
-    int st = commit ? try_cluster<4, true>(ctx, logits, n, p, c, out, launched)
-                    : try_cluster<4, false>(ctx, logits, n, p, c, out, launched);
+int try_draw_cluster(arc_context *ctx, const DrawJob &d, bool commit, bool *launched) {
+    int st = commit ? try_cluster<4, true>(ctx, d, launched) : try_cluster<4, false>(ctx, d, launched);
     if (st == ARC_OK && !*launched)
-        st = commit ? try_cluster<8, true>(ctx, logits, n, p, c, out, launched)
-                    : try_cluster<8, false>(ctx, logits, n, p, c, out, launched);
+        st = commit ? try_cluster<8, true>(ctx, d, launched) : try_cluster<8, false>(ctx, d, launched);
     return st;
 }

@@ -28,6 +28,12 @@ __device__ __forceinline__ void embed_row(const uint16_t *__restrict__ table, in
     }
 }
 
-// arc_op_embedding with the rows scaled (a config's embed_scale).
-int embedding_scaled(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim, const uint32_t *token,
-                     float scale, float *x);
+// An embedding table, bf16 (vocab, dim), and the factor its rows are scaled by (a config's
+// embed_scale; 1 for arc_op_embedding).
+struct EmbedTable {
+    const uint16_t *table = nullptr;
+    int32_t vocab = 0, dim = 0;
+    float scale = 1.0f;
+};
+// arc_op_embedding with the rows scaled: x = row *token of e, times e.scale.
+int embedding_scaled(arc_context *ctx, const EmbedTable &e, const uint32_t *token, float *x);

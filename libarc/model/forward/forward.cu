@@ -106,7 +106,8 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
 
     // x = embed[token]
-    ARC_TRY(embedding_scaled(ctx, parts.embed, c.vocab, c.dim, token, embed_scale(c), parts.x));
+    ARC_TRY(embedding_scaled(ctx, {.table = parts.embed, .vocab = c.vocab, .dim = c.dim, .scale = embed_scale(c)},
+                             token, parts.x));
     DecodeOps ops{parts, pos};
     ARC_TRY(run_layers(model, parts, ops));
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop

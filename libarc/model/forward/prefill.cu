@@ -161,11 +161,26 @@ static int launch_rmsnorm_rows(arc_context *ctx, const float *x, int rows, int d
                           norm.w, dim, norm.eps, norm.add, xn);
 }
 
-// The bf16 matrix a product reads, made of `n` consecutive parts of rows[i] x cols weights: the
+// One of the prefill's products: c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count`
+// consecutive parts of rows[i] x k weights.
+struct PartsProduct {
+    const uint16_t *a = nullptr;
+    const Weight *parts = nullptr;
+    const int32_t *rows = nullptr;
+    int count = 1, n = 0;
+    int32_t k = 0;
+    const uint16_t *bias = nullptr;
+    int accumulate = 0;
+    float *c = nullptr;
+};
+
+// The bf16 matrix q reads, made of q.count consecutive parts of q.rows[i] x q.k weights: the
 // weights themselves where every part is bf16, else each part dequantized (or copied) into the
 // scratch in turn. The product that reads the scratch waits for it on the device.
-static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *rows, int n, int32_t cols,
-                       uint16_t *scratch, const uint16_t **out) {
+static int bf16_matrix(arc_context *ctx, const PartsProduct &q, uint16_t *scratch, const uint16_t **out) {
+    const Weight *parts = q.parts;
+    const int32_t *rows = q.rows, cols = q.k;
+    const int n = q.count;
     bool quantized = false;
     for (int i = 0; i < n; ++i) quantized |= parts[i].format != ARC_FORMAT_BF16;
     if (!quantized) {
@@ -184,19 +199,6 @@ static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *row
     *out = scratch;
     return ARC_OK;
 }
-
-// One of the prefill's products: c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count`
-// consecutive parts of rows[i] x k weights.
-struct PartsProduct {
-    const uint16_t *a = nullptr;
-    const Weight *parts = nullptr;
-    const int32_t *rows = nullptr;
-    int count = 1, n = 0;
-    int32_t k = 0;
-    const uint16_t *bias = nullptr;
-    int accumulate = 0;
-    float *c = nullptr;
-};
 
 // The product q: a chunk of up to QUANT_DIRECT_ROWS tokens reads quantized parts packed, one
 // product for each run of parts of one format (they lie one after the other); otherwise one
@@ -227,7 +229,7 @@ static int product(arc_context *ctx, const PartsProduct &q, uint16_t *scratch) {
         return ARC_OK;
     }
     const uint16_t *w;
-    ARC_TRY(bf16_matrix(ctx, parts, rows, count, k, scratch, &w));
+    ARC_TRY(bf16_matrix(ctx, q, scratch, &w));
     return arc_op_gemm_bf16(ctx, a, w, n, total, k, bias, accumulate, c);
 }
 
@@ -275,7 +277,8 @@ struct PrefillOps {
         if (lw.w_gate_up.format != ARC_FORMAT_BF16 && n <= QUANT_DIRECT_ROWS)
             return gemm_glu_weight(p.ctx, "arc_model_prefill", lw.w_gate_up,
                                    {.a = b.xn, .m = n, .n = ffn, .k = dim, .act = p.cfg.activation, .h = b.h});
-        ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
+        ARC_TRY(
+            bf16_matrix(p.ctx, {.parts = &lw.w_gate_up, .rows = &gate_up_rows, .count = 1, .k = dim}, b.wdq, &w));
         return gemm_swiglu_rows(p.ctx, "arc_model_prefill", w,
                                 {.a = b.xn, .m = n, .n = ffn, .k = dim, .act = p.cfg.activation, .h = b.h}, b.gu,
                                 b.gu_rows);
