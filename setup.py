@@ -1,10 +1,11 @@
-"""Build: compile libarc/*.cu and libarc/model/*.cu into arcpy/libarc.so with the nvcc of the
-CUDA 13.0 wheels (nvidia-cuda-nvcc and friends, build requirements in pyproject.toml).
+"""Build: compile every .cu under libarc/ (libarc/model/ and its folders too) into arcpy/libarc.so
+with the nvcc of the CUDA 13.0 wheels (nvidia-cuda-nvcc and friends, build requirements in
+pyproject.toml).
 
 Never a system CUDA: nvcc is looked up only inside the installed `nvidia` wheels, and cudart is
 linked statically, so the library needs only the driver (libcuda.so.1) at run time.
 ARC_CUDA_ARCHS overrides the targets, e.g. "80;90" (SASS for each, PTX for the last). With 90
-among them, model/gemm_sm90.cu is compiled for sm_90a alone, against the CUTLASS headers of the
+among them, model/gemm/gemm_sm90.cu is compiled for sm_90a alone, against the CUTLASS headers of the
 nvidia-cutlass wheel (also a build requirement); without it, that file builds its stand-ins.
 ARC_CUDA_ARCHS=none builds no library at all (a CPU-only install: the NumPy backend runs, the CUDA
 backend says it was not built): libarc.skipped takes libarc.so's place, and the build asks for no
@@ -30,11 +31,12 @@ DEFAULT_ARCHS = "80;90"
 # of them begins last and runs alone. Measured on 2026-12-06 in a default build (targets 80;90) on
 # a 2-core machine, two compiles at a time (docs/INSTALL.md): attention.cu 88 s, gemm_sm90.cu 62 s,
 # qgemv_k.cu 52 s, qgemv_q8_q4.cu 51 s, gemm_quant.cu 18 s, qgemv_rows_k.cu 17 s, gemm.cu 14 s,
-# draw.cu 14 s, qgemv_rows_q8_q4.cu 14 s, gemv.cu 13 s, gemv_rows.cu 12 s, draw_cluster.cu 10 s,
+# sample.cu 14 s, qgemv_rows_q8_q4.cu 14 s, gemv.cu 13 s, gemv_rows.cu 12 s, sample_cluster.cu 10 s,
 # prefill_attention.cu 8 s; the other 20 sources at most 2.3 s each.
-SLOW_FIRST = ("model/attention.cu", "model/gemm_sm90.cu", "model/qgemv_k.cu", "model/qgemv_q8_q4.cu",
-              "model/gemm_quant.cu", "model/qgemv_rows_k.cu", "model/gemm.cu", "draw.cu", "model/qgemv_rows_q8_q4.cu",
-              "model/gemv.cu", "model/gemv_rows.cu", "draw_cluster.cu", "model/prefill_attention.cu")
+SLOW_FIRST = ("model/attention.cu", "model/gemm/gemm_sm90.cu", "model/qgemv/qgemv_k.cu", "model/qgemv/qgemv_q8_q4.cu",
+              "model/gemm/gemm_quant.cu", "model/qgemv/qgemv_rows_k.cu", "model/gemm/gemm.cu", "sample.cu",
+              "model/qgemv/qgemv_rows_q8_q4.cu", "model/gemv/gemv.cu", "model/gemv/gemv_rows.cu", "sample_cluster.cu",
+              "model/prefill_attention.cu")
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
@@ -58,7 +60,7 @@ def find_cuda_wheels():
 
 
 # Compiled for sm_90a only (its kernel uses wgmma and TMA), when the targets include 90.
-SM90A = "model/gemm_sm90.cu"
+SM90A = "model/gemm/gemm_sm90.cu"
 
 
 def find_cutlass():
@@ -92,9 +94,9 @@ def arch_flags():
 
 
 def libarc_sources():
-    """Every .cu of libarc, the slowest to compile first."""
+    """Every .cu of libarc, in its folders too, the slowest to compile first."""
     top = ROOT / "libarc"
-    sources = sorted(top.glob("*.cu")) + sorted((top / "model").glob("*.cu"))
+    sources = sorted(top.rglob("*.cu"))
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     return sorted(sources, key=lambda src: rank.get(src.relative_to(top).as_posix(), len(rank)))
 
@@ -120,8 +122,8 @@ def compile_libarc(target: Path):
     started = time.monotonic()
 
     def compile_one(src):
-        obj = objdir / (src.stem + ".o")
         name = src.relative_to(ROOT / "libarc").as_posix()
+        obj = objdir / (name[:-len(".cu")].replace("/", "__") + ".o")  # one object a path: stems may repeat
         extra = ["-x", "c++"] if name in HOST_ONLY else slow_threads if name in SLOW_FIRST else []
         flags = common
         if name == SM90A and any(a.rstrip("a") == "90" for a in cuda_archs()):

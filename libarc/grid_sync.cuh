@@ -1,5 +1,5 @@
 // grid_sync.cuh -- a barrier across every block of a grid whose blocks are all resident at once
-// (launched no larger than the occupancy allows): the draw's (draw.cu), and what
+// (launched no larger than the occupancy allows): the draw's (sample.cu), and what
 // scripts/grid_barrier_cost.cu measures.
 #pragma once
 

@@ -18,7 +18,7 @@ int arc_fail_cuda(cudaError_t err, const char *call, const char *where);
 // attention kernel's tickets (one per query head).
 enum { ARGMAX_MAX_BLOCKS = 264, ARC_ATTN_MAX_GROUPS = 1024 };
 
-// The draw kernel's grid-wide scratch (sampler.cu): three rotating radix histograms (counts and
+// The draw kernel's grid-wide scratch (sample.cu): three rotating radix histograms (counts and
 // integer masses), the per-block sums of its ordered searches, the grid barrier, and the results
 // every block reads. The draw leaves it as it found it (histogram 0 and the maximum zero).
 enum { DRAW_BINS = 2048, DRAW_MAX_BLOCKS = 1024 };

@@ -2,8 +2,9 @@
 // (DeviceState, written in stream order), added to the logits between a forward and its sampler.
 #include <math.h>
 
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
 
 enum { BIAS_THREADS = 256 };
 

@@ -17,8 +17,9 @@
 
 #include <atomic>
 
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
 
 enum { LP_THREADS = 256, LP_PER_THREAD = 8, LP_SLICE = LP_THREADS * LP_PER_THREAD, LP_MAX_BLOCKS = 1024 };
 // A block's partials: max, sum, then ARC_MAX_TOP_LOGPROBS values and ids (ids as float bits).

@@ -8,8 +8,9 @@
 #include <math.h>
 
 #include "commit.cuh"
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
 
 enum { MASK_THREADS = 1024 };
 

@@ -3,7 +3,7 @@
 // mixture of experts' routed rows (moe.cu), and the speculative step's (speculate.cu).
 #pragma once
 
-#include "kernels.cuh"
+#include "model/parts.cuh"
 
 // A mixture of experts' rows in the prefill (moe.cu), for chunks of up to `rows` tokens of k
 // experts each: the routing, the rows sorted by expert, and what the experts make of them.

@@ -1,5 +1,6 @@
 // embedding.cu -- the first step of the forward: the token's row of the embedding table.
-#include "kernels.cuh"
+#include "embedding.cuh"
+#include "launch.cuh"
 
 enum { EMBED_THREADS = 256 };
 
@@ -18,8 +19,9 @@ embedding_kernel(const uint16_t *__restrict__ table, int vocab, int dim,
     embed_row(table, vocab, dim, tok, scale, x, EMBED_THREADS);
 }
 
-int embedding_scaled(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim, const uint32_t *token,
-                     float scale, float *x) {
+int embedding_scaled(arc_context *ctx, const EmbedTable &e, const uint32_t *token, float *x) {
+    const uint16_t *table = e.table;
+    const int32_t vocab = e.vocab, dim = e.dim;
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(table && token && x, "null pointer (table, token and x are required)");
     ARC_REQUIRE(vocab > 0, "vocab must be positive, got %d", vocab);
@@ -27,11 +29,11 @@ int embedding_scaled(arc_context *ctx, const uint16_t *table, int32_t vocab, int
     ARC_REQUIRE((uintptr_t)table % 16 == 0, "table must be 16-byte aligned");
     ARC_REQUIRE((uintptr_t)x % 16 == 0, "x must be 16-byte aligned");
     return arc_launch_pdl(ctx, "embedding_kernel", embedding_kernel, dim3(1), dim3(EMBED_THREADS), 0, table, vocab,
-                          dim, (const volatile uint32_t *)token, scale, x);
+                          dim, (const volatile uint32_t *)token, e.scale, x);
 }
 
 extern "C" int arc_op_embedding(arc_context *ctx, const uint16_t *table, int32_t vocab, int32_t dim,
                                 const uint32_t *token, float *x) {
-    return embedding_scaled(ctx, table, vocab, dim, token, 1.0f, x);
+    return embedding_scaled(ctx, {.table = table, .vocab = vocab, .dim = dim, .scale = 1.0f}, token, x);
 }
 

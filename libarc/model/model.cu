@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layer.cuh"
-#include "moe.cuh"
-#include "quant.cuh"
+#include "model/forward/layer.cuh"
+#include "model/moe/moe.cuh"
+#include "model/qgemv/quant.cuh"
 
 enum { TENSOR_COUNT = ARC_TENSOR_COUNT, ALIGN = 256 };
 

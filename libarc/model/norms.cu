@@ -3,7 +3,10 @@
 // projection, before RoPE, each head of q and of k is RMS-normed over its head_dim elements by
 // its own weights. The decode, the verify and the prefill all hold q and k as float32 rows of
 // [q | k | v], so one kernel serves the three.
-#include "kernels.cuh"
+#include "device_math.cuh"
+#include "launch.cuh"
+#include "model/attention_ops.cuh"
+#include "norms.cuh"
 
 enum { HNORM_THREADS = 128, HNORM_WARPS = HNORM_THREADS / 32, HNORM_PER_LANE = ATTN_MAX_HEAD_DIM / 32 };
 
@@ -38,19 +41,18 @@ head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int
     }
 }
 
-int launch_head_norm(arc_context *ctx, float *qkv, int32_t rows, int32_t stride, int32_t n_heads,
-                     int32_t n_kv_heads, int32_t head_dim, const uint16_t *q_norm, const uint16_t *k_norm, float eps,
-                     float norm_add) {
-    ARC_REQUIRE(qkv && q_norm && k_norm, "null pointer (qkv, q_norm and k_norm are required)");
+int launch_head_norm(arc_context *ctx, const HeadNormArgs &a) {
+    const int32_t rows = a.rows, n_heads = a.n_heads, n_kv_heads = a.n_kv_heads, head_dim = a.head_dim;
+    ARC_REQUIRE(a.qkv && a.q_norm && a.k_norm, "null pointer (qkv, q_norm and k_norm are required)");
     ARC_REQUIRE(rows > 0 && n_heads > 0 && n_kv_heads > 0, "rows %d, n_heads %d, n_kv_heads %d must be positive",
                 rows, n_heads, n_kv_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim <= ATTN_MAX_HEAD_DIM, "head_dim must be in [1, %d], got %d",
                 ATTN_MAX_HEAD_DIM, head_dim);
     const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads);
     const unsigned blocks = (unsigned)((tasks + HNORM_WARPS - 1) / HNORM_WARPS);
-    return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, qkv,
-                          (int)rows, (int)stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, q_norm, k_norm, eps,
-                          norm_add);
+    return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, a.qkv,
+                          (int)rows, (int)a.stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, a.q_norm, a.k_norm,
+                          a.eps, a.norm_add);
 }
 
 enum { ADDNORM_THREADS = 256 };
@@ -85,13 +87,13 @@ add_norm_rows_kernel(float *__restrict__ x, const float *__restrict__ t, int dim
     }
 }
 
-int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const uint16_t *w,
-                         float eps, float norm_add) {
+int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const RmsNorm &norm) {
+    const uint16_t *w = norm.w;
     ARC_REQUIRE(x && t && w, "null pointer (x, t and w are required)");
     ARC_REQUIRE(rows > 0 && dim > 0 && dim % 8 == 0, "rows %d must be positive, dim %d a positive multiple of 8", rows,
                 dim);
     ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)t % 16 == 0 && (uintptr_t)w % 16 == 0,
                 "x, t and w must be 16-byte aligned");
     return arc_launch_pdl(ctx, "add_norm_rows_kernel", add_norm_rows_kernel, dim3(rows), dim3(ADDNORM_THREADS), 0, x,
-                          t, (int)dim, w, eps, norm_add);
+                          t, (int)dim, w, norm.eps, norm.add);
 }

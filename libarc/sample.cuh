@@ -1,4 +1,4 @@
-// draw.cuh -- what the two draws share (draw.cu's over co-resident blocks, draw_cluster.cu's
+// sample.cuh -- what the two draws share (sample.cu's over co-resident blocks, sample_cluster.cu's
 // inside one thread-block cluster): their parameters, block scans and histograms, loading the
 // keys, finding the crossing in a thread, publishing the token; and the cluster draw's launcher.
 #pragma once
@@ -7,9 +7,10 @@
 #include <stdint.h>
 
 #include "commit.cuh"
-#include "draw_math.cuh"
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
+#include "sample_math.cuh"
 
 struct DrawParams {
     float inv_t;
@@ -153,10 +154,17 @@ __device__ void publish(const CommitArgs &c, const DrawParams &p, int32_t *out, 
     }
 }
 
+// One draw: from logits[0..n) under p, committed through c (COMMIT) or written to *out.
+struct DrawJob {
+    const float *logits = nullptr;
+    int n = 0;
+    DrawParams p{};
+    CommitArgs c{};
+    int32_t *out = nullptr;
+};
 // Enqueues the draw inside one thread-block cluster where the vocabulary fits one on this device
-// at 4 or 8 ids a thread (draw_cluster.cu); *launched says whether it did.
-int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                     int32_t *out, bool commit, bool *launched);
+// at 4 or 8 ids a thread (sample_cluster.cu); *launched says whether it did.
+int try_draw_cluster(arc_context *ctx, const DrawJob &d, bool commit, bool *launched);
 // Enqueues, in the speculative step graph, the draw after verify row `row` of `rows` over the
 // loop's vocabulary: logits the row's, its key pair into keys (speculate.cu's accept).
 int enqueue_row_draw(arc_loop *loop, const float *logits, int row, int rows, unsigned long long *keys);

@@ -14,7 +14,7 @@
 //                  then the lm_head over every row
 //   3 argmax       each row's argmax key (one atomic max a block); in the sampled step
 //                  (arc_model_forward_speculate_draw) instead the draw after each row, at that
-//                  row's position, with the loop's sampling parameters (draw.cu: the same draw,
+//                  row's position, with the loop's sampling parameters (sample.cu: the same draw,
 //                  the same Philox counter, as the plain sampled step's at that position)
 //   4 accept       commits the token after row 0, and after row i + 1 while draft i + 1 equals
 //                  the token after row i: each published token is what the model makes after the
@@ -25,11 +25,15 @@
 // before any attention reads them.
 #include <algorithm>
 
-#include "../commit.cuh"
-#include "../draw.cuh"
-#include "buffers.cuh"
-#include "head_argmax.cuh"
+#include "commit.cuh"
 #include "layer.cuh"
+#include "model/attention_ops.cuh"
+#include "model/buffers.cuh"
+#include "model/embedding.cuh"
+#include "model/gemv/head_argmax.cuh"
+#include "model/norms.cuh"
+#include "model/products.cuh"
+#include "sample.cuh"
 
 enum { DRAFT_THREADS = 1024, SPEC_MAX_K = 7, SPEC_MAX_NGRAM = 8, ROWMAX_THREADS = 256, ROWMAX_BLOCKS = 32 };
 
@@ -213,22 +217,28 @@ struct VerifyOps {
     int rows;
     static constexpr const char *who = "arc_model_forward_speculate";
 
-    // y (rows, n; ldy apart, n by default) = W @ n(x) (+ bias) (+ y), as gemv_rows_weight says.
-    int product(const Weight &w, const float *x, int n, int k, const uint16_t *bias, const uint16_t *norm,
-                int accumulate, float *y, bool gated = false, int ldy = 0) const {
-        return gemv_rows_weight(p.ctx, who, w, x, rows, n, k, bias, norm, p.cfg.rms_eps, norm_offset(p.cfg),
-                                accumulate, gated, b.xn, y, ldy ? ldy : n);
+    // y (rows, io.rows; io.ldy apart, io.rows where 0) = W @ n(x) (+ bias) (+ y), as gemv_rows_weight
+    // says: io names x, rows, cols, bias, norm_weight, accumulate or act, y (and ldy); the step's
+    // rows, the config's norm factors and the scratch are the verify's.
+    int product(const Weight &w, GemvIo io, bool gated = false) const {
+        io.m = rows;
+        io.eps = p.cfg.rms_eps;
+        io.norm_add = norm_offset(p.cfg);
+        io.scratch = b.xn;
+        if (io.ldy == 0) io.ldy = io.rows;
+        return gemv_rows_weight(p.ctx, who, w, io, gated);
     }
     int attn_in(const LayerParts &lw) {  // the decode's products: one a run of Wq, Wk, Wv of one format
         return qkv_runs(lw, p.q_dim, p.kv_dim, [&](Weight w, int32_t n, int32_t at) {
-            return product(w, b.x, n, p.cfg.dim, lw.bqkv ? lw.bqkv + at : nullptr, lw.attn_norm, 0, b.qkv + at,
-                           false, p.qkv_rows);
+            return product(w, {.x = b.x, .rows = n, .cols = p.cfg.dim, .bias = lw.bqkv ? lw.bqkv + at : nullptr,
+                               .norm_weight = lw.attn_norm, .y = b.qkv + at, .ldy = p.qkv_rows});
         });
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, b.qkv, rows, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps, norm_offset(c));
+        return launch_head_norm(p.ctx, {.qkv = b.qkv, .rows = rows, .stride = p.qkv_rows, .n_heads = c.n_heads,
+                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
+                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -236,20 +246,25 @@ struct VerifyOps {
                                        lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.attn_scratch,
                                        b.attn_done, b.att);
     }
-    int attn_out(const LayerParts &lw) { return product(lw.wo, b.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 1, b.x); }
-    int ffn_in(const LayerParts &lw) {
-        return product(lw.w_gate_up, b.x, p.cfg.ffn_dim, p.cfg.dim, nullptr, lw.mlp_norm, p.cfg.activation, b.h, true);
+    int attn_out(const LayerParts &lw) {
+        return product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .accumulate = 1, .y = b.x});
     }
-    int ffn_out(const LayerParts &lw) { return product(lw.w_down, b.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 1, b.x); }
+    int ffn_in(const LayerParts &lw) {
+        return product(lw.w_gate_up,
+                       {.x = b.x, .rows = p.cfg.ffn_dim, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
+                        .act = p.cfg.activation, .y = b.h},
+                       /*gated=*/true);
+    }
+    int ffn_out(const LayerParts &lw) {
+        return product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .accumulate = 1, .y = b.x});
+    }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(product(lw.wo, b.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps,
-                                    norm_offset(p.cfg));
+        ARC_TRY(product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .y = b.t}));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, model_norm(p.cfg, lw.post_attn_norm));
     }
     int ffn_out_norm(const LayerParts &lw) {
-        ARC_TRY(product(lw.w_down, b.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps,
-                                    norm_offset(p.cfg));
+        ARC_TRY(product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .y = b.t}));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, model_norm(p.cfg, lw.post_ffn_norm));
     }
     // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
     int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, who, "no MoE verify"); }
@@ -264,7 +279,8 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
                            c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
     ARC_TRY(run_layers(model, mp, ops));
-    return ops.product(mp.lm_head, b.x, c.vocab, c.dim, nullptr, mp.final_norm, 0, b.logits);
+    return ops.product(mp.lm_head,
+                       {.x = b.x, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .y = b.logits});
 }
 
 // The speculative step; with draw, each row's token is drawn (the sampled step) instead of its argmax.

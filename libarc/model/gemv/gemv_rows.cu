@@ -16,6 +16,7 @@
 // else in chunks of vectors, double-buffered with cp.async; a chunk is a whole number of every
 // lane's batches, so every lane still meets its vectors in order.
 #include "gemv_common.cuh"
+#include "model/tensor_core.cuh"
 
 // ROWS_THREADS: 16 warps a block, one block an SM (all its registers), sharing one staged input.
 enum { ROWS_MAX = 8, ROWS_THREADS = 512, ROWS_WARPS = ROWS_THREADS / 32, ROWS_ONE_BYTES = 200 * 1024,
@@ -244,11 +245,13 @@ gemv_rows_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, in
 }
 
 // The launch of the rows kernel for one plan; the norm fused where the rows are staged whole,
-// else run first by norm_rows_kernel into xn.
+// else run first by norm_rows_kernel into io.scratch. GATED: the kernel's accumulate slot carries
+// the activation, io.act.
 template <int R, int KS, bool GATED>
-static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int m, int rows, int cols,
-                       const uint16_t *bias, const uint16_t *norm_w, float eps, float norm_add, int accumulate,
-                       bool wx, float *xn, float *y, int ldy) {
+static int launch_rows(arc_context *ctx, const uint16_t *w, const GemvIo &io, bool wx) {
+    const float *x = io.x;
+    const uint16_t *norm_w = io.norm_weight;
+    const int m = io.m, rows = io.rows, cols = io.cols;
     auto kernel = gemv_rows_kernel<R, KS, GATED>;
     constexpr int BATCH = 32 * KS * rows_batch(GATED ? 2 * R : R, KS);  // a chunk is a whole number of these
     const int nvec = cols / 8;
@@ -260,8 +263,8 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
         smem = 2 * (size_t)m * cv * 32;
         if (norm_w != nullptr) {
             ARC_TRY(arc_launch_pdl(ctx, "norm_rows_kernel", norm_rows_kernel, dim3(m), dim3(GEMV_THREADS), 0, x, cols,
-                                   norm_w, eps, norm_add, wx ? 1 : 0, xn));
-            x = xn;
+                                   norm_w, io.eps, io.norm_add, wx ? 1 : 0, io.scratch));
+            x = io.scratch;
             norm_w = nullptr;
         }
     }
@@ -271,8 +274,8 @@ static int launch_rows(arc_context *ctx, const uint16_t *w, const float *x, int 
     else
         ARC_TRY(gemv_blocks(ctx, kernel, smem, rows, R, KS, &blocks, ROWS_THREADS));
     return arc_launch_pdl(ctx, GATED ? "gemv_rows_kernel<swiglu>" : "gemv_rows_kernel", kernel, dim3(blocks),
-                          dim3(ROWS_THREADS), smem, w, x, m, rows, cols, bias, accumulate, y, ldy, cv, norm_w, eps,
-                          norm_add, wx ? 1 : 0);
+                          dim3(ROWS_THREADS), smem, w, x, m, rows, cols, io.bias, GATED ? io.act : io.accumulate,
+                          io.y, io.ldy, cv, norm_w, io.eps, io.norm_add, wx ? 1 : 0);
 }
 
 // The instance of the one-row plan's R and KS.
@@ -290,37 +293,38 @@ static int launch_plan(const GemvPlan &plan, Args... args) {
     }
 }
 
-int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t m, int32_t rows,
-              int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add,
-              int32_t accumulate, bool gated, float *xn, float *y, int32_t ldy) {
+int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
-    ARC_TRY(check_gemv_io(who, w, x, rows, cols, norm_weight, eps, y));
-    ARC_REQUIRE_AS(who, cols > 0 && cols % 8 == 0, "cols must be a positive multiple of 8, got %d", cols);
-    ARC_REQUIRE_AS(who, m >= 1 && m <= ROWS_MAX, "m must be in 1..%d, got %d", ROWS_MAX, m);
-    ARC_REQUIRE_AS(who, ldy >= rows, "the output rows' stride %d is below rows %d", ldy, rows);
-    ARC_REQUIRE_AS(who, !gated || rows <= INT32_MAX / 2, "rows %d too large", rows);
-    ARC_REQUIRE_AS(who, norm_weight == nullptr || (xn && (uintptr_t)xn % 16 == 0 && xn != y),
+    ARC_TRY(check_gemv_io(who, w, io.x, io.rows, io.cols, io.norm_weight, io.eps, io.y));
+    ARC_REQUIRE_AS(who, io.cols > 0 && io.cols % 8 == 0, "cols must be a positive multiple of 8, got %d", io.cols);
+    ARC_REQUIRE_AS(who, io.m >= 1 && io.m <= ROWS_MAX, "m must be in 1..%d, got %d", ROWS_MAX, io.m);
+    ARC_REQUIRE_AS(who, io.ldy >= io.rows, "the output rows' stride %d is below rows %d", io.ldy, io.rows);
+    ARC_REQUIRE_AS(who, !gated || io.rows <= INT32_MAX / 2, "rows %d too large", io.rows);
+    ARC_REQUIRE_AS(who,
+                   io.norm_weight == nullptr || (io.scratch && (uintptr_t)io.scratch % 16 == 0 && io.scratch != io.y),
                    "a fused norm needs xn: 16-byte aligned, m x cols floats, not y");
-    if (gated) ARC_REQUIRE_AS(who, accumulate == ARC_ACT_SILU || accumulate == ARC_ACT_GELU_TANH,
-                              "unknown activation %d", accumulate);
-    const GemvPlan plan = gemv_plan(ctx, rows, cols, gated);
     if (gated)
-        return launch_plan<true>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
-                                 (int)accumulate, plan.wx, xn, y, (int)ldy);
-    return launch_plan<false>(plan, ctx, w, x, (int)m, (int)rows, (int)cols, bias, norm_weight, eps, norm_add,
-                              (int)accumulate, plan.wx, xn, y, (int)ldy);
+        ARC_REQUIRE_AS(who, io.act == ARC_ACT_SILU || io.act == ARC_ACT_GELU_TANH, "unknown activation %d", io.act);
+    const GemvPlan plan = gemv_plan(ctx, io.rows, io.cols, gated);
+    if (gated) return launch_plan<true>(plan, ctx, w, io, plan.wx);
+    return launch_plan<false>(plan, ctx, w, io, plan.wx);
 }
 
 extern "C" int arc_op_gemv_rows(arc_context *ctx, const uint16_t *w, const float *x, int32_t m, int32_t rows,
                                 int32_t cols, const uint16_t *bias, const uint16_t *norm_weight, float eps,
                                 int32_t accumulate, float *xn, float *y) {
     ARC_REQUIRE(accumulate == 0 || accumulate == 1, "accumulate must be 0 or 1, got %d", accumulate);
-    return gemv_rows(ctx, __func__, w, x, m, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, false, xn, y, rows);
+    return gemv_rows(ctx, __func__, w,
+                     {.x = x, .m = m, .rows = rows, .cols = cols, .bias = bias, .norm_weight = norm_weight, .eps = eps,
+                      .accumulate = accumulate, .scratch = xn, .y = y, .ldy = rows},
+                     /*gated=*/false);
 }
 
 extern "C" int arc_op_gemv_rows_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t m,
                                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *xn,
                                        float *y) {
-    return gemv_rows(ctx, __func__, w_gate_up, x, m, rows, cols, nullptr, norm_weight, eps, 0.0f, ARC_ACT_SILU, true,
-                     xn, y, rows);
+    return gemv_rows(ctx, __func__, w_gate_up,
+                     {.x = x, .m = m, .rows = rows, .cols = cols, .norm_weight = norm_weight, .eps = eps,
+                      .act = ARC_ACT_SILU, .scratch = xn, .y = y, .ldy = rows},
+                     /*gated=*/true);
 }

@@ -18,7 +18,7 @@
 //            route_kernel   a block a row
 //            sort_kernel    each expert's rows together (counts, offsets, the sorted order)
 //            gemm grouped   h (sorted) = act(xn Wgate_e^T) * (xn Wup_e^T), one launch, a grid
-//                           plane an expert (gemm_tile.cuh's grouped GemmArgs)
+//                           plane an expert (gemm.cuh's grouped GemmArgs)
 //            gemm_swiglu    the shared expert's GLU
 //   MOE_OUT  gemm grouped   y (sorted) = h Wdown_e^T
 //            gemm           the shared expert's down
@@ -26,8 +26,9 @@
 //                           of choice: what a row gets does not depend on the others in its chunk.
 #include <stdint.h>
 
-#include "gemm_tile.cuh"
-#include "head_argmax.cuh"
+#include "model/gemm/gemm.cuh"
+#include "model/gemv/head_argmax.cuh"
+#include "model/products.cuh"
 #include "moe.cuh"
 
 enum { ROUTE_THREADS = 256, SORT_THREADS = 1024, COMBINE_THREADS = 256 };
@@ -167,26 +168,32 @@ int moe_decode_in(const ModelParts &p, const LayerParts &lw) {
     const arc_model_config &c = p.cfg;
     const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
     const float eps = c.rms_eps, add = norm_offset(c);
-    ARC_TRY(gemv_weight(p.ctx, lw.router, p.x, c.n_experts + (s > 0), c.dim, nullptr, lw.mlp_norm, eps, add,
-                        /*accumulate=*/0, p.router));
+    ARC_TRY(gemv_weight(p.ctx, lw.router,
+                        {.x = p.x, .rows = c.n_experts + (s > 0), .cols = c.dim, .norm_weight = lw.mlp_norm, .eps = eps,
+                         .norm_add = add, .y = p.router}));
     ARC_TRY(launch_route(p.ctx, p.router, 1, c, p.route_ids, p.route_w));
     const GemvRoute experts{p.route_ids, p.route_w, k, f, c.n_experts * f};
-    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up, p.x, k * f, c.dim, lw.mlp_norm, eps, add, true, c.activation,
-                               experts, p.h));
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up,
+                               {.x = p.x, .rows = k * f, .cols = c.dim, .norm_weight = lw.mlp_norm, .eps = eps,
+                                .norm_add = add, .act = c.activation, .y = p.h},
+                               /*gated=*/true, experts));
     if (s == 0) return ARC_OK;
     const GemvRoute shared{nullptr, p.route_w + k, 1, s, s};
-    return gemv_routed_weight(p.ctx, lw.s_gate_up, p.x, s, c.dim, lw.mlp_norm, eps, add, true, c.activation, shared,
-                              p.h + (size_t)k * f);
+    return gemv_routed_weight(p.ctx, lw.s_gate_up,
+                              {.x = p.x, .rows = s, .cols = c.dim, .norm_weight = lw.mlp_norm, .eps = eps,
+                               .norm_add = add, .act = c.activation, .y = p.h + (size_t)k * f},
+                              /*gated=*/true, shared);
 }
 
 int moe_decode_out(const ModelParts &p, const LayerParts &lw) {
     const arc_model_config &c = p.cfg;
     const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
     const GemvRoute experts{p.route_ids, nullptr, k, f, 0};
-    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, p.h, c.dim, k * f, nullptr, 0.0f, 0.0f, false, 0, experts, p.x));
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, {.x = p.h, .rows = c.dim, .cols = k * f, .y = p.x}, /*gated=*/false,
+                               experts));
     if (s == 0) return ARC_OK;
-    return gemv_weight(p.ctx, lw.s_down, p.h + (size_t)k * f, c.dim, s, nullptr, nullptr, 0.0f, 0.0f,
-                       /*accumulate=*/1, p.x);
+    return gemv_weight(p.ctx, lw.s_down,
+                       {.x = p.h + (size_t)k * f, .rows = c.dim, .cols = s, .accumulate = 1, .y = p.x});
 }
 
 // ---- The prefill -----------------------------------------------------------------------------
@@ -244,7 +251,8 @@ int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
     const MoeRows &m = b.moe;
     const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
     const char *who = "arc_model_prefill";
-    ARC_TRY(gemm_weight(p.ctx, who, b.xn, lw.router, n, e + (s > 0), c.dim, nullptr, 0, m.logits, e + (s > 0)));
+    ARC_TRY(gemm_weight(p.ctx, who, lw.router,
+                        {.a = b.xn, .m = n, .n = e + (s > 0), .k = c.dim, .c = m.logits, .ldc = e + (s > 0)}));
     ARC_TRY(launch_route(p.ctx, m.logits, n, c, m.ids, m.weights));
     ARC_TRY(arc_launch_pdl(p.ctx, "sort_kernel", sort_kernel, dim3(1), dim3(SORT_THREADS), 0, (const int32_t *)m.ids,
                            n * k, k, e, m.offsets, m.order, m.slot_row));
@@ -256,7 +264,8 @@ int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
     g.up_rows = e * f;
     ARC_TRY(gemm_grouped(p.ctx, who, lw.e_gate_up.format, g, EPI_SWIGLU));
     if (s == 0) return ARC_OK;
-    return gemm_glu_weight(p.ctx, who, b.xn, lw.s_gate_up, n, s, c.dim, c.activation, m.sh);
+    return gemm_glu_weight(p.ctx, who, lw.s_gate_up,
+                           {.a = b.xn, .m = n, .n = s, .k = c.dim, .act = c.activation, .h = m.sh});
 }
 
 int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
@@ -269,7 +278,8 @@ int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
     g.a = m.h;
     g.c = m.y;
     ARC_TRY(gemm_grouped(p.ctx, who, lw.e_down.format, g, EPI_STORE));
-    if (s > 0) ARC_TRY(gemm_weight(p.ctx, who, m.sh, lw.s_down, n, c.dim, s, nullptr, 0, m.sy, c.dim));
+    if (s > 0)
+        ARC_TRY(gemm_weight(p.ctx, who, lw.s_down, {.a = m.sh, .m = n, .n = c.dim, .k = s, .c = m.sy, .ldc = c.dim}));
     return arc_launch_pdl(p.ctx, "moe_combine_kernel", moe_combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, b.x,
                           (const float *)m.y, (const int32_t *)m.slot_row, (const float *)m.weights, k, c.dim,
                           (const float *)(s > 0 ? m.sy : nullptr));

@@ -29,10 +29,15 @@
 // Both give the same bits, so a row's KV does not depend on the chunk it was prefilled in.
 #include <math.h>
 
-#include "gemm_sm90.cuh"
-#include "gemm_tile.cuh"
 #include "layer.cuh"
-#include "moe.cuh"
+#include "model/attention_ops.cuh"
+#include "model/embedding.cuh"
+#include "model/gemm/gemm.cuh"
+#include "model/gemm/gemm_sm90.cuh"
+#include "model/moe/moe.cuh"
+#include "model/norms.cuh"
+#include "model/products.cuh"
+#include "model/tensor_core.cuh"
 
 enum { ROWS_THREADS = 256, SCORE_ROWS = 128 };  // SCORE_ROWS: a prompt's rows ranked in one launch
 // The most the gate/up product's float32 scratch takes on an sm_90 GPU (prefill_chunk).
@@ -150,17 +155,32 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     return ARC_OK;
 }
 
-static int launch_rmsnorm_rows(arc_context *ctx, const float *x, const uint16_t *w, int rows, int dim, float eps,
-                               float norm_add, uint16_t *xn) {
-    return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, w,
-                          dim, eps, norm_add, xn);
+static int launch_rmsnorm_rows(arc_context *ctx, const float *x, int rows, int dim, const RmsNorm &norm,
+                               uint16_t *xn) {
+    return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x,
+                          norm.w, dim, norm.eps, norm.add, xn);
 }
 
-// The bf16 matrix a product reads, made of `n` consecutive parts of rows[i] x cols weights: the
+// One of the prefill's products: c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count`
+// consecutive parts of rows[i] x k weights.
+struct PartsProduct {
+    const uint16_t *a = nullptr;
+    const Weight *parts = nullptr;
+    const int32_t *rows = nullptr;
+    int count = 1, n = 0;
+    int32_t k = 0;
+    const uint16_t *bias = nullptr;
+    int accumulate = 0;
+    float *c = nullptr;
+};
+
+// The bf16 matrix q reads, made of q.count consecutive parts of q.rows[i] x q.k weights: the
 // weights themselves where every part is bf16, else each part dequantized (or copied) into the
 // scratch in turn. The product that reads the scratch waits for it on the device.
-static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *rows, int n, int32_t cols,
-                       uint16_t *scratch, const uint16_t **out) {
+static int bf16_matrix(arc_context *ctx, const PartsProduct &q, uint16_t *scratch, const uint16_t **out) {
+    const Weight *parts = q.parts;
+    const int32_t *rows = q.rows, cols = q.k;
+    const int n = q.count;
     bool quantized = false;
     for (int i = 0; i < n; ++i) quantized |= parts[i].format != ARC_FORMAT_BF16;
     if (!quantized) {
@@ -180,12 +200,15 @@ static int bf16_matrix(arc_context *ctx, const Weight *parts, const int32_t *row
     return ARC_OK;
 }
 
-// c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count` consecutive parts of rows[i] x k
-// weights: a chunk of up to QUANT_DIRECT_ROWS tokens reads quantized parts packed, one product
-// for each run of parts of one format (they lie one after the other); otherwise one product over
-// bf16_matrix's matrix.
-static int product(arc_context *ctx, const uint16_t *a, const Weight *parts, const int32_t *rows, int count, int n,
-                   int32_t k, const uint16_t *bias, int accumulate, uint16_t *scratch, float *c) {
+// The product q: a chunk of up to QUANT_DIRECT_ROWS tokens reads quantized parts packed, one
+// product for each run of parts of one format (they lie one after the other); otherwise one
+// product over bf16_matrix's matrix, made in scratch.
+static int product(arc_context *ctx, const PartsProduct &q, uint16_t *scratch) {
+    const uint16_t *a = q.a, *bias = q.bias;
+    const Weight *parts = q.parts;
+    const int32_t *rows = q.rows, k = q.k;
+    const int count = q.count, n = q.n, accumulate = q.accumulate;
+    float *c = q.c;
     int32_t total = 0;
     bool quantized = false;
     for (int i = 0; i < count; ++i) {
@@ -197,15 +220,16 @@ static int product(arc_context *ctx, const uint16_t *a, const Weight *parts, con
         for (int i = 0; i < count;) {
             int j = i, cols = 0;
             while (j < count && parts[j].format == parts[i].format) cols += rows[j++];
-            ARC_TRY(gemm_weight(ctx, "arc_model_prefill", a, parts[i], n, cols, k, bias ? bias + at : nullptr,
-                                accumulate, c + at, total));
+            ARC_TRY(gemm_weight(ctx, "arc_model_prefill", parts[i],
+                                {.a = a, .m = n, .n = cols, .k = k, .bias = bias ? bias + at : nullptr,
+                                 .accumulate = accumulate, .c = c + at, .ldc = total}));
             at += cols;
             i = j;
         }
         return ARC_OK;
     }
     const uint16_t *w;
-    ARC_TRY(bf16_matrix(ctx, parts, rows, count, k, scratch, &w));
+    ARC_TRY(bf16_matrix(ctx, q, scratch, &w));
     return arc_op_gemm_bf16(ctx, a, w, n, total, k, bias, accumulate, c);
 }
 
@@ -218,13 +242,17 @@ struct PrefillOps {
         const PrefillBuffers &b = *p.prefill;
         const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
         const int32_t rows[3] = {p.q_dim, p.kv_dim, p.kv_dim};
-        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.attn_norm, n, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
-        return product(p.ctx, b.xn, parts, rows, 3, n, p.cfg.dim, lw.bqkv, /*accumulate=*/0, b.wdq, b.qkv);
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, p.cfg.dim, model_norm(p.cfg, lw.attn_norm), b.xn));
+        return product(p.ctx,
+                       {.a = b.xn, .parts = parts, .rows = rows, .count = 3, .n = n, .k = p.cfg.dim, .bias = lw.bqkv,
+                        .c = b.qkv},
+                       b.wdq);
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, p.prefill->qkv, n, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps, norm_offset(c));
+        return launch_head_norm(p.ctx, {.qkv = p.prefill->qkv, .rows = n, .stride = p.qkv_rows, .n_heads = c.n_heads,
+                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
+                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -236,39 +264,50 @@ struct PrefillOps {
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
-        return product(p.ctx, b.att, &lw.wo, &dim, 1, n, p.q_dim, nullptr, /*accumulate=*/1, b.wdq, b.x);
+        return product(p.ctx,
+                       {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .accumulate = 1,
+                        .c = b.x},
+                       b.wdq);
     }
     int ffn_in(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim, gate_up_rows = 2 * ffn;
         const uint16_t *w;
-        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, dim, model_norm(p.cfg, lw.mlp_norm), b.xn));
         if (lw.w_gate_up.format != ARC_FORMAT_BF16 && n <= QUANT_DIRECT_ROWS)
-            return gemm_glu_weight(p.ctx, "arc_model_prefill", b.xn, lw.w_gate_up, n, ffn, dim, p.cfg.activation, b.h);
-        ARC_TRY(bf16_matrix(p.ctx, &lw.w_gate_up, &gate_up_rows, 1, dim, b.wdq, &w));
-        return gemm_swiglu_rows(p.ctx, "arc_model_prefill", b.xn, w, n, ffn, dim, p.cfg.activation, b.h, b.gu,
+            return gemm_glu_weight(p.ctx, "arc_model_prefill", lw.w_gate_up,
+                                   {.a = b.xn, .m = n, .n = ffn, .k = dim, .act = p.cfg.activation, .h = b.h});
+        ARC_TRY(
+            bf16_matrix(p.ctx, {.parts = &lw.w_gate_up, .rows = &gate_up_rows, .count = 1, .k = dim}, b.wdq, &w));
+        return gemm_swiglu_rows(p.ctx, "arc_model_prefill", w,
+                                {.a = b.xn, .m = n, .n = ffn, .k = dim, .act = p.cfg.activation, .h = b.h}, b.gu,
                                 b.gu_rows);
     }
     int ffn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
-        return product(p.ctx, b.h, &lw.w_down, &dim, 1, n, ffn, nullptr, /*accumulate=*/1, b.wdq, b.x);
+        return product(p.ctx,
+                       {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .accumulate = 1,
+                        .c = b.x},
+                       b.wdq);
     }
     int attn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
-        ARC_TRY(product(p.ctx, b.att, &lw.wo, &dim, 1, n, p.q_dim, nullptr, /*accumulate=*/0, b.wdq, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
+        ARC_TRY(product(p.ctx, {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .c = b.t},
+                        b.wdq));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.post_attn_norm));
     }
     int ffn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
-        ARC_TRY(product(p.ctx, b.h, &lw.w_down, &dim, 1, n, ffn, nullptr, /*accumulate=*/0, b.wdq, b.t));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
+        ARC_TRY(product(p.ctx, {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .c = b.t},
+                        b.wdq));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.post_ffn_norm));
     }
     int moe_in(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, lw.mlp_norm, n, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), b.xn));
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, p.cfg.dim, model_norm(p.cfg, lw.mlp_norm), b.xn));
         return moe_prefill_in(p, lw, n);
     }
     int moe_out(const LayerParts &lw) { return moe_prefill_out(p, lw, n); }
@@ -303,9 +342,10 @@ static int score_chunk(const ModelParts &mp, int rows, const int32_t *targets, c
     for (int g = 0; g < rows; g += b.score_rows) {
         const int m = rows - g < b.score_rows ? rows - g : b.score_rows;
         for (int r = 0; r < m; ++r)
-            ARC_TRY(gemv_weight(mp.ctx, mp.lm_head, b.x + (size_t)(g + r) * c.dim, c.vocab, c.dim, nullptr,
-                                mp.final_norm, c.rms_eps, norm_offset(c), /*accumulate=*/0,
-                                logits + (size_t)r * c.vocab));
+            ARC_TRY(gemv_weight(mp.ctx, mp.lm_head,
+                                {.x = b.x + (size_t)(g + r) * c.dim, .rows = c.vocab, .cols = c.dim,
+                                 .norm_weight = mp.final_norm, .eps = c.rms_eps, .norm_add = norm_offset(c),
+                                 .y = logits + (size_t)r * c.vocab}));
         const size_t at = (size_t)done + g;
         ARC_TRY(arc_op_row_logprobs(mp.ctx, logits, m, c.vocab, s.vocab, s.top_n, targets + g, part,
                                     s.logprob + at, s.top_ids + at * ARC_MAX_TOP_LOGPROBS,
@@ -337,8 +377,9 @@ static int prefill_run(arc_model *model, const char *who, const int32_t *tokens,
     }
     // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
     const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
-    return gemv_weight(mp.ctx, mp.lm_head, x_last, c.vocab, c.dim, nullptr, mp.final_norm, c.rms_eps,
-                       norm_offset(c), /*accumulate=*/0, mp.logits);
+    return gemv_weight(mp.ctx, mp.lm_head,
+                       {.x = x_last, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .eps = c.rms_eps,
+                        .norm_add = norm_offset(c), .y = mp.logits});
 }
 
 extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {

@@ -11,7 +11,8 @@
 
 #include <cuda_fp16.h>
 
-#include "kernels.cuh"
+#include "device_math.cuh"
+#include "launch.cuh"
 
 enum { QUNIT = 32, QSUPER = 256 };
 

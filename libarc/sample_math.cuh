@@ -1,4 +1,4 @@
-// draw_math.cuh -- the arithmetic of the draw's definition that the host repeats bit for bit
+// sample_math.cuh -- the arithmetic of the draw's definition that the host repeats bit for bit
 // (arcpy/sampling.py): the Philox word of a position, exp32, and the logits' order keys.
 #pragma once
 

@@ -54,8 +54,11 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
 bool gemm_sm90_available(const arc_context *ctx) { return ctx->cc_major == 9; }
 
-int gemm_sm90(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w, int m, int n, int k,
-              float *d, bool accumulate) {
+int gemm_sm90(arc_context *ctx, const char *who, const uint16_t *w, const GemmIo &io) {
+    const uint16_t *a = io.a;
+    const int m = io.m, n = io.n, k = io.k;
+    float *d = io.c;
+    const bool accumulate = io.accumulate != 0;
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideC = typename Gemm::GemmKernel::StrideC;
@@ -99,7 +102,7 @@ int gemm_sm90(arc_context *ctx, const char *who, const uint16_t *a, const uint16
 
 bool gemm_sm90_available(const arc_context *) { return false; }
 
-int gemm_sm90(arc_context *, const char *who, const uint16_t *, const uint16_t *, int, int, int, float *, bool) {
+int gemm_sm90(arc_context *, const char *who, const uint16_t *, const GemmIo &) {
     return arc_fail(ARC_INVALID_ARGUMENT, who, "this library was built without sm_90a code");
 }
 

@@ -3,12 +3,12 @@
 // last block's commit. arc_model_forward_commit launches it; arc_op_gemv_argmax tests it.
 #pragma once
 
-#include "../commit.cuh"
-#include "../draw_math.cuh"
+#include "commit.cuh"
+#include "sample_math.cuh"
 
 // The argmax's order on (value, row) as one unsigned key, the larger winning: NaN beats every
 // number (all NaNs alike), -0 equals +0, and equal values go to the lower row: NumPy's rule, the
-// argmax kernel's (sampler.cu). 0 is no key.
+// argmax kernel's (argmax.cu). 0 is no key.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int row) {
     return (unsigned long long)value_key(v) << 32 | (uint32_t)~row;
 }

@@ -162,7 +162,8 @@ static int gemm_checked(arc_context *ctx, const char *who, int32_t format, const
     if (format != ARC_FORMAT_BF16) return gemm_quant(ctx, who, format, p, epilogue);
     const int n_w = epilogue == EPI_SWIGLU ? 2 * p.n : p.n;
     if (epilogue != EPI_SWIGLU && !p.bias && p.ldc == p.n && (uintptr_t)p.c % 16 == 0 && on_sm90(ctx, p.m, n_w))
-        return gemm_sm90(ctx, who, p.a, (const uint16_t *)p.w, p.m, p.n, p.k, p.c, epilogue == EPI_ACCUMULATE);
+        return gemm_sm90(ctx, who, (const uint16_t *)p.w,
+                         {.a = p.a, .m = p.m, .n = p.n, .k = p.k, .accumulate = epilogue == EPI_ACCUMULATE, .c = p.c});
     const int tile = pick_tile(ctx, p.m, n_w);
     if (epilogue == EPI_SWIGLU) return launch_gemm<EPI_SWIGLU>(ctx, p, tile);
     if (epilogue == EPI_ACCUMULATE) return launch_gemm<EPI_ACCUMULATE>(ctx, p, tile);
@@ -180,56 +181,61 @@ int gemm_grouped(arc_context *ctx, const char *who, int32_t format, const GemmAr
 }
 
 // c (m, ldc) columns [0, n) = a W^T (+ bias) (+ c): the checks of arc_op_gemm_bf16, then the product.
-static int gemm_into(arc_context *ctx, const char *who, int32_t format, const uint16_t *a, const void *w, int32_t m,
-                     int32_t n, int32_t k, const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc) {
+static int gemm_into(arc_context *ctx, const char *who, int32_t format, const void *w, const GemmIo &io) {
+    const uint16_t *a = io.a;
+    float *c = io.c;
     ARC_REQUIRE_AS(who, a && w && c, "null pointer (a, w and c are required)");
-    ARC_REQUIRE_AS(who, !(bias && accumulate), "bias and accumulate do not combine (the forward uses one or the other)");
+    ARC_REQUIRE_AS(who, !(io.bias && io.accumulate),
+                   "bias and accumulate do not combine (the forward uses one or the other)");
     ARC_REQUIRE_AS(who, (uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
     ARC_REQUIRE_AS(who, (const void *)c != (const void *)a && (const void *)c != w, "c must not alias a or w");
-    ARC_REQUIRE_AS(who, ldc >= n, "ldc %d is less than n %d", ldc, n);
-    const GemmArgs p = {w, a, m, n, k, bias, c, ldc, nullptr, 0};
-    return gemm_checked(ctx, who, format, p, accumulate ? EPI_ACCUMULATE : EPI_STORE);
+    ARC_REQUIRE_AS(who, io.ldc >= io.n, "ldc %d is less than n %d", io.ldc, io.n);
+    const GemmArgs p = {w, a, io.m, io.n, io.k, io.bias, c, io.ldc, nullptr, 0};
+    return gemm_checked(ctx, who, format, p, io.accumulate ? EPI_ACCUMULATE : EPI_STORE);
 }
 
 // h (m, n) = bf16(act(a Wg^T) * (a Wu^T)): the checks of arc_op_gemm_swiglu_bf16, then the product.
-static int gemm_glu(arc_context *ctx, const char *who, int32_t format, const uint16_t *a, const void *w_gate_up,
-                    int32_t m, int32_t n, int32_t k, int act, uint16_t *h) {
+static int gemm_glu(arc_context *ctx, const char *who, int32_t format, const void *w_gate_up, const GemmIo &io) {
+    const uint16_t *a = io.a;
+    const int32_t n = io.n;
+    uint16_t *h = io.h;
     ARC_REQUIRE_AS(who, a && w_gate_up && h, "null pointer (a, w_gate_up and h are required)");
     ARC_REQUIRE_AS(who, n % 2 == 0 && n <= INT32_MAX / 2, "n must be even (and 2 n an int32), got %d", n);
     ARC_REQUIRE_AS(who, (uintptr_t)h % 4 == 0, "h must be 4-byte aligned");
     ARC_REQUIRE_AS(who, (const void *)h != (const void *)a, "h must not alias a");
-    const GemmArgs p = {w_gate_up, a, m, n, k, nullptr, nullptr, n, h, act};
+    const GemmArgs p = {w_gate_up, a, io.m, n, io.k, nullptr, nullptr, n, h, io.act};
     return gemm_checked(ctx, who, format, p, EPI_SWIGLU);
 }
 
 extern "C" int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n,
                                 int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
-    return gemm_into(ctx, __func__, ARC_FORMAT_BF16, a, w, m, n, k, bias, accumulate, c, n);
+    return gemm_into(ctx, __func__, ARC_FORMAT_BF16, w,
+                     {.a = a, .m = m, .n = n, .k = k, .bias = bias, .accumulate = accumulate, .c = c, .ldc = n});
 }
 
 extern "C" int arc_op_gemm_swiglu_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
                                        int32_t n, int32_t k, uint16_t *h) {
-    return gemm_glu(ctx, __func__, ARC_FORMAT_BF16, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
+    return gemm_glu(ctx, __func__, ARC_FORMAT_BF16, w_gate_up,
+                    {.a = a, .m = m, .n = n, .k = k, .act = ARC_ACT_SILU, .h = h});
 }
 
 extern "C" int arc_op_gemm_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w, int32_t m, int32_t n,
                              int32_t k, const uint16_t *bias, int32_t accumulate, float *c) {
-    return gemm_into(ctx, __func__, format, a, w, m, n, k, bias, accumulate, c, n);
+    return gemm_into(ctx, __func__, format, w,
+                     {.a = a, .m = m, .n = n, .k = k, .bias = bias, .accumulate = accumulate, .c = c, .ldc = n});
 }
 
 extern "C" int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, const void *w_gate_up,
                                     int32_t m, int32_t n, int32_t k, uint16_t *h) {
-    return gemm_glu(ctx, __func__, format, a, w_gate_up, m, n, k, ARC_ACT_SILU, h);
+    return gemm_glu(ctx, __func__, format, w_gate_up, {.a = a, .m = m, .n = n, .k = k, .act = ARC_ACT_SILU, .h = h});
 }
 
-int gemm_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
-                const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc) {
-    return gemm_into(ctx, who, w.format, a, w.p, m, n, k, bias, accumulate, c, ldc);
+int gemm_weight(arc_context *ctx, const char *who, Weight w, const GemmIo &io) {
+    return gemm_into(ctx, who, w.format, w.p, io);
 }
 
-int gemm_glu_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
-                    int act, uint16_t *h) {
-    return gemm_glu(ctx, who, w.format, a, w.p, m, n, k, act, h);
+int gemm_glu_weight(arc_context *ctx, const char *who, Weight w, const GemmIo &io) {
+    return gemm_glu(ctx, who, w.format, w.p, io);
 }
 
 // ---- SwiGLU from a float32 product: the prefill's gate/up on gemm_sm90.cu ----------------------
@@ -252,15 +258,19 @@ swiglu_rows_kernel(const float *__restrict__ s, int rows, int n, int act, uint16
     }
 }
 
-int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *a, const uint16_t *w_gate_up, int32_t m,
-                     int32_t n, int32_t k, int act, uint16_t *h, float *scratch, int32_t scratch_rows) {
+int gemm_swiglu_rows(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const GemmIo &io, float *scratch,
+                     int32_t scratch_rows) {
+    const uint16_t *a = io.a;
+    const int32_t m = io.m, n = io.n, k = io.k;
+    const int act = io.act;
+    uint16_t *h = io.h;
     if (!scratch || scratch_rows <= 0 || !on_sm90(ctx, m < scratch_rows ? m : scratch_rows, 2 * n) ||
         (uintptr_t)scratch % 16 != 0)
-        return gemm_glu(ctx, who, ARC_FORMAT_BF16, a, w_gate_up, m, n, k, act, h);
+        return gemm_glu(ctx, who, ARC_FORMAT_BF16, w_gate_up, io);
     ARC_REQUIRE_AS(who, n % 2 == 0 && k % 8 == 0 && m > 0, "bad shape m %d, n %d, k %d", m, n, k);
     for (int32_t r0 = 0; r0 < m; r0 += scratch_rows) {
         const int32_t rows = m - r0 < scratch_rows ? m - r0 : scratch_rows;
-        ARC_TRY(gemm_sm90(ctx, who, a + (size_t)r0 * k, w_gate_up, rows, 2 * n, k, scratch, false));
+        ARC_TRY(gemm_sm90(ctx, who, w_gate_up, {.a = a + (size_t)r0 * k, .m = rows, .n = 2 * n, .k = k, .c = scratch}));
         const long long pairs = (long long)rows * (n / 2), most = (long long)ctx->sm_count * 8;
         const long long blocks = (pairs + SWIGLU_THREADS - 1) / SWIGLU_THREADS;
         ARC_TRY(arc_launch_pdl(ctx, "swiglu_rows_kernel", swiglu_rows_kernel, dim3((unsigned)(blocks < most ? blocks : most)),

@@ -19,12 +19,16 @@
 //   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
-// programmatic dependent launch (kernels.cuh: pdl_wait): the next one is scheduled while the
+// programmatic dependent launch (launch.cuh: pdl_wait): the next one is scheduled while the
 // previous one finishes, and waits on the device for its data. Work enqueued after the forward
 // with a plain launch or a copy is ordered as usual. A GEMV's weights may be bf16 or quantized
 // (arc_format): gemv_weight and its kin pick the kernel.
 #include "layer.cuh"
-#include "moe.cuh"
+#include "model/attention_ops.cuh"
+#include "model/embedding.cuh"
+#include "model/moe/moe.cuh"
+#include "model/norms.cuh"
+#include "model/products.cuh"
 
 // The decode's form of each op: one row, GEMVs, the token's position read on the device.
 struct DecodeOps {
@@ -32,12 +36,15 @@ struct DecodeOps {
     const int32_t *pos;
 
     int attn_in(const LayerParts &lw) {
-        return gemv_qkv(p.ctx, lw, p.q_dim, p.kv_dim, p.x, p.cfg.dim, p.cfg.rms_eps, norm_offset(p.cfg), p.qkv);
+        return gemv_qkv(
+            p.ctx, lw, p.q_dim, p.kv_dim,
+            {.x = p.x, .cols = p.cfg.dim, .eps = p.cfg.rms_eps, .norm_add = norm_offset(p.cfg), .y = p.qkv});
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, p.qkv, 1, p.qkv_rows, c.n_heads, c.n_kv_heads, c.head_dim, lw.q_norm,
-                                lw.k_norm, c.rms_eps, norm_offset(c));
+        return launch_head_norm(p.ctx, {.qkv = p.qkv, .rows = 1, .stride = p.qkv_rows, .n_heads = c.n_heads,
+                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
+                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -46,31 +53,37 @@ struct DecodeOps {
     }
     // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed.
     int attn_out(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f,
-                            /*accumulate=*/comm_rank(p.ctx) == 0, p.x));
+        ARC_TRY(gemv_weight(p.ctx, lw.wo,
+                            {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .accumulate = comm_rank(p.ctx) == 0,
+                             .y = p.x}));
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     // h reaches the down GEMV already quantized where both matrices are (quant.cu: ffn_handoff).
     bool hand(const LayerParts &lw) const { return ffn_handoff(lw.w_gate_up, lw.w_down, p.cfg.ffn_dim); }
     int ffn_in(const LayerParts &lw) {
-        return gemv_swiglu_weight(p.ctx, lw.w_gate_up, p.x, p.cfg.ffn_dim, p.cfg.dim, lw.mlp_norm, p.cfg.rms_eps,
-                                  norm_offset(p.cfg), p.cfg.activation, p.h, hand(lw));
+        return gemv_swiglu_weight(p.ctx, lw.w_gate_up,
+                                  {.x = p.x, .rows = p.cfg.ffn_dim, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
+                                   .eps = p.cfg.rms_eps, .norm_add = norm_offset(p.cfg), .act = p.cfg.activation,
+                                   .y = p.h},
+                                  hand(lw));
     }
     int ffn_out(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f,
-                            /*accumulate=*/comm_rank(p.ctx) == 0, p.x, hand(lw)));
+        ARC_TRY(gemv_weight(p.ctx, lw.w_down,
+                            {.x = p.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .accumulate = comm_rank(p.ctx) == 0,
+                             .y = p.x},
+                            hand(lw)));
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.wo, p.att, p.cfg.dim, p.q_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0, p.t));
+        ARC_TRY(gemv_weight(p.ctx, lw.wo, {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .y = p.t}));
         ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
-        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_attn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, model_norm(p.cfg, lw.post_attn_norm));
     }
     int ffn_out_norm(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.w_down, p.h, p.cfg.dim, p.cfg.ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/0,
-                            p.t, hand(lw)));
+        ARC_TRY(
+            gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .y = p.t}, hand(lw)));
         ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
-        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, lw.post_ffn_norm, p.cfg.rms_eps, norm_offset(p.cfg));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, model_norm(p.cfg, lw.post_ffn_norm));
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
     int moe_out(const LayerParts &lw) { return moe_decode_out(p, lw); }
@@ -93,15 +106,15 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));
 
     // x = embed[token]
-    ARC_TRY(embedding_scaled(ctx, parts.embed, c.vocab, c.dim, token, embed_scale(c), parts.x));
+    ARC_TRY(embedding_scaled(ctx, {.table = parts.embed, .vocab = c.vocab, .dim = c.dim, .scale = embed_scale(c)},
+                             token, parts.x));
     DecodeOps ops{parts, pos};
     ARC_TRY(run_layers(model, parts, ops));
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
-    if (commit)
-        return gemv_argmax_weight(ctx, who, parts.lm_head, parts.x, c.vocab, c.dim, parts.final_norm, c.rms_eps,
-                                  norm_offset(c), parts.logits, loop);
-    return gemv_weight(ctx, parts.lm_head, parts.x, c.vocab, c.dim, nullptr, parts.final_norm, c.rms_eps,
-                       norm_offset(c), /*accumulate=*/0, parts.logits);
+    const GemvIo head{.x = parts.x, .rows = c.vocab, .cols = c.dim, .norm_weight = parts.final_norm, .eps = c.rms_eps,
+                      .norm_add = norm_offset(c), .y = parts.logits};
+    if (commit) return gemv_argmax_weight(ctx, who, parts.lm_head, head, loop);
+    return gemv_weight(ctx, parts.lm_head, head);
 }
 
 extern "C" int arc_model_forward(arc_model *model, arc_loop *loop) { return forward(model, loop, false, __func__); }

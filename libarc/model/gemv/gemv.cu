@@ -11,7 +11,7 @@
 // takes the block barriers off the small models' chain of latencies. The lm_head may also take
 // the argmax of what it writes (AM below), and in the device loop commit it: the greedy step's
 // sampler without a kernel of its own.
-#include "moe.cuh"
+#include "model/moe/moe.cuh"
 
 // ROUTED and GATED: the gate and up rows of task `task`'s outputs under route rt (gemv_common.cuh),
 // the experts read from the block's copy `ids`.
@@ -295,55 +295,58 @@ static int launch_gemv(arc_context *ctx, const char *who, const GemvArgs &a) {
     }
 }
 
-int launch_gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
-                     const uint16_t *bias, const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate,
-                     float *y) {
-    return launch_gemv<false>(ctx, who,
-                              GemvArgs{w, x, rows, cols, bias, norm_weight, eps, accumulate, y, nullptr, norm_add});
+int launch_gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io) {
+    return launch_gemv<false>(ctx, who, GemvArgs{w, io.x, io.rows, io.cols, io.bias, io.norm_weight, io.eps,
+                                                 io.accumulate, io.y, nullptr, io.norm_add});
 }
 
 extern "C" int arc_op_gemv(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                            const uint16_t *bias, const uint16_t *norm_weight, float eps, int32_t accumulate,
                            float *y) {
-    return launch_gemv_rows(ctx, __func__, w, x, rows, cols, bias, norm_weight, eps, 0.0f, accumulate, y);
+    return launch_gemv_rows(ctx, __func__, w,
+                            {.x = x, .rows = rows, .cols = cols, .bias = bias, .norm_weight = norm_weight, .eps = eps,
+                             .accumulate = accumulate, .y = y});
 }
 
 // The lm_head of the greedy step: y = W @ rmsnorm(x, norm_weight) and its argmax, committed to
-// `loop` (arc_model_forward_commit) or, with loop null, written to *out and *value_out.
-int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
-                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop,
-                       int32_t *out, float *value_out) {
+// to.loop (arc_model_forward_commit) or, with to.loop null, written to *to.out and *to.value_out.
+int launch_gemv_argmax(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, const ArgmaxTo &to) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
-    ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
-    GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
-    int st = launch_gemv<false>(ctx, who, GemvArgs{w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am, norm_add});
-    if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
+    ARC_REQUIRE_AS(who, to.loop != nullptr || to.out != nullptr, "null out");
+    GemvArgmax am{ctx->head_argmax, to.loop != nullptr, to.loop ? commit_args(to.loop) : CommitArgs{}, to.out,
+                  to.value_out};
+    int st = launch_gemv<false>(
+        ctx, who, GemvArgs{w, io.x, io.rows, io.cols, nullptr, io.norm_weight, io.eps, 0, io.y, &am, io.norm_add});
+    if (st == ARC_OK && to.loop && ctx->capturing) ctx->capture_commits = to.loop;
     return st;
 }
 
 extern "C" int arc_op_gemv_argmax(arc_context *ctx, const uint16_t *w, const float *x, int32_t rows, int32_t cols,
                                   const uint16_t *norm_weight, float eps, float *y, int32_t *out, float *value_out) {
-    return launch_gemv_argmax(ctx, __func__, w, x, rows, cols, norm_weight, eps, 0.0f, y, nullptr, out, value_out);
+    return launch_gemv_argmax(ctx, __func__, w,
+                              {.x = x, .rows = rows, .cols = cols, .norm_weight = norm_weight, .eps = eps, .y = y},
+                              {.out = out, .value_out = value_out});
 }
 
 // arc_op_gemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
-int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const float *x, int32_t rows, int32_t cols,
-             const uint16_t *norm_weight, float eps, float norm_add, int act, float *y) {
-    return launch_gemv<true>(ctx, who,
-                             GemvArgs{w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr, norm_add});
+int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const GemvIo &io) {
+    return launch_gemv<true>(ctx, who, GemvArgs{w_gate_up, io.x, io.rows, io.cols, nullptr, io.norm_weight, io.eps,
+                                                io.act, io.y, nullptr, io.norm_add});
 }
 
 // A routed product over bf16 experts (moe.cu): GATED, y (count * seg) = the chosen experts' GLUs
 // of rmsnorm(x) times their scales; else y (rows) += the chosen experts' down projections of x's
 // count segments, summed.
-int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
-                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act,
-                       const GemvRoute &rt, float *y) {
-    const GemvArgs a{w, x, rows, cols, nullptr, norm_weight, eps, gated ? act : 1, y, nullptr, norm_add, &rt};
+int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated,
+                       const GemvRoute &rt) {
+    const GemvArgs a{w, io.x, io.rows, io.cols, nullptr, io.norm_weight, io.eps, gated ? io.act : 1,
+                     io.y, nullptr, io.norm_add, &rt};
     return gated ? launch_gemv<true>(ctx, who, a) : launch_gemv<false>(ctx, who, a);
 }
 
 extern "C" int arc_op_gemv_swiglu(arc_context *ctx, const uint16_t *w_gate_up, const float *x, int32_t rows,
                                   int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return gemv_glu(ctx, __func__, w_gate_up, x, rows, cols, norm_weight, eps, 0.0f, ARC_ACT_SILU, y);
+    return gemv_glu(ctx, __func__, w_gate_up,
+                    {.x = x, .rows = rows, .cols = cols, .norm_weight = norm_weight, .eps = eps, .act = ARC_ACT_SILU,
+                     .y = y});
 }

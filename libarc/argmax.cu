@@ -1,12 +1,13 @@
-// sampler.cu -- the greedy sampler: the argmax, as a standalone entry point and, in the device
+// argmax.cu -- the greedy sampler: the argmax, as a standalone entry point and, in the device
 // loop's greedy step graph, with the commit in its last block. The draw (temperature, top-k,
-// top-p) is draw.cu's.
+// top-p) is sample.cu's.
 #include <limits.h>
 
 #include "commit.cuh"
-#include "draw_math.cuh"
+#include "device_math.cuh"
 #include "internal.cuh"
-#include "model/kernels.cuh"
+#include "launch.cuh"
+#include "sample_math.cuh"
 
 // --- Argmax ------------------------------------------------------------------------------
 
@@ -113,9 +114,14 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, float *part_v,
     }
 }
 
+// Where the standalone argmax writes (arc_argmax); the committing one writes none of them.
+struct ArgmaxResult {
+    int32_t *out = nullptr;
+    float *value_out = nullptr, *low_out = nullptr;
+};
+
 template <bool COMMIT>
-static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out,
-                         float *low_out, CommitArgs c) {
+static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, const ArgmaxResult &o, CommitArgs c) {
     ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     int blocks = (n + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
@@ -123,13 +129,14 @@ static int launch_argmax(arc_context *ctx, const float *logits, int32_t n, int32
     // With programmatic dependence the sampler is scheduled while the lm_head finishes.
     return arc_launch_pdl(ctx, COMMIT ? "argmax_commit_kernel" : "argmax_kernel", argmax_kernel<COMMIT>,
                           dim3(blocks), dim3(ARGMAX_THREADS), 0, logits, n, ctx->argmax_vals, ctx->argmax_idx,
-                          ctx->argmax_low, ctx->argmax_done, out, value_out, low_out, c);
+                          ctx->argmax_low, ctx->argmax_done, o.out, o.value_out, o.low_out, c);
 }
 
 extern "C" int arc_argmax(arc_context *ctx, const float *logits, int32_t n, int32_t *out, float *value_out,
                           float *low_out) {
     ARC_REQUIRE(ctx && out, "null argument");
-    return launch_argmax<false>(ctx, logits, n, out, value_out, low_out, CommitArgs{});
+    return launch_argmax<false>(ctx, logits, n, {.out = out, .value_out = value_out, .low_out = low_out},
+                                CommitArgs{});
 }
 
 // Enqueues the argmax with the commit in its last block, reading logits[width]. Captured after
@@ -138,7 +145,7 @@ extern "C" int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logit
     ARC_REQUIRE(loop, "loop is null");
     ARC_REQUIRE(loop->vocab <= width, "loop vocab %d exceeds the logits' width %d", loop->vocab, width);
     arc_context *ctx = loop->ctx;
-    int st = launch_argmax<true>(ctx, logits, width, nullptr, nullptr, nullptr, commit_args(loop));
+    int st = launch_argmax<true>(ctx, logits, width, ArgmaxResult{}, commit_args(loop));
     if (st == ARC_OK && ctx->capturing) ctx->capture_commits = loop;
     return st;
 }

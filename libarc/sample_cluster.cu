@@ -1,6 +1,6 @@
-// draw_cluster.cu -- the draw (draw.cu's definition) inside one thread-block cluster (compute
+// sample_cluster.cu -- the draw (sample.cu's definition) inside one thread-block cluster (compute
 // capability 9.0), for vocabularies that fit one cluster of CD_THREADS-thread blocks at 8 ids a
-// thread (16 * 512 * 8 = 65,536 ids on the H200; above that draw.cu's grid-wide draw is faster, the
+// thread (16 * 512 * 8 = 65,536 ids on the H200; above that sample.cu's grid-wide draw is faster, the
 // cluster's 16 multiprocessors computing every weight). The blocks meet at the cluster's hardware
 // barrier (about a quarter of a grid barrier's cost) and sum their histograms in each other's
 // shared memory, so the draw needs no global scratch. The selections search a 54-bit rank of each
@@ -16,7 +16,7 @@
 
 #include <cooperative_groups.h>
 
-#include "draw.cuh"
+#include "sample.cuh"
 
 enum {
     CD_THREADS = 512,
@@ -400,22 +400,18 @@ int arc_draw_init(arc_context *ctx) {
 }
 
 template <int E, bool COMMIT>
-static int try_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                       int32_t *out, bool *launched) {
+static int try_cluster(arc_context *ctx, const DrawJob &d, bool *launched) {
     const int blocks = ctx->draw_cluster[E == 4 ? 0 : 1][COMMIT ? 1 : 0];
-    *launched = blocks > 0 && n <= blocks * CD_THREADS * E;
+    *launched = blocks > 0 && d.n <= blocks * CD_THREADS * E;
     if (!*launched) return ARC_OK;
     return arc_launch_ex(ctx, COMMIT ? "draw_cluster_commit_kernel" : "draw_cluster_kernel",
                          draw_cluster_kernel<E, COMMIT>, dim3(blocks), dim3(CD_THREADS), sizeof(ClusterShared), blocks,
-                         logits, n, p, c, out);
+                         d.logits, d.n, d.p, d.c, d.out);
 }
 
-int try_draw_cluster(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                     int32_t *out, bool commit, bool *launched) {
-    int st = commit ? try_cluster<4, true>(ctx, logits, n, p, c, out, launched)
-                    : try_cluster<4, false>(ctx, logits, n, p, c, out, launched);
+int try_draw_cluster(arc_context *ctx, const DrawJob &d, bool commit, bool *launched) {
+    int st = commit ? try_cluster<4, true>(ctx, d, launched) : try_cluster<4, false>(ctx, d, launched);
     if (st == ARC_OK && !*launched)
-        st = commit ? try_cluster<8, true>(ctx, logits, n, p, c, out, launched)
-                    : try_cluster<8, false>(ctx, logits, n, p, c, out, launched);
+        st = commit ? try_cluster<8, true>(ctx, d, launched) : try_cluster<8, false>(ctx, d, launched);
     return st;
 }

@@ -1,35 +1,16 @@
 // gemm_tile.cuh -- what the prefill's two mma.sync products share (gemm.cu over bf16 weights,
-// gemm_quant.cu over packed ones): the arguments, the tile shapes, the swizzled tile layout, one
-// stage's tensor-core work and the epilogue. Both kernels add the same products in the same
+// gemm_quant.cu over packed ones; their arguments are gemm.cuh's): the tile shapes, the swizzled
+// tile layout, one stage's tensor-core work and the epilogue. Both kernels add the same products in the same
 // order (k ascending, 16 at a time, one float32 accumulator an output), so for the same bf16
 // weights they give the same bits, whatever the tile shape.
 #pragma once
 
-#include "kernels.cuh"
+#include "device_math.cuh"
+#include "gemm.cuh"
+#include "launch.cuh"
+#include "model/tensor_core.cuh"
 
 enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunks per tile row
-enum { GEMM_MAX_N = 65535 * 64 };  // rows of W: the grid's y extent counts tiles of at least 64
-
-enum GemmEpilogue { EPI_STORE = 0, EPI_ACCUMULATE = 1, EPI_SWIGLU = 2 };
-
-struct GemmArgs {
-    const void *w;          // (n, k) bf16, or packed rows of a quantized format; SWIGLU: [Wg; Wu] (2 n, k)
-    const uint16_t *a;      // (m, k) bf16
-    int m, n, k;            // n: output columns (SWIGLU: of h)
-    const uint16_t *bias;   // (n) or null; STORE only
-    float *c;               // (m, ldc) float32, columns [0, n) written: STORE, ACCUMULATE
-    int ldc;
-    uint16_t *h;            // (m, n) bf16: SWIGLU
-    int act;                // SWIGLU: the arc_activation of the GLU
-    // A grouped product (a mixture of experts' prefill, moe.cu), where offsets is not null: block
-    // (x, y, z) works for expert z of `groups`, whose rows are rows offsets[z]..offsets[z + 1] of
-    // the sorted order (m: the most any expert may have). Its row i reads A's row a_rows[i] (null:
-    // the sorted row itself) and writes the sorted row; W advances w_step bytes an expert, and
-    // SWIGLU's up rows lie up_rows rows after the gate rows (0: n).
-    const int32_t *offsets = nullptr, *a_rows = nullptr;
-    uint64_t w_step = 0;
-    int up_rows = 0, groups = 1;
-};
 
 // A grouped product's weights: expert blockIdx.z's (data no kernel writes: before pdl_wait too).
 __device__ __forceinline__ void group_weights(GemmArgs &p) {
@@ -191,22 +172,3 @@ __device__ __forceinline__ void store_tile(const GemmArgs &p, const float (&acc)
         }
     }
 }
-
-// Checks a product's arguments common to every entry point (pointers are checked by each).
-int check_gemm(const char *who, const GemmArgs &p, int epilogue);
-// The product of p over packed weights of a quantized format (gemm_quant.cu), p checked.
-int gemm_quant(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue);
-// A grouped product (p.offsets set) over weights of `format`: gemm.cu's smallest tile for bf16,
-// gemm_quant.cu's kernel for packed weights; epilogue STORE or SWIGLU.
-int gemm_grouped(arc_context *ctx, const char *who, int32_t format, const GemmArgs &p, int epilogue);
-
-// The prefill's products over a Weight of any format: c (m, ldc) columns [0, n) = a W^T (+ bias)
-// (+ c), as arc_op_gemm_bf16; h (m, n) = bf16(act(a Wg^T) * (a Wu^T)), as arc_op_gemm_swiglu_bf16.
-// A quantized W is read packed (gemm_quant.cu), giving the bits of the bf16 product over
-// arc_op_dequantize's matrix; arc_model_prefill does so for chunks of up to QUANT_DIRECT_ROWS
-// rows, and dequantizes once for longer ones, where tensor-core time outweighs the bytes (gemm.cu).
-enum { QUANT_DIRECT_ROWS = 256 };
-int gemm_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
-                const uint16_t *bias, int32_t accumulate, float *c, int32_t ldc);
-int gemm_glu_weight(arc_context *ctx, const char *who, const uint16_t *a, Weight w, int32_t m, int32_t n, int32_t k,
-                    int act, uint16_t *h);

@@ -3,8 +3,10 @@
 // the epilogue that writes the rows, the argmax key of the lm_head).
 #pragma once
 
+#include "device_math.cuh"
+#include "gemv.cuh"
 #include "head_argmax.cuh"
-#include "kernels.cuh"
+#include "launch.cuh"
 
 // GEMV_MIN_BLOCKS: blocks per SM the kernels are compiled to fit (their register budget), and so
 // the occupancy the work split below plans for. Two leave room for the first batch of weights to

@@ -1,8 +1,10 @@
 // quant.cu -- the entry points of the quantized formats: a row's size, the quantized GEMVs
 // (checked here, launched from qgemv_*.cu), and the dequantization the prefill's matrix
 // products read (each thread decodes one unit of 32 weights to bf16).
-#include "layer.cuh"
-#include "moe.cuh"
+#include "model/forward/layer.cuh"
+#include "model/moe/moe.cuh"
+#include "model/products.cuh"
+#include "model/tensor_core.cuh"
 #include "qgemv.cuh"
 
 enum { DEQUANT_THREADS = 256 };
@@ -50,40 +52,42 @@ extern "C" int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, con
 }
 
 // The quantized lm_head of the greedy step (launch_gemv_argmax's twin): its argmax committed to
-// `loop`, or with loop null written to *out and *value_out.
-int launch_qgemv_argmax(arc_context *ctx, const char *who, int32_t format, const void *w, const float *x,
-                        int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, float *y,
-                        arc_loop *loop, int32_t *out, float *value_out) {
+// to.loop, or with to.loop null written to *to.out and *to.value_out.
+static int launch_qgemv_argmax(arc_context *ctx, const char *who, int32_t format, const void *w, const GemvIo &io,
+                               const ArgmaxTo &to) {
     ARC_REQUIRE_AS(who, ctx, "ctx is null");
-    ARC_REQUIRE_AS(who, loop != nullptr || out != nullptr, "null out");
-    GemvArgmax am{ctx->head_argmax, loop != nullptr, loop ? commit_args(loop) : CommitArgs{}, out, value_out};
-    const int st = launch_qgemv(
-        ctx, who, QgemvArgs{format, (const uint8_t *)w, x, rows, cols, nullptr, norm_weight, eps, 0, y, &am, norm_add},
-        false);
-    if (st == ARC_OK && loop && ctx->capturing) ctx->capture_commits = loop;
+    ARC_REQUIRE_AS(who, to.loop != nullptr || to.out != nullptr, "null out");
+    GemvArgmax am{ctx->head_argmax, to.loop != nullptr, to.loop ? commit_args(to.loop) : CommitArgs{}, to.out,
+                  to.value_out};
+    const int st = launch_qgemv(ctx, who,
+                                QgemvArgs{format, (const uint8_t *)w, io.x, io.rows, io.cols, nullptr, io.norm_weight,
+                                          io.eps, 0, io.y, &am, io.norm_add},
+                                false);
+    if (st == ARC_OK && to.loop && ctx->capturing) ctx->capture_commits = to.loop;
     return st;
 }
 
 extern "C" int arc_op_qgemv_argmax(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
                                    int32_t cols, const uint16_t *norm_weight, float eps, float *y, int32_t *out,
                                    float *value_out) {
-    return launch_qgemv_argmax(ctx, __func__, format, w, x, rows, cols, norm_weight, eps, 0.0f, y, nullptr, out,
-                               value_out);
+    return launch_qgemv_argmax(ctx, __func__, format, w,
+                               {.x = x, .rows = rows, .cols = cols, .norm_weight = norm_weight, .eps = eps, .y = y},
+                               {.out = out, .value_out = value_out});
 }
 
-// arc_op_qgemv_swiglu under any arc_activation (the gated GEMV's accumulate slot carries it).
-static int qgemv_glu(arc_context *ctx, const char *who, int32_t format, const void *w_gate_up, const float *x,
-                     int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, int act,
-                     float *y) {
+// arc_op_qgemv_swiglu under any arc_activation, io.act (the gated GEMV's accumulate slot carries it).
+static int qgemv_glu(arc_context *ctx, const char *who, int32_t format, const void *w_gate_up, const GemvIo &io) {
     return launch_qgemv(ctx, who,
-                        QgemvArgs{format, (const uint8_t *)w_gate_up, x, rows, cols, nullptr, norm_weight, eps, act, y,
-                                  nullptr, norm_add},
+                        QgemvArgs{format, (const uint8_t *)w_gate_up, io.x, io.rows, io.cols, nullptr, io.norm_weight,
+                                  io.eps, io.act, io.y, nullptr, io.norm_add},
                         true);
 }
 
 extern "C" int arc_op_qgemv_swiglu(arc_context *ctx, int32_t format, const void *w_gate_up, const float *x,
                                    int32_t rows, int32_t cols, const uint16_t *norm_weight, float eps, float *y) {
-    return qgemv_glu(ctx, __func__, format, w_gate_up, x, rows, cols, norm_weight, eps, 0.0f, ARC_ACT_SILU, y);
+    return qgemv_glu(ctx, __func__, format, w_gate_up,
+                     {.x = x, .rows = rows, .cols = cols, .norm_weight = norm_weight, .eps = eps, .act = ARC_ACT_SILU,
+                      .y = y});
 }
 
 // out[rows, cols] = bf16 of W's weights; thread t of the grid-stride loop decodes unit t % units
@@ -139,23 +143,19 @@ extern "C" int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w
 
 // ---- The forward's products over a Weight of any format ----------------------------------
 
-int gemv_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols, const uint16_t *bias,
-                const uint16_t *norm_weight, float eps, float norm_add, int32_t accumulate, float *y, bool handed) {
-    if (w.format == ARC_FORMAT_BF16)
-        return launch_gemv_rows(ctx, "arc_op_gemv", (const uint16_t *)w.p, x, rows, cols, bias, norm_weight, eps,
-                                norm_add, accumulate, y);
-    QgemvArgs a{w.format, (const uint8_t *)w.p, x, rows, cols, bias, norm_weight, eps, accumulate, y, nullptr, norm_add};
+int gemv_weight(arc_context *ctx, Weight w, const GemvIo &io, bool handed) {
+    if (w.format == ARC_FORMAT_BF16) return launch_gemv_rows(ctx, "arc_op_gemv", (const uint16_t *)w.p, io);
+    QgemvArgs a{w.format, (const uint8_t *)w.p, io.x, io.rows, io.cols, io.bias,
+                io.norm_weight, io.eps, io.accumulate, io.y, nullptr, io.norm_add};
     a.hand_in = handed;
     return launch_qgemv(ctx, "arc_op_qgemv", a, false);
 }
 
-int gemv_swiglu_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float norm_add, int act, float *y, bool hand) {
-    if (w.format == ARC_FORMAT_BF16)
-        return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, norm_add,
-                        act, y);
-    if (!hand) return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, x, rows, cols, norm_weight, eps, norm_add, act, y);
-    QgemvArgs a{w.format, (const uint8_t *)w.p, x, rows, cols, nullptr, norm_weight, eps, act, y, nullptr, norm_add};
+int gemv_swiglu_weight(arc_context *ctx, Weight w, const GemvIo &io, bool hand) {
+    if (w.format == ARC_FORMAT_BF16) return gemv_glu(ctx, "gemv_swiglu_weight", (const uint16_t *)w.p, io);
+    if (!hand) return qgemv_glu(ctx, "gemv_swiglu_weight", w.format, w.p, io);
+    QgemvArgs a{w.format, (const uint8_t *)w.p, io.x, io.rows, io.cols, nullptr,
+                io.norm_weight, io.eps, io.act, io.y, nullptr, io.norm_add};
     a.hand_out = true;
     return launch_qgemv(ctx, "gemv_swiglu_weight", a, true);
 }
@@ -183,35 +183,31 @@ extern "C" int arc_op_qgemv_ffn(arc_context *ctx, int32_t gate_up_format, const 
     ARC_REQUIRE((const void *)x != (const void *)y, "y must not alias x");
     const Weight gate_up{w_gate_up, gate_up_format}, down{w_down, down_format};
     const bool hand = ffn_handoff(gate_up, down, ffn_dim);
-    ARC_TRY(gemv_swiglu_weight(ctx, gate_up, x, ffn_dim, dim, norm_weight, eps, 0.0f, ARC_ACT_SILU, h, hand));
-    return gemv_weight(ctx, down, h, dim, ffn_dim, nullptr, nullptr, 0.0f, 0.0f, /*accumulate=*/1, y, hand);
+    ARC_TRY(gemv_swiglu_weight(ctx, gate_up,
+                               {.x = x, .rows = ffn_dim, .cols = dim, .norm_weight = norm_weight, .eps = eps,
+                                .act = ARC_ACT_SILU, .y = h},
+                               hand));
+    return gemv_weight(ctx, down, {.x = h, .rows = dim, .cols = ffn_dim, .accumulate = 1, .y = y}, hand);
 }
 
-int gemv_routed_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act, const GemvRoute &rt,
-                       float *y) {
+int gemv_routed_weight(arc_context *ctx, Weight w, const GemvIo &io, bool gated, const GemvRoute &rt) {
     if (w.format == ARC_FORMAT_BF16)
-        return launch_gemv_routed(ctx, "gemv_routed_weight", (const uint16_t *)w.p, x, rows, cols, norm_weight, eps,
-                                  norm_add, gated, act, rt, y);
+        return launch_gemv_routed(ctx, "gemv_routed_weight", (const uint16_t *)w.p, io, gated, rt);
     return launch_qgemv(ctx, "gemv_routed_weight",
-                        QgemvArgs{w.format, (const uint8_t *)w.p, x, rows, cols, nullptr, norm_weight, eps,
-                                  gated ? act : 1, y, nullptr, norm_add, &rt},
+                        QgemvArgs{w.format, (const uint8_t *)w.p, io.x, io.rows, io.cols, nullptr, io.norm_weight,
+                                  io.eps, gated ? io.act : 1, io.y, nullptr, io.norm_add, &rt},
                         gated);
 }
 
-int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float norm_add, float *y, arc_loop *loop) {
-    if (w.format == ARC_FORMAT_BF16)
-        return launch_gemv_argmax(ctx, who, (const uint16_t *)w.p, x, rows, cols, norm_weight, eps, norm_add, y, loop,
-                                  nullptr, nullptr);
-    return launch_qgemv_argmax(ctx, who, w.format, w.p, x, rows, cols, norm_weight, eps, norm_add, y, loop, nullptr,
-                               nullptr);
+int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const GemvIo &io, arc_loop *loop) {
+    if (w.format == ARC_FORMAT_BF16) return launch_gemv_argmax(ctx, who, (const uint16_t *)w.p, io, {.loop = loop});
+    return launch_qgemv_argmax(ctx, who, w.format, w.p, io, {.loop = loop});
 }
 
-int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const float *x, int32_t cols,
-             float eps, float norm_add, float *y) {
+int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const GemvIo &io) {
     return qkv_runs(lw, q_rows, kv_rows, [&](Weight w, int32_t n, int32_t at) {
-        return gemv_weight(ctx, w, x, n, cols, lw.bqkv ? lw.bqkv + at : nullptr, lw.attn_norm, eps, norm_add,
-                           /*accumulate=*/0, y + at);
+        return gemv_weight(ctx, w,
+                           {.x = io.x, .rows = n, .cols = io.cols, .bias = lw.bqkv ? lw.bqkv + at : nullptr,
+                            .norm_weight = lw.attn_norm, .eps = io.eps, .norm_add = io.norm_add, .y = io.y + at});
     });
 }

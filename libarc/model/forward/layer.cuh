@@ -6,7 +6,9 @@
 
 #include <math.h>
 
-#include "kernels.cuh"
+#include "launch.cuh"
+#include "model/attention_ops.cuh"
+#include "model/parts.cuh"
 
 // The ops of layer `layer` of a model of config c, in order, into ops (ARC_MAX_LAYER_OPS entries);
 // returns their count (model.cu). layer_window: the positions the layer's attention reads (0: all).

@@ -14,7 +14,7 @@
 // (arc_model_prefill sends a chunk of up to QUANT_DIRECT_ROWS rows here, longer ones to the bf16
 // products over the dequantized matrix), and small tiles put a block on every SM.
 #include "gemm_tile.cuh"
-#include "quant.cuh"
+#include "model/qgemv/quant.cuh"
 
 using TileQ = GemmTile<64, 64, 2, 2, 3, 2>;
 static_assert(TileQ::THREADS == 2 * TileQ::BN, "two threads a weight row, one unit each a sub-stage");

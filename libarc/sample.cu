@@ -1,13 +1,13 @@
-// draw.cu -- the sampled step's sampler: one token drawn from the logits by temperature, top-k and
+// sample.cu -- the sampled step's sampler: one token drawn from the logits by temperature, top-k and
 // top-p (the definition is arc.h's, at arc_sample, and arcpy/sampling.py's), as a standalone
 // entry point and, in the device loop's sampled step graph, with the commit in the thread that
-// finds the token. Up to 65,536 ids it runs inside one thread-block cluster (draw_cluster.cu),
+// finds the token. Up to 65,536 ids it runs inside one thread-block cluster (sample_cluster.cu),
 // above over co-resident blocks (here).
 #include <limits.h>
 #include <math.h>
 
-#include "draw.cuh"
 #include "grid_sync.cuh"
+#include "sample.cuh"
 
 // One grid of co-resident blocks (at most the occupancy times the SM count), each thread holding
 // E consecutive ids in registers, so the ids run in order block by block, thread by thread. The
@@ -266,16 +266,15 @@ static int draw_capacity(arc_context *ctx, int *blocks) {
 }
 
 template <int E, bool COMMIT>
-static int try_draw(arc_context *ctx, const float *logits, int n, const DrawParams &p, const CommitArgs &c,
-                    int32_t *out, bool *launched) {
+static int try_draw(arc_context *ctx, const DrawJob &d, bool *launched) {
     int cap = 0;
     int st = draw_capacity<E, COMMIT>(ctx, &cap);
     if (st != ARC_OK) return st;
-    int blocks = (n + DRAW_THREADS * E - 1) / (DRAW_THREADS * E);
+    int blocks = (d.n + DRAW_THREADS * E - 1) / (DRAW_THREADS * E);
     *launched = blocks <= cap;
     if (!*launched) return ARC_OK;
     return arc_launch_pdl(ctx, COMMIT ? "draw_commit_kernel" : "draw_kernel", draw_kernel<E, COMMIT>, dim3(blocks),
-                          dim3(DRAW_THREADS), 0, logits, n, p, ctx->draw, c, out);
+                          dim3(DRAW_THREADS), 0, d.logits, d.n, d.p, ctx->draw, d.c, d.out);
 }
 
 // In one cluster where the vocabulary fits it, else over co-resident blocks; as few ids per
@@ -286,10 +285,11 @@ static int launch_draw(arc_context *ctx, const float *logits, int32_t n, const D
     ARC_REQUIRE(logits, "null logits");
     ARC_REQUIRE(n > 0, "n must be positive, got %d", n);
     bool launched = false;
-    int st = try_draw_cluster(ctx, logits, n, p, c, out, COMMIT, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<4, COMMIT>(ctx, logits, n, p, c, out, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, logits, n, p, c, out, &launched);
-    if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, logits, n, p, c, out, &launched);
+    const DrawJob d{.logits = logits, .n = n, .p = p, .c = c, .out = out};
+    int st = try_draw_cluster(ctx, d, COMMIT, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<4, COMMIT>(ctx, d, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<8, COMMIT>(ctx, d, &launched);
+    if (st == ARC_OK && !launched) st = try_draw<16, COMMIT>(ctx, d, &launched);
     if (st == ARC_OK && !launched) {
         int32_t most = 0;
         st = arc_sample_max_vocab(ctx, &most);

@@ -3,22 +3,20 @@
 // forward sends it to the host or picks a launch by it.
 #pragma once
 
-#include "buffers.cuh"
-#include "gemv_common.cuh"
+#include "model/buffers.cuh"
+#include "model/gemv/gemv_common.cuh"
 
 enum { MOE_MAX_EXPERTS = 1024 };  // n_experts <= MOE_MAX_EXPERTS on the GPU
 
 // The GPU's limits on a config's experts (arc_model_create), as entry point `who`.
 int check_moe_limits(const arc_model_config &c, const char *who);
 // The routed GEMV over a Weight of any format (gemv_common.cuh's GemvRoute): gated, y (rt.count *
-// rt.seg) = the chosen experts' GLUs of rmsnorm(x, norm_weight) times their scales; else y (rows)
-// += the chosen experts' products of x's rt.count segments of rt.seg columns, summed (quant.cu).
-int gemv_routed_weight(arc_context *ctx, Weight w, const float *x, int32_t rows, int32_t cols,
-                       const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act, const GemvRoute &rt,
-                       float *y);
-int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const float *x, int32_t rows,
-                       int32_t cols, const uint16_t *norm_weight, float eps, float norm_add, bool gated, int act,
-                       const GemvRoute &rt, float *y);
+// rt.seg) = the chosen experts' GLUs (io.act) of rmsnorm(x, norm_weight) times their scales; else y
+// (rows) += the chosen experts' products of x's rt.count segments of rt.seg columns, summed
+// (quant.cu). io: no bias, no accumulate (the sum is the routed product's own).
+int gemv_routed_weight(arc_context *ctx, Weight w, const GemvIo &io, bool gated, const GemvRoute &rt);
+int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated,
+                       const GemvRoute &rt);
 
 // The decode's MoE ops on the step's one row (forward.cu's DecodeOps).
 int moe_decode_in(const ModelParts &p, const LayerParts &lw);

@@ -10,7 +10,7 @@
 // compiles them in parallel.
 #pragma once
 
-#include "gemv_common.cuh"
+#include "model/gemv/gemv_common.cuh"
 #include "qinput.cuh"
 
 // Units a lane keeps in flight per batch, over its NR rows: 4 (a unit is 16 or 32 bytes of quants

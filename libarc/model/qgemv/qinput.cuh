@@ -12,7 +12,7 @@
 // arithmetic, so the down GEMV's input is the same bits either way (quant_handoff).
 #pragma once
 
-#include "gemv_common.cuh"
+#include "model/gemv/gemv_common.cuh"
 #include "quant.cuh"
 
 // Shared memory of the staged input, per unit: 32 int8 values, the two half sums and dx; in

@@ -1,0 +1,76 @@
+// attention_ops.cuh -- a layer's attention as the forwards launch it: its limits, its RoPE and
+// spec, the rows of one launch, and the launchers (attention.cu, verify_attention.cu,
+// prefill_attention.cu).
+#pragma once
+
+#include <stdint.h>
+
+#include "internal.cuh"
+
+// Attention's limits (its chunk of positions per block depends on head_dim: attention.cu).
+enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256 };
+
+// The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
+// each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
+uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq);
+
+// A layer's RoPE as the attention kernels apply it: the layer's frequencies (half of them), the
+// rotated elements 0..2 half - 1 of a head (the rest pass unrotated), and the factor cos and sin
+// are multiplied by (arc.h: rope_dim, rope_factor).
+struct RopeArgs { const float *inv_freq; int half; float factor; };
+
+// What a layer's attention does besides attend: its RoPE, the scores' factor, and its window
+// (0: every position; else a query at p attends p - window + 1..p).
+struct AttnSpec {
+    RopeArgs rope;
+    double scale;  // rounded to float once, with log2(e) where a kernel works in base 2
+    int window;
+};
+
+// The cosine and sine of pair i at position pos, the factor applied, as the reference computes
+// them: angle float(pos) * inv_freq[i] rounded once, sincos in float32, each times the factor.
+// PLAIN: the factor is 1 (the multiplies, which would change nothing, are left out).
+template <bool PLAIN = false>
+__device__ __forceinline__ void rope_angles(const RopeArgs &r, int pos, int i, float *s, float *c) {
+    sincosf(__fmul_rn((float)pos, r.inv_freq[i]), s, c);
+    if (!PLAIN) { *s = __fmul_rn(*s, r.factor); *c = __fmul_rn(*c, r.factor); }
+}
+
+// Element d of a head row x (float32) under rotate-half RoPE of `half` pairs: d < half pairs with
+// d + half, d < 2 half with d - half (angle i = d mod half, cosine c[i], sine s[i]), and an element
+// past the rotated ones is x[d]. Explicit roundings (no fused multiply-add), as the reference
+// computes it; the decode, the prefill and the verify rotate identically.
+// PLAIN: every element is rotated (2 half is the row's length).
+template <bool PLAIN = false>
+__device__ __forceinline__ float rope_rotate_half(const float *x, int d, int half, const float *c, const float *s) {
+    if (d < half) return __fsub_rn(__fmul_rn(x[d], c[d]), __fmul_rn(x[d + half], s[d]));
+    if (!PLAIN && d >= 2 * half) return x[d];
+    const int i = d - half;
+    return __fadd_rn(__fmul_rn(x[d], c[i]), __fmul_rn(x[i], s[i]));
+}
+
+// The rows of one attention launch: the decode's one, or the verify's count of rows at positions
+// pos[0..count), qkv rows `stride` floats apart, outputs (count, n_heads, head_dim), count times
+// the scratch and count * n_heads zeroed tickets `done` of their own.
+struct AttnRows {
+    int count = 1, stride = 0;
+    unsigned *done = nullptr;
+};
+// arc_op_attention and arc_op_prefill_attention as a layer runs them (AttnSpec): the forward, the
+// verify (rows) and the prefill launch these; the entry points rotate every element at factor 1,
+// scale the scores by 1 / sqrt(head_dim) and attend every position.
+int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
+                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
+                   float *scratch, float *out, const AttnRows &rows = AttnRows{});
+int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                           int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n);
+// Floats of partials the prefill's attention of n queries from start takes (0: none).
+uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start);
+
+// The verify forward's attention (verify_attention.cu): k and v of qkv (rows, stride) to the cache
+// at each row's position, then out (rows, n_heads, hd) float32, each row the decode's attention at
+// its position; scratch: rows times arc_attention_scratch_bytes, done: rows * n_heads zeroed tickets.
+int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int stride, const int32_t *positions,
+                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads, int n_kv_heads,
+                            int hd, int max_seq, float *scratch, unsigned *done, float *out);

@@ -1,0 +1,22 @@
+// norms.cuh -- the norms of the layer program that no product fuses (norms.cu).
+#pragma once
+
+#include "internal.cuh"
+#include "model/parts.cuh"
+
+// The per-head norm of q and k (ARC_OP_QK_NORM) over rows of qkv, `stride` floats apart.
+struct HeadNormArgs {
+    float *qkv = nullptr;
+    int32_t rows = 0, stride = 0;
+    int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+    const uint16_t *q_norm = nullptr, *k_norm = nullptr;
+    float eps = 0.0f;
+    float norm_add = 0.0f;  // norm_offset
+};
+
+// Each q and k head of a.qkv (rows, stride) float32, in place: head * rsqrt(mean(head^2) + eps) *
+// (norm_add + w), w = q_norm for the n_heads q heads, k_norm for the n_kv_heads k heads.
+int launch_head_norm(arc_context *ctx, const HeadNormArgs &a);
+// x[r] += rmsnorm(t[r]) under norm for rows r of dim floats: a product's output normed before the
+// residual add (ARC_OP_ATTN_OUT_NORM, ARC_OP_FFN_OUT_NORM).
+int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const RmsNorm &norm);

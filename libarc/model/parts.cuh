@@ -1,0 +1,68 @@
+// parts.cuh -- what the forwards (the decode step, the prefill, the speculative verify) read of
+// a model (model.cu): its weights as Weights, a layer's parts, and the model's activations.
+#pragma once
+
+#include "internal.cuh"
+
+// The prefill's and the speculative step's buffers (buffers.cuh).
+struct PrefillBuffers;
+struct SpecBuffers;
+
+// A weight matrix as the forward reads it: its data and its arc_format (bf16 or quantized).
+struct Weight {
+    const void *p;
+    int32_t format;
+};
+
+// One layer's weights and KV cache, each (n_kv_heads, max_seq, head_dim). Wq Wk Wv lie one after
+// the other (so do bq bk bv, and Wgate Wup: one matrix, of one format), so that consecutive
+// parts of one format are read as one matrix from the first.
+struct LayerParts {
+    const uint16_t *attn_norm, *bqkv, *mlp_norm;
+    const uint16_t *q_norm, *k_norm;  // (head_dim) each, with qk_norm; else null
+    const float *inv_freq;            // the layer's RoPE frequencies (rope_dim / 2)
+    const uint16_t *post_attn_norm, *post_ffn_norm;  // (dim) each, with post_norms; else null
+    int window;                       // the positions its attention reads (0: all)
+    Weight wq, wk, wv, wo, w_gate_up, w_down;
+    // A mixture of experts' layer: the router (bf16, the shared expert's gate row after it), the
+    // experts' [gates; ups] and downs, the shared expert's [gate; up] and down.
+    Weight router, e_gate_up, e_down, s_gate_up, s_down;
+    uint16_t *k_cache, *v_cache;
+};
+
+struct ModelParts {
+    arc_context *ctx;
+    arc_model_config cfg;
+    int32_t q_dim, kv_dim, qkv_rows;
+    const uint16_t *embed, *final_norm;
+    Weight lm_head;  // the embedding when tied
+    float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
+    float *t;                            // with post_norms: a product's output before its norm (dim)
+    float *router;                       // MoE: the router's logits (n_experts + 1)
+    int32_t *route_ids;                  // MoE: the chosen experts (n_experts_used), then their
+    float *route_w;                      // weights and the shared expert's (n_experts_used + 1)
+    float *logits;
+    PrefillBuffers *prefill;
+    SpecBuffers *spec;
+    uint64_t dequant_elems;  // weights of the largest quantized matrix the prefill reads (0: none)
+};
+
+ModelParts model_parts(arc_model *m);
+LayerParts model_layer(const arc_model *m, int layer);
+// ARC_OK, or the error naming the first tensor the forward needs that was never uploaded, as
+// reported by entry point `who`.
+int model_check_uploaded(const arc_model *m, const char *who);
+
+// What every norm of a model adds to its stored weights: 1 where they are stored less one
+// (arc_model_config.norm_plus_one), else 0. The internal launchers take it beside eps; the public
+// arc_op_* entry points keep 0.
+inline float norm_offset(const arc_model_config &c) { return c.norm_plus_one ? 1.0f : 0.0f; }
+
+// An RMSNorm as a launcher applies it: x * rsqrt(mean(x^2) + eps) * (add + w), w bf16.
+struct RmsNorm {
+    const uint16_t *w = nullptr;
+    float eps = 0.0f;
+    float add = 0.0f;  // norm_offset
+};
+// A model's norm of weights w: its config's eps and norm_offset.
+inline RmsNorm model_norm(const arc_model_config &c, const uint16_t *w) { return {w, c.rms_eps, norm_offset(c)}; }
