@@ -1,4 +1,4 @@
-"""The drafts of speculative steps, as the device's draft kernel makes them (libarc/model/speculate.cu).
+"""The drafts of speculative steps, as the device's draft kernel makes them (libarc/model/forward/speculate.cu).
 
 A speculative step at position p (the current token is history[p]) looks for the latest earlier
 occurrence of the sequence's last n tokens, n from `ngram` down to 1 (the longest that occurs

@@ -1,8 +1,8 @@
 """GPU tier: a forward whose logits are all equal (here: a final norm of zeros, so every logit is
 0) is the model's fault, latched as ARC_FAULT_DEGENERATE by every sampler that commits in the
-device loop: the lm_head's fused argmax over bf16 and quantized weights (model/gemv.cu,
-model/qgemv.cuh), the draw, the argmax after a prefill (sampler.cu), and the speculative step's
-accept (model/speculate.cu), greedy and sampled. The host path raises the same error from arc_argmax's smallest
+device loop: the lm_head's fused argmax over bf16 and quantized weights (model/gemv/gemv.cu,
+model/qgemv/qgemv.cuh), the draw, the argmax after a prefill (argmax.cu), and the speculative step's
+accept (model/forward/speculate.cu), greedy and sampled. The host path raises the same error from arc_argmax's smallest
 logit and from the logits it reads. No path falls back, and no token is emitted. The samplers'
 kernels alone are tested on chosen logits in tests/test_gpu_loop.py."""
 

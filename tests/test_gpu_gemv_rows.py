@@ -1,4 +1,4 @@
-"""GPU tier: the verify forward's products (libarc/model/gemv_rows.cu) against the decode's GEMV,
+"""GPU tier: the verify forward's products (libarc/model/gemv/gemv_rows.cu) against the decode's GEMV,
 bit for bit: each of the m rows of arc_op_gemv_rows (plain, with a fused norm, a bias, a residual
 add) and of arc_op_gemv_rows_swiglu must equal, as float32 bits, what arc_op_gemv or
 arc_op_gemv_swiglu gives for that row alone. That equality is what makes a speculative step's

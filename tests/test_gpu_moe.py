@@ -1,4 +1,4 @@
-"""GPU tier (marker `gpu`): mixtures of experts on the device (libarc/model/moe.cu).
+"""GPU tier (marker `gpu`): mixtures of experts on the device (libarc/model/moe/moe.cu).
 
 Four models: Qwen3-MoE's routing (softmax, top 8 of 16, renormalized; a dense layer), Mixtral's
 (top 2 of 8 logits, then their softmax), Qwen2-MoE's shared expert under its sigmoid gate on every

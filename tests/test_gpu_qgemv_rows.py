@@ -1,4 +1,4 @@
-"""GPU tier: the verify forward's products over quantized weights (libarc/model/qgemv_rows.cuh)
+"""GPU tier: the verify forward's products over quantized weights (libarc/model/qgemv/qgemv_rows.cuh)
 against the decode's quantized GEMV, bit for bit: each of the m rows of arc_op_qgemv_rows (plain,
 with a fused norm, a bias, a residual add) and of arc_op_qgemv_rows_swiglu must equal, as float32
 bits, what arc_op_qgemv or arc_op_qgemv_swiglu gives for that row alone, in every format. That

@@ -416,7 +416,7 @@ def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
     one layer's weights, back to back): µs per launch and TFLOP/s (2 m n k over the time; the
     gate/up product counts both halves). Beside arc_op_gemm_swiglu_bf16, the gate/up product
     alone in float32: what the prefill runs before its SwiGLU where the product goes to the sm_90
-    kernel (libarc/model/gemm.cu)."""
+    kernel (libarc/model/gemm/gemm.cu)."""
     rows = []
     shapes = gemm_shapes(cfg)
     shapes.insert(3, ("gate/up product", 2 * cfg.ffn_dim, cfg.dim, False))

@@ -1,7 +1,7 @@
 """libarc's tensor table and layer program, answered in Python where this install has no libarc.so
 (built with ARC_CUDA_ARCHS=none): the NumPy backend then still describes and runs models.
 
-The tables are libarc's (arc_tensor_shape in libarc/model/layer.cu over model.cu's table_shape,
+The tables are libarc's (arc_tensor_shape in libarc/model/forward/layer.cu over model.cu's table_shape,
 arc_layer_program over layer_program); this is their reading for a CPU-only install, nothing more:
 tests/test_table.py requires the same answers, and the same errors word for word, as libarc's over
 every preset and a spread of configs, wherever libarc.so is built. `c` below is a config's
