@@ -166,8 +166,8 @@ MUTATIONS = [
     Mutation(
         "the driver does not give the device its sampling parameters",
         "arcpy/loop/burst.py",
-        "        self.device.set_sampling(sampling)\n",
-        "        self.device.set_sampling(None)\n",
+        "        if spin_until(lambda: self.device.begin_sequence(start),",
+        "        if spin_until(lambda: self.device.begin_sequence(type(start)(**{**vars(start), 'sampling': None})),",
         ("tests/test_burst.py::test_begin_sequence_gives_the_device_its_sampling_parameters",
          "tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
          "_and_the_host_path[16]"),
@@ -267,9 +267,9 @@ MUTATIONS = [
     ),
     Mutation(
         "the device is never sent the drafts' memory",
-        "arcpy/loop/engine.py",
-        "                dev.set_draft_memory(memory)\n",
-        "                dev.set_draft_memory([])\n",
+        "arcpy/loop/plan.py",
+        "            draft_memory=None if memory is None else tuple(memory),\n",
+        "            draft_memory=None if memory is None else (),\n",
         ("tests/test_draft_memory.py::test_a_question_asked_again_speculates_on_its_remembered_answer_with_the_same_tokens",),
     ),
     Mutation(
@@ -427,8 +427,8 @@ MUTATIONS = [
     Mutation(
         "the host path leaves the logit bias out",
         "arcpy/loop/host.py",
-        "        if seq.bias_on_device:\n            dev.enqueue_logit_bias()\n",
-        "",
+        "        bias = seq.bias_on_device  # the device adds the logit bias before the logits are read\n",
+        "        bias = False\n",
         ("tests/test_logit_bias.py::test_a_bias_changes_the_tokens_alike_on_both_paths[sampling0]",),
     ),
     Mutation(

@@ -1,6 +1,6 @@
 """The CUDA context: one device, one non-blocking stream, device and pinned host memory, and the
-libarc struct of a sampling setting. Every GPU object (the forward, the device, the kernel
-benchmarks) is made on one.
+libarc structs of a sampling setting and of a sequence's start. Every GPU object (the forward, the
+device, the kernel benchmarks) is made on one.
 """
 
 from __future__ import annotations
@@ -100,3 +100,44 @@ def sampling_struct(ffi, sampling):
     s.temperature, s.top_p, s.top_k, s.seed = (sampling.temperature, sampling.top_p, min(sampling.top_k, 2**31 - 1),
                                                sampling.seed)
     return s
+
+
+def sequence_struct(ffi, lib, *, reset: bool = False, stop_ids=None, sampling=None, top_logprobs: int | None = None,
+                    bias=None, memory=None, history=None, history_start: int = 0, token_input=None):
+    """An arc_sequence for arc_loop_begin_sequence that writes the parts given (None: not written):
+    the ring's reset, stop ids, a non-greedy Sampling (its seed resolved), the log-probabilities'
+    alternatives, logit bias pairs (id, value), the drafts' memory and history as (device-readable
+    int32 pointer, count), the input (token, position). Returns it with the arrays it points at,
+    which must stay alive until the call returns."""
+    seq = ffi.new("arc_sequence *")
+    keep = [seq]
+    parts = lib.ARC_SEQ_RESET_RING if reset else 0
+    if stop_ids is not None:
+        ids = ffi.new("int32_t[]", list(stop_ids) or [0])
+        keep.append(ids)
+        seq.stop_ids, seq.n_stop_ids = ids, len(stop_ids)
+        parts |= lib.ARC_SEQ_STOP_IDS
+    if sampling is not None:
+        seq.sampling = sampling_struct(ffi, sampling)[0]
+        parts |= lib.ARC_SEQ_SAMPLING
+    if top_logprobs is not None:
+        seq.top_logprobs = top_logprobs
+        parts |= lib.ARC_SEQ_LOGPROBS
+    if bias is not None:
+        ids = ffi.new("int32_t[]", [i for i, _ in bias] or [0])
+        values = ffi.new("float[]", [v for _, v in bias] or [0.0])
+        keep += [ids, values]
+        seq.bias_ids, seq.bias_values, seq.n_bias = ids, values, len(bias)
+        parts |= lib.ARC_SEQ_LOGIT_BIAS
+    if memory is not None:
+        seq.memory, seq.n_memory = memory
+        parts |= lib.ARC_SEQ_DRAFT_MEMORY
+    if history is not None:
+        seq.history, seq.n_history = history
+        seq.history_start = history_start
+        parts |= lib.ARC_SEQ_HISTORY
+    if token_input is not None:
+        seq.token, seq.position = token_input
+        parts |= lib.ARC_SEQ_INPUT
+    seq.parts = parts
+    return seq, keep
