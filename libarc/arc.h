@@ -173,32 +173,17 @@ int arc_loop_enqueue_logit_bias(arc_loop *loop, float *logits, int32_t width);
  * history (below). INPUT: the token and position the next forward reads (a prompt's last, after its prefill; each
  * step of the host path writes it alone). A failing part returns its status at once: the parts before it are
  * enqueued. */
-enum {
-    ARC_SEQ_RESET_RING = 1,
-    ARC_SEQ_STOP_IDS = 2,
-    ARC_SEQ_SAMPLING = 4,
-    ARC_SEQ_LOGPROBS = 8,
-    ARC_SEQ_LOGIT_BIAS = 16,
-    ARC_SEQ_DRAFT_MEMORY = 32,
-    ARC_SEQ_HISTORY = 64,
-    ARC_SEQ_INPUT = 128
-};
+enum { ARC_SEQ_RESET_RING = 1, ARC_SEQ_STOP_IDS = 2, ARC_SEQ_SAMPLING = 4, ARC_SEQ_LOGPROBS = 8,
+       ARC_SEQ_LOGIT_BIAS = 16, ARC_SEQ_DRAFT_MEMORY = 32, ARC_SEQ_HISTORY = 64, ARC_SEQ_INPUT = 128 };
 typedef struct arc_sequence {
-    uint32_t parts;
-    const int32_t *stop_ids;
-    int32_t n_stop_ids;
+    uint32_t parts;  /* an OR of ARC_SEQ_*: the parts written */
+    const int32_t *stop_ids; int32_t n_stop_ids;
     arc_sampling sampling;
     int32_t top_logprobs;
-    const int32_t *bias_ids;
-    const float *bias_values;
-    int32_t n_bias;
-    const int32_t *memory;
-    int32_t n_memory;
-    const int32_t *history;
-    int32_t n_history;
-    int32_t history_start;
-    int32_t token;
-    int32_t position;
+    const int32_t *bias_ids; const float *bias_values; int32_t n_bias;
+    const int32_t *memory; int32_t n_memory;
+    const int32_t *history; int32_t n_history; int32_t history_start;
+    int32_t token, position;
 } arc_sequence;
 int arc_loop_begin_sequence(arc_loop *loop, const arc_sequence *seq);
 

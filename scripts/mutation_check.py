@@ -122,9 +122,9 @@ MUTATIONS = [
     ),
     Mutation(
         "admit non-greedy sampling on a device loop without a sampler",
-        "arcpy/loop/gate.py",
-        "    if not greedy and not supports_sampling:\n",
-        "    if False:\n",
+        "arcpy/devices/protocol.py",
+        "        if not spec.sampling.is_greedy() and not self.sampling:\n",
+        "        if False:\n",
         ("tests/test_gate.py::test_sampling_is_admitted_where_the_device_loop_draws_and_refused_by_name_elsewhere",
          "tests/test_engine_control.py::test_sampling_takes_the_host_path_where_the_device_loop_has_no_sampler"),
     ),
@@ -311,8 +311,8 @@ MUTATIONS = [
     Mutation(
         "a sampled speculative step accepts its rows' argmaxes, not their draws",
         "arcpy/devices/fake.py",
-        "            made = self._drawn(*self._forward(row_token, p + i), p + i)\n",
-        "            made = self._forward(row_token, p + i)[1]\n",
+        "            made = self._drawn(*self.script.forward(row_token, p + i), p + i)\n",
+        "            made = self.script.forward(row_token, p + i)[1]\n",
         ("tests/test_speculation.py::test_a_sampled_request_with_its_own_seed_speculates_and_gives_the_plain_loops_tokens"
          "[t1-k3-p0.9-11]",),
     ),

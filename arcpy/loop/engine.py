@@ -197,7 +197,8 @@ class Engine(HostPath):
         """What `spec` runs as on this engine's device (arcpy/loop/plan.py); no device work."""
         dev = self.device
         settings = Settings(self.device_loop, self.verify, self.prefill, self.speculate, self.environ, self.latch)
-        return plan_sequence(spec, with_loop(dev.capabilities, self.driver is not None), dev.vocab, dev.max_seq, settings)
+        caps = with_loop(dev.capabilities, self.driver is not None)
+        return plan_sequence(spec, caps, dev.vocab, dev.max_seq, settings)
 
     def _usable(self) -> None:
         if self.poisoned:
