@@ -250,7 +250,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
 
     def enqueue_argmax(self, bias: bool = False) -> None:
         if bias:
-            self.enqueue_logit_bias()
+            self._enqueue_logit_bias()
         self._idle = False
         _lib.check(self.lib.arc_argmax(self.ctx.ptr, self.forward.logits, self.forward.width,
                                        self._sampled_dev, self._sampled_value_dev,
@@ -262,7 +262,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
 
     def enqueue_logits_to_host(self, bias: bool = False) -> None:
         if bias:
-            self.enqueue_logit_bias()
+            self._enqueue_logit_bias()
         self._idle = False
         self.ctx.download_async(self._host_logits, self.forward.logits)
 
@@ -272,7 +272,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
 
     # -- device loop --------------------------------------------------------------------------
 
-    def enqueue_logit_bias(self) -> None:
+    def _enqueue_logit_bias(self) -> None:
         self._idle = False
         _lib.check(self.lib.arc_loop_enqueue_logit_bias(self.loop, self.forward.logits, self.forward.width))
 
@@ -302,7 +302,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         """After a forward or a prefill: the logit bias, the mask, then the sampler and its commit."""
         fwd = self.forward
         if bias:
-            self.enqueue_logit_bias()
+            self._enqueue_logit_bias()
         if mask:
             _lib.check(self.lib.arc_loop_enqueue_mask(self.loop, fwd.logits, fwd.width))
         commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
