@@ -86,7 +86,7 @@ class NgramIndex:
 
 
 class DraftMemory:
-    """Earlier sequences for the drafts to look up (arc_loop_set_draft_memory): each the last
+    """Earlier sequences for the drafts to look up (the ARC_SEQ_DRAFT_MEMORY part of arc_loop_begin_sequence): each the last
     `context` tokens of its prompt (what a question asked again ends with) and its answer. Bounded
     by the device's store: the oldest go first; a sequence remembered again moves to the newest."""
 

@@ -36,7 +36,7 @@ typedef enum arc_status {
 } arc_status;
 
 /* Limits a caller sizes its arrays by. */
-enum { ARC_MAX_STOP_IDS = 8 };  /* arc_loop_set_stop_ids takes at most this many ids */
+enum { ARC_MAX_STOP_IDS = 8 };  /* arc_sequence holds at most this many stop ids */
 enum { ARC_MAX_LAYER_OPS = 8 }; /* arc_layer_program lists at most this many ops */
 
 typedef struct arc_context arc_context;
@@ -107,15 +107,12 @@ typedef enum arc_fault {
 int arc_loop_create(arc_context *ctx, int32_t vocab, int32_t max_seq, int32_t ring_capacity, arc_loop **out);
 int arc_loop_destroy(arc_loop *loop);
 int arc_loop_token_input(arc_loop *loop, const uint32_t **token, const int32_t **position);
-int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count);
-int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position);
-int arc_loop_reset_ring(arc_loop *loop);
 int arc_loop_enqueue_sample_commit(arc_loop *loop, const float *logits, int32_t width);
 
 /* Sampling in the loop. A second step graph captures the forward, then arc_loop_enqueue_draw_commit (the draw of
- * arc_sample below, whose chosen token the same commit publishes), reading the parameters arc_loop_set_sampling
- * last wrote (stream-ordered, like the stop ids), so one captured graph serves every sampling request. The draw is
- * at position (the loop's position + 1): the position the drawn token takes. */
+ * arc_sample below, whose chosen token the same commit publishes), reading the parameters arc_loop_begin_sequence last
+ * wrote (ARC_SEQ_SAMPLING; stream-ordered, like the stop ids), so one captured graph serves every sampling request.
+ * The draw is at position (the loop's position + 1): the position the drawn token takes. */
 typedef struct arc_sampling {
     double temperature;  /* > 0 and finite, with 1 / temperature finite in float32 */
     double top_p;        /* in (0, 1]; 1 is off */
@@ -123,7 +120,6 @@ typedef struct arc_sampling {
     uint64_t seed;
 } arc_sampling;
 
-int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling);
 int arc_loop_enqueue_draw_commit(arc_loop *loop, const float *logits, int32_t width);
 int arc_loop_enqueue_step(arc_loop *loop, arc_graph *step_graph, uint32_t burst_id);
 /* What a step does after its forward, without the forward: the commits enqueued after arc_loop_begin_burst belong
@@ -137,35 +133,59 @@ int arc_loop_begin_burst_limit(arc_loop *loop, uint32_t burst_id, uint32_t max_t
 int arc_ring_poll(arc_loop *loop, arc_ring_state *state);
 int arc_ring_read(arc_loop *loop, uint32_t first, uint32_t count, int32_t *tokens);
 /* Log-probabilities in the loop. Captured after a step's sampler, arc_loop_enqueue_logprobs writes, for the token that
- * step published, its log-probability under log_softmax(logits[0..vocab)) (float32, the raw logits: no temperature
- * or truncation) and the top_n most likely ids and theirs (value descending, ties to the lower id), top_n set by
- * arc_loop_set_logprobs (0..ARC_MAX_TOP_LOGPROBS, stream-ordered; the first call allocates the ring). A step that
- * published nothing writes nothing. arc_ring_read_logprobs copies entries [first, first + count) once
+ * step published, its log-probability under log_softmax(logits[0..vocab)) (float32, the raw logits: no temperature or
+ * truncation) and the top_n most likely ids and theirs (value descending, ties to the lower id), top_n set by
+ * arc_loop_begin_sequence (ARC_SEQ_LOGPROBS: 0..ARC_MAX_TOP_LOGPROBS, stream-ordered; the first allocates the ring). A
+ * step that published nothing writes nothing. arc_ring_read_logprobs copies entries [first, first + count) once
  * arc_ring_state.logprobs covers them: logprob[count], top_ids and top_values [count][ARC_MAX_TOP_LOGPROBS]. */
 enum { ARC_MAX_TOP_LOGPROBS = 20 };
-int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n);
 int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width);
 int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob, int32_t *top_ids,
                            float *top_values);
 /* A token mask from the host (a grammar's allowed ids). arc_loop_mask_block gives the host pointers of the loop's
  * mapped mask block (allocated by the first call, not while capturing): ready, then words[ceil(vocab / 32)], id i
  * allowed when bit i % 32 of words[i / 32] is set. The host writes the mask of the sequence's token n (n counts the
- * tokens the ring has published since arc_loop_reset_ring, which sets ready to 0), then ready = n + 1. Captured
- * between a step's forward and its sampler, arc_loop_enqueue_mask waits on the device until ready > n for the token
- * n the step is to publish (not at all where its commit will publish nothing: a fault, a stop id, the burst's
+ * tokens the ring has published since its reset (ARC_SEQ_RESET_RING, which sets ready to 0), then ready = n + 1.
+ * Captured between a step's forward and its sampler, arc_loop_enqueue_mask waits on the device until ready > n for the
+ * token n the step is to publish (not at all where its commit will publish nothing: a fault, a stop id, the burst's
  * limit), then sets logits[i] to -inf for every id it forbids and every i in [vocab, width). A wait past
- * ARC_MASK_WAIT_US latches ARC_FAULT_MASK_TIMEOUT. A host that abandons a sequence sets ready to 0xFFFFFFFF: no
- * step waits again until the next reset. */
+ * ARC_MASK_WAIT_US latches ARC_FAULT_MASK_TIMEOUT. A host that abandons a sequence sets ready to 0xFFFFFFFF: no step
+ * waits again until the next reset. */
 enum { ARC_MASK_WAIT_US = 2000000 };
 int arc_loop_mask_block(arc_loop *loop, uint32_t **words, uint32_t **ready);
 int arc_loop_enqueue_mask(arc_loop *loop, float *logits, int32_t width);
 /* A logit bias: arc_loop_enqueue_logit_bias adds values[k] to logits[ids[k]] (float32) for the n pairs
- * arc_loop_set_logit_bias last wrote (stream-ordered; n <= ARC_MAX_LOGIT_BIAS, ids distinct in [0, vocab), values
- * finite; n 0 adds nothing). Captured between a step's forward and its sampler, or enqueued on the host path before
- * the argmax or the copy of the logits. */
+ * arc_loop_begin_sequence last wrote (ARC_SEQ_LOGIT_BIAS; stream-ordered; n <= ARC_MAX_LOGIT_BIAS, ids distinct in [0,
+ * vocab), values finite; n 0 adds nothing). Captured between a step's forward and its sampler, or enqueued on the host
+ * path before the argmax or the copy of the logits. */
 enum { ARC_MAX_LOGIT_BIAS = 256 };
-int arc_loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n);
 int arc_loop_enqueue_logit_bias(arc_loop *loop, float *logits, int32_t width);
+
+/* A sequence's state in the loop, written by one call: arc_loop_begin_sequence writes the parts `parts` names (an OR
+ * of ARC_SEQ_*), in the order of the flags' values, each a stream-ordered write that takes effect for the work
+ * enqueued after it; no host wait. RESET_RING starts the ring (count, fault word, stop mark, speculative steps,
+ * log-probability count, the mask block's ready word back to 0); the host writes the header directly, so it is
+ * refused with ARC_BUSY, before anything is written, while work is in flight. STOP_IDS: n_stop_ids (0..
+ * ARC_MAX_STOP_IDS) ids in [0, vocab) that end a burst. SAMPLING: the draw's parameters for the sampled steps.
+ * LOGPROBS: top_logprobs alternatives each log-probability entry lists (not while capturing: the first allocates the
+ * ring). LOGIT_BIAS: n_bias pairs (bias_ids, bias_values). DRAFT_MEMORY: memory[0..n_memory) (device or mapped
+ * memory; below). HISTORY: history[0..n_history) (device or mapped memory) at positions history_start.. of the drafts'
+ * history (below). INPUT: the token and position the next forward reads (a prompt's last, after its prefill; each
+ * step of the host path writes it alone). A failing part returns its status at once: the parts before it are
+ * enqueued. */
+enum { ARC_SEQ_RESET_RING = 1, ARC_SEQ_STOP_IDS = 2, ARC_SEQ_SAMPLING = 4, ARC_SEQ_LOGPROBS = 8,
+       ARC_SEQ_LOGIT_BIAS = 16, ARC_SEQ_DRAFT_MEMORY = 32, ARC_SEQ_HISTORY = 64, ARC_SEQ_INPUT = 128 };
+typedef struct arc_sequence {
+    uint32_t parts;  /* an OR of ARC_SEQ_*: the parts written */
+    const int32_t *stop_ids; int32_t n_stop_ids;
+    arc_sampling sampling;
+    int32_t top_logprobs;
+    const int32_t *bias_ids; const float *bias_values; int32_t n_bias;
+    const int32_t *memory; int32_t n_memory;
+    const int32_t *history; int32_t n_history; int32_t history_start;
+    int32_t token, position;
+} arc_sequence;
+int arc_loop_begin_sequence(arc_loop *loop, const arc_sequence *seq);
 
 /* The CudaSampler: argmax of logits[n] into *out, ties to the lowest index and NaN above everything, as NumPy's
  * argmax; the winning value into *value_out and the smallest logit (NaN where all are NaN) into *low_out, each
@@ -360,29 +380,28 @@ int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache)
 
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no
  * mixture of experts). The draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest
- * first) in the loop's history (then in its memory of earlier sequences, arc_loop_set_draft_memory), and the k
+ * first) in the loop's history (then in its memory of earlier sequences, ARC_SEQ_DRAFT_MEMORY), and the k
  * tokens that followed it (periodic past p). The verify forward: the token
  * and the drafts at positions p..p+k in one pass, each row through the decode's own kernels or their form over
  * rows, which keep each row's sums in the decode's order: every row's logits are the decode step's at that
  * position, bit for bit, so the tokens are the plain loop's, greedy or sampled with the same seed
  * (arc_op_gemv_rows and arc_op_qgemv_rows say how). The accept: the token after row 0 (its argmax, or sampled its
  * draw), then after row i while draft i matched the token after row i - 1, each through the commit's checks (and
- * the burst's limit); then .steps. The history (max_seq ids) gets every commit's token; this writes tokens[0..n)
- * at start.. (device or mapped memory), stream-ordered. ---- */
-int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start);
-/* The drafts' memory of earlier sequences: tokens[0..n) (device or mapped memory), stream-ordered, kept until the next
- * call (n = 0 empties it). A negative id separates two sequences, and one follows the last. The draft looks it up as
- * if it came right before the history's position 0: a match there ranks below an equally long one in the history,
- * and its drafts stop at the next separator. It changes which tokens are drafted, never which are published. */
-enum { ARC_DRAFT_MEMORY = 16384 };  /* arc_loop_set_draft_memory takes n < this */
-int arc_loop_set_draft_memory(arc_loop *loop, const int32_t *tokens, int32_t n);
+ * the burst's limit); then .steps. The history (max_seq ids) gets every commit's token; ARC_SEQ_HISTORY writes
+ * history[0..n_history) at history_start.., stream-ordered. ---- */
+/* The drafts' memory of earlier sequences (ARC_SEQ_DRAFT_MEMORY): memory[0..n_memory), stream-ordered, kept until the
+ * next (n_memory = 0 empties it). A negative id separates two sequences, and one follows the last. The draft looks it
+ * up as if it came right before the history's position 0: a match there ranks below an equally long one in the
+ * history, and its drafts stop at the next separator. It changes which tokens are drafted, never which are
+ * published. */
+enum { ARC_DRAFT_MEMORY = 16384 };  /* ARC_SEQ_DRAFT_MEMORY takes n_memory < this */
 /* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing; a mixture of experts is
  * refused. */
 int arc_model_speculate_reserve(arc_model *model, int32_t k);
 /* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
 int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);
 /* The same step sampled: the token after each row is drawn from that row's logits with the loop's sampling
- * parameters at that row's position (arc_loop_set_sampling; the draw of arc_loop_enqueue_draw_commit, with the
+ * parameters at that row's position (ARC_SEQ_SAMPLING; the draw of arc_loop_enqueue_draw_commit, with the
  * same Philox counter: the position of the token drawn), and a draft is accepted where it equals the drawn token.
  * So every published token is a draw from the model's distribution after the tokens before it, and with the plain
  * step's logits it would be the plain sampled step's token. The loop's vocabulary must fit the draw

@@ -137,7 +137,7 @@ extern "C" int arc_loop_destroy(arc_loop *loop) {
 }
 
 // Where the forward reads its input: both in device memory, written only by stream-ordered
-// kernels (set_input, the commit), so a forward never reads across the bus.
+// kernels (ARC_SEQ_INPUT, the commit), so a forward never reads across the bus.
 extern "C" int arc_loop_token_input(arc_loop *loop, const uint32_t **token,
                                     const int32_t **position) {
     ARC_REQUIRE(loop && token && position, "null argument");
@@ -146,8 +146,7 @@ extern "C" int arc_loop_token_input(arc_loop *loop, const uint32_t **token,
     return ARC_OK;
 }
 
-extern "C" int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count) {
-    ARC_REQUIRE(loop, "loop is null");
+static int set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t count) {
     ARC_REQUIRE(count >= 0 && count <= ARC_MAX_STOP_IDS, "at most %d stop ids, got %d",
                 ARC_MAX_STOP_IDS, count);
     ARC_REQUIRE(count == 0 || ids, "ids is null");
@@ -164,8 +163,7 @@ extern "C" int arc_loop_set_stop_ids(arc_loop *loop, const int32_t *ids, int32_t
     return ARC_OK;
 }
 
-extern "C" int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t position) {
-    ARC_REQUIRE(loop, "loop is null");
+static int set_input(arc_loop *loop, int32_t token, int32_t position) {
     ARC_REQUIRE(token >= 0 && token < loop->vocab, "token %d is outside [0, %d)", token, loop->vocab);
     ARC_REQUIRE(position >= 0 && position < loop->max_seq, "position %d is outside [0, %d)",
                 position, loop->max_seq);
@@ -177,11 +175,11 @@ extern "C" int arc_loop_set_input(arc_loop *loop, int32_t token, int32_t positio
 
 // Starts a new sequence's ring: count, fault word and stop mark back to zero. The host writes
 // the header directly, so no commit may be in flight: refused with ARC_BUSY unless idle.
-extern "C" int arc_loop_reset_ring(arc_loop *loop) {
-    ARC_REQUIRE(loop, "loop is null");
+static int reset_ring(arc_loop *loop) {
     int st = arc_stream_query(loop->ctx);
     if (st == ARC_NOT_READY)
-        return arc_fail(ARC_BUSY, __func__, "steps are still in flight; reset once the stream is idle");
+        return arc_fail(ARC_BUSY, "arc_loop_begin_sequence",
+                        "steps are still in flight; reset once the stream is idle");
     if (st != ARC_OK) return st;
     arc_context *ctx = loop->ctx;
     reset_ring_kernel<<<1, 1, 0, ctx->stream>>>(loop->state);
@@ -198,8 +196,8 @@ extern "C" int arc_loop_reset_ring(arc_loop *loop) {
     return ARC_OK;
 }
 
-extern "C" int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start) {
-    ARC_REQUIRE(loop && tokens, "null argument");
+static int set_history(arc_loop *loop, const int32_t *tokens, int32_t n, int32_t start) {
+    ARC_REQUIRE(tokens, "null argument");
     ARC_REQUIRE(n >= 1 && start >= 0 && (int64_t)start + n <= loop->max_seq,
                 "%d tokens at position %d do not fit max_seq %d", n, start, loop->max_seq);
     arc_context *ctx = loop->ctx;
@@ -209,13 +207,40 @@ extern "C" int arc_loop_set_history(arc_loop *loop, const int32_t *tokens, int32
     return ARC_OK;
 }
 
-extern "C" int arc_loop_set_draft_memory(arc_loop *loop, const int32_t *tokens, int32_t n) {
-    ARC_REQUIRE(loop && (tokens || n == 0), "null argument");
+static int set_draft_memory(arc_loop *loop, const int32_t *tokens, int32_t n) {
+    ARC_REQUIRE(tokens || n == 0, "null argument");
     ARC_REQUIRE(n >= 0 && n < ARC_DRAFT_MEMORY, "a draft memory of %d tokens: it holds 0..%d", n, ARC_DRAFT_MEMORY - 1);
     arc_context *ctx = loop->ctx;
     const int blocks = n < 256 ? 1 : ((n + 255) / 256 < 64 ? (n + 255) / 256 : 64);
     set_memory_kernel<<<blocks, 256, 0, ctx->stream>>>(loop->state, loop->history, tokens, n);
     ARC_LAUNCHED(ctx, "set_memory_kernel");
+    return ARC_OK;
+}
+
+// The parts `seq->parts` names, in this order, each a stream-ordered write (the ring's reset
+// first, refused with ARC_BUSY before anything is written). A failing part returns at once:
+// the parts before it are enqueued, those after it are not.
+extern "C" int arc_loop_begin_sequence(arc_loop *loop, const arc_sequence *seq) {
+    ARC_REQUIRE(loop && seq, "null argument");
+    const uint32_t parts = seq->parts;
+    const uint32_t known = ARC_SEQ_RESET_RING | ARC_SEQ_STOP_IDS | ARC_SEQ_SAMPLING | ARC_SEQ_LOGPROBS |
+                           ARC_SEQ_LOGIT_BIAS | ARC_SEQ_DRAFT_MEMORY | ARC_SEQ_HISTORY | ARC_SEQ_INPUT;
+    ARC_REQUIRE((parts & ~known) == 0, "unknown parts 0x%x", parts & ~known);
+    int st = ARC_OK;
+    if ((parts & ARC_SEQ_RESET_RING) && (st = reset_ring(loop)) != ARC_OK) return st;
+    if ((parts & ARC_SEQ_STOP_IDS) && (st = set_stop_ids(loop, seq->stop_ids, seq->n_stop_ids)) != ARC_OK)
+        return st;
+    if ((parts & ARC_SEQ_SAMPLING) && (st = loop_set_sampling(loop, &seq->sampling)) != ARC_OK) return st;
+    if ((parts & ARC_SEQ_LOGPROBS) && (st = loop_set_logprobs(loop, seq->top_logprobs)) != ARC_OK) return st;
+    if ((parts & ARC_SEQ_LOGIT_BIAS) &&
+        (st = loop_set_logit_bias(loop, seq->bias_ids, seq->bias_values, seq->n_bias)) != ARC_OK)
+        return st;
+    if ((parts & ARC_SEQ_DRAFT_MEMORY) && (st = set_draft_memory(loop, seq->memory, seq->n_memory)) != ARC_OK)
+        return st;
+    if ((parts & ARC_SEQ_HISTORY) &&
+        (st = set_history(loop, seq->history, seq->n_history, seq->history_start)) != ARC_OK)
+        return st;
+    if ((parts & ARC_SEQ_INPUT) && (st = set_input(loop, seq->token, seq->position)) != ARC_OK) return st;
     return ARC_OK;
 }
 

@@ -90,6 +90,12 @@ int comm_sum(arc_context *ctx, float *x, int64_t n);
 // Sets the draw kernels' attributes and finds the cluster they run in, once per context.
 int arc_draw_init(arc_context *ctx);
 
+// The parts of arc_loop_begin_sequence written in other files (draw.cu, logprobs.cu, logit_bias.cu): each checks
+// its arguments and enqueues its stream-ordered write of the loop's DeviceState.
+int loop_set_sampling(arc_loop *loop, const arc_sampling *sampling);
+int loop_set_logprobs(arc_loop *loop, int32_t top_n);
+int loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n);
+
 struct arc_graph {
     arc_context *ctx;
     cudaGraphExec_t exec;
@@ -122,17 +128,17 @@ struct DeviceState {
     int32_t lose_in;      // fault injection: commits until a lost one, -1 when disarmed
     int32_t n_stop_ids;
     int32_t stop_ids[ARC_MAX_STOP_IDS];
-    // The sampled step graph's parameters (arc_loop_set_sampling), in the draw's own terms.
+    // The sampled step graph's parameters (arc_loop_begin_sequence, ARC_SEQ_SAMPLING), in the draw's own terms.
     float inv_temperature;
     int32_t top_k;        // 0: off
     uint64_t top_p32;     // top_p in units of 2^-32; 2^32: off
     uint64_t seed;
     uint32_t logprobs;    // device copy of RingHeader::logprobs
-    int32_t top_logprobs; // alternatives each entry lists (arc_loop_set_logprobs)
-    int32_t n_bias;       // the logit bias (arc_loop_set_logit_bias): pairs in use
+    int32_t top_logprobs; // alternatives each entry lists (ARC_SEQ_LOGPROBS)
+    int32_t n_bias;       // the logit bias (ARC_SEQ_LOGIT_BIAS): pairs in use
     int32_t bias_ids[ARC_MAX_LOGIT_BIAS];
     float bias_values[ARC_MAX_LOGIT_BIAS];
-    int32_t memory;       // the drafts' memory (arc_loop_set_draft_memory): ids before history[0], separator included
+    int32_t memory;       // the drafts' memory (ARC_SEQ_DRAFT_MEMORY): ids before history[0], separator included
 };
 
 // The log-probability ring (logprobs.cu): pinned and mapped, one entry beside each token slot,
@@ -157,7 +163,7 @@ struct arc_loop {
     DeviceState *state;   // device memory
     int32_t *history;     // device memory, max_seq token ids: the token at each position, preceded by
                           // ARC_DRAFT_MEMORY ids of the drafts' memory (history[-ARC_DRAFT_MEMORY..-1])
-    void *lp_host;        // the log-probability ring's pinned block, null until arc_loop_set_logprobs
+    void *lp_host;        // the log-probability ring's pinned block, null until the first ARC_SEQ_LOGPROBS
     LogprobRing lp_ring_host, lp_ring_dev;
     float *lp_part;       // device: per block, max, sum and ARC_MAX_TOP_LOGPROBS (value, id) candidates
     uint32_t *lp_done;    // device: the kernel's done counter

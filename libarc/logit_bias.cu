@@ -28,8 +28,8 @@ __global__ void __launch_bounds__(BIAS_THREADS) logit_bias_kernel(const DeviceSt
     for (int k = threadIdx.x; k < n; k += BIAS_THREADS) logits[st->bias_ids[k]] += st->bias_values[k];
 }
 
-extern "C" int arc_loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n) {
-    ARC_REQUIRE(loop, "loop is null");
+// The sequence's logit bias (arc_loop_begin_sequence, ARC_SEQ_LOGIT_BIAS).
+int loop_set_logit_bias(arc_loop *loop, const int32_t *ids, const float *values, int32_t n) {
     ARC_REQUIRE(n >= 0 && n <= ARC_MAX_LOGIT_BIAS, "at most %d logit bias pairs, got %d", ARC_MAX_LOGIT_BIAS, n);
     ARC_REQUIRE(n == 0 || (ids && values), "null argument");
     BiasPairs p = {};

@@ -260,8 +260,8 @@ static int logprobs_alloc(arc_loop *loop) {
     return ARC_OK;
 }
 
-extern "C" int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n) {
-    ARC_REQUIRE(loop, "loop is null");
+// The sequence's log-probability alternatives (arc_loop_begin_sequence, ARC_SEQ_LOGPROBS).
+int loop_set_logprobs(arc_loop *loop, int32_t top_n) {
     ARC_REQUIRE(top_n >= 0 && top_n <= ARC_MAX_TOP_LOGPROBS, "top_n must be in 0..%d, got %d", ARC_MAX_TOP_LOGPROBS,
                 top_n);
     ARC_REQUIRE((loop->vocab + LP_SLICE - 1) / LP_SLICE <= LP_MAX_BLOCKS, "vocab %d is too large for the "
@@ -277,7 +277,7 @@ extern "C" int arc_loop_set_logprobs(arc_loop *loop, int32_t top_n) {
 extern "C" int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, int32_t width) {
     ARC_REQUIRE(loop && logits, "null argument");
     ARC_REQUIRE(loop->vocab <= width, "loop vocab %d exceeds the logits' width %d", loop->vocab, width);
-    ARC_REQUIRE(loop->lp_host, "no log-probability ring: call arc_loop_set_logprobs first");
+    ARC_REQUIRE(loop->lp_host, "no log-probability ring: begin a sequence with ARC_SEQ_LOGPROBS first");
     arc_context *ctx = loop->ctx;
     const LogprobArgs a{logits, loop->vocab, loop->capacity, loop->state, loop->ring_dev, loop->lp_ring_dev,
                         loop->lp_part, loop->lp_done};
@@ -288,7 +288,7 @@ extern "C" int arc_loop_enqueue_logprobs(arc_loop *loop, const float *logits, in
 extern "C" int arc_ring_read_logprobs(arc_loop *loop, uint32_t first, uint32_t count, float *logprob,
                                       int32_t *top_ids, float *top_values) {
     ARC_REQUIRE(loop && ((logprob && top_ids && top_values) || count == 0), "null argument");
-    ARC_REQUIRE(loop->lp_host || count == 0, "no log-probability ring: call arc_loop_set_logprobs first");
+    ARC_REQUIRE(loop->lp_host || count == 0, "no log-probability ring: begin a sequence with ARC_SEQ_LOGPROBS first");
     const uint32_t written = loop->ring_host->logprobs;
     std::atomic_thread_fence(std::memory_order_acquire);
     ARC_REQUIRE((uint64_t)first + count <= written, "entries [%u, %u) are not written yet (%u)", first,

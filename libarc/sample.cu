@@ -369,8 +369,8 @@ __global__ void set_sampling_kernel(DeviceState *st, DrawParams p) {
     st->seed = p.seed;
 }
 
-extern "C" int arc_loop_set_sampling(arc_loop *loop, const arc_sampling *sampling) {
-    ARC_REQUIRE(loop, "loop is null");
+// The sequence's sampling parameters (arc_loop_begin_sequence, ARC_SEQ_SAMPLING).
+int loop_set_sampling(arc_loop *loop, const arc_sampling *sampling) {
     DrawParams p = {};
     int st = arc_draw_params(sampling, &p);
     if (st != ARC_OK) return st;

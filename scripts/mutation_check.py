@@ -122,9 +122,9 @@ MUTATIONS = [
     ),
     Mutation(
         "admit non-greedy sampling on a device loop without a sampler",
-        "arcpy/loop/gate.py",
-        "    if not greedy and not supports_sampling:\n",
-        "    if False:\n",
+        "arcpy/devices/protocol.py",
+        "        if not spec.sampling.is_greedy() and not self.sampling:\n",
+        "        if False:\n",
         ("tests/test_gate.py::test_sampling_is_admitted_where_the_device_loop_draws_and_refused_by_name_elsewhere",
          "tests/test_engine_control.py::test_sampling_takes_the_host_path_where_the_device_loop_has_no_sampler"),
     ),
@@ -166,8 +166,8 @@ MUTATIONS = [
     Mutation(
         "the driver does not give the device its sampling parameters",
         "arcpy/loop/burst.py",
-        "        self.device.set_sampling(sampling)\n",
-        "        self.device.set_sampling(None)\n",
+        "        if spin_until(lambda: self.device.begin_sequence(start),",
+        "        if spin_until(lambda: self.device.begin_sequence(type(start)(**{**vars(start), 'sampling': None})),",
         ("tests/test_burst.py::test_begin_sequence_gives_the_device_its_sampling_parameters",
          "tests/test_engine_control.py::test_a_seeded_sampled_sequence_draws_the_same_tokens_on_the_device_loop"
          "_and_the_host_path[16]"),
@@ -267,9 +267,9 @@ MUTATIONS = [
     ),
     Mutation(
         "the device is never sent the drafts' memory",
-        "arcpy/loop/engine.py",
-        "                dev.set_draft_memory(memory)\n",
-        "                dev.set_draft_memory([])\n",
+        "arcpy/loop/plan.py",
+        "            draft_memory=None if memory is None else tuple(memory),\n",
+        "            draft_memory=None if memory is None else (),\n",
         ("tests/test_draft_memory.py::test_a_question_asked_again_speculates_on_its_remembered_answer_with_the_same_tokens",),
     ),
     Mutation(
@@ -311,8 +311,8 @@ MUTATIONS = [
     Mutation(
         "a sampled speculative step accepts its rows' argmaxes, not their draws",
         "arcpy/devices/fake.py",
-        "            made = self._drawn(*self._forward(row_token, p + i), p + i)\n",
-        "            made = self._forward(row_token, p + i)[1]\n",
+        "            made = self._drawn(*self.script.forward(row_token, p + i), p + i)\n",
+        "            made = self.script.forward(row_token, p + i)[1]\n",
         ("tests/test_speculation.py::test_a_sampled_request_with_its_own_seed_speculates_and_gives_the_plain_loops_tokens"
          "[t1-k3-p0.9-11]",),
     ),
@@ -427,8 +427,8 @@ MUTATIONS = [
     Mutation(
         "the host path leaves the logit bias out",
         "arcpy/loop/host.py",
-        "        if seq.bias_on_device:\n            dev.enqueue_logit_bias()\n",
-        "",
+        "        bias = seq.bias_on_device  # the device adds the logit bias before the logits are read\n",
+        "        bias = False\n",
         ("tests/test_logit_bias.py::test_a_bias_changes_the_tokens_alike_on_both_paths[sampling0]",),
     ),
     Mutation(

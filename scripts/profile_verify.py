@@ -24,6 +24,7 @@ import sys
 from arcpy.bench.loop import script_status
 from arcpy.bench.speculate import DRAFTS, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import ArcError
 from arcpy.loading import load_checkpoint
 from arcpy.loop.burst import BurstDriver
@@ -59,7 +60,7 @@ def run(model, what: dict) -> dict:
     with open_cuda_device(model, max_seq=max_seq, speculate=DRAFTS) as device:
         prompt = repeating_prompt(device.vocab)
         drv = BurstDriver(device, max_spins=50_000_000)
-        drv.begin_sequence(())
+        drv.begin_sequence(SequenceStart(loop=True))
         device.enqueue_prefill(prompt, 0)
         device.set_input(prompt[-1], len(prompt) - 1)
         list(drv.run(1, first_commit=True))

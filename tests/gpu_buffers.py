@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from arcpy import _lib
-from arcpy.devices.context import sampling_struct
+from arcpy.devices.context import sequence_struct
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
 from arcpy.loop.engine import Engine
@@ -94,6 +94,12 @@ class Gpu:
         self.lib.arc_context_destroy(self.ctx)
 
 
+def begin(ffi, lib, loop, **parts) -> int:
+    """arc_loop_begin_sequence writing the parts given (arcpy.devices.context.sequence_struct): its status."""
+    seq, _keep = sequence_struct(ffi, lib, **parts)
+    return lib.arc_loop_begin_sequence(loop, seq)
+
+
 def u16p(gpu, p):
     return gpu.ffi.cast("uint16_t *", p)
 
@@ -164,9 +170,9 @@ class CopyStep:
         _lib.check(lib.arc_loop_create(ctx.ptr, loop_vocab, max_seq, capacity, lp))
         self.loop = lp[0]
         if sampling is not None:
-            _lib.check(lib.arc_loop_set_sampling(self.loop, sampling_struct(ffi, sampling)))
+            _lib.check(begin(ffi, lib, self.loop, sampling=sampling))
         if logprobs:
-            _lib.check(lib.arc_loop_set_logprobs(self.loop, 0))  # the ring, before the capture
+            _lib.check(begin(ffi, lib, self.loop, top_logprobs=0))  # the ring, before the capture
         draw = draw or sampling is not None
         commit = lib.arc_loop_enqueue_draw_commit if draw else lib.arc_loop_enqueue_sample_commit
         _lib.check(lib.arc_graph_capture_begin(ctx.ptr))
@@ -185,8 +191,7 @@ class CopyStep:
     def run(self, token: int, position: int, steps: int, setup=None):
         """`steps` steps from (token, position) on a reset ring, `setup(loop)` first; the ring's state."""
         ffi, lib = self.ctx.ffi, self.ctx.lib
-        _lib.check(lib.arc_loop_reset_ring(self.loop))
-        _lib.check(lib.arc_loop_set_input(self.loop, token, position))
+        _lib.check(begin(ffi, lib, self.loop, reset=True, token_input=(token, position)))
         if setup is not None:
             setup(self.loop)
         for _ in range(steps):

@@ -9,6 +9,7 @@ import pytest
 from arcpy.codes import FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.devices.protocol import RingState
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import (ContextLostError, DegenerateLogitsError, FaultWordError, HangError, NonFiniteLogitsError,
                           ShortBurstError)
 from arcpy.loop.burst import BurstDriver
@@ -27,7 +28,7 @@ def driver_for(script=None, stop_ids=(), **kw):
     script.next_token = lambda token, position: TOKENS[position % len(TOKENS)]
     dev = FakeDevice(script)
     drv = BurstDriver(dev, **kw)
-    drv.begin_sequence(tuple(stop_ids))
+    drv.begin_sequence(SequenceStart(loop=True, stop_ids=tuple(stop_ids)))
     dev.set_input(5, 0)
     return dev, drv
 
@@ -135,16 +136,16 @@ def test_begin_sequence_waits_for_the_tail_of_a_stopped_burst():
     assert list(drv.run(8)) == toks[:1]
     assert dev.queue  # the no-op tail of the burst is still in flight
     drv.host_waits = 0
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     assert drv.host_waits == 1 and not dev.queue and drv.published == 0
 
 
 def test_begin_sequence_gives_the_device_its_sampling_parameters():
     dev, drv = driver_for()
     sampled = Sampling(temperature=0.8, top_p=0.9, seed=5)
-    drv.begin_sequence((), sampled)
+    drv.begin_sequence(SequenceStart(loop=True, sampling=sampled))
     assert dev.sampler is not None and dev.sampler.params == sampled
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     assert dev.sampler is None
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from arcpy.codes import DRAFT_MEMORY
 from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.sequence import SequenceStart
 from arcpy.drafting import SEPARATOR, Acceptance, DraftMemory, NgramIndex, draft
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.engine import Engine
@@ -143,7 +144,7 @@ def test_the_fake_refuses_a_malformed_memory_changing_nothing():
     dev = FakeDevice(FakeScript(speculate_k=2))
     for layout in ([1, 2], [0] * (DRAFT_MEMORY + 1) + [S]):
         with pytest.raises(InvalidArgumentError):
-            dev.set_draft_memory(layout)
+            dev.begin_sequence(SequenceStart(draft_memory=tuple(layout)))
     assert not dev.queue and dev.memory == ()
     with pytest.raises(InvalidArgumentError):
-        FakeDevice(FakeScript()).set_draft_memory([1, S])  # no speculative step
+        FakeDevice(FakeScript()).begin_sequence(SequenceStart(draft_memory=(1, S)))  # no speculative step

@@ -2,6 +2,8 @@
 
 import pytest
 
+from arcpy.devices.protocol import Capabilities
+from arcpy.devices.sequence import SequenceSpec
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.sampling import Sampler, Sampling
@@ -23,8 +25,10 @@ def test_unrecognised_flag_value_is_an_error_naming_the_variable():
 
 
 def admission(env, greedy=True, requested=None, stops=0, latch=None, loop=True, sampling=True, verify=None):
-    return gate.device_loop_admission(requested, greedy=greedy, supports_loop=loop, supports_sampling=sampling,
-                                      n_stop_ids=stops, environ=env, latch=latch or gate.FallbackLatch(),
+    caps = Capabilities("test", loop=loop, sampling=sampling)
+    spec = SequenceSpec((1,), 1, stop_ids=tuple(range(stops)),
+                        sampling=Sampling() if greedy else Sampling(temperature=0.7, seed=3))
+    return gate.device_loop_admission(requested, caps, spec, environ=env, latch=latch or gate.FallbackLatch(),
                                       verify=verify)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import DegenerateLogitsError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -39,7 +40,7 @@ def device(request):
 @pytest.mark.parametrize("sampling", [None, SAMPLED], ids=["fused-argmax", "draw"])
 def test_the_step_graphs_latch_degenerate_logits_and_publish_nothing(device, sampling):
     drv = BurstDriver(device)
-    drv.begin_sequence((), sampling=sampling)
+    drv.begin_sequence(SequenceStart(loop=True, sampling=sampling))
     device.set_input(1, 0)
     got = []
     with pytest.raises(DegenerateLogitsError, match="position 0 gave degenerate logits"):
@@ -52,10 +53,9 @@ def test_the_step_graphs_latch_degenerate_logits_and_publish_nothing(device, sam
 def test_the_speculative_accept_latches_degenerate_logits(device, sampling):
     assert device.capabilities.speculate_k == 4  # bf16 and quantized alike
     drv = BurstDriver(device)
-    drv.begin_sequence((), sampling=sampling)
     prompt = [1, 5, 9, 5, 9, 5]
-    device.set_history(prompt)
-    device.set_input(prompt[-1], len(prompt) - 1)
+    drv.begin_sequence(SequenceStart(loop=True, sampling=sampling, history=tuple(prompt),
+                                     input=(prompt[-1], len(prompt) - 1)))
     with pytest.raises(DegenerateLogitsError, match=f"position {len(prompt) - 1} "):
         list(drv.run_speculative(2, 8))
     assert device.poll_ring().published == 0

@@ -1,4 +1,4 @@
-"""GPU tier: the drafts' memory of earlier sequences (arc_loop_set_draft_memory; marker `gpu`).
+"""GPU tier: the drafts' memory of earlier sequences (ARC_SEQ_DRAFT_MEMORY of arc_loop_begin_sequence; marker `gpu`).
 
 - The draft kernel's drafts against arcpy.drafting.draft with the same history and memory: drafts
   from the memory, cut short by a separator, the sequence's own match winning a tie, an emptied
@@ -12,7 +12,9 @@ import pytest
 
 from arcpy import _lib
 from arcpy.codes import DRAFT_MEMORY
+from arcpy.devices.context import sequence_struct
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.drafting import SEPARATOR as S
 from arcpy.drafting import draft
 from arcpy.errors import InvalidArgumentError
@@ -37,9 +39,8 @@ def one_step(device, prompt, layout):
     """One speculative step at the prompt's last position (the rest prefilled), with `layout` as
     the memory: the drafts the device wrote. The history it drafts from is the prompt."""
     ctx, lib, ffi = device.ctx, device.lib, device.ffi
-    device.set_draft_memory(layout)
     drv = BurstDriver(device, max_spins=50_000_000)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True, draft_memory=tuple(layout)))
     device.enqueue_prefill(prompt[:-1], 0)
     device.set_input(prompt[-1], len(prompt) - 1)
     list(drv.run_speculative(1, 1000))
@@ -82,13 +83,14 @@ def test_the_device_drafts_from_its_memory_as_the_definition_does(device):
 def test_a_malformed_memory_is_refused_and_changes_nothing(device):
     prompt = list(range(3, 27))
     kept = [*prompt[-3:], 99, 98, S]
-    device.set_draft_memory(kept)
+    device.begin_sequence(SequenceStart(draft_memory=tuple(kept)))
     for layout in ([1, 2, 3], [0] * DRAFT_MEMORY + [S]):
         with pytest.raises(InvalidArgumentError):
-            device.set_draft_memory(layout)
-    status = device.lib.arc_loop_set_draft_memory(device.loop, device.ffi.NULL, DRAFT_MEMORY)
+            device.begin_sequence(SequenceStart(draft_memory=tuple(layout)))
+    seq, _keep = sequence_struct(device.ffi, device.lib, memory=(device.ffi.NULL, DRAFT_MEMORY))
+    status = device.lib.arc_loop_begin_sequence(device.loop, seq)
     assert status != 0
-    # the memory the device holds is still `kept` (set_draft_memory sends only a changed one)
+    # the memory the device holds is still `kept` (a sequence's start sends only a changed one)
     device._memory_sent = None
     assert one_step(device, prompt, kept) == [99, 98] == draft(prompt, K, device.speculate_ngram, kept)
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, u16p
+from gpu_buffers import begin, f32p, u16p
 
 import arcpy
 from arcpy import _lib
@@ -453,7 +453,7 @@ class ModelRig:
                 _lib.check(self.upload(t, layer, a))
 
     def forward(self, token, pos):
-        _lib.check(self.gpu.lib.arc_loop_set_input(self.loop, token, pos))
+        _lib.check(begin(self.gpu.ffi, self.gpu.lib, self.loop, token_input=(token, pos)))
         _lib.check(self.gpu.lib.arc_model_forward(self.model, self.loop))
 
     def logits_ptr(self):
@@ -527,7 +527,7 @@ def test_model_forward_is_refused_until_every_tensor_is_uploaded(rig_factory):
     rig = rig_factory(tied_embeddings=0, qkv_bias=1)
     weights = random_weights(rig.cfg, 4)
     rig.upload_all(weights, skip={(WK, 1), (LM_HEAD, 0)})
-    _lib.check(rig.gpu.lib.arc_loop_set_input(rig.loop, 1, 0))
+    _lib.check(begin(rig.gpu.ffi, rig.gpu.lib, rig.loop, token_input=(1, 0)))
     with pytest.raises(arcpy.InvalidArgumentError, match="ARC_TENSOR_WK of layer 1 was never uploaded"):
         _lib.check(rig.gpu.lib.arc_model_forward(rig.model, rig.loop))
     _lib.check(rig.upload(WK, 1, weights[(WK, 1)]))
@@ -605,7 +605,7 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
         _lib.check(lib.arc_graph_node_count(graph, nodes))
         assert nodes[0] == 2 + 5 * rig.cfg["n_layers"]
         for pos, tok in enumerate(tokens):
-            _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
+            _lib.check(begin(ffi, lib, rig.loop, token_input=(tok, pos)))
             _lib.check(lib.arc_graph_launch(graph))
             got = gpu.read(logits, F32, vocab)
             assert np.array_equal(got, eager[pos]), f"graph replay differs from the eager forward at position {pos}"
@@ -624,9 +624,9 @@ def test_model_forward_captured_in_a_graph_replays_at_every_position(rig_factory
         _lib.check(lib.arc_graph_node_count(step, nodes))
         assert nodes[0] == 2 + 5 * rig.cfg["n_layers"]
         gpu.wait()
-        _lib.check(lib.arc_loop_reset_ring(rig.loop))
+        _lib.check(begin(ffi, lib, rig.loop, reset=True))
         for pos, tok in enumerate(tokens):
-            _lib.check(lib.arc_loop_set_input(rig.loop, tok, pos))
+            _lib.check(begin(ffi, lib, rig.loop, token_input=(tok, pos)))
             _lib.check(lib.arc_loop_enqueue_step(rig.loop, step, pos + 1))
             assert np.array_equal(gpu.read(logits, F32, vocab), eager[pos])
         state = ffi.new("arc_ring_state *")

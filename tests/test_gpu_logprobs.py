@@ -10,11 +10,10 @@ import time
 
 import numpy as np
 import pytest
-from gpu_buffers import CopyStep, log_softmax64
+from gpu_buffers import CopyStep, begin, log_softmax64
 
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS
-from arcpy.devices.context import sampling_struct
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -38,11 +37,10 @@ class LogprobStep(CopyStep):
         ffi, lib = self.ctx.ffi, self.ctx.lib
 
         def setup(loop):
-            _lib.check(lib.arc_loop_set_logprobs(loop, top_n))
-            stops = ffi.new("int32_t[]", list(stop_ids) or [0])
-            _lib.check(lib.arc_loop_set_stop_ids(loop, stops, len(stop_ids)))
+            _lib.check(begin(ffi, lib, loop, top_logprobs=top_n))
+            _lib.check(begin(ffi, lib, loop, stop_ids=tuple(stop_ids)))
             if sampling is not None:
-                _lib.check(lib.arc_loop_set_sampling(loop, sampling_struct(ffi, sampling)))
+                _lib.check(begin(ffi, lib, loop, sampling=sampling))
 
         state = super().run(0, 0, steps, setup)
         n = state.published
@@ -158,10 +156,10 @@ def test_gpu_logprobs_refused_outside_their_range(ctx):
     _lib.check(lib.arc_loop_create(ctx.ptr, 100, 64, 4, lp))
     try:
         for bad in (-1, MAX_TOP_LOGPROBS + 1):
-            assert lib.arc_loop_set_logprobs(lp[0], bad) != 0
+            assert begin(ffi, lib, lp[0], top_logprobs=bad) != 0
         buf = ffi.new("float[]", 4)
         assert lib.arc_loop_enqueue_logprobs(lp[0], buf, 100) != 0  # no ring yet
-        _lib.check(lib.arc_loop_set_logprobs(lp[0], 3))
+        _lib.check(begin(ffi, lib, lp[0], top_logprobs=3))
         ids, vals = ffi.new("int32_t[]", 4 * MAX_TOP_LOGPROBS), ffi.new("float[]", 4 * MAX_TOP_LOGPROBS)
         assert lib.arc_ring_read_logprobs(lp[0], 0, 1, buf, ids, vals) != 0  # nothing written
     finally:

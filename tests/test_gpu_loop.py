@@ -18,6 +18,7 @@ from scripted_tokens import following
 from arcpy import _lib
 from arcpy.codes import FAULT_DEGENERATE, FAULT_NONE, FAULT_NONFINITE, FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE
 from arcpy.devices.scripted import scripted_device, scripted_next
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import Engine
@@ -40,7 +41,7 @@ def drain_idle(dev):
 def test_burst_tokens_land_in_the_ring_in_order(ctx):
     dev = scripted_device(ctx)
     drv = BurstDriver(dev)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     dev.set_input(5, 0)
     before = ctx.counters()
     got = []
@@ -213,7 +214,7 @@ def test_out_of_range_token_latches_the_fault_word_and_publishes_nothing(ctx):
     # lm_head padded to 32064, vocabulary 32000: the step at position 2 emits token 32010.
     dev = scripted_device(ctx, vocab=32064, loop_vocab=32000, mode="ARC_SCRIPT_TOKEN", at_pos=2, bias=32010)
     drv = BurstDriver(dev)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     dev.set_input(5, 0)
     got = []
     with pytest.raises(FaultWordError) as info:
@@ -230,7 +231,7 @@ def test_out_of_range_token_latches_the_fault_word_and_publishes_nothing(ctx):
 def test_position_past_max_seq_latches_the_fault_word(ctx):
     dev = scripted_device(ctx, max_seq=4)
     drv = BurstDriver(dev)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     dev.set_input(5, 0)
     with pytest.raises(FaultWordError) as info:
         list(drv.run(6))
@@ -244,7 +245,7 @@ def test_stop_id_ends_the_burst_on_the_device(ctx):
     toks = expected(5, 0, 8)
     dev = scripted_device(ctx)
     drv = BurstDriver(dev)
-    drv.begin_sequence((toks[2],))
+    drv.begin_sequence(SequenceStart(loop=True, stop_ids=(toks[2],)))
     dev.set_input(5, 0)
     assert list(drv.run(8)) == toks[:3]
     drain_idle(dev)
@@ -255,7 +256,7 @@ def test_stop_id_ends_the_burst_on_the_device(ctx):
 def test_lost_step_is_detected_as_idle_but_short(ctx):
     dev = scripted_device(ctx)
     drv = BurstDriver(dev, query_every=64)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     dev.set_input(5, 0)
     dev.inject_lost_step(1)
     with pytest.raises(ShortBurstError, match="3 of 4"):
@@ -275,7 +276,7 @@ def test_sticky_fault_is_surfaced_by_stream_query_in_a_subprocess():
         ctx = Context(0)
         dev = scripted_device(ctx, mode="ARC_SCRIPT_ILLEGAL_ADDRESS", at_pos=2)
         drv = BurstDriver(dev, query_every=64)
-        drv.begin_sequence(())
+        drv.begin_sequence(SequenceStart(loop=True))
         dev.set_input(5, 0)
         got = []
         try:

@@ -18,6 +18,7 @@ from agent_helpers import family_text
 
 from arcpy.codes import FAULT_MASK_TIMEOUT
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import FaultWordError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -69,15 +70,13 @@ def test_gpu_constrained_answers_in_the_loop_are_the_host_paths(device, seed, bu
 
 def test_gpu_a_mask_that_never_comes_latches_the_timeout(device):
     drv = BurstDriver(device)
-    drv.begin_sequence(())
-    device.set_masking(True)  # and no mask written
+    drv.begin_sequence(SequenceStart(loop=True, masked=True))  # and no mask written
     device.set_input(1, 0)
     t0 = time.perf_counter()
     with pytest.raises(FaultWordError) as info:
         list(drv.run(2))
     waited = time.perf_counter() - t0
     assert info.value.code == FAULT_MASK_TIMEOUT and 1.5 < waited < 3.5, waited  # the second step did not wait
-    device.set_masking(False)
-    drv.begin_sequence(())  # the ring resets; the next sequence decodes
+    drv.begin_sequence(SequenceStart(loop=True))  # the ring resets, unmasked; the next sequence decodes
     device.set_input(1, 0)
     assert len(list(drv.run(4))) == 4

@@ -23,6 +23,7 @@ from arcpy import _lib
 from arcpy.backends import open_engine
 from arcpy.bench.speculate import driver_tokens, repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
@@ -54,7 +55,7 @@ def assert_verify_rows_are_decode_logits(device, prompt):
     forward's logits of the row's token at the row's position."""
     ctx, lib, ffi = device.ctx, device.lib, device.ffi
     drv = BurstDriver(device, max_spins=50_000_000)
-    drv.begin_sequence(())
+    drv.begin_sequence(SequenceStart(loop=True))
     device.enqueue_prefill(prompt, 0)
     device.set_input(prompt[-1], len(prompt) - 1)
     list(drv.run_speculative(1, 1000, first_commit=True))  # the prefill's token, then one step at p

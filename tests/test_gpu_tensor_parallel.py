@@ -11,6 +11,7 @@ import pytest
 
 from arcpy import _lib
 from arcpy.backends import open_engine
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import ArcError, InvalidArgumentError, NoDeviceError
 from arcpy.loop.engine import DEVICE_LOOP
 from arcpy.model import synthetic_model
@@ -59,7 +60,7 @@ def test_a_split_rank_refuses_its_prefill_and_speculative_steps():
         assert lib.arc_model_speculate_reserve(rank.forward.ptr, 3) != 0
         assert "split model" in ffi.string(lib.arc_last_error()).decode()
         with pytest.raises(InvalidArgumentError, match="log-probabilities"):
-            one.device.set_logprobs(2)
+            one.device.begin_sequence(SequenceStart(loop=True, logprobs=2))
 
 
 @pytest.mark.parametrize("world", [2, 4])

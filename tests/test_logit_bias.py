@@ -35,7 +35,7 @@ def test_a_bias_changes_the_tokens_alike_on_both_paths(sampling):
     bias = {plain[0]: -100.0, plain[3]: -100.0, 7: 0.75}
     loop, host = engine(burst=8), engine(loop=False)
     added = []
-    host.device.enqueue_logit_bias = lambda real=host.device.enqueue_logit_bias: (added.append(1), real())
+    host.device._enqueue_bias = lambda real=host.device._enqueue_bias: (added.append(1), real())
     got = tokens(loop, bias, sampling=sampling)
     assert loop.stats.path == DEVICE_LOOP and loop.stats.host_waits == 0
     assert got == tokens(host, bias, sampling=sampling) and host.stats.path == HOST

@@ -27,7 +27,7 @@ def log_softmax64(logits):
 
 
 def fake_logits(device, token, position):
-    return device._forward(token, position)[0]
+    return device.script.forward(token, position)[0]
 
 
 def engine(loop=True, script=None, **kw):
@@ -171,7 +171,7 @@ def test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefil
     dev = eng.device
     assert dev.prefills[-1] == (tuple(prompt), 0) and len(scored) == len(prompt) - 1
     for i, got in enumerate(scored):
-        assert got == token_logprob(dev._forward(prompt[i], i)[0], prompt[i + 1], 2)
+        assert got == token_logprob(dev.script.forward(prompt[i], i)[0], prompt[i + 1], 2)
     list(eng.generate(prompt, 3))
     assert eng.stats.cached_tokens == len(prompt) - 1 and dev.prefills[-1] == ((5,), 4)
     bare = Engine(FakeDevice(FakeScript(supports_prefill=False)), "fake", device_loop=True, environ={}, latch=latch)

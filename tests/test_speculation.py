@@ -9,6 +9,7 @@ import pytest
 from scripted_tokens import following
 
 from arcpy.devices.fake import FakeDevice, FakeScript
+from arcpy.devices.sequence import SequenceStart
 from arcpy.drafting import Acceptance, NgramIndex, draft
 from arcpy.errors import FaultWordError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
@@ -140,7 +141,7 @@ def test_policy_weighs_the_measured_cost_of_a_speculative_step():
 def driver_for(rule=cycle_next, stop_ids=(), k=4, **kw):
     dev = FakeDevice(FakeScript(next_token=rule, speculate_k=k, **kw))
     drv = BurstDriver(dev, max_spins=10_000, query_every=16)
-    drv.begin_sequence(stop_ids)
+    drv.begin_sequence(SequenceStart(loop=True, stop_ids=tuple(stop_ids)))
     dev.enqueue_prefill(PROMPT, 0)
     dev.set_input(PROMPT[-1], len(PROMPT) - 1)
     return dev, drv

@@ -7,6 +7,7 @@ from scripted_tokens import scripted_tokens
 from arcpy.backends import open_engine
 from arcpy.devices.fake import FakeDevice, FakeScript
 from arcpy.devices.scripted import scripted_next
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
@@ -94,7 +95,7 @@ def test_what_the_ranks_do_not_combine_is_not_offered():
     list(eng.generate(PROMPT, 4))
     assert eng.stats.speculation.startswith("off")
     with pytest.raises(InvalidArgumentError, match="log-probabilities: not over several devices yet"):
-        dev.set_logprobs(5)
+        dev.begin_sequence(SequenceStart(loop=True, logprobs=5))
 
 
 def test_ranks_of_different_models_are_refused():

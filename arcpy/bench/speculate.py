@@ -33,6 +33,7 @@ from arcpy.bench.kernels import Buffers, capture_graph, time_graph
 from arcpy.bench.loop import bench_max_seq
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import ArcError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import Engine
@@ -84,7 +85,7 @@ def step_costs(device, steps: int = 32, runs: int = 5) -> dict:
     for kind in ("plain", "speculative"):
         per_step = []
         for i in range(runs + 1):
-            drv.begin_sequence(())
+            drv.begin_sequence(SequenceStart(loop=True))
             device.enqueue_prefill(prompt, 0)
             device.set_input(prompt[-1], len(prompt) - 1)
             list(drv.run(1, first_commit=True))
@@ -113,7 +114,7 @@ def driver_tokens(device, prompt, sampling, n: int, speculative: bool) -> list[i
     given; None: greedy), in bursts of 8 steps, each plain or each speculative: the two kinds of
     step compared directly, without the policy."""
     drv = BurstDriver(device, max_spins=50_000_000)
-    drv.begin_sequence((), sampling=sampling)
+    drv.begin_sequence(SequenceStart(loop=True, sampling=sampling))
     device.enqueue_prefill(prompt, 0)
     device.set_input(prompt[-1], len(prompt) - 1)
     out = list(drv.run(1, first_commit=True))

@@ -1,6 +1,7 @@
 """The devices the loop runs on, each a DeviceOps (protocol.py: no synchronize in it).
 
-    protocol    DeviceOps, RingState, Counters, spin_until
+    protocol    DeviceOps, Capabilities (and what a device admits), RingState, Counters, spin_until
+    sequence    SequenceSpec (one request) and SequenceStart (what a device writes at its start)
     context     Context: one CUDA device and stream, device and pinned memory (libarc)
     cuda_model  CudaModel: libarc's forward of one model on a context
     cuda        CudaDevice and open_cuda_device: start-up on the GPU in one sequence

@@ -1,6 +1,6 @@
 """The CUDA context: one device, one non-blocking stream, device and pinned host memory, and the
-libarc struct of a sampling setting. Every GPU object (the forward, the device, the kernel
-benchmarks) is made on one.
+libarc structs of a sampling setting and of a sequence's start. Every GPU object (the forward, the
+device, the kernel benchmarks) is made on one.
 """
 
 from __future__ import annotations
@@ -100,3 +100,53 @@ def sampling_struct(ffi, sampling):
     s.temperature, s.top_p, s.top_k, s.seed = (sampling.temperature, sampling.top_p, min(sampling.top_k, 2**31 - 1),
                                                sampling.seed)
     return s
+
+
+SEQUENCE_PARTS = ("reset", "stop_ids", "sampling", "top_logprobs", "bias", "memory", "history", "history_start",
+                  "token_input")
+
+
+def sequence_struct(ffi, lib, **parts):
+    """An arc_sequence for arc_loop_begin_sequence that writes the parts given (None or absent: not
+    written): `reset` (the ring's, when true), `stop_ids`, `sampling` (a non-greedy Sampling, its
+    seed resolved), `top_logprobs` (the log-probabilities' alternatives), `bias` ((id, value)
+    pairs), `memory` and `history` (the drafts', as a device-readable int32 pointer and a count;
+    the history at position `history_start`, 0 unless given) and `token_input` ((token, position)).
+    Returns it with the arrays it points at, which must stay alive until the call returns."""
+    unknown = set(parts) - set(SEQUENCE_PARTS)
+    if unknown:
+        raise TypeError(f"not parts of a sequence's start: {sorted(unknown)}")
+    seq = ffi.new("arc_sequence *")
+    keep = [seq]
+    flags = lib.ARC_SEQ_RESET_RING if parts.get("reset") else 0
+    if parts.get("stop_ids") is not None:
+        stop_ids = parts["stop_ids"]
+        ids = ffi.new("int32_t[]", list(stop_ids) or [0])
+        keep.append(ids)
+        seq.stop_ids, seq.n_stop_ids = ids, len(stop_ids)
+        flags |= lib.ARC_SEQ_STOP_IDS
+    if parts.get("sampling") is not None:
+        seq.sampling = sampling_struct(ffi, parts["sampling"])[0]
+        flags |= lib.ARC_SEQ_SAMPLING
+    if parts.get("top_logprobs") is not None:
+        seq.top_logprobs = parts["top_logprobs"]
+        flags |= lib.ARC_SEQ_LOGPROBS
+    if parts.get("bias") is not None:
+        bias = parts["bias"]
+        ids = ffi.new("int32_t[]", [i for i, _ in bias] or [0])
+        values = ffi.new("float[]", [v for _, v in bias] or [0.0])
+        keep += [ids, values]
+        seq.bias_ids, seq.bias_values, seq.n_bias = ids, values, len(bias)
+        flags |= lib.ARC_SEQ_LOGIT_BIAS
+    if parts.get("memory") is not None:
+        seq.memory, seq.n_memory = parts["memory"]
+        flags |= lib.ARC_SEQ_DRAFT_MEMORY
+    if parts.get("history") is not None:
+        seq.history, seq.n_history = parts["history"]
+        seq.history_start = parts.get("history_start", 0)
+        flags |= lib.ARC_SEQ_HISTORY
+    if parts.get("token_input") is not None:
+        seq.token, seq.position = parts["token_input"]
+        flags |= lib.ARC_SEQ_INPUT
+    seq.parts = flags
+    return seq, keep

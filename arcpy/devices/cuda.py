@@ -19,14 +19,15 @@ from typing import Callable, Protocol
 import numpy as np
 
 from arcpy import _lib
-from arcpy.codes import ARC_BUSY, MAX_TOP_LOGPROBS, RING_CAPACITY
-from arcpy.devices.context import IDLE_SPINS, Context, sampling_struct
+from arcpy.codes import MAX_TOP_LOGPROBS, RING_CAPACITY
+from arcpy.devices.context import IDLE_SPINS, Context
 from arcpy.devices.cuda_model import CudaModel
 from arcpy.devices.draft_staging import DraftStaging
 from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
 from arcpy.devices.prompt_scores import PromptScores
 from arcpy.devices.protocol import Capabilities, Counters, RingState, spin_until
+from arcpy.devices.sequence_writes import SequenceWrites
 from arcpy.drafting import DEFAULT_DRAFTS
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model
@@ -49,11 +50,11 @@ class Forward(Protocol):
     def close(self) -> None: ...
 
 
-class CudaDevice(KVStore, PromptScores, DraftStaging):
+class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
     """DeviceOps over a forward on a context. The host path replays the forward's graph (or
     enqueues it eagerly); the device loop replays a step graph: the forward, then the argmax whose
     last block commits (greedy), or the draw whose deciding thread commits (sampled, with the
-    parameters `set_sampling` wrote). The device owns the forward, and the context when
+    parameters of the sequence's start, sequence_writes.py). The device owns the forward, and the context when
     `owns_context`."""
 
     def __init__(self, ctx: Context, forward: Forward, vocab: int | None = None,
@@ -65,9 +66,9 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         # The step graphs by (draw, log-probabilities, logit bias, mask); all False is step_graph.
         self.steps: dict[tuple[bool, bool, bool, bool], object] = {}
         self.supports_loop = self.supports_sampling = self.supports_logprobs = self.supports_masks = False
-        self._masking, self._mask = False, None  # set_masking chose the masked step graphs; the MaskBlock
+        self._masking, self._mask = False, None  # SequenceStart.masked chose the masked step graphs; the MaskBlock
         self.supports_logit_bias = True  # on the host path an eager kernel; the loop's graphs in capture()
-        self._top_logprobs, self._bias = None, False  # set_logprobs (None: off); set_logit_bias gave pairs
+        self._top_logprobs, self._bias = None, False  # SequenceStart.logprobs (None: off); its bias gave pairs
         self.speculate_k, self.speculate_ngram, self.speculation_refused = 0, 0, ""  # refused: why not captured
         self.supports_prefill = forward.supports_prefill
         # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
@@ -78,7 +79,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
         self._scores = self._scored = None  # enqueue_prompt_logprobs's arrays, and what it last scored
-        self._drawing = False  # set_sampling chose the sampled step graph
+        self._drawing = False  # SequenceStart.sampling chose the sampled step graph
         # stream_query() saw the stream idle after the last enqueue; a prefill may still read the pinned prompt
         self._idle = self._prompt_in_use = False
         self._memory, self._memory_sent, self._memory_in_use = None, None, False  # DraftStaging's
@@ -131,7 +132,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         draws = (False, True) if self.vocab <= most[0] else (False,)
         # Steps with the log-probabilities, a logit bias or a mask are captured apart, so that a
         # sequence without them runs the plain graphs unchanged.
-        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, 0))  # allocates the ring, outside any capture
+        _lib.check(self._begin(top_logprobs=0))  # allocates the log-probability ring, outside any capture
         self._mask = MaskBlock(self.ffi, self.lib, self.loop, self.vocab)
         flags = (False, True)
         for key in ((d, lp, b, m) for d in draws for lp in flags for b in flags for m in flags):
@@ -178,10 +179,6 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         return gp[0]
 
     # -- both paths ---------------------------------------------------------------------------
-
-    def set_input(self, token: int, position: int) -> None:
-        self._idle = False
-        _lib.check(self.lib.arc_loop_set_input(self.loop, token, position))
 
     def stream_query(self) -> bool:
         idle = self.ctx.query()
@@ -235,7 +232,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         self._stage_prompt(tokens)
         self.forward.prefill(self._prompt_dev, n, start)
         if self.speculate_k:  # the prompt is the history the drafts are looked up in
-            _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, start))
+            _lib.check(self._begin(history=(self._prompt_dev, n), history_start=start))
 
     def _stage_prompt(self, tokens) -> None:
         if self._prompt_in_use:
@@ -251,7 +248,9 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         else:
             self.forward.enqueue(self.loop)
 
-    def enqueue_argmax(self) -> None:
+    def enqueue_argmax(self, bias: bool = False) -> None:
+        if bias:
+            self._enqueue_logit_bias()
         self._idle = False
         _lib.check(self.lib.arc_argmax(self.ctx.ptr, self.forward.logits, self.forward.width,
                                        self._sampled_dev, self._sampled_value_dev,
@@ -261,7 +260,9 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         self._require_idle("the sampled token")
         return int(self._sampled[0]), float(self._sampled_value[0]), float(self._sampled_value[1])
 
-    def enqueue_logits_to_host(self) -> None:
+    def enqueue_logits_to_host(self, bias: bool = False) -> None:
+        if bias:
+            self._enqueue_logit_bias()
         self._idle = False
         self.ctx.download_async(self._host_logits, self.forward.logits)
 
@@ -271,58 +272,9 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
 
     # -- device loop --------------------------------------------------------------------------
 
-    def reset_ring(self) -> bool:
-        status = self.lib.arc_loop_reset_ring(self.loop)
-        if status == ARC_BUSY:
-            return False
-        _lib.check(status)
-        self._idle = False
-        self._prompt_in_use = self._memory_in_use = False  # the stream was idle: nothing reads the staging
-        return True
-
-    def set_stop_ids(self, ids: tuple[int, ...]) -> None:
-        self._idle = False
-        arr = self.ffi.new("int32_t[]", list(ids) or [0])
-        _lib.check(self.lib.arc_loop_set_stop_ids(self.loop, arr, len(ids)))
-
-    def set_sampling(self, sampling) -> None:
-        """None or a greedy Sampling: later steps take the argmax. Otherwise they draw with its
-        parameters (its seed resolved): written in stream order, so no graph is re-captured."""
-        self._drawing = sampling is not None and not sampling.is_greedy()
-        if not self._drawing:
-            return
-        if not self.supports_sampling:
-            raise InvalidArgumentError("this device's loop has no draw: sampling takes the host path")
-        if sampling.seed is None:
-            raise InvalidArgumentError("the device draw needs a resolved seed")
-        self._idle = False
-        _lib.check(self.lib.arc_loop_set_sampling(self.loop, sampling_struct(self.ffi, sampling)))
-
-    def set_logit_bias(self, pairs) -> None:
-        """Stream-ordered: the logits later forwards write get `pairs` ((id, value)) added, in the
-        loop's steps and where the host path enqueues enqueue_logit_bias. Empty: none."""
-        if not (pairs or self._bias):
-            return
-        self._idle = False
-        ids = self.ffi.new("int32_t[]", [i for i, _ in pairs] or [0])
-        values = self.ffi.new("float[]", [v for _, v in pairs] or [0.0])
-        _lib.check(self.lib.arc_loop_set_logit_bias(self.loop, ids, values, len(pairs)))
-        self._bias = bool(pairs)
-
-    def enqueue_logit_bias(self) -> None:
+    def _enqueue_logit_bias(self) -> None:
         self._idle = False
         _lib.check(self.lib.arc_loop_enqueue_logit_bias(self.loop, self.forward.logits, self.forward.width))
-
-    def set_logprobs(self, top_n: int | None) -> None:
-        """None: later steps write no log-probabilities (the plain step graphs). Otherwise each
-        token's, with `top_n` alternatives, beside it in the ring (stream-ordered)."""
-        self._top_logprobs = top_n
-        if top_n is None:
-            return
-        if not self.supports_logprobs:
-            raise InvalidArgumentError("this device's loop writes no log-probabilities")
-        self._idle = False
-        _lib.check(self.lib.arc_loop_set_logprobs(self.loop, top_n))
 
     def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]:
         lp, ids, values = self._lp
@@ -350,16 +302,11 @@ class CudaDevice(KVStore, PromptScores, DraftStaging):
         """After a forward or a prefill: the logit bias, the mask, then the sampler and its commit."""
         fwd = self.forward
         if bias:
-            self.enqueue_logit_bias()
+            self._enqueue_logit_bias()
         if mask:
             _lib.check(self.lib.arc_loop_enqueue_mask(self.loop, fwd.logits, fwd.width))
         commit = self.lib.arc_loop_enqueue_draw_commit if draw else self.lib.arc_loop_enqueue_sample_commit
         _lib.check(commit(self.loop, fwd.logits, fwd.width))
-
-    def set_masking(self, on: bool) -> None:
-        if on and not self.supports_masks:
-            raise InvalidArgumentError("this device's loop applies no token mask")
-        self._masking = on
 
     def write_mask(self, n: int, words) -> None:
         self._mask.write(n, words)

@@ -1,13 +1,12 @@
 """What the drafts of speculative steps look up, on its way to the GPU: a sequence's history
-(arc_loop_set_history, through the prompt's staging) and the memory of earlier sequences
-(arc_loop_set_draft_memory, through pinned, mapped staging of its own that the library's copy
-reads, rewritten only once no earlier copy can still read it, sent only when it changed)."""
+(through the prompt's staging) and the memory of earlier sequences (through pinned, mapped staging
+of its own that the library's copy reads, rewritten only once no earlier copy can still read it,
+sent only when it changed). Both go to the loop in arc_loop_begin_sequence (sequence_writes.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from arcpy import _lib
 from arcpy.codes import DRAFT_MEMORY
 from arcpy.devices.context import IDLE_SPINS
 from arcpy.devices.protocol import spin_until
@@ -15,19 +14,20 @@ from arcpy.errors import InvalidArgumentError
 
 
 class DraftStaging:
-    """CudaDevice's: it reads the device's `ctx`, `ffi`, `lib`, `loop`, `speculate_k`, `max_seq`,
+    """CudaDevice's: it reads the device's `ctx`, `ffi`, `speculate_k`, `max_seq`,
     `_prompt_dev` and `_stage_prompt` (the prompt's staging),
     `_memory` (the memory's staging: None until _reserve_draft_memory), `_memory_sent` (what the
     device holds) and `_memory_in_use` (cleared once the stream is seen idle)."""
 
-    def set_history(self, tokens) -> None:
-        """The history the drafts look up, from position 0 (a prompt that went through token by token)."""
+    def _stage_history(self, tokens) -> tuple[object, int]:
+        """The history the drafts look up, from position 0 (a prompt that went through token by
+        token, or one whose prefix was copied back), staged: (pointer, count) for the loop."""
         n = len(tokens)
         if not (self.speculate_k and 1 <= n <= self.max_seq):
             raise InvalidArgumentError(f"a history of {n} tokens needs a speculative step and at most max_seq "
                                        f"{self.max_seq} tokens")
         self._stage_prompt(tokens)
-        _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, 0))
+        return self._prompt_dev, n
 
     def _reserve_draft_memory(self) -> None:
         """The staging, allocated once, at load: an allocation may wait for the GPU."""
@@ -35,20 +35,20 @@ class DraftStaging:
             memory, memory_dev = self.ctx.pinned((DRAFT_MEMORY,), np.int32)
             self._memory = (memory, self.ffi.cast("int32_t *", memory_dev))
 
-    def set_draft_memory(self, layout) -> None:
-        """The drafts' memory (DraftMemory.layout()); sent only when it differs from what the
-        device holds. Waits only where the last copy may still read the staging."""
+    def _stage_draft_memory(self, layout) -> tuple[object, int] | None:
+        """The drafts' memory (DraftMemory.layout()) staged: (pointer, count) for the loop, or None
+        where it is what the device holds already. Waits only where the last copy may still read
+        the staging."""
         layout = np.asarray(layout, np.int32)
         n = len(layout)
         if not (self.speculate_k and n <= DRAFT_MEMORY and (n == 0 or layout[-1] < 0)):
             raise InvalidArgumentError(f"a draft memory of {n} ids needs a speculative step, at most {DRAFT_MEMORY} "
                                        "ids and a separator last")
         if self._memory_sent is not None and np.array_equal(self._memory_sent, layout):
-            return
+            return None
         if self._memory_in_use:
             spin_until(self.stream_query, IDLE_SPINS, "draft memory: waiting for the last copy")
         staging, staging_dev = self._memory
         staging[:max(n - 1, 0)] = layout[:-1]  # the library adds the last separator
-        self._idle = False
-        _lib.check(self.lib.arc_loop_set_draft_memory(self.loop, staging_dev, max(n - 1, 0)))
         self._memory_sent, self._memory_in_use = layout, True
+        return staging_dev, max(n - 1, 0)

@@ -5,7 +5,7 @@ at every poll_ring or stream_query, so the host's polling drives the clock. A Fa
 it misbehaves (fake_script.py): lost launches, sticky faults, fault-word codes, hangs, non-finite
 logits.
 
-Its forward writes logits from one rule (`_forward`); a device-loop step with sampling set draws
+Its forward writes logits from one rule (FakeScript.forward); a device-loop step with sampling set draws
 from those very logits by arcpy.sampling's definition, so its loop and its host path agree
 exactly, as the real ones must.
 """
@@ -21,7 +21,7 @@ from arcpy.codes import (DRAFT_MEMORY, FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAU
                          FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS)
 from arcpy.devices.fake_script import FakeScript
 from arcpy.devices.protocol import Capabilities, Counters, RingState
-from arcpy.devices.scripted import scripted_next
+from arcpy.devices.sequence import SequenceStart
 from arcpy.drafting import draft
 from arcpy.errors import ContextLostError, InvalidArgumentError
 from arcpy.sampling import Sampler, Sampling, token_logprob
@@ -55,12 +55,12 @@ class FakeDevice:
         self.prefix_granule = self.script.prefix_granule
         self.supports_logprobs = self.script.supports_logprobs
         self.supports_logit_bias = self.script.supports_logit_bias
-        self.bias: tuple = ()  # set_logit_bias: (id, value) pairs
-        self.masking, self.mask, self.mask_ready, self.mask_waited = False, None, 0, 0  # set_masking, write_mask
+        self.bias: tuple = ()  # SequenceStart.logit_bias: (id, value) pairs
+        self.masking, self.mask, self.mask_ready, self.mask_waited = False, None, 0, 0  # SequenceStart.masked, write_mask
         self.mask_timeouts = 0  # masked steps that waited past the script's patience
         self.prefix_row_bytes = self.script.prefix_row_bytes
         self.prefix_ops: list[tuple[str, int, int]] = []  # ("save" or "load", offset, rows), in order
-        self.top_logprobs: int | None = None  # set_logprobs: None, off
+        self.top_logprobs: int | None = None  # SequenceStart.logprobs: None, off
         self.entries: list = []  # the log-probabilities of each ring token, as they are written
         self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
         self.scored: list = []  # what the last enqueue_prompt_logprobs scored
@@ -78,35 +78,12 @@ class FakeDevice:
         self.sticky, self.steps_enqueued = False, 0
         self.speculate_k, self.speculate_ngram = self.script.speculate_k, self.script.speculate_ngram
         self.history = [0] * self.max_seq  # the loop's token history (drafts read it)
-        self.memory: tuple[int, ...] = ()  # the drafts' memory of earlier sequences (set_draft_memory)
+        self.memory: tuple[int, ...] = ()  # the drafts' memory of earlier sequences (SequenceStart.draft_memory)
         self.limit = None  # the ring count at which the burst stops publishing
         self.burst = 0  # the burst id last begun
         self.spec_steps = 0  # speculative steps whose commit ran
         self.drafts: list[list[int]] = []  # each speculative step's drafts, in order
         self.calls, self.log, self.closed = Counters(), [], False
-
-    def _next(self, token: int, position: int) -> int:
-        if self.script.next_token is not None:
-            return self.script.next_token(token, position)
-        return scripted_next(token, position, self.vocab)
-
-    def _forward(self, token: int, position: int, eager: bool = False) -> tuple[np.ndarray, int]:
-        """The logits the forward writes for (token, position), and their argmax: the scripted
-        next token, which (like a padded lm_head's) may lie outside the vocabulary."""
-        s = self.script
-        nxt = self._next(token, position)
-        logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
-        if 0 <= nxt < self.vocab:
-            logits[nxt] = 1.0
-        if eager:
-            logits += np.float32(s.eager_offset)
-        if position == s.nan_at_position:
-            logits[:] = np.nan
-            nxt = 0  # NaN wins the argmax, first index first
-        if position == s.flat_at_position:
-            logits[:] = 0.25
-            nxt = 0  # equal values go to the lowest index
-        return logits, nxt
 
     def _count(self, calls: int = 1, graphs: int = 0) -> None:
         self.calls = Counters(self.calls.cuda_calls + calls, self.calls.graph_launches + graphs)
@@ -148,7 +125,7 @@ class FakeDevice:
         elif op.kind in ("forward", "prefill"):
             # A prefill leaves what a forward of its last token at its last position would.
             token, position, eager = (self.token, self.position, op.arg) if op.kind == "forward" else (*op.arg, False)
-            self.logits, nxt = self._forward(token, position, eager=eager)
+            self.logits, nxt = self.script.forward(token, position, eager=eager)
             self.argmax_pending = (nxt, float(self.logits[nxt]) if 0 <= nxt < self.vocab else 1.0,
                                    float(self.logits.min()))
         elif op.kind == "argmax":
@@ -159,7 +136,7 @@ class FakeDevice:
         elif op.kind == "step":
             if self._gone(op):
                 return
-            logits, tok = self._forward(self.token, self.position)
+            logits, tok = self.script.forward(self.token, self.position)
             if self.bias:
                 logits, tok = self._add_bias(logits)
             if self.masking and self.position != s.nan_at_position:
@@ -172,7 +149,7 @@ class FakeDevice:
             self.entries.append(token_logprob(self.step_logits, self.ring[-1], op.arg))
         elif op.kind == "score":  # each token after the first, against a forward of the one before
             tokens, top = op.arg
-            self.scored = [token_logprob(self._forward(t, i)[0], tokens[i + 1], top) for i, t in enumerate(tokens[:-1])]
+            self.scored = [token_logprob(self.script.forward(t, i)[0], tokens[i + 1], top) for i, t in enumerate(tokens[:-1])]
 
     def _drawn(self, logits: np.ndarray, argmax: int, position: int) -> int:
         """The token a step at `position` makes of its logits: the argmax, or with a sampler set the
@@ -205,7 +182,7 @@ class FakeDevice:
         self.fault = RingState(0, FAULT_MASK_TIMEOUT, -1, self.position + 1)
         return False
 
-    def set_masking(self, on: bool) -> None:
+    def _set_masking(self, on: bool) -> None:
         if on and not self.script.supports_masks:
             raise InvalidArgumentError("this device loop applies no token mask")
         self.masking = on
@@ -266,7 +243,7 @@ class FakeDevice:
         self.drafts.append(drafts)
         rows = [self.token, *drafts]
         for i, row_token in enumerate(rows):
-            made = self._drawn(*self._forward(row_token, p + i), p + i)
+            made = self._drawn(*self.script.forward(row_token, p + i), p + i)
             if not self._commit(op, made) or i >= len(drafts) or drafts[i] != made:
                 break
         self.spec_steps += 1
@@ -318,11 +295,15 @@ class FakeDevice:
         self._count(1, 0 if eager else 1)
         self._enqueue(_Op("forward", eager))
 
-    def enqueue_argmax(self) -> None:
+    def enqueue_argmax(self, bias: bool = False) -> None:
+        if bias:
+            self._enqueue_bias()
         self._count()
         self._enqueue(_Op("argmax"))
 
-    def enqueue_logits_to_host(self) -> None:
+    def enqueue_logits_to_host(self, bias: bool = False) -> None:
+        if bias:
+            self._enqueue_bias()
         self._count()
         self._enqueue(_Op("argmax"))
 
@@ -332,7 +313,30 @@ class FakeDevice:
     def host_logits(self) -> np.ndarray:
         return self.logits.copy()
 
-    def reset_ring(self) -> bool:
+    def begin_sequence(self, start: SequenceStart) -> bool:
+        # In the order arc_loop_begin_sequence writes its parts.
+        if start.loop:
+            if not self._reset_ring():
+                return False
+            if len(start.stop_ids) > MAX_STOP_IDS:
+                raise InvalidArgumentError(f"at most {MAX_STOP_IDS} stop ids")
+            self.stop_ids = tuple(start.stop_ids)
+            self._set_sampling(start.sampling)
+            if start.logprobs is not None or self.supports_logprobs:
+                self._set_logprobs(start.logprobs)
+            if start.masked or self.script.supports_masks:
+                self._set_masking(start.masked)
+        if start.logit_bias or self.supports_logit_bias:
+            self._set_logit_bias(start.logit_bias)
+        if start.draft_memory is not None:
+            self._set_draft_memory(start.draft_memory)
+        if start.history is not None:
+            self._set_history(start.history)
+        if start.input is not None:
+            self.set_input(*start.input)
+        return True
+
+    def _reset_ring(self) -> bool:
         if not self.stream_query():
             return False
         self.ring, self.dev_fault, self.fault, self.stopped = [], FAULT_NONE, RingState(0), 0
@@ -340,12 +344,7 @@ class FakeDevice:
         self.spec_steps, self.limit = 0, None
         return True
 
-    def set_stop_ids(self, ids: tuple[int, ...]) -> None:
-        if len(ids) > MAX_STOP_IDS:
-            raise InvalidArgumentError(f"at most {MAX_STOP_IDS} stop ids")
-        self.stop_ids = tuple(ids)
-
-    def set_sampling(self, sampling: Sampling | None) -> None:
+    def _set_sampling(self, sampling: Sampling | None) -> None:
         if sampling is not None and not sampling.is_greedy():
             if not self.supports_sampling:
                 raise InvalidArgumentError("this device loop draws the argmax only")
@@ -372,14 +371,14 @@ class FakeDevice:
         # counted as a step for the fault script, with no graph launch.
         self.enqueue_step(burst_id, graphs=0)
 
-    def set_history(self, tokens) -> None:
+    def _set_history(self, tokens) -> None:
         tokens = tuple(int(t) for t in tokens)
         if not tokens or len(tokens) > self.max_seq:
             raise InvalidArgumentError(f"a history of {len(tokens)} tokens does not fit max_seq {self.max_seq}")
         self._count()
         self._enqueue(_Op("history", (tokens, 0)))
 
-    def set_draft_memory(self, layout) -> None:
+    def _set_draft_memory(self, layout) -> None:
         layout = tuple(int(t) for t in layout)
         if not (self.speculate_k and len(layout) <= DRAFT_MEMORY and (not layout or layout[-1] < 0)):
             raise InvalidArgumentError(f"a draft memory of {len(layout)} ids refused (as CudaDevice refuses it)")
@@ -428,17 +427,17 @@ class FakeDevice:
         self._count()
         self.prefix_ops.append(("load", offset, n, saved))
 
-    def set_logit_bias(self, pairs) -> None:
+    def _set_logit_bias(self, pairs) -> None:
         if pairs and not self.supports_logit_bias:
             raise InvalidArgumentError("this device adds no logit bias")
         self._count()
         self.bias = tuple(pairs)  # at once, like the sampling: set on an idle stream
 
-    def enqueue_logit_bias(self) -> None:
+    def _enqueue_bias(self) -> None:
         self._count()
         self._enqueue(_Op("bias"))
 
-    def set_logprobs(self, top_n: int | None) -> None:
+    def _set_logprobs(self, top_n: int | None) -> None:
         if top_n is not None and not self.supports_logprobs:
             raise InvalidArgumentError("this device loop writes no log-probabilities")
         self._count()

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from arcpy.codes import FAULT_TOKEN_RANGE
+from arcpy.devices.scripted import scripted_next
 
 
 @dataclass
@@ -38,3 +41,21 @@ class FakeScript:
     mask_patience: int = 10_000           # ticks a masked step waits for its mask before the fault
     speculate_k: int = 0                  # drafts a speculative step verifies (0: no such step)
     speculate_ngram: int = 3
+
+    def forward(self, token: int, position: int, eager: bool = False) -> tuple[np.ndarray, int]:
+        """The logits the fake's forward writes for (token, position), and their argmax: the
+        scripted next token, which (like a padded lm_head's) may lie outside the vocabulary."""
+        s = self
+        nxt = s.next_token(token, position) if s.next_token is not None else scripted_next(token, position, s.vocab)
+        logits = np.linspace(0.0, 0.5, self.vocab, dtype=np.float32)
+        if 0 <= nxt < self.vocab:
+            logits[nxt] = 1.0
+        if eager:
+            logits += np.float32(s.eager_offset)
+        if position == s.nan_at_position:
+            logits[:] = np.nan
+            nxt = 0  # NaN wins the argmax, first index first
+        if position == s.flat_at_position:
+            logits[:] = 0.25
+            nxt = 0  # equal values go to the lowest index
+        return logits, nxt

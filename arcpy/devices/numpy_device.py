@@ -9,6 +9,7 @@ import numpy as np
 
 from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.sequence import SequenceStart
 from arcpy.sampling import TokenLogprob, token_logprob
 
 PREFILL_CHUNK = 64  # prompt tokens a pass of the prefill takes
@@ -41,10 +42,16 @@ class HostPathDevice:
     def close(self) -> None:
         pass
 
-    def enqueue_argmax(self) -> None:
+    def begin_sequence(self, start: SequenceStart) -> bool:
+        """No loop, no logit bias, no drafts: only the input."""
+        if start.input is not None:
+            self.set_input(*start.input)
+        return True
+
+    def enqueue_argmax(self, bias: bool = False) -> None:
         pass
 
-    def enqueue_logits_to_host(self) -> None:
+    def enqueue_logits_to_host(self, bias: bool = False) -> None:
         pass
 
     def sampled(self) -> tuple[int, float, float]:

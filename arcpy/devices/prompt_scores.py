@@ -33,7 +33,7 @@ class PromptScores:
         self.forward.score(self._prompt_dev, n, self.vocab, top_n, self.ffi.cast("float *", lp),
                            self.ffi.cast("int32_t *", ids), self.ffi.cast("float *", values))
         if self.speculate_k:  # the prompt is the history the drafts are looked up in, as after a prefill
-            _lib.check(self.lib.arc_loop_set_history(self.loop, self._prompt_dev, n, 0))
+            _lib.check(self._begin(history=(self._prompt_dev, n)))
         self._scored = (n - 1, top_n)
 
     def read_prompt_logprobs(self) -> list[TokenLogprob]:

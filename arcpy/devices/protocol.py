@@ -18,9 +18,10 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from arcpy.codes import FAULT_NONE
+from arcpy.codes import FAULT_NONE, MAX_STOP_IDS
+from arcpy.devices.sequence import SequenceSpec, SequenceStart
 from arcpy.errors import HangError
-from arcpy.sampling import Sampling, TokenLogprob
+from arcpy.sampling import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class RingState:
     fault_pos: int = 0
     stopped: int = 0
     steps: int = 0  # speculative steps whose commit ran since the ring was reset
-    logprobs: int = 0  # log-probability entries written (at most `published`; set_logprobs)
+    logprobs: int = 0  # log-probability entries written (at most `published`; SequenceStart.logprobs)
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,27 @@ class Capabilities:
     speculation_refused: str = ""  # why speculative steps were asked for and not captured
     memory_report: bool = False    # memory_report() says what the model takes on the device
     logprobs: bool = False         # log-probabilities of the chosen tokens land in the ring
-    logit_bias: bool = False       # a logit bias is added on the device (set_logit_bias)
+    logit_bias: bool = False       # a logit bias is added on the device (SequenceStart.logit_bias)
     prefix_granule: int = 0        # a prefill may resume after an earlier one's rows at multiples of this (0: never)
     prefix_row_bytes: int = 0      # bytes a position's KV rows take in the prefix store (0: no store)
     masks: bool = False            # a token mask (constrained output) applies on the device
+
+    def admits(self, spec: SequenceSpec) -> tuple[bool, str]:
+        """(admitted, reason): whether this device's loop runs `spec`; the reason names the first
+        thing it lacks. The environment's gates and the fallback latch are arcpy/loop/gate.py's."""
+        if not self.loop:
+            return False, "the backend has no captured graph (eager forward or CPU)"
+        if not spec.sampling.is_greedy() and not self.sampling:
+            return False, "non-greedy sampling: this backend's device loop has no sampler, only the argmax"
+        if len(spec.stop_ids) > MAX_STOP_IDS:
+            return False, f"{len(spec.stop_ids)} stop ids; the commit kernel holds at most {MAX_STOP_IDS}"
+        if spec.logprobs is not None and not self.logprobs:
+            return False, "log-probabilities: this device loop writes none"
+        if spec.logit_bias and not self.logit_bias:
+            return False, "logit_bias: this device loop adds none"
+        if spec.matcher is not None and not self.masks:
+            return False, "constrained output: this device loop applies no token mask"
+        return True, "admitted"
 
 
 class DeviceOps(Protocol):
@@ -77,12 +95,17 @@ class DeviceOps(Protocol):
     speculate_ngram: int     # the longest n-gram its draft looks up
 
     # Both paths
-    def set_input(self, token: int, position: int) -> None: ...
+    def set_input(self, token: int, position: int) -> None: ...  # what the next forward reads
     def stream_query(self) -> bool: ...  # True when idle; raises DeviceFaultError on a fault
     def counters(self) -> Counters: ...
     def close(self) -> None: ...
+    # A sequence's start, one call (arcpy/devices/sequence.py says what and in which order): False,
+    # with nothing written, while steps are in flight and `start.loop` asks for the ring's reset.
+    # Stream-ordered: steps enqueued later draw with its parameters.
+    def begin_sequence(self, start: SequenceStart) -> bool: ...
     # The forward over `tokens` at positions start.., all at once: the KV cache written for each,
     # the logits of the last left where the host path and the commit read them. Stream-ordered.
+    # With speculative steps, the tokens also go into the drafts' history.
     def enqueue_prefill(self, tokens: Sequence[int], start: int) -> None: ...
     # The same from position 0 (capabilities.prefill), with every token after the first scored:
     # its log-probability given the row before it and `top_n` alternatives, as a step's; read by
@@ -90,53 +113,37 @@ class DeviceOps(Protocol):
     def enqueue_prompt_logprobs(self, tokens: Sequence[int], top_n: int) -> None: ...
     def read_prompt_logprobs(self) -> list[TokenLogprob]: ...
 
-    # Host path
+    # Host path. `bias`: the sequence's logit bias (capabilities.logit_bias) is added to the
+    # forward's logits first.
     def enqueue_forward(self, eager: bool = False) -> None: ...
-    def enqueue_argmax(self) -> None: ...
-    def enqueue_logits_to_host(self) -> None: ...
+    def enqueue_argmax(self, bias: bool = False) -> None: ...
+    def enqueue_logits_to_host(self, bias: bool = False) -> None: ...
     def sampled(self) -> tuple[int, float, float]: ...  # the argmax, its logit, the smallest logit, once idle
     def host_logits(self) -> np.ndarray: ...
 
     # Device loop
-    def reset_ring(self) -> bool: ...  # False while steps are in flight
-    def set_stop_ids(self, ids: tuple[int, ...]) -> None: ...
-    # Stream-ordered like set_stop_ids: steps enqueued later draw with these parameters (the seed
-    # resolved, never None); None or a greedy Sampling selects the argmax.
-    def set_sampling(self, sampling: Sampling | None) -> None: ...
     def enqueue_step(self, burst_id: int) -> None: ...
     # A step of burst `burst_id` without its forward: the sampler and the commit on the logits a
     # prefill left, so the prompt's next token lands in the ring like every other.
     def enqueue_commit(self, burst_id: int) -> None: ...
-    # Speculative steps (speculate_k > 0; greedy, or drawn as set_sampling says): the prompt's ids
-    # go into the loop's history by enqueue_prefill, or by set_history when the prompt goes
-    # through token by token.
-    def set_history(self, tokens: Sequence[int]) -> None: ...
-    # The drafts' memory of earlier sequences (arcpy.drafting.DraftMemory.layout(): each sequence
-    # followed by a negative id; empty: none), kept on the device across sequences.
-    def set_draft_memory(self, layout: Sequence[int]) -> None: ...
     # The commits enqueued after this belong to burst `burst_id`, which publishes at most
     # `max_tokens` tokens.
     def begin_burst(self, burst_id: int, max_tokens: int) -> None: ...
+    # Speculative steps (speculate_k > 0; greedy, or drawn with the sequence's sampling): the
+    # drafts look up the history (the prefill's tokens, SequenceStart.history, the commits') and
+    # the memory of earlier sequences (arcpy.drafting.DraftMemory.layout(), kept across sequences).
     def enqueue_spec_step(self, burst_id: int) -> None: ...
     def poll_ring(self) -> RingState: ...
     def read_ring(self, first: int, count: int) -> list[int]: ...
-    # Log-probabilities in the loop (supports_logprobs): stream-ordered like set_sampling, later
-    # steps write each token's entry beside it (None: none, and no cost); read once
-    # RingState.logprobs covers them.
+    # Log-probabilities in the loop (capabilities.logprobs, SequenceStart.logprobs): later steps
+    # write each token's entry beside it; read once RingState.logprobs covers them.
     supports_logprobs: bool
-    def set_logprobs(self, top_n: int | None) -> None: ...
-    # A logit bias added on the device (supports_logit_bias): stream-ordered pairs (id, value),
-    # added by the loop's steps, and on the host path where enqueue_logit_bias follows a forward.
     supports_logit_bias: bool
-    def set_logit_bias(self, pairs: Sequence[tuple[int, float]]) -> None: ...
-    def enqueue_logit_bias(self) -> None: ...
     def read_logprobs(self, first: int, count: int) -> list[TokenLogprob]: ...
-    # Token masks on the device (capabilities.masks): stream-ordered like set_sampling, later steps
-    # apply the mask of the token they publish (on: the masked step graphs). write_mask(n, words)
-    # gives the mask of the sequence's token n (n tokens published so far; int32 words, bit i % 32
-    # of word i / 32 allows id i); a masked step waits on the device for it. release_masks() lets
-    # every step in flight pass unmasked: a sequence abandoned mid-burst.
-    def set_masking(self, on: bool) -> None: ...
+    # Token masks on the device (capabilities.masks, SequenceStart.masked: the masked step graphs).
+    # write_mask(n, words) gives the mask of the sequence's token n (n tokens published so far;
+    # int32 words, bit i % 32 of word i / 32 allows id i); a masked step waits on the device for
+    # it. release_masks() lets every step in flight pass unmasked: a sequence abandoned mid-burst.
     def write_mask(self, n: int, words) -> None: ...
     def release_masks(self) -> None: ...
 

@@ -19,9 +19,9 @@ from typing import Iterator
 
 from arcpy.codes import FAULT_DEGENERATE, FAULT_NONFINITE
 from arcpy.devices.protocol import DeviceOps, RingState, spin_until
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import (BadLogitsError, DegenerateLogitsError, DeviceFaultError, FaultWordError, HangError,
                            NonFiniteLogitsError, ShortBurstError)
-from arcpy.sampling import Sampling
 
 # Polls of the stream or the ring that may say no before a wait counts as a hang (HangError).
 MAX_SPINS = 20_000_000
@@ -56,28 +56,21 @@ class BurstDriver:
         self.guide = None  # a masked sequence's Constrained: it sees every token, and gives the next mask
         self.stop_ids: frozenset[int] = frozenset()
 
-    def begin_sequence(self, stop_ids: tuple[int, ...], sampling: Sampling | None = None,
-                       logprobs: int | None = None, sink=None, guide=None) -> None:
-        """Reset the ring for a new sequence, and give the device its stop ids and sampling
-        parameters (None: greedy). With `logprobs` (alternatives, 0..20), a token is taken only
-        once its log-probabilities are written too, and they go to `sink` (appended, in order).
-        The ring may only be reset once no step is in flight (the
-        tail of a burst a stop id ended may still be retiring): that wait is a host wait,
-        counted, once per sequence, never per token. With `guide` (a Constrained, on a device
-        with masks) every step applies the grammar's mask on the device: the first is written now,
-        and each next one as soon as the tokens before it are taken from the ring."""
-        if spin_until(self.device.reset_ring, self.max_spins, "device loop: resetting the ring"):
+    def begin_sequence(self, start: SequenceStart, sink=None, guide=None) -> None:
+        """Start a device-loop sequence: the device's ring reset, and its stop ids, sampling
+        parameters and the rest of `start` written, in one begin_sequence. The ring may only be
+        reset once no step is in flight (the tail of a burst a stop id ended may still be
+        retiring): that wait is a host wait, counted, once per sequence, never per token. With
+        log-probabilities (start.logprobs), a token is taken only once its entry is written too,
+        and the entries go to `sink` (appended, in order). With `guide` (a Constrained, on a device
+        with masks; start.masked) every step applies the grammar's mask on the device: the first
+        is written now, and each next one as soon as the tokens before it are taken from the ring."""
+        if spin_until(lambda: self.device.begin_sequence(start), self.max_spins, "device loop: resetting the ring"):
             self.host_waits += 1
         self.published = 0
         self.steps = 0
-        self.stop_ids = frozenset(stop_ids)
-        self.device.set_stop_ids(tuple(stop_ids))
-        self.device.set_sampling(sampling)
-        if logprobs is not None or self.device.capabilities.logprobs:
-            self.device.set_logprobs(logprobs)
-        self.sink = sink if logprobs is not None else None
-        if guide is not None or self.device.capabilities.masks:
-            self.device.set_masking(guide is not None)
+        self.stop_ids = frozenset(start.stop_ids)
+        self.sink = sink if start.logprobs is not None else None
         self.guide = guide
         if guide is not None:
             guide.fill()

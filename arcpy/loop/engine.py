@@ -30,6 +30,7 @@ from typing import Iterable, Iterator, Mapping
 
 from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
+from arcpy.devices.sequence import SequenceSpec
 from arcpy.drafting import DraftMemory
 from arcpy.errors import (
     ArcError,
@@ -44,11 +45,12 @@ from arcpy.loop.burst import MAX_SPINS, BurstDriver
 from arcpy.loop.constrain import Constrained, matcher_for
 from arcpy.loop.host import HostPath
 from arcpy.loop.prefix import PrefixCache
-from arcpy.loop.prompt import Piece, check_prompt, request_ids, request_stop_ids
-from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request, logit_bias_pairs
+from arcpy.loop.plan import Plan, Settings, plan_sequence, sequence_spec, with_loop
+from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
+from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.sequence import SequenceState as _Sequence
 from arcpy.loop.speculate import StepCost, burst, speculation
-from arcpy.loop.stats import CONTEXT_FULL, DEVICE_LOOP, HOST, STOP_ID, TOKEN_BUDGET, FinishReason, GenerationStats
+from arcpy.loop.stats import DEVICE_LOOP, HOST, STOP_ID, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
@@ -117,66 +119,64 @@ class Engine(HostPath):
     def start(self, prompt_ids: Iterable[int], max_new_tokens: int, stop_ids: Iterable[int] = (),
               sampling: Sampling | None = None, batch_size: int = 1, matcher=None, logprobs: int | None = None,
               logit_bias: tuple = ()) -> None:
-        """Begin a sequence; a sequence still running is preempted. The prompt goes through the
-        model in one forward where the device has a prefill (unless the engine was made with
-        prefill=False, or verifies every step), and its first token is drawn from that forward's
-        logits: on the device loop by the first burst's commit, with no host wait between prompt
-        and answer. Otherwise the prompt goes through the decode step one token at a time, again
-        with no host wait between its steps. A `matcher` (arcpy.text.grammar) constrains the
-        answer: each step's logits masked by it (arcpy.loop.constrain): on the device loop by the
-        step itself, the host writing each next mask as the tokens land (a device with masks), else
-        on the host path."""
-        if self.poisoned:
-            raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
+        """Begin a sequence (begin(), with the SequenceSpec these arguments make); a sequence
+        still running is preempted."""
+        self._usable()
         self.admit(batch_size)
         self._finish("preempted")
-        logit_bias = logit_bias_pairs(logit_bias)
+        self._run(self.plan(sequence_spec(prompt_ids, max_new_tokens, stop_ids, sampling, matcher, logprobs,
+                                          logit_bias)))
+
+    def begin(self, spec: SequenceSpec) -> None:
+        """Begin the sequence `spec` asks for; a sequence still running is preempted. The prompt
+        goes through the model in one forward where the device has a prefill (unless the engine
+        was made with prefill=False, or verifies every step), and its first token is drawn from
+        that forward's logits: on the device loop by the first burst's commit, with no host wait
+        between prompt and answer. Otherwise the prompt goes through the decode step one token at
+        a time, again with no host wait between its steps. A matcher (arcpy.text.grammar)
+        constrains the answer: each step's logits masked by it (arcpy.loop.constrain): on the
+        device loop by the step itself, the host writing each next mask as the tokens land (a
+        device with masks), else on the host path."""
+        self._usable()
+        self._finish("preempted")
+        self._run(self.plan(spec))
+
+    def plan(self, spec: SequenceSpec) -> Plan:
+        """What `spec` runs as on this engine's device (arcpy/loop/plan.py); no device work."""
         dev = self.device
-        prompt = [int(t) for t in prompt_ids]
-        stops = tuple(dict.fromkeys(int(t) for t in stop_ids))
-        if not prompt:
-            raise InvalidArgumentError("the prompt is empty: give at least one token id")
-        check_prompt(prompt, dev.vocab, dev.max_seq, stops + tuple(i for i, _ in logit_bias),
-                     f" (the engine's max_seq {dev.max_seq})")
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
-            raise InvalidArgumentError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        sampler = Sampler(sampling or Sampling())
-        admitted, reason = gate.device_loop_admission(
-            self.device_loop, greedy=sampler.greedy, supports_loop=self.driver is not None,
-            supports_sampling=dev.supports_sampling, n_stop_ids=len(stops), environ=self.environ,
-            latch=self.latch, verify=self.verify)
-        if admitted and logprobs is not None and not dev.capabilities.logprobs:
-            admitted, reason = False, "log-probabilities: this device loop writes none"
-        bias_on_device = bool(logit_bias) and dev.capabilities.logit_bias and not self.verify
-        if admitted and logit_bias and not bias_on_device:
-            admitted, reason = False, "logit_bias: this device loop adds none"
-        if matcher is not None and admitted and not dev.capabilities.masks:
-            admitted, reason = False, "constrained output: this device loop applies no token mask"
-        constrained = matcher and Constrained(matcher, dev.vocab)
-        self.stats = GenerationStats(self.backend, DEVICE_LOOP if admitted else HOST, len(prompt),
+        settings = Settings(self.device_loop, self.verify, self.prefill, self.speculate, self.environ, self.latch)
+        caps = with_loop(dev.capabilities, self.driver is not None)
+        return plan_sequence(spec, caps, dev.vocab, dev.max_seq, settings)
+
+    def _usable(self) -> None:
+        if self.poisoned:
+            raise DeviceFaultError(f"the GPU context is unusable: {self.poisoned}")
+
+    def _run(self, plan: Plan) -> None:
+        """Start `plan` on the device: the sequence's start in one begin_sequence (through the
+        burst driver on the device loop), the prefix store's copies, then the prompt."""
+        spec, dev = plan.spec, self.device
+        prompt = list(spec.prompt)
+        sampler = Sampler(spec.sampling)
+        constrained = (spec.matcher and Constrained(spec.matcher, dev.vocab)) or None
+        self.stats = GenerationStats(self.backend, DEVICE_LOOP if plan.loop else HOST, len(prompt),
                                      seed=None if sampler.greedy else sampler.params.seed)
-        self.path_reason = reason
-        plain = logprobs is None and not logit_bias and matcher is None  # what a speculative step computes
+        self.path_reason = plan.reason
         memory = self.memory.layout() if self.memory is not None else []
-        policy = speculation(dev, self.speculate and plain, admitted, prompt, self.step_cost, self.stats, memory)
+        policy = speculation(dev, plan.speculate, plan.loop, prompt, self.step_cost, self.stats, memory)
+        granule = dev.capabilities.prefix_granule if plan.prefill else 0
+        start = plan.device_start(None if sampler.greedy else sampler.params,
+                                  None if policy is None else memory, restored=self.prefix.restores(prompt, granule))
         self._t0, self._c0 = time.perf_counter(), dev.counters()
         try:
-            if admitted:
+            if plan.loop:
                 self.driver.host_waits = 0
-                self.driver.begin_sequence(stops, None if sampler.greedy else sampler.params, logprobs,
-                                           self.pending_logprobs, constrained or None)
+                self.driver.begin_sequence(start, self.pending_logprobs, constrained)
                 self.stats.setup_waits = self.driver.host_waits
-            if dev.capabilities.logit_bias:
-                dev.set_logit_bias(logit_bias if bias_on_device else ())
-            if policy is not None:
-                dev.set_draft_memory(memory)
-            prefill = self.prefill and not self.verify and dev.supports_prefill
-            granule = dev.capabilities.prefix_granule if prefill else 0
+            else:
+                dev.begin_sequence(start)
             cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
-            if self.prefix.restored and policy is not None:
-                dev.set_history(prompt)  # the drafts' history of the restored positions too
-            if prefill:
-                dev.set_input(prompt[-1], len(prompt) - 1)  # where the first commit continues
+            if plan.prefill:
                 dev.enqueue_prefill(prompt[cached:], cached)
                 self.prefix.prefilled(prompt, cached, granule)
                 self.stats.cached_tokens = cached
@@ -184,19 +184,16 @@ class Engine(HostPath):
                 for i, tok in enumerate(prompt[:-1]):
                     dev.set_input(tok, i)
                     dev.enqueue_forward()
-                if admitted:
+                if plan.loop:
                     dev.set_input(prompt[-1], len(prompt) - 1)
-                if policy is not None:  # the prefill writes the history itself
-                    dev.set_history(prompt)
         except DeviceFaultError as exc:
             self._poison(str(exc))
             raise
-        room = dev.max_seq - len(prompt)
-        self.seq = _Sequence(prompt[-1], len(prompt) - 1, min(max_new_tokens, room), frozenset(stops), sampler,
-                             admitted, budget_reason=TOKEN_BUDGET if max_new_tokens <= room else CONTEXT_FULL,
-                             prefilled=prefill, policy=policy, logprobs=logprobs, bias=tuple(logit_bias),
-                             bias_on_device=bias_on_device, constrained=constrained or None)
-        self.stats.prefill = prefill
+        self.seq = _Sequence(prompt[-1], len(prompt) - 1, plan.max_new, frozenset(spec.stop_ids), sampler,
+                             plan.loop, budget_reason=plan.budget_reason, prefilled=plan.prefill, policy=policy,
+                             logprobs=spec.logprobs, bias=spec.logit_bias, bias_on_device=plan.bias_on_device,
+                             constrained=constrained)
+        self.stats.prefill = plan.prefill
         if self.seq.max_new == 0:
             self._finish(self.seq.budget_reason)
 

@@ -14,7 +14,8 @@ import threading
 from typing import Mapping
 
 from arcpy.checks import read_flag
-from arcpy.codes import MAX_STOP_IDS
+from arcpy.devices.protocol import Capabilities
+from arcpy.devices.sequence import SequenceSpec
 
 log = logging.getLogger("arcpy")
 
@@ -60,13 +61,13 @@ class FallbackLatch:
 LATCH = FallbackLatch()
 
 
-def device_loop_admission(requested: bool | None, *, greedy: bool, supports_loop: bool, supports_sampling: bool,
-                          n_stop_ids: int, environ: Mapping[str, str] | None = None,
-                          latch: FallbackLatch = LATCH, verify: bool | None = None) -> tuple[bool, str]:
-    """(admitted, reason). `requested` and `verify` are explicit API/CLI choices; None defers
-    to the environment (unset means on, where the backend has a loop). `greedy` is the sampler's
-    own predicate; `supports_sampling` says the device loop can draw non-greedy tokens. The
-    reason names the first gate that refused."""
+def device_loop_admission(requested: bool | None, capabilities: Capabilities, spec: SequenceSpec, *,
+                          environ: Mapping[str, str] | None = None, latch: FallbackLatch = LATCH,
+                          verify: bool | None = None) -> tuple[bool, str]:
+    """(admitted, reason): whether `spec` runs on the device loop. `requested` and `verify` are
+    explicit API/CLI choices; None defers to the environment (unset means on, where the backend
+    has a loop). What the device can do is its own rule (Capabilities.admits). The reason names
+    the first gate that refused."""
     if verify is None:
         verify = read_flag(VERIFY_ALWAYS, DEFAULTS[VERIFY_ALWAYS], environ)
     wanted = read_flag(DEVICE_LOOP, DEFAULTS[DEVICE_LOOP], environ) if requested is None else requested
@@ -74,12 +75,9 @@ def device_loop_admission(requested: bool | None, *, greedy: bool, supports_loop
         return False, f"{DEVICE_LOOP} is off"
     if verify:
         return False, f"{VERIFY_ALWAYS} is on: the host path verifies every step"
-    if not supports_loop:
-        return False, "the backend has no captured graph (eager forward or CPU)"
-    if not greedy and not supports_sampling:
-        return False, "non-greedy sampling: this backend's device loop has no sampler, only the argmax"
-    if n_stop_ids > MAX_STOP_IDS:
-        return False, f"{n_stop_ids} stop ids; the commit kernel holds at most {MAX_STOP_IDS}"
+    admitted, reason = capabilities.admits(spec)
+    if not admitted:
+        return False, reason
     if latch.latched:
         return False, f"latched off earlier in this process: {latch.reason}"
     return True, "admitted"

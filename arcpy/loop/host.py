@@ -26,10 +26,9 @@ class HostPath:
         else:
             dev.set_input(seq.last_token, seq.position)
             dev.enqueue_forward()
-        if seq.bias_on_device:
-            dev.enqueue_logit_bias()
+        bias = seq.bias_on_device  # the device adds the logit bias before the logits are read
         if seq.constrained is not None:  # the mask is computed while the forward runs
-            dev.enqueue_logits_to_host()
+            dev.enqueue_logits_to_host(bias)
             seq.constrained.fill()
             self._wait_idle()
             logits = self._biased(dev.host_logits())
@@ -37,12 +36,12 @@ class HostPath:
         elif self.verify:
             tok, logits = self._verified_token()
         elif seq.sampler.greedy and seq.logprobs is None and not (seq.bias and not seq.bias_on_device):
-            dev.enqueue_argmax()
+            dev.enqueue_argmax(bias)
             self._wait_idle()
             tok, value, low = dev.sampled()
             self._require_usable(value, low)
         else:
-            dev.enqueue_logits_to_host()
+            dev.enqueue_logits_to_host(bias)
             self._wait_idle()
             logits = self._biased(dev.host_logits())
             tok = self._drawn(logits)

@@ -64,15 +64,25 @@ class PrefixCache:
         if nbytes >= row:
             self.capacity, self.row_bytes = device.reserve_prefix_store(nbytes), row
 
-    def prepare(self, prompt: list[int], device, granule: int) -> int:
-        """Before a prefill of `prompt` (granule 0: before its rows are written otherwise): the
-        positions whose rows it keeps, with a stored prefix's copied back where one shares more.
-        The held prefix's rows that are about to be rewritten are stored first."""
+    def _match(self, prompt: list[int], granule: int) -> tuple[int, Stored | None]:
+        """The positions of `prompt` whose rows can be kept, and the stored prefix they are copied
+        back from (None: the held one's rows, or none)."""
         best, entry = (shared(self.held, prompt, granule), None) if self.enabled else (0, None)
         for e in self.stored if self.enabled else ():
             m = shared(e.tokens, prompt, granule)
             if m > best:
                 best, entry = m, e
+        return best, entry
+
+    def restores(self, prompt: list[int], granule: int) -> bool:
+        """Whether prepare() would copy a stored prefix back for `prompt` (nothing changes)."""
+        return self._match(prompt, granule)[1] is not None
+
+    def prepare(self, prompt: list[int], device, granule: int) -> int:
+        """Before a prefill of `prompt` (granule 0: before its rows are written otherwise): the
+        positions whose rows it keeps, with a stored prefix's copied back where one shares more.
+        The held prefix's rows that are about to be rewritten are stored first."""
+        best, entry = self._match(prompt, granule)
         # Rows the prefill rewrites with the same tokens come out the same bits; the others are lost
         # unless stored first (all of them where a stored prefix is copied over them).
         if self.held and (entry is not None or list(self.held) != prompt[:len(self.held)]):

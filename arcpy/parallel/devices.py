@@ -28,6 +28,7 @@ from typing import Sequence
 from arcpy.checks import is_int
 from arcpy.codes import FAULT_NONE, MAX_WORLD
 from arcpy.devices.protocol import Capabilities, Counters, RingState
+from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import InvalidArgumentError, LoopFault
 
 
@@ -114,11 +115,11 @@ class TensorParallelDevice:
         for dev in self.ranks:
             dev.enqueue_forward(eager)
 
-    def enqueue_argmax(self) -> None:
-        self.ranks[0].enqueue_argmax()
+    def enqueue_argmax(self, bias: bool = False) -> None:
+        self.ranks[0].enqueue_argmax(bias)
 
-    def enqueue_logits_to_host(self) -> None:
-        self.ranks[0].enqueue_logits_to_host()
+    def enqueue_logits_to_host(self, bias: bool = False) -> None:
+        self.ranks[0].enqueue_logits_to_host(bias)
 
     def sampled(self):
         return self.ranks[0].sampled()
@@ -128,20 +129,23 @@ class TensorParallelDevice:
 
     # -- device loop ------------------------------------------------------------------------------
 
-    def reset_ring(self) -> bool:
-        # Each rank's reset succeeds only on an idle stream; a rank reset twice is reset still.
-        done = [dev.reset_ring() for dev in self.ranks]
-        if all(done):
+    def begin_sequence(self, start: SequenceStart) -> bool:
+        """Every rank's, once every rank's stream is idle (each rank's ring reset succeeds only
+        then); what the ranks cannot do together yet is refused."""
+        if start.logprobs is not None:
+            self._refused("log-probabilities")
+        if start.logit_bias:
+            self._refused("a logit bias")
+        if start.masked:
+            self._refused("token masks")
+        if start.loop and not self.stream_query():
+            return False
+        for dev in self.ranks:
+            if not dev.begin_sequence(start):
+                raise LoopFault("a rank's stream was busy right after every rank's was seen idle")
+        if start.loop:
             self._agreed = 0
-        return all(done)
-
-    def set_stop_ids(self, ids: tuple[int, ...]) -> None:
-        for dev in self.ranks:
-            dev.set_stop_ids(ids)
-
-    def set_sampling(self, sampling) -> None:
-        for dev in self.ranks:
-            dev.set_sampling(sampling)
+        return True
 
     def enqueue_step(self, burst_id: int) -> None:
         for dev in self.ranks:
@@ -184,18 +188,6 @@ class TensorParallelDevice:
 
     def _refused(self, what: str):
         raise InvalidArgumentError(f"{what}: not over several devices yet")
-
-    def set_logprobs(self, top_n) -> None:
-        if top_n is not None:
-            self._refused("log-probabilities")
-
-    def set_logit_bias(self, pairs) -> None:
-        if pairs:
-            self._refused("a logit bias")
-
-    def set_masking(self, on: bool) -> None:
-        if on:
-            self._refused("token masks")
 
     def release_masks(self) -> None:
         pass  # no masked step is ever enqueued here

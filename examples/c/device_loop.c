@@ -72,8 +72,12 @@ int main(void) {
     CHECK(end);
 
     WAIT_IDLE(ctx);
-    CHECK(arc_loop_reset_ring(loop));
-    CHECK(arc_loop_set_input(loop, 5, 0));
+    /* A new sequence: the ring reset, token 5 at position 0 as the first input. */
+    arc_sequence seq = {0};
+    seq.parts = ARC_SEQ_RESET_RING | ARC_SEQ_INPUT;
+    seq.token = 5;
+    seq.position = 0;
+    CHECK(arc_loop_begin_sequence(loop, &seq));
     for (int i = 0; i < STEPS; ++i) CHECK(arc_loop_enqueue_step(loop, graph, 1));
 
     uint32_t seen = 0;

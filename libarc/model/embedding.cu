@@ -7,7 +7,7 @@ enum { EMBED_THREADS = 256 };
 // x[dim] = float(table[*token, :]) * scale, table bf16 (vocab, dim). One block of EMBED_THREADS; one
 // thread reads the token (written by the kernel before) and shares it. A token outside
 // [0, vocab) fills x with NaN instead of reading out of bounds (the commit kernel and
-// arc_loop_set_input never let one through). Limits: dim % 8 == 0, table and x 16-byte aligned.
+// a sequence's input, arc_loop_begin_sequence, never let one through). Limits: dim % 8 == 0, table and x 16-byte aligned.
 __global__ void __launch_bounds__(EMBED_THREADS)
 embedding_kernel(const uint16_t *__restrict__ table, int vocab, int dim,
                  const volatile uint32_t *token, float scale, float *__restrict__ x) {
