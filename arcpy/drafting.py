@@ -86,9 +86,10 @@ class NgramIndex:
 
 
 class DraftMemory:
-    """Earlier sequences for the drafts to look up (the ARC_SEQ_DRAFT_MEMORY part of arc_loop_begin_sequence): each the last
-    `context` tokens of its prompt (what a question asked again ends with) and its answer. Bounded
-    by the device's store: the oldest go first; a sequence remembered again moves to the newest."""
+    """Earlier sequences for the drafts to look up (arc_loop_begin_sequence's ARC_SEQ_DRAFT_MEMORY
+    part): each the last `context` tokens of its prompt (what a question asked again ends with) and
+    its answer. Bounded by the device's store: the oldest go first; a sequence remembered again
+    moves to the newest."""
 
     def __init__(self, capacity: int = DRAFT_MEMORY, context: int = MAX_NGRAM):
         self.capacity, self.context = capacity, context

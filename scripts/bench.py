@@ -45,6 +45,7 @@ import argparse
 import json
 import sys
 
+from arcpy.bench import guard
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import context as context_bench
 from arcpy.bench import loop as bench
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     print(bench.format_table(report))
     if args.record_baseline:
         try:
-            recorded = bench.record_baseline(report, args.record_baseline)
+            recorded = guard.record_baseline(report, args.record_baseline)
         except ArcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import arcpy
+from arcpy.bench import guard
 from arcpy.bench import hf as hf_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench import loop as bench
@@ -258,7 +259,7 @@ def test_a_failed_kernel_bench_is_one_line():
 
 def test_the_baseline_file_parses_with_the_recorded_h200_figures():
     # The H200 figures are the device loop's at burst 16 in the recorded report of the same run.
-    baseline = bench.read_baseline(BASELINE)
+    baseline = guard.read_baseline(BASELINE)
     report = json.loads((ROOT / "docs" / "measurements" / "bench-h200-2026-11-30-1603.json").read_text())
     recorded = {s["shape"]: round(1e6 / bench.greedy_loop16(s["paths"])[0]) for s in report["shapes"]
                 if s["shape"] in SHAPES}
@@ -267,11 +268,11 @@ def test_the_baseline_file_parses_with_the_recorded_h200_figures():
 
 
 def test_the_guard_allows_15_percent_below_the_record_and_no_more():
-    ok, lowest = bench.guard_verdict(890.8, 1048)
+    ok, lowest = guard.guard_verdict(890.8, 1048)
     assert lowest == pytest.approx(890.8) and ok
-    assert not bench.guard_verdict(890.7, 1048)[0]
-    assert bench.guard_verdict(2000, 1048)[0]
-    assert not bench.guard_verdict(94, 100, tolerance=0.05)[0]
+    assert not guard.guard_verdict(890.7, 1048)[0]
+    assert guard.guard_verdict(2000, 1048)[0]
+    assert not guard.guard_verdict(94, 100, tolerance=0.05)[0]
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"card": [1]}', '{"card": {"s": -1}}', '{"card": {"s": true}}',
@@ -280,12 +281,12 @@ def test_a_malformed_baseline_is_one_clear_error(tmp_path, text):
     path = tmp_path / "baseline.json"
     path.write_text(text)
     with pytest.raises(InvalidArgumentError, match="baseline|expected"):
-        bench.read_baseline(path)
+        guard.read_baseline(path)
 
 
 def test_a_missing_baseline_is_one_clear_error(tmp_path):
     with pytest.raises(InvalidArgumentError, match="cannot read"):
-        bench.read_baseline(tmp_path / "none.json")
+        guard.read_baseline(tmp_path / "none.json")
 
 
 def test_a_card_s_figures_are_recorded_beside_the_other_cards(tmp_path):
@@ -298,13 +299,13 @@ def test_a_card_s_figures_are_recorded_beside_the_other_cards(tmp_path):
     burst4 = {**report["shapes"][0]["paths"][0], "burst": 4, "us_per_token": 150.0}
     report["shapes"][0]["paths"] += [sampled, burst4]
     report["shapes"].append({"shape": "scripted", "paths": [{**burst4, "burst": 16}]})  # not a benchmark shape
-    written = bench.record_baseline(report, path)
-    assert written == bench.read_baseline(path) == {"NVIDIA H200": {"llama1B": 1238, "llama8B": 243},
+    written = guard.record_baseline(report, path)
+    assert written == guard.read_baseline(path) == {"NVIDIA H200": {"llama1B": 1238, "llama8B": 243},
                                                     "NVIDIA H100 80GB HBM3": {"llama1B": 5000}}
     # Recording the same card again replaces its shapes' figures and keeps the ones not rerun.
     report["shapes"][0]["paths"][0]["us_per_token"] = 250.0
     report["device"] = "NVIDIA H200"
-    assert bench.record_baseline(report, path)["NVIDIA H200"] == {"llama1B": 4000, "llama8B": 243}
+    assert guard.record_baseline(report, path)["NVIDIA H200"] == {"llama1B": 4000, "llama8B": 243}
 
 
 def test_a_report_without_a_device_loop_figure_records_nothing(tmp_path):
@@ -312,7 +313,7 @@ def test_a_report_without_a_device_loop_figure_records_nothing(tmp_path):
     report = canned_report(None)
     report["shapes"] = []
     with pytest.raises(InvalidArgumentError, match="no device-loop figure"):
-        bench.record_baseline(report, path)
+        guard.record_baseline(report, path)
     assert not path.exists()
 
 

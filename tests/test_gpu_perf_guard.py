@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from arcpy.bench.loop import GUARD_TOLERANCE, PROMPT, bench_max_seq, guard_verdict, read_baseline, time_generation
+from arcpy.bench.guard import GUARD_TOLERANCE, guard_verdict, read_baseline
+from arcpy.bench.loop import PROMPT, bench_max_seq, time_generation
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.engine import Engine

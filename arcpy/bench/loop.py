@@ -13,12 +13,10 @@ preset's weight bytes are its tensors as held (Model.weight_bytes): its rows' by
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -40,7 +38,6 @@ from arcpy.model import SHAPES, ModelConfig, preset_formats, synthetic_model
 PROMPT = [1, 2, 3, 4]
 BENCH_MAX_SEQ = 8192           # the KV cache every shape is benchmarked with (or its own, if smaller)
 TTFT_PROMPTS = (128, 1024, 2048, 8192)  # prompt lengths of the time to first token, where they fit
-GUARD_TOLERANCE = 0.15         # the regression guard fails below (1 - this) of the recorded tok/s
 GREEDY = "greedy"               # the sampling column of greedy rows; sampled ones name SAMPLED
 
 
@@ -422,47 +419,3 @@ def _shape_notes(s: dict) -> list[str]:
                      + "; ".join(f"{g['name']} {g['n']}x{g['k']} {g['us']:.1f} us {g['tflops']:.0f} TFLOP/s"
                                  for g in gemms))
     return lines
-
-
-# --- the regression guard ---------------------------------------------------------------------
-
-def read_baseline(path: str | Path) -> dict[str, dict[str, float]]:
-    """{card name: {shape: tok/s}} from a baseline file; a malformed one is one clear error."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgumentError(f"{path}: cannot read the baseline: {exc}") from None
-    ok = isinstance(data, dict) and all(
-        isinstance(card, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                                       for v in card.values())
-        for card in data.values())
-    if not ok:
-        raise InvalidArgumentError(f"{path}: expected {{card name: {{shape: tok/s > 0}}}}")
-    return data
-
-
-def record_baseline(report: dict, path: str | Path) -> dict[str, dict[str, float]]:
-    """Write the report's card's figures into the baseline file: per shape, the greedy device loop's
-    tok/s at burst 16, rounded. Other cards' figures, and this card's shapes the report did not run,
-    stay as they were; a file that is not there yet starts empty. Returns what was written."""
-    path = Path(path)
-    recorded = read_baseline(path) if path.exists() else {}
-    card = dict(recorded.get(report["device"], {}))
-    for s in report["shapes"]:
-        loop16 = greedy_loop16(s.get("paths", []))
-        if s["shape"] in SHAPES and loop16:
-            card[s["shape"]] = round(1e6 / loop16[0])
-    if not card:
-        raise InvalidArgumentError(f"the report has no device-loop figure of a benchmark shape to record in {path}")
-    recorded[report["device"]] = dict(sorted(card.items()))
-    path.write_text(json.dumps(recorded, indent=1) + "\n")
-    return recorded
-
-
-def guard_verdict(measured_tps: float, recorded_tps: float,
-                  tolerance: float = GUARD_TOLERANCE) -> tuple[bool, float]:
-    """(passes, the lowest tok/s that passes): a measurement may fall at most `tolerance` below
-    the recorded figure."""
-    lowest = recorded_tps * (1.0 - tolerance)
-    return measured_tps >= lowest, lowest
-
