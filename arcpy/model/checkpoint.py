@@ -40,6 +40,9 @@ from arcpy.model.tensors import Model, require_nonzero
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
+# A multimodal checkpoint's text model, under its own prefix; and the tensors arcpy does not read:
+# its vision tower, and a multi-token prediction layer (Qwen3.5's).
+_TEXT_PREFIX, _UNREAD_PREFIXES = "model.language_model.", ("model.visual.", "mtp.")
 
 
 def _most_tensors(cfg: ModelConfig) -> int:
@@ -90,6 +93,13 @@ def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
         raise ModelFileError(f"{directory}: refusing pickle checkpoint {quoted(pickles[0])} (pickle runs code on "
                              "load); convert it to safetensors")
     raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def _text_model(entries: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+    """The text model's tensors under arcpy's names: a multimodal checkpoint's language model
+    taken from under its prefix, its vision tower and any multi-token prediction layer left out."""
+    return {("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name): e
+            for name, e in entries.items() if not name.startswith(_UNREAD_PREFIXES)}
 
 
 def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
@@ -220,7 +230,7 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries, experts = _stacked_experts(_unfused(_weight_files(directory, cfg), cfg), cfg)
+    entries, experts = _stacked_experts(_unfused(_text_model(_weight_files(directory, cfg)), cfg), cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
 

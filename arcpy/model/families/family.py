@@ -60,6 +60,11 @@ class Family:
         families in the registry's order of writing)."""
         return False
 
+    def text_config(self, d: Mapping) -> Mapping:
+        """The keys of config.json `d` that describe the text model (a multimodal class's file
+        nests them; every other family's are `d` itself)."""
+        return d
+
     def hf_fields(self, d: Mapping, source: str, n_layers: int, head_dim: int) -> dict:
         """The ModelConfig fields of the family's own keys in config.json `d`."""
         return {}
