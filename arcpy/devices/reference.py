@@ -41,8 +41,10 @@ from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, O
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (EMBED, FINAL_NORM, Model, QuantTensor, bf16_to_f32, dequantize, f32_to_bf16, layer_prefix,
                          norm_names, rope_inv_freq)
+from arcpy.model.hybrid import OP_DELTANET
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
+from arcpy.devices.deltanet import DeltaNet, DeltaNetState
 
 F32 = np.float32
 
@@ -180,12 +182,25 @@ class _Layer:
         norm = lambda n: norm_factors(model, layer_prefix(i) + n)  # noqa: E731
         bias = model.config.qkv_bias
         self.attn_norm = norm("input_layernorm.weight")
+        self.deltanet = DeltaNet(model, i) if model.config.is_linear_layer(i) else None
+        self._attention(model, i, t, norm, bias)
+        self._ffn(model, i, t, norm)
+
+    def _attention(self, model: Model, i: int, t, norm, bias: bool) -> None:
+        if self.deltanet is not None:
+            return
         qk_norm = model.config.qk_norm
         self.q_norm, self.k_norm = ((norm(f"self_attn.{p}_norm.weight") if qk_norm else None) for p in "qk")
         self.inv_freq = rope_inv_freq(model.config, i)
         self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
         self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
         self.wo = t("self_attn.o_proj.weight")
+        if model.config.attn_output_gate:  # q_proj: each head's query rows, then its gate's
+            c = model.config
+            rows = self.wq.reshape(c.n_heads, 2, c.head_dim, c.dim)
+            self.wq, self.w_attn_gate = (np.ascontiguousarray(rows[:, j].reshape(c.q_dim, c.dim)) for j in (0, 1))
+
+    def _ffn(self, model: Model, i: int, t, norm) -> None:
         norms = norm_names(model.config)
         self.mlp_norm = norm(norms["ffn"])
         self.post_attn_norm = norm(norms["post_attn"]) if "post_attn" in norms else None
@@ -209,7 +224,7 @@ class _Layer:
 
 
 # What the prefill's products read of a layer, rounded to bf16 where the weights are quantized.
-_PRODUCT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "e_gate", "e_up", "e_down",
+_PRODUCT_WEIGHTS = ("wq", "w_attn_gate", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "e_gate", "e_up", "e_down",
                     "s_gate", "s_up", "s_down")
 
 
@@ -231,7 +246,7 @@ class _RowOps:
         table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
                  OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
-                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out}
+                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
 
         def run(op: int, li: int, L: _Layer) -> None:
             table[op](li, L)
@@ -243,6 +258,14 @@ class _RowOps:
         self.q = linear(h, L.wq, L.bq).reshape(t, c.n_heads, hd)
         self.k = linear(h, L.wk, L.bk).reshape(t, c.n_kv_heads, hd)
         self.v = linear(h, L.wv, L.bv).reshape(t, c.n_kv_heads, hd)
+        if c.attn_output_gate:
+            self.gate = linear(h, L.w_attn_gate)
+
+    def deltanet(self, li: int, L: _Layer) -> None:
+        """A gated DeltaNet layer (arcpy.model.hybrid), its rows one after another through the
+        layer's recurrent state, added to the residual stream."""
+        h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
+        self.x = self.x + L.deltanet.rows(h, self.m.deltanet_state[li], self.positions, self.r)
 
     def qk_norm(self, li: int, L: _Layer) -> None:
         self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
@@ -260,7 +283,10 @@ class _RowOps:
                                            c.scores_scale, c.window(li)))
 
     def attn_out(self, li: int, L: _Layer) -> None:
-        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
+        att = self.att.reshape(self.t, -1)
+        if self.cfg.attn_output_gate:
+            att = self.r(att * (F32(1.0) / (F32(1.0) + np.exp(-self.gate))))
+        self.x = self.x + linear(att, L.wo)
 
     def ffn_in(self, li: int, L: _Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
@@ -338,11 +364,15 @@ class ReferenceModel:
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
+        # Each DeltaNet layer's recurrent state (arcpy.model.hybrid): the positions it has taken in.
+        self.deltanet_state = {i: DeltaNetState(cfg) for i in range(cfg.n_layers) if cfg.is_linear_layer(i)}
 
     def reset(self) -> None:
         """Forget every cached position."""
         self.k_cache.fill(0.0)
         self.v_cache.fill(0.0)
+        for state in self.deltanet_state.values():
+            state.reset()
 
     def forward(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:
         """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos.

@@ -369,5 +369,6 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
 def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
     """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
     changes.setdefault("mlp_only_layers", tuple(i for i in cfg.mlp_only_layers if i == 0))
+    changes.setdefault("layer_types", cfg.layer_types[:1])
     return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
                                **changes)

@@ -59,9 +59,9 @@ def check_hybrid(cfg) -> None:
     for field in _DIMS:
         v = getattr(cfg, field)
         require(is_int(v) and 0 <= v < 2**31, f"{field} must be a non-negative int32, got {quoted(v)}")
+    if not kinds:
+        require(not any(getattr(cfg, f) for f in _DIMS), f"{', '.join(_DIMS)} need layer_types")
     if LINEAR not in kinds:
-        require(not any(getattr(cfg, f) for f in _DIMS),
-                f"{', '.join(_DIMS)} need a linear_attention layer in layer_types")
         return
     require(all(getattr(cfg, f) > 0 for f in _DIMS), f"a linear_attention layer needs {', '.join(_DIMS)} > 0")
     require(cfg.linear_n_v_heads % cfg.linear_n_k_heads == 0,
