@@ -192,3 +192,107 @@ def test_config_json_errors_are_one_line(tmp_path):
     with pytest.raises(ModelFileError, match="key 'layer_types' must name full_attention or linear_attention"):
         load_model(d)
     assert isinstance(SHAPES["qwen3.6-27B"], ModelConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF: the files llama.cpp's converter writes for qwen35 and qwen35moe
+
+
+def converter_tensors(model) -> dict[str, np.ndarray]:
+    """The model's tensors as llama.cpp's converter writes them (float32): the norms' factors
+    whole (all but the DeltaNet's gated norm), A_log as -exp(A_log), the convolution (channels,
+    kernel), every DeltaNet tensor's value heads from grouped to tiled order."""
+    from arcpy.model import bf16_to_f32
+    from arcpy.model.families import family_for
+    from arcpy.model.gguf import _gguf_name
+    cfg, family, out = model.config, family_for(model.config), {}
+    n_k, group = cfg.linear_n_k_heads, cfg.linear_n_v_heads // cfg.linear_n_k_heads
+
+    def tiled(x, axis, head, at=0):
+        x = np.moveaxis(x, axis, 0)
+        v = x[at:]
+        v = v.reshape(n_k, group, head, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+        return np.moveaxis(np.concatenate([x[:at], v]), 0, axis)
+    for name, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            x = x + np.float32(cfg.norm_add)
+        leaf = name.partition(".linear_attn.")[2]
+        kd, dv = cfg.linear_n_k_heads * cfg.linear_k_head_dim, cfg.linear_v_head_dim
+        if leaf == "A_log":
+            x = -np.exp(x)
+        if leaf == "conv1d.weight":
+            x = x[:, 0, :]
+        if leaf in ("in_proj_qkv.weight", "conv1d.weight"):
+            x = tiled(x, 0, dv, 2 * kd)
+        elif leaf in ("in_proj_z.weight", "out_proj.weight"):
+            x = tiled(x, 0 if "z" in leaf else 1, dv)
+        elif leaf in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+            x = tiled(x, 0, 1)
+        out[_gguf_name(name, family)] = np.ascontiguousarray(x, np.float32)
+    return out
+
+
+def write_qwen35_gguf(path, model, mtp: bool = False) -> Path:
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gguf import GGUFWriter
+    from test_families import gguf_meta
+    from test_gguf import put
+    cfg = model.config
+    arch = "qwen35moe" if cfg.n_experts else "qwen35"
+    a = arch + "."
+    meta = {**gguf_meta(arch, cfg), a + "full_attention_interval": 4, a + "ssm.conv_kernel": cfg.linear_conv_kernel,
+            a + "ssm.state_size": cfg.linear_k_head_dim, a + "ssm.group_count": cfg.linear_n_k_heads,
+            a + "ssm.time_step_rank": cfg.linear_n_v_heads,
+            a + "ssm.inner_size": cfg.linear_n_v_heads * cfg.linear_v_head_dim,
+            a + "rope.dimension_sections": [cfg.rotary_dim // 8, cfg.rotary_dim // 8, cfg.rotary_dim // 4, 0]}
+    tensors = converter_tensors(model)
+    if cfg.n_experts:
+        del meta[a + "feed_forward_length"]
+        meta.update({a + "expert_count": cfg.n_experts, a + "expert_used_count": cfg.n_experts_used,
+                     a + "expert_feed_forward_length": cfg.expert_ffn_dim,
+                     a + "expert_shared_feed_forward_length": cfg.shared_expert_ffn_dim})
+        for i in range(cfg.n_layers):  # the experts as llama.cpp's 3-D tensors
+            for part in ("gate", "up", "down"):
+                name = f"blk.{i}.ffn_{part}_exps.weight"
+                tensors[name] = tensors[name].reshape(cfg.n_experts, -1, tensors[name].shape[1])
+    if mtp:  # an MTP layer after the model's, as the converter appends it
+        meta[a + "block_count"] = cfg.n_layers + 1
+        meta[a + "nextn_predict_layers"] = 1
+        tensors[f"blk.{cfg.n_layers}.nextn.eh_proj.weight"] = np.zeros((cfg.dim, 2 * cfg.dim), np.float32)
+        tensors[f"blk.{cfg.n_layers}.attn_norm.weight"] = np.ones(cfg.dim, np.float32)
+    w = GGUFWriter(path, arch)
+    for key, value in meta.items():
+        put(w, key, value)
+    for name, x in tensors.items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
+@pytest.mark.parametrize("mtp", [False, True])
+def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(shape, mtp, tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import bf16_to_f32, f32_to_bf16
+    cfg = dataclasses.replace(SHAPES[shape], vocab=V, max_seq=128)
+    from arcpy.model import random_model
+    model = random_model(cfg, seed=7)
+    loaded = load_model(write_qwen35_gguf(tmp_path / "m.gguf", model, mtp))
+    # llama.cpp's files hold the norms' factors whole: read so, rounded once to bf16.
+    assert loaded.config == dataclasses.replace(cfg, norm_plus_one=False)
+    assert set(loaded.tensors) == set(model.tensors)
+    for name, words in model.tensors.items():
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            words = f32_to_bf16(bf16_to_f32(words) + np.float32(1))
+        got = loaded.tensors[name]
+        np.testing.assert_array_equal(got, words, err_msg=name)  # A_log too: -exp and log in float32
+    if not cfg.n_experts:  # the same model but for the norms' 1 + w rounded to bf16 (3% here; the MoE's
+        tokens = [3, 1, 4, 1, 5, 9, 2, 6]  # routing flips with it)
+        assert relative_error(run(loaded, tokens), run(model, tokens)) < 0.1

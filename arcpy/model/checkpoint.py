@@ -26,6 +26,7 @@ from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.hybrid import GATED_NORM
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -249,8 +250,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
     """Every norm's weights plus `shift`, in float32, rounded once to bf16 (a model whose norms are
     held otherwise than its family's files store them); the rest untouched."""
-    return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift)) if name.endswith("norm.weight") else t
-            for name, t in tensors.items()}
+    return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift))
+            if name.endswith("norm.weight") and not name.endswith(GATED_NORM) else t for name, t in tensors.items()}
 
 
 def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Family) -> dict[str, np.ndarray]:

@@ -36,6 +36,7 @@ OP_DELTANET = 100
 CUDA_REFUSAL = ("the gated DeltaNet layer (Qwen3.5, Qwen3.6) and the gated attention of its hybrids run on the "
                 "numpy backend only so far: use --backend numpy")
 _DIMS = ("linear_n_k_heads", "linear_n_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
+GATED_NORM = "linear_attn.norm.weight"  # the one norm whose factors are never 1 + w
 # A DeltaNet layer's tensors after its input norm, by their Hugging Face names under the layer's
 # prefix, in the order the files list them (the layer's norms and FFN follow as in any layer).
 DELTANET_NAMES = ("linear_attn.A_log", "linear_attn.conv1d.weight", "linear_attn.dt_bias",

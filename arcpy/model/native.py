@@ -91,7 +91,8 @@ def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
 
 def is_matrix(name: str) -> bool:
     """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
-    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
+    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES)
+                               and ".linear_attn." not in name)  # a DeltaNet's are bf16 (the reference's alone)
 
 
 def config_values(cfg, max_seq: int | None = None) -> dict:

@@ -112,7 +112,7 @@ SHAPES.update({
     "qwen3.5-tiny": _qwen35(8, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=256, vocab=1024,
                             max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
                             linear_v_head_dim=32),
-    "qwen3.5moe-tiny": _qwen35(4, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=128, vocab=1024,
+    "qwen3.5moe-tiny": _qwen35(4, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=64, vocab=1024,
                                max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
                                linear_v_head_dim=32, n_experts=16, n_experts_used=4, expert_ffn_dim=64,
                                shared_expert_ffn_dim=64, norm_topk_prob=True),

@@ -11,14 +11,29 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
+
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
+from arcpy.model.bf16 import f32_to_bf16
 from arcpy.model.config import ModelConfig
-from arcpy.model.families.family import Family
+from arcpy.model.families.family import GGUF_LAYER_NAMES, Family
 from arcpy.model.families.hf_values import flag, integer
-from arcpy.model.hybrid import FULL, LAYER_KINDS, LINEAR
+from arcpy.model.hybrid import FULL, LAYER_KINDS, LINEAR, key_dim
 
 _INTERVAL = 4  # full_attention_interval where config.json does not list layer_types
+# llama.cpp's names of a layer's modules (its qwen35 and qwen35moe): the FFN's input norm is its
+# post_attention_norm; the DeltaNet's tensors, A_log and dt_bias named whole (no .weight).
+_GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+               "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+               "linear_attn.in_proj_a": "ssm_alpha", "linear_attn.in_proj_b": "ssm_beta",
+               "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
+               "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
+# The DeltaNet's tensors whose value heads llama.cpp's converter reorders, and how: (axis, the rows
+# or columns of a head; 0: the channels after q and k, heads of v_head_dim).
+_TILED = {"in_proj_qkv.weight": (0, 0), "conv1d.weight": (0, 0), "in_proj_z.weight": (0, -1),
+          "in_proj_a.weight": (0, 1), "in_proj_b.weight": (0, 1), "A_log": (0, 1), "dt_bias": (0, 1),
+          "out_proj.weight": (1, -1)}
 
 
 class Qwen35(Family):
@@ -28,6 +43,9 @@ class Qwen35(Family):
     qk_norm = True
     norms_less_one = True
     hf_constants = {"attention_bias": False}
+
+    gguf_names = _GGUF_NAMES
+    gguf_float = ("linear_attn.A_log",)  # -exp(A_log) in the files: its log taken in float32
 
     def holds(self, cfg: ModelConfig) -> bool:
         return bool(cfg.layer_types) and cfg.n_experts == 0
@@ -69,10 +87,57 @@ class Qwen35(Family):
                  linear_value_head_dim=cfg.linear_v_head_dim, linear_conv_kernel_dim=cfg.linear_conv_kernel)
 
 
+    def gguf_fields(self, m, a: str, dims: tuple[int, int, int], window: int) -> dict:
+        """As llama.cpp's converter writes them: every full_attention_interval-th layer attends;
+        ssm.group_count key heads of ssm.state_size, ssm.time_step_rank value heads filling
+        ssm.inner_size; the norms' factors whole (norm_plus_one false). The layers after
+        block_count - nextn_predict_layers are the MTP layer's, not read."""
+        n = m.integer(a + "block_count") - m.integer(a + "nextn_predict_layers", 0)
+        every = m.integer(a + "full_attention_interval", _INTERVAL)
+        if every <= 0:
+            raise ModelFileError(f"{m.path}: metadata {quoted(a + 'full_attention_interval')} must be positive, "
+                                 f"got {every}")
+        n_v = m.integer(a + "ssm.time_step_rank")
+        inner = m.integer(a + "ssm.inner_size")
+        if n_v <= 0 or inner % n_v:
+            raise ModelFileError(f"{m.path}: metadata {quoted(a + 'ssm.inner_size')} ({inner}) must split into "
+                                 f"{a}ssm.time_step_rank ({n_v}) value heads")
+        return {"layer_types": tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(n)),
+                "attn_output_gate": True, "linear_n_k_heads": m.integer(a + "ssm.group_count"),
+                "linear_n_v_heads": n_v, "linear_k_head_dim": m.integer(a + "ssm.state_size"),
+                "linear_v_head_dim": inner // n_v, "linear_conv_kernel": m.integer(a + "ssm.conv_kernel")}
+
+    def gguf_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The convolution's weights as llama.cpp stores them: (channels, kernel)."""
+        return (shape[0], shape[2]) if hf_name.endswith("linear_attn.conv1d.weight") else shape
+
+    def gguf_tensor(self, hf_name: str, words: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+        """A tensor of llama.cpp's file as the Hugging Face files hold it: the value heads back
+        from the converter's tiled order (head j of key group g at j * key heads + g) to grouped
+        (at g * heads a group + j), A_log from -exp(A_log), the convolution (channels, 1, kernel)."""
+        _, _, name = hf_name.partition(".linear_attn.")
+        if name not in _TILED:
+            return words
+        if name == "A_log":
+            words = f32_to_bf16(np.log(-words.astype(np.float32)))
+        axis, head = _TILED[name]
+        n_k, group = cfg.linear_n_k_heads, cfg.linear_n_v_heads // cfg.linear_n_k_heads
+        head = cfg.linear_v_head_dim if head == -1 else head
+        if group > 1:
+            x = np.moveaxis(words, axis, 0)
+            at = 2 * key_dim(cfg) if head == 0 else 0
+            v = x[at:]
+            size = head or cfg.linear_v_head_dim
+            v = v.reshape(group, n_k, size, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+            words = np.ascontiguousarray(np.moveaxis(np.concatenate([x[:at], v]), 0, axis))
+        return words.reshape(words.shape[0], 1, -1) if name == "conv1d.weight" else words
+
+
 class Qwen35Moe(Qwen35):
     name = "qwen3_5_moe"
     hf_classes = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
     gguf_arch = "qwen35moe"
+    gguf_dense_ffn = False  # the files name no dense FFN width: the experts' stands in
 
     def holds(self, cfg: ModelConfig) -> bool:
         return bool(cfg.layer_types) and cfg.n_experts > 0
