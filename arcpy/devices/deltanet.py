@@ -6,15 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import Model, QuantTensor, bf16_to_f32, dequantize, layer_prefix
 from arcpy.model.hybrid import conv_dim
 
 F32 = np.float32
 _L2_EPS = 1e-6  # the q and k heads' L2 norm's epsilon (transformers' and FLA's l2norm)
-
-
-def _f32(t) -> np.ndarray:
-    return dequantize(t) if isinstance(t, QuantTensor) else bf16_to_f32(t)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -49,11 +44,9 @@ class DeltaNetState:
 
 
 class DeltaNet:
-    """A DeltaNet layer's weights as float32."""
+    """A DeltaNet layer's weights as float32: `t(name)` gives each, by its name after linear_attn."""
 
-    def __init__(self, model: Model, i: int):
-        c = model.config
-        t = lambda n: _f32(model.tensor(layer_prefix(i) + "linear_attn." + n))  # noqa: E731
+    def __init__(self, c, t):
         self.cfg = c
         self.w_qkv, self.w_z = t("in_proj_qkv.weight"), t("in_proj_z.weight")
         self.w_b, self.w_a = t("in_proj_b.weight"), t("in_proj_a.weight")
