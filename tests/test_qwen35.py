@@ -128,6 +128,30 @@ def test_a_multimodal_checkpoint_reads_its_text_model(tmp_path):
     assert all(np.array_equal(model.tensors[n], t) for n, t in plain.tensors.items())
 
 
+def test_experts_packed_in_3d_tensors_read_as_the_per_expert_ones(tmp_path):
+    """Qwen3.5-MoE's published files pack each layer's experts: mlp.experts.gate_up_proj (experts,
+    2 x width, dim) and mlp.experts.down_proj (experts, dim, width)."""
+    src, out = DATA / "qwen3_5_moe", tmp_path / "packed"
+    plain = load_model(src)
+    c = plain.config
+    words = {}
+    for name, t in plain.tensors.items():
+        head, sep, proj = name.partition(".mlp.experts.")
+        if not sep:
+            words[name] = t
+        elif proj == "gate_proj.weight":
+            gate = t.reshape(c.n_experts, c.expert_ffn_dim, c.dim)
+            up = plain.tensors[head + ".mlp.experts.up_proj.weight"].reshape(gate.shape)
+            words[head + ".mlp.experts.gate_up_proj"] = np.ascontiguousarray(np.concatenate([gate, up], axis=1))
+        elif proj == "down_proj.weight":
+            words[head + ".mlp.experts.down_proj"] = t.reshape(c.n_experts, c.dim, c.expert_ffn_dim)
+    out.mkdir()
+    shutil.copy(src / "config.json", out / "config.json")
+    save_safetensors(out / "model.safetensors", words, "BF16")
+    model = load_model(out)
+    assert all(np.array_equal(model.tensors[n], t) for n, t in plain.tensors.items())
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_save_model_writes_what_load_model_reads(name, tmp_path):
     model = load_model(DATA / name)
@@ -181,6 +205,11 @@ def test_config_checks(change, message):
     cfg = SHAPES["qwen3.5moe-tiny"]
     with pytest.raises(InvalidArgumentError, match=message):
         dataclasses.replace(cfg, **change)
+
+
+def test_a_gate_alone_needs_layer_types():
+    with pytest.raises(InvalidArgumentError, match="attn_output_gate need layer_types"):
+        dataclasses.replace(SHAPES["qwen3-tiny"], attn_output_gate=True)
 
 
 def test_config_json_errors_are_one_line(tmp_path):

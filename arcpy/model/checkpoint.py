@@ -140,6 +140,30 @@ _EXPERT = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.experts\.(\d+)\.(\w+)
 _ROUTER = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.gate\.weight")
 
 
+_PACKED = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+
+
+def _packed_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
+    """Experts packed in 3-D tensors (Qwen3.5-MoE's files: mlp.experts.gate_up_proj (experts,
+    2 x width, dim), each expert's gate rows then its up rows; mlp.experts.down_proj (experts, dim,
+    width)) as one entry per expert and matrix, the files' bytes unmoved: stacked like any."""
+    out = {}
+    for name, e in entries.items():
+        m = _PACKED.fullmatch(name)
+        parts = ("gate_proj", "up_proj") if m and m.group(2) == "gate_up_proj" else ("down_proj",)
+        if not m or len(e.shape) != 3 or e.shape[0] != cfg.n_experts or e.shape[1] % len(parts):
+            out[name] = e  # not packed experts of this config: the table's checks name it
+            continue
+        layer = m.group(1)
+        rows = e.shape[1] // len(parts)
+        size = e.nbytes // (e.shape[0] * len(parts))
+        for expert in range(e.shape[0]):
+            for j, part in enumerate(parts):
+                out[f"model.layers.{layer}.mlp.experts.{expert}.{part}.weight"] = dataclasses.replace(
+                    e, shape=(rows, e.shape[2]), start=e.start + (expert * len(parts) + j) * size, nbytes=size)
+    return out
+
+
 def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple[dict[str, TensorEntry],
                                                                                dict[str, list[TensorEntry]]]:
     """The files' per-expert tensors grouped into the model's stacked ones (expert e's rows after
@@ -233,7 +257,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries, experts = _stacked_experts(_unfused(_text_model(_weight_files(directory, cfg)), cfg), cfg)
+    entries = _unfused(_packed_experts(_text_model(_weight_files(directory, cfg)), cfg), cfg)
+    entries, experts = _stacked_experts(entries, cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
 

@@ -61,7 +61,8 @@ def check_hybrid(cfg) -> None:
         v = getattr(cfg, field)
         require(is_int(v) and 0 <= v < 2**31, f"{field} must be a non-negative int32, got {quoted(v)}")
     if not kinds:
-        require(not any(getattr(cfg, f) for f in _DIMS), f"{', '.join(_DIMS)} need layer_types")
+        require(not any(getattr(cfg, f) for f in _DIMS) and not cfg.attn_output_gate,
+                f"{', '.join(_DIMS)} and attn_output_gate need layer_types")
     if LINEAR not in kinds:
         return
     require(all(getattr(cfg, f) > 0 for f in _DIMS), f"a linear_attention layer needs {', '.join(_DIMS)} > 0")
