@@ -94,12 +94,3 @@ def deltanet_shapes(cfg) -> dict[str, tuple[int, ...]]:
     shapes = ((nv,), (conv_dim(cfg), 1, cfg.linear_conv_kernel), (nv,), (nv, d), (nv, d), (conv_dim(cfg), d),
               (value_dim(cfg), d), (cfg.linear_v_head_dim,), (d, value_dim(cfg)))
     return dict(zip(DELTANET_NAMES, shapes))
-
-
-def state_bytes(cfg) -> int:
-    """Bytes of one sequence's DeltaNet state (float32, every DeltaNet layer): the convolution's
-    last inputs and every value head's S."""
-    n = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
-    per_layer = conv_dim(cfg) * (cfg.linear_conv_kernel - 1) + (
-        cfg.linear_n_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim)
-    return 4 * n * per_layer
