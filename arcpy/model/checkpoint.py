@@ -44,7 +44,7 @@ _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 # A multimodal checkpoint's text model, under its own prefix; and the tensors arcpy does not read:
 # its vision tower, and a multi-token prediction layer (Qwen3.5's).
 _TEXT_PREFIX, _UNREAD_PREFIXES = "model.language_model.", ("model.visual.", "mtp.")
-_MOST_UNREAD = 2048  # the most tensors of those a checkpoint may list (Qwen3.5's tower: about 400)
+_MOST_UNREAD = 2048  # the most tensors of those a hybrid's checkpoint may list (Qwen3.5's tower: about 400)
 
 
 def _most_tensors(cfg: ModelConfig) -> int:
@@ -55,7 +55,7 @@ def _most_tensors(cfg: ModelConfig) -> int:
     per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
     outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
     experts = 3 * cfg.n_experts  # stored one tensor per expert and matrix
-    unread = _MOST_UNREAD + (3 * cfg.n_experts if cfg.layer_types else 0)  # a vision tower, an MTP layer
+    unread = _MOST_UNREAD + 3 * cfg.n_experts if cfg.layer_types else 0  # Qwen3.5's vision tower, MTP layer
     return outside + cfg.n_layers * (per_layer + experts + len(_HARMLESS_SUFFIXES)) + unread
 
 
