@@ -21,7 +21,7 @@ import numpy as np
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context
-from arcpy.devices.cuda_model import CudaModel
+from arcpy.devices.cuda_model import CudaModel, check_supported
 from arcpy.devices.draft_staging import DraftStaging
 from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
@@ -371,6 +371,7 @@ def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool =
     eager forward, no device loop). `vocab_limit` narrows the valid token ids below the lm_head's
     width, as a padded head does. `speculate` > 0 (by default DEFAULT_DRAFTS) also captures the
     speculative step with that many drafts, looked up by n-grams of up to `ngram` tokens. The device owns all of it: close it, or use it in a `with`."""
+    check_supported(model.config)  # before the context: a refused model allocates nothing
     ctx = Context(0)
     try:
         forward = CudaModel(ctx, model, max_seq or model.config.max_seq)

@@ -10,6 +10,7 @@ from arcpy import _lib
 from arcpy.devices.context import Context
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
+from arcpy.model.hybrid import CUDA_REFUSAL, is_hybrid
 from arcpy.model.native import native_config, place
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
@@ -17,6 +18,13 @@ from arcpy.model.native import native_config, place
 # time-to-first-token targets where 512 misses two; it reserves 101 MB of activations for the
 # Llama-3.2-1B shape and 193 MB for Llama-3-8B.
 PREFILL_CHUNK = 2048
+
+
+def check_supported(cfg) -> None:
+    """Refuses, before anything is allocated, what libarc's layer program does not hold: the gated
+    DeltaNet layers and gated attention of Qwen3.5's hybrids (arcpy/model/hybrid.py), one line."""
+    if is_hybrid(cfg):
+        raise InvalidArgumentError(CUDA_REFUSAL)
 
 
 def check_fits(model: Model, max_seq: int, free: int) -> None:
@@ -44,6 +52,7 @@ class CudaModel:
 
     def __init__(self, ctx: Context, model: Model, max_seq: int):
         cfg = model.config
+        check_supported(cfg)
         if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
             raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
         check_fits(model, max_seq, ctx.memory()[0])

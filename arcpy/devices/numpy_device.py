@@ -76,6 +76,8 @@ class NumpyDevice(HostPathDevice):
     def __init__(self, reference: ReferenceModel, prefill_progress=None):
         super().__init__(reference.config.vocab, reference.max_seq)
         self.ref = reference
+        if reference.deltanet_state:  # a recurrent state holds no earlier prefix to resume from
+            self.prefix_granule = 0
         self.prefill_progress = prefill_progress  # progress(chunks done, chunks) as a prefill goes, or None
         k = reference.k_cache
         self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows

@@ -38,9 +38,11 @@ import numpy as np
 
 from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
                          OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+from arcpy.devices.deltanet import DeltaNetState
+from arcpy.devices.reference_layer import PRODUCT_WEIGHTS, Layer, norm_factors, weights_f32
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import (EMBED, FINAL_NORM, Model, QuantTensor, bf16_to_f32, dequantize, f32_to_bf16, layer_prefix,
-                         norm_names, rope_inv_freq)
+from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16
+from arcpy.model.hybrid import OP_DELTANET
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
 
@@ -157,60 +159,8 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return bf16_to_f32(f32_to_bf16(x))
 
 
-def weights_f32(t) -> np.ndarray:
-    """A tensor's weights as float32: bf16 words converted, a QuantTensor dequantized (both exact)."""
-    return dequantize(t) if isinstance(t, QuantTensor) else bf16_to_f32(t)
-
-
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def norm_factors(model: Model, name: str) -> np.ndarray:
-    """A norm's factors as float32: its bf16 weights, plus one where the config stores them less one
-    (norm_plus_one), added in float32 as libarc's kernels add it."""
-    return bf16_to_f32(model.tensor(name)) + F32(model.config.norm_add)
-
-
-class _Layer:
-    """One decoder layer's weights as float32 (converted, or dequantized, once)."""
-
-    def __init__(self, model: Model, i: int):
-        t = lambda n: weights_f32(model.tensor(layer_prefix(i) + n))  # noqa: E731
-        norm = lambda n: norm_factors(model, layer_prefix(i) + n)  # noqa: E731
-        bias = model.config.qkv_bias
-        self.attn_norm = norm("input_layernorm.weight")
-        qk_norm = model.config.qk_norm
-        self.q_norm, self.k_norm = ((norm(f"self_attn.{p}_norm.weight") if qk_norm else None) for p in "qk")
-        self.inv_freq = rope_inv_freq(model.config, i)
-        self.wq, self.wk, self.wv = (t(f"self_attn.{p}_proj.weight") for p in "qkv")
-        self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
-        self.wo = t("self_attn.o_proj.weight")
-        norms = norm_names(model.config)
-        self.mlp_norm = norm(norms["ffn"])
-        self.post_attn_norm = norm(norms["post_attn"]) if "post_attn" in norms else None
-        self.post_ffn_norm = norm(norms["post_ffn"]) if "post_ffn" in norms else None
-        c = model.config
-        if not c.is_moe_layer(i):
-            self.w_gate = t("mlp.gate_proj.weight")
-            self.w_up = t("mlp.up_proj.weight")
-            self.w_down = t("mlp.down_proj.weight")
-            return
-        # The experts: expert e's (expert_ffn_dim, dim) gate and up, (dim, expert_ffn_dim) down.
-        e, f = c.n_experts, c.expert_ffn_dim
-        self.router = t("mlp.gate.weight")
-        self.e_gate = t("mlp.experts.gate_proj.weight").reshape(e, f, c.dim)
-        self.e_up = t("mlp.experts.up_proj.weight").reshape(e, f, c.dim)
-        self.e_down = t("mlp.experts.down_proj.weight").reshape(e, c.dim, f)
-        if c.shared_expert_ffn_dim:
-            self.s_router = t("mlp.shared_expert_gate.weight")
-            self.s_gate, self.s_up, self.s_down = (t(f"mlp.shared_expert.{p}_proj.weight")
-                                                   for p in ("gate", "up", "down"))
-
-
-# What the prefill's products read of a layer, rounded to bf16 where the weights are quantized.
-_PRODUCT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "e_gate", "e_up", "e_down",
-                    "s_gate", "s_up", "s_down")
 
 
 def _exact(a: np.ndarray) -> np.ndarray:
@@ -231,24 +181,32 @@ class _RowOps:
         table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
                  OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
-                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out}
+                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
 
-        def run(op: int, li: int, L: _Layer) -> None:
+        def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
         return run
 
-    def attn_in(self, li: int, L: _Layer) -> None:
+    def attn_in(self, li: int, L: Layer) -> None:
         h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
         c, t, hd = self.cfg, self.t, self.cfg.head_dim
         self.q = linear(h, L.wq, L.bq).reshape(t, c.n_heads, hd)
         self.k = linear(h, L.wk, L.bk).reshape(t, c.n_kv_heads, hd)
         self.v = linear(h, L.wv, L.bv).reshape(t, c.n_kv_heads, hd)
+        if c.attn_output_gate:
+            self.gate = linear(h, L.w_attn_gate)
 
-    def qk_norm(self, li: int, L: _Layer) -> None:
+    def deltanet(self, li: int, L: Layer) -> None:
+        """A gated DeltaNet layer (arcpy.model.hybrid), its rows one after another through the
+        layer's recurrent state, added to the residual stream."""
+        h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
+        self.x = self.x + L.deltanet.rows(h, self.m.deltanet_state[li], self.positions, self.r)
+
+    def qk_norm(self, li: int, L: Layer) -> None:
         self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
         self.k = rmsnorm(self.k, L.k_norm, self.cfg.rms_eps)
 
-    def attend(self, li: int, L: _Layer) -> None:
+    def attend(self, li: int, L: Layer) -> None:
         c, m, start, t = self.cfg, self.m, self.start, self.t
         factor = c.rope_attention_factor
         q = self.r(rope(self.q, self.positions, L.inv_freq, factor))
@@ -259,17 +217,20 @@ class _RowOps:
         self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
                                            c.scores_scale, c.window(li)))
 
-    def attn_out(self, li: int, L: _Layer) -> None:
-        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
+    def attn_out(self, li: int, L: Layer) -> None:
+        att = self.att.reshape(self.t, -1)
+        if self.cfg.attn_output_gate:
+            att = self.r(att * (F32(1.0) / (F32(1.0) + np.exp(-self.gate))))
+        self.x = self.x + linear(att, L.wo)
 
-    def ffn_in(self, li: int, L: _Layer) -> None:
+    def ffn_in(self, li: int, L: Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
         self.h = self.r(GLUS[self.cfg.activation](linear(h, L.w_gate), linear(h, L.w_up)))
 
-    def ffn_out(self, li: int, L: _Layer) -> None:
+    def ffn_out(self, li: int, L: Layer) -> None:
         self.x = self.x + linear(self.h, L.w_down)
 
-    def moe_in(self, li: int, L: _Layer) -> None:
+    def moe_in(self, li: int, L: Layer) -> None:
         c, glu = self.cfg, GLUS[self.cfg.activation]
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
         logits = linear(n, L.router)
@@ -292,7 +253,7 @@ class _RowOps:
             rows, slots = np.nonzero(self.chosen == e)
             yield int(e), rows, slots
 
-    def moe_out(self, li: int, L: _Layer) -> None:
+    def moe_out(self, li: int, L: Layer) -> None:
         y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
         for e, rows, slots in self._by_expert():
             y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
@@ -304,11 +265,11 @@ class _RowOps:
             out = out + self.shared_w * linear(self.shared_h, L.s_down)
         self.x = self.x + out
 
-    def attn_out_norm(self, li: int, L: _Layer) -> None:
+    def attn_out_norm(self, li: int, L: Layer) -> None:
         t = linear(self.att.reshape(self.t, -1), L.wo)
         self.x = self.x + rmsnorm(t, L.post_attn_norm, self.cfg.rms_eps)
 
-    def ffn_out_norm(self, li: int, L: _Layer) -> None:
+    def ffn_out_norm(self, li: int, L: Layer) -> None:
         self.x = self.x + rmsnorm(linear(self.h, L.w_down), L.post_ffn_norm, self.cfg.rms_eps)
 
 
@@ -329,20 +290,24 @@ class ReferenceModel:
         # A tied head is the same table: share the array rather than convert it twice.
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = norm_factors(model, FINAL_NORM)
-        self.layers = [_Layer(model, i) for i in range(cfg.n_layers)]
+        self.layers = [Layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.routing: dict[int, np.ndarray] = {}  # MoE layer -> the last rows' chosen experts (T, k)
         self.route_gap: dict[int, float] = {}  # MoE layer -> its last rows' smallest lead of a choice
         self.quantized = model.quantized
-        self._bf16_layers: list[_Layer] | None = None  # quantized weights rounded to bf16, made on first use
+        self._bf16_layers: list[Layer] | None = None  # quantized weights rounded to bf16, made on first use
         shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
+        # Each DeltaNet layer's recurrent state (arcpy.model.hybrid): the positions it has taken in.
+        self.deltanet_state = {i: DeltaNetState(cfg) for i in range(cfg.n_layers) if cfg.is_linear_layer(i)}
 
     def reset(self) -> None:
         """Forget every cached position."""
         self.k_cache.fill(0.0)
         self.v_cache.fill(0.0)
+        for state in self.deltanet_state.values():
+            state.reset()
 
     def forward(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:
         """Run `token` at position `pos` -> logits (vocab,) f32. Writes k/v at `pos`; reads 0..pos.
@@ -395,7 +360,7 @@ class ReferenceModel:
         logits = np.stack([gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)) for x in rows])
         return logits if every_row else logits[0]
 
-    def _product_layers(self, bf16_products: bool) -> list[_Layer]:
+    def _product_layers(self, bf16_products: bool) -> list[Layer]:
         """The layers whose weights the prefill's products read: with bf16 products, a quantized
         model's matrices rounded to bf16 (bf16 weights are already), made once."""
         if not (bf16_products and self.quantized):
@@ -404,7 +369,7 @@ class ReferenceModel:
             self._bf16_layers = []
             for layer in self.layers:
                 rounded = copy.copy(layer)
-                for name in _PRODUCT_WEIGHTS:
+                for name in PRODUCT_WEIGHTS:
                     if hasattr(layer, name):
                         setattr(rounded, name, round_bf16(getattr(layer, name)))
                 self._bf16_layers.append(rounded)
@@ -415,7 +380,7 @@ class ReferenceModel:
         return self._run_rows(tokens, start, self._product_layers(bf16_products),
                               round_bf16 if bf16_products else _exact)
 
-    def _run_rows(self, tokens: list[int], start: int, layers: list[_Layer], r) -> np.ndarray:
+    def _run_rows(self, tokens: list[int], start: int, layers: list[Layer], r) -> np.ndarray:
         """Rows of tokens at positions start.. through every layer's program (libarc's
         arc_layer_program, the one the CUDA forwards run) -> their residual streams (T, dim) f32.
         `r` is applied to what enters a matrix product (bf16 rounding for the prefill's form)."""

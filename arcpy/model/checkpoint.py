@@ -26,6 +26,7 @@ from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.hybrid import GATED_NORM
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -40,6 +41,10 @@ from arcpy.model.tensors import Model, require_nonzero
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
+# A multimodal checkpoint's text model, under its own prefix; and the tensors arcpy does not read:
+# its vision tower, and a multi-token prediction layer (Qwen3.5's).
+_TEXT_PREFIX, _UNREAD_PREFIXES = "model.language_model.", ("model.visual.", "mtp.")
+_MOST_UNREAD = 2048  # the most tensors of those a hybrid's checkpoint may list (Qwen3.5's tower: about 400)
 
 
 def _most_tensors(cfg: ModelConfig) -> int:
@@ -50,7 +55,8 @@ def _most_tensors(cfg: ModelConfig) -> int:
     per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
     outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
     experts = 3 * cfg.n_experts  # stored one tensor per expert and matrix
-    return outside + cfg.n_layers * (per_layer + experts + len(_HARMLESS_SUFFIXES))
+    unread = _MOST_UNREAD + 3 * cfg.n_experts if cfg.layer_types else 0  # Qwen3.5's vision tower, MTP layer
+    return outside + cfg.n_layers * (per_layer + experts + len(_HARMLESS_SUFFIXES)) + unread
 
 
 def _read_index(directory: Path, index: Path, max_tensors: int) -> dict[str, TensorEntry]:
@@ -92,6 +98,13 @@ def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
     raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
+def _text_model(entries: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+    """The text model's tensors under arcpy's names: a multimodal checkpoint's language model
+    taken from under its prefix, its vision tower and any multi-token prediction layer left out."""
+    return {("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name): e
+            for name, e in entries.items() if not name.startswith(_UNREAD_PREFIXES)}
+
+
 def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
     """Each fused projection replaced by its parts: consecutive row ranges of the same bytes, so
     nothing is copied. A fused tensor whose rows do not add up to its parts' is one error line."""
@@ -125,6 +138,30 @@ def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, Ten
 _BLOCKS = "|".join(HF_EXPERT_BLOCKS)
 _EXPERT = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.experts\.(\d+)\.(\w+)\.weight")
 _ROUTER = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.gate\.weight")
+
+
+_PACKED = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+
+
+def _packed_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
+    """Experts packed in 3-D tensors (Qwen3.5-MoE's files: mlp.experts.gate_up_proj (experts,
+    2 x width, dim), each expert's gate rows then its up rows; mlp.experts.down_proj (experts, dim,
+    width)) as one entry per expert and matrix, the files' bytes unmoved: stacked like any."""
+    out = {}
+    for name, e in entries.items():
+        m = _PACKED.fullmatch(name)
+        parts = ("gate_proj", "up_proj") if m and m.group(2) == "gate_up_proj" else ("down_proj",)
+        if not m or len(e.shape) != 3 or e.shape[0] != cfg.n_experts or e.shape[1] % len(parts):
+            out[name] = e  # not packed experts of this config: the table's checks name it
+            continue
+        layer = m.group(1)
+        rows = e.shape[1] // len(parts)
+        size = e.nbytes // (e.shape[0] * len(parts))
+        for expert in range(e.shape[0]):
+            for j, part in enumerate(parts):
+                out[f"model.layers.{layer}.mlp.experts.{expert}.{part}.weight"] = dataclasses.replace(
+                    e, shape=(rows, e.shape[2]), start=e.start + (expert * len(parts) + j) * size, nbytes=size)
+    return out
 
 
 def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple[dict[str, TensorEntry],
@@ -220,7 +257,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries, experts = _stacked_experts(_unfused(_weight_files(directory, cfg), cfg), cfg)
+    entries = _unfused(_packed_experts(_text_model(_weight_files(directory, cfg)), cfg), cfg)
+    entries, experts = _stacked_experts(entries, cfg)
     expected = _check_tensors(cfg, entries, directory)
     maps: dict[Path, np.ndarray] = {}
 
@@ -237,8 +275,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:
     """Every norm's weights plus `shift`, in float32, rounded once to bf16 (a model whose norms are
     held otherwise than its family's files store them); the rest untouched."""
-    return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift)) if name.endswith("norm.weight") else t
-            for name, t in tensors.items()}
+    return {name: f32_to_bf16(bf16_to_f32(t) + np.float32(shift))
+            if name.endswith("norm.weight") and not name.endswith(GATED_NORM) else t for name, t in tensors.items()}
 
 
 def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Family) -> dict[str, np.ndarray]:

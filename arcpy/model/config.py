@@ -10,6 +10,7 @@ import numpy as np
 
 from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
 from arcpy.codes import ACTIVATIONS, ROUTINGS
+from arcpy.model.hybrid import LINEAR, check_hybrid
 from arcpy.model.moe import EXPERT_SUFFIXES
 from arcpy.model.native import EMBED, expected_tensors
 
@@ -157,6 +158,17 @@ class ModelConfig:
     shared_expert_ffn_dim: int = 0
     moe_every: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # A hybrid of attention and gated DeltaNet layers (Qwen3.5; arcpy/model/hybrid.py documents it):
+    # each layer's kind ("full_attention" or "linear_attention"; empty: every layer attends), the
+    # DeltaNet's key and value heads, their widths and its causal convolution's kernel; and a sigmoid
+    # gate on the attention's output, its rows after each query head's in q_proj.
+    layer_types: tuple[str, ...] = ()
+    linear_n_k_heads: int = 0
+    linear_n_v_heads: int = 0
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -210,6 +222,7 @@ class ModelConfig:
                                   and _rope_in_float32_range(float(local), self.rotary_dim, None)),
                 f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
         self._check_experts()
+        check_hybrid(self)
 
     def _check_experts(self) -> None:
         for field in ("n_experts", "n_experts_used", "expert_ffn_dim", "shared_expert_ffn_dim", "moe_every"):
@@ -235,6 +248,10 @@ class ModelConfig:
         """Whether layer `layer`'s FFN is the mixture of experts (else the dense GLU of ffn_dim)."""
         every = self.moe_every or 1
         return self.n_experts > 0 and (layer + 1) % every == 0 and layer not in self.mlp_only_layers
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether layer `layer` is a gated DeltaNet layer (else it attends)."""
+        return bool(self.layer_types) and self.layer_types[layer] == LINEAR
 
     def window(self, layer: int) -> int:
         """The positions layer `layer`'s attention reads back from the current one (0: all)."""
@@ -352,5 +369,6 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
 def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
     """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
     changes.setdefault("mlp_only_layers", tuple(i for i in cfg.mlp_only_layers if i == 0))
+    changes.setdefault("layer_types", cfg.layer_types[:1])
     return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
                                **changes)

@@ -40,7 +40,7 @@ from arcpy.model.bf16 import require_finite
 from arcpy.model.config import ModelConfig
 from arcpy.model.families import Family, gguf_family
 from arcpy.model.families.family import GGUF_GLOBAL_NAMES
-from arcpy.model.gguf_config import ROPE_TENSORS, gguf_config, unfused
+from arcpy.model.gguf_config import ROPE_TENSORS, gguf_config, unfused, unread_layers
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
 from arcpy.model.native import EMBED, LM_HEAD, is_matrix, iter_tensors
@@ -134,6 +134,8 @@ def _gguf_name(hf_name: str, family: Family) -> str:
     if hf_name in GGUF_GLOBAL_NAMES:
         return GGUF_GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight (or .bias)
+    if rest in family.gguf_names:  # a tensor the family names whole
+        return f"blk.{layer}.{family.gguf_names[rest]}"
     module, kind = rest.rsplit(".", 1)
     return f"blk.{layer}.{family.gguf_names[module]}.{kind}"
 
@@ -149,11 +151,13 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         info = f.tensors.get(name)
         if info is None:
             raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}")
+        shape = family.gguf_shape(hf_name, shape)
         if info.shape != shape:
             raise ModelFileError(f"{f.path}: tensor {quoted(name)} has shape {quoted(list(info.shape))}, "
                                  f"config expects {list(shape)}")
         wanted[hf_name] = info
-    extra = sorted(set(f.tensors) - {info.name for info in wanted.values()} - set(ROPE_TENSORS))
+    extra = sorted(set(f.tensors) - {info.name for info in wanted.values()} - set(ROPE_TENSORS)
+                   - set(unread_layers(f, cfg)))
     if extra:
         raise ModelFileError(f"{f.path}: unexpected tensor {quoted(extra[0])} (not part of this config)")
     f.check_types(wanted.values())
@@ -167,6 +171,10 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         where = f"{f.path}: tensor {quoted(info.name)}"
         if _kept(ckpt, hf_name, info):
             t = from_gguf(info.qtype, info.shape, f.raw(info), where)  # refuses a NaN or infinite scale
+        elif hf_name.endswith(family.gguf_float):  # transformed in float32 by the family, then rounded once
+            t = f.values(info)
+            if not np.all(np.isfinite(t)):
+                raise ModelFileError(f"{where} holds a NaN or infinite value")
         else:
             t = f.words(info)
             require_finite(t, where)  # stored, or made by a block's scales
@@ -174,7 +182,7 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
             return _unpermute(t, cfg.n_heads)
         if permuted and hf_name.endswith("k_proj.weight"):
             return _unpermute(t, cfg.n_kv_heads)
-        return t
+        return family.gguf_tensor(hf_name, t, cfg)
 
     # Tensors are read in threads (NumPy lets go of the GIL in its loops), handed back in order.
     tensors: dict[str, Tensor] = {}

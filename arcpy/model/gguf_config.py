@@ -63,10 +63,11 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     if stated != vocab:
         raise ModelFileError(f"{path}: {a}vocab_size {stated} differs from the {vocab} tokens listed")
     try:
+        ffn = m.integer(a + "feed_forward_length") if family.gguf_dense_ffn else experts.get("expert_ffn_dim", 0)
         cfg = ModelConfig(
-            dim=dim, n_layers=m.integer(a + "block_count"), n_heads=n_heads,
-            n_kv_heads=m.integer(a + "attention.head_count_kv", n_heads), head_dim=head_dim,
-            ffn_dim=m.integer(a + "feed_forward_length"), vocab=vocab,
+            dim=dim, n_layers=m.integer(a + "block_count") - m.integer(a + "nextn_predict_layers", 0),
+            n_heads=n_heads, n_kv_heads=m.integer(a + "attention.head_count_kv", n_heads), head_dim=head_dim,
+            ffn_dim=ffn, vocab=vocab,
             max_seq=max_seq,
             rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=m.number(a + "rope.freq_base", 10000.0),
@@ -201,3 +202,12 @@ def _flat_experts(f: GGUFFile) -> dict[str, TensorInfo]:
             cols, rows, experts = info.dims
             out[name] = dataclasses.replace(info, dims=(cols, rows * experts))
     return out
+
+
+def unread_layers(f: GGUFFile, cfg: ModelConfig) -> list[str]:
+    """The file's tensors of layers past the config's: a multi-token prediction layer's, which
+    llama.cpp's converter appends (nextn_predict_layers of them) and arcpy does not read."""
+    if not f.meta.integer(f.meta.text("general.architecture") + ".nextn_predict_layers", 0):
+        return []
+    return [name for name in f.tensors
+            if name.startswith("blk.") and name.split(".")[1].isdigit() and int(name.split(".")[1]) >= cfg.n_layers]

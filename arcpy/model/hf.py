@@ -33,6 +33,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     if not isinstance(d, dict):
         raise ModelFileError(f"{source}: config must be a JSON object")
     family = hf_family(d, source)
+    d = family.text_config(d)
     act_key = "hidden_activation" if "hidden_activation" in d else "hidden_act"
     act = text(d, act_key, source, "silu")
     if act not in _ACTIVATIONS:

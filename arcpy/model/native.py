@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
+from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_NAMES, OP_QK_NORM, ROUTINGS
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import table
+from arcpy.model.hybrid import OP_DELTANET, deltanet_shapes
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -58,6 +59,8 @@ _FFN_IDS = (
     ("mlp.shared_expert.up_proj.weight", "ARC_TENSOR_SHARED_UP"),
     ("mlp.shared_expert.down_proj.weight", "ARC_TENSOR_SHARED_DOWN"),
 )
+_ATTENTION_SUFFIXES = frozenset(suffix for suffix, _ in _ATTENTION_IDS[1:])  # all but the input norm
+_Q_PROJ = "self_attn.q_proj.weight"
 ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # rank 2, never quantized
 # The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
 _MATRIX_SUFFIXES = tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS
@@ -88,7 +91,8 @@ def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
 
 def is_matrix(name: str) -> bool:
     """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
-    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
+    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES)
+                               and ".linear_attn." not in name)  # a DeltaNet's are bf16 (the reference's alone)
 
 
 def config_values(cfg, max_seq: int | None = None) -> dict:
@@ -157,10 +161,18 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     layer_ids = _layer_ids(cfg)
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
+        linear = cfg.is_linear_layer(i)
         for suffix, tensor in layer_ids:
+            if linear and suffix in _ATTENTION_SUFFIXES:
+                continue  # a DeltaNet layer: its own tensors after its input norm
             shape = table.shape(tensor, i, suffix in _RANK2_SUFFIXES)
+            if shape is not None and suffix == _Q_PROJ and cfg.attn_output_gate:
+                shape = (2 * shape[0], shape[1])  # each query head's rows, then its gate's
             if shape is not None:
                 yield p + suffix, shape
+            if linear and suffix == _ATTENTION_IDS[0][0]:
+                for name, s in deltanet_shapes(cfg).items():
+                    yield p + name, s
     yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)
     lm_head = table.shape(_GLOBAL_IDS[LM_HEAD], 0, True)
     if lm_head is not None:
@@ -187,13 +199,24 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if _lib.not_built():
-        return table.layer_program(config_values(cfg), layer)
+        return _deltanet(table.layer_program(config_values(cfg), layer), cfg, layer)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
-    return [int(op) for op in ops[0:count[0]]]
+    return _deltanet([int(op) for op in ops[0:count[0]]], cfg, layer)
+
+
+_ATTENTION_OPS = (OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_OUT)
+
+
+def _deltanet(program: list[int], cfg, layer: int) -> list[int]:
+    """A DeltaNet layer's program: libarc's, its attention's ops replaced by OP_DELTANET
+    (arcpy.model.hybrid; libarc has no such layer yet)."""
+    if not cfg.is_linear_layer(layer):
+        return program
+    return [OP_DELTANET] + [op for op in program if op not in _ATTENTION_OPS]
 
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join(OP_NAMES.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET"}.get(op, f"op{op}") for op in program)

@@ -96,6 +96,34 @@ SHAPES.update({
                                  max_seq=1024, rms_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, n_experts=8,
                                  n_experts_used=4, expert_ffn_dim=256, shared_expert_ffn_dim=512, moe_every=2),
 })
+# Qwen3.5 / Qwen3.6 hybrids (gated DeltaNet layers, three to each attention layer; gated attention
+# over a quarter-rotated head of 256; norms of 1 + w): small ones with every feature for tests (the
+# NumPy backend alone runs them), and the real dims of Qwen3.6-27B and Qwen3.6-35B-A3B for benches.
+_Q35 = dict(rms_eps=1e-6, rope_theta=10000000.0, qk_norm=True, norm_plus_one=True, attn_output_gate=True,
+            linear_conv_kernel=4)
+
+
+def _qwen35(n_layers: int, **fields) -> ModelConfig:
+    kinds = tuple("full_attention" if i % 4 == 3 else "linear_attention" for i in range(n_layers))
+    return ModelConfig(n_layers=n_layers, layer_types=kinds, **_Q35, **fields)
+
+
+SHAPES.update({
+    "qwen3.5-tiny": _qwen35(8, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=256, vocab=1024,
+                            max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
+                            linear_v_head_dim=32),
+    "qwen3.5moe-tiny": _qwen35(4, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=64, vocab=1024,
+                               max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
+                               linear_v_head_dim=32, n_experts=16, n_experts_used=4, expert_ffn_dim=64,
+                               shared_expert_ffn_dim=64, norm_topk_prob=True),
+    "qwen3.6-27B": _qwen35(64, dim=5120, n_heads=24, n_kv_heads=4, head_dim=256, rope_dim=64, ffn_dim=17408,
+                           vocab=248320, max_seq=8192, linear_n_k_heads=16, linear_n_v_heads=48,
+                           linear_k_head_dim=128, linear_v_head_dim=128),
+    "qwen3.6-35B-A3B": _qwen35(40, dim=2048, n_heads=16, n_kv_heads=2, head_dim=256, rope_dim=64, ffn_dim=512,
+                               vocab=248320, max_seq=8192, linear_n_k_heads=16, linear_n_v_heads=32,
+                               linear_k_head_dim=128, linear_v_head_dim=128, n_experts=256, n_experts_used=8,
+                               expert_ffn_dim=512, shared_expert_ffn_dim=512, norm_topk_prob=True),
+})
 # The bench's mixtures: Qwen3-30B-A3B (48 layers, 128 experts, top 8 of expert ffn 768) and
 # Mixtral-8x7B (32 layers, 8 experts, top 2 of expert ffn 14336), quantized only.
 _QWEN3_30B = ModelConfig(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, ffn_dim=6144, vocab=151936,
@@ -233,7 +261,11 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
     if tname == EMBED and quick_embedding:
         return _uniform_bf16(shape, rng, _EMBED_STD)
     x = rng.standard_normal(shape, dtype=np.float32)
-    if tname.endswith("norm.weight"):
+    if tname.endswith("linear_attn.norm.weight"):  # a DeltaNet's gated norm: its factors as stored
+        x = np.float32(1.0) + np.float32(0.05) * x
+    elif tname.endswith(("A_log", "dt_bias")):  # a DeltaNet's decay: exp(A_log) near 1
+        x *= np.float32(0.5)
+    elif tname.endswith("norm.weight"):
         x = np.float32(1.0) + np.float32(0.05) * x
         if tname == FINAL_NORM:
             # With a tied head the residual still holds the current token's embedding, whose
@@ -247,7 +279,7 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
         x *= np.float32(_EMBED_STD)
     else:
         gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
-        x *= np.float32(gain / math.sqrt(shape[1]))  # 1/sqrt(fan_in): unit-variance outputs
+        x *= np.float32(gain / math.sqrt(shape[-1]))  # 1/sqrt(fan_in): unit-variance outputs
     return f32_to_bf16(x)
 
 

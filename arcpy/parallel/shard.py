@@ -30,6 +30,7 @@ from arcpy.codes import FORMAT_BF16, FORMAT_NAMES, MAX_WORLD
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model, layer_prefix
 from arcpy.model.config import ModelConfig
+from arcpy.model.hybrid import is_hybrid
 from arcpy.model.quant import K_FORMATS, SUPER, UNIT, QuantTensor, layout
 
 # Each layer tensor a rank slices: (axis, what the split divides). Rows are axis 0.
@@ -63,6 +64,8 @@ class ShardPlan:
             raise InvalidArgumentError(f"tensor parallel over {w!r} ranks: give 1 to {MAX_WORLD}")
         if c.n_experts:
             raise InvalidArgumentError("tensor parallel: a mixture of experts does not split yet")
+        if is_hybrid(c):
+            raise InvalidArgumentError("tensor parallel: gated DeltaNet layers and gated attention do not split yet")
         for n, what in ((c.n_heads, "attention heads"), (c.n_kv_heads, "key/value heads"),
                         (c.ffn_dim, "FFN rows")):
             if n % w:

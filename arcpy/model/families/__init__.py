@@ -9,6 +9,7 @@
     smollm3      SmolLM3                    phi3        Phi-3.5, Phi-4-mini
     gemma3       Gemma 3 (text)             qwen3_moe   Qwen3-MoE
     qwen2_moe    Qwen2-MoE                  mixtral     Mixtral
+    qwen3_5      Qwen3.5 and Qwen3.6, dense and MoE (gated DeltaNet hybrids)
 
 The readers (arcpy.model.hf, gguf_config, gguf, checkpoint) look a family up here, by config.json's
 architectures or model_type, by a GGUF file's general.architecture, or, to write config.json, by
@@ -32,15 +33,16 @@ from arcpy.model.families.phi3 import PHI3
 from arcpy.model.families.qwen2 import QWEN2
 from arcpy.model.families.qwen2_moe import QWEN2_MOE
 from arcpy.model.families.qwen3 import QWEN3
+from arcpy.model.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from arcpy.model.families.qwen3_moe import QWEN3_MOE
 from arcpy.model.families.smollm3 import SMOLLM3
 from arcpy.model.moe import GPT_OSS_NEEDS
 
 # In the order messages list them.
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3, MISTRAL3, PHI3, GEMMA3, QWEN3_MOE,
-                                QWEN2_MOE, MIXTRAL)
+                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE)
 # config_to_hf writes a config as the first of these that holds it.
-_WRITERS = (QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
+_WRITERS = (QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
 _BY_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
 _BY_TYPE = {f.name: f for f in FAMILIES if f.hf_classes}
 _BY_GGUF = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}

@@ -54,11 +54,18 @@ class Family:
     hf_expert_names: Mapping[str, str] = EXPERT_NAMES  # the model's matrix name -> the files' <name>
     gguf_permuted = False        # llama.cpp's converter reorders the q/k rows (gguf.py's docstring)
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
+    gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
+    gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
 
     def holds(self, cfg: ModelConfig) -> bool:
         """Whether config.json of this family can say what cfg holds (config_to_hf asks the
         families in the registry's order of writing)."""
         return False
+
+    def text_config(self, d: Mapping) -> Mapping:
+        """The keys of config.json `d` that describe the text model (a multimodal class's file
+        nests them; every other family's are `d` itself)."""
+        return d
 
     def hf_fields(self, d: Mapping, source: str, n_layers: int, head_dim: int) -> dict:
         """The ModelConfig fields of the family's own keys in config.json `d`."""
@@ -77,6 +84,15 @@ class Family:
         """The family's own ModelConfig fields from the GGUF metadata `m` (keys prefixed `a`),
         given (dim, n_heads, head_dim) and the attention.sliding_window read (0: none)."""
         return {}
+
+    def gguf_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape llama.cpp's files give a tensor of the table's `shape`."""
+        return shape
+
+    def gguf_tensor(self, hf_name: str, words, cfg: ModelConfig):
+        """A tensor read from llama.cpp's file (bf16 words of its gguf_shape; float32 values where
+        gguf_float names it) as the model holds it (bf16 words)."""
+        return words
 
     def gguf_fused(self, cfg: ModelConfig) -> dict[str, tuple[tuple[str, int], ...]]:
         """A layer's fused tensors in llama.cpp's files -> their parts and each one's rows."""

@@ -1,0 +1,97 @@
+"""The NumPy reference's gated DeltaNet layer (arcpy/model/hybrid.py states what it computes) and
+its recurrent state, one token after another in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arcpy.errors import InvalidArgumentError
+from arcpy.model.hybrid import conv_dim
+
+F32 = np.float32
+_L2_EPS = 1e-6  # the q and k heads' L2 norm's epsilon (transformers' and FLA's l2norm)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), x itself above 20 (torch's threshold)."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(F32)
+
+
+def _l2norm(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt((x * x).sum(axis=-1, keepdims=True) + F32(_L2_EPS))
+
+
+class DeltaNetState:
+    """One DeltaNet layer's state for a sequence: the convolution's last kernel - 1 inputs
+    (channels, kernel - 1), every value head's S (n_v, k_head_dim, v_head_dim), float32, and the
+    position it takes next."""
+
+    def __init__(self, cfg):
+        self.conv = np.zeros((conv_dim(cfg), cfg.linear_conv_kernel - 1), F32)
+        self.s = np.zeros((cfg.linear_n_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim), F32)
+        self.position = 0
+
+    def reset(self) -> None:
+        self.conv.fill(0.0)
+        self.s.fill(0.0)
+        self.position = 0
+
+
+class DeltaNet:
+    """A DeltaNet layer's weights as float32: `t(name)` gives each, by its name after linear_attn."""
+
+    def __init__(self, c, t):
+        self.cfg = c
+        self.w_qkv, self.w_z = t("in_proj_qkv.weight"), t("in_proj_z.weight")
+        self.w_b, self.w_a = t("in_proj_b.weight"), t("in_proj_a.weight")
+        self.conv = t("conv1d.weight")[:, 0, :]  # (channels, kernel): the last tap takes the newest input
+        self.a = -np.exp(t("A_log"))  # -exp(A_log), per value head
+        self.dt_bias = t("dt_bias")
+        self.norm = t("norm.weight")  # the gated norm's factors as stored (no 1 + w)
+        self.w_out = t("out_proj.weight")
+
+    def rows(self, h: np.ndarray, state: DeltaNetState, positions: np.ndarray, r) -> np.ndarray:
+        """The normed inputs h (T, dim) at `positions`, one after another through `state` -> what the
+        layer adds to each row's residual stream (T, dim). Position 0 starts the state afresh; any
+        other must be the one the state takes next (the state holds no earlier positions to go back
+        to). `r` is applied to what enters out_proj, as to every product's input."""
+        c = self.cfg
+        qkv, z = h @ self.w_qkv.T, h @ self.w_z.T
+        beta = _sigmoid(h @ self.w_b.T)
+        g = self.a * _softplus(h @ self.w_a.T + self.dt_bias)
+        out = np.empty((len(h), c.linear_n_v_heads, c.linear_v_head_dim), F32)
+        for row, pos in enumerate(int(p) for p in positions):
+            if pos == 0:
+                state.reset()
+            if pos != state.position:
+                raise InvalidArgumentError(f"the DeltaNet state has taken positions 0..{state.position - 1}: "
+                                           f"position {pos} does not follow them (restart from position 0)")
+            out[row] = self._step(qkv[row], beta[row], g[row], state)
+            state.position += 1
+        n = out * (F32(1.0) / np.sqrt(np.mean(out * out, axis=-1, keepdims=True) + F32(c.rms_eps))) * self.norm
+        gated = n * (z.reshape(out.shape) * _sigmoid(z.reshape(out.shape)))
+        return r(gated.reshape(len(h), -1)) @ self.w_out.T
+
+    def _step(self, qkv: np.ndarray, beta: np.ndarray, g: np.ndarray, state: DeltaNetState) -> np.ndarray:
+        """One token: its projections qkv (channels,), beta and g (n_v,) -> its output (n_v, v_head_dim)."""
+        c = self.cfg
+        window = np.concatenate([state.conv, qkv[:, None]], axis=1)  # (channels, kernel)
+        state.conv[...] = window[:, 1:]
+        x = (window * self.conv).sum(axis=1)
+        x = x * _sigmoid(x)
+        kd, group = c.linear_n_k_heads * c.linear_k_head_dim, c.linear_n_v_heads // c.linear_n_k_heads
+        q = _l2norm(x[:kd].reshape(c.linear_n_k_heads, -1)) * F32(c.linear_k_head_dim ** -0.5)
+        k = _l2norm(x[kd:2 * kd].reshape(c.linear_n_k_heads, -1))
+        v = x[2 * kd:].reshape(c.linear_n_v_heads, -1)
+        q, k = np.repeat(q, group, axis=0), np.repeat(k, group, axis=0)  # value head h reads key head h // group
+        s = state.s
+        s *= np.exp(g)[:, None, None]
+        delta = (v - np.einsum("hkv,hk->hv", s, k)) * beta[:, None]
+        s += k[:, :, None] * delta[:, None, :]
+        return np.einsum("hkv,hk->hv", s, q)

@@ -1,0 +1,327 @@
+"""Qwen3.5 / Qwen3.6 (gated DeltaNet hybrids, dense and MoE) on the CPU: their checkpoints read into
+the config and tensors arcpy/model/hybrid.py describes, and the NumPy reference against
+transformers' float32 logits on tiny random checkpoints (tests/data/qwen35, made by
+scripts/qwen35_fixtures.py with transformers 5.25.0); the CUDA backend refuses them in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arcpy.devices.cpu import NumpyDevice
+from arcpy.devices.reference import ReferenceModel
+from arcpy.errors import InvalidArgumentError, ModelFileError
+from arcpy.model import SHAPES, load_model, save_model, synthetic_model
+from arcpy.model.config import ModelConfig
+from arcpy.model.hybrid import CUDA_REFUSAL, LINEAR, OP_DELTANET
+from arcpy.model.native import describe, layer_program
+from arcpy.model.safetensors import save_safetensors
+
+DATA = Path(__file__).parent / "data" / "qwen35"
+FIXTURES = ("qwen3_5", "qwen3_5_moe")
+# The logits' largest error over the greedy steps, relative to their scale, against float32
+# transformers, with arcpy's bf16 KV cache: measured 0.19% (dense) and 0.073% (MoE). With a float32
+# cache the reference computes what transformers computes up to float32 sums, over every position:
+# measured 2.1e-6 and 1.6e-6.
+TOLERANCE = 0.01
+EXACT = 1e-4
+
+
+def golden(name: str) -> dict:
+    with np.load(DATA / name / "golden.npz") as d:
+        return {k: d[k] for k in d}
+
+
+def run(model, tokens) -> np.ndarray:
+    ref = ReferenceModel(model)
+    return np.stack([ref.forward(int(t), i) for i, t in enumerate(tokens)])
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def test_the_fixtures_read_into_the_hybrid_config():
+    dense, moe = (load_model(DATA / n).config for n in FIXTURES)
+    for c in (dense, moe):
+        assert c.layer_types == (LINEAR, "full_attention", LINEAR, "full_attention")
+        assert (c.linear_n_k_heads, c.linear_n_v_heads, c.linear_k_head_dim, c.linear_v_head_dim,
+                c.linear_conv_kernel) == (2, 4, 16, 16, 4)
+        assert c.attn_output_gate and c.norm_plus_one and c.qk_norm
+        assert (c.head_dim, c.rope_dim, c.rope_theta) == (32, 8, 1e7)
+        assert [describe(layer_program(c, i)).split()[0] for i in range(4)] == ["DELTANET", "ATTN_IN"] * 2
+    assert dense.n_experts == 0 and dense.ffn_dim == 96
+    assert (moe.n_experts, moe.n_experts_used, moe.expert_ffn_dim, moe.shared_expert_ffn_dim) == (8, 2, 32, 48)
+    assert moe.norm_topk_prob and all(moe.is_moe_layer(i) for i in range(4))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_reference_logits_and_greedy_ids_match_transformers(name):
+    g = golden(name)
+    tokens, n = g["tokens"], int(g["n_prompt"])
+    model = load_model(DATA / name)
+    got, want = run(model, tokens)[n - 1:], g["logits"][n - 1:]
+    err = relative_error(got, want)
+    print(f"{name}: max relative logit error {err:.3g} over {len(want)} positions")
+    assert err <= TOLERANCE
+    assert np.all(g["margin"][n - 1:] > 2 * err * np.abs(want).max())  # every greedy step is clear of the error
+    assert ReferenceModel(model).greedy([int(t) for t in tokens[:n]], len(tokens) - n) == [int(t) for t in tokens[n:]]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(name, monkeypatch):
+    import arcpy.devices.reference as reference
+    monkeypatch.setattr(reference, "round_bf16", lambda a: a)
+    g = golden(name)
+    err = relative_error(run(load_model(DATA / name), g["tokens"]), g["logits"])
+    print(f"{name}: max relative logit error {err:.3g} with a float32 cache")
+    assert err <= EXACT
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_prefill_in_chunks_gives_the_steps_logits(name):
+    tokens = [int(t) for t in golden(name)["tokens"]]
+    model = load_model(DATA / name)
+    steps = run(model, tokens)
+    rows = ReferenceModel(model).prefill(tokens, chunk=5, every_row=True)
+    assert relative_error(rows, steps) <= 1e-4  # summation order (and a bf16 cache entry it tips)
+    device = NumpyDevice(ReferenceModel(model))
+    assert device.capabilities.prefix_granule == 0  # the recurrent state holds no prefix to resume
+    device.enqueue_prefill(tokens, 0)
+    assert relative_error(device.host_logits(), steps[-1]) <= 1e-4
+
+
+def test_the_state_runs_forward_only_and_restarts_at_position_zero():
+    model = load_model(DATA / "qwen3_5")
+    tokens = [int(t) for t in golden("qwen3_5")["tokens"][:6]]
+    ref = ReferenceModel(model)
+    first = [ref.forward(t, i) for i, t in enumerate(tokens)]
+    with pytest.raises(InvalidArgumentError, match="position 2 does not follow"):
+        ref.forward(tokens[2], 2)
+    again = [ref.forward(t, i) for i, t in enumerate(tokens)]  # position 0 starts afresh
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def test_a_multimodal_checkpoint_reads_its_text_model(tmp_path):
+    """Qwen3_5ForConditionalGeneration's files: the text config under text_config, the weights under
+    model.language_model, a vision tower and an MTP layer beside them, which are not read."""
+    src, out = DATA / "qwen3_5", tmp_path / "vl"
+    text = json.loads((src / "config.json").read_text())
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
+        "text_config": {**text, "model_type": "qwen3_5_text", "architectures": None}, "vision_config": {"depth": 1}}))
+    plain = load_model(src)
+    words = {name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name: t
+             for name, t in plain.tensors.items()}
+    extra = np.zeros((4, 4), np.uint16)
+    words.update({"model.visual.blocks.0.attn.qkv.weight": extra, "mtp.fc.weight": extra,
+                  "mtp.layers.0.mlp.gate_proj.weight": extra})
+    save_safetensors(out / "model.safetensors", words, "BF16")
+    model = load_model(out)
+    assert model.config == plain.config
+    assert all(np.array_equal(model.tensors[n], t) for n, t in plain.tensors.items())
+
+
+def test_experts_packed_in_3d_tensors_read_as_the_per_expert_ones(tmp_path):
+    """Qwen3.5-MoE's published files pack each layer's experts: mlp.experts.gate_up_proj (experts,
+    2 x width, dim) and mlp.experts.down_proj (experts, dim, width)."""
+    src, out = DATA / "qwen3_5_moe", tmp_path / "packed"
+    plain = load_model(src)
+    c = plain.config
+    words = {}
+    for name, t in plain.tensors.items():
+        head, sep, proj = name.partition(".mlp.experts.")
+        if not sep:
+            words[name] = t
+        elif proj == "gate_proj.weight":
+            gate = t.reshape(c.n_experts, c.expert_ffn_dim, c.dim)
+            up = plain.tensors[head + ".mlp.experts.up_proj.weight"].reshape(gate.shape)
+            words[head + ".mlp.experts.gate_up_proj"] = np.ascontiguousarray(np.concatenate([gate, up], axis=1))
+        elif proj == "down_proj.weight":
+            words[head + ".mlp.experts.down_proj"] = t.reshape(c.n_experts, c.dim, c.expert_ffn_dim)
+    out.mkdir()
+    shutil.copy(src / "config.json", out / "config.json")
+    save_safetensors(out / "model.safetensors", words, "BF16")
+    model = load_model(out)
+    assert all(np.array_equal(model.tensors[n], t) for n, t in plain.tensors.items())
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_save_model_writes_what_load_model_reads(name, tmp_path):
+    model = load_model(DATA / name)
+    save_model(model, tmp_path / "out")
+    back = load_model(tmp_path / "out")
+    assert back.config == model.config
+    assert all(np.array_equal(back.tensors[n], t) for n, t in model.tensors.items())
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
+def test_the_tiny_presets_run_on_the_reference(shape):
+    model = synthetic_model(shape, max_seq=64)
+    ref = ReferenceModel(model)
+    out = ref.greedy([1, 2, 3, 4], 6)
+    assert len(out) == 6 and all(0 <= t < model.config.vocab for t in out)
+    assert any(op == OP_DELTANET for op in layer_program(model.config, 0))
+
+
+def test_the_real_dims_presets():
+    dense, moe = SHAPES["qwen3.6-27B"], SHAPES["qwen3.6-35B-A3B"]
+    assert dense.layer_types.count(LINEAR) == 48 and moe.layer_types.count(LINEAR) == 30
+    assert 26e9 < dense.n_params < 28e9 and 34e9 < moe.n_params < 36e9
+    assert 2.5e9 < moe.weight_bytes / 2 < 3.5e9  # about 3B weights a token: the A3B
+
+
+def test_cuda_refuses_a_hybrid_before_allocating_anything(monkeypatch):
+    import arcpy.devices.cuda as cuda
+
+    def no_context(*a, **k):
+        raise AssertionError("a context was made")
+    monkeypatch.setattr(cuda, "Context", no_context)
+    model = synthetic_model("qwen3.5-tiny", max_seq=16)
+    with pytest.raises(InvalidArgumentError) as e:
+        cuda.open_cuda_device(model)
+    assert str(e.value) == CUDA_REFUSAL and "\n" not in str(e.value)
+    assert "numpy backend only" in CUDA_REFUSAL
+    from arcpy.parallel.shard import ShardPlan
+    with pytest.raises(InvalidArgumentError, match="DeltaNet"):
+        ShardPlan.of(model, 2)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(layer_types=("linear_attention",) * 3), "name each of the 4 layers"),
+    (dict(layer_types=("linear_attention", "sliding", "x", "y")), "layer_types must be a tuple"),
+    (dict(linear_n_v_heads=3), "multiple of linear_n_k_heads"),
+    (dict(linear_conv_kernel=0), "needs linear_n_k_heads"),
+    (dict(layer_types=(), attn_output_gate=True), "need layer_types"),
+])
+def test_config_checks(change, message):
+    cfg = SHAPES["qwen3.5moe-tiny"]
+    with pytest.raises(InvalidArgumentError, match=message):
+        dataclasses.replace(cfg, **change)
+
+
+def test_a_gate_alone_needs_layer_types():
+    with pytest.raises(InvalidArgumentError, match="attn_output_gate need layer_types"):
+        dataclasses.replace(SHAPES["qwen3-tiny"], attn_output_gate=True)
+
+
+def test_config_json_errors_are_one_line(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(DATA / "qwen3_5", d)
+    doc = json.loads((d / "config.json").read_text())
+    doc["layer_types"] = ["linear_attention", "moe"]
+    (d / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelFileError, match="key 'layer_types' must name full_attention or linear_attention"):
+        load_model(d)
+    assert isinstance(SHAPES["qwen3.6-27B"], ModelConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF: the files llama.cpp's converter writes for qwen35 and qwen35moe
+
+
+def converter_tensors(model) -> dict[str, np.ndarray]:
+    """The model's tensors as llama.cpp's converter writes them (float32): the norms' factors
+    whole (all but the DeltaNet's gated norm), A_log as -exp(A_log), the convolution (channels,
+    kernel), every DeltaNet tensor's value heads from grouped to tiled order."""
+    from arcpy.model import bf16_to_f32
+    from arcpy.model.families import family_for
+    from arcpy.model.gguf import _gguf_name
+    cfg, family, out = model.config, family_for(model.config), {}
+    n_k, group = cfg.linear_n_k_heads, cfg.linear_n_v_heads // cfg.linear_n_k_heads
+
+    def tiled(x, axis, head, at=0):
+        x = np.moveaxis(x, axis, 0)
+        v = x[at:]
+        v = v.reshape(n_k, group, head, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+        return np.moveaxis(np.concatenate([x[:at], v]), 0, axis)
+    for name, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            x = x + np.float32(cfg.norm_add)
+        leaf = name.partition(".linear_attn.")[2]
+        kd, dv = cfg.linear_n_k_heads * cfg.linear_k_head_dim, cfg.linear_v_head_dim
+        if leaf == "A_log":
+            x = -np.exp(x)
+        if leaf == "conv1d.weight":
+            x = x[:, 0, :]
+        if leaf in ("in_proj_qkv.weight", "conv1d.weight"):
+            x = tiled(x, 0, dv, 2 * kd)
+        elif leaf in ("in_proj_z.weight", "out_proj.weight"):
+            x = tiled(x, 0 if "z" in leaf else 1, dv)
+        elif leaf in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+            x = tiled(x, 0, 1)
+        out[_gguf_name(name, family)] = np.ascontiguousarray(x, np.float32)
+    return out
+
+
+def write_qwen35_gguf(path, model, mtp: bool = False) -> Path:
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gguf import GGUFWriter
+    from test_families import gguf_meta
+    from test_gguf import put
+    cfg = model.config
+    arch = "qwen35moe" if cfg.n_experts else "qwen35"
+    a = arch + "."
+    meta = {**gguf_meta(arch, cfg), a + "full_attention_interval": 4, a + "ssm.conv_kernel": cfg.linear_conv_kernel,
+            a + "ssm.state_size": cfg.linear_k_head_dim, a + "ssm.group_count": cfg.linear_n_k_heads,
+            a + "ssm.time_step_rank": cfg.linear_n_v_heads,
+            a + "ssm.inner_size": cfg.linear_n_v_heads * cfg.linear_v_head_dim,
+            a + "rope.dimension_sections": [cfg.rotary_dim // 8, cfg.rotary_dim // 8, cfg.rotary_dim // 4, 0]}
+    tensors = converter_tensors(model)
+    if cfg.n_experts:
+        del meta[a + "feed_forward_length"]
+        meta.update({a + "expert_count": cfg.n_experts, a + "expert_used_count": cfg.n_experts_used,
+                     a + "expert_feed_forward_length": cfg.expert_ffn_dim,
+                     a + "expert_shared_feed_forward_length": cfg.shared_expert_ffn_dim})
+        for i in range(cfg.n_layers):  # the experts as llama.cpp's 3-D tensors
+            for part in ("gate", "up", "down"):
+                name = f"blk.{i}.ffn_{part}_exps.weight"
+                tensors[name] = tensors[name].reshape(cfg.n_experts, -1, tensors[name].shape[1])
+    if mtp:  # an MTP layer after the model's, as the converter appends it
+        meta[a + "block_count"] = cfg.n_layers + 1
+        meta[a + "nextn_predict_layers"] = 1
+        tensors[f"blk.{cfg.n_layers}.nextn.eh_proj.weight"] = np.zeros((cfg.dim, 2 * cfg.dim), np.float32)
+        tensors[f"blk.{cfg.n_layers}.attn_norm.weight"] = np.ones(cfg.dim, np.float32)
+    w = GGUFWriter(path, arch)
+    for key, value in meta.items():
+        put(w, key, value)
+    for name, x in tensors.items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
+@pytest.mark.parametrize("mtp", [False, True])
+def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(shape, mtp, tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import bf16_to_f32, f32_to_bf16
+    cfg = dataclasses.replace(SHAPES[shape], vocab=V, max_seq=128)
+    from arcpy.model import random_model
+    model = random_model(cfg, seed=7)
+    loaded = load_model(write_qwen35_gguf(tmp_path / "m.gguf", model, mtp))
+    # llama.cpp's files hold the norms' factors whole: read so, rounded once to bf16.
+    assert loaded.config == dataclasses.replace(cfg, norm_plus_one=False)
+    assert set(loaded.tensors) == set(model.tensors)
+    for name, words in model.tensors.items():
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            words = f32_to_bf16(bf16_to_f32(words) + np.float32(1))
+        got = loaded.tensors[name]
+        np.testing.assert_array_equal(got, words, err_msg=name)  # A_log too: -exp and log in float32
+    if not cfg.n_experts:  # the same model but for the norms' 1 + w rounded to bf16 (3% here; the MoE's
+        tokens = [3, 1, 4, 1, 5, 9, 2, 6]  # routing flips with it)
+        assert relative_error(run(loaded, tokens), run(model, tokens)) < 0.1
