@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arcpy.devices.cpu import NumpyDevice
+from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import SHAPES, load_model, save_model, synthetic_model
