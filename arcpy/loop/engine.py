@@ -130,7 +130,7 @@ class Engine(HostPath):
     def begin(self, spec: SequenceSpec) -> None:
         """Begin the sequence `spec` asks for; a sequence still running is preempted. The prompt
         goes through the model in one forward where the device has a prefill (unless the engine
-        was made with prefill=False, or verifies every step), and its first token is drawn from
+        has EngineSettings.prefill False, or verifies every step), and its first token is drawn from
         that forward's logits: on the device loop by the first burst's commit, with no host wait
         between prompt and answer. Otherwise the prompt goes through the decode step one token at
         a time, again with no host wait between its steps. A matcher (arcpy.text.grammar)
