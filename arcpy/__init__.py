@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 
 # Public name -> the module it lives in, imported when first asked for.
 _LAZY = {
-    "Engine": "arcpy.loop.engine", "GenerationStats": "arcpy.loop.stats", "FinishReason": "arcpy.loop.stats",
+    "Engine": "arcpy.loop.engine", "EngineSettings": "arcpy.loop.settings", "GenerationStats": "arcpy.loop.stats",
+    "FinishReason": "arcpy.loop.stats",
     "Request": "arcpy.loop.request", "Message": "arcpy.loop.request", "Sampling": "arcpy.sampling",
     "load_checkpoint": "arcpy.loading", "load_gguf": "arcpy.loading", "load_model": "arcpy.model",
     "load_text_spec": "arcpy.text", "synthetic_model": "arcpy.model",

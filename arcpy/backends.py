@@ -17,10 +17,13 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import context_of
+from arcpy.loop.settings import SETTING_NAMES, EngineSettings
 from arcpy.parallel.devices import check_devices
 
 # open_device's keyword arguments besides environ; open_engine hands the rest to Engine
 DEVICE_ARGUMENTS = ("max_seq", "graph", "speculate", "devices", "prefill_progress")
+# Engine's collaborators besides environ; the other keywords are its settings (SETTING_NAMES)
+ENGINE_ARGUMENTS = ("latch", "step_cost")
 
 
 def resolve_backend(backend: str) -> str:
@@ -69,16 +72,21 @@ def open_device(model, backend: str = "auto", *, max_seq: int | None = None, gra
 
 def open_engine(model, backend: str = "auto", text=None, **arguments) -> Engine:
     """An Engine over `open_device(model, backend, ...)`, with the model's TextSpec `text` (for
-    Engine.chat). `arguments`: open_device's keywords (DEVICE_ARGUMENTS) and Engine's (burst,
-    device_loop, latch, draft_memory, prompt_cache_bytes, ...); environ goes to both. The engine
-    owns the device: `with open_engine(...) as engine:` frees it."""
+    Engine.chat). `arguments`: open_device's keywords (DEVICE_ARGUMENTS), Engine's collaborators
+    (ENGINE_ARGUMENTS: latch, step_cost) and the fields of its EngineSettings (burst, device_loop,
+    draft_memory, prompt_cache_bytes, ...; arcpy/loop/settings.py); environ goes to both. The
+    engine owns the device: `with open_engine(...) as engine:` frees it."""
     environ = arguments.pop("environ", None)
     gate.read_all(environ)
     backend = resolve_backend(backend)
     device = open_device(model, backend, environ=environ,
                          **{k: arguments.pop(k) for k in DEVICE_ARGUMENTS if k in arguments})
     try:
-        engine = Engine(device, backend, environ=environ, **arguments)
+        collaborators = {k: arguments.pop(k) for k in ENGINE_ARGUMENTS if k in arguments}
+        unknown = sorted(set(arguments) - SETTING_NAMES)
+        if unknown:
+            raise TypeError(f"open_engine() got unexpected keyword arguments: {', '.join(unknown)}")
+        engine = Engine(device, backend, EngineSettings(**arguments), environ=environ, **collaborators)
     except BaseException:
         device.close()
         raise

@@ -130,8 +130,8 @@ def open_model(model_path: str | None, shape: str | None = None, weights: str = 
 def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **engine) -> Engine:
     """The engine `options` ask for (the CUDA one where "auto" finds a GPU; arcpy.backends opens
     it), with the notes a user of the command line is owed: the slow NumPy backend, a --speculate
-    that cannot take effect. `engine`: more of Engine's arguments or open_device's (the server's
-    prompt_cache_bytes, a prefill_progress)."""
+    that cannot take effect. `engine`: more of Engine's settings or open_device's arguments (the
+    server's prompt_cache_bytes, a prefill_progress)."""
     backend = backends.resolve_backend(options.backend)
     if backend == "numpy":
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")

@@ -31,6 +31,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import preset_formats, synthetic_model
 
 
@@ -62,7 +63,8 @@ def measure(shape: str, a: argparse.Namespace) -> None:
     with open_cuda_device(model, max_seq=max_seq) as dev:
         del model
         for name, sampling in [("greedy", None)] + ([("sampled", SAMPLED)] if a.sampled else []):
-            eng = Engine(dev, "cuda", device_loop=True, burst=16, environ={}, latch=FallbackLatch(), speculate=False)
+            eng = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=16, speculate=False), environ={},
+                         latch=FallbackLatch())
             us, stats = time_generation(eng, PROMPT, a.tokens, a.runs, sampling)
             if stats.path != "device-loop":
                 raise SystemExit(f"{shape}: the engine took the {stats.path} path, not the device loop")

@@ -15,6 +15,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 
 
@@ -151,7 +152,7 @@ def device(request):
 
 
 def engine(dev, loop, burst=4):
-    return Engine(dev, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
+    return Engine(dev, "cuda", EngineSettings(device_loop=loop, burst=burst), environ={}, latch=FallbackLatch())
 
 
 class CopyStep:

@@ -13,6 +13,7 @@ from arcpy.drafting import SEPARATOR, Acceptance, DraftMemory, NgramIndex, draft
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import StepCost
 
 S = SEPARATOR
@@ -108,8 +109,8 @@ def scramble(tok, pos):
 
 def make_engine(**kw):
     script = FakeScript(next_token=scramble, speculate_k=4, vocab=1000)
-    return Engine(FakeDevice(script), "fake", device_loop=True, environ={}, latch=FallbackLatch(),
-                  step_cost=StepCost(measure=False), burst=8, **kw)
+    return Engine(FakeDevice(script), "fake", EngineSettings(device_loop=True, burst=8, **kw), environ={},
+                  latch=FallbackLatch(), step_cost=StepCost(measure=False))
 
 
 def test_a_question_asked_again_speculates_on_its_remembered_answer_with_the_same_tokens():

@@ -11,6 +11,7 @@ from arcpy.errors import (ContextLostError, DegenerateLogitsError, DeviceFaultEr
                           NonFiniteLogitsError)
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.sampling import Sampling
 
 PROMPT = [1, 2, 3]
@@ -21,7 +22,7 @@ def reference(n, prompt=PROMPT):
 
 
 def engine(latch, script=None, loop=True, **kw):
-    return Engine(FakeDevice(script), "fake", device_loop=loop, environ={}, latch=latch, **kw)
+    return Engine(FakeDevice(script), "fake", EngineSettings(device_loop=loop, **kw), environ={}, latch=latch)
 
 
 @pytest.mark.parametrize("burst", [1, 4, 16])
@@ -235,7 +236,7 @@ SAMPLED = Sampling(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
 
 
 def host_sampled(latch, n, sampling=SAMPLED, device=None):
-    eng = Engine(device or FakeDevice(), "fake", device_loop=False, environ={}, latch=latch)
+    eng = Engine(device or FakeDevice(), "fake", EngineSettings(device_loop=False), environ={}, latch=latch)
     toks = list(eng.generate(PROMPT, n, sampling=sampling))
     assert eng.stats.path == HOST
     return toks

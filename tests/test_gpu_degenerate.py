@@ -15,6 +15,7 @@ from arcpy.errors import DegenerateLogitsError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 from arcpy.sampling import Sampling
 
@@ -66,8 +67,9 @@ def test_the_speculative_accept_latches_degenerate_logits(device, sampling):
 @pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "token-by-token"])
 def test_the_engine_raises_on_both_paths_without_fallback(device, loop, sampling, prefill):
     latch = FallbackLatch()
-    eng = Engine(device, "cuda", device_loop=loop, burst=4, environ={}, latch=latch, prefill=prefill,
-                 speculate=False, prefix_cache=False)
+    eng = Engine(device, "cuda",
+                 EngineSettings(device_loop=loop, burst=4, prefill=prefill, speculate=False, prefix_cache=False),
+                 environ={}, latch=latch)
     got = []
     with pytest.raises(DegenerateLogitsError, match="position 3 gave degenerate logits"):
         for tok in eng.generate([1, 20, 30, 40], 8, sampling=sampling):

@@ -16,6 +16,7 @@ from gpu_buffers import device, engine  # noqa: F401 (a fixture)
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
@@ -72,9 +73,9 @@ def test_step_api_hands_out_the_same_tokens_and_parks_the_rest(device, host_toke
 
 def test_verify_always_checks_replay_against_eager_on_the_host_path(device):
     # Verification feeds the prompt through the decode step, token by token, as prefill=False does.
-    by_token = list(Engine(device, "cuda", device_loop=False, environ={}, latch=FallbackLatch(),
-                           prefill=False).generate(PROMPT, 24))
-    eng = Engine(device, "cuda", device_loop=True, environ={"ARC_GRAPH_VERIFY_ALWAYS": "1"},
+    by_token = list(Engine(device, "cuda", EngineSettings(device_loop=False, prefill=False), environ={},
+                           latch=FallbackLatch()).generate(PROMPT, 24))
+    eng = Engine(device, "cuda", EngineSettings(device_loop=True), environ={"ARC_GRAPH_VERIFY_ALWAYS": "1"},
                  latch=FallbackLatch())
     assert list(eng.generate(PROMPT, 24)) == by_token
     assert eng.stats.path == HOST and not eng.stats.prefill
@@ -82,9 +83,10 @@ def test_verify_always_checks_replay_against_eager_on_the_host_path(device):
 
 @pytest.mark.parametrize("burst", [1, 16])
 def test_token_by_token_prompts_keep_both_paths_equal(device, burst):
-    host = list(Engine(device, "cuda", device_loop=False, environ={}, latch=FallbackLatch(),
-                       prefill=False).generate(PROMPT, 64))
-    eng = Engine(device, "cuda", device_loop=True, burst=burst, environ={}, latch=FallbackLatch(), prefill=False)
+    host = list(Engine(device, "cuda", EngineSettings(device_loop=False, prefill=False), environ={},
+                       latch=FallbackLatch()).generate(PROMPT, 64))
+    eng = Engine(device, "cuda", EngineSettings(device_loop=True, burst=burst, prefill=False), environ={},
+                 latch=FallbackLatch())
     assert list(eng.generate(PROMPT, 64)) == host
     assert eng.stats.graph_launches == 64 + len(PROMPT) - 1 and not eng.stats.prefill
 
@@ -116,6 +118,7 @@ CHILD_PRELUDE = '''
 import sys
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.engine import Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.gate import FallbackLatch
 from arcpy.model import synthetic_model
 from arcpy.errors import ArcError, ContextLostError, DeviceFaultError
@@ -138,7 +141,7 @@ def test_injected_out_of_range_token_falls_back_latches_and_names_token_and_posi
         model = synthetic_model("stories15M", seed=3)
         dev = open_cuda_device(model, max_seq=512, vocab_limit=16000)
         latch = FallbackLatch()
-        eng = Engine(dev, "cuda", device_loop=True, burst=4, environ={}, latch=latch)
+        eng = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=4), environ={}, latch=latch)
         got = []
         try:
             for t in eng.generate([1], 64):
@@ -166,7 +169,7 @@ def test_injected_illegal_address_is_surfaced_and_the_process_refuses_further_wo
     out = run_child('''
         ctx = Context(0)
         dev = scripted_device(ctx, mode="ARC_SCRIPT_ILLEGAL_ADDRESS", at_pos=6)
-        eng = Engine(dev, "cuda", device_loop=True, burst=4, environ={}, latch=FallbackLatch())
+        eng = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=4), environ={}, latch=FallbackLatch())
         eng.driver.query_every = 256
         try:
             list(eng.generate([5], 32))
@@ -188,7 +191,7 @@ def test_injected_spin_trips_max_spins_then_is_released():
         ctx = Context(0)
         flag, flag_dev = ctx.pinned((1,), np.uint32)
         dev = scripted_device(ctx, mode="ARC_SCRIPT_SPIN", at_pos=3, flag=ctx.ffi.cast("uint32_t *", flag_dev))
-        eng = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch())
+        eng = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=FallbackLatch())
         eng.driver.max_spins = 300_000
         try:
             list(eng.generate([5], 16))
@@ -207,9 +210,10 @@ def test_injected_lost_step_is_detected_as_idle_but_short_and_falls_back():
     out = run_child('''
         model = synthetic_model("stories15M", seed=3)
         dev = open_cuda_device(model, max_seq=512)
-        host = list(Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch()).generate([1], 48))
+        host = list(Engine(dev, "cuda", EngineSettings(device_loop=False), environ={},
+                           latch=FallbackLatch()).generate([1], 48))
         latch = FallbackLatch()
-        eng = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=latch)
+        eng = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=latch)
         eng.driver.query_every = 256
         dev.inject_lost_step(10)
         got = list(eng.generate([1], 48))

@@ -21,6 +21,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import StepCost
 from arcpy.model import synthetic_model
 
@@ -97,9 +98,10 @@ def test_a_malformed_memory_is_refused_and_changes_nothing(device):
 
 def test_a_question_asked_again_speculates_on_its_answer_with_the_plain_loops_tokens(device):
     prompt = np.random.default_rng(2).integers(3, device.vocab, 40).tolist()
-    plain = Engine(device, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch(), speculate=False)
+    plain = Engine(device, "cuda", EngineSettings(device_loop=True, burst=8, speculate=False), environ={},
+                   latch=FallbackLatch())
     want = list(plain.generate(prompt, 120))
-    eng = Engine(device, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch(),
+    eng = Engine(device, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=FallbackLatch(),
                  step_cost=StepCost(measure=False))
     first = list(eng.generate(prompt, 120))
     again = list(eng.generate(prompt, 120))

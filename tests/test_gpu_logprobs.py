@@ -18,6 +18,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampler, Sampling
 
@@ -175,7 +176,7 @@ CONFIG = dataclasses.replace(SHAPES["smollm2-135M"], max_seq=1024)
 @pytest.fixture(scope="module")
 def engine():
     device = open_cuda_device(random_model(CONFIG, seed=11), 1024)
-    with Engine(device, "cuda", environ={}, latch=gate.FallbackLatch(), burst=16) as eng:
+    with Engine(device, "cuda", EngineSettings(burst=16), environ={}, latch=gate.FallbackLatch()) as eng:
         yield eng
 
 

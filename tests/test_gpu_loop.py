@@ -23,6 +23,7 @@ from arcpy.errors import FaultWordError, InvalidArgumentError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
@@ -72,8 +73,8 @@ def test_logits_are_not_handed_to_the_host_while_work_is_in_flight(ctx):
 def test_host_path_and_device_loop_agree_on_the_scripted_model(ctx):
     dev = scripted_device(ctx)
     latch = FallbackLatch()
-    host = Engine(dev, "cuda", device_loop=False, environ={}, latch=latch)
-    loop = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=latch)
+    host = Engine(dev, "cuda", EngineSettings(device_loop=False), environ={}, latch=latch)
+    loop = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=latch)
     a = list(host.generate([5], 64))
     b = list(loop.generate([5], 64))
     assert a == b == expected(5, 0, 64)

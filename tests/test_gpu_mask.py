@@ -24,6 +24,7 @@ from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling
 
@@ -44,7 +45,8 @@ def device():
 
 
 def answer(device, loop: bool, sampling: Sampling, burst: int = 8):
-    eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch(), speculate=False)
+    eng = Engine(device, "cuda", EngineSettings(device_loop=loop, burst=burst, speculate=False), environ={},
+                 latch=FallbackLatch())
     eng.text = TEXT
     r = Request(messages=[{"role": "user", "content": "name and tags"}], max_new_tokens=200, response_format=FORMAT,
                 sampling=sampling)

@@ -21,6 +21,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.sampling import Sampling
@@ -89,9 +90,9 @@ def test_the_decode_step_matches_the_reference_where_the_routing_is_decided(pair
 @pytest.mark.parametrize("sampling", [None, Sampling(0.7, top_p=0.9, seed=3)], ids=["greedy", "sampled"])
 def test_the_device_loop_and_the_host_path_give_the_same_tokens(pair, sampling):
     _, dev = pair
-    host = Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch())
+    host = Engine(dev, "cuda", EngineSettings(device_loop=False), environ={}, latch=FallbackLatch())
     want = list(host.generate(PROMPT, 64, sampling=sampling))
-    loop = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch())
+    loop = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=FallbackLatch())
     got = list(loop.generate(PROMPT, 64, sampling=sampling))
     assert host.stats.path == HOST and loop.stats.path == DEVICE_LOOP
     assert got == want and loop.stats.host_waits == 0
@@ -189,7 +190,8 @@ def test_a_mixture_of_experts_declines_speculation_and_says_why():
     dev = open_cuda_device(model, max_seq=MAX_SEQ, speculate=4)
     try:
         assert dev.capabilities.speculate_k == 0 and "mixture of experts" in dev.capabilities.speculation_refused
-        out = list(Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch()).generate(PROMPT, 8))
+        out = list(Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={},
+                          latch=FallbackLatch()).generate(PROMPT, 8))
         assert len(out) == 8
     finally:
         dev.close()

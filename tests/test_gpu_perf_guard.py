@@ -21,6 +21,7 @@ from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +46,7 @@ def test_device_loop_keeps_the_recorded_speed(card, shape):
     model = synthetic_model(shape, seed=0)
     with open_cuda_device(model, max_seq=bench_max_seq(model.config)) as device:
         del model
-        engine = Engine(device, "cuda", device_loop=True, burst=16, environ={}, latch=FallbackLatch())
+        engine = Engine(device, "cuda", EngineSettings(device_loop=True, burst=16), environ={}, latch=FallbackLatch())
         us, stats = time_generation(engine, PROMPT, TOKENS, RUNS)
     assert stats.path == "device-loop", f"the engine took the {stats.path} path"
     measured = 1e6 / statistics.median(us)

@@ -14,6 +14,7 @@ from arcpy import _lib
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling
 
@@ -27,7 +28,7 @@ CONFIG = dataclasses.replace(SHAPES["smollm2-135M"], max_seq=MAX_SEQ)
 def engine():
     model = random_model(CONFIG, seed=7)
     device = open_cuda_device(model, MAX_SEQ)
-    with Engine(device, "cuda", device_loop=True, environ={}, latch=gate.FallbackLatch()) as eng:
+    with Engine(device, "cuda", EngineSettings(device_loop=True), environ={}, latch=gate.FallbackLatch()) as eng:
         yield eng
 
 

@@ -17,6 +17,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 
 pytestmark = pytest.mark.gpu
@@ -93,7 +94,7 @@ PROMPT = list(range(1, 40))
 def engine(request):
     """A bf16 model, and one of every quantized format (its lm_head Q6_K, read packed)."""
     device = open_cuda_device(synthetic_model(request.param, seed=11, max_seq=1024), 1024)
-    with Engine(device, "cuda", environ={}, latch=gate.FallbackLatch(), burst=16) as eng:
+    with Engine(device, "cuda", EngineSettings(burst=16), environ={}, latch=gate.FallbackLatch()) as eng:
         yield eng
 
 

@@ -16,6 +16,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 from arcpy.sampling import Sampling
 
@@ -62,9 +63,9 @@ def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
 @pytest.mark.parametrize("sampling", [None, Sampling(0.8, top_p=0.95, seed=5)], ids=["greedy", "sampled"])
 def test_the_device_loop_and_the_host_path_give_the_same_tokens(pair, sampling):
     _, dev = pair
-    host = Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch())
+    host = Engine(dev, "cuda", EngineSettings(device_loop=False), environ={}, latch=FallbackLatch())
     want = list(host.generate(PROMPT, 96, sampling=sampling))
-    loop = Engine(dev, "cuda", device_loop=True, burst=8, environ={}, latch=FallbackLatch())
+    loop = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=FallbackLatch())
     got = list(loop.generate(PROMPT, 96, sampling=sampling))
     assert host.stats.path == HOST and loop.stats.path == DEVICE_LOOP
     assert got == want and loop.stats.host_waits == 0
@@ -73,9 +74,10 @@ def test_the_device_loop_and_the_host_path_give_the_same_tokens(pair, sampling):
 def test_the_prefill_and_the_token_by_token_prompt_agree(pair):
     model, dev = pair
     prompt = [int(t) for t in np.random.default_rng(4).integers(0, model.config.vocab, size=40)]
-    by_token = Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch(), prefill=False)
+    by_token = Engine(dev, "cuda", EngineSettings(device_loop=False, prefill=False), environ={},
+                      latch=FallbackLatch())
     first_by_token = list(by_token.generate(prompt, 1))
-    prefilled = Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch())
+    prefilled = Engine(dev, "cuda", EngineSettings(device_loop=False), environ={}, latch=FallbackLatch())
     first_prefilled = list(prefilled.generate(prompt, 1))
     assert prefilled.stats.prefill and not by_token.stats.prefill
     # The reference decides the token where its margin is clear of both paths' error.
@@ -91,8 +93,10 @@ def test_llama1b_q4km_decodes_on_both_paths_alike():
     model = synthetic_model("llama1B-q4km", seed=1)
     dev = open_cuda_device(model, max_seq=1024)
     try:
-        host = list(Engine(dev, "cuda", device_loop=False, environ={}, latch=FallbackLatch()).generate(PROMPT, 48))
-        loop_engine = Engine(dev, "cuda", device_loop=True, burst=16, environ={}, latch=FallbackLatch())
+        host = list(Engine(dev, "cuda", EngineSettings(device_loop=False), environ={},
+                           latch=FallbackLatch()).generate(PROMPT, 48))
+        loop_engine = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=16), environ={},
+                             latch=FallbackLatch())
         assert list(loop_engine.generate(PROMPT, 48)) == host
         assert loop_engine.stats.host_waits == 0
     finally:

@@ -28,6 +28,7 @@ from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import StepCost
 from arcpy.model import synthetic_model
 from arcpy.sampling import Sampling
@@ -46,8 +47,8 @@ def device(request):
 
 def engine(dev, *, speculate=True, always=False, burst=8, latch=None):
     cost = StepCost(measure=False, prior=0.0) if always else None
-    return Engine(dev, "cuda", device_loop=True, burst=burst, environ={}, latch=latch or FallbackLatch(),
-                  speculate=speculate, step_cost=cost)
+    return Engine(dev, "cuda", EngineSettings(device_loop=True, burst=burst, speculate=speculate), environ={},
+                  latch=latch or FallbackLatch(), step_cost=cost)
 
 
 def assert_verify_rows_are_decode_logits(device, prompt):

@@ -13,6 +13,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling
 
@@ -20,8 +21,8 @@ PROMPT = (1, 2, 3)
 
 
 def engine(loop=True, script=None, **kw):
-    return Engine(FakeDevice(script or FakeScript()), "fake", device_loop=loop, environ={},
-                  latch=gate.FallbackLatch(), **kw)
+    return Engine(FakeDevice(script or FakeScript()), "fake", EngineSettings(device_loop=loop, **kw), environ={},
+                  latch=gate.FallbackLatch())
 
 
 def tokens(eng, bias, n=24, sampling=Sampling(), logprobs=None):

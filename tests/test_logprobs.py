@@ -15,6 +15,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling, TokenLogprob, logprob_entries, token_logprob
 
@@ -31,8 +32,8 @@ def fake_logits(device, token, position):
 
 
 def engine(loop=True, script=None, **kw):
-    return Engine(FakeDevice(script or FakeScript()), "fake", device_loop=loop, environ={},
-                  latch=gate.FallbackLatch(), **kw)
+    return Engine(FakeDevice(script or FakeScript()), "fake", EngineSettings(device_loop=loop, **kw), environ={},
+                  latch=gate.FallbackLatch())
 
 
 def pieces(eng, n=24, top=5, sampling=Sampling(), stop_ids=()):
@@ -165,7 +166,8 @@ def test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefil
     """On a device whose prefill may resume anywhere (granule 1, as the GPU's), the scoring's rows
     serve the next request but for its last token; each entry is the log-probability of the next
     token under a forward of the one before."""
-    eng = Engine(FakeDevice(FakeScript(prefix_granule=1)), "fake", device_loop=True, environ={}, latch=latch)
+    eng = Engine(FakeDevice(FakeScript(prefix_granule=1)), "fake", EngineSettings(device_loop=True), environ={},
+                 latch=latch)
     prompt = [3, 9, 4, 17, 5]
     scored = eng.prompt_logprobs(prompt, 2)
     dev = eng.device
@@ -174,7 +176,8 @@ def test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefil
         assert got == token_logprob(dev.script.forward(prompt[i], i)[0], prompt[i + 1], 2)
     list(eng.generate(prompt, 3))
     assert eng.stats.cached_tokens == len(prompt) - 1 and dev.prefills[-1] == ((5,), 4)
-    bare = Engine(FakeDevice(FakeScript(supports_prefill=False)), "fake", device_loop=True, environ={}, latch=latch)
+    bare = Engine(FakeDevice(FakeScript(supports_prefill=False)), "fake", EngineSettings(device_loop=True),
+                  environ={}, latch=latch)
     with pytest.raises(InvalidArgumentError, match="has no prefill to score a prompt with"):
         bare.prompt_logprobs(prompt, 2)
 

@@ -15,6 +15,7 @@ from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.constrain import matcher_for
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.sampling import Sampling
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
@@ -25,7 +26,7 @@ TEXT = family_text()
 
 def engine(loop=True, burst=8, **script):
     dev = FakeDevice(FakeScript(vocab=TEXT.tokenizer.get_vocab_size(), latency=1, **script))
-    eng = Engine(dev, "fake", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch())
+    eng = Engine(dev, "fake", EngineSettings(device_loop=loop, burst=burst), environ={}, latch=FallbackLatch())
     eng.text = TEXT
     return eng
 

@@ -12,13 +12,14 @@ from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
 from arcpy.sampling import Sampling
 
 
 def fake(latch, granule=1, **kw):
-    return Engine(FakeDevice(FakeScript(prefix_granule=granule)), "fake", device_loop=True, environ={},
-                  latch=latch, **kw)
+    return Engine(FakeDevice(FakeScript(prefix_granule=granule)), "fake", EngineSettings(device_loop=True, **kw),
+                  environ={}, latch=latch)
 
 
 def test_a_prompt_that_extends_the_last_prefills_only_the_rest(latch):
@@ -126,7 +127,8 @@ def test_reference_turns_with_the_cache_give_a_cold_runs_tokens(latch, sampling)
     history = [int(t) for t in rng.integers(0, model.config.vocab, 100)]  # more than a chunk
     for turn in range(3):
         answer = list(warm.generate(history, 6, sampling=sampling))
-        cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=latch, prefix_cache=False)
+        cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", EngineSettings(prefix_cache=False), environ={},
+                      latch=latch)
         assert answer == list(cold.generate(history, 6, sampling=sampling)), turn
         assert (warm.stats.cached_tokens > 0) == (turn > 0)
         history = history + answer + [int(t) for t in rng.integers(0, model.config.vocab, 5)]
@@ -141,20 +143,22 @@ def test_reference_a_stored_prefix_restored_in_part_gives_a_cold_runs_tokens(lat
     b = [int(t) for t in rng.integers(0, model.config.vocab, 30)]
     c = a[:70] + [int(t) for t in rng.integers(0, model.config.vocab, 10)]
     device = NumpyDevice(ReferenceModel(model))
-    warm = Engine(device, "numpy", environ={}, latch=latch, prompt_cache_bytes=200 * device.prefix_row_bytes)
+    warm = Engine(device, "numpy", EngineSettings(prompt_cache_bytes=200 * device.prefix_row_bytes), environ={},
+                  latch=latch)
     list(warm.generate(a, 3))
     list(warm.generate(b, 3))  # a's 128 held positions are saved
     got = list(warm.generate(c, 6))
     assert warm.stats.cached_tokens == 64 and warm.prefix.restored
-    cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=latch, prefix_cache=False)
+    cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", EngineSettings(prefix_cache=False), environ={},
+                  latch=latch)
     assert got == list(cold.generate(c, 6))
 
 
 # -- the store of earlier prefixes -------------------------------------------------------------
 
 def stored_engine(latch, row=8, **kw):
-    return Engine(FakeDevice(FakeScript(prefix_row_bytes=row)), "fake", device_loop=True, environ={}, latch=latch,
-                  **kw)
+    return Engine(FakeDevice(FakeScript(prefix_row_bytes=row)), "fake", EngineSettings(device_loop=True, **kw),
+                  environ={}, latch=latch)
 
 
 def test_alternating_prompts_get_their_rows_back_from_the_store(latch):
@@ -209,8 +213,10 @@ def test_a_bad_store_size_is_one_line(latch, bad):
 def test_reference_alternating_conversations_with_the_store_give_a_cold_runs_tokens(latch):
     model = _model("stories15M")
     rng = np.random.default_rng(5)
-    warm = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=latch, prompt_cache_bytes=1 << 24)
-    cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", environ={}, latch=latch, prefix_cache=False)
+    warm = Engine(NumpyDevice(ReferenceModel(model)), "numpy", EngineSettings(prompt_cache_bytes=1 << 24), environ={},
+                  latch=latch)
+    cold = Engine(NumpyDevice(ReferenceModel(model)), "numpy", EngineSettings(prefix_cache=False), environ={},
+                  latch=latch)
     histories = [[int(t) for t in rng.integers(0, model.config.vocab, 70)] for _ in range(2)]
     for turn in range(3):
         for k in range(2):

@@ -7,6 +7,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Message, Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.sampling import Sampling
 
 
@@ -44,7 +45,7 @@ def test_a_request_normalizes_what_it_holds():
 
 def test_engine_generate_takes_a_request_as_it_takes_ids():
     latch = FallbackLatch()
-    eng = Engine(FakeDevice(FakeScript()), "fake", device_loop=True, environ={}, latch=latch)
+    eng = Engine(FakeDevice(FakeScript()), "fake", EngineSettings(device_loop=True), environ={}, latch=latch)
     by_ids = list(eng.generate([5, 6], 12, sampling=Sampling(0.9, seed=4)))
     by_request = list(eng.generate(Request(prompt_ids=[5, 6], max_new_tokens=12, sampling=Sampling(0.9, seed=4))))
     assert by_request == by_ids and len(by_ids) == 12

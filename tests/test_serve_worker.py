@@ -21,6 +21,7 @@ from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.prompt import Piece
 from arcpy.loop.request import Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.serve.app import Service, Settings, create_app
 from arcpy.serve.worker import FAULT, SHUTDOWN, Channel, Done, Failed, Job, QueueFull, Unavailable, Worker
 
@@ -33,8 +34,8 @@ def reference(n, prompt=PROMPT):
 
 def fake_worker(script=None, max_queue=4, **kw) -> Worker:
     def build():
-        return Engine(FakeDevice(script or FakeScript()), "fake", device_loop=True, environ={},
-                      latch=gate.FallbackLatch(), burst=4, **kw)
+        return Engine(FakeDevice(script or FakeScript()), "fake", EngineSettings(device_loop=True, burst=4, **kw),
+                      environ={}, latch=gate.FallbackLatch())
     return Worker(build, max_queue, warm_up=False).start()  # the script counts steps from the first job
 
 

@@ -14,6 +14,7 @@ from arcpy.drafting import Acceptance, NgramIndex, draft
 from arcpy.errors import FaultWordError, ShortBurstError
 from arcpy.loop.burst import BurstDriver
 from arcpy.loop.engine import DEVICE_LOOP, Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import COST_PRIOR, PLAIN, SPECULATIVE, SpecPolicy, StepCost
 from arcpy.loop.stats import STOP_ID, TOKEN_BUDGET
 from arcpy.sampling import Sampling
@@ -38,8 +39,8 @@ def reference(n, rule, prompt=PROMPT):
 def engine(latch, rule=cycle_next, k=4, **kw):
     script = FakeScript(next_token=rule, speculate_k=k, **kw.pop("script", {}))
     # The fake's timing means nothing: the policy weighs steps by the prior cost alone.
-    return Engine(FakeDevice(script), "fake", device_loop=True, environ={}, latch=latch,
-                  step_cost=StepCost(measure=False), **kw)
+    return Engine(FakeDevice(script), "fake", EngineSettings(device_loop=True, **kw), environ={}, latch=latch,
+                  step_cost=StepCost(measure=False))
 
 
 # --- the drafts ---------------------------------------------------------------------------------

@@ -275,9 +275,9 @@ def test_the_drafts_memory_is_on_unless_switched_off_and_reaches_the_engine(monk
     seen = []
     real = backends.Engine
 
-    def engine(device, backend, **kw):
-        seen.append(kw["draft_memory"])
-        return real(device, backend, **kw)
+    def engine(device, backend, settings, **kw):
+        seen.append(settings.draft_memory)
+        return real(device, backend, settings, **kw)
 
     monkeypatch.setattr(backends, "Engine", engine)
     for args in ([], ["--draft-memory"], ["--no-draft-memory"]):

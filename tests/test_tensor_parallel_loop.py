@@ -11,6 +11,7 @@ from arcpy.devices.sequence import SequenceStart
 from arcpy.errors import ContextLostError, DeviceFaultError, InvalidArgumentError
 from arcpy.loop import gate
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.settings import EngineSettings
 from arcpy.parallel.devices import TensorParallelDevice
 from arcpy.sampling import Sampling
 
@@ -24,7 +25,7 @@ def ranks(n, faults=None):
 
 
 def engine(dev, **kw):
-    return Engine(dev, "fake", device_loop=True, environ={}, latch=gate.FallbackLatch(), burst=4, **kw)
+    return Engine(dev, "fake", EngineSettings(device_loop=True, burst=4, **kw), environ={}, latch=gate.FallbackLatch())
 
 
 def reference(n, prompt=PROMPT):

@@ -29,6 +29,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import Model, ModelConfig
 
 BURST = 16
@@ -71,7 +72,8 @@ def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, c
     """The greedy device loop after a `context`-token prompt on an open device of a model of cfg."""
     check_context(cfg, max_seq, context, tokens)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab, size=max(context, 1)).tolist()
-    engine = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
+    engine = Engine(device, "cuda", EngineSettings(device_loop=True, burst=BURST, speculate=False), environ={},
+                    latch=FallbackLatch())
     us, stats = time_generation(engine, prompt, tokens, runs)
     if stats.path != "device-loop":
         raise ArcError(f"asked for the device loop at a {context}-token context, the engine took {stats.path}")

@@ -33,6 +33,7 @@ from arcpy.devices.scripted import scripted_device
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, ModelConfig, preset_formats, synthetic_model
 
 PROMPT = [1, 2, 3, 4]
@@ -170,7 +171,8 @@ def bench_paths(device, tokens: int, runs: int, bursts=(4, 16), sampled_burst: i
     if device.capabilities.sampling:
         configs.append(("device-loop", True, sampled_burst, SAMPLED))
     for name, loop, burst, sampling in configs:
-        eng = Engine(device, "cuda", device_loop=loop, burst=burst, environ={}, latch=FallbackLatch(), speculate=False)
+        eng = Engine(device, "cuda", EngineSettings(device_loop=loop, burst=burst, speculate=False), environ={},
+                     latch=FallbackLatch())
         us, st = time_generation(eng, PROMPT, tokens, runs, sampling)
         if st.path != name:
             raise ArcError(f"asked for the {name} path, the engine took {st.path}")
@@ -252,8 +254,9 @@ def time_to_first_token(device, runs: int, lengths=TTFT_PROMPTS, token_by_token:
         prompt = rng.integers(0, device.vocab, length).tolist()
         for prefill in (True, False) if token_by_token and length == lengths[0] else (True,):
             # Cold each time: the prefix cache would hand the repeated prompt's rows back.
-            eng = Engine(device, "cuda", device_loop=True, burst=1, environ={}, latch=FallbackLatch(),
-                         prefill=prefill, prefix_cache=False)
+            eng = Engine(device, "cuda",
+                         EngineSettings(device_loop=True, burst=1, prefill=prefill, prefix_cache=False), environ={},
+                         latch=FallbackLatch())
             ms = []
             for i in range(runs + 1):
                 t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import ArcError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
 from arcpy.parallel.cuda import open_tensor_parallel
 
@@ -21,8 +22,8 @@ BURST = 16
 def _rates(device, tokens: int, runs: int) -> dict:
     row = {}
     for name, sampling in (("greedy", None), ("sampled", SAMPLED)):
-        eng = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(), prefill=False,
-                     speculate=False)
+        eng = Engine(device, "cuda", EngineSettings(device_loop=True, burst=BURST, prefill=False, speculate=False),
+                     environ={}, latch=FallbackLatch())
         us, st = time_generation(eng, PROMPT, tokens, runs, sampling)
         row[name] = {"us_per_token": statistics.median(us), "host_waits_per_token": st.per_token(st.host_waits),
                      "path": st.path}

@@ -33,6 +33,7 @@ from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Constraint, Request
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.stats import FinishReason
 from arcpy.model import SHAPES, preset_formats, random_model, synthetic_model
 from arcpy.sampling import Sampling
@@ -80,8 +81,9 @@ def turns_row(device, turns: int, history: int, runs: int) -> dict:
         raise InvalidArgumentError(f"a history of {history} tokens and its answer do not fit the "
                                    f"device's {device.max_seq} positions")
     system, questions = conversation(device.vocab, turns, history)
-    make = lambda cache: Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
-                                speculate=False, prefix_cache=cache)
+    make = lambda cache: Engine(device, "cuda",
+                                EngineSettings(device_loop=True, burst=BURST, speculate=False, prefix_cache=cache),
+                                environ={}, latch=FallbackLatch())
     warm, cold = make(True), make(False)
     results = {"cached": [], "cold": []}
     for i in range(runs + 1):
@@ -106,7 +108,8 @@ def turns_row(device, turns: int, history: int, runs: int) -> dict:
 
 def logprobs_row(device, tokens: int, runs: int, top: int = 5) -> dict:
     """Greedy device-loop µs a token with `top` log-probability alternatives and without."""
-    eng = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
+    eng = Engine(device, "cuda", EngineSettings(device_loop=True, burst=BURST, speculate=False), environ={},
+                 latch=FallbackLatch())
     row = {"top_logprobs": top, "burst": BURST}
     for name, lp in (("plain", None), ("logprobs", top)):
         us, st = time_generation(eng, Request(prompt_ids=PROMPT, max_new_tokens=tokens, logprobs=lp), tokens, runs)
@@ -129,7 +132,7 @@ def constrained_row(device, text, seeds: int = 8, tokens: int = 200) -> dict:
     """Sampled answers under SCHEMA and the same requests unconstrained, on the engine's default
     path for each: the device loop, where a constrained step waits on the device for the mask the
     host writes (libarc/mask.cu); the host path on a device without masks."""
-    eng = Engine(device, "cuda", burst=BURST, environ={}, latch=FallbackLatch(), speculate=False)
+    eng = Engine(device, "cuda", EngineSettings(burst=BURST, speculate=False), environ={}, latch=FallbackLatch())
     eng.text = text
     fmt = Constraint.of({"type": "json_schema", "json_schema": {"name": "bridge", "schema": SCHEMA, "strict": True}})
     row = {"seeds": seeds, "max_tokens": tokens}

@@ -40,6 +40,7 @@ from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.request import Request
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
+from arcpy.loop.settings import EngineSettings
 from arcpy.model import LM_HEAD, layer_prefix, preset_formats, synthetic_model
 from arcpy.model.quant import QuantTensor, row_bytes
 from arcpy.sampling import Sampling
@@ -218,8 +219,9 @@ def compare(device, request: Request, runs: int, text=None, memory: bool = False
     row = {}
     tokens = {}
     for kind, speculate in (("plain", False), ("speculative", True)):
-        eng = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
-                     speculate=speculate, draft_memory=memory)
+        eng = Engine(device, "cuda",
+                     EngineSettings(device_loop=True, burst=BURST, speculate=speculate, draft_memory=memory),
+                     environ={}, latch=FallbackLatch())
         eng.text = text
         rates = []
         for i in range(runs + 1):
@@ -254,8 +256,8 @@ def looping(model) -> None:
 def one_turn(device, tokens: int) -> list[int]:
     """The looping model's greedy continuation of [1], up to the first token that closes a cycle
     (at most MAX_SEQ - tokens - 1 tokens: the answer must still fit)."""
-    plain = Engine(device, "cuda", device_loop=True, burst=BURST, environ={}, latch=FallbackLatch(),
-                   speculate=False)
+    plain = Engine(device, "cuda", EngineSettings(device_loop=True, burst=BURST, speculate=False), environ={},
+                   latch=FallbackLatch())
     out, seen = [1], {1}
     for tok in plain.generate([1], MAX_SEQ - tokens - 2):
         out.append(tok)

@@ -5,5 +5,6 @@ engine and its request.
     gate     environment gates, device-loop admission, the fallback latch
     request  Request: what every front end asks the engine for
     plan     a SequenceSpec's plan: its checks, its path, its device start (no device call)
+    settings EngineSettings: how an engine decodes, one frozen record
     engine   Engine: admit, prefill, generate; the device loop and the host path
 """

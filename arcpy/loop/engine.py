@@ -28,7 +28,6 @@ import time
 from collections import deque
 from typing import Iterable, Iterator, Mapping
 
-from arcpy.codes import MAX_BURST
 from arcpy.devices.protocol import Counters, DeviceOps
 from arcpy.devices.sequence import SequenceSpec
 from arcpy.drafting import DraftMemory
@@ -41,7 +40,7 @@ from arcpy.errors import (
     LoopFault,
 )
 from arcpy.loop import gate
-from arcpy.loop.burst import MAX_SPINS, BurstDriver
+from arcpy.loop.burst import BurstDriver
 from arcpy.loop.constrain import Constrained, matcher_for
 from arcpy.loop.host import HostPath
 from arcpy.loop.prefix import PrefixCache
@@ -49,40 +48,41 @@ from arcpy.loop.plan import Plan, Settings, plan_sequence, sequence_spec, with_l
 from arcpy.loop.prompt import Piece, request_ids, request_stop_ids
 from arcpy.loop.request import DEFAULT_MAX_NEW_TOKENS, Request
 from arcpy.loop.sequence import SequenceState as _Sequence
+from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import StepCost, burst, speculation
 from arcpy.loop.stats import DEVICE_LOOP, HOST, STOP_ID, FinishReason, GenerationStats
 from arcpy.sampling import Sampler, Sampling
 from arcpy.text import TextStream
 
 class Engine(HostPath):
-    """Decodes on one DeviceOps. `device_loop` None defers to ARC_GRAPH_DEVICE_LOOP (unset: the
-    loop wherever the device has one); `verify` None to ARC_GRAPH_VERIFY_ALWAYS."""
+    """Decodes on one DeviceOps, as `settings` say (arcpy/loop/settings.py; None: the defaults).
+    `environ` is where the gates are read (None: the process's environment), `latch` the fallback
+    latch, `step_cost` the seconds a step of each kind takes, shared across sequences."""
 
-    def __init__(self, device: DeviceOps, backend: str, *, device_loop: bool | None = None,
-                 burst: int = 4, verify: bool | None = None, max_spins: int = MAX_SPINS,
+    def __init__(self, device: DeviceOps, backend: str, settings: EngineSettings | None = None, *,
                  environ: Mapping[str, str] | None = None, latch: gate.FallbackLatch = gate.LATCH,
-                 prefill: bool = True, speculate: bool = True, step_cost: StepCost | None = None,
-                 prefix_cache: bool = True, prompt_cache_bytes: int | None = None, draft_memory: bool = True):
-        if not (isinstance(burst, int) and 1 <= burst <= MAX_BURST):
-            raise InvalidArgumentError(f"burst must be an integer in 1..{MAX_BURST}, got {burst!r}")
+                 step_cost: StepCost | None = None):
+        settings = EngineSettings() if settings is None else settings
+        self.settings = settings
         self.device = device
-        self.prefill = prefill  # off: the prompt goes through the decode step token by token
-        self.speculate = speculate  # off: never a speculative step, even where the device has one
+        self.prefill = settings.prefill  # off: the prompt goes through the decode step token by token
+        self.speculate = settings.speculate  # off: never a speculative step, even where the device has one
         self.step_cost = step_cost or StepCost()  # seconds a step of each kind takes, across sequences
         # Earlier sequences the drafts also come from (off: each sequence drafts from itself alone).
-        self.memory = DraftMemory() if draft_memory else None
+        self.memory = DraftMemory() if settings.draft_memory else None
         self.backend = backend
-        self.burst = burst
+        self.burst = settings.burst
         self.environ = environ
         self.latch = latch
-        self.device_loop = device_loop
+        self.device_loop = settings.device_loop
         # Every gate is read now, on every backend: a bad value is reported at start-up.
         gate.read_all(environ)
+        verify = settings.verify
         if verify is None:
             verify = gate.read_flag(gate.VERIFY_ALWAYS, gate.DEFAULTS[gate.VERIFY_ALWAYS], environ)
         self.verify = verify
-        self.max_spins = max_spins
-        self.driver = BurstDriver(device, max_spins) if device.supports_loop else None
+        self.max_spins = settings.max_spins
+        self.driver = BurstDriver(device, settings.max_spins) if device.supports_loop else None
         self.parked: deque[int] = deque()
         self.pending_logprobs: deque = deque()  # the produced tokens' log-probabilities, in order
         self.logprob = None  # the last handed-out token's
@@ -93,9 +93,9 @@ class Engine(HostPath):
         self._t0 = 0.0
         self._c0 = Counters()
         self.text = None  # the model's TextSpec (arcpy.text), for chat(); set by arcpy.backends.open_engine
-        self.prefix = PrefixCache(prefix_cache)  # .clear(): the next prompt is prefilled whole
+        self.prefix = PrefixCache(settings.prefix_cache)  # .clear(): the next prompt is prefilled whole
         # A store of earlier prefixes in device memory: `prompt_cache_bytes` (None: the device's default).
-        self.prefix.reserve(device, prompt_cache_bytes)
+        self.prefix.reserve(device, settings.prompt_cache_bytes)
 
     def __enter__(self) -> "Engine":
         return self
@@ -130,7 +130,7 @@ class Engine(HostPath):
     def begin(self, spec: SequenceSpec) -> None:
         """Begin the sequence `spec` asks for; a sequence still running is preempted. The prompt
         goes through the model in one forward where the device has a prefill (unless the engine
-        was made with prefill=False, or verifies every step), and its first token is drawn from
+        has EngineSettings.prefill False, or verifies every step), and its first token is drawn from
         that forward's logits: on the device loop by the first burst's commit, with no host wait
         between prompt and answer. Otherwise the prompt goes through the decode step one token at
         a time, again with no host wait between its steps. A matcher (arcpy.text.grammar)
