@@ -272,6 +272,7 @@ def run_child(body: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 def test_sticky_fault_is_surfaced_by_stream_query_in_a_subprocess():
     out = run_child('''
+        from arcpy.devices.sequence import SequenceStart
         from arcpy.loop.burst import BurstDriver
         from arcpy.errors import ContextLostError
         ctx = Context(0)

@@ -86,9 +86,9 @@ def test_verify_rows_are_the_decode_forwards_logits_at_their_positions(device):
 
 
 def test_verify_rows_at_depth_are_the_decode_forwards_logits():
-    # 4,477 positions: some of the attention's blocks take two chunks of 128 positions, and the
-    # rows p..p + 7 cross the chunk boundary at 4,480.
-    dev = open_cuda_device(synthetic_model("gqa", seed=3), max_seq=8192, speculate=K)
+    # 4,477 positions: the attention's blocks take several tiles of positions, and the rows
+    # p..p + 7 cross a tile boundary at 4,480 (70 tiles of 64, 35 chunks of 128).
+    dev = open_cuda_device(synthetic_model("gqa", seed=3, max_seq=8192), max_seq=8192, speculate=K)
     try:
         prompt = np.random.default_rng(5).integers(3, dev.vocab, 4477).tolist()
         assert_verify_rows_are_decode_logits(dev, prompt)
