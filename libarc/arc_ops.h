@@ -68,20 +68,14 @@ int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t ma
  * for position *pos (rotate-half RoPE: element i pairs with i + head_dim / 2, angle float(*pos) * inv_freq[i],
  * inv_freq float32 (head_dim / 2)); k and v, rounded to bf16, are stored at row *pos of k_cache and v_cache, each
  * (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over rows
- * 0..*pos, query head h reading kv head h / (n_heads / n_kv_heads). qkv is not written. head_dim even and <= 128,
- * n_heads <= 1024, max_seq <= 1048576; caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside
- * [0, max_seq) writes NaN to out and nothing to the caches. */
+ * 0..*pos, query head h reading kv head h / (n_heads / n_kv_heads). qkv is not written. A block takes the query heads
+ * of one kv head (up to 16) and its share of the tiles of 64 positions up to *pos, on tensor cores: each cached
+ * element is read once. head_dim even and <= 256 (a multiple of 8 past 128), n_heads <= 1024, max_seq <= 1048576;
+ * caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside [0, max_seq) writes NaN to out and
+ * nothing to the caches. */
 int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
-/* The scratch arc_op_attention_tiles needs, in bytes. */
-int arc_op_attention_tiles_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes);
-/* arc_op_attention laid out for a deep cache (the forward does not launch it yet): a block takes the query heads of
- * one kv head and its share of the tiles of 64 positions up to *pos, on tensor cores. The same arguments, results
- * and limits, within the float32 reference's tolerance. */
-int arc_op_attention_tiles(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
-                           uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                           int32_t max_seq, const int32_t *pos, float *scratch, float *out);
 
 /* The prefill's kernels (the prefill launches the same launchers). */
 

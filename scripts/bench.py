@@ -26,8 +26,8 @@ log-probabilities against without (arcpy.bench.serving_features):
 its floor counts the KV bytes the step reads beside the weights, and a model with windowed layers is
 timed on the same weights with its window off too, which shows what reading only the window saves.
 The shape's dims run at as many positions as the longest context needs. With --kernels (the default)
-each context also times one layer's decode attention alone at its position, the forward's kernel
-beside the tiled one. --no-loop leaves out the per-shape loop rows (the copy bandwidth is still
+each context also times one layer's decode attention alone at its position, with the rate at which
+it reads K and V. --no-loop leaves out the per-shape loop rows (the copy bandwidth is still
 measured):
 
     python scripts/bench.py --shapes gemma3-4B --context 4096 --no-kernels --no-hf --json ctx.json

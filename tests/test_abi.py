@@ -217,3 +217,19 @@ def test_a_missing_library_is_a_clear_no_device_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"False ARC_LIBRARY={str(tmp_path / 'libarc.so')!r}: no such file\n"
+
+
+def test_arc_sampling_holds_exactly_the_sampling_record_s_fields():
+    # The sampling a request carries reaches the draw field by field (sampling_struct): a parameter
+    # added to one and not the other would be lost on the way.
+    import dataclasses
+
+    from arcpy.devices.context import sampling_struct
+    from arcpy.sampling import Sampling
+
+    ffi = cffi.FFI()
+    ffi.cdef(DECODE_CDEF)
+    c_fields = [name for name, _ in ffi.typeof("arc_sampling").fields]
+    assert sorted(c_fields) == sorted(f.name for f in dataclasses.fields(Sampling))
+    s = sampling_struct(ffi, Sampling(temperature=0.7, top_k=2**40, top_p=0.9, seed=2**63 + 5))
+    assert (s.temperature, s.top_k, s.top_p, s.seed) == (0.7, 2**31 - 1, 0.9, 2**63 + 5)

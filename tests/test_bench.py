@@ -267,6 +267,15 @@ def test_the_baseline_file_parses_with_the_recorded_h200_figures():
     assert all(shape in SHAPES for card in baseline.values() for shape in card)
 
 
+def test_the_baseline_file_holds_the_h100_figures_of_its_recording_run():
+    # Written by `scripts/bench.py --record-baseline` from this report's run on an H100.
+    report = json.loads((ROOT / "docs" / "measurements" / "bench-h100-2026-12-06-2230-guard.json").read_text())
+    recorded = {s["shape"]: round(1e6 / bench.greedy_loop16(s["paths"])[0]) for s in report["shapes"]
+                if s["shape"] in SHAPES}
+    assert report["device"] == "NVIDIA H100 80GB HBM3"
+    assert guard.read_baseline(BASELINE)[report["device"]] == recorded
+
+
 def test_the_guard_allows_15_percent_below_the_record_and_no_more():
     ok, lowest = guard.guard_verdict(890.8, 1048)
     assert lowest == pytest.approx(890.8) and ok

@@ -76,16 +76,10 @@ def test_every_windowed_row_is_set_beside_its_unwindowed_one():
     assert len(lines) == 6
 
 
-def test_the_attention_rows_set_the_two_kernels_side_by_side_per_position():
+def test_the_attention_rows_print_a_line_per_position_in_order():
     from arcpy.bench.context import format_attention
-    rows = [{"kernel": "attention", "position": 8192, "us": 40.0, "runs_us": [40.0], "kv_bytes": 33.6e6,
-             "GBps": 840.0, "of_copy": 0.28},
-            {"kernel": "attention_tiles", "position": 8192, "us": 16.0, "runs_us": [16.0], "kv_bytes": 33.6e6,
-             "GBps": 2100.0, "of_copy": 0.7},
-            {"kernel": "attention", "position": 1, "us": 5.0, "runs_us": [5.0], "kv_bytes": 8192.0,
-             "GBps": 1.6, "of_copy": 0.001}]
-    lines = format_attention("llama8B-q4km", rows)
-    assert lines[0].startswith("llama8B-q4km: one layer's attention @1 (0.0 MB of K and V): forward's 5.00 us")
-    assert "tiled" not in lines[0]
-    assert lines[1] == ("llama8B-q4km: one layer's attention @8192 (33.6 MB of K and V): forward's 40.00 us "
-                        "(840 GB/s, 28% of copy), tiled 16.00 us (2,100 GB/s, 70% of copy), tiled/forward's 0.40")
+    rows = [{"position": 8192, "us": 16.0, "runs_us": [16.0], "kv_bytes": 33.6e6, "GBps": 2100.0, "of_copy": 0.7},
+            {"position": 1, "us": 5.0, "runs_us": [5.0], "kv_bytes": 8192.0, "GBps": 1.6, "of_copy": 0.001}]
+    assert format_attention("llama8B-q4km", rows) == [
+        "llama8B-q4km: one layer's attention @1 (0.0 MB of K and V): 5.00 us (2 GB/s, 0% of copy)",
+        "llama8B-q4km: one layer's attention @8192 (33.6 MB of K and V): 16.00 us (2,100 GB/s, 70% of copy)"]

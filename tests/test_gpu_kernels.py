@@ -272,13 +272,10 @@ ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 819
                (128, 64, 2, 5000, 8192), (64, 40, 2, 3000, 4096),
                # the widest heads, and a deep position there
                (256, 8, 2, 700, 1024), (256, 16, 2, 12000, 16384)]
-# The forward's kernel (attention.cu) and the one laid out for a deep cache (attention_tiles.cu).
-ATTN_OPS = ["attention", "attention_tiles"]
 
 
-@pytest.mark.parametrize("op", ATTN_OPS)
 @pytest.mark.parametrize("hd,n_heads,n_kv,pos,max_seq", ATTN_CASES)
-def test_attention_rotates_stores_the_new_row_and_attends(gpu, hd, n_heads, n_kv, pos, max_seq, op):
+def test_attention_rotates_stores_the_new_row_and_attends(gpu, hd, n_heads, n_kv, pos, max_seq):
     rng = np.random.default_rng(hd * 100_000 + n_heads * 1000 + n_kv * 100 + pos)
     theta = 500000.0 if hd == 64 else 10000.0
     inv_freq = inv_freq_table(hd, theta)
@@ -291,12 +288,12 @@ def test_attention_rotates_stores_the_new_row_and_attends(gpu, hd, n_heads, n_kv
     k[:, pos:] = 0xFFFF
     v[:, pos:] = 0xFFFF
     sb = gpu.ffi.new("uint64_t *")
-    _lib.check(getattr(gpu.lib, f"arc_op_{op}_scratch_bytes")(n_heads, hd, max_seq, sb))
+    _lib.check(gpu.lib.arc_op_attention_scratch_bytes(n_heads, hd, max_seq, sb))
     d_qkv, d_f, d_k, d_v = gpu.upload(qkv), gpu.upload(inv_freq), gpu.upload(k), gpu.upload(v)
     d_s, d_o = gpu.alloc(sb[0]), gpu.alloc(q_dim * 4)
     gpu.poison(d_s, sb[0])
     gpu.poison(d_o, q_dim * 4)
-    _lib.check(getattr(gpu.lib, f"arc_op_{op}")(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k), u16p(gpu, d_v),
+    _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k), u16p(gpu, d_v),
                                         n_heads, n_kv, hd, max_seq, gpu.position(pos), f32p(gpu, d_s),
                                         f32p(gpu, d_o)))
     got = gpu.read(d_o, F32, q_dim)
@@ -316,21 +313,20 @@ def test_attention_rotates_stores_the_new_row_and_attends(gpu, hd, n_heads, n_kv
     assert np.array_equal(v_cache[:, others], v[:, others]), "v cache changed at another position"
     # The scores use the new row as the cache now holds it.
     want = np_attention(q_rot, from_bf16(k_cache[:, : pos + 1]), from_bf16(v_cache[:, : pos + 1]), pos, n_kv)
-    assert_close(f"{op} hd={hd} heads={n_heads}/{n_kv} pos={pos}", got, want, 2e-5, 1e-4)
+    assert_close(f"attention hd={hd} heads={n_heads}/{n_kv} pos={pos}", got, want, 2e-5, 1e-4)
 
 
-@pytest.mark.parametrize("op", ATTN_OPS)
-def test_attention_at_a_position_outside_the_cache_is_nan_and_stores_nothing(gpu, op):
+def test_attention_at_a_position_outside_the_cache_is_nan_and_stores_nothing(gpu):
     n_heads, hd, max_seq = 4, 64, 256
     sb = gpu.ffi.new("uint64_t *")
-    _lib.check(getattr(gpu.lib, f"arc_op_{op}_scratch_bytes")(n_heads, hd, max_seq, sb))
+    _lib.check(gpu.lib.arc_op_attention_scratch_bytes(n_heads, hd, max_seq, sb))
     d_qkv = gpu.upload(np.ones(3 * n_heads * hd, F32))
     d_f = gpu.upload(inv_freq_table(hd))
     cache = np.full(n_heads * max_seq * hd, 0x3F80, np.uint16)
     d_k, d_v = gpu.upload(cache), gpu.upload(cache)
     d_s, d_o = gpu.alloc(sb[0]), gpu.alloc(n_heads * hd * 4)
     for pos in (max_seq, -1):
-        _lib.check(getattr(gpu.lib, f"arc_op_{op}")(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k),
+        _lib.check(gpu.lib.arc_op_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_f), u16p(gpu, d_k),
                                             u16p(gpu, d_v), n_heads, n_heads, hd, max_seq, gpu.position(pos),
                                             f32p(gpu, d_s), f32p(gpu, d_o)))
         assert np.isnan(gpu.read(d_o, F32, n_heads * hd)).all()

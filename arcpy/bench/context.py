@@ -11,9 +11,8 @@ the longest of them. A model with windowed layers is timed a second time on the 
 its window off: the difference between the two rows is what reading only the window saves.
 
 With the kernel table on, each context also times one layer's decode attention alone at that
-position, the forward's kernel (arc_op_attention) beside the one laid out for a deep cache
-(arc_op_attention_tiles), as replays of a graph of n_layers launches: the rate at which each reads
-the layer's keys and values, against the copy bandwidth.
+position (arc_op_attention, the forward's kernel), as replays of a graph of n_layers launches: the
+rate at which it reads the layer's keys and values, against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -87,36 +86,23 @@ def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, c
             "host_waits_per_token": stats.per_token(stats.host_waits)}
 
 
-ATTENTION_KINDS = ("attention", "attention_tiles")
-
-
 def attention_rows(cfg: ModelConfig, max_seq: int, contexts: list[int], runs: int, bandwidth: float) -> list[dict]:
     """One layer's decode attention alone at each context's position (the first token decoded after
-    it), by both kernels: µs per launch, the K and V bytes it reads and their rate."""
+    it): µs per launch, the K and V bytes it reads and their rate."""
     positions = sorted({min(max(c, 1), max_seq - 1) for c in contexts})
     rows = []
-    for t in kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs, kinds=ATTENTION_KINDS):
+    for t in kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs, kinds=("attention",)):
         rate = t["read_bytes"] / (t["us"] * 1e-6)
-        rows.append({"kernel": t["kind"], "position": t["position"], "us": t["us"], "runs_us": t["runs_us"],
+        rows.append({"position": t["position"], "us": t["us"], "runs_us": t["runs_us"],
                      "kv_bytes": t["read_bytes"], "GBps": rate / 1e9, "of_copy": rate / bandwidth})
     return rows
 
 
 def format_attention(shape: str, rows: list[dict]) -> list[str]:
-    """The attention rows as text: per position, the forward's kernel and the tiled one side by side."""
-    by_pos: dict[int, dict[str, dict]] = {}
-    for r in rows:
-        by_pos.setdefault(r["position"], {})[r["kernel"]] = r
-    lines = []
-    for pos, kernels in sorted(by_pos.items()):
-        parts = [f"{name} {kernels[kind]['us']:.2f} us ({kernels[kind]['GBps']:,.0f} GB/s, "
-                 f"{kernels[kind]['of_copy']:.0%} of copy)"
-                 for kind, name in (("attention", "forward's"), ("attention_tiles", "tiled")) if kind in kernels]
-        ratio = (f", tiled/forward's {kernels['attention_tiles']['us'] / kernels['attention']['us']:.2f}"
-                 if len(kernels) == 2 else "")
-        lines.append(f"{shape}: one layer's attention @{pos} ({next(iter(kernels.values()))['kv_bytes'] / 1e6:.1f} MB "
-                     f"of K and V): " + ", ".join(parts) + ratio)
-    return lines
+    """The attention rows as text, one per position."""
+    return [f"{shape}: one layer's attention @{r['position']} ({r['kv_bytes'] / 1e6:.1f} MB of K and V): "
+            f"{r['us']:.2f} us ({r['GBps']:,.0f} GB/s, {r['of_copy']:.0%} of copy)"
+            for r in sorted(rows, key=lambda r: r["position"])]
 
 
 def without_window(model: Model) -> Model:

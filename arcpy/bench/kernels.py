@@ -47,7 +47,7 @@ SAMPLED_NAME = "t0.8p.95"
 class KernelSpec:
     """One row of the table: a kernel, how often the step runs it, what one launch reads."""
 
-    kind: str                  # which launcher: embedding, qkv, attention(_tiles), o, gate_up, down, lm_head, argmax, draw
+    kind: str                  # which launcher: embedding, qkv, attention, o, gate_up, down, lm_head, argmax, draw
     name: str
     per_step: int              # launches in one decode step
     read_bytes: int = 0        # weights (GEMVs) or KV cache (attention) one launch reads; 0: not a bandwidth figure
@@ -108,9 +108,6 @@ def kernel_specs(cfg: ModelConfig, positions: list[int], formats: dict[str, int]
     for i, pos in enumerate(positions):
         kv = 2 * cfg.n_kv_heads * (pos + 1) * cfg.head_dim * 2
         specs.append(KernelSpec("attention", f"attention @{pos}", L, kv, L * kv, in_step_sum=i == 0, position=pos))
-        # The kernel laid out for a deep cache (arc_op_attention_tiles), beside the forward's.
-        specs.append(KernelSpec("attention_tiles", f"attention, tiled @{pos}", L, kv, L * kv, in_step_sum=False,
-                                position=pos))
     specs += [gemv("o"), gemv("gate_up"), gemv("down"),
               KernelSpec("lm_head", _label("lm_head gemv + argmax (norm)", [head_fmt]), 1, head, head),
               KernelSpec("argmax", "argmax (after a prefill)", 1, in_step_sum=False),
@@ -230,10 +227,9 @@ class StepTensors:
         # down GEMVs' replays add into x thousands of times, a number that depends on their speed,
         # and the logits the argmax and the draw are timed on would follow it.
         self.head_in = f32(buf.floats(d))
-        sb, tb = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        sb = ffi.new("uint64_t *")
         _lib.check(lib.arc_op_attention_scratch_bytes(cfg.n_heads, hd, max_seq, sb))
-        _lib.check(lib.arc_op_attention_tiles_scratch_bytes(cfg.n_heads, hd, max_seq, tb))
-        self.scratch = f32(buf.alloc(max(int(sb[0]), int(tb[0]))))
+        self.scratch = f32(buf.alloc(int(sb[0])))
         self.token = ffi.cast("uint32_t *", buf.scalar(int(buf.rng.integers(v)), np.uint32))
         self.pos = {p: ffi.cast("int32_t *", buf.scalar(p, np.int32)) for p in positions}
         self.out, self.out_value = ffi.cast("int32_t *", buf.alloc(4)), f32(buf.alloc(4))
@@ -283,11 +279,11 @@ class StepTensors:
                     status = status or self.gemv((fmt, w), self.x, rows, d, bias, self.layer(self.attn_norm, l, d * 2),
                                                  0, self.qkv + row0)
                 return status
-        elif kind in ("attention", "attention_tiles"):
-            pos, attend = self.pos[spec.position], getattr(lib, f"arc_op_{kind}")
-            op = lambda l: attend(ctx, self.qkv, self.inv_freq, self.layer(self.k, l, self.kv_layer_bytes),
-                                  self.layer(self.v, l, self.kv_layer_bytes), c.n_heads, c.n_kv_heads, c.head_dim,
-                                  ms, pos, self.scratch, self.att)
+        elif kind == "attention":
+            pos = self.pos[spec.position]
+            op = lambda l: lib.arc_op_attention(ctx, self.qkv, self.inv_freq, self.layer(self.k, l, self.kv_layer_bytes),
+                                                self.layer(self.v, l, self.kv_layer_bytes), c.n_heads, c.n_kv_heads,
+                                                c.head_dim, ms, pos, self.scratch, self.att)
         elif kind == "o":
             op = lambda l: self.gemv(self.wo[l], self.att, d, c.q_dim, NULL, NULL, 1, self.x)
         elif kind == "gate_up":

@@ -5,6 +5,8 @@ device, the kernel benchmarks) is made on one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from arcpy import _lib
@@ -94,11 +96,14 @@ class Context:
 
 
 def sampling_struct(ffi, sampling):
-    """An arc_sampling for a non-greedy Sampling with its seed resolved."""
+    """An arc_sampling for a non-greedy Sampling with its seed resolved: each field of the record
+    into arc.h's field of the same name, so a new sampling parameter is a field in both (and the
+    draw that reads it), nothing here."""
     s = ffi.new("arc_sampling *")
     # Any top_k at or above the vocabulary is off: larger ones than int32 holds mean the same.
-    s.temperature, s.top_p, s.top_k, s.seed = (sampling.temperature, sampling.top_p, min(sampling.top_k, 2**31 - 1),
-                                               sampling.seed)
+    values = {**dataclasses.asdict(sampling), "top_k": min(sampling.top_k, 2**31 - 1)}
+    for name, value in values.items():
+        setattr(s, name, value)
     return s
 
 

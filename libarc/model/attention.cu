@@ -1,73 +1,81 @@
-// attention.cu -- one token's attention at batch 1, with the rotary embedding and the KV-cache
-// write of the new position fused in: q and the new k are rotated (rotate-half RoPE) as they are
-// read from the QKV GEMV's output, the new k and v are stored to the bf16 cache, and the scores
-// run over the cached positions and the new one.
+// attention.cu -- one token's attention at batch 1 (the decode's, and the verify's rows, each as
+// the one-row launch computes it), with the rotary embedding and the KV-cache write of the new
+// position fused in: attention_layer, which the forwards launch, and arc_op_attention (arc_ops.h).
 //
-// Split across blocks (flash-decoding): a block takes one query head and one chunk of positions
-// (more than one, in turn, where the grid would otherwise exceed ATTN_GRID_BLOCKS) and writes a
-// partial result (its max, its sum of exponentials, its unnormalized output); the last block of a
-// head to finish combines the head's partials, so one kernel does all of it. When one block holds
-// every chunk up to the position, it writes the output directly.
-//
-// At batch 1 the kernel is latency-bound, so it is laid out around its chain of memory round
-// trips: the cached rows of earlier positions were written by earlier steps, so a block loads its
-// whole chunk of k and v before the dependency wait, while the GEMV before it still runs; after
-// the wait only q and the new position's row are read.
+// Laid out so that each cached k and v element is read once a token, at the bandwidth of the cache:
+// - a block takes the query heads of one kv head (up to 16 of them: the rows of a tensor-core
+//   product), so grouped-query attention reads a kv head's rows once, not once per query head;
+// - the grid is fixed (a step graph is captured once), and its blocks divide the positions attended
+//   on the device: at position p each of a kv head's `S` blocks takes its share of the
+//   ceil((p + 1) / 64) tiles of 64 positions (fewer blocks work at short positions);
+// - the tiles stream through shared memory by cp.async, the next one loading while the block
+//   multiplies the current one: S = Q K^T and O += P V by mma.sync, each warp 16 of a tile's
+//   positions, the softmax online;
+// - the last block of a kv head to finish (a ticket) merges the blocks' partials: no second launch.
+// q and the softmax weights enter the products as two bf16 parts each (hi + lo, split_bf16x2), so
+// the scores and the weighted sums carry about 16 bits of q and p, meant to hold the float32
+// reference's tolerance of the one-row kernel (2e-5 + 1e-4 |x|). The order of every sum depends
+// only on the position and the shapes, so a verify row would compute the one-row bits at its
+// position.
 #include <math.h>
 
-#include "attention.cuh"
+#include "attention_tile.cuh"
 
-// Attention of query head blockIdx.x over its chunks of CHUNK positions c = blockIdx.y,
-// blockIdx.y + gridDim.y, ... whose positions are <= *pos, the position being decoded (one chunk a
-// block unless the position is long: attention_blocks).
+enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256 };
+
+// Dynamic shared memory of the kernel for D: two stages of a k and a v tile, q as hi and lo
+// tiles, the rotation's cosines and sines.
+static constexpr size_t dec_smem_bytes(int D) {
+    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4;
+}
+// The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
+static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
+static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the weights fit the smallest tiles");
+
+// Attention of the query heads h0..h0 + nh - 1 of kv head kvh (block x = kvh * ht + i takes
+// h0 = kvh * group + 16 i, ht = ceil(group / 16)) over its share of the positions lo..*pos:
+// of the nc tiles of 64 positions holding them, block y of S = gridDim.y takes per = ceil(nc / S)
+// in a row, and ceil(nc / per) blocks hold some.
 // qkv = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, unrotated, as the
-// QKV GEMV writes it; head h reads kv head h / group. k_cache, v_cache (n_kv_heads, max_seq, hd)
-// bf16, this layer's; the rows before *pos are read, row *pos is written (rotated k and v, rounded
-// to nearest even) by the first query head of each kv head, and the scores use those rounded
-// values, as the reference does. RoPE as `rope` says (kernels.cuh: RopeArgs, rope_rotate_half).
-// A block writes o_part[head][blockIdx.y][hd] = sum_t exp(s_t - m) v_t and ml_part[head][blockIdx.y]
-// = (m, sum_t exp(s_t - m)) over its chunks' positions t, s_t = (q . k_t) * scale, m their max;
-// with window > 0 only positions t > *pos - window count (the chunks wholly before are skipped);
-// the last of the head's blocks holding chunks to finish (a ticket on done[head], which it
-// resets) writes out[head][:] = the partials merged in block order (row stride `splits`, at
-// least gridDim.y). When one block holds every chunk it writes out at once.
+// QKV GEMV writes it. k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's; the rows
+// before *pos are read, row *pos is written (rotated k and v, rounded to nearest even) by the
+// block of the kv head's first heads holding it, and the scores use those rounded values, as the
+// reference does. RoPE as `rope` says (kernels.cuh: RopeArgs, rope_rotate_half). scale_log2 is the
+// scores' factor times log2(e); with window > 0 only positions > *pos - window count.
+// A block writes o_part[head][y][hd] = sum_t 2^(s_t - m) v_t and ml_part[head][y] = (m, sum_t
+// 2^(s_t - m)) (row stride `splits` >= S), s_t the scores in log2 units, m their max; the last of
+// the kv head's blocks to finish (a ticket on done[x], which it resets) writes out[head][:] = the
+// partials merged. When one block holds every tile it writes out at once.
 // A position outside [0, max_seq) writes NaN to out and nothing to the cache.
-// MULTI: blocks may hold more than one chunk (gridDim.y < ceil(max_seq / CHUNK)); without it the
-// chunk loop below runs once and compiles to the straight line it is.
-// Launch: grid (n_heads, attention_blocks(n_heads, ceil(max_seq / CHUNK))), ATTN_THREADS threads.
-// Limits: hd even and <= L::HD, the variant's (VEC == 8 needs hd % 8 == 0); attn_variant picks it.
 // PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
-// window's bounds and the partial rotation compile away, which a step of small kernels feels
-// (docs/PERF.md, 2026-12-02).
+// window's bounds and the partial rotation compile away.
 // ROWS: the verify's row blockIdx.z at pos_ptr[row], with its own qkv row (qkv_stride apart), out,
 // partials and tickets; its k and v are cached already (verify_attention.cu): nothing is read
-// before the wait nor stored. Each row computes the one-row launch's bits at its position.
-template <int VEC, int LP, bool MULTI, bool PLAIN, bool ROWS>
-__global__ void __launch_bounds__(ATTN_THREADS, 1)
-attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache,
-                 uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int splits,
-                 const int32_t *__restrict__ pos_ptr, float scale, int window, float *__restrict__ o_part,
-                 float2 *__restrict__ ml_part, unsigned *done, float *__restrict__ out, int qkv_stride) {
-    using L = AttnLayout<VEC, LP>;
-    constexpr int E = L::E, CHUNK = L::CHUNK;
-    // Sized by the variant's longest row, not ATTN_MAX_HEAD_DIM: the small heads' variants keep
-    // the small static footprint the kernels around them have.
-    __shared__ float red[ATTN_WARPS][L::HD];
-    __shared__ float qs[L::HD], ks[L::HD], vs[L::HD];
-    __shared__ float cos_t[L::HD / 2], sin_t[L::HD / 2];
-    __shared__ float wstat[2][ATTN_WARPS], wsum[ATTN_WARPS];  // per warp: the scores' max, the weights' sum
+// before the wait nor stored.
+// Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D) bytes of
+// dynamic shared memory. Limits: hd even, hd <= D; the caches 16-byte aligned when hd % 8 == 0.
+template <int D, bool PLAIN, bool ROWS>
+__global__ void __launch_bounds__(ATTN_TILE_THREADS)
+decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
+                        int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
+                        float scale_log2, int window, float *__restrict__ o_part, float2 *__restrict__ ml_part,
+                        unsigned *done, float *__restrict__ out, int qkv_stride) {
+    constexpr int KD = D / 16;       // k16 steps of q . k
+    constexpr bool QREG = D <= 128;  // q's fragments held in registers across the tiles
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *kv = smem;  // [stage][k | v][64][D]
+    uint16_t *q_hi = smem + 4 * ATTN_TILE * D, *q_lo = q_hi + DEC_HEADS * D;
+    float *cos_t = reinterpret_cast<float *>(q_lo + DEC_HEADS * D), *sin_t = cos_t + D / 2;
+    __shared__ float wm[DEC_WARPS][DEC_HEADS], wl[DEC_WARPS][DEC_HEADS], wa[DEC_HEADS][DEC_WARPS], wsum[DEC_HEADS];
     __shared__ bool last;
 
     pdl_launch_dependents();
-    const int head = blockIdx.x, group = n_heads / n_kv_heads, kvh = head / group;
-    const int split = blockIdx.y, stride = gridDim.y;  // this block's chunks: split, split + stride, ...
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int sub = lane % LP, pw = lane / LP;
-    const int nvh = hd / VEC, half = PLAIN ? hd / 2 : rope.half;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    const int group = n_heads / n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
+    const int kvh = blockIdx.x / ht, h0 = kvh * group + (blockIdx.x % ht) * DEC_HEADS;
+    const int nh = min(DEC_HEADS, (kvh + 1) * group - h0);
+    const int split = blockIdx.y, S = gridDim.y;
 
-    // Before the wait: the position (written before this step began), the rotation's angles, and
-    // the cached rows of earlier positions of the block's first chunk; nothing that the kernels of
-    // this step write.
     const int row = ROWS ? blockIdx.z : 0;
     if constexpr (ROWS) {
         qkv += (size_t)row * qkv_stride;
@@ -81,257 +89,284 @@ attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k
     if (pos < 0 || pos >= max_seq) {
         pdl_wait();
         if (split == 0)
-            for (int d = tid; d < hd; d += ATTN_THREADS) out[(size_t)head * hd + d] = quiet_nan();
+            for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) out[(size_t)h0 * hd + e] = quiet_nan();
         return;
     }
-    // The positions attended: lo..pos (lo > 0 only in a windowed layer), in chunks c_lo..ns - 1.
+    // The positions attended, lo..pos, lie in tiles c_lo..ns - 1; this block's are j0..j1 - 1.
     const int lo = !PLAIN && window > 0 && pos >= window ? pos - window + 1 : 0;
-    const int ns = pos / CHUNK + 1, c_lo = PLAIN ? 0 : lo / CHUNK, nc = ns - c_lo;
-    if (split >= nc) return;
-    const bool holds_new = (nc - 1) % stride == split;  // the block whose last chunk holds pos
-    for (int i = tid; i < half; i += ATTN_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
+    const int ns = pos / ATTN_TILE + 1, c_lo = lo / ATTN_TILE, nc = ns - c_lo;
+    const int per = (nc + S - 1) / S, parts = (nc + per - 1) / per;
+    if (split >= parts) return;
+    const int j0 = c_lo + split * per, j1 = min(j0 + per, ns);
+    // The rows a tile takes from the cache: those before the new position (the decode substitutes
+    // it from qkv), or up to it (the verify's rows are cached already).
+    const int limit = ROWS ? pos + 1 : pos;
     const size_t head_base = (size_t)kvh * max_seq * hd;
-    float kf[ATTN_UNROLL][E], vf[ATTN_UNROLL][E];
-    {
-        const int start = (c_lo + split) * CHUNK, n = min(CHUNK, pos + 1 - start);
-        load_chunk<VEC, LP>(k_cache + head_base + (size_t)start * hd, hd, nvh, min(n, pos - start), warp, pw, sub, kf);
-        load_chunk<VEC, LP>(v_cache + head_base + (size_t)start * hd, hd, nvh, min(n, pos - start), warp, pw, sub, vf);
-    }
+    auto load_tile = [&](int j, int stage) {
+        uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
+        const size_t at = head_base + (size_t)j * ATTN_TILE * hd;
+        load_rows<D>(kt, k_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        load_rows<D>(kt + ATTN_TILE * D, v_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        cp_async_commit();
+    };
 
-    // After it: this head's q, and where the block holds the new position, its k and v.
+    // Before the wait (the decode): the angles and the first tile, which earlier steps wrote.
+    const int half = PLAIN ? hd / 2 : rope.half;
+    for (int i = tid; i < half; i += ATTN_TILE_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
+    if (!ROWS) load_tile(j0, 0);
     pdl_wait();
-    const float *q_row = qkv + (size_t)head * hd;
-    const float *k_row = qkv + (size_t)(n_heads + kvh) * hd;
-    const float *v_row = qkv + (size_t)(n_heads + n_kv_heads + kvh) * hd;
-    for (int d = tid; d < hd; d += ATTN_THREADS) {
-        qs[d] = q_row[d];
-        if (holds_new) {
-            ks[d] = k_row[d];
-            vs[d] = v_row[d];
+    if (ROWS) load_tile(j0, 0);
+    __syncthreads();  // the angles
+    // q of the block's heads, rotated, as hi and lo bf16 tiles (heads past nh and elements past
+    // hd are zeros).
+    for (int e = tid; e < DEC_HEADS * D / 2; e += ATTN_TILE_THREADS) {
+        const int r = e / (D / 2), d = (e % (D / 2)) * 2;
+        float a = 0.0f, b = 0.0f;
+        if (r < nh && d < hd) {
+            const float *q_row = qkv + (size_t)(h0 + r) * hd;
+            a = rope_rotate_half<PLAIN>(q_row, d, half, cos_t, sin_t);
+            b = rope_rotate_half<PLAIN>(q_row, d + 1, half, cos_t, sin_t);
         }
+        uint32_t hi, lo2;
+        split_bf16x2(a, b, hi, lo2);
+        const int off = row_offset<D>(r, d / 8) + d % 8;
+        *reinterpret_cast<uint32_t *>(q_hi + off) = hi;
+        *reinterpret_cast<uint32_t *>(q_lo + off) = lo2;
     }
     __syncthreads();
-    float qf[E];
+    uint32_t qh[QREG ? KD : 1][4], ql[QREG ? KD : 1][4];
+    if constexpr (QREG) {
 #pragma unroll
-    for (int i = 0; i < L::NV; ++i) {
-        const int j = sub + LP * i;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) qf[i * VEC + e] = j < nvh ? rope_rotate_half<PLAIN>(qs, j * VEC + e, half, cos_t, sin_t) : 0.0f;
-    }
-    if (!ROWS && holds_new && head % group == 0) {
-        // The first query head of the kv head stores the new row for later steps.
-        const size_t at = head_base + (size_t)pos * hd;
-        for (int d = tid; d < hd; d += ATTN_THREADS) {
-            k_cache[at + d] = f32_to_bf16(rope_rotate_half<PLAIN>(ks, d, half, cos_t, sin_t));
-            v_cache[at + d] = f32_to_bf16(vs[d]);
+        for (int kd = 0; kd < KD; ++kd) {
+            ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qh[kd]);
+            ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), ql[kd]);
         }
     }
 
-    // The block's chunks in turn, as an online softmax: m is the largest score so far (the same in
-    // every thread), and each lane's sums of weights and weighted v are rescaled when it grows.
-    // Only long positions give a block more than one chunk (see attention_blocks); the chunks
-    // after its first are loaded after the wait.
-    float m = -INFINITY, l = 0.0f, acc[E];
+    // Rows g and g + 8 of the 16 heads are this thread's: their running maximum (log2 units) and
+    // sum of exponentials (this thread's columns; summed over the quad at the end).
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float o[D / 8][4];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (int c = c_lo + split, it = 0;; c += stride, ++it) {
-        const int start = c * CHUNK;
-        const int n = min(CHUNK, pos + 1 - start);  // positions of this chunk, the new one included
-        const int tp = pos - start;                 // the new position's row, when < CHUNK
-        const int t_lo = lo - start;                // rows before it are outside the window
-        if (MULTI && it > 0) {
-            load_chunk<VEC, LP>(k_cache + head_base + (size_t)start * hd, hd, nvh, min(n, tp), warp, pw, sub, kf);
-            load_chunk<VEC, LP>(v_cache + head_base + (size_t)start * hd, hd, nvh, min(n, tp), warp, pw, sub, vf);
-        }
-        if (tp < CHUNK) {
-            // The lanes of the new row take it as the cache holds it.
+    for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-            for (int u = 0; u < ATTN_UNROLL; ++u) {
-                if (warp * L::PPW + L::PG * u + pw != tp) continue;
-#pragma unroll
-                for (int i = 0; i < L::NV; ++i) {
-                    const int j = sub + LP * i;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        if (j < nvh) {
-                            kf[u][i * VEC + e] = as_cached(rope_rotate_half<PLAIN>(ks, j * VEC + e, half, cos_t, sin_t));
-                            vf[u][i * VEC + e] = as_cached(vs[j * VEC + e]);
-                        }
-                    }
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+
+    for (int j = j0; j < j1; ++j) {
+        const int buf = (j - j0) & 1;
+        if (j + 1 < j1) load_tile(j + 1, buf ^ 1);
+        else cp_async_commit();  // an empty group keeps the count of the wait below
+        cp_async_wait<1>();
+        __syncthreads();
+        uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
+        if (!ROWS && j == ns - 1) {
+            // The new position's row, as the cache will hold it; the block of the kv head's first
+            // heads stores it there for later steps.
+            const int tr = pos - j * ATTN_TILE;
+            const float *k_row = qkv + (size_t)(n_heads + kvh) * hd, *v_row = k_row + (size_t)n_kv_heads * hd;
+            const bool store = blockIdx.x % ht == 0;
+            for (int d = tid; d < hd; d += ATTN_TILE_THREADS) {
+                const uint16_t kb = f32_to_bf16(rope_rotate_half<PLAIN>(k_row, d, half, cos_t, sin_t));
+                const uint16_t vb = f32_to_bf16(v_row[d]);
+                kt[row_offset<D>(tr, d / 8) + d % 8] = kb;
+                vt[row_offset<D>(tr, d / 8) + d % 8] = vb;
+                if (store) {
+                    k_cache[head_base + (size_t)pos * hd + d] = kb;
+                    v_cache[head_base + (size_t)pos * hd + d] = vb;
                 }
             }
+            __syncthreads();
         }
 
-        // Scores of the chunk's rows, kept in registers: after the sum over its LP lanes every
-        // lane of a row holds the row's score; rows past the chunk's end score -inf.
-        float s[ATTN_UNROLL];
-        float mc = m;
+        // S = Q K^T over the warp's 16 positions (two n8 tiles), q as hi + lo.
+        float s[2][4];
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const int t = warp * L::PPW + L::PG * u + pw;
-            float d = 0.0f;
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e = 0; e < E; ++e) d = fmaf(qf[e], kf[u][e], d);
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
-            for (int off = LP / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-            s[u] = t < n && (PLAIN || t >= t_lo) ? d * scale : -INFINITY;
-            mc = fmaxf(mc, s[u]);
-        }
-        // The maximum so far: over the warp's rows (lanes of other rows are LP apart), then over
-        // the warps (wstat alternates between chunks, so a chunk's writes never meet the reads
-        // of the one before).
-#pragma unroll
-        for (int off = LP; off < 32; off <<= 1) mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, off));
-        const int buf = MULTI ? it & 1 : 0;
-        if (lane == 0) wstat[buf][warp] = mc;
-        __syncthreads();
-        mc = wstat[buf][0];
-#pragma unroll
-        for (int w = 1; w < ATTN_WARPS; ++w) mc = fmaxf(mc, wstat[buf][w]);
-        if (MULTI && it > 0) {
-            const float r = expf(m - mc);
-            l *= r;
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] *= r;
-        }
-        m = mc;
-
-        // Weights and the weighted sum of v, each lane its rows.
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; ++u) {
-            const float p = expf(s[u] - m);  // 0 past the chunk's end
-            l += p;
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = fmaf(p, vf[u][e], acc[e]);
-        }
-        if (!MULTI || c + stride >= ns) break;
-    }
-
-    // The lanes and warps holding the same elements summed; the sum of the weights likewise, once
-    // per row.
-#pragma unroll
-    for (int off = LP; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-#pragma unroll
-    for (int e = 0; e < E; ++e)
-#pragma unroll
-        for (int off = LP; off < 32; off <<= 1) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
-    if (pw == 0) {
-#pragma unroll
-        for (int i = 0; i < L::NV; ++i) {
-            const int j = sub + LP * i;
-            if (j < nvh) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) red[warp][j * VEC + e] = acc[i * VEC + e];
+        for (int kd = 0; kd < KD; ++kd) {
+            uint32_t kf[4];
+            ldmatrix_x4(smem_addr(kt + row_offset<D>(warp * 16 + (lane / 16) * 8 + lane % 8, kd * 2 + (lane / 8) % 2)), kf);
+            if constexpr (QREG) {
+                mma_bf16_16816(s[0], qh[kd], kf[0], kf[1]);
+                mma_bf16_16816(s[1], qh[kd], kf[2], kf[3]);
+                mma_bf16_16816(s[0], ql[kd], kf[0], kf[1]);
+                mma_bf16_16816(s[1], ql[kd], kf[2], kf[3]);
+            } else {
+                uint32_t qa[4], qb[4];
+                ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qa);
+                ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qb);
+                mma_bf16_16816(s[0], qa, kf[0], kf[1]);
+                mma_bf16_16816(s[1], qa, kf[2], kf[3]);
+                mma_bf16_16816(s[0], qb, kf[0], kf[1]);
+                mma_bf16_16816(s[1], qb, kf[2], kf[3]);
             }
         }
-    }
-    if (lane == 0) wsum[warp] = l;
-    __syncthreads();
-    float2 stat = make_float2(m, wsum[0]);
+        // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
+        const int k0 = j * ATTN_TILE + warp * 16;
 #pragma unroll
-    for (int w = 1; w < ATTN_WARPS; ++w) stat.y += wsum[w];
-    const int parts = min(nc, stride);  // the head's blocks holding chunks
-    if (parts == 1) {
-        for (int d = tid; d < hd; d += ATTN_THREADS) {
-            float o = 0.0f;
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int w = 0; w < ATTN_WARPS; ++w) o += red[w][d];
-            out[(size_t)head * hd + d] = o / stat.y;
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nt * 8 + 2 * t + (e & 1);
+                s[nt][e] = key > pos || (!PLAIN && key < lo) ? -INFINITY : s[nt][e] * scale_log2;
+            }
+        // The online softmax of each of the thread's two rows; a row whose maximum is still -inf
+        // (no position of it seen) takes its exponentials against 0, every one of them 0.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[r], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = exp2f(m_run[r] - m_use);
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
+                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha + sum;
+            m_run[r] = m_new;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
         }
-        return;
-    }
-    for (int d = tid; d < hd; d += ATTN_THREADS) {
-        float o = 0.0f;
+        // O += P V: the score accumulators are already in the layout of an A fragment; P as hi + lo.
+        uint32_t ph[4], pl[4];
+        split_bf16x2(s[0][0], s[0][1], ph[0], pl[0]);
+        split_bf16x2(s[0][2], s[0][3], ph[1], pl[1]);
+        split_bf16x2(s[1][0], s[1][1], ph[2], pl[2]);
+        split_bf16x2(s[1][2], s[1][3], ph[3], pl[3]);
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) o += red[w][d];
-        o_part[((size_t)head * splits + split) * hd + d] = o;
+        for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(smem_addr(vt + row_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 2 + lane / 16)),
+                              vf);
+            mma_bf16_16816(o[2 * dp], ph, vf[0], vf[1]);
+            mma_bf16_16816(o[2 * dp + 1], ph, vf[2], vf[3]);
+            mma_bf16_16816(o[2 * dp], pl, vf[0], vf[1]);
+            mma_bf16_16816(o[2 * dp + 1], pl, vf[2], vf[3]);
+        }
+        __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
-    if (tid == 0) ml_part[(size_t)head * splits + split] = stat;
+
+    // The warps' states merged in warp order: each warp's (m, l, o) into shared memory (over the
+    // tiles' buffers), then each head's weights 2^(m_w - m) and sum.
+    float *wo = reinterpret_cast<float *>(kv);  // [warp][head][D]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int hr = g + 8 * r;
+        if (t == 0) {
+            wm[warp][hr] = m_run[r];
+            wl[warp][hr] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *reinterpret_cast<float2 *>(wo + ((size_t)warp * DEC_HEADS + hr) * D + dt * 8 + 2 * t) =
+                make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+    }
+    __syncthreads();
+    if (tid < DEC_HEADS) {
+        float m = wm[0][tid];
+#pragma unroll
+        for (int w = 1; w < DEC_WARPS; ++w) m = fmaxf(m, wm[w][tid]);
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            wa[tid][w] = wm[w][tid] == -INFINITY ? 0.0f : exp2f(wm[w][tid] - m);
+            l = fmaf(wa[tid][w], wl[w][tid], l);
+        }
+        wm[0][tid] = m;
+        wsum[tid] = l;
+    }
+    __syncthreads();
+    // Every block holds at least one position of each head, so m is finite and l > 0.
+    for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
+        const int r = e / hd, d = e % hd;
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) acc = fmaf(wa[r][w], wo[((size_t)w * DEC_HEADS + r) * D + d], acc);
+        if (parts == 1) out[(size_t)(h0 + r) * hd + d] = acc / wsum[r];
+        else o_part[((size_t)(h0 + r) * splits + split) * hd + d] = acc;
+    }
+    if (parts == 1) return;
+    if (tid < nh) ml_part[(size_t)(h0 + tid) * splits + split] = make_float2(wm[0][tid], wsum[tid]);
 
     // Every thread's partials are visible device-wide before the block takes its ticket.
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&done[head], 1u) == (unsigned)(parts - 1);
+    if (tid == 0) last = atomicAdd(&done[blockIdx.x], 1u) == (unsigned)(parts - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // Merge the blocks' partials in order, rescaling the running sums whenever the maximum grows;
-    // ATTN_MERGE partials are loaded together (one round trip, not one per partial).
-    const float2 *ml = ml_part + (size_t)head * splits;
-    for (int d = tid; d < hd; d += ATTN_THREADS) {
-        const float *op = o_part + (size_t)head * splits * hd + d;
-        float mm = -INFINITY, ll = 0.0f, o = 0.0f;
-        for (int c0 = 0; c0 < parts; c0 += ATTN_MERGE) {
-            float2 st[ATTN_MERGE];
-            float oc[ATTN_MERGE];
+    // The last block merges the parts: each head's maximum m over them, its sum l, and the weight
+    // 2^(m_p - m) / l of each part (a warp a head), then out = the weighted sum of the parts'
+    // outputs, in part order.
+    float *fw = reinterpret_cast<float *>(kv);  // [head][part]: 16 * DEC_MAX_SPLITS floats fit every D's tiles
+    for (int r = warp; r < nh; r += DEC_WARPS) {
+        const float2 *st = ml_part + (size_t)(h0 + r) * splits;
+        float m = -INFINITY, l = 0.0f;
+        for (int p = lane; p < parts; p += 32) m = fmaxf(m, __ldcg(&st[p]).x);
 #pragma unroll
-            for (int k = 0; k < ATTN_MERGE; ++k) {
-                if (c0 + k < parts) {
-                    st[k] = __ldcg(&ml[c0 + k]);
-                    oc[k] = __ldcg(op + (size_t)(c0 + k) * hd);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < ATTN_MERGE; ++k) {
-                if (c0 + k < parts) {
-                    const float mn = fmaxf(mm, st[k].x);
-                    const float r = expf(mm - mn), w = expf(st[k].x - mn);
-                    ll = fmaf(ll, r, w * st[k].y);
-                    o = fmaf(o, r, w * oc[k]);
-                    mm = mn;
-                }
-            }
+        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        for (int p = lane; p < parts; p += 32) {
+            const float2 v = __ldcg(&st[p]);
+            l = fmaf(exp2f(v.x - m), v.y, l);
         }
-        out[(size_t)head * hd + d] = o / ll;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+        for (int p = lane; p < parts; p += 32) fw[r * parts + p] = exp2f(__ldcg(&st[p]).x - m) / l;
     }
-    if (tid == 0) done[head] = 0;
+    __syncthreads();
+    for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
+        const int r = e / hd, d = e % hd;
+        const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
+        const float *w = fw + r * parts;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int p = 0; p < parts; ++p) acc = fmaf(w[p], __ldcg(op + (size_t)p * hd), acc);
+        out[(size_t)(h0 + r) * hd + d] = acc;
+    }
+    if (tid == 0) done[blockIdx.x] = 0;
 }
 
-// The layout of a head size: 16-byte rows where head_dim % 8 == 0 (lanes per row by width),
-// 4-byte ones otherwise (head_dim <= 128 then). Chunk sizes follow: 256, 128, 64, 32 and 32 positions.
-struct AttnVariant {
-    int vec, lp;
-};
-
-static AttnVariant attn_variant(int32_t hd) {
-    if (hd % 8 != 0) return {2, 32};
-    if (hd <= 32) return {8, 4};
-    if (hd <= 64) return {8, 8};
-    if (hd <= 128) return {8, 16};
-    return {8, 32};
+// The partials' row stride: a slot for every tile of max_seq, at most DEC_MAX_SPLITS.
+static int tiles_splits(int32_t max_seq) {
+    const int tiles = (max_seq + ATTN_TILE - 1) / ATTN_TILE;
+    return tiles < DEC_MAX_SPLITS ? tiles : DEC_MAX_SPLITS;
 }
 
-static int attn_chunk(int32_t hd) { return ATTN_THREADS / attn_variant(hd).lp * ATTN_UNROLL; }
-
-static int attention_splits(int32_t hd, int32_t max_seq) {
-    const int chunk = attn_chunk(hd);
-    return (max_seq + chunk - 1) / chunk;
-}
-
-// The blocks a head's `splits` chunks spread over: a block a chunk, up to ATTN_GRID_BLOCKS
-// blocks in all; past that a block takes every (blocks)-th chunk, the ones after its first
-// loaded after the dependency wait. A block past the position returns at once, but every block
-// of the grid is dispatched: measured on the H200 (docs/PERF.md), 4,096 blocks (32 heads over
-// 8,192 positions) cost attention 2.4 µs more than 1,024 at the same position.
-static int attention_blocks(int32_t n_heads, int splits) {
-    const int per_head = ATTN_GRID_BLOCKS / n_heads > 0 ? ATTN_GRID_BLOCKS / n_heads : 1;
-    return splits < per_head ? splits : per_head;
+// The blocks a kv head's positions are divided among: about DEC_TARGET_BLOCKS in the grid (two
+// blocks a multiprocessor on a 132-SM card; the same on every card, so that the bits do not depend
+// on it), at most one a slot. Blocks past a short position return at once.
+static int tiles_blocks(int32_t head_tiles, int splits) {
+    const int per = (DEC_TARGET_BLOCKS + head_tiles - 1) / head_tiles;
+    return per < splits ? per : splits;
 }
 
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq) {
     if (n_heads <= 0 || head_dim <= 0 || max_seq <= 0) return 0;
-    const uint64_t parts = (uint64_t)n_heads * attention_splits(head_dim, max_seq);
+    const uint64_t parts = (uint64_t)n_heads * tiles_splits(max_seq);
     return parts * head_dim * sizeof(float) + parts * sizeof(float2);
 }
 
 // What every variant is launched with.
-struct AttnArgs {
+struct TilesArgs {
     const float *qkv;
     RopeArgs rope;
     uint16_t *k, *v;
     int n_heads, n_kv_heads, hd, max_seq, splits;
     const int32_t *pos;
-    float scale;
+    float scale_log2;
     int window;
     float *o_part;
     float2 *ml_part;
@@ -340,16 +375,27 @@ struct AttnArgs {
     AttnRows rows;  // the decode's one row, or the verify's
 };
 
-template <int VEC, int LP, bool ROWS>
-static int launch_attention(arc_context *ctx, const AttnArgs &a) {
-    const int blocks = attention_blocks(a.n_heads, a.splits);
-    const dim3 grid(a.n_heads, blocks, a.rows.count);
+template <int D, bool ROWS>
+static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
+    const int group = a.n_heads / a.n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
+    const dim3 grid(a.n_kv_heads * ht, tiles_blocks(a.n_kv_heads * ht, a.splits), a.rows.count);
     const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
-    auto kernel = blocks < a.splits ? (plain ? attention_kernel<VEC, LP, true, true, ROWS> : attention_kernel<VEC, LP, true, false, ROWS>)
-                                    : (plain ? attention_kernel<VEC, LP, false, true, ROWS> : attention_kernel<VEC, LP, false, false, ROWS>);
-    return arc_launch_pdl(ctx, ROWS ? "attention_kernel<rows>" : "attention_kernel", kernel, grid, dim3(ATTN_THREADS), 0, a.qkv,
-                          a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale, a.window,
-                          a.o_part, a.ml_part, a.done, a.out, a.rows.stride);
+    auto kernel = plain ? decode_attention_kernel<D, true, ROWS> : decode_attention_kernel<D, false, ROWS>;
+    constexpr size_t smem = dec_smem_bytes(D);
+    if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
+        ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return arc_launch_pdl(ctx, ROWS ? "decode_attention_kernel<rows>" : "decode_attention_kernel", kernel, grid,
+                          dim3(ATTN_TILE_THREADS), smem, a.qkv, a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd,
+                          a.max_seq, a.splits, a.pos, a.scale_log2, a.window, a.o_part, a.ml_part, a.done, a.out,
+                          a.rows.stride);
+}
+
+template <bool ROWS>
+static int launch_tiles_hd(arc_context *ctx, const TilesArgs &a) {
+    if (a.hd <= 32) return launch_tiles<32, ROWS>(ctx, a);
+    if (a.hd <= 64) return launch_tiles<64, ROWS>(ctx, a);
+    if (a.hd <= 128) return launch_tiles<128, ROWS>(ctx, a);
+    return launch_tiles<256, ROWS>(ctx, a);
 }
 
 int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
@@ -367,24 +413,19 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                 "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
                 ATTN_MAX_SEQ, max_seq);
-    const AttnVariant variant = attn_variant(head_dim);
-    ARC_REQUIRE((uintptr_t)k_cache % (variant.vec * 2) == 0 && (uintptr_t)v_cache % (variant.vec * 2) == 0,
-                "the caches must be %d-byte aligned", variant.vec * 2);
+    const int align = head_dim % 8 == 0 ? 16 : 4;
+    ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0, "the caches must be %d-byte aligned",
+                align);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
-    const int splits = attention_splits(head_dim, max_seq);
+    const int splits = tiles_splits(max_seq);
     const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
-    const AttnArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
-                     (float)spec.scale, spec.window, scratch, reinterpret_cast<float2 *>(scratch + part),
-                     rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
-    const bool r = rows.count > 1;
-    if (variant.vec == 2) return r ? launch_attention<2, 32, true>(ctx, a) : launch_attention<2, 32, false>(ctx, a);
-    if (variant.lp == 4) return r ? launch_attention<8, 4, true>(ctx, a) : launch_attention<8, 4, false>(ctx, a);
-    if (variant.lp == 8) return r ? launch_attention<8, 8, true>(ctx, a) : launch_attention<8, 8, false>(ctx, a);
-    if (variant.lp == 16) return r ? launch_attention<8, 16, true>(ctx, a) : launch_attention<8, 16, false>(ctx, a);
-    return r ? launch_attention<8, 32, true>(ctx, a) : launch_attention<8, 32, false>(ctx, a);
+    const TilesArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
+                     (float)(1.4426950408889634 * spec.scale), spec.window, scratch,
+                     reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
+    return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
 }
 
 extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
@@ -395,8 +436,7 @@ extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float 
                            out);
 }
 
-extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq,
-                                              uint64_t *bytes) {
+extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes) {
     ARC_REQUIRE(bytes, "bytes is null");
     *bytes = 0;
     ARC_REQUIRE(n_heads > 0 && head_dim > 0 && max_seq > 0 && max_seq <= ATTN_MAX_SEQ,

@@ -7,7 +7,7 @@
 
 #include "internal.cuh"
 
-// Attention's limits (its chunk of positions per block depends on head_dim: attention.cu).
+// Attention's limits (the decode's blocks take tiles of 64 positions: attention.cu).
 enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256 };
 
 // The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at

@@ -1,5 +1,5 @@
 // attention_tile.cuh -- the tiles of cached k and v rows that the tensor-core attention kernels
-// (prefill_attention.cu, attention_tiles.cu) stage in shared memory: the swizzled layout and the
+// (prefill_attention.cu, attention.cu) stage in shared memory: the swizzled layout and the
 // loader.
 #pragma once
 

@@ -1,4 +1,4 @@
-// kernels.cuh -- what the attention kernels (attention.cu, attention_tiles.cu, verify_attention.cu,
+// kernels.cuh -- what the attention kernels (attention.cu, verify_attention.cu,
 // prefill_attention.cu) build on: the device arithmetic, the launch, the tensor-core primitives,
 // and a layer's attention as the forwards launch it.
 #pragma once
