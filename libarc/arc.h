@@ -241,7 +241,19 @@ typedef enum arc_tensor {
     ARC_TENSOR_SHARED_UP = 25,      /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
     ARC_TENSOR_SHARED_DOWN = 26,    /* per layer (dim, shared_ffn_dim), only on MoE layers with a shared expert */
     ARC_TENSOR_SHARED_ROUTER = 27,  /* per layer (1, dim), only on MoE layers with a shared expert */
-    ARC_TENSOR_COUNT = 28
+    ARC_TENSOR_WQ_GATE = 28,        /* per layer (n_heads * head_dim, dim), only with attn_gate, on attention layers */
+    /* A gated DeltaNet layer's (arc_model_config: dn_layers), where its attention's are absent; K = dn_k_heads *
+     * dn_head_dim, V = dn_v_heads * dn_head_dim, conv = 2 K + V channels. Rows are heads' in order. */
+    ARC_TENSOR_DN_QKV = 29,         /* per layer (conv, dim): the convolution's input, q (K), k (K) then v (V) */
+    ARC_TENSOR_DN_Z = 30,           /* per layer (V, dim): the output gate */
+    ARC_TENSOR_DN_B = 31,           /* per layer (dn_v_heads, dim): beta's input */
+    ARC_TENSOR_DN_A = 32,           /* per layer (dn_v_heads, dim): the decay's input */
+    ARC_TENSOR_DN_CONV = 33,        /* per layer (conv, dn_conv_kernel): the causal convolution, newest input last */
+    ARC_TENSOR_DN_A_LOG = 34,       /* per layer (dn_v_heads): the decay's log rate */
+    ARC_TENSOR_DN_DT_BIAS = 35,     /* per layer (dn_v_heads) */
+    ARC_TENSOR_DN_NORM = 36,        /* per layer (dn_head_dim): the gated norm's factors, never 1 + w */
+    ARC_TENSOR_DN_OUT = 37,         /* per layer (dim, V) */
+    ARC_TENSOR_COUNT = 38
 } arc_tensor;
 typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
 typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
@@ -271,6 +283,18 @@ typedef struct arc_model_config {
      * expert_ffn_dim <= 49152; the routing stays on the device, so a captured step serves every routing. */
     int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
     uint32_t dense_layers[4];
+    /* attn_gate 1: the attention's output is multiplied by sigmoid(WQ_GATE @ n) before Wo (ARC_OP_ATTN_GATE). */
+    int32_t attn_gate;
+    /* Gated DeltaNet layers (Qwen3.5): layer l is one where bit l % 32 of dn_layers[l / 32] is set; it keeps no KV
+     * rows but a state of fixed size: its convolution's last dn_conv_kernel - 1 inputs and, per value head, a
+     * (dn_head_dim, dn_head_dim) float32 matrix S. Value head h reads key head h / (dn_v_heads / dn_k_heads). For a
+     * token, with n = rmsnorm(x, ATTN_NORM): u = causal depthwise convolution of DN_QKV @ n over the last
+     * dn_conv_kernel inputs, then SiLU; q and k heads of u L2-normalized (x / sqrt(sum x^2 + 1e-6)), q times
+     * 1 / sqrt(dn_head_dim); beta = sigmoid(DN_B @ n), g = -exp(A_LOG) * softplus(DN_A @ n + DT_BIAS) per value head;
+     * S <- exp(g) S, S <- S + k (beta (v - S^T k))^T, o = S^T q; att = rmsnorm(o, DN_NORM) * silu(DN_Z @ n) per head;
+     * x += DN_OUT @ att. Position 0 starts from a zero state. arc_model_create takes dn_head_dim 128 alone. */
+    int32_t dn_k_heads, dn_v_heads, dn_head_dim, dn_conv_kernel;
+    uint32_t dn_layers[4];
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 /* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
@@ -291,7 +315,11 @@ typedef enum arc_layer_op {
     ARC_OP_FFN_OUT = 5,   /* x += Wdown @ h */
     ARC_OP_ATTN_OUT_NORM = 6,  /* x += rmsnorm(Wo @ att, POST_ATTN_NORM) */
     ARC_OP_FFN_OUT_NORM = 7,   /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
-    ARC_OP_MOE_IN = 8, ARC_OP_MOE_OUT = 9  /* FFN_IN, FFN_OUT of a mixture of experts (arc_model_config) */
+    ARC_OP_MOE_IN = 8, ARC_OP_MOE_OUT = 9,  /* FFN_IN, FFN_OUT of a mixture of experts (arc_model_config) */
+    ARC_OP_ATTN_GATE = 10,  /* att *= sigmoid(WQ_GATE @ rmsnorm(x, ATTN_NORM)), the gate made by ATTN_IN beside qkv */
+    ARC_OP_DN_IN = 11,      /* u = [DN_QKV; DN_Z; DN_B; DN_A] @ rmsnorm(x, ATTN_NORM) */
+    ARC_OP_DN_STEP = 12,    /* the DeltaNet's convolution and state update at the token's position -> att */
+    ARC_OP_DN_OUT = 13      /* x += DN_OUT @ att */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 

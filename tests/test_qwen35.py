@@ -19,7 +19,9 @@ from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import SHAPES, load_model, save_model, synthetic_model
 from arcpy.model.config import ModelConfig
-from arcpy.model.hybrid import CUDA_REFUSAL, LINEAR, OP_DELTANET
+from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_DN_IN, OP_DN_OUT, OP_DN_STEP,
+                         OP_FFN_IN, OP_FFN_OUT, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+from arcpy.model.hybrid import LINEAR
 from arcpy.model.native import describe, layer_program
 from arcpy.model.safetensors import save_safetensors
 
@@ -55,7 +57,7 @@ def test_the_fixtures_read_into_the_hybrid_config():
                 c.linear_conv_kernel) == (2, 4, 16, 16, 4)
         assert c.attn_output_gate and c.norm_plus_one and c.qk_norm
         assert (c.head_dim, c.rope_dim, c.rope_theta) == (32, 8, 1e7)
-        assert [describe(layer_program(c, i)).split()[0] for i in range(4)] == ["DELTANET", "ATTN_IN"] * 2
+        assert [describe(layer_program(c, i)).split()[0] for i in range(4)] == ["DN_IN", "ATTN_IN"] * 2
     assert dense.n_experts == 0 and dense.ffn_dim == 96
     assert (moe.n_experts, moe.n_experts_used, moe.expert_ffn_dim, moe.shared_expert_ffn_dim) == (8, 2, 32, 48)
     assert moe.norm_topk_prob and all(moe.is_moe_layer(i) for i in range(4))
@@ -168,7 +170,9 @@ def test_the_tiny_presets_run_on_the_reference(shape):
     ref = ReferenceModel(model)
     out = ref.greedy([1, 2, 3, 4], 6)
     assert len(out) == 6 and all(0 <= t < model.config.vocab for t in out)
-    assert any(op == OP_DELTANET for op in layer_program(model.config, 0))
+    ffn = [OP_MOE_IN, OP_MOE_OUT] if model.config.n_experts else [OP_FFN_IN, OP_FFN_OUT]
+    assert layer_program(model.config, 0) == [OP_DN_IN, OP_DN_STEP, OP_DN_OUT] + ffn
+    assert layer_program(model.config, 3) == [OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_GATE, OP_ATTN_OUT] + ffn
 
 
 def test_the_real_dims_presets():
@@ -178,17 +182,19 @@ def test_the_real_dims_presets():
     assert 2.5e9 < moe.weight_bytes / 2 < 3.5e9  # about 3B weights a token: the A3B
 
 
-def test_cuda_refuses_a_hybrid_before_allocating_anything(monkeypatch):
+def test_cuda_refuses_deltanet_heads_its_kernel_does_not_take_before_allocating_anything(monkeypatch):
     import arcpy.devices.cuda as cuda
 
     def no_context(*a, **k):
         raise AssertionError("a context was made")
     monkeypatch.setattr(cuda, "Context", no_context)
-    model = synthetic_model("qwen3.5-tiny", max_seq=16)
+    monkeypatch.setitem(SHAPES, "qwen3.5-heads32",
+                        dataclasses.replace(SHAPES["qwen3.5-tiny"], linear_k_head_dim=32, linear_v_head_dim=32))
+    model = synthetic_model("qwen3.5-heads32", max_seq=16)
     with pytest.raises(InvalidArgumentError) as e:
         cuda.open_cuda_device(model)
-    assert str(e.value) == CUDA_REFUSAL and "\n" not in str(e.value)
-    assert "numpy backend only" in CUDA_REFUSAL
+    assert "DeltaNet heads of 128" in str(e.value) and "heads of 32" in str(e.value) and "\n" not in str(e.value)
+    model = synthetic_model("qwen3.5-tiny", max_seq=16)
     from arcpy.parallel.shard import ShardPlan
     with pytest.raises(InvalidArgumentError, match="DeltaNet"):
         ShardPlan.of(model, 2)
@@ -197,9 +203,10 @@ def test_cuda_refuses_a_hybrid_before_allocating_anything(monkeypatch):
 @pytest.mark.parametrize("change, message", [
     (dict(layer_types=("linear_attention",) * 3), "name each of the 4 layers"),
     (dict(layer_types=("linear_attention", "sliding", "x", "y")), "layer_types must be a tuple"),
-    (dict(linear_n_v_heads=3), "multiple of linear_n_k_heads"),
+    (dict(linear_n_k_heads=2, linear_n_v_heads=3), "multiple of linear_n_k_heads"),
     (dict(linear_conv_kernel=0), "needs linear_n_k_heads"),
     (dict(layer_types=(), attn_output_gate=True), "need layer_types"),
+    (dict(linear_v_head_dim=64), "linear_k_head_dim .128. and linear_v_head_dim .64. must be equal"),
 ])
 def test_config_checks(change, message):
     cfg = SHAPES["qwen3.5moe-tiny"]

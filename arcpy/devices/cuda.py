@@ -74,7 +74,8 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
         # the same at any row count, attention walks its keys in tiles at fixed positions:
         # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; docs/USAGE.md, Prefix reuse.
-        self.prefix_granule = 1 if self.supports_prefill else 0
+        # A DeltaNet layer's state holds no earlier prefix to resume from: every prefill starts at 0.
+        self.prefix_granule = 1 if self.supports_prefill and not getattr(forward, "recurrent", False) else 0
         blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)

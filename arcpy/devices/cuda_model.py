@@ -10,7 +10,7 @@ from arcpy import _lib
 from arcpy.devices.context import Context
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
-from arcpy.model.hybrid import CUDA_REFUSAL, is_hybrid
+from arcpy.model.hybrid import check_cuda, split_gate
 from arcpy.model.native import native_config, place
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
@@ -21,10 +21,19 @@ PREFILL_CHUNK = 2048
 
 
 def check_supported(cfg) -> None:
-    """Refuses, before anything is allocated, what libarc's layer program does not hold: the gated
-    DeltaNet layers and gated attention of Qwen3.5's hybrids (arcpy/model/hybrid.py), one line."""
-    if is_hybrid(cfg):
-        raise InvalidArgumentError(CUDA_REFUSAL)
+    """Refuses, before anything is allocated, what libarc's kernels do not take: DeltaNet heads of
+    another size than its kernel's (arcpy/model/hybrid.py), one line."""
+    check_cuda(cfg)
+
+
+def _uploads(name: str, array, cfg):
+    """(arc_tensor name, layer, array) of each tensor a model tensor is uploaded as: itself, or a
+    gated attention's q_proj as its query rows (WQ) and its gate's (WQ_GATE)."""
+    tensor, layer = place(name, cfg)
+    if tensor == "ARC_TENSOR_WQ" and cfg.attn_output_gate:
+        q, gate = split_gate(array, cfg.n_heads, cfg.head_dim)
+        return [(tensor, layer, q), ("ARC_TENSOR_WQ_GATE", layer, gate)]
+    return [(tensor, layer, array)]
 
 
 def check_fits(model: Model, max_seq: int, free: int) -> None:
@@ -66,6 +75,7 @@ class CudaModel:
             _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
         self.ptr = pp[0]
         self.max_seq = max_seq
+        self.recurrent = any(cfg.is_linear_layer(i) for i in range(cfg.n_layers))  # DeltaNet layers keep a state
         self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
         # The KV cache's layout (arc_model_kv_cache): k's layers then v's, each (kv heads, max_seq, head_dim) bf16.
         self.kv_shape = (2 * cfg.n_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
@@ -90,22 +100,26 @@ class CudaModel:
     def _formats(self, model: Model) -> list[int]:
         """arc_model_create_formats' table: formats[tensor * n_layers + layer], global tensors at
         layer 0, ARC_TENSOR_COUNT tensors; bf16 (0) wherever nothing is quantized."""
-        n_layers = model.config.n_layers
-        table = [0] * (self.lib.ARC_TENSOR_COUNT * n_layers)
+        cfg = model.config
+        table = [0] * (self.lib.ARC_TENSOR_COUNT * cfg.n_layers)
         for name in model.tensors:
-            tensor, layer = place(name, model.config)
-            table[getattr(self.lib, tensor) * n_layers + layer] = model.format_of(name)
+            tensor, layer = place(name, cfg)
+            tensors = [tensor] + (["ARC_TENSOR_WQ_GATE"] if tensor == "ARC_TENSOR_WQ" and cfg.attn_output_gate else [])
+            for t in tensors:  # a gated q_proj's two parts share its format
+                table[getattr(self.lib, t) * cfg.n_layers + layer] = model.format_of(name)
         return table
 
     def _upload(self, model: Model) -> None:
+        cfg = model.config
         for name, array in model.tensors.items():
-            tensor, layer = place(name, model.config)
-            if isinstance(array, QuantTensor):
-                self._check_rows(name, array)
-                array = array.data
-            self._put(tensor, layer, array)
-        for layer in range(model.config.n_layers):
-            self._put("ARC_TENSOR_ROPE_INV_FREQ", layer, rope_inv_freq(model.config, layer))
+            for tensor, layer, part in _uploads(name, array, cfg):
+                if isinstance(part, QuantTensor):
+                    self._check_rows(name, part)
+                    part = part.data
+                self._put(tensor, layer, part)
+        for layer in range(cfg.n_layers):
+            if not cfg.is_linear_layer(layer):  # a DeltaNet layer rotates nothing
+                self._put("ARC_TENSOR_ROPE_INV_FREQ", layer, rope_inv_freq(cfg, layer))
         # The copies read pageable memory the arrays own: wait for them once, here.
         self.ctx.wait_idle()
 

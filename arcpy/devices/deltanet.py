@@ -56,16 +56,22 @@ class DeltaNet:
         self.norm = t("norm.weight")  # the gated norm's factors as stored (no 1 + w)
         self.w_out = t("out_proj.weight")
 
-    def rows(self, h: np.ndarray, state: DeltaNetState, positions: np.ndarray, r) -> np.ndarray:
-        """The normed inputs h (T, dim) at `positions`, one after another through `state` -> what the
-        layer adds to each row's residual stream (T, dim). Position 0 starts the state afresh; any
-        other must be the one the state takes next (the state holds no earlier positions to go back
-        to). `r` is applied to what enters out_proj, as to every product's input."""
-        c = self.cfg
+    def project(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """ARC_OP_DN_IN and the per-head gates: the normed inputs h (T, dim) -> the convolution's
+        inputs qkv (T, channels), z (T, v_dim), beta and g (T, n_v)."""
         qkv, z = h @ self.w_qkv.T, h @ self.w_z.T
         beta = _sigmoid(h @ self.w_b.T)
         g = self.a * _softplus(h @ self.w_a.T + self.dt_bias)
-        out = np.empty((len(h), c.linear_n_v_heads, c.linear_v_head_dim), F32)
+        return qkv, z, beta, g
+
+    def step_rows(self, projected, state: DeltaNetState, positions: np.ndarray) -> np.ndarray:
+        """ARC_OP_DN_STEP: project()'s rows at `positions`, one after another through `state` -> the
+        gated norm's output (T, v_dim), what out_proj takes. Position 0 starts the state afresh;
+        any other must be the one the state takes next (the state holds no earlier positions to
+        go back to)."""
+        c = self.cfg
+        qkv, z, beta, g = projected
+        out = np.empty((len(qkv), c.linear_n_v_heads, c.linear_v_head_dim), F32)
         for row, pos in enumerate(int(p) for p in positions):
             if pos == 0:
                 state.reset()
@@ -76,7 +82,7 @@ class DeltaNet:
             state.position += 1
         n = out * (F32(1.0) / np.sqrt(np.mean(out * out, axis=-1, keepdims=True) + F32(c.rms_eps))) * self.norm
         gated = n * (z.reshape(out.shape) * _sigmoid(z.reshape(out.shape)))
-        return r(gated.reshape(len(h), -1)) @ self.w_out.T
+        return gated.reshape(len(qkv), -1)
 
     def _step(self, qkv: np.ndarray, beta: np.ndarray, g: np.ndarray, state: DeltaNetState) -> np.ndarray:
         """One token: its projections qkv (channels,), beta and g (n_v,) -> its output (n_v, v_head_dim)."""

@@ -36,13 +36,12 @@ import math
 
 import numpy as np
 
-from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
-                         OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_DN_IN, OP_DN_OUT,
+                         OP_DN_STEP, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
 from arcpy.devices.deltanet import DeltaNetState
 from arcpy.devices.reference_layer import PRODUCT_WEIGHTS, Layer, norm_factors, weights_f32
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16
-from arcpy.model.hybrid import OP_DELTANET
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
 
@@ -181,7 +180,8 @@ class _RowOps:
         table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
                  OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
-                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
+                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_ATTN_GATE: self.attn_gate,
+                 OP_DN_IN: self.dn_in, OP_DN_STEP: self.dn_step, OP_DN_OUT: self.dn_out}
 
         def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
@@ -196,11 +196,20 @@ class _RowOps:
         if c.attn_output_gate:
             self.gate = linear(h, L.w_attn_gate)
 
-    def deltanet(self, li: int, L: Layer) -> None:
-        """A gated DeltaNet layer (arcpy.model.hybrid), its rows one after another through the
-        layer's recurrent state, added to the residual stream."""
-        h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
-        self.x = self.x + L.deltanet.rows(h, self.m.deltanet_state[li], self.positions, self.r)
+    def dn_in(self, li: int, L: Layer) -> None:
+        """A gated DeltaNet layer (arcpy.model.hybrid): its projections of the normed rows."""
+        self.projected = L.deltanet.project(self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps)))
+
+    def dn_step(self, li: int, L: Layer) -> None:
+        """The rows one after another through the layer's recurrent state -> att."""
+        self.att = self.r(L.deltanet.step_rows(self.projected, self.m.deltanet_state[li], self.positions))
+
+    def dn_out(self, li: int, L: Layer) -> None:
+        self.x = self.x + linear(self.att, L.deltanet.w_out)
+
+    def attn_gate(self, li: int, L: Layer) -> None:
+        att = self.att.reshape(self.t, -1)
+        self.att = self.r(att * (F32(1.0) / (F32(1.0) + np.exp(-self.gate))))
 
     def qk_norm(self, li: int, L: Layer) -> None:
         self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
@@ -218,10 +227,7 @@ class _RowOps:
                                            c.scores_scale, c.window(li)))
 
     def attn_out(self, li: int, L: Layer) -> None:
-        att = self.att.reshape(self.t, -1)
-        if self.cfg.attn_output_gate:
-            att = self.r(att * (F32(1.0) / (F32(1.0) + np.exp(-self.gate))))
-        self.x = self.x + linear(att, L.wo)
+        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
 
     def ffn_in(self, li: int, L: Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))

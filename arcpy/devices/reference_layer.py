@@ -7,6 +7,7 @@ import numpy as np
 
 from arcpy.devices.deltanet import DeltaNet
 from arcpy.model import Model, QuantTensor, bf16_to_f32, dequantize, layer_prefix, norm_names, rope_inv_freq
+from arcpy.model.hybrid import split_gate
 
 F32 = np.float32
 
@@ -44,9 +45,7 @@ class Layer:
         self.bq, self.bk, self.bv = ((t(f"self_attn.{p}_proj.bias") if bias else None) for p in "qkv")
         self.wo = t("self_attn.o_proj.weight")
         if model.config.attn_output_gate:  # q_proj: each head's query rows, then its gate's
-            c = model.config
-            rows = self.wq.reshape(c.n_heads, 2, c.head_dim, c.dim)
-            self.wq, self.w_attn_gate = (np.ascontiguousarray(rows[:, j].reshape(c.q_dim, c.dim)) for j in (0, 1))
+            self.wq, self.w_attn_gate = split_gate(self.wq, model.config.n_heads, model.config.head_dim)
 
     def _ffn(self, model: Model, i: int, t, norm) -> None:
         norms = norm_names(model.config)

@@ -19,29 +19,25 @@ float32. The attention layers of these models gate their output: q_proj holds, f
 head, its head_dim query rows and then head_dim gate rows; the attention's output is multiplied by
 sigmoid(gate) before o_proj.
 
-libarc's layer program and tensor table know neither (arc.h): arcpy.model.native adds the DeltaNet
-tensors and OP_DELTANET, an op of the NumPy reference alone, to a hybrid config's table and
-program, and the CUDA backend refuses such a model in one line (CUDA_REFUSAL).
+libarc's layer program runs both (arc.h: ARC_OP_ATTN_GATE, ARC_OP_DN_IN, ARC_OP_DN_STEP,
+ARC_OP_DN_OUT; arc_model_config's attn_gate and dn_ fields): its table holds the gate's rows as
+their own tensor (ARC_TENSOR_WQ_GATE, split from q_proj by split_gate) and the DeltaNet's under
+ARC_TENSOR_DN_*. libarc's kernel takes heads of 128 (every Qwen3.5 and Qwen3.6 model's); the CUDA
+backend refuses other sizes in one line (check_cuda).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from arcpy.checks import is_int, quoted, require
+from arcpy.model.quant import QuantTensor
 
 FULL, LINEAR = "full_attention", "linear_attention"  # the layer kinds, as config.json names them
 LAYER_KINDS = (FULL, LINEAR)
-# The op of a DeltaNet layer, in place of the attention's ops: the NumPy reference's alone (libarc's
-# arc_layer_op numbers stop well below it).
-OP_DELTANET = 100
-CUDA_REFUSAL = ("the gated DeltaNet layer (Qwen3.5, Qwen3.6) and the gated attention of its hybrids run on the "
-                "numpy backend only so far: use --backend numpy")
+CUDA_HEAD_DIM = 128  # the DeltaNet heads libarc's kernel takes (arc.h: dn_head_dim)
 _DIMS = ("linear_n_k_heads", "linear_n_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
 GATED_NORM = "linear_attn.norm.weight"  # the one norm whose factors are never 1 + w
-# A DeltaNet layer's tensors after its input norm, by their Hugging Face names under the layer's
-# prefix, in the order the files list them (the layer's norms and FFN follow as in any layer).
-DELTANET_NAMES = ("linear_attn.A_log", "linear_attn.conv1d.weight", "linear_attn.dt_bias",
-                  "linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight", "linear_attn.in_proj_qkv.weight",
-                  "linear_attn.in_proj_z.weight", "linear_attn.norm.weight", "linear_attn.out_proj.weight")
 
 
 def is_hybrid(cfg) -> bool:
@@ -70,6 +66,9 @@ def check_hybrid(cfg) -> None:
             f"linear_n_v_heads ({cfg.linear_n_v_heads}) must be a multiple of linear_n_k_heads "
             f"({cfg.linear_n_k_heads})")
     require(cfg.linear_conv_kernel >= 2, f"linear_conv_kernel must be 2 or more, got {cfg.linear_conv_kernel}")
+    require(cfg.linear_k_head_dim == cfg.linear_v_head_dim,
+            f"linear_k_head_dim ({cfg.linear_k_head_dim}) and linear_v_head_dim ({cfg.linear_v_head_dim}) must be equal")
+    require(cfg.n_layers <= 128, f"a hybrid has at most 128 layers, got {cfg.n_layers}")
     require(not cfg.post_norms and not cfg.qkv_bias and cfg.sliding_window == 0,
             "linear_attention layers do not combine with post_norms, qkv_bias or a sliding window")
 
@@ -87,10 +86,21 @@ def conv_dim(cfg) -> int:
     return 2 * key_dim(cfg) + value_dim(cfg)
 
 
-def deltanet_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """A DeltaNet layer's tensors (DELTANET_NAMES) -> their shapes, as the Hugging Face files hold
-    them (the convolution's (channels, 1, kernel), as torch's Conv1d)."""
-    nv, d = cfg.linear_n_v_heads, cfg.dim
-    shapes = ((nv,), (conv_dim(cfg), 1, cfg.linear_conv_kernel), (nv,), (nv, d), (nv, d), (conv_dim(cfg), d),
-              (value_dim(cfg), d), (cfg.linear_v_head_dim,), (d, value_dim(cfg)))
-    return dict(zip(DELTANET_NAMES, shapes))
+def check_cuda(cfg) -> None:
+    """What libarc's DeltaNet kernel does not take, refused in one line (InvalidArgumentError)."""
+    if LINEAR in cfg.layer_types:
+        require(cfg.linear_k_head_dim == CUDA_HEAD_DIM and cfg.linear_conv_kernel <= 4,
+                f"the CUDA backend runs DeltaNet heads of {CUDA_HEAD_DIM} and convolutions of at most 4 taps, this "
+                f"model has heads of {cfg.linear_k_head_dim} and {cfg.linear_conv_kernel} taps: use --backend numpy")
+
+
+def split_gate(w, n_heads: int, head_dim: int):
+    """A gated attention's q_proj rows (each head's head_dim query rows, then its gate's) -> (the
+    query rows, the gate rows), each head's in head order: an array of any dtype (rows, ...) or a
+    QuantTensor (its packed rows, split without decoding)."""
+    data = w.data if isinstance(w, QuantTensor) else w
+    heads = data.reshape(n_heads, 2, head_dim, *data.shape[1:])
+    parts = tuple(np.ascontiguousarray(heads[:, j].reshape(n_heads * head_dim, *data.shape[1:])) for j in (0, 1))
+    if isinstance(w, QuantTensor):
+        return tuple(QuantTensor(w.format, (n_heads * head_dim, w.cols), p) for p in parts)
+    return parts

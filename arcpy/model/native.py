@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_NAMES, OP_QK_NORM, ROUTINGS
+from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import table
-from arcpy.model.hybrid import OP_DELTANET, deltanet_shapes
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -59,12 +58,26 @@ _FFN_IDS = (
     ("mlp.shared_expert.up_proj.weight", "ARC_TENSOR_SHARED_UP"),
     ("mlp.shared_expert.down_proj.weight", "ARC_TENSOR_SHARED_DOWN"),
 )
-_ATTENTION_SUFFIXES = frozenset(suffix for suffix, _ in _ATTENTION_IDS[1:])  # all but the input norm
+# A gated DeltaNet layer's tensors after its input norm (arcpy/model/hybrid.py), in file order: its
+# attention's are absent (the table gives them no rows there).
+_DELTANET_IDS = (
+    ("linear_attn.A_log", "ARC_TENSOR_DN_A_LOG"),
+    ("linear_attn.conv1d.weight", "ARC_TENSOR_DN_CONV"),
+    ("linear_attn.dt_bias", "ARC_TENSOR_DN_DT_BIAS"),
+    ("linear_attn.in_proj_a.weight", "ARC_TENSOR_DN_A"),
+    ("linear_attn.in_proj_b.weight", "ARC_TENSOR_DN_B"),
+    ("linear_attn.in_proj_qkv.weight", "ARC_TENSOR_DN_QKV"),
+    ("linear_attn.in_proj_z.weight", "ARC_TENSOR_DN_Z"),
+    ("linear_attn.norm.weight", "ARC_TENSOR_DN_NORM"),
+    ("linear_attn.out_proj.weight", "ARC_TENSOR_DN_OUT"),
+)
+_CONV = "linear_attn.conv1d.weight"  # (channels, 1, kernel) in the files, as torch's Conv1d; (channels, kernel) in the table
 _Q_PROJ = "self_attn.q_proj.weight"
 ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # rank 2, never quantized
 # The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
-_MATRIX_SUFFIXES = tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS
-                         if suffix.endswith("proj.weight"))
+_DN_MATRICES = ("ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A", "ARC_TENSOR_DN_OUT")
+_MATRIX_SUFFIXES = (tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS if suffix.endswith("proj.weight"))
+                    + tuple(suffix for suffix, tensor in _DELTANET_IDS if tensor in _DN_MATRICES))
 _RANK2_SUFFIXES = _MATRIX_SUFFIXES + ROUTERS
 
 
@@ -86,21 +99,23 @@ def norm_names(cfg) -> dict[str, str]:
 def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
     """(suffix, arc_tensor name) of every tensor a layer may hold, in file order."""
     norms = tuple((name, _NORM_IDS[role]) for role, name in norm_names(cfg).items())
-    return _ATTENTION_IDS + norms + _FFN_IDS
+    return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + _FFN_IDS
 
 
 def is_matrix(name: str) -> bool:
     """A per-layer projection or the lm_head: a tensor a quantized format may hold."""
-    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES)
-                               and ".linear_attn." not in name)  # a DeltaNet's are bf16 (the reference's alone)
+    return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(_MATRIX_SUFFIXES))
 
 
 def config_values(cfg, max_seq: int | None = None) -> dict:
     """arc_model_config's fields holding cfg, by name (max_seq: the context to allocate, else the
     config's): what native_config writes, and what arcpy.model.table reads without libarc."""
-    dense = [0, 0, 0, 0]
+    dense, linear = [0, 0, 0, 0], [0, 0, 0, 0]
     for layer in cfg.mlp_only_layers:  # below 128: ModelConfig checks it
         dense[layer // 32] |= 1 << (layer % 32)
+    for layer in range(cfg.n_layers):  # a hybrid's layers: 128 at most (ModelConfig checks it)
+        if cfg.is_linear_layer(layer):
+            linear[layer // 32] |= 1 << (layer % 32)
     return dict(
         dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
         ffn_dim=cfg.ffn_dim, vocab=cfg.vocab, max_seq=cfg.max_seq if max_seq is None else max_seq,
@@ -112,15 +127,17 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         sliding_window=cfg.sliding_window, window_pattern=cfg.window_pattern, norm_plus_one=int(cfg.norm_plus_one),
         n_experts=cfg.n_experts, n_experts_used=cfg.n_experts_used, expert_ffn_dim=cfg.expert_ffn_dim,
         routing=ROUTINGS.index(cfg.routing), norm_topk=int(cfg.norm_topk_prob),
-        shared_ffn_dim=cfg.shared_expert_ffn_dim, moe_every=cfg.moe_every, dense_layers=dense)
+        shared_ffn_dim=cfg.shared_expert_ffn_dim, moe_every=cfg.moe_every, dense_layers=dense,
+        attn_gate=int(cfg.attn_output_gate), dn_k_heads=cfg.linear_n_k_heads, dn_v_heads=cfg.linear_n_v_heads,
+        dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear)
 
 
 def native_config(ffi, cfg, max_seq: int | None = None):
     """A new arc_model_config * holding cfg (max_seq: the context to allocate, else the config's)."""
     c = ffi.new("arc_model_config *")
     for name, value in config_values(cfg, max_seq).items():
-        if name == "dense_layers":
-            c.dense_layers[0:len(value)] = value
+        if name in ("dense_layers", "dn_layers"):
+            getattr(c, name)[0:len(value)] = value
         else:
             setattr(c, name, value)
     return c
@@ -161,18 +178,15 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     layer_ids = _layer_ids(cfg)
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
-        linear = cfg.is_linear_layer(i)
         for suffix, tensor in layer_ids:
-            if linear and suffix in _ATTENTION_SUFFIXES:
-                continue  # a DeltaNet layer: its own tensors after its input norm
-            shape = table.shape(tensor, i, suffix in _RANK2_SUFFIXES)
-            if shape is not None and suffix == _Q_PROJ and cfg.attn_output_gate:
-                shape = (2 * shape[0], shape[1])  # each query head's rows, then its gate's
-            if shape is not None:
-                yield p + suffix, shape
-            if linear and suffix == _ATTENTION_IDS[0][0]:
-                for name, s in deltanet_shapes(cfg).items():
-                    yield p + name, s
+            shape = table.shape(tensor, i, suffix in _RANK2_SUFFIXES or suffix == _CONV)
+            if shape is None:
+                continue
+            if suffix == _Q_PROJ and cfg.attn_output_gate:
+                shape = (2 * shape[0], shape[1])  # each query head's rows, then its gate's (ARC_TENSOR_WQ_GATE)
+            elif suffix == _CONV:
+                shape = (shape[0], 1, shape[1])
+            yield p + suffix, shape
     yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)
     lm_head = table.shape(_GLOBAL_IDS[LM_HEAD], 0, True)
     if lm_head is not None:
@@ -199,24 +213,13 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if _lib.not_built():
-        return _deltanet(table.layer_program(config_values(cfg), layer), cfg, layer)
+        return table.layer_program(config_values(cfg), layer)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
-    return _deltanet([int(op) for op in ops[0:count[0]]], cfg, layer)
-
-
-_ATTENTION_OPS = (OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_OUT)
-
-
-def _deltanet(program: list[int], cfg, layer: int) -> list[int]:
-    """A DeltaNet layer's program: libarc's, its attention's ops replaced by OP_DELTANET
-    (arcpy.model.hybrid; libarc has no such layer yet)."""
-    if not cfg.is_linear_layer(layer):
-        return program
-    return [OP_DELTANET] + [op for op in program if op not in _ATTENTION_OPS]
+    return [int(op) for op in ops[0:count[0]]]
 
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET"}.get(op, f"op{op}") for op in program)
+    return " ".join(OP_NAMES.get(op, f"op{op}") for op in program)

@@ -110,11 +110,11 @@ def _qwen35(n_layers: int, **fields) -> ModelConfig:
 
 SHAPES.update({
     "qwen3.5-tiny": _qwen35(8, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=256, vocab=1024,
-                            max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
-                            linear_v_head_dim=32),
+                            max_seq=1024, linear_n_k_heads=1, linear_n_v_heads=2, linear_k_head_dim=128,
+                            linear_v_head_dim=128),
     "qwen3.5moe-tiny": _qwen35(4, dim=128, n_heads=4, n_kv_heads=2, head_dim=64, rope_dim=16, ffn_dim=64, vocab=1024,
-                               max_seq=1024, linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=32,
-                               linear_v_head_dim=32, n_experts=16, n_experts_used=4, expert_ffn_dim=64,
+                               max_seq=1024, linear_n_k_heads=1, linear_n_v_heads=2, linear_k_head_dim=128,
+                               linear_v_head_dim=128, n_experts=16, n_experts_used=4, expert_ffn_dim=64,
                                shared_expert_ffn_dim=64, norm_topk_prob=True),
     "qwen3.6-27B": _qwen35(64, dim=5120, n_heads=24, n_kv_heads=4, head_dim=256, rope_dim=64, ffn_dim=17408,
                            vocab=248320, max_seq=8192, linear_n_k_heads=16, linear_n_v_heads=48,

@@ -10,15 +10,18 @@ arc_model_config fields by name (native.config_values).
 
 from __future__ import annotations
 
-from arcpy.codes import (OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_IN, OP_FFN_OUT,
-                         OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_DN_IN, OP_DN_OUT,
+                         OP_DN_STEP, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
 
 # arc.h's arc_tensor, by id.
 TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_NORM", "W_GATE", "W_UP", "W_DOWN",
            "FINAL_NORM", "LM_HEAD", "ROPE_INV_FREQ", "Q_NORM", "K_NORM", "POST_ATTN_NORM", "POST_FFN_NORM",
            "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
-           "SHARED_ROUTER")
+           "SHARED_ROUTER", "WQ_GATE", "DN_QKV", "DN_Z", "DN_B", "DN_A", "DN_CONV", "DN_A_LOG", "DN_DT_BIAS",
+           "DN_NORM", "DN_OUT")
+# The attention's tensors, which a DeltaNet layer has none of.
+_ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE")
 _GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
 ROUTE_SOFTMAX_TOPK, ROUTE_TOPK_SOFTMAX = 0, 1
 
@@ -44,6 +47,27 @@ def _check_moe(c: dict, who: str) -> None:
     _require(not c["post_norms"], who, "config: post_norms and mixture-of-experts layers do not combine")
 
 
+def _check_dn(c: dict, who: str) -> None:
+    _require(c["attn_gate"] in (0, 1), who, f"config.attn_gate must be 0 or 1, got {c['attn_gate']}")
+    _require(all(c[f] >= 0 for f in ("dn_k_heads", "dn_v_heads", "dn_head_dim", "dn_conv_kernel")), who,
+             "config: dn_k_heads, dn_v_heads, dn_head_dim and dn_conv_kernel must not be negative")
+    if not any(c["dn_layers"]):
+        return
+    for layer in range(c["n_layers"], 128):
+        _require(not _layer_dn(c, layer), who,
+                 f"config.dn_layers names layer {layer} of a model of {c['n_layers']} layers")
+    _require(c["dn_k_heads"] > 0 and c["dn_v_heads"] > 0 and c["dn_head_dim"] > 0, who,
+             "config: a DeltaNet layer needs dn_k_heads, dn_v_heads and dn_head_dim > 0")
+    _require(c["dn_v_heads"] % c["dn_k_heads"] == 0, who,
+             f"config.dn_v_heads ({c['dn_v_heads']}) must be a multiple of dn_k_heads ({c['dn_k_heads']})")
+    _require(c["dn_conv_kernel"] >= 2, who, f"config.dn_conv_kernel must be 2 or more, got {c['dn_conv_kernel']}")
+    _require(not c["post_norms"], who, "config: post_norms and DeltaNet layers do not combine")
+
+
+def _layer_dn(c: dict, layer: int) -> bool:
+    return 0 <= layer < 128 and bool((c["dn_layers"][layer // 32] >> (layer % 32)) & 1)
+
+
 def _layer_moe(c: dict, layer: int) -> bool:
     if c["n_experts"] <= 0:
         return False
@@ -60,8 +84,12 @@ def layer_program(c: dict, layer: int) -> list[int]:
     _require(c["post_norms"] in (0, 1), who, f"config.post_norms must be 0 or 1, got {c['post_norms']}")
     _require(0 <= layer < c["n_layers"], who, f"layer must be in [0, {c['n_layers']}), got {layer}")
     _check_moe(c, who)
-    ops = [OP_ATTN_IN] + ([OP_QK_NORM] if c["qk_norm"] else []) + [OP_ATTEND]
-    ops.append(OP_ATTN_OUT_NORM if c["post_norms"] else OP_ATTN_OUT)
+    _check_dn(c, who)
+    if _layer_dn(c, layer):
+        ops = [OP_DN_IN, OP_DN_STEP, OP_DN_OUT]
+    else:
+        ops = [OP_ATTN_IN] + ([OP_QK_NORM] if c["qk_norm"] else []) + [OP_ATTEND]
+        ops += ([OP_ATTN_GATE] if c["attn_gate"] else []) + [OP_ATTN_OUT_NORM if c["post_norms"] else OP_ATTN_OUT]
     if _layer_moe(c, layer):
         return ops + [OP_MOE_IN, OP_MOE_OUT]
     return ops + [OP_FFN_IN, OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT]
@@ -75,8 +103,19 @@ def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
     return (r if _layer_moe(c, layer) else 0), k
 
 
+def _dn_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
+    hd, nv = c["dn_head_dim"], c["dn_v_heads"]
+    k, v = c["dn_k_heads"] * hd, nv * hd
+    r, n = {"DN_QKV": (2 * k + v, c["dim"]), "DN_Z": (v, c["dim"]), "DN_B": (nv, c["dim"]), "DN_A": (nv, c["dim"]),
+            "DN_CONV": (2 * k + v, c["dn_conv_kernel"]), "DN_A_LOG": (1, nv), "DN_DT_BIAS": (1, nv),
+            "DN_NORM": (1, hd), "DN_OUT": (c["dim"], v)}[t]
+    return (r if _layer_dn(c, layer) else 0), n
+
+
 def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
-    if TENSORS.index(t) >= TENSORS.index("MOE_ROUTER"):
+    if t.startswith("DN_"):
+        return _dn_shape(c, t, layer)
+    if TENSORS.index(t) >= TENSORS.index("MOE_ROUTER") and t != "WQ_GATE":
         return _moe_shape(c, t, layer)
     dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
     moe = t not in _GLOBAL and _layer_moe(c, layer)
@@ -89,7 +128,10 @@ def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
         "W_UP": (ffn, dim, not moe), "W_DOWN": (dim, ffn, not moe), "ROPE_INV_FREQ": (1, rope // 2, True),
         "Q_NORM": (1, c["head_dim"], c["qk_norm"]), "K_NORM": (1, c["head_dim"], c["qk_norm"]),
         "POST_ATTN_NORM": (1, dim, c["post_norms"]), "POST_FFN_NORM": (1, dim, c["post_norms"]),
+        "WQ_GATE": (q, dim, c["attn_gate"]),
     }.get(t, (1, dim, True))  # ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
+    if t in _ATTENTION and _layer_dn(c, layer):
+        present = False
     return (r if present else 0), k
 
 
@@ -103,6 +145,7 @@ def tensor_shape(c: dict, tensor: str, layer: int) -> tuple[int, int]:
     _require(c["rope_dim"] >= 0 and c["rope_dim"] % 2 == 0 and c["rope_dim"] <= c["head_dim"], who,
              f"config.rope_dim must be even and in [0, head_dim {c['head_dim']}] (0: head_dim), got {c['rope_dim']}")
     _check_moe(c, who)
+    _check_dn(c, who)
     if t in _GLOBAL:
         _require(layer == 0, who, f"ARC_TENSOR_{t} is a global tensor: layer must be 0, got {layer}")
     else:

@@ -64,7 +64,8 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                    float *scratch, float *out, const AttnRows &rows = AttnRows{});
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
-                           int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n);
+                           int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n,
+                           int32_t qkv_stride = 0);  // qkv's rows apart (0: q, k and v alone)
 // Floats of partials the prefill's attention of n queries from start takes (0: none).
 uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start);
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/forward/layer.cuh"
+#include "model/deltanet.cuh"
 #include "model/moe/moe.cuh"
 #include "model/qgemv/quant.cuh"
 
@@ -19,6 +20,8 @@ static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
     "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM", "ARC_TENSOR_POST_ATTN_NORM", "ARC_TENSOR_POST_FFN_NORM",
     "ARC_TENSOR_MOE_ROUTER", "ARC_TENSOR_MOE_GATE", "ARC_TENSOR_MOE_UP", "ARC_TENSOR_MOE_DOWN",
     "ARC_TENSOR_SHARED_GATE", "ARC_TENSOR_SHARED_UP", "ARC_TENSOR_SHARED_DOWN", "ARC_TENSOR_SHARED_ROUTER",
+    "ARC_TENSOR_WQ_GATE", "ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A",
+    "ARC_TENSOR_DN_CONV", "ARC_TENSOR_DN_A_LOG", "ARC_TENSOR_DN_DT_BIAS", "ARC_TENSOR_DN_NORM", "ARC_TENSOR_DN_OUT",
 };
 
 static bool per_layer(int t) {
@@ -38,6 +41,7 @@ struct arc_model {
     arc_context *ctx;
     arc_model_config cfg;
     int32_t q_dim, kv_dim, qkv_rows;
+    DeltaNetDims dn;  // the DeltaNet layers' sizes (all 0 without them)
     // The size table, [TENSOR_COUNT][n_layers] (global tensors at layer 0): each tensor's format,
     // its bytes (0 when this configuration has none) and its offset in `weights`.
     int32_t *format;
@@ -64,6 +68,9 @@ struct arc_model {
     int32_t *route_ids;       // MoE: the chosen experts (n_experts_used)
     PrefillBuffers prefill;  // the prefill's activations, once reserved (prefill.cu)
     SpecBuffers spec;        // a speculative step's, once reserved (speculate.cu)
+    // The DeltaNet layers' states: DN_SLOTS of dn.slot_floats for each such layer, in layer order.
+    float *dn_state;
+    uint64_t dn_state_bytes;
 };
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
@@ -72,7 +79,8 @@ static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 // tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
 // where c has no such tensor there. Layers differ by their FFN: a GLU, or a mixture of experts.
 void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
-    if (t >= ARC_TENSOR_MOE_ROUTER) return moe_table_shape(c, t, layer, rows, cols);
+    if (t >= ARC_TENSOR_MOE_ROUTER && t <= ARC_TENSOR_SHARED_ROUTER) return moe_table_shape(c, t, layer, rows, cols);
+    if (t >= ARC_TENSOR_DN_QKV) return dn_table_shape(c, t, layer, rows, cols);
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
     const bool moe = per_layer(t) && layer_moe(c, layer);
     const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
@@ -82,6 +90,7 @@ void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, ui
     case ARC_TENSOR_EMBED: r = vocab; break;
     case ARC_TENSOR_LM_HEAD: r = vocab; present = !c.tied_embeddings; break;
     case ARC_TENSOR_WQ: r = q; break;
+    case ARC_TENSOR_WQ_GATE: r = q; present = c.attn_gate; break;
     case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; break;
     case ARC_TENSOR_BQ: k = q; present = c.qkv_bias; break;
     case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias; break;
@@ -95,6 +104,7 @@ void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, ui
     }
     *rows = present ? r : 0;
     *cols = k;
+    if (per_layer(t)) dn_table_shape(c, t, layer, rows, cols);  // a DeltaNet layer has no attention
 }
 
 static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_layers + (per_layer(t) ? layer : 0); }
@@ -121,13 +131,16 @@ static void build_size_table(arc_model *m) {
     static const Place LAYER[] = {
         {ARC_TENSOR_ROPE_INV_FREQ, false}, {ARC_TENSOR_Q_NORM, false},  {ARC_TENSOR_K_NORM, false},
         {ARC_TENSOR_ATTN_NORM, false},     {ARC_TENSOR_WQ, false},      {ARC_TENSOR_WK, true},
-        {ARC_TENSOR_WV, true},             {ARC_TENSOR_BQ, false},      {ARC_TENSOR_BK, true},
+        {ARC_TENSOR_WV, true},             {ARC_TENSOR_WQ_GATE, true},  {ARC_TENSOR_BQ, false},      {ARC_TENSOR_BK, true},
         {ARC_TENSOR_BV, true},             {ARC_TENSOR_WO, false},      {ARC_TENSOR_POST_ATTN_NORM, false},
         {ARC_TENSOR_POST_FFN_NORM, false}, {ARC_TENSOR_MLP_NORM, false}, {ARC_TENSOR_W_GATE, false},
         {ARC_TENSOR_W_UP, true},           {ARC_TENSOR_W_DOWN, false},   {ARC_TENSOR_MOE_ROUTER, false},
         {ARC_TENSOR_SHARED_ROUTER, true},  {ARC_TENSOR_MOE_GATE, false}, {ARC_TENSOR_MOE_UP, true},
         {ARC_TENSOR_MOE_DOWN, false},      {ARC_TENSOR_SHARED_GATE, false}, {ARC_TENSOR_SHARED_UP, true},
-        {ARC_TENSOR_SHARED_DOWN, false}};
+        {ARC_TENSOR_SHARED_DOWN, false},   {ARC_TENSOR_DN_QKV, false},   {ARC_TENSOR_DN_Z, true},
+        {ARC_TENSOR_DN_B, true},           {ARC_TENSOR_DN_A, true},      {ARC_TENSOR_DN_CONV, false},
+        {ARC_TENSOR_DN_A_LOG, false},      {ARC_TENSOR_DN_DT_BIAS, false}, {ARC_TENSOR_DN_NORM, false},
+        {ARC_TENSOR_DN_OUT, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
         const int i = slot(m, p.tensor, l);
@@ -155,6 +168,10 @@ static void build_size_table(arc_model *m) {
         if (quantized(ARC_TENSOR_W_DOWN, l) && dim * ffn > n) n = dim * ffn;
         const uint64_t shared = c.shared_ffn_dim * dim;  // the shared expert's (routed ones stay packed)
         if (quantized(ARC_TENSOR_SHARED_GATE, l) || quantized(ARC_TENSOR_SHARED_DOWN, l)) n = 2 * shared > n ? 2 * shared : n;
+        const int dn_in[4] = {ARC_TENSOR_DN_QKV, ARC_TENSOR_DN_Z, ARC_TENSOR_DN_B, ARC_TENSOR_DN_A};
+        for (int t : dn_in)
+            if (quantized(t, l) && (uint64_t)m->dn.rows * dim > n) n = (uint64_t)m->dn.rows * dim;
+        if (quantized(ARC_TENSOR_DN_OUT, l) && dim * m->dn.v_dim > n) n = dim * m->dn.v_dim;
         if (n > most) most = n;
     }
     m->dequant_elems = most;
@@ -169,9 +186,14 @@ static Weight weight_at(const arc_model *m, int t, int layer) {
 }
 
 static bool is_matrix(int t) {
-    return t == ARC_TENSOR_WQ || t == ARC_TENSOR_WK || t == ARC_TENSOR_WV || t == ARC_TENSOR_WO ||
-           t == ARC_TENSOR_W_GATE || t == ARC_TENSOR_W_UP || t == ARC_TENSOR_W_DOWN || t == ARC_TENSOR_LM_HEAD ||
-           (t >= ARC_TENSOR_MOE_GATE && t != ARC_TENSOR_SHARED_ROUTER);  // the experts' matrices
+    switch (t) {
+    case ARC_TENSOR_WQ: case ARC_TENSOR_WK: case ARC_TENSOR_WV: case ARC_TENSOR_WO: case ARC_TENSOR_W_GATE:
+    case ARC_TENSOR_W_UP: case ARC_TENSOR_W_DOWN: case ARC_TENSOR_LM_HEAD: case ARC_TENSOR_MOE_GATE:
+    case ARC_TENSOR_MOE_UP: case ARC_TENSOR_MOE_DOWN: case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP:
+    case ARC_TENSOR_SHARED_DOWN: case ARC_TENSOR_WQ_GATE: case ARC_TENSOR_DN_QKV: case ARC_TENSOR_DN_Z:
+    case ARC_TENSOR_DN_B: case ARC_TENSOR_DN_A: case ARC_TENSOR_DN_OUT: return true;
+    default: return false;
+    }
 }
 
 // Each tensor's format: bf16 everywhere but the matrices; a matrix's columns fit its format's
@@ -246,6 +268,17 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->sliding_window >= 0 && c->window_pattern >= 0,
                 "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
                 c->window_pattern);
+    ARC_REQUIRE(!(c->attn_gate && c->qkv_bias), "config: attn_gate and qkv_bias do not combine");
+    if (const int st = check_dn(*c, "arc_model_create")) return st;
+    if (dn_layer_count(*c)) {
+        ARC_REQUIRE(c->dn_head_dim == DN_HEAD_DIM, "config.dn_head_dim must be %d, got %d", DN_HEAD_DIM,
+                    c->dn_head_dim);
+        ARC_REQUIRE(c->dn_conv_kernel <= DN_MAX_KERNEL, "config.dn_conv_kernel must be at most %d, got %d",
+                    DN_MAX_KERNEL, c->dn_conv_kernel);
+        const long long v_dim = (long long)c->dn_v_heads * c->dn_head_dim;
+        ARC_REQUIRE(v_dim <= GEMV_MAX_COLS, "config: dn_v_heads * dn_head_dim must be at most %d, got %lld",
+                    GEMV_MAX_COLS, v_dim);
+    }
     if (const int st = check_moe(*c, "arc_model_create")) return st;
     return check_moe_limits(*c, "arc_model_create");
 }
@@ -254,6 +287,7 @@ static void model_release(arc_model *m) {
     if (m->weights) cudaFree(m->weights);
     if (m->kv) cudaFree(m->kv);
     if (m->act) cudaFree(m->act);
+    if (m->dn_state) cudaFree(m->dn_state);
     prefill_buffers_release(&m->prefill);
     spec_buffers_release(&m->spec);
     free(m->uploaded);
@@ -290,7 +324,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     const uint64_t h = routed > (uint64_t)c.ffn_dim ? routed : (uint64_t)c.ffn_dim;
     const uint64_t experts = c.n_experts ? (uint64_t)c.n_experts + 1 : 0, used = c.n_experts ? c.n_experts_used : 0;
     uint64_t at = 0, off[10];
-    const uint64_t sizes[10] = {(uint64_t)c.dim * 4, (uint64_t)m->qkv_rows * 4, (uint64_t)m->q_dim * 4, h * 4,
+    const uint64_t sizes[10] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
                                 (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
                                 c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4};
     for (int i = 0; i < 10; ++i) {
@@ -304,6 +338,13 @@ static int model_init(arc_model *m, const int32_t *formats) {
     float **parts[7] = {&m->x, &m->qkv, &m->att, &m->h, &m->logits, &m->scratch, &m->t};
     for (int i = 0; i < 7; ++i) *parts[i] = (float *)(base + off[i]);
     m->router = (float *)(base + off[7]), m->route_ids = (int32_t *)(base + off[8]), m->route_w = (float *)(base + off[9]);
+
+    // The DeltaNet states: a slot is read only at positions after 0, each after the step that wrote it.
+    m->dn_state_bytes = (uint64_t)dn_layer_count(c) * DN_SLOTS * m->dn.slot_floats * sizeof(float);
+    if (m->dn_state_bytes) {
+        ARC_CUDA(ctx, cudaMalloc(&m->dn_state, m->dn_state_bytes));
+        ARC_CUDA(ctx, cudaMemsetAsync(m->dn_state, 0, m->dn_state_bytes, ctx->stream));
+    }
     return ARC_OK;
 }
 
@@ -320,7 +361,8 @@ extern "C" int arc_model_create_formats(arc_context *ctx, const arc_model_config
     m->cfg = *config;
     m->q_dim = config->n_heads * config->head_dim;
     m->kv_dim = config->n_kv_heads * config->head_dim;
-    m->qkv_rows = m->q_dim + 2 * m->kv_dim;
+    m->qkv_rows = m->q_dim + 2 * m->kv_dim + (config->attn_gate ? m->q_dim : 0);
+    m->dn = dn_dims(*config, m->q_dim, m->qkv_rows);
     st = formats ? check_formats(m, formats) : ARC_OK;
     if (st == ARC_OK) st = model_init(m, formats);
     if (st != ARC_OK) {
@@ -411,6 +453,14 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.router = weight_at(m, ARC_TENSOR_MOE_ROUTER, l);  // the shared expert's gate row follows it
     p.e_gate_up = weight_at(m, ARC_TENSOR_MOE_GATE, l), p.e_down = weight_at(m, ARC_TENSOR_MOE_DOWN, l);
     p.s_gate_up = weight_at(m, ARC_TENSOR_SHARED_GATE, l), p.s_down = weight_at(m, ARC_TENSOR_SHARED_DOWN, l);
+    p.wq_gate = weight_at(m, ARC_TENSOR_WQ_GATE, l);
+    p.dn = layer_dn(m->cfg, l);
+    p.dn_in = weight_at(m, ARC_TENSOR_DN_QKV, l), p.dn_z = weight_at(m, ARC_TENSOR_DN_Z, l);
+    p.dn_b = weight_at(m, ARC_TENSOR_DN_B, l), p.dn_a = weight_at(m, ARC_TENSOR_DN_A, l);
+    p.dn_out = weight_at(m, ARC_TENSOR_DN_OUT, l);
+    p.dn_conv = bf16_at(m, ARC_TENSOR_DN_CONV, l), p.dn_a_log = bf16_at(m, ARC_TENSOR_DN_A_LOG, l);
+    p.dn_dt_bias = bf16_at(m, ARC_TENSOR_DN_DT_BIAS, l), p.dn_norm = bf16_at(m, ARC_TENSOR_DN_NORM, l);
+    p.dn_state = p.dn ? m->dn_state + (uint64_t)dn_ordinal(m->cfg, l) * DN_SLOTS * m->dn.slot_floats : nullptr;
     p.k_cache = m->kv + (uint64_t)l * m->kv_layer_elems;
     p.v_cache = m->kv + (uint64_t)(m->cfg.n_layers + l) * m->kv_layer_elems;
     return p;
@@ -424,6 +474,7 @@ ModelParts model_parts(arc_model *m) {
     p.q_dim = m->q_dim;
     p.kv_dim = m->kv_dim;
     p.qkv_rows = m->qkv_rows;
+    p.dn = m->dn;
     p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
     p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);
     p.lm_head = weight_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
@@ -445,6 +496,7 @@ extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *k
     ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
     *weights = model->weight_bytes;
     *kv_cache = 2 * model->kv_layer_elems * model->cfg.n_layers * sizeof(uint16_t);
-    *activations = model->act_bytes + model->prefill.bytes + model->prefill.moe.bytes + model->spec.bytes;
+    *activations = model->act_bytes + model->prefill.bytes + model->prefill.moe.bytes + model->spec.bytes +
+                   model->dn_state_bytes;
     return ARC_OK;
 }

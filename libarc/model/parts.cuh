@@ -17,6 +17,16 @@ struct Weight {
 // One layer's weights and KV cache, each (n_kv_heads, max_seq, head_dim). Wq Wk Wv lie one after
 // the other (so do bq bk bv, and Wgate Wup: one matrix, of one format), so that consecutive
 // parts of one format are read as one matrix from the first.
+// The sizes of a model's gated DeltaNet layers (deltanet.cuh; all 0 without them) and of the
+// buffers its layers share: DN_IN's output rows and the attention's or the DeltaNet's output.
+struct DeltaNetDims {
+    int32_t k_dim, v_dim, conv_dim;  // dn_k_heads * head_dim, dn_v_heads * head_dim, 2 k_dim + v_dim
+    int32_t rows;                    // DN_IN's output: conv_dim + v_dim + 2 dn_v_heads
+    int32_t att_dim;                 // an output row, either kind: max(q_dim, v_dim)
+    int32_t qkv_alloc;               // an input row, either kind: max(qkv_rows, rows)
+    uint64_t slot_floats;            // one state slot: conv_dim (kernel - 1) + dn_v_heads head_dim^2
+};
+
 struct LayerParts {
     const uint16_t *attn_norm, *bqkv, *mlp_norm;
     const uint16_t *q_norm, *k_norm;  // (head_dim) each, with qk_norm; else null
@@ -27,13 +37,47 @@ struct LayerParts {
     // A mixture of experts' layer: the router (bf16, the shared expert's gate row after it), the
     // experts' [gates; ups] and downs, the shared expert's [gate; up] and down.
     Weight router, e_gate_up, e_down, s_gate_up, s_down;
+    Weight wq_gate;  // with attn_gate: the gate's rows, after Wv (a run of one format reads them too)
+    // A gated DeltaNet layer (deltanet.cuh): DN_QKV, DN_Z, DN_B, DN_A one after the other; the out
+    // projection; the convolution, the decay's log rate, dt's bias and the gated norm (bf16); the
+    // layer's DN_SLOTS state slots.
+    bool dn;
+    Weight dn_in, dn_z, dn_b, dn_a, dn_out;
+    const uint16_t *dn_conv, *dn_a_log, *dn_dt_bias, *dn_norm;
+    float *dn_state;
     uint16_t *k_cache, *v_cache;
 };
+
+// The parts of a layer's input product, each one matrix of its own format and rows, lying one
+// after the other in the weights: ATTN_IN's Wq, Wk, Wv and, with attn_gate, the gate's rows;
+// DN_IN's DN_QKV, DN_Z, DN_B, DN_A.
+struct InParts {
+    Weight w[4];
+    int32_t rows[4];
+    int count;
+};
+
+// The runs of parts that share a format, in order: fn(weight, rows, at) for each, `at` the run's
+// first row (a run is one product: its parts lie one after the other).
+template <class Fn>
+int part_runs(const InParts &in, Fn fn) {
+    int32_t at = 0;
+    for (int i = 0; i < in.count;) {
+        int j = i, n = 0;
+        while (j < in.count && in.w[j].format == in.w[i].format) n += in.rows[j++];
+        const int st = fn(in.w[i], n, at);
+        if (st != ARC_OK) return st;
+        at += n;
+        i = j;
+    }
+    return ARC_OK;
+}
 
 struct ModelParts {
     arc_context *ctx;
     arc_model_config cfg;
-    int32_t q_dim, kv_dim, qkv_rows;
+    int32_t q_dim, kv_dim, qkv_rows;  // qkv_rows: q, k, v and, with attn_gate, the gate
+    DeltaNetDims dn;
     const uint16_t *embed, *final_norm;
     Weight lm_head;  // the embedding when tied
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)

@@ -50,7 +50,7 @@ __device__ __forceinline__ void prefill_merge(float &m, float &l, float *o, floa
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__restrict__ k_cache,
                uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int start,
-               uint16_t *__restrict__ q_out) {
+               uint16_t *__restrict__ q_out, int stride) {
     __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
     const int i = blockIdx.x, pos = start + i, half = rope.half, tid = threadIdx.x;
     pdl_launch_dependents();
@@ -58,7 +58,7 @@ rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__r
     for (int j = tid; j < half; j += ROPE_THREADS) rope_angles(rope, pos, j, &sin_t[j], &cos_t[j]);
     pdl_wait();
     __syncthreads();
-    const float *row = qkv + (size_t)i * (n_heads + 2 * n_kv_heads) * hd;
+    const float *row = qkv + (size_t)i * stride;
     for (int e = tid; e < n_heads * hd; e += ROPE_THREADS) {
         const int head = e / hd, d = e % hd;
         q_out[(size_t)i * n_heads * hd + e] = f32_to_bf16(rope_rotate_half(row + head * hd, d, half, cos_t, sin_t));
@@ -308,7 +308,7 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
 int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
                             uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
                             int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out, float *part,
-                            uint64_t part_n) {
+                            uint64_t part_n, int32_t qkv_stride) {
     const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && q_scratch && out,
@@ -328,8 +328,10 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
+    const int32_t stride = qkv_stride ? qkv_stride : (n_heads + 2 * n_kv_heads) * head_dim;
+    ARC_REQUIRE(stride >= (n_heads + 2 * n_kv_heads) * head_dim, "qkv rows of %d floats hold no q, k and v", stride);
     ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope,
-                           k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch));
+                           k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch, (int)stride));
     if (head_dim <= 32)
         return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
                                 out, part, part_n);

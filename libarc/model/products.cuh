@@ -15,9 +15,9 @@ int gemv_swiglu_weight(arc_context *ctx, Weight w, const GemvIo &io, bool hand =
 bool ffn_handoff(Weight gate_up, Weight down, int32_t ffn_dim);
 // The lm_head with its argmax committed to loop: no bias, no accumulate.
 int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const GemvIo &io, arc_loop *loop);
-// y = [Wq; Wk; Wv] @ n(x) (+ [bq; bk; bv]): one GEMV for each run of parts of one format, of q_rows
-// and twice kv_rows rows. io names x, cols, eps, norm_add and y; the bias and the norm are lw's.
-int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const GemvIo &io);
+// y = [parts] @ n(x) (+ bias, over every part's rows): one GEMV for each run of parts of one format.
+// io names x, cols, norm_weight, eps, norm_add and y.
+int gemv_parts(arc_context *ctx, const InParts &in, const uint16_t *bias, const GemvIo &io);
 // The verify's products over io.m <= 8 rows of a Weight of any format: gemv_rows (bf16) or the
 // quantized rows GEMV (qgemv_rows.cu), each row of y (io.ldy apart) the bits of the one-row GEMV of
 // that format. io.scratch: m * cols floats, 16-byte aligned (the normed rows, or the quantized ones).

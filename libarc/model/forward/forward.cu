@@ -36,9 +36,24 @@ struct DecodeOps {
     const int32_t *pos;
 
     int attn_in(const LayerParts &lw) {
-        return gemv_qkv(
-            p.ctx, lw, p.q_dim, p.kv_dim,
-            {.x = p.x, .cols = p.cfg.dim, .eps = p.cfg.rms_eps, .norm_add = norm_offset(p.cfg), .y = p.qkv});
+        return gemv_parts(p.ctx, attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw.bqkv,
+                          {.x = p.x, .cols = p.cfg.dim, .norm_weight = lw.attn_norm, .eps = p.cfg.rms_eps,
+                           .norm_add = norm_offset(p.cfg), .y = p.qkv});
+    }
+    int attn_gate(const LayerParts &) {
+        return launch_attn_gate(p.ctx, p.att, nullptr, p.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, 1, p.q_dim);
+    }
+    int dn_in(const LayerParts &lw) {
+        return gemv_parts(p.ctx, dn_in_parts(p.cfg, p.dn, lw), nullptr,
+                          {.x = p.x, .cols = p.cfg.dim, .norm_weight = lw.attn_norm, .eps = p.cfg.rms_eps,
+                           .norm_add = norm_offset(p.cfg), .y = p.qkv});
+    }
+    int dn_step(const LayerParts &lw) {
+        return deltanet_layer(p.ctx, p.cfg, p.dn, lw, {.u = p.qkv, .rows = 1, .pos = pos, .out = p.att});
+    }
+    int dn_out(const LayerParts &lw) {
+        return gemv_weight(p.ctx, lw.dn_out,
+                           {.x = p.att, .rows = p.cfg.dim, .cols = p.dn.v_dim, .accumulate = 1, .y = p.x});
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
@@ -101,6 +116,8 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
                    loop->max_seq, c.max_seq);
     ARC_TRY(model_check_uploaded(model, who));
     ARC_REQUIRE_AS(who, !(ctx->comm && c.n_experts), "a mixture of experts does not split over ranks yet");
+    ARC_REQUIRE_AS(who, !(ctx->comm && (c.attn_gate || dn_layer_count(c))),
+                   "gated attention and DeltaNet layers do not split over ranks yet");
     const uint32_t *token = nullptr;
     const int32_t *pos = nullptr;
     ARC_TRY(arc_loop_token_input(loop, &token, &pos));

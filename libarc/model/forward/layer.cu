@@ -4,12 +4,21 @@
 // it through arc_layer_program, and the tensor table through arc_tensor_shape.
 #include "layer.cuh"
 
+#include "model/deltanet.cuh"
+
 int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
     int n = 0;
-    ops[n++] = ARC_OP_ATTN_IN;
-    if (c.qk_norm) ops[n++] = ARC_OP_QK_NORM;
-    ops[n++] = ARC_OP_ATTEND;
-    ops[n++] = c.post_norms ? ARC_OP_ATTN_OUT_NORM : ARC_OP_ATTN_OUT;
+    if (layer_dn(c, layer)) {  // a gated DeltaNet layer in place of the attention (deltanet.cuh)
+        ops[n++] = ARC_OP_DN_IN;
+        ops[n++] = ARC_OP_DN_STEP;
+        ops[n++] = ARC_OP_DN_OUT;
+    } else {
+        ops[n++] = ARC_OP_ATTN_IN;
+        if (c.qk_norm) ops[n++] = ARC_OP_QK_NORM;
+        ops[n++] = ARC_OP_ATTEND;
+        if (c.attn_gate) ops[n++] = ARC_OP_ATTN_GATE;
+        ops[n++] = c.post_norms ? ARC_OP_ATTN_OUT_NORM : ARC_OP_ATTN_OUT;
+    }
     if (layer_moe(c, layer)) {  // the layers differ by their FFN: a mixture of experts, or one GLU
         ops[n++] = ARC_OP_MOE_IN;
         ops[n++] = ARC_OP_MOE_OUT;
@@ -73,7 +82,8 @@ extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, 
     ARC_REQUIRE(config->post_norms == 0 || config->post_norms == 1, "config.post_norms must be 0 or 1, got %d",
                 config->post_norms);
     ARC_REQUIRE(layer >= 0 && layer < config->n_layers, "layer must be in [0, %d), got %d", config->n_layers, layer);
-    const int st = check_moe(*config, __func__);
+    int st = check_moe(*config, __func__);
+    if (st == ARC_OK) st = check_dn(*config, __func__);
     if (st != ARC_OK) return st;
     *count = layer_program(*config, layer, ops);
     return ARC_OK;
@@ -93,6 +103,7 @@ extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, 
     ARC_REQUIRE(c.rope_dim >= 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
                 "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
     if (const int st = check_moe(c, __func__)) return st;
+    if (const int st = check_dn(c, __func__)) return st;
     if (tensor_per_layer(tensor))
         ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
                     tensor_name(tensor), c.n_layers, layer);

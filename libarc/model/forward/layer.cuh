@@ -8,6 +8,7 @@
 
 #include "launch.cuh"
 #include "model/attention_ops.cuh"
+#include "model/deltanet.cuh"
 #include "model/parts.cuh"
 
 // The ops of layer `layer` of a model of config c, in order, into ops (ARC_MAX_LAYER_OPS entries);
@@ -38,27 +39,19 @@ inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
     return AttnSpec{rope, scale, lw.window};
 }
 
-// The runs of Wq, Wk, Wv that share a format, in order: fn(weight, rows, at) for each, `at` the
-// run's first row in [Wq; Wk; Wv] (a run is one product: its parts lie one after the other).
-template <class Fn>
-int qkv_runs(const LayerParts &lw, int32_t q_rows, int32_t kv_rows, Fn fn) {
-    const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
-    const int32_t rows[3] = {q_rows, kv_rows, kv_rows};
-    int32_t at = 0;
-    for (int i = 0; i < 3;) {
-        int j = i, n = 0;
-        while (j < 3 && parts[j].format == parts[i].format) n += rows[j++];
-        const int st = fn(parts[i], n, at);
-        if (st != ARC_OK) return st;
-        at += n;
-        i = j;
-    }
-    return ARC_OK;
+// The parts of ATTN_IN's and DN_IN's products (parts.cuh's InParts).
+inline InParts attn_in_parts(const arc_model_config &c, const LayerParts &lw, int32_t q_rows, int32_t kv_rows) {
+    return {{lw.wq, lw.wk, lw.wv, lw.wq_gate}, {q_rows, kv_rows, kv_rows, q_rows}, c.attn_gate ? 4 : 3};
+}
+inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw) {
+    return {{lw.dn_in, lw.dn_z, lw.dn_b, lw.dn_a}, {d.conv_dim, d.v_dim, c.dn_v_heads, c.dn_v_heads}, 4};
 }
 
+
+
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
-// attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out), each taking
-// the layer's parts and enqueuing the op.
+// attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out, attn_gate,
+// dn_in, dn_step, dn_out), each taking the layer's parts and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -78,6 +71,10 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_FFN_OUT_NORM: st = exec.ffn_out_norm(lw); break;
             case ARC_OP_MOE_IN: st = exec.moe_in(lw); break;
             case ARC_OP_MOE_OUT: st = exec.moe_out(lw); break;
+            case ARC_OP_ATTN_GATE: st = exec.attn_gate(lw); break;
+            case ARC_OP_DN_IN: st = exec.dn_in(lw); break;
+            case ARC_OP_DN_STEP: st = exec.dn_step(lw); break;
+            case ARC_OP_DN_OUT: st = exec.dn_out(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

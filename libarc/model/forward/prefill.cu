@@ -122,8 +122,8 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
     part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
     const uint64_t sizes[10] = {
-        rows * c.dim * 4, rows * c.dim * 2, rows * mp.qkv_rows * 4 > score_bytes ? rows * mp.qkv_rows * 4 : score_bytes,
-        rows * mp.q_dim * 2, rows * mp.q_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
+        rows * c.dim * 4, rows * c.dim * 2, rows * mp.dn.qkv_alloc * 4 > score_bytes ? rows * mp.dn.qkv_alloc * 4 : score_bytes,
+        rows * mp.q_dim * 2, rows * mp.dn.att_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
         (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
     };
     uint64_t off[10], at = 0;
@@ -238,14 +238,32 @@ struct PrefillOps {
     const ModelParts &p;
     int n, start;
 
-    int attn_in(const LayerParts &lw) {
+    // rmsnorm(x, ATTN_NORM) through the parts' product into qkv (rows of the parts' rows).
+    int in_product(const InParts &in, const LayerParts &lw, const uint16_t *bias) {
         const PrefillBuffers &b = *p.prefill;
-        const Weight parts[3] = {lw.wq, lw.wk, lw.wv};
-        const int32_t rows[3] = {p.q_dim, p.kv_dim, p.kv_dim};
         ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, p.cfg.dim, model_norm(p.cfg, lw.attn_norm), b.xn));
         return product(p.ctx,
-                       {.a = b.xn, .parts = parts, .rows = rows, .count = 3, .n = n, .k = p.cfg.dim, .bias = lw.bqkv,
-                        .c = b.qkv},
+                       {.a = b.xn, .parts = in.w, .rows = in.rows, .count = in.count, .n = n, .k = p.cfg.dim,
+                        .bias = bias, .c = b.qkv},
+                       b.wdq);
+    }
+    int attn_in(const LayerParts &lw) { return in_product(attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw, lw.bqkv); }
+    int attn_gate(const LayerParts &) {
+        const PrefillBuffers &b = *p.prefill;
+        return launch_attn_gate(p.ctx, nullptr, b.att, b.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, n, p.q_dim);
+    }
+    int dn_in(const LayerParts &lw) { return in_product(dn_in_parts(p.cfg, p.dn, lw), lw, nullptr); }
+    // The chunk's rows one after another through the layer's state, the last row's state kept.
+    int dn_step(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        return deltanet_layer(p.ctx, p.cfg, p.dn, lw, {.u = b.qkv, .rows = n, .pos_add = start, .out_bf16 = b.att});
+    }
+    int dn_out(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim;
+        return product(p.ctx,
+                       {.a = b.att, .parts = &lw.dn_out, .rows = &dim, .count = 1, .n = n, .k = p.dn.v_dim,
+                        .accumulate = 1, .c = b.x},
                        b.wdq);
     }
     int qk_norm(const LayerParts &lw) {
@@ -259,7 +277,7 @@ struct PrefillOps {
         const PrefillBuffers &b = *p.prefill;
         return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
                                        c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att, b.attn_part,
-                                       b.attn_part_n);
+                                       b.attn_part_n, p.qkv_rows);
     }
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;

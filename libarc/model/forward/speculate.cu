@@ -175,9 +175,10 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     ARC_REQUIRE(!ctx->comm, "speculative steps do not run on a split model yet (tensor parallelism)");
     const uint64_t rows = (uint64_t)k + 1;
     enum { N = 12 };
-    const uint64_t widest = (uint64_t)std::max({c.dim, mp.q_dim, c.ffn_dim});  // a product's input
-    const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * c.ffn_dim * 4, rows * mp.qkv_rows * 4,
-                               rows * mp.q_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
+    static_assert(SPEC_MAX_K + 1 < DN_SLOTS, "a DeltaNet layer keeps a state for each verify row");
+    const uint64_t widest = (uint64_t)std::max({c.dim, mp.dn.att_dim, c.ffn_dim});  // a product's input
+    const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * c.ffn_dim * 4, rows * mp.dn.qkv_alloc * 4,
+                               rows * mp.dn.att_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
                                c.post_norms ? rows * c.dim * 4 : 0,
                                rows * arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
                                rows * c.n_heads * 4};
@@ -228,11 +229,29 @@ struct VerifyOps {
         if (io.ldy == 0) io.ldy = io.rows;
         return gemv_rows_weight(p.ctx, who, w, io, gated);
     }
-    int attn_in(const LayerParts &lw) {  // the decode's products: one a run of Wq, Wk, Wv of one format
-        return qkv_runs(lw, p.q_dim, p.kv_dim, [&](Weight w, int32_t n, int32_t at) {
-            return product(w, {.x = b.x, .rows = n, .cols = p.cfg.dim, .bias = lw.bqkv ? lw.bqkv + at : nullptr,
-                               .norm_weight = lw.attn_norm, .y = b.qkv + at, .ldy = p.qkv_rows});
+    // The decode's products: one a run of parts of one format, rows `stride` floats apart.
+    int in_product(const InParts &in, const uint16_t *bias, const uint16_t *norm, int32_t stride) {
+        return part_runs(in, [&](Weight w, int32_t n, int32_t at) {
+            return product(w, {.x = b.x, .rows = n, .cols = p.cfg.dim, .bias = bias ? bias + at : nullptr,
+                               .norm_weight = norm, .y = b.qkv + at, .ldy = stride});
         });
+    }
+    int attn_in(const LayerParts &lw) {
+        return in_product(attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw.bqkv, lw.attn_norm, p.qkv_rows);
+    }
+    int attn_gate(const LayerParts &) {
+        return launch_attn_gate(p.ctx, b.att, nullptr, b.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, rows, p.q_dim);
+    }
+    int dn_in(const LayerParts &lw) {
+        return in_product(dn_in_parts(p.cfg, p.dn, lw), nullptr, lw.attn_norm, p.dn.rows);
+    }
+    // Every row keeps its state: the next step reads the accepted row's.
+    int dn_step(const LayerParts &lw) {
+        return deltanet_layer(p.ctx, p.cfg, p.dn, lw,
+                              {.u = b.qkv, .rows = rows, .pos = b.positions, .every_state = true, .out = b.att});
+    }
+    int dn_out(const LayerParts &lw) {
+        return product(lw.dn_out, {.x = b.att, .rows = p.cfg.dim, .cols = p.dn.v_dim, .accumulate = 1, .y = b.x});
     }
     int qk_norm(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;

@@ -204,10 +204,10 @@ int gemv_argmax_weight(arc_context *ctx, const char *who, Weight w, const GemvIo
     return launch_qgemv_argmax(ctx, who, w.format, w.p, io, {.loop = loop});
 }
 
-int gemv_qkv(arc_context *ctx, const LayerParts &lw, int32_t q_rows, int32_t kv_rows, const GemvIo &io) {
-    return qkv_runs(lw, q_rows, kv_rows, [&](Weight w, int32_t n, int32_t at) {
+int gemv_parts(arc_context *ctx, const InParts &in, const uint16_t *bias, const GemvIo &io) {
+    return part_runs(in, [&](Weight w, int32_t n, int32_t at) {
         return gemv_weight(ctx, w,
-                           {.x = io.x, .rows = n, .cols = io.cols, .bias = lw.bqkv ? lw.bqkv + at : nullptr,
-                            .norm_weight = lw.attn_norm, .eps = io.eps, .norm_add = io.norm_add, .y = io.y + at});
+                           {.x = io.x, .rows = n, .cols = io.cols, .bias = bias ? bias + at : nullptr,
+                            .norm_weight = io.norm_weight, .eps = io.eps, .norm_add = io.norm_add, .y = io.y + at});
     });
 }
