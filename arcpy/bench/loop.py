@@ -35,6 +35,7 @@ from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, ModelConfig, preset_formats, synthetic_model
+from arcpy.model.hybrid import state_bytes_per_token
 
 PROMPT = [1, 2, 3, 4]
 BENCH_MAX_SEQ = 8192           # the KV cache every shape is benchmarked with (or its own, if smaller)
@@ -214,8 +215,9 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
     model = synthetic_model(shape, seed=0)
     cfg, max_seq, formats = model.config, bench_max_seq(model.config), preset_formats(shape)
     seconds = {"make_weights": round(time.perf_counter() - t0, 1)}
+    state = state_bytes_per_token(cfg)  # a hybrid's DeltaNet state, read and written a token
     out = {"shape": shape, "formats": format_counts(formats), "weight_bytes": model.weight_bytes,
-           "floor_us": model.weight_bytes / bandwidth * 1e6,
+           "state_bytes": state, "floor_us": (model.weight_bytes + state) / bandwidth * 1e6,
            "memory_from_config": device_memory(cfg, max_seq, attention_scratch_bytes(cfg, max_seq), model.stored_bytes),
            "seconds": seconds}
     if cfg.n_experts:  # a token reads its k experts of each MoE layer: weight_bytes counts only those

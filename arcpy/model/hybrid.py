@@ -86,6 +86,15 @@ def conv_dim(cfg) -> int:
     return 2 * key_dim(cfg) + value_dim(cfg)
 
 
+def state_bytes_per_token(cfg) -> int:
+    """Bytes of DeltaNet state a token reads and writes (float32, every DeltaNet layer's S and
+    convolution inputs, read once and written once): a step's floor beside its weights."""
+    layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
+    per_layer = (cfg.linear_n_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
+                 + conv_dim(cfg) * (cfg.linear_conv_kernel - 1)) if layers else 0
+    return 2 * 4 * layers * per_layer
+
+
 def check_cuda(cfg) -> None:
     """What libarc's DeltaNet kernel does not take, refused in one line (InvalidArgumentError)."""
     if LINEAR in cfg.layer_types:

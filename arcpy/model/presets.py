@@ -199,6 +199,17 @@ def _moe_tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return _MOE_TINY_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
 
 
+# qwen3.5-tiny-quant's matrices: the DeltaNet's input product in two runs of two formats, its out
+# projection in a third; the gated attention's q_proj (its gate's rows with it) and the rest Q8_0.
+_Q35_TINY_MIX = {"in_proj_qkv": FORMAT_Q8_0, "in_proj_z": FORMAT_Q8_0, "in_proj_b": FORMAT_Q4_1,
+                 "in_proj_a": FORMAT_Q4_1, "out_proj": FORMAT_Q4_0, "gate_proj": FORMAT_Q4_0, "up_proj": FORMAT_Q4_0,
+                 "down_proj": FORMAT_Q4_1}
+
+
+def _q35_tiny_mix(name: str, layer: int, n_layers: int) -> int:
+    return FORMAT_Q8_0 if name == LM_HEAD else _Q35_TINY_MIX.get(name.split(".")[-2], FORMAT_Q8_0)
+
+
 # Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
 # Q4_K_M quantizes token_embd as its output (Q6_K); loaded, it is a bf16 embedding and a
 # quantized lm_head, untied, and so is the preset.
@@ -212,6 +223,9 @@ _QUANTIZED = {
     "llama70B-q4km": (_LLAMA70B, _q4_k_m),
     "qwen3-30B-A3B-q4km": (_QWEN3_30B, _q4_k_m),
     "mixtral-8x7B-q4km": (_MIXTRAL_8X7B, lambda name, layer, n_layers: _q4_k_m(name, layer, n_layers, 8)),
+    "qwen3.6-27B-q4km": (SHAPES["qwen3.6-27B"], _q4_k_m),
+    "qwen3.6-35B-A3B-q4km": (SHAPES["qwen3.6-35B-A3B"], _q4_k_m),
+    "qwen3.5-tiny-quant": (SHAPES["qwen3.5-tiny"], _q35_tiny_mix),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
