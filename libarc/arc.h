@@ -215,22 +215,24 @@ int arc_sample_max_vocab(arc_context *ctx, int32_t *out);
 typedef enum arc_tensor {
     ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
     ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
-    ARC_TENSOR_WQ = 2,              /* per layer (n_heads * head_dim, dim) */
-    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim) */
-    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim) */
-    ARC_TENSOR_BQ = 5,              /* per layer (n_heads * head_dim), only with qkv_bias */
-    ARC_TENSOR_BK = 6,              /* per layer (n_kv_heads * head_dim), only with qkv_bias */
-    ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias */
-    ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim) */
+    ARC_TENSOR_WQ = 2,              /* per layer (n_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_BQ = 5,              /* per layer (n_heads * head_dim), only with qkv_bias, absent on DeltaNet layers */
+    ARC_TENSOR_BK = 6,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
+                                       layers */
+    ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
+                                       layers */
+    ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim), absent on DeltaNet layers */
     ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
     ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers */
     ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers */
     ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers */
     ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
     ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
-    ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32: the layer's RoPE frequencies */
-    ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm */
-    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm */
+    ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32, absent on DeltaNet layers: the layer's RoPE */
+    ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
+    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
     ARC_TENSOR_POST_ATTN_NORM = 18, /* per layer (dim), only with post_norms */
     ARC_TENSOR_POST_FFN_NORM = 19,  /* per layer (dim), only with post_norms */
     ARC_TENSOR_MOE_ROUTER = 20,     /* per layer (n_experts, dim), only on MoE layers */
@@ -241,18 +243,19 @@ typedef enum arc_tensor {
     ARC_TENSOR_SHARED_UP = 25,      /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
     ARC_TENSOR_SHARED_DOWN = 26,    /* per layer (dim, shared_ffn_dim), only on MoE layers with a shared expert */
     ARC_TENSOR_SHARED_ROUTER = 27,  /* per layer (1, dim), only on MoE layers with a shared expert */
-    ARC_TENSOR_WQ_GATE = 28,        /* per layer (n_heads * head_dim, dim), only with attn_gate, on attention layers */
+    ARC_TENSOR_WQ_GATE = 28,        /* per layer (n_heads * head_dim, dim), only with attn_gate, absent on DeltaNet
+                                       layers */
     /* A gated DeltaNet layer's (arc_model_config: dn_layers), where its attention's are absent; K = dn_k_heads *
      * dn_head_dim, V = dn_v_heads * dn_head_dim, conv = 2 K + V channels. Rows are heads' in order. */
-    ARC_TENSOR_DN_QKV = 29,         /* per layer (conv, dim): the convolution's input, q (K), k (K) then v (V) */
-    ARC_TENSOR_DN_Z = 30,           /* per layer (V, dim): the output gate */
-    ARC_TENSOR_DN_B = 31,           /* per layer (dn_v_heads, dim): beta's input */
-    ARC_TENSOR_DN_A = 32,           /* per layer (dn_v_heads, dim): the decay's input */
-    ARC_TENSOR_DN_CONV = 33,        /* per layer (conv, dn_conv_kernel): the causal convolution, newest input last */
-    ARC_TENSOR_DN_A_LOG = 34,       /* per layer (dn_v_heads): the decay's log rate */
-    ARC_TENSOR_DN_DT_BIAS = 35,     /* per layer (dn_v_heads) */
-    ARC_TENSOR_DN_NORM = 36,        /* per layer (dn_head_dim): the gated norm's factors, never 1 + w */
-    ARC_TENSOR_DN_OUT = 37,         /* per layer (dim, V) */
+    ARC_TENSOR_DN_QKV = 29,         /* per layer (conv, dim), only on DeltaNet layers: the convolution's q, k, v */
+    ARC_TENSOR_DN_Z = 30,           /* per layer (V, dim), only on DeltaNet layers: the output gate */
+    ARC_TENSOR_DN_B = 31,           /* per layer (dn_v_heads, dim), only on DeltaNet layers: beta's input */
+    ARC_TENSOR_DN_A = 32,           /* per layer (dn_v_heads, dim), only on DeltaNet layers: the decay's input */
+    ARC_TENSOR_DN_CONV = 33,        /* per layer (conv, dn_conv_kernel), only on DeltaNet layers: newest input last */
+    ARC_TENSOR_DN_A_LOG = 34,       /* per layer (dn_v_heads), only on DeltaNet layers: the decay's log rate */
+    ARC_TENSOR_DN_DT_BIAS = 35,     /* per layer (dn_v_heads), only on DeltaNet layers */
+    ARC_TENSOR_DN_NORM = 36,        /* per layer (dn_head_dim), only on DeltaNet layers: never 1 + w */
+    ARC_TENSOR_DN_OUT = 37,         /* per layer (dim, V), only on DeltaNet layers */
     ARC_TENSOR_COUNT = 38
 } arc_tensor;
 typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;

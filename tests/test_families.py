@@ -80,16 +80,21 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
     text = (Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()
     names = {"dim": cfg.dim, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
              "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim, "n_experts": cfg.n_experts,
-             "expert_ffn_dim": cfg.expert_ffn_dim, "shared_ffn_dim": cfg.shared_expert_ffn_dim}
-    moe = cfg.is_moe_layer(layer)
+             "expert_ffn_dim": cfg.expert_ffn_dim, "shared_ffn_dim": cfg.shared_expert_ffn_dim,
+             "dn_v_heads": cfg.linear_n_v_heads, "dn_head_dim": cfg.linear_k_head_dim,
+             "dn_conv_kernel": cfg.linear_conv_kernel, "V": cfg.linear_n_v_heads * cfg.linear_v_head_dim,
+             "conv": 2 * cfg.linear_n_k_heads * cfg.linear_k_head_dim + cfg.linear_n_v_heads * cfg.linear_v_head_dim}
+    moe, dn = cfg.is_moe_layer(layer), cfg.is_linear_layer(layer)
     out = {}
-    for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text):
+    for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text, re.S):
+        doc = " ".join(doc.split())
         dims = re.search(r"\(([^)]*)\)", doc).group(1)
         shape = tuple(int(eval(d, {}, names)) for d in dims.split(","))  # "n_heads * head_dim" and the like
         present = {"only with qkv_bias": cfg.qkv_bias, "only with qk_norm": cfg.qk_norm,
                    "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings,
                    "only on MoE layers": moe, "absent on MoE layers": not moe,
-                   "with a shared expert": cfg.shared_expert_ffn_dim > 0}
+                   "with a shared expert": cfg.shared_expert_ffn_dim > 0, "only with attn_gate": cfg.attn_output_gate,
+                   "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn}
         out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
     return out
 
@@ -97,7 +102,8 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
 _GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
 
 
-# The hybrids' DeltaNet tensors and gated q_proj are arcpy's alone (arcpy/model/hybrid.py), not libarc's.
+# A hybrid's files hold a gated q_proj whole and the convolution as (channels, 1, kernel):
+# tests/test_qwen35.py checks its table against arc.h.
 @pytest.mark.parametrize("shape", sorted(s for s in SHAPES if not is_hybrid(SHAPES[s])))
 def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence

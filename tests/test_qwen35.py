@@ -332,3 +332,23 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(shape, mtp, tmp_path):
     if not cfg.n_experts:  # the same model but for the norms' 1 + w rounded to bf16 (3% here; the MoE's
         tokens = [3, 1, 4, 1, 5, 9, 2, 6]  # routing flips with it)
         assert relative_error(run(loaded, tokens), run(model, tokens)) < 0.1
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny", "qwen3.6-27B"])
+def test_the_hybrids_table_is_libarcs_and_arc_h_documents_it(shape):
+    """Every tensor of a DeltaNet layer and of a gated attention layer, as arc_tensor_shape gives it,
+    equals what arc.h's comments say (the files' gated q_proj is WQ and WQ_GATE, their convolution
+    (channels, 1, kernel) the table's (channels, kernel))."""
+    from test_families import arc_h_shapes
+
+    from arcpy.model.native import _Table
+    cfg = SHAPES[shape]
+    table = _Table(cfg)
+    for layer in (0, 3):  # a DeltaNet layer and an attention layer
+        documented = arc_h_shapes(cfg, layer)
+        for key, want in documented.items():
+            if key in ("EMBED", "FINAL_NORM", "LM_HEAD"):
+                continue
+            got = table.shape(f"ARC_TENSOR_{key}", layer, len(want or ()) == 2)
+            assert got == want, (shape, layer, key)
+        assert (documented["DN_QKV"] is None) == (layer == 3) and (documented["WQ_GATE"] is None) == (layer == 0)
