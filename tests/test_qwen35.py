@@ -269,7 +269,9 @@ def converter_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_qwen35_gguf(path, model, mtp: bool = False) -> Path:
+def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), q8_as_floats: bool = False) -> Path:
+    """The GGUF file llama.cpp's converter writes for model; the tensors whose names end in one of
+    q8 as Q8_0 blocks (with q8_as_floats: those blocks' values, as float32)."""
     import sys
     sys.path.insert(0, str(Path(__file__).parent))
     from gguf import GGUFWriter
@@ -302,6 +304,14 @@ def write_qwen35_gguf(path, model, mtp: bool = False) -> Path:
     for key, value in meta.items():
         put(w, key, value)
     for name, x in tensors.items():
+        if q8 and name.endswith(q8):
+            from gguf import GGMLQuantizationType, quants
+            blocks = quants.quantize(x, GGMLQuantizationType.Q8_0)
+            if q8_as_floats:
+                w.add_tensor(name, quants.dequantize(blocks, GGMLQuantizationType.Q8_0))
+            else:
+                w.add_tensor(name, blocks, raw_dtype=GGMLQuantizationType.Q8_0)
+            continue
         w.add_tensor(name, x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -352,3 +362,33 @@ def test_the_hybrids_table_is_libarcs_and_arc_h_documents_it(shape):
             got = table.shape(f"ARC_TENSOR_{key}", layer, len(want or ()) == 2)
             assert got == want, (shape, layer, key)
         assert (documented["DN_QKV"] is None) == (layer == 3) and (documented["WQ_GATE"] is None) == (layer == 0)
+
+
+def test_a_quantized_gguf_keeps_the_deltanets_rows_packed_in_grouped_order(tmp_path):
+    """The DeltaNet's projections as Q8_0 blocks read back packed, their value heads moved back to
+    grouped order as whole rows; out_proj, whose heads are columns, as bf16: the same weights as a
+    file holding the blocks' values as floats."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+
+    from arcpy.model import QuantTensor, bf16_to_f32, dequantize, f32_to_bf16, random_model
+    cfg = dataclasses.replace(SHAPES["qwen3.5-tiny"], vocab=V, max_seq=128)
+    assert cfg.linear_n_v_heads > cfg.linear_n_k_heads  # the heads move
+    model = random_model(cfg, seed=9)
+    q8 = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_out.weight")
+    packed = load_model(write_qwen35_gguf(tmp_path / "q.gguf", model, q8=q8))
+    floats = load_model(write_qwen35_gguf(tmp_path / "f.gguf", model, q8=q8, q8_as_floats=True))
+    kinds = {}
+    for name, t in packed.tensors.items():
+        if ".linear_attn." not in name:
+            continue
+        want = floats.tensors[name]
+        if isinstance(t, QuantTensor):
+            kinds[name.partition(".linear_attn.")[2].removesuffix(".weight")] = "packed"
+            assert np.array_equal(f32_to_bf16(dequantize(t)), want), name
+        else:
+            kinds[name.partition(".linear_attn.")[2].removesuffix(".weight")] = "bf16"
+            assert np.array_equal(bf16_to_f32(t), bf16_to_f32(want)), name
+    assert kinds == {"in_proj_qkv": "packed", "in_proj_z": "packed", "in_proj_a": "packed", "in_proj_b": "packed",
+                     "out_proj": "bf16", "conv1d": "bf16", "norm": "bf16", "A_log": "bf16", "dt_bias": "bf16"}

@@ -220,7 +220,8 @@ def _partner(hf_name: str) -> str | None:
 def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
     """Whether a tensor stays quantized: a matrix of a kept type, unless all-bf16 was asked for,
     or (gate, up) it is the half of a layer's [gate; up] whose other half is of another type."""
-    if not (ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS):
+    if not (ckpt.quantized and is_matrix(hf_name) and info.qtype in GGUF_FORMATS
+            and not hf_name.endswith(ckpt.family.gguf_unpacked)):
         return False
     partner = _partner(hf_name)
     return partner is None or ckpt.file.tensors[_gguf_name(partner, ckpt.family)].qtype == info.qtype

@@ -55,6 +55,7 @@ class Family:
     gguf_permuted = False        # llama.cpp's converter reorders the q/k rows (gguf.py's docstring)
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
     gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
+    gguf_unpacked: tuple[str, ...] = ()  # matrices (by name's end) never kept quantized: gguf_tensor moves columns
     gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
 
     def holds(self, cfg: ModelConfig) -> bool:
@@ -91,7 +92,7 @@ class Family:
 
     def gguf_tensor(self, hf_name: str, words, cfg: ModelConfig):
         """A tensor read from llama.cpp's file (bf16 words of its gguf_shape; float32 values where
-        gguf_float names it) as the model holds it (bf16 words)."""
+        gguf_float names it; a QuantTensor where a matrix stays quantized) as the model holds it."""
         return words
 
     def gguf_fused(self, cfg: ModelConfig) -> dict[str, tuple[tuple[str, int], ...]]:

@@ -20,6 +20,7 @@ from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import GGUF_LAYER_NAMES, Family
 from arcpy.model.families.hf_values import flag, integer
 from arcpy.model.hybrid import FULL, LAYER_KINDS, LINEAR, key_dim
+from arcpy.model.quant import QuantTensor
 
 _INTERVAL = 4  # full_attention_interval where config.json does not list layer_types
 # llama.cpp's names of a layer's modules (its qwen35 and qwen35moe): the FFN's input norm is its
@@ -46,6 +47,9 @@ class Qwen35(Family):
 
     gguf_names = _GGUF_NAMES
     gguf_float = ("linear_attn.A_log",)  # -exp(A_log) in the files: its log taken in float32
+    # out_proj's value heads are its columns, which a quantized row's blocks do not let move: it is
+    # read as bf16 (the other DeltaNet matrices move whole rows, packed or not).
+    gguf_unpacked = ("linear_attn.out_proj.weight",)
 
     def holds(self, cfg: ModelConfig) -> bool:
         return bool(cfg.layer_types) and cfg.n_experts == 0
@@ -123,14 +127,21 @@ class Qwen35(Family):
         axis, head = _TILED[name]
         n_k, group = cfg.linear_n_k_heads, cfg.linear_n_v_heads // cfg.linear_n_k_heads
         head = cfg.linear_v_head_dim if head == -1 else head
+        if group > 1 and isinstance(words, QuantTensor):  # rows of packed blocks move whole (axis 0)
+            return words.with_data(self._untiled(words.data, 0, head, n_k, group, cfg))
         if group > 1:
-            x = np.moveaxis(words, axis, 0)
-            at = 2 * key_dim(cfg) if head == 0 else 0
-            v = x[at:]
-            size = head or cfg.linear_v_head_dim
-            v = v.reshape(group, n_k, size, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
-            words = np.ascontiguousarray(np.moveaxis(np.concatenate([x[:at], v]), 0, axis))
+            words = self._untiled(words, axis, head, n_k, group, cfg)
         return words.reshape(words.shape[0], 1, -1) if name == "conv1d.weight" else words
+
+    @staticmethod
+    def _untiled(words: np.ndarray, axis: int, head: int, n_k: int, group: int, cfg: ModelConfig) -> np.ndarray:
+        """The value heads along `axis` from the converter's tiled order back to grouped."""
+        x = np.moveaxis(words, axis, 0)
+        at = 2 * key_dim(cfg) if head == 0 else 0
+        v = x[at:]
+        size = head or cfg.linear_v_head_dim
+        v = v.reshape(group, n_k, size, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+        return np.ascontiguousarray(np.moveaxis(np.concatenate([x[:at], v]), 0, axis))
 
 
 class Qwen35Moe(Qwen35):
