@@ -38,6 +38,7 @@ from arcpy.options import (EngineOptions, ModelOptions, PrefillProgress, Samplin
                            template_options, with_options)
 from arcpy.sampling import Sampling
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
+from arcpy.text.harmony import is_harmony
 from arcpy.text.tools import check_tools, tool_format
 
 PROMPT = ">>> "
@@ -139,11 +140,15 @@ class Conversation:
         return None if self.pending else self.answer(None, write, stop_asked)
 
     def _splitter(self, ids: list[int]) -> Splitter | None:
-        if self.tools is None:
+        """With tools, or for harmony's messages (which are never shown as written): the answer's
+        splitter; else None."""
+        harmony = is_harmony(self.text.chat_template)
+        if self.tools is None and not harmony:
             return None
         tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
         return Splitter(reasoning=thinks(self.text), opened=thinks(self.text) and opens_thinking(tail),
-                        tools=tool_format(self.text.chat_template), marks=special_marks(self.text))
+                        tools=tool_format(self.text.chat_template) if self.tools is not None else None,
+                        marks=special_marks(self.text), harmony=harmony)
 
     @staticmethod
     def _shown(splitter: Splitter | None, piece) -> list[str]:

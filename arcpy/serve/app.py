@@ -32,6 +32,7 @@ from arcpy.loop.constrain import compile_constraint, resolve
 from arcpy.loop.prompt import ContextFull, check_budget, check_prompt, request_ids, room_hint
 from arcpy.loop.request import Request
 from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
+from arcpy.text.harmony import is_harmony
 from arcpy.text.tools import tool_format
 from arcpy.serve import events, responses, routes
 from arcpy.serve.schema import ApiError, Call, Defaults, bad, parse
@@ -131,7 +132,7 @@ class Service:
         # A constrained answer follows its grammar from the first token: no reasoning is left open.
         opened = think and constraint is None and opens_thinking(tail)
         return ids, job, {"reasoning": think, "opened": opened, "tools": fmt,
-                          "marks": special_marks(self.text)}
+                          "marks": special_marks(self.text), "harmony": is_harmony(self.text.chat_template)}
 
     def prompt_ids(self, request: Request, budget_field: str | None = None) -> list[int]:
         """The prompt as token ids, checked against the vocabulary and the context (arcpy.loop.prompt),

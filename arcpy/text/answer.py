@@ -10,6 +10,11 @@ Tool calls are read in the format the template names (arcpy.text.tools). A Herme
 out whole as soon as its closing tag lands; a Mistral or JSON answer's calls once the answer ends
 (a JSON answer is calls only if all of it parses as calls; else it is content, as written).
 
+A harmony answer (gpt-oss, arcpy.text.harmony) is messages: the analysis channel's are reasoning,
+a message to a function is a call (handed out whole when its body ends; its arguments the body,
+as JSON text), every other message is content. An answer that does not open with a header (one a
+grammar wrote) is content, as written.
+
 The splitter holds back only what may still be the start of a tag, so text streams on; and
 whatever the pieces, they add up to what the whole text gives (`split`). Tags that are special
 tokens (skipped by the decoder: Mistral's [TOOL_CALLS]) come in by id: `marks`.
@@ -17,16 +22,19 @@ tokens (skipped by the decoder: Mistral's [TOOL_CALLS]) come in by id: `marks`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from arcpy.text import harmony
 from arcpy.text.spec import TextSpec
-from arcpy.text.tools import HERMES, JSON, MISTRAL, call_id, parse_calls
+from arcpy.text.tools import HARMONY, HERMES, JSON, MISTRAL, call_id, parse_calls
 
 OPEN, CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE, CALLS, PYTHON_TAG = "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>"
 MARKS = (OPEN, CLOSE, CALL_OPEN, CALL_CLOSE, CALLS, "[ARGS]", PYTHON_TAG)
 _WAIT, _REASON, _CONTENT, _CALL, _TAIL = "wait", "reasoning", "content", "call", "tail"
+_HEAD, _BODY, _PLAIN = "head", "body", "plain"  # harmony's: a header, a message's body, text without headers
 
 
 @dataclass
@@ -50,13 +58,14 @@ def special_marks(spec: TextSpec | None) -> dict[int, str]:
     """The ids of tags that are special tokens (the decoder skips them) -> their text."""
     if spec is None:
         return {}
+    marks = MARKS + (harmony.TAGS if harmony.is_harmony(spec.chat_template) else ())
     added = spec.tokenizer.get_added_tokens_decoder()
-    return {i: t.content for i, t in added.items() if t.special and t.content in MARKS}
+    return {i: t.content for i, t in added.items() if t.special and t.content in marks}
 
 
 def thinks(spec: TextSpec | None) -> bool:
-    """Whether the model's template knows reasoning tags."""
-    return spec is not None and CLOSE in (spec.chat_template or "")
+    """Whether the model's template knows reasoning: tags, or harmony's analysis channel."""
+    return spec is not None and (CLOSE in (spec.chat_template or "") or harmony.is_harmony(spec.chat_template))
 
 
 def opens_thinking(prompt_text: str) -> bool:
@@ -67,13 +76,16 @@ def opens_thinking(prompt_text: str) -> bool:
 class Splitter:
     """`push(text, token)` -> [Delta]; `finish()` -> the last ones; `answer` the whole so far.
 
-    `reasoning`: read <think> tags; `opened`: the prompt ended inside them; `tools`: the call
-    format to read (None: none); `ids` makes call ids."""
+    `reasoning`: read <think> tags (harmony: the analysis channel); `opened`: the prompt ended
+    inside them; `tools`: the call format to read (None: none); `harmony`: the answer is harmony's
+    messages (its calls are read where `tools` is HARMONY); `ids` makes call ids."""
 
     def __init__(self, *, reasoning: bool = False, opened: bool = False, tools: str | None = None,
-                 marks: dict[int, str] | None = None, ids: Callable[[str], str] = call_id):
+                 marks: dict[int, str] | None = None, ids: Callable[[str], str] = call_id, harmony: bool = False):
         self.fmt, self.marks, self.ids = tools, marks or {}, ids
-        self.state = _REASON if opened else _WAIT if reasoning else _CONTENT
+        self.reasoning = reasoning
+        self.header: harmony.Header | None = None  # the harmony message being read
+        self.state = _HEAD if harmony else _REASON if opened else _WAIT if reasoning else _CONTENT
         self.buf = ""
         self.strip = False       # drop the content's leading blank space (after </think>, between calls)
         self.started = False     # content other than blank space was seen (a JSON answer must lead with "{")
@@ -168,6 +180,50 @@ class Splitter:
             self._calls(out, calls)
         self.buf, self.state = "", _CONTENT
 
+    # -- harmony's messages --------------------------------------------------------------------
+
+    def _head(self, out, final) -> None:
+        at = self.buf.find(harmony.MESSAGE, 0, harmony.MAX_HEADER + len(harmony.MESSAGE))
+        if at >= 0:
+            self.header = harmony.read_header(self.buf[:at])
+            self.buf, self.state = self.buf[at + len(harmony.MESSAGE):], _BODY
+            return
+        head = self.buf
+        if not head or final and head.startswith(harmony.HEAD_OPENERS) and len(head) <= harmony.MAX_HEADER:
+            self.buf = ""  # a header cut off by the end of the answer: no message
+            return
+        if len(head) <= harmony.MAX_HEADER and not final and (
+                head.startswith(harmony.HEAD_OPENERS) or any(o.startswith(head) for o in harmony.HEAD_OPENERS)):
+            return  # a header, or what may still become one: wait for its <|message|>
+        self.state = _PLAIN
+
+    def _body(self, out, final) -> None:
+        ends = [(at, tag) for tag in harmony.BODY_ENDS if (at := self.buf.find(tag)) >= 0]
+        at, tag = min(ends) if ends else (-1, "")
+        call = self.header.recipient is not None and self.fmt == HARMONY
+        if call:
+            if at < 0 and not final:
+                return
+            body = self.buf if at < 0 else self.buf[:at]
+            self._calls(out, [(self.header.function, _arguments(body))])
+        else:
+            reasoning = self.reasoning and self.header.channel == harmony.REASONING and self.header.recipient is None
+            keep = 0 if final or at >= 0 else _partial(self.buf, harmony.BODY_ENDS)
+            text = self.buf[:at] if at >= 0 else self.buf[:len(self.buf) - keep]
+            self._emit(out, **{"reasoning" if reasoning else "content": text})
+            if at < 0:
+                self.buf = self.buf[len(text):]
+                return
+        if at < 0:
+            self.buf = ""
+        else:  # a <|start|> with no <|end|> before it opens the next header
+            self.buf = self.buf[at + (0 if tag == harmony.START else len(tag)):]
+        self.state, self.header = _HEAD, None
+
+    def _plain(self, out, final) -> None:
+        self._emit(out, content=self.buf)
+        self.buf = ""
+
     def _calls(self, out, calls) -> None:
         for name, arguments in calls:
             call = {"index": len(self.answer.tool_calls), "id": self.ids(self.fmt or HERMES), "type": "function",
@@ -182,6 +238,17 @@ class Splitter:
         if content:
             self.answer.content += content
             out.append(Delta(content=content))
+
+
+def _arguments(body: str) -> str:
+    """A harmony call's arguments as JSON text: the body's object, written again, or the body as
+    written where it is not one."""
+    body = body.strip()
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else body
 
 
 def _partial(text: str, tags) -> int:

@@ -10,6 +10,9 @@ its calls in its family's format, which the template's markup names:
                                       or [TOOL_CALLS]name[ARGS]{...} (Mistral Small 3.2 and later)
     JSON     Llama 3.x, and a template that names none of these: the answer is one JSON object
              {"name": ..., "parameters" (or "arguments"): {...}}, calls apart by ";"
+    HARMONY  gpt-oss: a message of its own to the function, its arguments the message
+             (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>;
+             arcpy.text.harmony)
 
 `call_grammar` is the grammar (arcpy.text.grammar, Lark) that makes "required" or a named function
 certain: the answer is a call in the family's format, its arguments valid by the function's
@@ -25,8 +28,9 @@ import string
 
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
+from arcpy.text import harmony
 
-HERMES, MISTRAL, JSON = "hermes", "mistral", "json"
+HERMES, MISTRAL, JSON, HARMONY = "hermes", "mistral", "json", "harmony"
 NONE, AUTO, REQUIRED = "none", "auto", "required"
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
@@ -36,6 +40,8 @@ _ALNUM = string.ascii_letters + string.digits
 def tool_format(chat_template: str | None) -> str:
     """The call format a chat template's markup names."""
     t = chat_template or ""
+    if harmony.is_harmony(t):
+        return HARMONY
     if "<tool_call>" in t:
         return HERMES
     if "[TOOL_CALLS]" in t:
