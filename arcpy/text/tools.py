@@ -188,28 +188,52 @@ def _object(text: str):
     return v if isinstance(v, dict) else None
 
 
-def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None = None,
+def call_grammar(fmt: str, tools: list[dict], choice: str, marks: dict[str, int] | None = None,
                  parallel: bool = True) -> str:
     """A Lark grammar (llguidance's dialect) whose answers are one call, or for REQUIRED one or
-    more (one, unless `parallel`), of the functions `choice` allows, in the format `fmt`.
-    `marker_id` is the id of the special token [TOOL_CALLS] (MISTRAL), where the vocabulary has one."""
+    more (one, unless `parallel`; HARMONY: one, a message holds one call), of the functions
+    `choice` allows, in the format `fmt`. `marks` are the ids of the format's tags that are
+    special tokens ([TOOL_CALLS], harmony's <|channel|> ...): each is written as that token."""
+    marks = marks or {}
+
+    def tag(text: str) -> str:
+        return f"<[{marks[text]}]>" if text in marks else json.dumps(text)
+
     many = choice == REQUIRED and parallel
     chosen = [t["function"] for t in tools if choice == REQUIRED or t["function"]["name"] == choice]
+    if fmt == HARMONY:
+        return _harmony_call(chosen, tag)
     key = "parameters" if fmt == JSON else "arguments"
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                 "properties": {"name": {"const": f["name"]}, key: _parameters(f)}} for f in chosen]
     one = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-    one["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    one["x-guidance"] = _LAYOUT
     rules = f"call: %json {json.dumps(one)}\n"
     if fmt == HERMES:
         block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
     elif fmt == MISTRAL:
-        head = f"<[{marker_id}]>" if marker_id is not None else '"[TOOL_CALLS]"'
+        head = tag("[TOOL_CALLS]")
         body = 'call (", " call)*' if many else "call"
         return f'start: {head} "[" {body} "]"\n' + rules
     else:
         block, sep = "call", '"; "'
     return (f"start: {block} ({sep} {block})*\n" if many else f"start: {block}\n") + rules
+
+
+def _harmony_call(chosen: list[dict], tag) -> str:
+    """The answer's first message is a call of one of `chosen`, in the header the model writes
+    (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>), its body the arguments;
+    the model's <|call|> (an end-of-sequence id) follows."""
+    head = f"{tag(harmony.CHANNEL)} \"commentary to=functions.\""
+    rules = []
+    for k, f in enumerate(chosen):
+        rules.append(f"call{k}: {head} {json.dumps(f['name'] + ' ')} {tag(harmony.CONSTRAIN)} \"json\" "
+                     f"{tag(harmony.MESSAGE)} args{k}\n")
+        rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
+    return "start: " + " | ".join(f"call{k}" for k in range(len(chosen))) + "\n" + "".join(rules)
+
+
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _parameters(f: dict) -> dict:
