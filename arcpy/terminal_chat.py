@@ -37,9 +37,8 @@ from arcpy.options import (EngineOptions, ModelOptions, PrefillProgress, Samplin
                            check_model, engine_options, model_options, parse_template_kwargs, sampling_options,
                            template_options, with_options)
 from arcpy.sampling import Sampling
-from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
-from arcpy.text.harmony import is_harmony
-from arcpy.text.tools import check_tools, tool_format
+from arcpy.text.answer import Splitter, split_options
+from arcpy.text.tools import check_tools
 
 PROMPT = ">>> "
 HELP = ("/reset forgets the conversation, /exit ends it (so do Ctrl-D and Ctrl-C at the prompt); "
@@ -142,13 +141,10 @@ class Conversation:
     def _splitter(self, ids: list[int]) -> Splitter | None:
         """With tools, or for harmony's messages (which are never shown as written): the answer's
         splitter; else None."""
-        harmony = is_harmony(self.text.chat_template)
-        if self.tools is None and not harmony:
+        options = split_options(self.text, ids, self.tools is not None)
+        if options is None or self.tools is None and not options["harmony"]:
             return None
-        tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
-        return Splitter(reasoning=thinks(self.text), opened=thinks(self.text) and opens_thinking(tail),
-                        tools=tool_format(self.text.chat_template) if self.tools is not None else None,
-                        marks=special_marks(self.text), harmony=harmony)
+        return Splitter(**options)
 
     @staticmethod
     def _shown(splitter: Splitter | None, piece) -> list[str]:

@@ -23,7 +23,8 @@ from arcpy.serve.app import Service, Settings, create_app
 from arcpy.serve.schema import Defaults
 from arcpy.serve.worker import Worker
 from arcpy.text import TextSpec, encode, load_text_spec
-from arcpy.text.harmony import TAGS, turn_end_ids
+from arcpy.text.harmony import TAGS
+from arcpy.text.turns import turn_end_ids
 
 QWEN3 = Path(__file__).parent / "data" / "families" / "qwen3"
 

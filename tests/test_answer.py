@@ -11,7 +11,9 @@ import pytest
 
 from arcpy.errors import InvalidArgumentError
 from arcpy.text.answer import Delta, Splitter, opens_thinking, split
+from arcpy.text.gemma4 import THOUGHT_CLOSE, THOUGHT_OPEN
 from arcpy.text.tools import (
+    GEMMA4,
     HARMONY,
     HERMES,
     JSON,
@@ -65,6 +67,7 @@ def flat(answer) -> dict:
 
 
 HARMONY_KW = {"harmony": True, "reasoning": True, "tools": HARMONY}
+GEMMA4_KW = {"reasoning": True, "tools": GEMMA4, "tags": (THOUGHT_OPEN, THOUGHT_CLOSE)}
 CASES = [
     # (text, splitter options, reasoning, content, [(name, arguments)])
     ("<think>\nLet me see.\n</think>\n\nParis.", {"reasoning": True}, "\nLet me see.\n", "Paris.", []),
@@ -114,6 +117,15 @@ CASES = [
      {"harmony": True, "tools": HARMONY}, "", "hmok", []),
     ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f<|message|>{}",
      {"harmony": True, "reasoning": True}, "a", "{}", []),
+    # Gemma 4
+    ("<|channel>thought\nThe user wants weather.<channel|>Let me look.<|tool_call>call:get_weather{city:<|\"|>Paris, "
+     "France<|\"|>,days:2}<tool_call|><|tool_call>call:get_time{zone:<|\"|>{CET}<|\"|>}<tool_call|>", GEMMA4_KW,
+     "The user wants weather.", "Let me look.", [("get_weather", '{"city": "Paris, France", "days": 2}'),
+                                                 ("get_time", '{"zone": "{CET}"}')]),
+    ("Paris.", GEMMA4_KW, "", "Paris.", []),
+    ("<|channel>thought\nhm<channel|>\n\nParis.", {**GEMMA4_KW, "tools": None}, "hm", "Paris.", []),
+    ("before <|tool_call>call:f{a:}<tool_call|> after", GEMMA4_KW, "", "before <|tool_call>call:f{a:}<tool_call|>after", []),
+    ("x <|tool_c", GEMMA4_KW, "", "x <|tool_c", []),
 ]
 
 

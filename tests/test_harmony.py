@@ -22,7 +22,8 @@ from arcpy.loop.request import Request
 from arcpy.sampling import Sampling
 from arcpy.text import StreamDecoder, chat_ids, encode, load_text_spec, render_chat
 from arcpy.text.answer import Splitter, special_marks, split, thinks
-from arcpy.text.harmony import CALL, CHANNEL, MESSAGE, RETURN, START, TAGS, Header, read_header, turn_end_ids
+from arcpy.text.harmony import CALL, CHANNEL, MESSAGE, RETURN, START, TAGS, Header, read_header
+from arcpy.text.turns import turn_end_ids
 from arcpy.text.tools import HARMONY, tool_format
 
 # The test's own template in harmony's shape: the system message with the reasoning effort, the

@@ -62,12 +62,3 @@ def read_header(text: str) -> Header:
 def is_harmony(chat_template: str | None) -> bool:
     """Whether a chat template writes harmony's messages."""
     return CHANNEL in (chat_template or "")
-
-
-def turn_end_ids(tokenizer) -> tuple[int, ...]:
-    """The ids of <|return|> and <|call|> where the tokenizer has both as special tokens (a
-    harmony vocabulary), else none: what ends a harmony answer besides the model's own EOS."""
-    added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-    if not all(tag in added for tag in (CHANNEL, MESSAGE, *TURN_ENDS)):
-        return ()
-    return tuple(added[tag] for tag in TURN_ENDS)

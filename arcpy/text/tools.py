@@ -13,6 +13,7 @@ its calls in its family's format, which the template's markup names:
     HARMONY  gpt-oss: a message of its own to the function, its arguments the message
              (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>;
              arcpy.text.harmony)
+    GEMMA4   Gemma 4: <|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|> (arcpy.text.gemma4)
 
 `call_grammar` is the grammar (arcpy.text.grammar, Lark) that makes "required" or a named function
 certain: the answer is a call in the family's format, its arguments valid by the function's
@@ -28,9 +29,9 @@ import string
 
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
-from arcpy.text import harmony
+from arcpy.text import gemma4, harmony
 
-HERMES, MISTRAL, JSON, HARMONY = "hermes", "mistral", "json", "harmony"
+HERMES, MISTRAL, JSON, HARMONY, GEMMA4 = "hermes", "mistral", "json", "harmony", "gemma4"
 NONE, AUTO, REQUIRED = "none", "auto", "required"
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
@@ -42,6 +43,8 @@ def tool_format(chat_template: str | None) -> str:
     t = chat_template or ""
     if harmony.is_harmony(t):
         return HARMONY
+    if gemma4.is_gemma4(t):
+        return GEMMA4
     if "<tool_call>" in t:
         return HERMES
     if "[TOOL_CALLS]" in t:
@@ -211,6 +214,8 @@ def call_grammar(fmt: str, tools: list[dict], choice: str, marks: dict[str, int]
     rules = f"call: %json {json.dumps(one)}\n"
     if fmt == HERMES:
         block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
+    elif fmt == GEMMA4:  # the arguments as JSON, which Gemma 4's call syntax reads too
+        return _gemma4_calls(chosen, tag, many)
     elif fmt == MISTRAL:
         head = tag("[TOOL_CALLS]")
         body = 'call (", " call)*' if many else "call"
@@ -231,6 +236,18 @@ def _harmony_call(chosen: list[dict], tag) -> str:
                      f"{tag(harmony.MESSAGE)} args{k}\n")
         rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
     return "start: " + " | ".join(f"call{k}" for k in range(len(chosen))) + "\n" + "".join(rules)
+
+
+def _gemma4_calls(chosen: list[dict], tag, many: bool) -> str:
+    """One call (or, `many`, calls in a row) of `chosen`: <|tool_call>call:NAME{...}<tool_call|>,
+    the arguments a JSON object (keys and strings quoted)."""
+    rules = []
+    for k, f in enumerate(chosen):
+        rules.append(f"call{k}: {tag(gemma4.CALL_OPEN)} {json.dumps('call:' + f['name'])} args{k} "
+                     f"{tag(gemma4.CALL_CLOSE)}\n")
+        rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
+    call = "(" + " | ".join(f"call{k}" for k in range(len(chosen))) + ")"
+    return f"start: {call}{'+' if many else ''}\n" + "".join(rules)
 
 
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
