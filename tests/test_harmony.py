@@ -227,3 +227,15 @@ def test_a_required_call_is_a_call_message_whose_tags_are_the_tokens(spec):
         (call,) = s.answer.tool_calls
         assert call["function"]["name"] == "get_weather" and s.answer.content == s.answer.reasoning == ""
         jsonschema.validate(json.loads(call["function"]["arguments"]), SHORT["function"]["parameters"])
+
+
+def test_gpt_oss_renders_a_calls_reasoning_as_transformers_does(gpt_oss):
+    """transformers' apply_chat_template given the reasoning as gpt-oss's `thinking`, arcpy given
+    it as OpenAI-style reasoning_content."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=gpt_oss.tokenizer, eos_token=RETURN)
+    tok.chat_template = gpt_oss.chat_template
+    theirs = tok.apply_chat_template(render_messages(FLOW), tools=[WEATHER], tokenize=False, add_generation_prompt=True,
+                                     reasoning_effort="high")
+    ours = render_chat(gpt_oss, FLOW, tools=[WEATHER], template_kwargs={"reasoning_effort": "high"})
+    assert ours == theirs and "<|channel|>analysis<|message|>The user wants weather.<|end|>" in ours
