@@ -163,6 +163,8 @@ class Conversation:
             return
         a = splitter.answer
         message = {"role": "assistant", "content": a.content}
+        if a.reasoning:  # the template keeps it where the model expects it (within a turn of calls)
+            message["reasoning_content"] = a.reasoning
         if a.tool_calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in a.tool_calls]
         if user is None:

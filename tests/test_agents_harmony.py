@@ -1,19 +1,22 @@
-"""gpt-oss's harmony format against `arcpy serve`, through the `openai` client: the Typist
-(agent_helpers) types harmony's messages token by token, their tags as the special tokens, under
-llama.cpp's copy of gpt-oss's chat template (tests/llamacpp_sdist.py). Its reasoning comes back as
-reasoning_content, its call as tool_calls, whole and streamed; the call, its reasoning and the
-tool's result go back through the template; reasoning_effort reaches it."""
+"""gpt-oss's harmony format against `arcpy serve`, through the `openai` client, and in `arcpy chat`:
+the Typist (agent_helpers) types harmony's messages token by token, their tags as the special
+tokens, under llama.cpp's copy of gpt-oss's chat template (tests/llamacpp_sdist.py). Its reasoning
+comes back as reasoning_content, its call as tool_calls, whole and streamed; the call, its
+reasoning and the tool's result go back through the template; reasoning_effort reaches it."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import httpx
 import pytest
-from agent_helpers import Typist, harmony_text, typist_server
+from agent_helpers import Typist, harmony_text, typist_engine, typist_server
 from llamacpp_sdist import llamacpp_models
 from serve_helpers import client_of
 from test_agents_serve import WEATHER, reassembled
+
+from arcpy.terminal_chat import Conversation, converse
 
 THOUGHT = "The user wants the weather in Paris."
 CALL = (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
@@ -36,9 +39,13 @@ class HarmonyTypist(Typist):
 
 
 @pytest.fixture(scope="module")
-def server():
-    template = (llamacpp_models() / "templates" / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8")
-    s = typist_server(harmony_text(template), script, device=HarmonyTypist)
+def text():
+    return harmony_text((llamacpp_models() / "templates" / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def server(text):
+    s = typist_server(text, script, device=HarmonyTypist)
     yield s
     s.stop()
 
@@ -119,3 +126,19 @@ def test_reasoning_content_on_another_role_is_a_400(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
         "model": "typist", "messages": [{"role": "user", "content": "Hi", "reasoning_content": "no"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].reasoning_content", r.text
+
+
+def test_the_terminal_chat_shows_the_messages_text_and_keeps_a_calls_reasoning(text):
+    engine = typist_engine(text, script, device=HarmonyTypist)
+    out, err = io.StringIO(), io.StringIO()
+    lines = iter(["Hi", "/exit"])
+    assert converse(Conversation(engine), lambda prompt: next(lines), out=out, err=err) == 0
+    assert "A greeting.Hello there." in out.getvalue() and "assistantfinal" not in out.getvalue()
+    conversation = Conversation(engine, tools=[WEATHER])
+    lines = iter(["What is the weather in Paris?", '/tool {"temperature": 18}', "/exit"])
+    assert converse(conversation, lambda prompt: next(lines), out=out, err=err) == 0
+    assert '[tool call get_weather] {"city": "Paris", "unit": "celsius"}' in out.getvalue() and FINAL in out.getvalue()
+    (asked, messages), = conversation.turns
+    assert messages[0]["reasoning_content"] == THOUGHT and messages[2]["content"] == FINAL
+    assert (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant to=functions.get_weather"
+            in engine.device.prompts[-1])
