@@ -52,6 +52,7 @@ TEMPLATES = {  # the file, its call format, what its render of the call must hol
     "openai-gpt-oss-120b": (HARMONY, '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
                                      '{"city": "Paris"}<|call|>'),
     "google-gemma-4-31B-it": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
+    "google-gemma-4-31B-it-interleaved": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
 }
 
 
