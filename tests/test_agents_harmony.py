@@ -22,8 +22,10 @@ THOUGHT = "The user wants the weather in Paris."
 CALL = (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
         'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "unit": "celsius"}<|call|>')
 FINAL = "It is 18 degrees in Paris."
-ANSWER = f"<|channel|>analysis<|message|>18, so say so.<|end|><|start|>assistant<|channel|>final<|message|>{FINAL}<|return|>"
-HELLO = "<|channel|>analysis<|message|>A greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hello there.<|return|>"
+ANSWER = (f"<|channel|>analysis<|message|>18, so say so.<|end|><|start|>assistant<|channel|>final<|message|>{FINAL}"
+          "<|return|>")
+HELLO = ("<|channel|>analysis<|message|>A greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hello there."
+         "<|return|>")
 
 
 def script(prompt: str) -> str:
@@ -104,7 +106,8 @@ def test_reasoning_effort_and_the_developers_instructions_reach_the_template(cli
     messages = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Hi"}]
     client.chat.completions.create(model="typist", messages=messages, reasoning_effort="high", max_tokens=50)
     prompt = server.engine.device.prompts[-1]
-    assert "Reasoning: high\n\n" in prompt and "<|start|>developer<|message|># Instructions\n\nAnswer in French." in prompt
+    assert "Reasoning: high\n\n" in prompt
+    assert "<|start|>developer<|message|># Instructions\n\nAnswer in French." in prompt
     client.chat.completions.create(model="typist", messages=messages, reasoning_effort="high", max_tokens=50,
                                    extra_body={"chat_template_kwargs": {"reasoning_effort": "low"}})
     assert "Reasoning: low\n\n" in server.engine.device.prompts[-1]  # chat_template_kwargs win

@@ -104,7 +104,8 @@ CASES = [
     (' to=functions.f<|channel|>commentary json<|message|>{"a": [1, 2]}', HARMONY_KW, "", "", [("f", '{"a": [1, 2]}')]),
     ("<|channel|>commentary<|message|>Checking two cities.<|end|><|start|>assistant to=functions.f<|channel|>"
      "commentary json<|message|>{}<|call|>", HARMONY_KW, "", "Checking two cities.", [("f", "{}")]),
-    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json", HARMONY_KW, "", "", [("f", "not json")]),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json", HARMONY_KW, "", "",
+     [("f", "not json")]),
     ("<|channel|>final<|message|>a < b and <|en", HARMONY_KW, "", "a < b and <|en", []),
     ("<|channel|>analysis<|message|>first<|start|>assistant<|channel|>final<|message|>second", HARMONY_KW, "first",
      "second", []),
@@ -124,7 +125,8 @@ CASES = [
                                                  ("get_time", '{"zone": "{CET}"}')]),
     ("Paris.", GEMMA4_KW, "", "Paris.", []),
     ("<|channel>thought\nhm<channel|>\n\nParis.", {**GEMMA4_KW, "tools": None}, "hm", "Paris.", []),
-    ("before <|tool_call>call:f{a:}<tool_call|> after", GEMMA4_KW, "", "before <|tool_call>call:f{a:}<tool_call|>after", []),
+    ("before <|tool_call>call:f{a:}<tool_call|> after", GEMMA4_KW, "",
+     "before <|tool_call>call:f{a:}<tool_call|>after", []),
     ("x <|tool_c", GEMMA4_KW, "", "x <|tool_c", []),
 ]
 

@@ -6,8 +6,9 @@ too, as OpenAI refuses it, but for the extensions on chat completions: `chat_tem
 which vLLM and other servers take: keyword arguments for the model's chat template (e.g.
 {"enable_thinking": false}), over the server's own (--template-kwarg); and `grammar`, llama.cpp's
 GBNF grammar for the answer. OpenAI's `reasoning_effort` is the template's keyword argument of that
-name (gpt-oss's template reads it), under chat_template_kwargs. `tools`, `tool_choice` and `response_format` are OpenAI's (arcpy.loop.
-request). Nothing here raises anything but ApiError at a client mistake.
+name (gpt-oss's template reads it), under chat_template_kwargs. `tools`, `tool_choice` and
+`response_format` are OpenAI's (arcpy.loop.request). Nothing here raises anything but ApiError at
+a client mistake.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """An answer's text split as it streams: reasoning, content and tool calls.
 
-Reasoning is what a model writes between <think> and </think> (Qwen3, SmolLM3; Gemma 4's are
-<|channel>thought and <channel|>): an answer that opens with <think> (after blank space) reasons
-until </think>. Where the prompt itself ends with
-<think> (the DeepSeek-R1 distills' templates open it), the answer starts inside the reasoning and
-holds only the closing tag. Text after </think> is content, its leading blank lines dropped; an
-answer that never closes the tag is all reasoning.
+Reasoning is what a model writes between <think> and </think> (Qwen3, SmolLM3; Gemma 4's tags
+are <|channel>thought and <channel|>): an answer that opens with <think> (after blank space)
+reasons until </think>. Where the prompt itself ends with <think> (the DeepSeek-R1 distills'
+templates open it), the answer starts inside the reasoning and holds only the closing tag. Text
+after </think> is content, its leading blank lines dropped; an answer that never closes the tag
+is all reasoning.
 
-Tool calls are read in the format the template names (arcpy.text.tools). A Hermes or Gemma 4 call
-is handed out whole as soon as its closing tag lands; a Mistral or JSON answer's calls once the answer ends
-(a JSON answer is calls only if all of it parses as calls; else it is content, as written).
+Tool calls are read in the format the template names (arcpy.text.tools). A Hermes or Gemma 4
+call is handed out whole as soon as its closing tag lands; a Mistral or JSON answer's calls once
+the answer ends (a JSON answer is calls only if all of it parses as calls; else it is content, as
+written).
 
 A harmony answer (gpt-oss, arcpy.text.harmony) is messages: the analysis channel's are reasoning,
 a message to a function is a call (handed out whole when its body ends; its arguments the body,
@@ -18,7 +19,7 @@ grammar wrote) is content, as written.
 
 The splitter holds back only what may still be the start of a tag, so text streams on; and
 whatever the pieces, they add up to what the whole text gives (`split`). Tags that are special
-tokens (skipped by the decoder: Mistral's [TOOL_CALLS]) come in by id: `marks`.
+tokens (skipped by the decoder: Mistral's [TOOL_CALLS], harmony's) come in by id: `marks`.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Splitter:
         self.open, self.close = tags
         self.call_tags = (gemma4.CALL_OPEN, gemma4.CALL_CLOSE) if tools == GEMMA4 else (CALL_OPEN, CALL_CLOSE)
         self.reasoning = reasoning
-        self.header: harmony.Header | None = None  # the harmony message being read
+        self.header = None  # the harmony message being read: its Header
         self.state = _HEAD if harmony else _REASON if opened else _WAIT if reasoning else _CONTENT
         self.buf = ""
         self.strip = False       # drop the content's leading blank space (after </think>, between calls)
