@@ -37,8 +37,8 @@ from arcpy.options import (EngineOptions, ModelOptions, PrefillProgress, Samplin
                            check_model, engine_options, model_options, parse_template_kwargs, sampling_options,
                            template_options, with_options)
 from arcpy.sampling import Sampling
-from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
-from arcpy.text.tools import check_tools, tool_format
+from arcpy.text.answer import Splitter, split_options
+from arcpy.text.tools import check_tools
 
 PROMPT = ">>> "
 HELP = ("/reset forgets the conversation, /exit ends it (so do Ctrl-D and Ctrl-C at the prompt); "
@@ -139,11 +139,12 @@ class Conversation:
         return None if self.pending else self.answer(None, write, stop_asked)
 
     def _splitter(self, ids: list[int]) -> Splitter | None:
-        if self.tools is None:
+        """With tools, or for harmony's messages (which are never shown as written): the answer's
+        splitter; else None."""
+        options = split_options(self.text, ids, self.tools is not None)
+        if options is None or self.tools is None and not options["harmony"]:
             return None
-        tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
-        return Splitter(reasoning=thinks(self.text), opened=thinks(self.text) and opens_thinking(tail),
-                        tools=tool_format(self.text.chat_template), marks=special_marks(self.text))
+        return Splitter(**options)
 
     @staticmethod
     def _shown(splitter: Splitter | None, piece) -> list[str]:
@@ -162,6 +163,8 @@ class Conversation:
             return
         a = splitter.answer
         message = {"role": "assistant", "content": a.content}
+        if a.reasoning:  # the template keeps it where the model expects it (within a turn of calls)
+            message["reasoning_content"] = a.reasoning
         if a.tool_calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in a.tool_calls]
         if user is None:

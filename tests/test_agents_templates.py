@@ -18,7 +18,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request
 from arcpy.text import chat_ids, encode, render_chat
-from arcpy.text.tools import HERMES, JSON, MISTRAL, tool_format
+from arcpy.text.tools import GEMMA4, HARMONY, HERMES, JSON, MISTRAL, tool_format
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather now in a city.",
@@ -49,6 +49,10 @@ TEMPLATES = {  # the file, its call format, what its render of the call must hol
     "mistralai-Mistral-Nemo-Instruct-2407": (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": '
                                                       '{"city": "Paris"}, "id": "a1B2c3D4e"}]'),
     "Mistral-Small-3.2-24B-Instruct-2506": (MISTRAL, '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}'),
+    "openai-gpt-oss-120b": (HARMONY, '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+                                     '{"city": "Paris"}<|call|>'),
+    "google-gemma-4-31B-it": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
+    "google-gemma-4-31B-it-interleaved": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
 }
 
 
@@ -94,7 +98,8 @@ def test_tools_and_calls_render_as_transformers_renders_them(name):
 
 
 @pytest.mark.parametrize("name", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
-                                  "mistralai-Mistral-Nemo-Instruct-2407"])
+                                  "mistralai-Mistral-Nemo-Instruct-2407", "openai-gpt-oss-120b",
+                                  "google-gemma-4-31B-it"])
 def test_the_render_equals_transformers_own(name):
     transformers = pytest.importorskip("transformers")
     text = template(name)

@@ -11,7 +11,10 @@ import pytest
 
 from arcpy.errors import InvalidArgumentError
 from arcpy.text.answer import Delta, Splitter, opens_thinking, split
+from arcpy.text.gemma4 import THOUGHT_CLOSE, THOUGHT_OPEN
 from arcpy.text.tools import (
+    GEMMA4,
+    HARMONY,
     HERMES,
     JSON,
     MISTRAL,
@@ -63,6 +66,8 @@ def flat(answer) -> dict:
                            for c in answer.tool_calls]}
 
 
+HARMONY_KW = {"harmony": True, "reasoning": True, "tools": HARMONY}
+GEMMA4_KW = {"reasoning": True, "tools": GEMMA4, "tags": (THOUGHT_OPEN, THOUGHT_CLOSE)}
 CASES = [
     # (text, splitter options, reasoning, content, [(name, arguments)])
     ("<think>\nLet me see.\n</think>\n\nParis.", {"reasoning": True}, "\nLet me see.\n", "Paris.", []),
@@ -90,6 +95,39 @@ CASES = [
     ('Let me check. [TOOL_CALLS]f[ARGS]{"q": 1}[TOOL_CALLS]g[ARGS]{}', {"tools": MISTRAL}, "", "Let me check. ",
      [("f", '{"q": 1}'), ("g", "{}")]),
     ("[TOOL_CALLS]oops", {"tools": MISTRAL}, "", "[TOOL_CALLS]oops", []),
+    # harmony (gpt-oss): the answer starts after the prompt's <|start|>assistant
+    ("<|channel|>analysis<|message|>Easy: Paris.<|end|><|start|>assistant<|channel|>final<|message|>Paris.<|return|>",
+     HARMONY_KW, "Easy: Paris.", "Paris.", []),
+    ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
+     HARMONY_KW, "Need weather.", "", [("get_weather", '{"city": "Paris"}')]),
+    (' to=functions.f<|channel|>commentary json<|message|>{"a": [1, 2]}', HARMONY_KW, "", "", [("f", '{"a": [1, 2]}')]),
+    ("<|channel|>commentary<|message|>Checking two cities.<|end|><|start|>assistant to=functions.f<|channel|>"
+     "commentary json<|message|>{}<|call|>", HARMONY_KW, "", "Checking two cities.", [("f", "{}")]),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json", HARMONY_KW, "", "",
+     [("f", "not json")]),
+    ("<|channel|>final<|message|>a < b and <|en", HARMONY_KW, "", "a < b and <|en", []),
+    ("<|channel|>analysis<|message|>first<|start|>assistant<|channel|>final<|message|>second", HARMONY_KW, "first",
+     "second", []),
+    ("<|channel|>analysis<|message|>thinking, cut off", HARMONY_KW, "thinking, cut off", "", []),
+    ("<|channel|>analysis<|message|>done<|end|><|start|>assistant<|chan", HARMONY_KW, "done", "", []),
+    ('{"name": "Ada"}', HARMONY_KW, "", '{"name": "Ada"}', []),
+    ("<|chan", HARMONY_KW, "", "<|chan", []),
+    ("<|char|>", HARMONY_KW, "", "<|char|>", []),
+    ("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok",
+     {"harmony": True, "tools": HARMONY}, "", "hmok", []),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f<|message|>{}",
+     {"harmony": True, "reasoning": True}, "a", "{}", []),
+    # Gemma 4
+    ("<|channel>thought\nThe user wants weather.<channel|>Let me look.<|tool_call>call:get_weather{city:<|\"|>Paris, "
+     "France<|\"|>,days:2}<tool_call|><|tool_call>call:get_time{zone:<|\"|>{CET}<|\"|>}<tool_call|>", GEMMA4_KW,
+     "The user wants weather.", "Let me look.", [("get_weather", '{"city": "Paris, France", "days": 2}'),
+                                                 ("get_time", '{"zone": "{CET}"}')]),
+    ("Paris.", GEMMA4_KW, "", "Paris.", []),
+    ("<|channel>thought\nhm<channel|>\n\nParis.", {**GEMMA4_KW, "tools": None}, "hm", "Paris.", []),
+    ("before <|tool_call>call:f{a:}<tool_call|> after", GEMMA4_KW, "",
+     "before <|tool_call>call:f{a:}<tool_call|>after", []),
+    ("x <|tool_c", GEMMA4_KW, "", "x <|tool_c", []),
 ]
 
 

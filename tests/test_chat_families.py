@@ -12,6 +12,7 @@ folded into the first user turn) is checked on a template of the test's own in t
 from __future__ import annotations
 
 import datetime
+import json
 import time
 
 import jinja2.ext
@@ -103,10 +104,17 @@ def _refuse(message):
     raise ValueError(message)
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson: plain text (jinja2's own is HTML-safe markup, which escapes the text
+    it is added to), the keys in their order."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def jinja2_render(template_text: str, spec, messages, add_generation_prompt=True, **kwargs) -> str:
     """The template rendered by plain jinja2, as Hugging Face's transformers sets it up."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.globals.update(raise_exception=_refuse, strftime_now=lambda f: datetime.datetime.now().strftime(f))
+    env.filters["tojson"] = _tojson
     context = dict(kwargs, messages=messages, add_generation_prompt=add_generation_prompt)
     if spec.bos_id is not None:
         context["bos_token"] = spec.token_text(spec.bos_id)

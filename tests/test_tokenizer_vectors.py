@@ -4,17 +4,25 @@
 Every case of every vocabulary arcpy reads encodes, as a user's text (no BOS, special-token
 strings as text, as llama.cpp's test encodes), to llama.cpp's ids; a vocabulary arcpy refuses is
 refused in one line naming the file and what it is.
+
+The sdist has no vocabulary of gpt-4o's pre-tokenizer (o200k: gpt-oss, Phi-4-mini): there arcpy
+cuts a varied text as the models' own tokenizer.json does (the `tokenizers` library running its
+expression), and encodes as that tokenizer with the same vocabulary does.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 from pathlib import Path
 
 import pytest
+from agent_helpers import QWEN3
 from llamacpp_sdist import llamacpp_models
-from tokenizers import Regex, pre_tokenizers
+from test_chat_families import read_spec, write_vocab_gguf
+from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 from arcpy.errors import ModelFileError
 from arcpy.model.gguf_file import read_gguf
@@ -117,3 +125,52 @@ def test_where_pip_cannot_reach_the_index_the_tests_skip_saying_so(tmp_path, mon
     with pytest.raises(pytest.skip.Exception, match="the index cannot be reached"):
         llamacpp_models()
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+# -- gpt-4o's pre-tokenizer (o200k) -------------------------------------------------------------
+
+# The expression of the Split in gpt-oss's tokenizer.json, before its ByteLevel step.
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K_TEXTS = [
+    "Hello World", "HelloWorld", "helloWORLD", "HTTPServer", "iPhone", "McDonald's", "I'M HERE", "they'RE", "We'll've",
+    "don't DON'T Don'T", "'s 'S 'd", "ÉCOLE école", "Ünïcode", "ΑθήναΣ", "МоскваПривет", "straße STRASSE",
+    "ǅemal ǈ",
+    "e\u0301te\u0301", "naïve café", "ʰᵉˡˡᵒ", "1", "12", "123", "1234", "1234567", "3.14159", "x2y3 a1b", "$100,000.00",
+    "Ⅻ x²+y³", "...!!?? a//b /path/to", "line\n\nnext", "  spaced   out  ", "\t\ttabs", "end   ", "ok\r\n", "  \n  x",
+    "hello\u00a0world", "\u3000全角\u3000", "你好世界", "日本語のテキスト", "한국어 텍스트", "🙂👍🏽", "👨\u200d👩\u200d👧",
+    "mixed中文English", "C++ and C#", "foo_bar-baz", "<|start|>assistant",
+]
+_POOL = ("aZqQ'sStTdDlLmMrReEvV" "ÀéÉßΣσДдǅ" "\u0301\u0308" "0123456789²Ⅻ٣" " \t\n\r\u00a0\u3000" ".,;:!?/\\'\"-_()[]{}$%&*+<=>@#"
+         "你好日本語한국" "🙂👍🏽\u200d")
+
+
+def o200k_texts() -> list[str]:
+    rng = random.Random(200)
+    return O200K_TEXTS + ["".join(rng.choice(_POOL) for _ in range(rng.randint(1, 40))) for _ in range(2000)]
+
+
+def test_gpt4o_cuts_text_as_the_models_own_tokenizer_does():
+    theirs = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(O200K), "isolated"),
+                                      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    for name in ("gpt-4o", "llama4"):
+        ours = PRE_TOKENIZERS[name].pre_tokenizer()
+        for text in o200k_texts():
+            assert ours.pre_tokenize_str(text) == theirs.pre_tokenize_str(text), (name, text)
+
+
+def test_a_gpt4o_gguf_vocabulary_encodes_as_its_tokenizer_json_does(tmp_path):
+    """The Qwen3 fixture's byte-level vocabulary and merges, written as a GGUF file with
+    pre-tokenizer gpt-4o, and as a tokenizer.json whose pre-tokenizer is o200k's."""
+    theirs = Tokenizer.from_file(str(QWEN3 / "tokenizer.json"))
+    theirs.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(O200K), "isolated"),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    model = json.loads(theirs.to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].get)
+    assert [model["vocab"][t] for t in tokens] == list(range(len(tokens)))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    spec = read_spec(write_vocab_gguf(tmp_path / "o200k.gguf", tokens, [1] * len(tokens), "{{ messages }}",
+                                      kind="gpt2", merges=merges, pre="gpt-4o"))
+    for text in o200k_texts():
+        assert encode(spec, text, add_bos=False) == theirs.encode(text, add_special_tokens=False).ids, text

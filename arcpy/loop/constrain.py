@@ -15,9 +15,9 @@ import numpy as np
 from arcpy.errors import InvalidArgumentError
 from arcpy.loop.request import Constraint, Frozen, Request
 from arcpy.text import TextSpec
-from arcpy.text.answer import CALLS, special_marks
+from arcpy.text.answer import special_marks
 from arcpy.text.grammar import LARK, Grammar, Matcher, TokenTables, allowed, check_grammar, words
-from arcpy.text.tools import AUTO, MISTRAL, NONE, call_grammar, tool_format
+from arcpy.text.tools import AUTO, NONE, call_grammar, tool_format
 
 
 @functools.lru_cache(maxsize=4)
@@ -33,8 +33,8 @@ def resolve(text: TextSpec | None, request: Request) -> Constraint | None:
     if not request.tools or request.tool_choice in (AUTO, NONE):
         return None
     fmt = tool_format(text.chat_template if text is not None else None)
-    marker = next((i for i, t in special_marks(text).items() if t == CALLS), None) if fmt == MISTRAL else None
-    return Constraint(LARK, call_grammar(fmt, request.tools.value, request.tool_choice, marker,
+    marks = {t: i for i, t in special_marks(text).items()}  # the format's tags that are special tokens
+    return Constraint(LARK, call_grammar(fmt, request.tools.value, request.tool_choice, marks,
                                          request.parallel_tool_calls))
 
 

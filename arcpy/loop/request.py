@@ -67,6 +67,7 @@ class Message:
     tool_calls: Frozen | None = None   # an assistant's calls, OpenAI's shape (arguments as JSON text)
     tool_call_id: str | None = None    # a tool's answer: the call it answers
     name: str | None = None            # a tool's answer: the function's name
+    reasoning_content: str | None = None  # an assistant's reasoning, as the answer's reasoning_content gave it
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -81,7 +82,9 @@ class Message:
                 raise InvalidArgumentError("only an assistant's message has tool_calls")
             calls = check_tool_calls(self.tool_calls, f"the {self.role} message")
             object.__setattr__(self, "tool_calls", Frozen(calls))
-        for key in ("tool_call_id", "name"):
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise InvalidArgumentError("only an assistant's message has reasoning_content")
+        for key in ("tool_call_id", "name", "reasoning_content"):
             v = getattr(self, key)
             if v is not None:
                 if not isinstance(v, str):
@@ -92,7 +95,7 @@ class Message:
         out = {"role": self.role, "content": self.content}
         if self.tool_calls is not None:
             out["tool_calls"] = self.tool_calls.value
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", "reasoning_content"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -286,12 +289,13 @@ def _messages(value) -> tuple[Message, ...]:
     out = []
     for i, m in enumerate(value):
         if isinstance(m, dict):
-            extra = sorted(set(m) - {"role", "content", "tool_calls", "tool_call_id", "name"})
+            extra = sorted(set(m) - {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"})
             if extra:
                 raise InvalidArgumentError(f"messages[{i}]: unsupported key {quoted(extra[0])} "
                                            "(a message has 'role' and 'content'; an assistant's may have "
-                                           "'tool_calls', a tool's 'tool_call_id' and 'name')")
-            m = Message(m.get("role"), m.get("content"), m.get("tool_calls"), m.get("tool_call_id"), m.get("name"))
+                                           "'tool_calls' and 'reasoning_content', a tool's 'tool_call_id' and 'name')")
+            m = Message(m.get("role"), m.get("content"), m.get("tool_calls"), m.get("tool_call_id"), m.get("name"),
+                        m.get("reasoning_content"))
         elif not isinstance(m, Message):
             raise InvalidArgumentError(f"messages[{i}] must be a dict with 'role' and 'content', "
                                        f"got {type(m).__name__}")

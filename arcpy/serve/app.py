@@ -31,8 +31,7 @@ from arcpy.errors import ArcError
 from arcpy.loop.constrain import compile_constraint, resolve
 from arcpy.loop.prompt import ContextFull, check_budget, check_prompt, request_ids, room_hint
 from arcpy.loop.request import Request
-from arcpy.text.answer import Splitter, opens_thinking, special_marks, thinks
-from arcpy.text.tools import tool_format
+from arcpy.text.answer import Splitter, split_options
 from arcpy.serve import events, responses, routes
 from arcpy.serve.schema import ApiError, Call, Defaults, bad, parse
 from arcpy.serve.shape import Shaper
@@ -123,15 +122,9 @@ class Service:
                       response_format=constraint, prompt_ids=ids)
         if request.messages is None:
             return ids, job, None
-        think = thinks(self.text) and not self.settings.defaults.raw_reasoning
-        tail = self.text.tokenizer.decode(ids[-8:], skip_special_tokens=False)
-        fmt = tool_format(self.text.chat_template) if request.template_tools else None
-        if not think and fmt is None:
-            return ids, job, None
-        # A constrained answer follows its grammar from the first token: no reasoning is left open.
-        opened = think and constraint is None and opens_thinking(tail)
-        return ids, job, {"reasoning": think, "opened": opened, "tools": fmt,
-                          "marks": special_marks(self.text)}
+        return ids, job, split_options(self.text, ids, bool(request.template_tools),
+                                       reasoning=not self.settings.defaults.raw_reasoning,
+                                       constrained=constraint is not None)
 
     def prompt_ids(self, request: Request, budget_field: str | None = None) -> list[int]:
         """The prompt as token ids, checked against the vocabulary and the context (arcpy.loop.prompt),

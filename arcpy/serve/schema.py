@@ -5,8 +5,10 @@ Every field OpenAI defines for these endpoints is used, or accepted at its neutr
 too, as OpenAI refuses it, but for the extensions on chat completions: `chat_template_kwargs`,
 which vLLM and other servers take: keyword arguments for the model's chat template (e.g.
 {"enable_thinking": false}), over the server's own (--template-kwarg); and `grammar`, llama.cpp's
-GBNF grammar for the answer. `tools`, `tool_choice` and `response_format` are OpenAI's (arcpy.loop.
-request). Nothing here raises anything but ApiError at a client mistake.
+GBNF grammar for the answer. OpenAI's `reasoning_effort` is the template's keyword argument of that
+name (gpt-oss's template reads it), under chat_template_kwargs. `tools`, `tool_choice` and
+`response_format` are OpenAI's (arcpy.loop.request). Nothing here raises anything but ApiError at
+a client mistake.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MAX_STOPS = 4              # OpenAI's limit on stop sequences
 MAX_TEMPERATURE = 2.0      # OpenAI's range is [0, 2]
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message
 ROLES = ("system", "user", "assistant", "tool")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort
 
 
 @dataclass
@@ -115,7 +118,7 @@ _COMPLETION_NEUTRAL = {
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options")
 _AGENT = ("tools", "tool_choice", "response_format", "grammar", "parallel_tool_calls")
 _USED = {CHAT: set(_COMMON) | {"messages", "max_completion_tokens", "chat_template_kwargs", "logprobs",
-                               "top_logprobs", "logit_bias", *_AGENT},
+                               "top_logprobs", "logit_bias", "reasoning_effort", *_AGENT},
          COMPLETION: set(_COMMON) | {"prompt", "logprobs", "logit_bias", "echo"}}
 _NEUTRAL = {CHAT: _CHAT_NEUTRAL, COMPLETION: _COMPLETION_NEUTRAL}
 
@@ -310,10 +313,10 @@ def messages_of(body: dict) -> dict:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object with role and content, got {_kind(m)}", param=where)
-        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"})
+        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"})
         if extra:
-            raise bad(f"{where}: unsupported field {quoted(extra[0])} (arcpy takes role, content, name, tool_calls "
-                      "and tool_call_id)", param=f"{where}.{extra[0]}")
+            raise bad(f"{where}: unsupported field {quoted(extra[0])} (arcpy takes role, content, name, tool_calls, "
+                      "tool_call_id and reasoning_content)", param=f"{where}.{extra[0]}")
         role = m.get("role")
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
@@ -322,6 +325,14 @@ def messages_of(body: dict) -> dict:
         message = {"role": role}
         if m.get("tool_calls") is not None and role != "assistant":
             raise bad(f"{where}: only an assistant's message has tool_calls", param=f"{where}.tool_calls")
+        if m.get("reasoning_content") is not None:
+            if role != "assistant":
+                raise bad(f"{where}: only an assistant's message has reasoning_content",
+                          param=f"{where}.reasoning_content")
+            if not isinstance(m["reasoning_content"], str):
+                raise bad(f"{where}.reasoning_content must be a string, got {_kind(m['reasoning_content'])}",
+                          param=f"{where}.reasoning_content")
+            message["reasoning_content"] = m["reasoning_content"]
         if role == "assistant" and m.get("tool_calls") is not None:
             message["tool_calls"] = m["tool_calls"]
             message["content"] = "" if m.get("content") is None else _content(m.get("content"), where)
@@ -351,12 +362,17 @@ def _agent(body: dict) -> dict:
 
 
 def template_kwargs_of(body: dict, defaults: Defaults) -> dict:
-    """chat_template_kwargs over the server's own, checked."""
+    """chat_template_kwargs over reasoning_effort over the server's own, checked."""
     given = body.get("chat_template_kwargs")
     if given is not None and not isinstance(given, dict):
         raise bad(f"chat_template_kwargs must be an object, got {_kind(given)}", param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise bad(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {quoted(effort)}",
+                  param="reasoning_effort")
+    effort = {} if effort is None else {"reasoning_effort": effort}
     try:
-        return check_template_kwargs({**defaults.template_kwargs, **(given or {})}, "chat_template_kwargs")
+        return check_template_kwargs({**defaults.template_kwargs, **effort, **(given or {})}, "chat_template_kwargs")
     except ArcError as exc:
         raise bad(str(exc), param="chat_template_kwargs") from None
 

@@ -28,7 +28,7 @@ from arcpy.text.tools import check_tool_calls, check_tools, for_template
 __all__ = ["chat_ids", "check_template_kwargs", "render_chat"]
 
 SET_BY_ARCPY = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools")  # what _context writes
-MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
 MAX_KWARG_DEPTH = 16   # arrays and objects nested in a keyword argument, at most
 MAX_KWARG_INT_BITS = 64
 
@@ -56,15 +56,18 @@ def _check_messages(messages) -> list[dict]:
         for key, text in (("role", role), ("content", content)):
             _check_unicode(text, f"messages[{i}]: '{key}'")
         message = {"role": role, "content": content}
+        for key in ("tool_calls", "reasoning_content"):
+            if m.get(key) is not None and role != "assistant":
+                raise InvalidArgumentError(f"messages[{i}]: only an assistant's message has {key}")
         if m.get("tool_calls") is not None:
-            if role != "assistant":
-                raise InvalidArgumentError(f"messages[{i}]: only an assistant's message has tool_calls")
             message["tool_calls"] = for_template(check_tool_calls(m["tool_calls"], f"messages[{i}]"))
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", "reasoning_content"):
             if m.get(key) is not None:
                 if not isinstance(m[key], str):
                     raise InvalidArgumentError(f"messages[{i}]: {quoted(key)} must be a string")
                 message[key] = m[key]
+        if "reasoning_content" in message:  # Qwen3's templates read reasoning_content, gpt-oss's thinking
+            message["thinking"] = message["reasoning_content"]
         out.append(_json(message, f"messages[{i}]", 1))
     return out
 
@@ -181,7 +184,8 @@ def _marked_message(marks: Marks, message: dict) -> dict:
 def render_chat(spec: TextSpec, messages, add_generation_prompt: bool = True, template_kwargs=None,
                 tools=None) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]; an assistant's may
-    carry OpenAI's `tool_calls`, a tool's `tool_call_id`) by the model's chat template, ending with
+    carry OpenAI's `tool_calls` and the `reasoning_content` of its answer (the template sees it as
+    `thinking` too), a tool's `tool_call_id`) by the model's chat template, ending with
     the assistant's header when `add_generation_prompt`; `template_kwargs` are more names for the
     template (check_template_kwargs); `tools` (OpenAI's function tools, arcpy.text.tools) are the
     template's `tools`, where given. To show: the ids to decode are `chat_ids`."""

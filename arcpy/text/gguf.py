@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
+from arcpy.text.turns import turn_end_ids
 from arcpy.text.limits import check_template_size
 from arcpy.text.pretokenize import PreTokenizer, pre_tokenizer_named
 from arcpy.text.spec import TextSpec
@@ -43,7 +44,8 @@ def gguf_text_spec(v: Vocabulary) -> TextSpec:
     add_bos = v.add_bos
     if add_bos is None or (pre is not None and pre.bos_always):
         add_bos = add_bos_default and v.bos_id is not None
-    return TextSpec(tokenizer=tok, bos_id=v.bos_id, eos_ids=v.eos_ids, add_bos=add_bos,
+    eos_ids = tuple(dict.fromkeys(v.eos_ids + turn_end_ids(tok)))  # a family's turn ends (arcpy.text.turns)
+    return TextSpec(tokenizer=tok, bos_id=v.bos_id, eos_ids=eos_ids, add_bos=add_bos,
                     chat_template=v.chat_template)
 
 

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from arcpy.checks import is_int, quoted
 from arcpy.errors import ModelFileError
 from arcpy.files import MAX_JSON_BYTES, open_regular, parse_json, read_json_file, reading
+from arcpy.text.turns import turn_end_ids
 from arcpy.text.limits import MAX_TEMPLATE_CHARS, check_template_size
 from arcpy.text.spec import TextSpec
 
@@ -55,6 +56,7 @@ def _load(directory: Path) -> TextSpec | None:
     # stops on; the union, since instruct models end a turn with a token the base model lacks.
     eos = [_named_token(tokenizer, tcfg, "eos_token", tsrc)]
     eos += _ids(tokenizer, gen, "eos_token_id", gsrc) or _ids(tokenizer, mcfg, "eos_token_id", msrc)
+    eos += turn_end_ids(tokenizer)  # a family's turn ends a file may leave out (arcpy.text.turns)
     eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
 
     add_bos = tcfg.get("add_bos_token")

@@ -17,6 +17,12 @@ matches, becomes a piece that the next expression cuts again, on its own (a `tok
 - the expressions llama.cpp runs by hand-written code (GPT-2's, Llama 3's, Qwen2's, Qwen3.5's)
   are the expressions that code implements.
 
+One expression is the model's own instead: o200k's (gpt-4o's name and those llama.cpp reads as it,
+gpt-oss's among them), as the models' tokenizer.json files have it. Read llama.cpp's way, every
+letter beyond ASCII would be both upper and lower case and a combining mark no letter, which cuts
+"ÉCOLE", "МоскваПривет" or a decomposed "été" otherwise than the models' own tokenizer does; llama.cpp
+has no test cases for these names.
+
 Characters assigned after llama.cpp's Unicode tables (which Oniguruma may know) can split
 differently; every character of llama.cpp's own tokenizer test texts splits the same.
 
@@ -102,6 +108,10 @@ _TEKKEN = (_LEAD + _UPPER_LOWER + "|" + _LEAD + _UPPER
 _GPT4O = (_LEAD + _UPPER_LOWER + _CONTRACTION + "?|" + _LEAD + _UPPER + _CONTRACTION + "?"
           + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _GRANITE_MULTI = _GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+_O200K_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_O200K = (_LEAD + r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _O200K_CONTRACTION + "|"
+          + _LEAD + r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _O200K_CONTRACTION
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CAPS, _SMALL = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _CASED_WORDS = _any_letter(_LEAD + _CAPS + "*" + _SMALL + "+" + _CONTRACTION + "?|"
                            + _LEAD + _CAPS + "+" + _SMALL + "*" + _CONTRACTION + "?")
@@ -115,7 +125,7 @@ _QWEN2_PRE = PreTokenizer((_QWEN2,))
 _LLAMA3_SPLIT = PreTokenizer((_LLAMA3,))
 _DEEPSEEK3 = PreTokenizer((r"\p{N}{1,3}", _HAN_KANA, _DEEPSEEK3_WORDS))
 _BLOOM_PRE = PreTokenizer((_BLOOM,))
-_GPT4O_PRE = PreTokenizer((_GPT4O,))
+_GPT4O_PRE = PreTokenizer((_O200K,))
 _TINY_AYA = PreTokenizer((_DIGITS_BY_THREE, _CASED_WORDS + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
                                                          r"|\s+(?!\S)|\s+"))
 _BAILING = PreTokenizer((r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"

@@ -10,6 +10,10 @@ its calls in its family's format, which the template's markup names:
                                       or [TOOL_CALLS]name[ARGS]{...} (Mistral Small 3.2 and later)
     JSON     Llama 3.x, and a template that names none of these: the answer is one JSON object
              {"name": ..., "parameters" (or "arguments"): {...}}, calls apart by ";"
+    HARMONY  gpt-oss: a message of its own to the function, its arguments the message
+             (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>;
+             arcpy.text.harmony)
+    GEMMA4   Gemma 4: <|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|> (arcpy.text.gemma4)
 
 `call_grammar` is the grammar (arcpy.text.grammar, Lark) that makes "required" or a named function
 certain: the answer is a call in the family's format, its arguments valid by the function's
@@ -25,8 +29,9 @@ import string
 
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
+from arcpy.text import gemma4, harmony
 
-HERMES, MISTRAL, JSON = "hermes", "mistral", "json"
+HERMES, MISTRAL, JSON, HARMONY, GEMMA4 = "hermes", "mistral", "json", "harmony", "gemma4"
 NONE, AUTO, REQUIRED = "none", "auto", "required"
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
@@ -36,6 +41,10 @@ _ALNUM = string.ascii_letters + string.digits
 def tool_format(chat_template: str | None) -> str:
     """The call format a chat template's markup names."""
     t = chat_template or ""
+    if harmony.is_harmony(t):
+        return HARMONY
+    if gemma4.is_gemma4(t):
+        return GEMMA4
     if "<tool_call>" in t:
         return HERMES
     if "[TOOL_CALLS]" in t:
@@ -182,28 +191,66 @@ def _object(text: str):
     return v if isinstance(v, dict) else None
 
 
-def call_grammar(fmt: str, tools: list[dict], choice: str, marker_id: int | None = None,
+def call_grammar(fmt: str, tools: list[dict], choice: str, marks: dict[str, int] | None = None,
                  parallel: bool = True) -> str:
     """A Lark grammar (llguidance's dialect) whose answers are one call, or for REQUIRED one or
-    more (one, unless `parallel`), of the functions `choice` allows, in the format `fmt`.
-    `marker_id` is the id of the special token [TOOL_CALLS] (MISTRAL), where the vocabulary has one."""
+    more (one, unless `parallel`; HARMONY: one, a message holds one call), of the functions
+    `choice` allows, in the format `fmt`. `marks` are the ids of the format's tags that are
+    special tokens ([TOOL_CALLS], harmony's <|channel|> ...): each is written as that token."""
+    marks = marks or {}
+
+    def tag(text: str) -> str:
+        return f"<[{marks[text]}]>" if text in marks else json.dumps(text)
+
     many = choice == REQUIRED and parallel
     chosen = [t["function"] for t in tools if choice == REQUIRED or t["function"]["name"] == choice]
+    if fmt == HARMONY:
+        return _harmony_call(chosen, tag)
     key = "parameters" if fmt == JSON else "arguments"
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                 "properties": {"name": {"const": f["name"]}, key: _parameters(f)}} for f in chosen]
     one = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-    one["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    one["x-guidance"] = _LAYOUT
     rules = f"call: %json {json.dumps(one)}\n"
     if fmt == HERMES:
         block, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
+    elif fmt == GEMMA4:  # the arguments as JSON, which Gemma 4's call syntax reads too
+        return _gemma4_calls(chosen, tag, many)
     elif fmt == MISTRAL:
-        head = f"<[{marker_id}]>" if marker_id is not None else '"[TOOL_CALLS]"'
+        head = tag("[TOOL_CALLS]")
         body = 'call (", " call)*' if many else "call"
         return f'start: {head} "[" {body} "]"\n' + rules
     else:
         block, sep = "call", '"; "'
     return (f"start: {block} ({sep} {block})*\n" if many else f"start: {block}\n") + rules
+
+
+def _harmony_call(chosen: list[dict], tag) -> str:
+    """The answer's first message is a call of one of `chosen`, in the header the model writes
+    (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>), its body the arguments;
+    the model's <|call|> (an end-of-sequence id) follows."""
+    head = f"{tag(harmony.CHANNEL)} \"commentary to=functions.\""
+    rules = []
+    for k, f in enumerate(chosen):
+        rules.append(f"call{k}: {head} {json.dumps(f['name'] + ' ')} {tag(harmony.CONSTRAIN)} \"json\" "
+                     f"{tag(harmony.MESSAGE)} args{k}\n")
+        rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
+    return "start: " + " | ".join(f"call{k}" for k in range(len(chosen))) + "\n" + "".join(rules)
+
+
+def _gemma4_calls(chosen: list[dict], tag, many: bool) -> str:
+    """One call (or, `many`, calls in a row) of `chosen`: <|tool_call>call:NAME{...}<tool_call|>,
+    the arguments a JSON object (keys and strings quoted)."""
+    rules = []
+    for k, f in enumerate(chosen):
+        rules.append(f"call{k}: {tag(gemma4.CALL_OPEN)} {json.dumps('call:' + f['name'])} args{k} "
+                     f"{tag(gemma4.CALL_CLOSE)}\n")
+        rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
+    call = "(" + " | ".join(f"call{k}" for k in range(len(chosen))) + ")"
+    return f"start: {call}{'+' if many else ''}\n" + "".join(rules)
+
+
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _parameters(f: dict) -> dict:
