@@ -48,9 +48,10 @@ def route(logits: np.ndarray, k: int, routing: str, norm_topk_prob: bool) -> tup
     return chosen, weights
 
 
-GPT_OSS_NEEDS = ("gpt-oss is not supported yet: it needs MXFP4 experts, attention sinks, alternating sliding "
-                 "windows and harmony prompts")
-EXPERT_SUFFIXES = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")
+# The routed experts' tensors (a token reads only its k experts' share of each): their matrices, and
+# gpt-oss's biases.
+EXPERT_SUFFIXES = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight",
+                   "mlp.experts.gate_proj.bias", "mlp.experts.up_proj.bias", "mlp.experts.down_proj.bias")
 
 
 def expert_bytes(model) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from arcpy import _lib
 from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_NAMES, OP_QK_NORM, ROUTINGS
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import table
+from arcpy.model import gpt_oss, table
 from arcpy.model.hybrid import OP_DELTANET, deltanet_shapes
 
 EMBED = "model.embed_tokens.weight"
@@ -159,6 +159,7 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
+    oss = gpt_oss.tensors_after(cfg)  # gpt-oss's sinks and biases, after the tensor each follows
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
         linear = cfg.is_linear_layer(i)
@@ -170,6 +171,8 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
                 shape = (2 * shape[0], shape[1])  # each query head's rows, then its gate's
             if shape is not None:
                 yield p + suffix, shape
+                for name, s in oss.get(suffix, ()):
+                    yield p + name, s
             if linear and suffix == _ATTENTION_IDS[0][0]:
                 for name, s in deltanet_shapes(cfg).items():
                     yield p + name, s
@@ -199,11 +202,11 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if _lib.not_built():
-        return _deltanet(table.layer_program(config_values(cfg), layer), cfg, layer)
+        return gpt_oss.program(_deltanet(table.layer_program(config_values(cfg), layer), cfg, layer), cfg)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
-    return _deltanet([int(op) for op in ops[0:count[0]]], cfg, layer)
+    return gpt_oss.program(_deltanet([int(op) for op in ops[0:count[0]]], cfg, layer), cfg)
 
 
 _ATTENTION_OPS = (OP_ATTN_IN, OP_QK_NORM, OP_ATTEND, OP_ATTN_OUT)
@@ -219,4 +222,4 @@ def _deltanet(program: list[int], cfg, layer: int) -> list[int]:
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET"}.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET", **gpt_oss.OP_NAMES}.get(op, f"op{op}") for op in program)
