@@ -307,6 +307,13 @@ def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
     return out
 
 
+def _saved_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Family) -> dict[str, np.ndarray]:
+    """The tensors as the family's files hold them: in its own layout where it has one (gpt-oss's
+    fused experts), else with the experts split one tensor per expert."""
+    written = family.hf_written(tensors, cfg)
+    return _split_experts(tensors, cfg, family) if written is None else written
+
+
 def save_model(model: Model, directory) -> None:
     """Write config.json and model.safetensors (BF16) so that `load_model(directory)` reads it back.
     A model with quantized tensors is refused: the files hold bf16 words here."""
@@ -322,4 +329,4 @@ def save_model(model: Model, directory) -> None:
     family = family_for(model.config)
     shift = float(model.config.norm_plus_one) - float(family.norms_less_one)
     tensors = _shifted_norms(model.tensors, shift) if shift else model.tensors
-    save_safetensors(directory / "model.safetensors", _split_experts(tensors, model.config, family), "BF16")
+    save_safetensors(directory / "model.safetensors", _saved_tensors(tensors, model.config, family), "BF16")

@@ -90,6 +90,12 @@ class Family:
         they are, the tensors the family makes from others by name). Most families' are as stored."""
         return dict(entries), {}
 
+    def hf_written(self, tensors: Mapping, cfg: ModelConfig) -> dict | None:
+        """The model's tensors (bf16 words) under the names and in the layout of the family's
+        files, where they differ from the table's but for the experts split one tensor per expert
+        (what save_model writes otherwise); None: no layout of the family's own."""
+        return None
+
     def gguf_experts(self, m, a: str, n: int) -> dict | None:
         """A mixture of n experts' fields from the GGUF metadata `m` (keys prefixed `a`); None
         where the family's files have no experts."""

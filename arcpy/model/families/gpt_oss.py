@@ -89,6 +89,32 @@ class GptOss(Family):
             made.update(_layer_experts(out, p, cfg))
         return out, made
 
+    def hf_written(self, tensors: Mapping, cfg: ModelConfig) -> dict:
+        """The router as mlp.router, and each layer's experts fused as transformers writes them
+        (bf16): gate and up interleaved into gate_up_proj (experts, dim, 2 x width), down_proj
+        (experts, width, dim), and their biases beside them."""
+        e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
+        out = {}
+        for name, t in tensors.items():
+            head, _, tail = name.partition(".mlp.")
+            if tail.startswith("gate."):
+                out[f"{head}.mlp.router.{tail[len('gate.'):]}"] = t
+            elif tail.startswith("experts.gate_proj."):  # gate's rows, then up's, interleaved
+                kind = tail.rsplit(".", 1)[1]
+                up = tensors[f"{head}.mlp.experts.up_proj.{kind}"]
+                fused = np.empty((e, 2 * f, *t.shape[1:]), np.uint16)
+                fused[:, 0::2], fused[:, 1::2] = t.reshape(e, f, *t.shape[1:]), up.reshape(e, f, *t.shape[1:])
+                out[f"{head}.mlp.experts.gate_up_proj" + ("_bias" if kind == "bias" else "")] = (
+                    fused if kind == "bias" else np.ascontiguousarray(fused.transpose(0, 2, 1)))
+            elif tail.startswith("experts.down_proj."):
+                kind = tail.rsplit(".", 1)[1]
+                split = t.reshape(e, d, *t.shape[1:])
+                out[f"{head}.mlp.experts.down_proj" + ("_bias" if kind == "bias" else "")] = (
+                    split if kind == "bias" else np.ascontiguousarray(split.transpose(0, 2, 1)))
+            elif not tail.startswith("experts.up_proj."):  # up is written in gate_up_proj
+                out[name] = t
+        return out
+
     def gguf_experts(self, m, a: str, n: int) -> dict:
         """As llama.cpp runs them: the top k logits' softmax, biases, the clamped GLU of limit 7
         and alpha 1.702 (its files name neither)."""
