@@ -100,7 +100,8 @@ _GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
 
 # The hybrids' DeltaNet tensors and gated q_proj are arcpy's alone (arcpy/model/hybrid.py), not libarc's;
 # so are gpt-oss's sinks and biases (arcpy/model/gpt_oss.py).
-@pytest.mark.parametrize("shape", sorted(s for s in SHAPES if not is_hybrid(SHAPES[s]) and not uses_oss_ops(SHAPES[s])))
+@pytest.mark.parametrize("shape", sorted(s for s in SHAPES
+                                          if not is_hybrid(SHAPES[s]) and not uses_oss_ops(SHAPES[s])))
 def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
     equals what arc.h's comments say, for every preset and every family flag."""

@@ -444,3 +444,16 @@ def test_gguf_refusals_are_one_line(tmp_path):
     tensors["blk.0.ffn_down_exps.bias"] = tensors["blk.0.ffn_down_exps.bias"][:, :-1]
     assert "tensor 'blk.0.ffn_down_exps.bias' has shape" in load_error(
         write_gguf(tmp_path / "b.gguf", tensors, gpt_oss_meta(cfg), "gpt-oss"), load_model)
+
+
+def test_a_step_of_rows_reads_the_experts_its_biased_router_picks():
+    from arcpy.model import f32_to_bf16
+    from arcpy.model.moe import step_bytes
+    model = synthetic_model("gpt-oss-tiny", max_seq=16)
+    one, _ = step_bytes(model, rows=1)
+    assert one == model.weight_bytes  # a token reads its 4 experts' matrices and biases
+    average, worst = step_bytes(model, rows=4, steps=8)
+    assert one < average <= worst == model.full_weight_bytes  # 4 rows of 4 may read all 8 experts
+    for i in range(model.config.n_layers):  # a bias that routes every row to experts 0..3
+        model.tensors[f"model.layers.{i}.mlp.gate.bias"] = f32_to_bf16(np.array([100.0] * 4 + [0.0] * 4, np.float32))
+    assert step_bytes(model, rows=4, steps=8)[0] == one
