@@ -267,6 +267,21 @@ def test_an_mxfp4_checkpoint_reads_as_the_bf16_one(tmp_path):
         np.testing.assert_array_equal(model.tensors[name], t, err_msg=name)
 
 
+def test_transformers_reads_the_mxfp4_checkpoint_as_the_goldens_model(tmp_path):
+    """The layout the encoder above writes is the published checkpoints': transformers, loading it
+    dequantized on the CPU, computes the goldens' logits (exactly, with 5.25.0)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.GptOssForCausalLM.from_pretrained(
+        mxfp4_checkpoint(tmp_path / "m"), quantization_config=transformers.Mxfp4Config(dequantize=True),
+        dtype=torch.float32)
+    model.config._attn_implementation = "eager"
+    g = golden()
+    with torch.no_grad():
+        logits = model(torch.tensor([g["tokens"].tolist()]), use_cache=False).logits[0].numpy()
+    assert relative_error(logits, g["logits"]) <= EXACT
+
+
 def test_mxfp4_refusals_are_one_line(tmp_path):
     e = "model.layers.1.mlp.experts."
     assert "'model.layers.1.mlp.experts.down_proj_scales' is missing beside" in load_error(
