@@ -18,6 +18,7 @@ MXFP4 experts (ggml type 39) are read as arcpy.model.quant decodes that type.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Mapping
 
 import numpy as np
@@ -134,44 +135,39 @@ class GptOss(Family):
 
 def _layer_experts(entries: dict[str, TensorEntry], p: str, cfg: ModelConfig) -> dict[str, Made]:
     """Layer `p`'s fused experts taken out of `entries` -> the table's stacked matrices and
-    biases, each made by its reader; a fused tensor of the wrong shape or dtype, or stored both
-    in bf16 and MXFP4, is one line."""
+    biases, each made by its reader; a fused tensor of the wrong shape or dtype, half of an MXFP4
+    pair, or a matrix stored both in bf16 and MXFP4, is one line."""
     e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
     made = {}
     for fused, (rows, cols), parts in (("gate_up_proj", (2 * f, d), ("gate", "up")), ("down_proj", (d, f), ("down",))):
         name = p + "mlp.experts." + fused
-        plain, blocks, scales = (entries.pop(name + s, None) for s in ("", "_blocks", "_scales"))
-        bias = entries.pop(name + "_bias", None)
-        if plain is not None and (blocks or scales):
+        plain, blocks, scales, bias = (entries.pop(name + s, None) for s in ("", "_blocks", "_scales", "_bias"))
+        n = len(parts)
+        if plain is not None and (blocks is not None or scales is not None):
             raise ModelFileError(f"{plain.file}: tensor {quoted(name)} is stored both in bf16 and in MXFP4")
         if plain is not None:
             _check(plain, name, (e, cols, rows), READABLE)
-            words = lambda maps, plain=plain, name=name: read_bf16_words(name, plain, maps)  # noqa: E731
-            reader = _transposed
+            readers = [partial(_read_transposed, plain, name, j, n) for j in range(n)]
         elif blocks is not None or scales is not None:
             if blocks is None or scales is None:
-                have = blocks or scales
-                raise ModelFileError(f"{have.file}: tensor {quoted(name + ('_scales' if blocks else '_blocks'))} "
-                                     f"is missing beside {quoted(name + ('_blocks' if blocks else '_scales'))}")
+                have, lack = ("_blocks", "_scales") if blocks is not None else ("_scales", "_blocks")
+                raise ModelFileError(f"{(blocks or scales).file}: tensor {quoted(name + lack)} is missing beside "
+                                     f"{quoted(name + have)}")
             if cols % BLOCK:
                 raise ModelFileError(f"{blocks.file}: tensor {quoted(name + '_blocks')}: rows of {cols} values do "
                                      f"not split into MXFP4 blocks of {BLOCK}")
             _check(blocks, name + "_blocks", (e, rows, cols // BLOCK, BLOCK_BYTES), ("U8",))
             _check(scales, name + "_scales", (e, rows, cols // BLOCK), ("U8",))
-            words = lambda maps, b=blocks, s=scales, name=name: (b, s, name, maps)  # noqa: E731
-            reader = _mxfp4
+            readers = [partial(_read_mxfp4, blocks, scales, name, j, n) for j in range(n)]
         else:
             continue  # the table's check names the missing matrix
-        for j, part in enumerate(parts):
-            made[f"{p}mlp.experts.{part}_proj.weight"] = Made(
-                (e * rows // len(parts), cols), lambda maps, w=words, r=reader, j=j, n=len(parts): r(w(maps), j, n))
+        for part, read in zip(parts, readers):
+            made[f"{p}mlp.experts.{part}_proj.weight"] = Made((e * rows // n, cols), read)
         if bias is not None:
             _check(bias, name + "_bias", (e, rows), READABLE)
             for j, part in enumerate(parts):
-                made[f"{p}mlp.experts.{part}_proj.bias"] = Made(
-                    (e * rows // len(parts),),
-                    lambda maps, b=bias, j=j, n=len(parts), name=name + "_bias":
-                    np.ascontiguousarray(read_bf16_words(name, b, maps)[:, j::n]).reshape(-1))
+                made[f"{p}mlp.experts.{part}_proj.bias"] = Made((e * rows // n,),
+                                                                 partial(_read_bias, bias, name + "_bias", j, n))
     return made
 
 
@@ -184,19 +180,23 @@ def _check(entry: TensorEntry, name: str, shape: tuple[int, ...], dtypes) -> Non
                              f"config expects {list(shape)}")
 
 
-def _transposed(words: np.ndarray, j: int, n: int) -> np.ndarray:
-    """Rows j, j + n, ... of each expert's transposed matrix (experts, cols, rows), stacked."""
-    part = words[:, :, j::n].transpose(0, 2, 1)
+def _read_transposed(entry: TensorEntry, name: str, j: int, n: int, maps: dict) -> np.ndarray:
+    """Rows j, j + n, ... of each expert's matrix stored transposed (experts, cols, rows), stacked."""
+    part = read_bf16_words(name, entry, maps)[:, :, j::n].transpose(0, 2, 1)
     return np.ascontiguousarray(part).reshape(-1, part.shape[2])
 
 
-def _mxfp4(read, j: int, n: int) -> np.ndarray:
+def _read_mxfp4(blocks: TensorEntry, scales: TensorEntry, name: str, j: int, n: int, maps: dict) -> np.ndarray:
     """Rows j, j + n, ... of each expert's MXFP4 matrix (experts, rows, blocks), decoded, stacked."""
-    blocks, scales, name, maps = read
     b = entry_bytes(blocks, maps).reshape(blocks.shape)[:, j::n]
     s = entry_bytes(scales, maps).reshape(scales.shape)[:, j::n]
     values = decode(b, s, f"{blocks.file}: tensor {quoted(name + '_blocks')}")
     return f32_to_bf16(values.reshape(-1, values.shape[-1]))
+
+
+def _read_bias(entry: TensorEntry, name: str, j: int, n: int, maps: dict) -> np.ndarray:
+    """Values j, j + n, ... of each expert's bias (experts, rows), stacked."""
+    return np.ascontiguousarray(read_bf16_words(name, entry, maps)[:, j::n]).reshape(-1)
 
 
 GPT_OSS = GptOss()
