@@ -21,6 +21,7 @@ from arcpy.devices.reference import ReferenceModel, causal_attention, clamped_sw
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import SHAPES, bf16_to_f32, load_model, random_model, save_model, synthetic_model
 from arcpy.model.families.gpt_oss import GPT_OSS
+from arcpy.model.gguf import _gguf_name
 from arcpy.model.gpt_oss import OP_ATTEND_SINKS, cuda_refusal
 from arcpy.model.mxfp4 import E2M1, decode
 from arcpy.model.native import describe, layer_program
@@ -405,7 +406,6 @@ V = len(BYTE_VOCAB["tokenizer.ggml.tokens"])
 def converter_tensors(model) -> dict[str, np.ndarray]:
     """The model's tensors as llama.cpp's converter writes them (float32): its names, the experts
     as 3-D tensors (experts, rows, cols) and their biases (experts, width)."""
-    from arcpy.model.gguf import _gguf_name
     cfg, out = model.config, {}
     for name, words in model.tensors.items():
         x = bf16_to_f32(words)
@@ -429,24 +429,37 @@ def gpt_oss_meta(cfg) -> dict:
             a + "rope.scaling.original_context_length": rs.original_max_position_embeddings, **BYTE_VOCAB}
 
 
-@pytest.mark.parametrize("experts", ["F32", "F16", "Q8_0"])
+@pytest.mark.parametrize("experts", ["F32", "F16", "Q8_0", "MXFP4"])
 def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(experts, tmp_path):
+    """Every tensor as written; the experts' matrices, of any type the loader decodes (llama.cpp's
+    gpt-oss files hold MXFP4), as the gguf package dequantizes them, and the model computes with
+    them what it computes with those values in bf16 (Q8_0's, kept quantized, within its rounding)."""
     from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    from arcpy.devices.reference_layer import weights_f32
+    from arcpy.model import f32_to_bf16
+    from arcpy.model.tensors import Model
     cfg = dataclasses.replace(SHAPES["gpt-oss-tiny"], vocab=V, max_seq=128)
     model = random_model(cfg, seed=7)
     tensors = converter_tensors(model)
-    types = {name: Q[experts] for name in tensors if "_exps.weight" in name} if experts != "F32" else {}
+    types = {name: Q[experts] for name in tensors if "_exps.weight" in name}
     loaded = load_model(write_gguf(tmp_path / "m.gguf", tensors, gpt_oss_meta(cfg), "gpt-oss", types))
     assert loaded.config == cfg
     assert set(loaded.tensors) == set(model.tensors)
+    held = dict(model.tensors)
     for name, words in model.tensors.items():
-        if experts == "F32" or not name.endswith(("experts.gate_proj.weight", "experts.up_proj.weight",
-                                                  "experts.down_proj.weight")):
+        if not name.endswith(("experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight")):
             np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+            continue
+        x = tensors[_gguf_name(name, GPT_OSS)]
+        want = x if experts in ("F32", "F16") else dequantize(quantize(x, Q[experts]), Q[experts])
+        want = want.astype(np.float16).astype(np.float32) if experts == "F16" else want
+        np.testing.assert_array_equal(weights_f32(loaded.tensors[name]), want.reshape(-1, x.shape[-1]), err_msg=name)
+        held[name] = f32_to_bf16(want.reshape(-1, x.shape[-1]))
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
-    err = relative_error(run(loaded, tokens), run(model, tokens))
-    # F32 holds the bf16 words exactly; F16 all but the smallest (its subnormals); Q8_0 to 8 bits.
-    assert err <= {"F32": 0.0, "F16": 1e-3, "Q8_0": 0.05}[experts], err
+    same = Model(cfg, held, "held", "held")
+    assert relative_error(run(loaded, tokens), run(same, tokens)) <= (1e-2 if experts == "Q8_0" else 0.0)
 
 
 def test_gguf_refusals_are_one_line(tmp_path):

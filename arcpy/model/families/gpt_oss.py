@@ -13,7 +13,7 @@ table's stacked matrices (bf16 words; MXFP4's values are exact in bf16).
 
 llama.cpp's files ("gpt-oss") split gate and up apart (ffn_gate_exps, ffn_up_exps and their
 .bias) and name the sinks attn_sinks.weight, the FFN's input norm post_attention_norm. Their
-MXFP4 experts (ggml type 39) are read as arcpy.model.quant decodes that type.
+MXFP4 experts (ggml type 39) are read as the GGUF loader reads any type it decodes.
 """
 
 from __future__ import annotations
