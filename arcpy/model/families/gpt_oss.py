@@ -29,7 +29,7 @@ from arcpy.model.bf16 import f32_to_bf16
 from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import BY_LAYER, GGUF_LAYER_NAMES, Family, Made
 from arcpy.model.families.hf_values import flag, full_attention_every, integer, number, size
-from arcpy.model.gpt_oss import SINKS, SWIGLU_ALPHA, SWIGLU_LIMIT
+from arcpy.model.gpt_oss import SINKS, SWIGLU_ALPHA, SWIGLU_LIMIT, uses_oss_ops
 from arcpy.model.mxfp4 import BLOCK, BLOCK_BYTES, decode
 from arcpy.model.safetensors import READABLE, TensorEntry, entry_bytes, read_bf16_words
 
@@ -49,7 +49,7 @@ class GptOss(Family):
     gguf_yarn_truncate = False  # the model's YaRN, as config.json states it (llama.cpp's truncates)
 
     def holds(self, cfg: ModelConfig) -> bool:
-        return cfg.attn_sinks
+        return uses_oss_ops(cfg)  # no other family's files hold any of them
 
     def hf_fields(self, d: Mapping, source: str, n_layers: int, head_dim: int) -> dict:
         """Sinks, every bias, the clamped GLU (swiglu_limit, swiglu_alpha), the experts (their width
