@@ -353,6 +353,28 @@ def test_save_model_writes_the_files_transformers_writes(tmp_path):
                                       err_msg=name)
 
 
+def test_gpt_oss_20bs_published_config_reads_as_the_preset():
+    """config.json as openai/gpt-oss-20b publishes it (the rope settings under rope_scaling, the
+    experts' MXFP4 named by quantization_config, keys transformers does not read) is the preset
+    with its full context."""
+    from arcpy.model import config_from_hf
+    doc = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+           "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+           "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+           "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+           "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+           "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+           "output_router_logits": False, "pad_token_id": 199999,
+           "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                              "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+           "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                   "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                                   "truncate": False},
+           "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+           "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088}
+    assert config_from_hf(doc, "config.json") == dataclasses.replace(SHAPES["gpt-oss-20b"], max_seq=131072)
+
+
 def test_the_tiny_preset_runs_on_the_reference():
     model = synthetic_model("gpt-oss-tiny", max_seq=64)
     out = ReferenceModel(model).greedy([1, 2, 3, 4], 6)
