@@ -2,7 +2,8 @@
 sampler, the server's worker, the chat template's keyword arguments, the agents' parts (the
 answer splitter, the constrained step, tool calls in templates and answers), the server's chat
 page (its test runs in headless Chromium: without it, that mutation survives) and Responses
-store, the experts' routing and shared expert, and the resolution of models named on the hub on
+store, the experts' routing and shared expert, gpt-oss's sinks, clamped GLU and MXFP4 decoding,
+and the resolution of models named on the hub on
 purpose, one named
 mutation at a time, and require the tests that name the behaviour to fail.
 
@@ -423,6 +424,30 @@ MUTATIONS = [
         "    if norm_topk_prob:\n",
         "    if not norm_topk_prob:\n",
         ("tests/test_moe_goldens.py::test_the_moe_layer_program_computes_what_transformers_computes[qwen3moe]",),
+    ),
+    Mutation(
+        "gpt-oss's sinks leave the softmax's denominator",
+        "arcpy/devices/reference.py",
+        "        total = total + np.exp(sink - top)\n",
+        "        total = total + 0\n",
+        ("tests/test_gpt_oss.py::test_with_a_float32_cache_the_reference_computes_what_transformers_computes",
+         "tests/test_gpt_oss.py::test_sinks_join_the_softmax_denominator_alone"),
+    ),
+    Mutation(
+        "gpt-oss's experts' GLU is not clamped above",
+        "arcpy/devices/reference.py",
+        "    g = np.minimum(gate, F32(limit))\n",
+        "    g = gate\n",
+        ("tests/test_gpt_oss.py::test_with_a_float32_cache_the_reference_computes_what_transformers_computes",
+         "tests/test_gpt_oss.py::test_the_clamped_glu"),
+    ),
+    Mutation(
+        "MXFP4's first value of a byte is read from its high nibble",
+        "arcpy/model/mxfp4.py",
+        "    out[..., 0::2] = E2M1[blocks & 0x0F]\n",
+        "    out[..., 0::2] = E2M1[blocks >> 4]\n",
+        ("tests/test_gpt_oss.py::test_the_decoder_agrees_with_transformers_dequantization",
+         "tests/test_gpt_oss.py::test_the_decoder_gives_back_what_the_encoder_packs"),
     ),
     Mutation(
         "the host path leaves the logit bias out",

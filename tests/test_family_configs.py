@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from arcpy.model import SHAPES, config_from_hf, config_to_hf, load_model, open_gguf, random_model
-from arcpy.model.checkpoint import _split_experts
+from arcpy.model.checkpoint import _saved_tensors
 from arcpy.model.gguf import _gguf_name
 from arcpy.model.families import family_for
 from arcpy.model.native import expected_tensors
@@ -71,7 +71,7 @@ def preset_facts() -> dict:
         out[name] = {"config_json": doc, "read_back": repr(config_from_hf(json.loads(json.dumps(doc)), "c")),
                      "norms_less_one": family.norms_less_one,
                      "gguf_names": digest({n: _gguf_name(n, family) for n in shapes}),
-                     "saved_names": digest(sorted(_split_experts(stub, cfg, family)))}
+                     "saved_names": digest(sorted(_saved_tensors(stub, cfg, family)))}
     return out
 
 

@@ -20,6 +20,10 @@ and the last ulp of cos/sin/exp):
   routed as model.moe.route says (the order of softmax and top-k, ties to the lower expert); each
   chosen expert's GLU down-projected, times its weight, summed over the k in order of choice; plus
   the shared expert's GLU times sigmoid(its router's logit) where the config has one.
+- gpt-oss's ops (arcpy/model/gpt_oss.py): ATTEND_SINKS adds each query head's exp(sink) to its
+  softmax's denominator (the maximum subtracted is the larger of the scores' and the sink);
+  ATTN_OUT_BIAS adds o_proj's bias; MOE_IN_OSS and MOE_OUT_OSS add the router's and the experts'
+  biases to their products and take the clamped GLU where swiglu_limit is set.
 - logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
 - Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
@@ -42,6 +46,7 @@ from arcpy.devices.deltanet import DeltaNetState
 from arcpy.devices.reference_layer import PRODUCT_WEIGHTS, Layer, norm_factors, weights_f32
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16
+from arcpy.model.gpt_oss import OP_ATTEND_SINKS, OP_ATTN_OUT_BIAS, OP_MOE_IN_OSS, OP_MOE_OUT_OSS
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
 
@@ -95,7 +100,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int,
 
 def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
                      n_kv_heads: int, round_probs: bool = False, scale: float | None = None,
-                     window: int = 0) -> np.ndarray:
+                     window: int = 0, sinks: np.ndarray | None = None) -> np.ndarray:
     """The attention of T tokens at positions start..start+T-1, each over cached positions 0..its own.
 
     q (T, n_heads, head_dim) f32; k_cache, v_cache (n_kv_heads, >= start+T, head_dim) f32
@@ -114,11 +119,18 @@ def causal_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, st
     if window > 0:
         future |= np.arange(seen)[None, :] <= (start + np.arange(t))[:, None] - window
     scores = np.where(future, F32(-np.inf), scores)
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.astype(F32).reshape(n_kv_heads, group, 1, 1)
+        top = np.maximum(top, sink)
+    scores = np.exp(scores - top)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sink - top)
     if round_probs:
-        out = np.matmul(round_bf16(scores), v) / scores.sum(axis=-1, keepdims=True)
+        out = np.matmul(round_bf16(scores), v) / total
     else:
-        out = np.matmul(scores / scores.sum(axis=-1, keepdims=True), v)
+        out = np.matmul(scores / total, v)
     return out.transpose(2, 0, 1, 3).reshape(t, n_heads, head_dim)
 
 
@@ -141,6 +153,14 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 GLUS = {"silu": swiglu, "gelu_tanh": geglu}
+
+
+def clamped_swiglu(gate: np.ndarray, up: np.ndarray, limit: float, alpha: float) -> np.ndarray:
+    """gpt-oss's GLU: g = min(gate, limit), u = clamp(up, -limit, limit) -> g * sigmoid(alpha g) * (u + 1)."""
+    g = np.minimum(gate, F32(limit))
+    u = np.clip(up, F32(-limit), F32(limit))
+    with np.errstate(over="ignore"):  # exp overflows to inf for very negative g; g/inf -> 0 is right
+        return g / (F32(1.0) + np.exp(-F32(alpha) * g)) * (u + F32(1.0))
 
 
 def embedding(table: np.ndarray, token: int) -> np.ndarray:
@@ -181,7 +201,9 @@ class _RowOps:
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
                  OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
                  OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_ATTN_GATE: self.attn_gate,
-                 OP_DN_IN: self.dn_in, OP_DN_STEP: self.dn_step, OP_DN_OUT: self.dn_out}
+                 OP_DN_IN: self.dn_in, OP_DN_STEP: self.dn_step, OP_DN_OUT: self.dn_out,
+                 OP_ATTEND_SINKS: self.attend_sinks, OP_ATTN_OUT_BIAS: self.attn_out_bias,
+                 OP_MOE_IN_OSS: self.moe_in_oss, OP_MOE_OUT_OSS: self.moe_out_oss}
 
         def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
@@ -215,7 +237,7 @@ class _RowOps:
         self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
         self.k = rmsnorm(self.k, L.k_norm, self.cfg.rms_eps)
 
-    def attend(self, li: int, L: Layer) -> None:
+    def attend(self, li: int, L: Layer, sinks: np.ndarray | None = None) -> None:
         c, m, start, t = self.cfg, self.m, self.start, self.t
         factor = c.rope_attention_factor
         q = self.r(rope(self.q, self.positions, L.inv_freq, factor))
@@ -224,10 +246,16 @@ class _RowOps:
         m.v_cache[li, :, start:start + t] = round_bf16(self.v).transpose(1, 0, 2)
         rounded = self.r is not _exact
         self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
-                                           c.scores_scale, c.window(li)))
+                                           c.scores_scale, c.window(li), sinks))
 
-    def attn_out(self, li: int, L: Layer) -> None:
-        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo)
+    def attend_sinks(self, li: int, L: Layer) -> None:
+        self.attend(li, L, L.sinks)
+
+    def attn_out(self, li: int, L: Layer, bias: np.ndarray | None = None) -> None:
+        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo, bias)
+
+    def attn_out_bias(self, li: int, L: Layer) -> None:
+        self.attn_out(li, L, L.bo)
 
     def ffn_in(self, li: int, L: Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
@@ -236,10 +264,16 @@ class _RowOps:
     def ffn_out(self, li: int, L: Layer) -> None:
         self.x = self.x + linear(self.h, L.w_down)
 
-    def moe_in(self, li: int, L: Layer) -> None:
+    def moe_in(self, li: int, L: Layer, oss: bool = False) -> None:
+        """The router and the chosen experts' GLU; `oss`: gpt-oss's, with the router's and the
+        experts' biases (where the config has them) and the clamped GLU (where swiglu_limit is set)."""
         c, glu = self.cfg, GLUS[self.cfg.activation]
+        expert_glu = glu
+        if oss and c.swiglu_limit:
+            expert_glu = lambda g, u: clamped_swiglu(g, u, c.swiglu_limit, c.swiglu_alpha)  # noqa: E731
+        bias = L.expert_bias if oss else (lambda name, e=None: None)
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
-        logits = linear(n, L.router)
+        logits = linear(n, L.router, bias("router"))
         self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
         self.m.routing[li] = self.chosen
         ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
@@ -247,7 +281,8 @@ class _RowOps:
         self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
         h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
-            h[rows, slots] = glu(linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
+            h[rows, slots] = expert_glu(linear(n[rows], L.e_gate[e], bias("gate", e)),
+                                        linear(n[rows], L.e_up[e], bias("up", e)))
         self.h = self.r(h)
         if c.shared_expert_ffn_dim:
             self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
@@ -259,10 +294,13 @@ class _RowOps:
             rows, slots = np.nonzero(self.chosen == e)
             yield int(e), rows, slots
 
-    def moe_out(self, li: int, L: Layer) -> None:
+    def moe_in_oss(self, li: int, L: Layer) -> None:
+        self.moe_in(li, L, oss=True)
+
+    def moe_out(self, li: int, L: Layer, oss: bool = False) -> None:
         y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
         for e, rows, slots in self._by_expert():
-            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
+            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e], L.expert_bias("down", e) if oss else None)
         y *= self.weights[..., None]
         out = y[:, 0]
         for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
@@ -270,6 +308,9 @@ class _RowOps:
         if self.cfg.shared_expert_ffn_dim:
             out = out + self.shared_w * linear(self.shared_h, L.s_down)
         self.x = self.x + out
+
+    def moe_out_oss(self, li: int, L: Layer) -> None:
+        self.moe_out(li, L, oss=True)
 
     def attn_out_norm(self, li: int, L: Layer) -> None:
         t = linear(self.att.reshape(self.t, -1), L.wo)

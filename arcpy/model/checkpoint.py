@@ -24,7 +24,7 @@ from arcpy.model.native import LM_HEAD, expected_tensors, iter_tensors, layer_pr
 from arcpy.model.config import one_layer as single_layer
 from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
-from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for
+from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for, hf_family
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.hybrid import GATED_NORM
 from arcpy.model.quant import QuantTensor
@@ -202,11 +202,15 @@ def _stacked_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> tuple
     return out, parts
 
 
-def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory: Path) -> dict[str, tuple]:
-    """Match the files' tensors against the config -> the expected table, name -> shape."""
+def _check_tensors(cfg: ModelConfig, entries: dict[str, TensorEntry], directory: Path,
+                   made: dict) -> dict[str, tuple]:
+    """Match the files' tensors, and those the family makes (`made`), against the config -> the
+    expected table, name -> shape."""
     # iter_tensors stops at the first tensor the files lack, so a config claiming far more
     # layers than the files hold costs at most one step per stored tensor.
     for name, shape in iter_tensors(cfg):
+        if name in made:  # the family checked what it makes it of against the config
+            continue
         e = entries.get(name)
         if e is None:
             raise ModelFileError(f"{directory}: missing tensor {quoted(name)}")
@@ -257,12 +261,16 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         require(is_int(max_seq) and max_seq > 0, f"max_seq must be a positive int, got {max_seq!r}")
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
-    entries = _unfused(_packed_experts(_text_model(_weight_files(directory, cfg)), cfg), cfg)
+    # The family's own tensors (gpt-oss's fused experts) made first; the rest read as they are.
+    entries, made = hf_family(doc, str(cfg_path)).hf_tensors(_text_model(_weight_files(directory, cfg)), cfg)
+    entries = _unfused(_packed_experts(entries, cfg), cfg)
     entries, experts = _stacked_experts(entries, cfg)
-    expected = _check_tensors(cfg, entries, directory)
+    expected = _check_tensors(cfg, entries, directory, made)
     maps: dict[Path, np.ndarray] = {}
 
     def read(name: str) -> np.ndarray:
+        if name in made:  # each reader checks its words are finite
+            return made[name].read(maps)
         if name not in experts:
             return read_bf16_words(name, entries[name], maps)
         return np.concatenate([read_bf16_words(name, e, maps) for e in experts[name]])
@@ -299,6 +307,13 @@ def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
     return out
 
 
+def _saved_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Family) -> dict[str, np.ndarray]:
+    """The tensors as the family's files hold them: in its own layout where it has one (gpt-oss's
+    fused experts), else with the experts split one tensor per expert."""
+    written = family.hf_written(tensors, cfg)
+    return _split_experts(tensors, cfg, family) if written is None else written
+
+
 def save_model(model: Model, directory) -> None:
     """Write config.json and model.safetensors (BF16) so that `load_model(directory)` reads it back.
     A model with quantized tensors is refused: the files hold bf16 words here."""
@@ -314,4 +329,4 @@ def save_model(model: Model, directory) -> None:
     family = family_for(model.config)
     shift = float(model.config.norm_plus_one) - float(family.norms_less_one)
     tensors = _shifted_norms(model.tensors, shift) if shift else model.tensors
-    save_safetensors(directory / "model.safetensors", _split_experts(tensors, model.config, family), "BF16")
+    save_safetensors(directory / "model.safetensors", _saved_tensors(tensors, model.config, family), "BF16")

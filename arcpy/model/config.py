@@ -10,6 +10,7 @@ import numpy as np
 
 from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
 from arcpy.codes import ACTIVATIONS, ROUTINGS
+from arcpy.model.gpt_oss import check_gpt_oss
 from arcpy.model.hybrid import LINEAR, check_hybrid
 from arcpy.model.moe import EXPERT_SUFFIXES
 from arcpy.model.native import EMBED, expected_tensors
@@ -169,6 +170,15 @@ class ModelConfig:
     linear_v_head_dim: int = 0
     linear_conv_kernel: int = 0
     attn_output_gate: bool = False
+    # gpt-oss's layer (arcpy/model/gpt_oss.py documents it): a learned sink logit per query head in
+    # the attention's softmax; o_proj's bias; biases on the router and the experts; the experts'
+    # clamped GLU (swiglu_limit > 0: min(gate, limit) and up clamped to +-limit, then
+    # gate * sigmoid(swiglu_alpha * gate) * (up + 1); 0: the activation's plain GLU).
+    attn_sinks: bool = False
+    o_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -223,6 +233,7 @@ class ModelConfig:
                 f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
         self._check_experts()
         check_hybrid(self)
+        check_gpt_oss(self)
 
     def _check_experts(self) -> None:
         for field in ("n_experts", "n_experts_used", "expert_ffn_dim", "shared_expert_ffn_dim", "moe_every"):

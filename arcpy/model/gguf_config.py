@@ -71,7 +71,7 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
             max_seq=max_seq,
             rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=m.number(a + "rope.freq_base", 10000.0),
-            rope_scaling=_scaling(f, a, rope_dim),
+            rope_scaling=_scaling(f, a, rope_dim, family.gguf_yarn_truncate),
             tied_embeddings=GGUF_OUTPUT not in f.tensors,
             qkv_bias=family.qkv_bias,
             qk_norm=family.qk_norm,
@@ -87,9 +87,10 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     return cfg
 
 
-def _scaling(f: GGUFFile, a: str, rope_dim: int) -> Scaling | None:
-    """The RoPE scaling the metadata names: linear, YaRN, LongRoPE (its factors stored as tensors),
-    or none (Llama 3 scaling travels as rope_freqs, read by _with_rope_freqs)."""
+def _scaling(f: GGUFFile, a: str, rope_dim: int, truncate: bool) -> Scaling | None:
+    """The RoPE scaling the metadata names: linear, YaRN (its ramp truncated or not, as the family
+    says), LongRoPE (its factors stored as tensors), or none (Llama 3 scaling travels as rope_freqs,
+    read by _with_rope_freqs)."""
     m, path = f.meta, f.path
     kind = m.text(a + "rope.scaling.type", "none")
     factor = m.number(a + "rope.scaling.factor", 1.0)
@@ -105,7 +106,7 @@ def _scaling(f: GGUFFile, a: str, rope_dim: int) -> Scaling | None:
         mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
         return YarnScaling(factor, orig, m.number(a + "rope.scaling.yarn_attn_factor", 1.0) * mscale,
                            m.number(a + "rope.scaling.yarn_beta_fast", 32.0),
-                           m.number(a + "rope.scaling.yarn_beta_slow", 1.0))
+                           m.number(a + "rope.scaling.yarn_beta_slow", 1.0), truncate)
     if kind == "longrope":
         factors = []
         for name in (_ROPE_SHORT, _ROPE_LONG):
@@ -195,12 +196,15 @@ def unfused(f: GGUFFile, cfg: ModelConfig, family: Family) -> dict[str, TensorIn
 
 def _flat_experts(f: GGUFFile) -> dict[str, TensorInfo]:
     """The file's tensors with each 3-D expert tensor (ne: [cols, rows, experts]) read as one
-    matrix of experts * rows rows, expert e's after expert e-1's: the same bytes."""
+    matrix of experts * rows rows, expert e's after expert e-1's, and each experts' bias (gpt-oss's;
+    ne: [cols, experts]) as one vector, expert e's after expert e-1's: the same bytes."""
     out = dict(f.tensors)
     for name, info in f.tensors.items():
         if name.split(".")[-2] in _EXPERT_TENSORS and len(info.dims) == 3:
             cols, rows, experts = info.dims
             out[name] = dataclasses.replace(info, dims=(cols, rows * experts))
+        elif name.split(".")[-2] in _EXPERT_TENSORS and name.endswith(".bias") and len(info.dims) == 2:
+            out[name] = dataclasses.replace(info, dims=(info.dims[0] * info.dims[1],))
     return out
 
 

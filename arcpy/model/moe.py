@@ -48,9 +48,10 @@ def route(logits: np.ndarray, k: int, routing: str, norm_topk_prob: bool) -> tup
     return chosen, weights
 
 
-GPT_OSS_NEEDS = ("gpt-oss is not supported yet: it needs MXFP4 experts, attention sinks, alternating sliding "
-                 "windows and harmony prompts")
-EXPERT_SUFFIXES = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")
+# The routed experts' tensors (a token reads only its k experts' share of each): their matrices, and
+# gpt-oss's biases.
+EXPERT_SUFFIXES = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight",
+                   "mlp.experts.gate_proj.bias", "mlp.experts.up_proj.bias", "mlp.experts.down_proj.bias")
 
 
 def expert_bytes(model) -> int:
@@ -84,13 +85,15 @@ def step_bytes(model, rows: int = 1, steps: int = 64, seed: int = 0) -> tuple[in
     if rows == 1:  # one token reads exactly its k experts, whatever the routing
         return active_bytes(model, k), active_bytes(model, k)
     rng = np.random.default_rng(seed)
-    routers = [bf16_to_f32(model.tensors[f"model.layers.{i}.mlp.gate.weight"])
-               for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
+    layers = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
+    routers = [bf16_to_f32(model.tensors[f"model.layers.{i}.mlp.gate.weight"]) for i in layers]
+    biases = [bf16_to_f32(model.tensors[f"model.layers.{i}.mlp.gate.bias"]) if cfg.expert_bias else F32(0)
+              for i in layers]  # gpt-oss's routers have biases
     reads = []
     for _ in range(steps):
         x = rng.standard_normal((rows, cfg.dim), dtype=F32)
-        reads.append(np.mean([distinct_experts(route(x @ w.T, k, cfg.routing, cfg.norm_topk_prob)[0])
-                              for w in routers]))
+        reads.append(np.mean([distinct_experts(route(x @ w.T + b, k, cfg.routing, cfg.norm_topk_prob)[0])
+                              for w, b in zip(routers, biases)]))
     return active_bytes(model, float(np.mean(reads))), active_bytes(model, worst)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from arcpy import _lib
 from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import table
+from arcpy.model import gpt_oss, table
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -176,6 +176,7 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
+    oss = gpt_oss.tensors_after(cfg)  # gpt-oss's sinks and biases, after the tensor each follows
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
         for suffix, tensor in layer_ids:
@@ -187,6 +188,8 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
             elif suffix == _CONV:
                 shape = (shape[0], 1, shape[1])
             yield p + suffix, shape
+            for name, s in oss.get(suffix, ()):
+                yield p + name, s
     yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)
     lm_head = table.shape(_GLOBAL_IDS[LM_HEAD], 0, True)
     if lm_head is not None:
@@ -213,13 +216,13 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if _lib.not_built():
-        return table.layer_program(config_values(cfg), layer)
+        return gpt_oss.program(table.layer_program(config_values(cfg), layer), cfg)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
-    return [int(op) for op in ops[0:count[0]]]
+    return gpt_oss.program([int(op) for op in ops[0:count[0]]], cfg)
 
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join(OP_NAMES.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, **gpt_oss.OP_NAMES}.get(op, f"op{op}") for op in program)

@@ -124,6 +124,21 @@ SHAPES.update({
                                linear_k_head_dim=128, linear_v_head_dim=128, n_experts=256, n_experts_used=8,
                                expert_ffn_dim=512, shared_expert_ffn_dim=512, norm_topk_prob=True),
 })
+# gpt-oss's (arcpy/model/gpt_oss.py): sinks, biases on q/k/v/o, the router and the experts, the
+# clamped GLU, the top 4 logits' softmax, a window of 128 on even layers, YaRN (32 over 4,096, its
+# ramp not truncated): a small one for tests (the NumPy backend alone runs it), and the real dims
+# of gpt-oss-20b (24 layers, 32 experts of width 2,880; about 21B weights, 3.6B a token).
+_OSS = dict(rms_eps=1e-5, rope_theta=150000.0, qkv_bias=True, o_bias=True, attn_sinks=True, expert_bias=True,
+            swiglu_limit=7.0, swiglu_alpha=1.702, routing="topk_softmax", window_pattern=2,
+            rope_scaling=YarnScaling(32.0, 4096, 0.1 * math.log(32.0) + 1.0, truncate=False))
+SHAPES.update({
+    "gpt-oss-tiny": ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=128, vocab=1024,
+                                max_seq=1024, n_experts=8, n_experts_used=4, expert_ffn_dim=128, sliding_window=16,
+                                **_OSS),
+    "gpt-oss-20b": ModelConfig(dim=2880, n_layers=24, n_heads=64, n_kv_heads=8, head_dim=64, ffn_dim=2880,
+                               vocab=201088, max_seq=8192, n_experts=32, n_experts_used=4, expert_ffn_dim=2880,
+                               sliding_window=128, **_OSS),
+})
 # The bench's mixtures: Qwen3-30B-A3B (48 layers, 128 experts, top 8 of expert ffn 768) and
 # Mixtral-8x7B (32 layers, 8 experts, top 2 of expert ffn 14336), quantized only.
 _QWEN3_30B = ModelConfig(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, ffn_dim=6144, vocab=151936,

@@ -147,16 +147,20 @@ def _as_bf16_words(view: np.ndarray, dtype: str) -> np.ndarray:
     return f32_to_bf16(view.astype(np.float32))
 
 
+def entry_bytes(entry: TensorEntry, maps: dict[Path, np.ndarray]) -> np.ndarray:
+    """A tensor's bytes (uint8), a view of its file's read-only mapping (one per file, in `maps`)."""
+    if entry.file not in maps:
+        maps[entry.file] = np.asarray(np.memmap(entry.file, dtype=np.uint8, mode="r"))
+    return maps[entry.file][entry.start:entry.start + entry.nbytes]
+
+
 def read_bf16_words(name: str, entry: TensorEntry, maps: dict[Path, np.ndarray]) -> np.ndarray:
     """One tensor as bf16 words: BF16 data stays a view of the file's mapping, F16/F32 are rounded.
     Every word is checked to be finite (one pass over the data, which also pages it in).
 
     `maps` holds one read-only mapping per file, shared by its tensors.
     """
-    if entry.file not in maps:
-        maps[entry.file] = np.asarray(np.memmap(entry.file, dtype=np.uint8, mode="r"))
-    raw = maps[entry.file][entry.start:entry.start + entry.nbytes]
-    view = raw.view(READABLE[entry.dtype]).reshape(entry.shape)
+    view = entry_bytes(entry, maps).view(READABLE[entry.dtype]).reshape(entry.shape)
     try:
         words = _as_bf16_words(view, entry.dtype)
     except MemoryError:

@@ -10,6 +10,7 @@
     gemma3       Gemma 3 (text)             qwen3_moe   Qwen3-MoE
     qwen2_moe    Qwen2-MoE                  mixtral     Mixtral
     qwen3_5      Qwen3.5 and Qwen3.6, dense and MoE (gated DeltaNet hybrids)
+    gpt_oss      gpt-oss (sinks, biases, a clamped GLU: arcpy/model/gpt_oss.py)
 
 The readers (arcpy.model.hf, gguf_config, gguf, checkpoint) look a family up here, by config.json's
 architectures or model_type, by a GGUF file's general.architecture, or, to write config.json, by
@@ -25,6 +26,7 @@ from arcpy.errors import ModelFileError
 from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import Family
 from arcpy.model.families.gemma3 import GEMMA3
+from arcpy.model.families.gpt_oss import GPT_OSS
 from arcpy.model.families.hf_values import text
 from arcpy.model.families.llama import LLAMA
 from arcpy.model.families.mistral import MISTRAL, MISTRAL3
@@ -36,20 +38,17 @@ from arcpy.model.families.qwen3 import QWEN3
 from arcpy.model.families.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from arcpy.model.families.qwen3_moe import QWEN3_MOE
 from arcpy.model.families.smollm3 import SMOLLM3
-from arcpy.model.moe import GPT_OSS_NEEDS
 
 # In the order messages list them.
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3, MISTRAL3, PHI3, GEMMA3, QWEN3_MOE,
-                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE)
+                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE, GPT_OSS)
 # config_to_hf writes a config as the first of these that holds it.
-_WRITERS = (QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
+_WRITERS = (GPT_OSS, QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
 _BY_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
 _BY_TYPE = {f.name: f for f in FAMILIES if f.hf_classes}
 _BY_GGUF = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}
 # The architectures whose GGUF files may hold experts (their family reads them).
 _GGUF_MOE = tuple(f.gguf_arch for f in FAMILIES if f.gguf_arch and type(f).gguf_experts is not Family.gguf_experts)
-# What the families this engine does not run yet need, refused in one line each.
-_REFUSED_HF, _REFUSED_GGUF = ("GptOssForCausalLM", "gpt_oss"), "gpt-oss"
 
 # Every family's fused tensors and expert names, which the safetensors reader splits and stacks
 # wherever they come: a layer's fused tensor -> its parts; an FFN block's name -> its files'
@@ -62,9 +61,6 @@ def hf_family(d: Mapping, source: str) -> Family:
     """The family config.json `d` names: the first of its architectures this engine reads, else
     (no architectures) its model_type. `source` names the file in messages."""
     archs = d.get("architectures")
-    named = archs if isinstance(archs, list) else [d.get("model_type")]
-    if any(isinstance(a, str) and a in _REFUSED_HF for a in named):
-        raise ModelFileError(f"{source}: {GPT_OSS_NEEDS}")
     if archs is None:
         if "model_type" not in d:
             raise ModelFileError(f"{source}: missing key 'architectures'")
@@ -84,8 +80,6 @@ def hf_family(d: Mapping, source: str) -> Family:
 
 def gguf_family(arch: str, path) -> Family:
     """The family of a GGUF file whose general.architecture is `arch` (`path` names it in messages)."""
-    if arch == _REFUSED_GGUF:
-        raise ModelFileError(f"{path}: {GPT_OSS_NEEDS}")
     if arch not in _BY_GGUF:
         raise ModelFileError(f"{path}: unsupported architecture {quoted(arch)} (supported: {', '.join(_BY_GGUF)})")
     return _BY_GGUF[arch]

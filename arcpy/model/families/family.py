@@ -4,7 +4,7 @@ Family, setting the class attributes that differ and overriding the hooks it nee
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from arcpy.model.config import ModelConfig
 from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD
@@ -32,6 +32,15 @@ GGUF_LAYER_NAMES = {
 EXPERT_NAMES = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 
 
+class Made(NamedTuple):
+    """A tensor of the table a family makes from its files' tensors (Family.hf_tensors): its
+    shape, and its reader, which takes the files' mappings (a dict, as read_bf16_words does) and
+    returns its bf16 words."""
+
+    shape: tuple[int, ...]
+    read: Callable[[dict], object]
+
+
 class Family:
     """A family of decoders, as its Hugging Face config.json and its GGUF metadata describe it.
 
@@ -57,6 +66,7 @@ class Family:
     gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
     gguf_unpacked: tuple[str, ...] = ()  # matrices (by name's end) never kept quantized: gguf_tensor moves columns
     gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
+    gguf_yarn_truncate = True    # YaRN's ramp of the GGUF files truncated to whole pairs, as llama.cpp's
 
     def holds(self, cfg: ModelConfig) -> bool:
         """Whether config.json of this family can say what cfg holds (config_to_hf asks the
@@ -75,6 +85,17 @@ class Family:
     def to_hf(self, cfg: ModelConfig, d: dict) -> None:
         """Write into config.json `d` (the keys every family shares, already there) the keys of
         the family's own fields of cfg."""
+
+    def hf_tensors(self, entries: Mapping, cfg: ModelConfig) -> tuple[dict, dict[str, Made]]:
+        """The files' tensors (name -> TensorEntry) as the table names them: (the entries read as
+        they are, the tensors the family makes from others by name). Most families' are as stored."""
+        return dict(entries), {}
+
+    def hf_written(self, tensors: Mapping, cfg: ModelConfig) -> dict | None:
+        """The model's tensors (bf16 words) under the names and in the layout of the family's
+        files, where they differ from the table's but for the experts split one tensor per expert
+        (what save_model writes otherwise); None: no layout of the family's own."""
+        return None
 
     def gguf_experts(self, m, a: str, n: int) -> dict | None:
         """A mixture of n experts' fields from the GGUF metadata `m` (keys prefixed `a`); None

@@ -10,7 +10,7 @@ from typing import Mapping
 from arcpy.errors import ModelFileError
 from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import BY_LAYER, GGUF_LAYER_NAMES, Family
-from arcpy.model.families.hf_values import integer, number, rope_from_hf, size
+from arcpy.model.families.hf_values import full_attention_every, integer, number, rope_from_hf, size
 
 _PATTERN, _LOCAL_BASE = 6, 10000.0  # llama.cpp's defaults where the file names none
 # The norms after attention: its own output norms, and the FFN's input norm as llama's.
@@ -41,22 +41,10 @@ class Gemma3(Family):
             raise ModelFileError(f"{source}: key 'query_pre_attn_scalar' must be positive, got {scalar}")
         out = {"post_norms": True, "norm_plus_one": self.norms_less_one, "embed_scale": math.sqrt(dim),
                "attn_scale": scalar ** -0.5}
-        kinds = d.get("layer_types")
-        if kinds is None:
-            every = integer(d, "sliding_window_pattern", source, _PATTERN)
-            kinds = ["full_attention" if every > 0 and i % every == every - 1 else "sliding_attention"
-                     for i in range(n_layers)]
-        if not isinstance(kinds, list) or len(kinds) != n_layers or not set(kinds) <= {"full_attention",
-                                                                                        "sliding_attention"}:
-            raise ModelFileError(f"{source}: key 'layer_types' must name full_attention or sliding_attention for "
-                                 f"each of the {n_layers} layers")
-        full = [i for i, k in enumerate(kinds) if k == "full_attention"]
-        every = full[0] + 1 if full else 0
-        if [i for i in range(n_layers) if every and i % every == every - 1] != full:
-            raise ModelFileError(f"{source}: layer_types must make every n-th layer full attention, the others "
-                                 f"sliding (got full attention at layers {full})")
+        default = integer(d, "sliding_window_pattern", source, _PATTERN) if "layer_types" not in d else 0
+        every = full_attention_every(d, source, n_layers, default)
         window = integer(d, "sliding_window", source)
-        if full != list(range(n_layers)):
+        if every != 1:
             out.update(sliding_window=window, window_pattern=every)
         params = d.get("rope_parameters")
         if isinstance(params, dict) and "full_attention" in params:

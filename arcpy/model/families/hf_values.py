@@ -164,3 +164,21 @@ def rope_from_hf(d: Mapping, source: str, head_dim: int) -> tuple[float, Scaling
     return theta, scaling, 0 if rope_dim == head_dim else rope_dim
 
 
+def full_attention_every(d: Mapping, source: str, n_layers: int, default: int) -> int:
+    """n where config.json's layer_types makes every n-th layer full attention and the others
+    sliding_attention (1: every layer full; 0: none), as the config's window_pattern holds it;
+    without layer_types, every `default`-th. Any other pattern is one ModelFileError line."""
+    kinds = d.get("layer_types")
+    if kinds is None:
+        kinds = ["full_attention" if default > 0 and i % default == default - 1 else "sliding_attention"
+                 for i in range(n_layers)]
+    if not isinstance(kinds, list) or len(kinds) != n_layers or not set(kinds) <= {"full_attention",
+                                                                                    "sliding_attention"}:
+        raise ModelFileError(f"{source}: key 'layer_types' must name full_attention or sliding_attention for "
+                             f"each of the {n_layers} layers")
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    every = full[0] + 1 if full else 0
+    if [i for i in range(n_layers) if every and i % every == every - 1] != full:
+        raise ModelFileError(f"{source}: layer_types must make every n-th layer full attention, the others "
+                             f"sliding (got full attention at layers {full})")
+    return every
