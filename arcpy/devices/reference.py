@@ -42,6 +42,7 @@ from arcpy.devices.deltanet import DeltaNetState
 from arcpy.devices.reference_layer import PRODUCT_WEIGHTS, Layer, norm_factors, weights_f32
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16
+from arcpy.model.gemma4 import cache_dims
 from arcpy.model.hybrid import OP_DELTANET
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
@@ -177,11 +178,15 @@ class _RowOps:
         self.x = m.embed[tokens] * F32(m.config.embed_scale)  # (T, dim), a copy
         self.run = self._dispatch()
 
+    def _ops(self) -> dict:
+        """Each op's method, by its id."""
+        return {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
+                OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
+                OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
+                OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
+
     def _dispatch(self):
-        table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
-                 OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
-                 OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
-                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
+        table = self._ops()
 
         def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
@@ -235,17 +240,38 @@ class _RowOps:
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
         logits = linear(n, L.router)
         self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
+        self._note_routing(li, logits)
+        self.h = self.r(self._expert_glus(n, L))
+        if c.shared_expert_ffn_dim:
+            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
+            self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
+
+    def _note_routing(self, li: int, logits: np.ndarray) -> None:
+        """Record the rows' chosen experts and the smallest lead of a k-th logit over the next."""
+        c = self.cfg
         self.m.routing[li] = self.chosen
         ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
         k = c.n_experts_used
         self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
-        h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
+
+    def _expert_glus(self, n: np.ndarray, L: Layer) -> np.ndarray:
+        """The chosen experts' GLUs of the normed rows n -> (T, k, expert_ffn_dim)."""
+        glu = GLUS[self.cfg.activation]
+        h = np.empty(self.chosen.shape + (self.cfg.expert_ffn_dim,), F32)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
             h[rows, slots] = glu(linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
-        self.h = self.r(h)
-        if c.shared_expert_ffn_dim:
-            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
-            self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
+        return h
+
+    def _expert_sum(self, L: Layer) -> np.ndarray:
+        """The chosen experts' outputs of self.h, weighted, summed in order of choice -> (T, dim)."""
+        y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
+        for e, rows, slots in self._by_expert():
+            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
+        y *= self.weights[..., None]
+        out = y[:, 0]
+        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
+            out = out + y[:, j]
+        return out
 
     def _by_expert(self):
         """(expert, its rows, their slots among the k) for every expert some row chose."""
@@ -254,13 +280,7 @@ class _RowOps:
             yield int(e), rows, slots
 
     def moe_out(self, li: int, L: Layer) -> None:
-        y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
-        for e, rows, slots in self._by_expert():
-            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
-        y *= self.weights[..., None]
-        out = y[:, 0]
-        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
-            out = out + y[:, j]
+        out = self._expert_sum(L)
         if self.cfg.shared_expert_ffn_dim:
             out = out + self.shared_w * linear(self.shared_h, L.s_down)
         self.x = self.x + out
@@ -290,13 +310,19 @@ class ReferenceModel:
         # A tied head is the same table: share the array rather than convert it twice.
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = norm_factors(model, FINAL_NORM)
-        self.layers = [Layer(model, i) for i in range(cfg.n_layers)]
+        layer, self._rows, self.per_layer_inputs = Layer, _RowOps, None
+        if cfg.gemma4_layer:  # its layer's weights, ops and per-layer inputs (arcpy/devices/gemma4.py)
+            from arcpy.devices.gemma4 import Gemma4Layer, Gemma4Rows, PerLayerInputs
+            layer, self._rows = Gemma4Layer, Gemma4Rows
+            self.per_layer_inputs = PerLayerInputs(model) if cfg.ple_dim else None
+        self.layers = [layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.routing: dict[int, np.ndarray] = {}  # MoE layer -> the last rows' chosen experts (T, k)
         self.route_gap: dict[int, float] = {}  # MoE layer -> its last rows' smallest lead of a choice
         self.quantized = model.quantized
         self._bf16_layers: list[Layer] | None = None  # quantized weights rounded to bf16, made on first use
-        shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
+        kv_heads, head_dim = cache_dims(cfg)  # a Gemma 4 layer's own dims fill what they need of it
+        shape = (cfg.n_layers, kv_heads, self.max_seq, head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
         # Each DeltaNet layer's recurrent state (arcpy.model.hybrid): the positions it has taken in.
@@ -319,7 +345,12 @@ class ReferenceModel:
         x = self._run_rows([int(token)], int(pos), self.layers, _exact)[0]
         if not logits:
             return None
-        return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
+        return self._capped(gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps)))
+
+    def _capped(self, logits: np.ndarray) -> np.ndarray:
+        """The logits, soft-capped where the config caps them: cap * tanh(logits / cap)."""
+        cap = self.config.final_softcap
+        return np.tanh(logits / F32(cap)) * F32(cap) if cap else logits
 
     def _check_token(self, token) -> None:
         if not _is_int(token) or not 0 <= token < self.config.vocab:
@@ -357,7 +388,8 @@ class ReferenceModel:
         if progress is not None:
             progress(len(offsets), len(offsets))
         rows = np.concatenate(xs) if every_row else xs[-1][-1:]
-        logits = np.stack([gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)) for x in rows])
+        logits = np.stack([self._capped(gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)))
+                           for x in rows])
         return logits if every_row else logits[0]
 
     def _product_layers(self, bf16_products: bool) -> list[Layer]:
@@ -384,7 +416,7 @@ class ReferenceModel:
         """Rows of tokens at positions start.. through every layer's program (libarc's
         arc_layer_program, the one the CUDA forwards run) -> their residual streams (T, dim) f32.
         `r` is applied to what enters a matrix product (bf16 rounding for the prefill's form)."""
-        ops = _RowOps(self, tokens, start, r)
+        ops = self._rows(self, tokens, start, r)
         for li, L in enumerate(layers):
             for op in self.programs[li]:
                 ops.run(op, li, L)

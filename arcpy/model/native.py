@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_NAMES, OP_QK_NORM, ROUTINGS
+from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_OUT_NORM, OP_NAMES, OP_QK_NORM, ROUTINGS
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import table
+from arcpy.model import gemma4, table
 from arcpy.model.hybrid import OP_DELTANET, deltanet_shapes
 
 EMBED = "model.embed_tokens.weight"
@@ -154,8 +154,12 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     under the Hugging Face names.
 
     A generator, so a reader can stop at the first tensor a file lacks instead of first listing
-    all of them for a config that claims a billion layers.
+    all of them for a config that claims a billion layers. A Gemma 4 config's: libarc's table of
+    the Gemma 3 layer under it, reshaped and extended (arcpy.model.gemma4).
     """
+    if cfg.gemma4_layer:
+        yield from gemma4.tensors(cfg, iter_tensors(gemma4.base_config(cfg)))
+        return
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
@@ -198,6 +202,8 @@ def place(name: str, cfg) -> tuple[str, int]:
 
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
+    if cfg.gemma4_layer:  # libarc's program of the Gemma 3 layer under it, extended
+        return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer, OP_FFN_OUT_NORM)
     if _lib.not_built():
         return _deltanet(table.layer_program(config_values(cfg), layer), cfg, layer)
     ffi, lib = _lib.load()
@@ -219,4 +225,4 @@ def _deltanet(program: list[int], cfg, layer: int) -> list[int]:
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET"}.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, OP_DELTANET: "DELTANET", **gemma4.OP_NAMES}.get(op, f"op{op}") for op in program)

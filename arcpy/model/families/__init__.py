@@ -10,6 +10,7 @@
     gemma3       Gemma 3 (text)             qwen3_moe   Qwen3-MoE
     qwen2_moe    Qwen2-MoE                  mixtral     Mixtral
     qwen3_5      Qwen3.5 and Qwen3.6, dense and MoE (gated DeltaNet hybrids)
+    gemma4       Gemma 4 (text), dense and MoE, with per-layer embeddings and shared K/V
 
 The readers (arcpy.model.hf, gguf_config, gguf, checkpoint) look a family up here, by config.json's
 architectures or model_type, by a GGUF file's general.architecture, or, to write config.json, by
@@ -25,6 +26,7 @@ from arcpy.errors import ModelFileError
 from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import Family
 from arcpy.model.families.gemma3 import GEMMA3
+from arcpy.model.families.gemma4 import GEMMA4
 from arcpy.model.families.hf_values import text
 from arcpy.model.families.llama import LLAMA
 from arcpy.model.families.mistral import MISTRAL, MISTRAL3
@@ -40,9 +42,9 @@ from arcpy.model.moe import GPT_OSS_NEEDS
 
 # In the order messages list them.
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3, MISTRAL3, PHI3, GEMMA3, QWEN3_MOE,
-                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE)
+                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE, GEMMA4)
 # config_to_hf writes a config as the first of these that holds it.
-_WRITERS = (QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
+_WRITERS = (GEMMA4, QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
 _BY_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
 _BY_TYPE = {f.name: f for f in FAMILIES if f.hf_classes}
 _BY_GGUF = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}

@@ -32,6 +32,19 @@ GGUF_LAYER_NAMES = {
 EXPERT_NAMES = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 
 
+def nested_text_config(d: Mapping) -> Mapping:
+    """The text model's keys of a multimodal class's config.json: text_config's where it has one,
+    the outer file's architectures and tie_word_embeddings kept; else `d` itself."""
+    inner = d.get("text_config")
+    if not isinstance(inner, dict):
+        return d
+    out = dict(inner)
+    for key in ("architectures", "tie_word_embeddings"):
+        if key in d:
+            out[key] = d[key]
+    return out
+
+
 class Family:
     """A family of decoders, as its Hugging Face config.json and its GGUF metadata describe it.
 
@@ -56,6 +69,7 @@ class Family:
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
     gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
     gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
+    softcaps_logits = False      # the family reads config.json's final_logit_softcapping (else refused)
 
     def holds(self, cfg: ModelConfig) -> bool:
         """Whether config.json of this family can say what cfg holds (config_to_hf asks the

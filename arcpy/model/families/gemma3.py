@@ -18,6 +18,27 @@ _POST_NORM_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feed
                     "post_feedforward_layernorm": "post_ffw_norm"}
 
 
+def windows(d: Mapping, source: str, n_layers: int) -> dict:
+    """The window's fields of the layers layer_types (or sliding_window_pattern) names sliding:
+    every n-th layer full attention, the others sliding (none: no window)."""
+    kinds = d.get("layer_types")
+    if kinds is None:
+        every = integer(d, "sliding_window_pattern", source, _PATTERN)
+        kinds = ["full_attention" if every > 0 and i % every == every - 1 else "sliding_attention"
+                 for i in range(n_layers)]
+    if not isinstance(kinds, list) or len(kinds) != n_layers or not set(kinds) <= {"full_attention",
+                                                                                    "sliding_attention"}:
+        raise ModelFileError(f"{source}: key 'layer_types' must name full_attention or sliding_attention for "
+                             f"each of the {n_layers} layers")
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    every = full[0] + 1 if full else 0
+    if [i for i in range(n_layers) if every and i % every == every - 1] != full:
+        raise ModelFileError(f"{source}: layer_types must make every n-th layer full attention, the others "
+                             f"sliding (got full attention at layers {full})")
+    window = integer(d, "sliding_window", source)
+    return {} if full == list(range(n_layers)) else {"sliding_window": window, "window_pattern": every}
+
+
 class Gemma3(Family):
     name = "gemma3"
     hf_classes = ("Gemma3ForCausalLM",)
@@ -40,24 +61,7 @@ class Gemma3(Family):
         if scalar <= 0:
             raise ModelFileError(f"{source}: key 'query_pre_attn_scalar' must be positive, got {scalar}")
         out = {"post_norms": True, "norm_plus_one": self.norms_less_one, "embed_scale": math.sqrt(dim),
-               "attn_scale": scalar ** -0.5}
-        kinds = d.get("layer_types")
-        if kinds is None:
-            every = integer(d, "sliding_window_pattern", source, _PATTERN)
-            kinds = ["full_attention" if every > 0 and i % every == every - 1 else "sliding_attention"
-                     for i in range(n_layers)]
-        if not isinstance(kinds, list) or len(kinds) != n_layers or not set(kinds) <= {"full_attention",
-                                                                                        "sliding_attention"}:
-            raise ModelFileError(f"{source}: key 'layer_types' must name full_attention or sliding_attention for "
-                                 f"each of the {n_layers} layers")
-        full = [i for i, k in enumerate(kinds) if k == "full_attention"]
-        every = full[0] + 1 if full else 0
-        if [i for i in range(n_layers) if every and i % every == every - 1] != full:
-            raise ModelFileError(f"{source}: layer_types must make every n-th layer full attention, the others "
-                                 f"sliding (got full attention at layers {full})")
-        window = integer(d, "sliding_window", source)
-        if full != list(range(n_layers)):
-            out.update(sliding_window=window, window_pattern=every)
+               "attn_scale": scalar ** -0.5, **windows(d, source, n_layers)}
         params = d.get("rope_parameters")
         if isinstance(params, dict) and "full_attention" in params:
             local = params.get("sliding_attention")
