@@ -10,6 +10,7 @@ from arcpy import _lib
 from arcpy.devices.context import Context
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
+from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
 from arcpy.model.hybrid import CUDA_REFUSAL, is_hybrid
 from arcpy.model.native import native_config, place
 
@@ -22,9 +23,12 @@ PREFILL_CHUNK = 2048
 
 def check_supported(cfg) -> None:
     """Refuses, before anything is allocated, what libarc's layer program does not hold: the gated
-    DeltaNet layers and gated attention of Qwen3.5's hybrids (arcpy/model/hybrid.py), one line."""
+    DeltaNet layers and gated attention of Qwen3.5's hybrids (arcpy/model/hybrid.py), Gemma 4's
+    layer (arcpy/model/gemma4.py), one line."""
     if is_hybrid(cfg):
         raise InvalidArgumentError(CUDA_REFUSAL)
+    if cfg.gemma4_layer:
+        raise InvalidArgumentError(GEMMA4_REFUSAL)
 
 
 def check_fits(model: Model, max_seq: int, free: int) -> None:

@@ -67,6 +67,7 @@ class Family:
     hf_expert_names: Mapping[str, str] = EXPERT_NAMES  # the model's matrix name -> the files' <name>
     gguf_permuted = False        # llama.cpp's converter reorders the q/k rows (gguf.py's docstring)
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
+    gguf_global_names: Mapping[str, str] = {}  # the family's own tensors outside the layers -> llama.cpp's names
     gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
     gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
     softcaps_logits = False      # the family reads config.json's final_logit_softcapping (else refused)

@@ -14,11 +14,25 @@ from typing import Mapping
 from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
 from arcpy.model.config import LinearScaling, ModelConfig
-from arcpy.model.families.family import BY_LAYER, Family, nested_text_config
+from arcpy.model.families.family import BY_LAYER, GGUF_LAYER_NAMES, Family, nested_text_config
 from arcpy.model.families.gemma3 import windows
 from arcpy.model.families.hf_values import flag, integer, number, size, value
-from arcpy.model.gemma4 import global_dims
+from arcpy.model.gemma4 import (EXPERT_SCALE, LAYER_SCALAR, PLE_EMBED, PLE_NORM, PLE_PROJECTION, ROUTER_SCALE,
+                                global_dims)
 
+# llama.cpp's names (its gemma4): a layer's modules, and the tensors it names whole; the experts'
+# gate and up matrices are one tensor there, ffn_gate_up_exps (each expert's gate rows, then its up
+# rows); the per-layer embeddings' tensors outside the layers.
+_GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+               "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
+               "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
+               "mlp.experts.gate_proj": "ffn_gate_up_exps", "mlp.experts.up_proj": "ffn_gate_up_exps",
+               "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
+               ROUTER_SCALE: "ffn_gate_inp.scale", EXPERT_SCALE: "ffn_down_exps.scale",
+               LAYER_SCALAR: "layer_output_scale.weight"}
+_GGUF_GLOBAL_NAMES = {PLE_EMBED: "per_layer_token_embd.weight", PLE_PROJECTION: "per_layer_model_proj.weight",
+                      PLE_NORM: "per_layer_proj_norm.weight"}
 _GLOBAL_HEAD_DIM = 512  # transformers' default where config.json names none
 _OVERRIDES = {"head_dim", "num_key_value_heads"}  # what per_layer_config may change of a full-attention layer
 
@@ -49,6 +63,8 @@ class Gemma4(Family):
     window = BY_LAYER
     softcaps_logits = True
     hf_constants = {"attention_bias": False}
+    gguf_names = _GGUF_NAMES
+    gguf_global_names = _GGUF_GLOBAL_NAMES
 
     def holds(self, cfg: ModelConfig) -> bool:
         return cfg.gemma4_layer
