@@ -255,3 +255,103 @@ def test_config_json_errors_are_one_line(edit, message, tmp_path):
     with pytest.raises(ModelFileError, match=message) as e:
         load_model(d)
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF: the files llama.cpp's converter writes for gemma4
+
+
+def write_gemma4_gguf(path, model) -> Path:
+    """The model as llama.cpp's converter writes it (float32 values): the layer kinds, kv heads and
+    FFN widths by layer, the full-attention layers' head width as key_length, their proportional
+    RoPE as rope_freqs; each expert's gate and up rows in one 3-D tensor; the k and v of the
+    layers that share K/V written all the same, as the published files hold them."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gguf import GGUFWriter
+    from test_families import gguf_meta
+    from test_gguf import put
+    from arcpy.model import bf16_to_f32
+    from arcpy.model.families import family_for
+    from arcpy.model.gemma4 import ffn_width, global_dims, layer_dims
+    from arcpy.model.gguf import _gguf_name
+    cfg, family, a = model.config, family_for(model.config), "gemma4."
+    gh, _ = global_dims(cfg)
+    n = cfg.n_layers
+    meta = {**gguf_meta("gemma4", cfg), a + "attention.key_length": gh, a + "attention.value_length": gh,
+            a + "attention.key_length_swa": cfg.head_dim, a + "attention.value_length_swa": cfg.head_dim,
+            a + "attention.head_count_kv": [layer_dims(cfg, i)[1] for i in range(n)],
+            a + "feed_forward_length": [ffn_width(cfg, i) for i in range(n)],
+            a + "attention.sliding_window_pattern": [cfg.window(i) > 0 for i in range(n)],
+            a + "attention.shared_kv_layers": cfg.kv_shared_layers, a + "rope.dimension_count": gh,
+            a + "rope.dimension_count_swa": cfg.head_dim, a + "final_logit_softcapping": float(cfg.final_softcap),
+            a + "embedding_length_per_layer_input": cfg.ple_dim}
+    tensors = {}
+    for name, words in model.tensors.items():
+        x = bf16_to_f32(words)
+        if name.endswith("mlp.experts.up_proj.weight"):
+            continue
+        if name.endswith("mlp.experts.gate_proj.weight"):
+            up = bf16_to_f32(model.tensors[name.replace("gate_proj", "up_proj")])
+            x = np.stack([x.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
+                          up.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim)], axis=1)
+            x = x.reshape(cfg.n_experts, 2 * cfg.expert_ffn_dim, cfg.dim)
+        elif name.endswith("mlp.experts.down_proj.weight"):
+            x = x.reshape(cfg.n_experts, cfg.dim, cfg.expert_ffn_dim)
+        tensors[_gguf_name(name, family)] = np.ascontiguousarray(x, np.float32)
+    turning = (cfg.global_rope_dim or gh) // 2
+    tensors["rope_freqs.weight"] = np.array([1.0] * turning + [1e30] * (gh // 2 - turning), np.float32)
+    for i in range(n - cfg.kv_shared_layers, n):
+        hd, kv = layer_dims(cfg, i)
+        tensors[f"blk.{i}.attn_k.weight"] = np.ones((kv * hd, cfg.dim), np.float32)
+    if cfg.n_experts:
+        meta.update({a + "expert_count": cfg.n_experts, a + "expert_used_count": cfg.n_experts_used,
+                     a + "expert_feed_forward_length": cfg.expert_ffn_dim})
+    w = GGUFWriter(path, "gemma4")
+    for key, value in meta.items():
+        put(w, key, value)
+    for name, x in tensors.items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(dense, tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import random_model
+    cfg = dataclasses.replace(SHAPES["gemma4-tiny"], vocab=V, ple_vocab=V, max_seq=128)
+    if dense:  # k and v of their own on the full-attention layers; no experts, no per-layer inputs
+        cfg = dataclasses.replace(cfg, k_eq_v=False, global_n_kv_heads=0, n_experts=0, n_experts_used=0,
+                                  expert_ffn_dim=0, norm_topk_prob=False, ple_dim=0, ple_vocab=0, kv_shared_layers=0,
+                                  double_wide_mlp=False)
+    model = random_model(cfg, seed=7)
+    loaded = load_model(write_gemma4_gguf(tmp_path / "m.gguf", model))
+    assert loaded.config == cfg
+    assert set(loaded.tensors) == set(model.tensors)
+    for name, words in model.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    np.testing.assert_array_equal(run(loaded, tokens), run(model, tokens))
+
+
+def test_a_gguf_whose_rope_freqs_are_not_proportional_rope_is_one_line(tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import random_model
+    cfg = dataclasses.replace(SHAPES["gemma4-tiny"], vocab=V, ple_vocab=V, max_seq=128)
+    path = write_gemma4_gguf(tmp_path / "m.gguf", random_model(cfg, seed=7))
+    data = bytearray(path.read_bytes())
+    at = data.find(np.array([1.0, 1e30, 1e30], np.float32).tobytes()) + 4  # rope_freqs: the first pair not turning
+    data[at:at + 4] = np.array([2.0], np.float32).tobytes()  # turning, at half the speed: not proportional RoPE
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="rope_freqs.weight' must be 1 for the pairs that turn") as e:
+        load_model(bad)
+    assert "\n" not in str(e.value)

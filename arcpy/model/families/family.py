@@ -95,6 +95,12 @@ class Family:
         where the family's files have no experts."""
         return None
 
+    def gguf_config(self, f, a: str, vocab: int, experts: dict) -> ModelConfig | None:
+        """The whole config of the GGUF file `f` (keys prefixed `a`; `vocab` tokens; `experts` the
+        gguf_experts fields), for a family whose metadata the shared reader cannot read (arrays by
+        layer); None where the shared reader and gguf_fields read it."""
+        return None
+
     def gguf_fields(self, m, a: str, dims: tuple[int, int, int], window: int) -> dict:
         """The family's own ModelConfig fields from the GGUF metadata `m` (keys prefixed `a`),
         given (dim, n_heads, head_dim) and the attention.sliding_window read (0: none)."""

@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+import numpy as np
+
 from arcpy.checks import quoted
-from arcpy.errors import ModelFileError
+from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model.config import LinearScaling, ModelConfig
 from arcpy.model.families.family import BY_LAYER, GGUF_LAYER_NAMES, Family, nested_text_config
 from arcpy.model.families.gemma3 import windows
 from arcpy.model.families.hf_values import flag, integer, number, size, value
+from arcpy.model.quant import QuantTensor
 from arcpy.model.gemma4 import (EXPERT_SCALE, LAYER_SCALAR, PLE_EMBED, PLE_NORM, PLE_PROJECTION, ROUTER_SCALE,
                                 global_dims)
 
@@ -33,6 +36,7 @@ _GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_n
                LAYER_SCALAR: "layer_output_scale.weight"}
 _GGUF_GLOBAL_NAMES = {PLE_EMBED: "per_layer_token_embd.weight", PLE_PROJECTION: "per_layer_model_proj.weight",
                       PLE_NORM: "per_layer_proj_norm.weight"}
+_GATE_UP = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight")
 _GLOBAL_HEAD_DIM = 512  # transformers' default where config.json names none
 _OVERRIDES = {"head_dim", "num_key_value_heads"}  # what per_layer_config may change of a full-attention layer
 
@@ -63,6 +67,7 @@ class Gemma4(Family):
     window = BY_LAYER
     softcaps_logits = True
     hf_constants = {"attention_bias": False}
+    gguf_arch = "gemma4"
     gguf_names = _GGUF_NAMES
     gguf_global_names = _GGUF_GLOBAL_NAMES
 
@@ -165,6 +170,89 @@ class Gemma4(Family):
         if cfg.n_experts:
             d.update(num_experts=cfg.n_experts, top_k_experts=cfg.n_experts_used,
                      moe_intermediate_size=cfg.expert_ffn_dim)
+
+
+    def gguf_experts(self, m, a: str, n: int) -> dict:
+        """As llama.cpp reads them: expert_used_count of n, each expert_feed_forward_length wide."""
+        return {"n_experts": n, "n_experts_used": m.integer(a + "expert_used_count"),
+                "expert_ffn_dim": m.integer(a + "expert_feed_forward_length"), "norm_topk_prob": True}
+
+    def gguf_config(self, f, a: str, vocab: int, experts: dict) -> ModelConfig:
+        """As llama.cpp's converter writes gemma4 files: sliding_window_pattern (true: sliding) by
+        layer; key_length the full-attention layers' head width, key_length_swa the others';
+        head_count_kv and feed_forward_length a number or one by layer; the full-attention layers'
+        proportional RoPE as rope_freqs (1 for a pair that turns, 1e30 for one that does not);
+        k = v where their layers hold no attn_v; the norms' factors whole."""
+        m, path = f.meta, f.path
+        n, dim = m.integer(a + "block_count"), m.integer(a + "embedding_length")
+        sliding = [bool(v) for v in m.numbers(a + "attention.sliding_window_pattern", n, "iub")]
+        doc = {"layer_types": ["sliding_attention" if v else "full_attention" for v in sliding],
+               "sliding_window": m.integer(a + "attention.sliding_window")}
+        out = windows(doc, str(path), n)
+        first_global = next((i for i, v in enumerate(sliding) if not v), 0)
+        first_sliding = next((i for i, v in enumerate(sliding) if v), 0)
+        kv, ffn = self._by_layer(m, a + "attention.head_count_kv", n), self._by_layer(m, a + "feed_forward_length", n)
+        shared = m.integer(a + "attention.shared_kv_layers", 0)
+        gh = m.integer(a + "attention.key_length")
+        ple = m.integer(a + "embedding_length_per_layer_input", 0)
+        fields = dict(
+            dim=dim, n_layers=n, n_heads=m.integer(a + "attention.head_count"), n_kv_heads=kv[first_sliding],
+            head_dim=m.integer(a + "attention.key_length_swa", gh), ffn_dim=ffn[0], vocab=vocab,
+            max_seq=m.integer(a + "context_length"), rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=m.number(a + "rope.freq_base", 1000000.0), rope_local_theta=m.number(a + "rope.freq_base_swa",
+                                                                                          10000.0),
+            tied_embeddings="output.weight" not in f.tensors, qk_norm=True, post_norms=True, activation="gelu_tanh",
+            embed_scale=math.sqrt(dim), attn_scale=1.0, gemma4_layer=True, global_head_dim=gh,
+            global_n_kv_heads=kv[first_global] if kv[first_global] != kv[0] else 0,
+            global_rope_dim=self._turning(f, gh), k_eq_v=f"blk.{first_global}.attn_v.weight" not in f.tensors,
+            final_softcap=m.number(a + "final_logit_softcapping", 0.0), ple_dim=ple,
+            ple_vocab=f.tensors[_GGUF_GLOBAL_NAMES[PLE_EMBED]].shape[0] if ple and _GGUF_GLOBAL_NAMES[PLE_EMBED]
+            in f.tensors else 0, kv_shared_layers=shared, double_wide_mlp=bool(shared) and ffn[-1] == 2 * ffn[0],
+            **out, **experts)
+        try:
+            return ModelConfig(**fields)
+        except InvalidArgumentError as e:
+            raise ModelFileError(f"{path}: {e}") from None
+
+    @staticmethod
+    def _by_layer(m, key: str, n: int) -> list[int]:
+        """A key holding one integer, or one by layer."""
+        v = m.values.get(key)
+        if isinstance(v, np.ndarray):
+            return [int(x) for x in m.numbers(key, n, "iu")]
+        return [m.integer(key)] * n
+
+    @staticmethod
+    def _turning(f, head_dim: int) -> int:
+        """The elements of a full-attention head that turn (0: all), from rope_freqs."""
+        info = f.tensors.get("rope_freqs.weight")
+        if info is None:
+            return 0
+        if info.shape != (head_dim // 2,):
+            raise ModelFileError(f"{f.path}: tensor 'rope_freqs.weight' has shape {quoted(list(info.shape))}, "
+                                 f"config expects [{head_dim // 2}]")
+        f.check_types([info])
+        factors = f.values(info)
+        turning = int(np.sum(factors == 1.0))
+        if not (np.all(factors[:turning] == 1.0) and np.all(factors[turning:] >= 1e29)) or turning == 0:
+            raise ModelFileError(f"{f.path}: tensor 'rope_freqs.weight' must be 1 for the pairs that turn, then "
+                                 "1e30 for those that do not (proportional RoPE)")
+        return 0 if 2 * turning == head_dim else 2 * turning
+
+    def gguf_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The experts' gate and up matrices are one tensor in llama.cpp's files: twice the rows."""
+        return (2 * shape[0], shape[1]) if hf_name.endswith(_GATE_UP) else shape
+
+    def gguf_tensor(self, hf_name: str, words, cfg: ModelConfig):
+        """The gate or the up half of each expert's rows of ffn_gate_up_exps (its gate rows, then its
+        up rows), bf16 words or quantized rows alike."""
+        if not hf_name.endswith(_GATE_UP):
+            return words
+        half = 0 if hf_name.endswith(_GATE_UP[0]) else 1
+        rows = words.data if isinstance(words, QuantTensor) else words
+        part = np.ascontiguousarray(rows.reshape(cfg.n_experts, 2, cfg.expert_ffn_dim, -1)[:, half]
+                                    .reshape(cfg.n_experts * cfg.expert_ffn_dim, -1))
+        return QuantTensor(words.format, (part.shape[0], words.cols), part) if isinstance(words, QuantTensor) else part
 
 
 GEMMA4 = Gemma4()
