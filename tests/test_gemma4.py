@@ -188,6 +188,8 @@ def test_the_tiny_preset_runs_on_the_reference():
     out = ReferenceModel(model).greedy([1, 2, 3, 4], 6)
     assert len(out) == 6 and all(0 <= t < c.vocab for t in out)
     assert OP_EXPERTS_BESIDE in layer_program(c, 0)
+    taller = dataclasses.replace(c, ple_vocab=2 * c.ple_vocab)  # a token reads one row of the per-layer table
+    assert taller.n_params == c.n_params + c.ple_vocab * c.n_layers * c.ple_dim and taller.weight_bytes == c.weight_bytes
 
 
 def test_the_real_dims_presets():
@@ -261,11 +263,12 @@ def test_config_json_errors_are_one_line(edit, message, tmp_path):
 # GGUF: the files llama.cpp's converter writes for gemma4
 
 
-def write_gemma4_gguf(path, model) -> Path:
+def write_gemma4_gguf(path, model, q8_experts: bool = False) -> Path:
     """The model as llama.cpp's converter writes it (float32 values): the layer kinds, kv heads and
     FFN widths by layer, the full-attention layers' head width as key_length, their proportional
     RoPE as rope_freqs; each expert's gate and up rows in one 3-D tensor; the k and v of the
-    layers that share K/V written all the same, as the published files hold them."""
+    layers that share K/V written all the same, as the published files hold them. q8_experts: the
+    experts' tensors quantized to Q8_0."""
     import sys
     sys.path.insert(0, str(Path(__file__).parent))
     from gguf import GGUFWriter
@@ -311,7 +314,12 @@ def write_gemma4_gguf(path, model) -> Path:
     for key, value in meta.items():
         put(w, key, value)
     for name, x in tensors.items():
-        w.add_tensor(name, x)
+        if q8_experts and "_exps.weight" in name:
+            from gguf import GGMLQuantizationType
+            from gguf.quants import quantize
+            w.add_tensor(name, quantize(x, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -338,6 +346,22 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(dense, tmp_path):
         np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     np.testing.assert_array_equal(run(loaded, tokens), run(model, tokens))
+
+
+def test_quantized_experts_split_into_gate_and_up_rows_kept_quantized(tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import bf16_to_f32, dequantize, random_model
+    from arcpy.model.quant import QuantTensor
+    cfg = dataclasses.replace(SHAPES["gemma4-tiny"], vocab=V, ple_vocab=V, max_seq=128)
+    model = random_model(cfg, seed=7)
+    loaded = load_model(write_gemma4_gguf(tmp_path / "q.gguf", model, q8_experts=True))
+    for part in ("gate", "up", "down"):
+        name = f"model.layers.2.mlp.experts.{part}_proj.weight"
+        got, want = loaded.tensors[name], bf16_to_f32(model.tensors[name])
+        assert isinstance(got, QuantTensor) and got.shape == want.shape
+        assert np.abs(dequantize(got) - want).max() <= np.abs(want).max() / 100  # Q8_0's rounding alone
 
 
 def test_a_gguf_whose_rope_freqs_are_not_proportional_rope_is_one_line(tmp_path):
