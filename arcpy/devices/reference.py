@@ -20,7 +20,10 @@ and the last ulp of cos/sin/exp):
   routed as model.moe.route says (the order of softmax and top-k, ties to the lower expert); each
   chosen expert's GLU down-projected, times its weight, summed over the k in order of choice; plus
   the shared expert's GLU times sigmoid(its router's logit) where the config has one.
-- logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
+- logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps them (cap *
+  tanh(logits / cap)); greedy picks the first index of the maximum.
+- A Gemma 4 layer's own ops (arcpy/model/gemma4.py states them) are arcpy/devices/gemma4.py's; its
+  KV cache holds every layer at the larger of the two layer kinds' kv heads and head width.
 - Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
   the attention probabilities (unnormalized; the sum is divided out after the product with v) and
