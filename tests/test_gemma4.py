@@ -379,3 +379,21 @@ def test_a_gguf_whose_rope_freqs_are_not_proportional_rope_is_one_line(tmp_path)
     with pytest.raises(ModelFileError, match="rope_freqs.weight' must be 1 for the pairs that turn") as e:
         load_model(bad)
     assert "\n" not in str(e.value)
+
+
+def test_the_engine_on_the_numpy_backend_answers_as_transformers():
+    """The whole path: open_engine's prefill (a chunk of 64), then the steps; a second request
+    with the same prompt reuses nothing the first left behind."""
+    from arcpy import open_engine
+    g = golden("ple")
+    tokens, n = [int(t) for t in g["tokens"]], int(g["n_prompt"])
+    with open_engine(load_model(DATA / "ple"), "numpy") as engine:
+        for _ in range(2):
+            assert list(engine.generate(tokens[:n], max_new_tokens=len(tokens) - n)) == tokens[n:]
+
+
+def test_tensor_parallel_on_the_cpu_refuses_gemma4():
+    from arcpy.backends import open_device
+    with pytest.raises(InvalidArgumentError, match="Gemma 4's layers do not split") as e:
+        open_device(load_model(DATA / "dense"), "numpy", devices=[0, 1])
+    assert "\n" not in str(e.value)

@@ -37,7 +37,7 @@ _GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_n
 _GGUF_GLOBAL_NAMES = {PLE_EMBED: "per_layer_token_embd.weight", PLE_PROJECTION: "per_layer_model_proj.weight",
                       PLE_NORM: "per_layer_proj_norm.weight"}
 _GATE_UP = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight")
-_GLOBAL_HEAD_DIM = 512  # transformers' default where config.json names none
+_GLOBAL_HEAD_DIM, _PLE_VOCAB = 512, 262144  # transformers' defaults where config.json names none
 _OVERRIDES = {"head_dim", "num_key_value_heads"}  # what per_layer_config may change of a full-attention layer
 
 
@@ -106,7 +106,7 @@ class Gemma4(Family):
         ple = value(d, "hidden_size_per_layer_input", source, 0)
         if ple:
             out.update(ple_dim=integer(d, "hidden_size_per_layer_input", source),
-                       ple_vocab=integer(d, "vocab_size_per_layer_input", source))
+                       ple_vocab=integer(d, "vocab_size_per_layer_input", source, _PLE_VOCAB))
         out.update(kv_shared_layers=integer(d, "num_kv_shared_layers", source, 0),
                    double_wide_mlp=flag(d, "use_double_wide_mlp", source, False))
         if flag(d, "enable_moe_block", source, False):
