@@ -85,8 +85,8 @@ class Gemma4Rows(_RowOps):
         self.ple = m.per_layer_inputs.rows(tokens, self.x, r) if m.per_layer_inputs is not None else None
 
     def _ops(self) -> dict:
-        return {**super()._ops(), g4.OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
-                g4.OP_LAYER_SCALAR: self.layer_scalar}
+        return {**super()._ops(), g4.OP_EXPERTS_BESIDE: self.experts_beside,
+                g4.OP_PER_LAYER_INPUT: self.per_layer_input, g4.OP_LAYER_SCALAR: self.layer_scalar}
 
     def attn_in(self, li: int, L: Gemma4Layer) -> None:
         h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))

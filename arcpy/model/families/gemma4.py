@@ -31,7 +31,8 @@ _GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_n
                "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
                "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
                "mlp.experts.gate_proj": "ffn_gate_up_exps", "mlp.experts.up_proj": "ffn_gate_up_exps",
-               "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
+               "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
+               "post_per_layer_input_norm": "post_norm",
                ROUTER_SCALE: "ffn_gate_inp.scale", EXPERT_SCALE: "ffn_down_exps.scale",
                LAYER_SCALAR: "layer_output_scale.weight"}
 _GGUF_GLOBAL_NAMES = {PLE_EMBED: "per_layer_token_embd.weight", PLE_PROJECTION: "per_layer_model_proj.weight",
@@ -171,7 +172,6 @@ class Gemma4(Family):
             d.update(num_experts=cfg.n_experts, top_k_experts=cfg.n_experts_used,
                      moe_intermediate_size=cfg.expert_ffn_dim)
 
-
     def gguf_experts(self, m, a: str, n: int) -> dict:
         """As llama.cpp reads them: expert_used_count of n, each expert_feed_forward_length wide."""
         return {"n_experts": n, "n_experts_used": m.integer(a + "expert_used_count"),
@@ -194,21 +194,24 @@ class Gemma4(Family):
         kv, ffn = self._by_layer(m, a + "attention.head_count_kv", n), self._by_layer(m, a + "feed_forward_length", n)
         shared = m.integer(a + "attention.shared_kv_layers", 0)
         gh = m.integer(a + "attention.key_length")
-        ple = m.integer(a + "embedding_length_per_layer_input", 0)
+        ple, ple_vocab = m.integer(a + "embedding_length_per_layer_input", 0), 0
+        if ple:
+            table = f.tensors.get(_GGUF_GLOBAL_NAMES[PLE_EMBED])
+            if table is None:
+                raise ModelFileError(f"{path}: missing tensor {quoted(_GGUF_GLOBAL_NAMES[PLE_EMBED])}")
+            ple_vocab = table.shape[0]
         fields = dict(
             dim=dim, n_layers=n, n_heads=m.integer(a + "attention.head_count"), n_kv_heads=kv[first_sliding],
             head_dim=m.integer(a + "attention.key_length_swa", gh), ffn_dim=ffn[0], vocab=vocab,
             max_seq=m.integer(a + "context_length"), rms_eps=m.number(a + "attention.layer_norm_rms_epsilon", 1e-6),
-            rope_theta=m.number(a + "rope.freq_base", 1000000.0), rope_local_theta=m.number(a + "rope.freq_base_swa",
-                                                                                          10000.0),
+            rope_theta=m.number(a + "rope.freq_base", 1000000.0),
+            rope_local_theta=m.number(a + "rope.freq_base_swa", 10000.0),
             tied_embeddings="output.weight" not in f.tensors, qk_norm=True, post_norms=True, activation="gelu_tanh",
             embed_scale=math.sqrt(dim), attn_scale=1.0, gemma4_layer=True, global_head_dim=gh,
-            global_n_kv_heads=kv[first_global] if kv[first_global] != kv[0] else 0,
+            global_n_kv_heads=kv[first_global] if kv[first_global] != kv[first_sliding] else 0,
             global_rope_dim=self._turning(f, gh), k_eq_v=f"blk.{first_global}.attn_v.weight" not in f.tensors,
-            final_softcap=m.number(a + "final_logit_softcapping", 0.0), ple_dim=ple,
-            ple_vocab=f.tensors[_GGUF_GLOBAL_NAMES[PLE_EMBED]].shape[0] if ple and _GGUF_GLOBAL_NAMES[PLE_EMBED]
-            in f.tensors else 0, kv_shared_layers=shared, double_wide_mlp=bool(shared) and ffn[-1] == 2 * ffn[0],
-            **out, **experts)
+            final_softcap=m.number(a + "final_logit_softcapping", 0.0), ple_dim=ple, ple_vocab=ple_vocab,
+            kv_shared_layers=shared, double_wide_mlp=bool(shared) and ffn[-1] == 2 * ffn[0], **out, **experts)
         try:
             return ModelConfig(**fields)
         except InvalidArgumentError as e:
