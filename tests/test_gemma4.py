@@ -173,12 +173,20 @@ def test_per_layer_config_and_global_keys_say_the_same(tmp_path):
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_save_model_writes_what_load_model_reads(name, tmp_path):
+    """As transformers' Gemma4ForCausalLM holds it: the fixture's own tensor names (the experts
+    packed), but for the published files' prefix and the k and v their shared layers hold."""
+    from arcpy.model.safetensors import read_header
     model = load_model(DATA / name)
     save_model(model, tmp_path / "out")
     back = load_model(tmp_path / "out")
     assert back.config == model.config
     assert set(back.tensors) == set(model.tensors)
     assert all(np.array_equal(back.tensors[n], t) for n, t in model.tensors.items())
+    files = {n.replace("model.language_model.", "model.") for n in read_header(DATA / name / "model.safetensors", 10_000)}
+    files = {n for n in files if not (n.startswith(("model.layers.4.self_attn.k", "model.layers.4.self_attn.v",
+                                                    "model.layers.5.self_attn.k", "model.layers.5.self_attn.v"))
+                                      and name == "ple")}
+    assert set(read_header(tmp_path / "out" / "model.safetensors", 10_000)) == files
 
 
 def test_the_tiny_preset_runs_on_the_reference():

@@ -292,6 +292,8 @@ def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
     its router under its block's name), as transformers writes them; the rest untouched."""
     if not cfg.n_experts:
         return tensors
+    if family.hf_packed_experts:
+        return _packed_for_files(tensors, cfg, family.hf_packed_experts)
     out = {}
     block = family.hf_expert_block
     for name, t in tensors.items():
@@ -304,6 +306,25 @@ def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
             w = family.hf_expert_names[proj[:-len(".weight")]]
             for e, part in enumerate(np.split(t, cfg.n_experts)):
                 out[f"{head}.{block}.experts.{e}.{w}.weight"] = np.ascontiguousarray(part)
+    return out
+
+
+def _packed_for_files(tensors: dict[str, np.ndarray], cfg: ModelConfig, block: str) -> dict[str, np.ndarray]:
+    """The stacked experts as the files of a family that packs them hold them (Gemma 4's):
+    model.layers.N.<block>.gate_up_proj (experts, 2 x width, dim), each expert's gate rows then its
+    up rows, and <block>.down_proj (experts, dim, width); the rest untouched."""
+    out = {}
+    e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
+    for name, t in tensors.items():
+        head, sep, proj = name.partition(".mlp.experts.")
+        if not sep:
+            out[name] = t
+        elif proj == "gate_proj.weight":
+            up = tensors[f"{head}.mlp.experts.up_proj.weight"]
+            out[f"{head}.{block}.gate_up_proj"] = np.ascontiguousarray(
+                np.concatenate([t.reshape(e, f, d), up.reshape(e, f, d)], axis=1))
+        elif proj == "down_proj.weight":
+            out[f"{head}.{block}.down_proj"] = np.ascontiguousarray(t.reshape(e, d, f))
     return out
 
 

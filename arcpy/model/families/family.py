@@ -65,6 +65,7 @@ class Family:
     hf_fused: Mapping[str, tuple[str, ...]] = {}  # a layer's fused tensor -> the parts it stacks
     hf_expert_block = "mlp"      # model.layers.N.<block>.experts.E.<name>.weight, <block>.gate the router
     hf_expert_names: Mapping[str, str] = EXPERT_NAMES  # the model's matrix name -> the files' <name>
+    hf_packed_experts = ""       # the files pack a layer's experts: model.layers.N.<this>.gate_up_proj, .down_proj
     gguf_permuted = False        # llama.cpp's converter reorders the q/k rows (gguf.py's docstring)
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
     gguf_global_names: Mapping[str, str] = {}  # the family's own tensors outside the layers -> llama.cpp's names

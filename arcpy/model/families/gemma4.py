@@ -68,6 +68,7 @@ class Gemma4(Family):
     window = BY_LAYER
     softcaps_logits = True
     hf_constants = {"attention_bias": False}
+    hf_packed_experts = "experts"
     gguf_arch = "gemma4"
     gguf_names = _GGUF_NAMES
     gguf_global_names = _GGUF_GLOBAL_NAMES
