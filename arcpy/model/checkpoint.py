@@ -314,17 +314,16 @@ def _packed_for_files(tensors: dict[str, np.ndarray], cfg: ModelConfig, block: s
     model.layers.N.<block>.gate_up_proj (experts, 2 x width, dim), each expert's gate rows then its
     up rows, and <block>.down_proj (experts, dim, width); the rest untouched."""
     out = {}
-    e, f, d = cfg.n_experts, cfg.expert_ffn_dim, cfg.dim
     for name, t in tensors.items():
         head, sep, proj = name.partition(".mlp.experts.")
+        per_expert = t.reshape(cfg.n_experts, t.shape[0] // cfg.n_experts, t.shape[1]) if sep else t
         if not sep:
             out[name] = t
         elif proj == "gate_proj.weight":
-            up = tensors[f"{head}.mlp.experts.up_proj.weight"]
-            out[f"{head}.{block}.gate_up_proj"] = np.ascontiguousarray(
-                np.concatenate([t.reshape(e, f, d), up.reshape(e, f, d)], axis=1))
+            up = tensors[f"{head}.mlp.experts.up_proj.weight"].reshape(per_expert.shape)
+            out[f"{head}.{block}.gate_up_proj"] = np.ascontiguousarray(np.concatenate([per_expert, up], axis=1))
         elif proj == "down_proj.weight":
-            out[f"{head}.{block}.down_proj"] = np.ascontiguousarray(t.reshape(e, d, f))
+            out[f"{head}.{block}.down_proj"] = np.ascontiguousarray(per_expert)
     return out
 
 
