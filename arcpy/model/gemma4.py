@@ -42,6 +42,7 @@ import dataclasses
 import math
 
 from arcpy.checks import is_finite_real, is_int, quoted, require
+from arcpy.codes import OP_FFN_OUT_NORM
 
 CUDA_REFUSAL = ("Gemma 4 runs on the numpy backend only so far (libarc lacks its global layers' own head width "
                 "and proportional RoPE, v norms, layer scalars, the experts beside the dense FFN, per-layer "
@@ -236,11 +237,11 @@ def tensors(cfg, base):
             yield PLE_NORM, (cfg.ple_dim,)
 
 
-def program(base: list[int], cfg, layer: int, ffn_out_norm: int) -> list[int]:
+def program(base: list[int], cfg, layer: int) -> list[int]:
     """Layer `layer`'s program: libarc's for base_config(cfg) (`base`), its FFN's output norm
-    (`ffn_out_norm`: FFN_OUT_NORM) replaced by OP_EXPERTS_BESIDE in a mixture of experts, then the
-    per-layer input where the config has them, then the layer's scalar."""
-    ops = [OP_EXPERTS_BESIDE if op == ffn_out_norm and cfg.is_moe_layer(layer) else op for op in base]
+    replaced by OP_EXPERTS_BESIDE in a mixture of experts, then the per-layer input where the
+    config has them, then the layer's scalar."""
+    ops = [OP_EXPERTS_BESIDE if op == OP_FFN_OUT_NORM and cfg.is_moe_layer(layer) else op for op in base]
     return ops + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + [OP_LAYER_SCALAR]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_FFN_OUT_NORM, OP_NAMES, OP_QK_NORM, ROUTINGS
+from arcpy.codes import ACTIVATIONS, OP_ATTEND, OP_ATTN_IN, OP_ATTN_OUT, OP_NAMES, OP_QK_NORM, ROUTINGS
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import gemma4, table
 from arcpy.model.hybrid import OP_DELTANET, deltanet_shapes
@@ -203,7 +203,7 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if cfg.gemma4_layer:  # libarc's program of the Gemma 3 layer under it, extended
-        return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer, OP_FFN_OUT_NORM)
+        return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer)
     if _lib.not_built():
         return _deltanet(table.layer_program(config_values(cfg), layer), cfg, layer)
     ffi, lib = _lib.load()
