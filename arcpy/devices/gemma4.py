@@ -84,9 +84,17 @@ class Gemma4Rows(_RowOps):
         super().__init__(m, tokens, start, r)
         self.ple = m.per_layer_inputs.rows(tokens, self.x, r) if m.per_layer_inputs is not None else None
 
-    def _ops(self) -> dict:
-        return {**super()._ops(), g4.OP_EXPERTS_BESIDE: self.experts_beside,
-                g4.OP_PER_LAYER_INPUT: self.per_layer_input, g4.OP_LAYER_SCALAR: self.layer_scalar}
+    def _dispatch(self):
+        own = {g4.OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
+               g4.OP_LAYER_SCALAR: self.layer_scalar}
+        shared = super()._dispatch()
+
+        def run(op: int, li: int, L: Gemma4Layer) -> None:
+            if op in own:
+                own[op](li, L)
+            else:
+                shared(op, li, L)
+        return run
 
     def attn_in(self, li: int, L: Gemma4Layer) -> None:
         h = self.r(rmsnorm(self.x, L.attn_norm, self.cfg.rms_eps))
@@ -122,9 +130,20 @@ class Gemma4Rows(_RowOps):
         logits = linear(self.r(n), L.router)
         self.chosen, self.weights = route(logits, c.n_experts_used, "softmax_topk", True)
         self.weights = self.weights * L.expert_scale[self.chosen]
-        self._note_routing(li, logits)
-        self.h = self.r(self._expert_glus(self.r(rmsnorm(x, L.experts_norm, c.rms_eps)), L))
-        experts = rmsnorm(self._expert_sum(L), L.experts_out_norm, c.rms_eps)
+        self.m.routing[li] = self.chosen
+        n = self.r(rmsnorm(x, L.experts_norm, c.rms_eps))
+        h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
+        for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
+            h[rows, slots] = GLUS[c.activation](linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
+        h = self.r(h)
+        y = np.empty(self.chosen.shape + (c.dim,), F32)  # (T, k, dim)
+        for e, rows, slots in self._by_expert():
+            y[rows, slots] = linear(h[rows, slots], L.e_down[e])
+        y *= self.weights[..., None]
+        out = y[:, 0]
+        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
+            out = out + y[:, j]
+        experts = rmsnorm(out, L.experts_out_norm, c.rms_eps)
         self.x = x + rmsnorm(dense + experts, L.post_ffn_norm, c.rms_eps)
 
     def per_layer_input(self, li: int, L: Gemma4Layer) -> None:

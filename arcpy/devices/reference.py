@@ -20,16 +20,16 @@ and the last ulp of cos/sin/exp):
   routed as model.moe.route says (the order of softmax and top-k, ties to the lower expert); each
   chosen expert's GLU down-projected, times its weight, summed over the k in order of choice; plus
   the shared expert's GLU times sigmoid(its router's logit) where the config has one.
-- logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps them (cap *
-  tanh(logits / cap)); greedy picks the first index of the maximum.
-- A Gemma 4 layer's own ops (arcpy/model/gemma4.py states them) are arcpy/devices/gemma4.py's; its
-  KV cache holds every layer at the larger of the two layer kinds' kv heads and head width.
+- logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
 - Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,
   the attention probabilities (unnormalized; the sum is divided out after the product with v) and
   output, and the SwiGLU output are rounded to bf16 first; the residual stream stays float32.
   Quantized weights enter those products rounded to bf16 (what arc_op_dequantize gives them).
   ReferenceModel.prefill(..., bf16_products=True) computes exactly that.
+- Gemma 4 (arcpy/model/gemma4.py states its layer): its rows' ops are arcpy/devices/gemma4.py's;
+  its KV cache holds every layer at the larger of the two layer kinds' kv heads and head width;
+  its logits soft-capped, cap * tanh(logits / cap).
 """
 
 from __future__ import annotations
@@ -181,15 +181,11 @@ class _RowOps:
         self.x = m.embed[tokens] * F32(m.config.embed_scale)  # (T, dim), a copy
         self.run = self._dispatch()
 
-    def _ops(self) -> dict:
-        """Each op's method, by its id."""
-        return {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
-                OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
-                OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
-                OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
-
     def _dispatch(self):
-        table = self._ops()
+        table = {OP_ATTN_IN: self.attn_in, OP_QK_NORM: self.qk_norm, OP_ATTEND: self.attend,
+                 OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
+                 OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
+                 OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_DELTANET: self.deltanet}
 
         def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
@@ -243,38 +239,17 @@ class _RowOps:
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
         logits = linear(n, L.router)
         self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
-        self._note_routing(li, logits)
-        self.h = self.r(self._expert_glus(n, L))
-        if c.shared_expert_ffn_dim:
-            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
-            self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
-
-    def _note_routing(self, li: int, logits: np.ndarray) -> None:
-        """Record the rows' chosen experts and the smallest lead of a k-th logit over the next."""
-        c = self.cfg
         self.m.routing[li] = self.chosen
         ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
         k = c.n_experts_used
         self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
-
-    def _expert_glus(self, n: np.ndarray, L: Layer) -> np.ndarray:
-        """The chosen experts' GLUs of the normed rows n -> (T, k, expert_ffn_dim)."""
-        glu = GLUS[self.cfg.activation]
-        h = np.empty(self.chosen.shape + (self.cfg.expert_ffn_dim,), F32)
+        h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
             h[rows, slots] = glu(linear(n[rows], L.e_gate[e]), linear(n[rows], L.e_up[e]))
-        return h
-
-    def _expert_sum(self, L: Layer) -> np.ndarray:
-        """The chosen experts' outputs of self.h, weighted, summed in order of choice -> (T, dim)."""
-        y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
-        for e, rows, slots in self._by_expert():
-            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
-        y *= self.weights[..., None]
-        out = y[:, 0]
-        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
-            out = out + y[:, j]
-        return out
+        self.h = self.r(h)
+        if c.shared_expert_ffn_dim:
+            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
+            self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
 
     def _by_expert(self):
         """(expert, its rows, their slots among the k) for every expert some row chose."""
@@ -283,7 +258,13 @@ class _RowOps:
             yield int(e), rows, slots
 
     def moe_out(self, li: int, L: Layer) -> None:
-        out = self._expert_sum(L)
+        y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
+        for e, rows, slots in self._by_expert():
+            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e])
+        y *= self.weights[..., None]
+        out = y[:, 0]
+        for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
+            out = out + y[:, j]
         if self.cfg.shared_expert_ffn_dim:
             out = out + self.shared_w * linear(self.shared_h, L.s_down)
         self.x = self.x + out

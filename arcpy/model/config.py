@@ -159,17 +159,6 @@ class ModelConfig:
     shared_expert_ffn_dim: int = 0
     moe_every: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    # A hybrid of attention and gated DeltaNet layers (Qwen3.5; arcpy/model/hybrid.py documents it):
-    # each layer's kind ("full_attention" or "linear_attention"; empty: every layer attends), the
-    # DeltaNet's key and value heads, their widths and its causal convolution's kernel; and a sigmoid
-    # gate on the attention's output, its rows after each query head's in q_proj.
-    layer_types: tuple[str, ...] = ()
-    linear_n_k_heads: int = 0
-    linear_n_v_heads: int = 0
-    linear_k_head_dim: int = 0
-    linear_v_head_dim: int = 0
-    linear_conv_kernel: int = 0
-    attn_output_gate: bool = False
     # Gemma 4's layer (arcpy/model/gemma4.py documents it): its v norms, layer scalars and experts
     # beside the dense FFN; its full-attention layers' head width and kv heads (0: as the others')
     # and the elements of their heads proportional RoPE turns (0: all); their v the k projection's;
@@ -186,6 +175,17 @@ class ModelConfig:
     ple_vocab: int = 0
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
+    # A hybrid of attention and gated DeltaNet layers (Qwen3.5; arcpy/model/hybrid.py documents it):
+    # each layer's kind ("full_attention" or "linear_attention"; empty: every layer attends), the
+    # DeltaNet's key and value heads, their widths and its causal convolution's kernel; and a sigmoid
+    # gate on the attention's output, its rows after each query head's in q_proj.
+    layer_types: tuple[str, ...] = ()
+    linear_n_k_heads: int = 0
+    linear_n_v_heads: int = 0
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab", "max_seq"):
@@ -238,9 +238,9 @@ class ModelConfig:
         require(local is None or (is_finite_real(local) and local > 1
                                   and _rope_in_float32_range(float(local), self.rotary_dim, None)),
                 f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
+        check_gemma4(self)
         self._check_experts()
         check_hybrid(self)
-        check_gemma4(self)
 
     def _check_experts(self) -> None:
         for field in ("n_experts", "n_experts_used", "expert_ffn_dim", "shared_expert_ffn_dim", "moe_every"):
