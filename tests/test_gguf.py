@@ -726,7 +726,7 @@ def test_other_architectures_are_refused_by_name(tmp_path):
                       {k.replace("llama.", "gemma2."): v for k, v in {**llama_meta(TINY), **BYTE_VOCAB}.items()},
                       arch="gemma2")
     assert ("unsupported architecture 'gemma2' (supported: llama, qwen2, qwen3, smollm3, mistral3, phi3, gemma3, "
-            "qwen3moe, qwen35, qwen35moe, gpt-oss)"
+            "qwen3moe, qwen35, qwen35moe, gpt-oss, gemma4)"
             in load_error(path))
 
 

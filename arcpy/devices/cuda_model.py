@@ -10,6 +10,7 @@ from arcpy import _lib
 from arcpy.devices.context import Context
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
+from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
 from arcpy.model.gpt_oss import cuda_refusal, uses_oss_ops
 from arcpy.model.hybrid import check_cuda, split_gate
 from arcpy.model.native import native_config, place
@@ -24,10 +25,12 @@ PREFILL_CHUNK = 2048
 def check_supported(cfg) -> None:
     """Refuses, before anything is allocated, what libarc's kernels do not take: DeltaNet heads of
     another size than its kernel's (arcpy/model/hybrid.py), gpt-oss's sinks, biases and clamped GLU
-    (arcpy/model/gpt_oss.py), one line."""
+    (arcpy/model/gpt_oss.py), Gemma 4's layer (arcpy/model/gemma4.py), one line."""
     check_cuda(cfg)
     if uses_oss_ops(cfg):
         raise InvalidArgumentError(cuda_refusal(cfg))
+    if cfg.gemma4_layer:
+        raise InvalidArgumentError(GEMMA4_REFUSAL)
 
 
 def _uploads(name: str, array, cfg):

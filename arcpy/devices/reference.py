@@ -31,6 +31,9 @@ and the last ulp of cos/sin/exp):
   output, and the SwiGLU output are rounded to bf16 first; the residual stream stays float32.
   Quantized weights enter those products rounded to bf16 (what arc_op_dequantize gives them).
   ReferenceModel.prefill(..., bf16_products=True) computes exactly that.
+- Gemma 4 (arcpy/model/gemma4.py states its layer): its rows' ops are arcpy/devices/gemma4.py's;
+  its KV cache holds every layer at the larger of the two layer kinds' kv heads and head width;
+  its logits soft-capped, cap * tanh(logits / cap).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from arcpy.devices.deltanet import DeltaNetState
 from arcpy.devices.reference_layer import PRODUCT_WEIGHTS, Layer, norm_factors, weights_f32
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import EMBED, FINAL_NORM, Model, bf16_to_f32, f32_to_bf16
+from arcpy.model.gemma4 import cache_dims
 from arcpy.model.gpt_oss import OP_ATTEND_SINKS, OP_ATTN_OUT_BIAS, OP_MOE_IN_OSS, OP_MOE_OUT_OSS
 from arcpy.model.moe import route
 from arcpy.model.native import layer_program
@@ -337,13 +341,19 @@ class ReferenceModel:
         # A tied head is the same table: share the array rather than convert it twice.
         self.lm_head = self.embed if cfg.tied_embeddings else weights_f32(model.lm_head())
         self.final_norm = norm_factors(model, FINAL_NORM)
-        self.layers = [Layer(model, i) for i in range(cfg.n_layers)]
+        layer, self._rows, self.per_layer_inputs = Layer, _RowOps, None
+        if cfg.gemma4_layer:  # its layer's weights, ops and per-layer inputs (arcpy/devices/gemma4.py)
+            from arcpy.devices.gemma4 import Gemma4Layer, Gemma4Rows, PerLayerInputs
+            layer, self._rows = Gemma4Layer, Gemma4Rows
+            self.per_layer_inputs = PerLayerInputs(model) if cfg.ple_dim else None
+        self.layers = [layer(model, i) for i in range(cfg.n_layers)]
         self.programs = [layer_program(cfg, i) for i in range(cfg.n_layers)]
         self.routing: dict[int, np.ndarray] = {}  # MoE layer -> the last rows' chosen experts (T, k)
         self.route_gap: dict[int, float] = {}  # MoE layer -> its last rows' smallest lead of a choice
         self.quantized = model.quantized
         self._bf16_layers: list[Layer] | None = None  # quantized weights rounded to bf16, made on first use
-        shape = (cfg.n_layers, cfg.n_kv_heads, self.max_seq, cfg.head_dim)
+        kv_heads, head_dim = cache_dims(cfg)  # a Gemma 4 layer's own dims fill what they need of it
+        shape = (cfg.n_layers, kv_heads, self.max_seq, head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
         # Each DeltaNet layer's recurrent state (arcpy.model.hybrid): the positions it has taken in.
@@ -366,7 +376,12 @@ class ReferenceModel:
         x = self._run_rows([int(token)], int(pos), self.layers, _exact)[0]
         if not logits:
             return None
-        return gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps))
+        return self._capped(gemv(self.lm_head, rmsnorm(x, self.final_norm, cfg.rms_eps)))
+
+    def _capped(self, logits: np.ndarray) -> np.ndarray:
+        """The logits, soft-capped where the config caps them: cap * tanh(logits / cap)."""
+        cap = self.config.final_softcap
+        return np.tanh(logits / F32(cap)) * F32(cap) if cap else logits
 
     def _check_token(self, token) -> None:
         if not _is_int(token) or not 0 <= token < self.config.vocab:
@@ -404,7 +419,8 @@ class ReferenceModel:
         if progress is not None:
             progress(len(offsets), len(offsets))
         rows = np.concatenate(xs) if every_row else xs[-1][-1:]
-        logits = np.stack([gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)) for x in rows])
+        logits = np.stack([self._capped(gemv(self.lm_head, rmsnorm(x, self.final_norm, self.config.rms_eps)))
+                           for x in rows])
         return logits if every_row else logits[0]
 
     def _product_layers(self, bf16_products: bool) -> list[Layer]:
@@ -431,7 +447,7 @@ class ReferenceModel:
         """Rows of tokens at positions start.. through every layer's program (libarc's
         arc_layer_program, the one the CUDA forwards run) -> their residual streams (T, dim) f32.
         `r` is applied to what enters a matrix product (bf16 rounding for the prefill's form)."""
-        ops = _RowOps(self, tokens, start, r)
+        ops = self._rows(self, tokens, start, r)
         for li, L in enumerate(layers):
             for op in self.programs[li]:
                 ops.run(op, li, L)

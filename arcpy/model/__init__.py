@@ -11,6 +11,8 @@ QuantTensor in one of arc.h's quantized formats. One concept per module:
     native       libarc's description of a model: arc_model_config, the tensor table, the layer program
     table        the tensor table and the layer program read in Python, for an install without libarc.so
     moe          mixtures of experts: the routing rule, the bytes of the experts a token or a step reads
+    hybrid       Qwen3.5's hybrids of attention and gated DeltaNet layers: layer kinds, tensors, the CUDA refusal
+    gemma4       Gemma 4's layer: its tensors and ops past libarc's, the CUDA refusal
     tensors      Model
     hf           Hugging Face config.json <-> ModelConfig
     families     a module per family of decoders (what it changes in reading its files), and their registry

@@ -26,6 +26,7 @@ from arcpy.model.gguf import GGUF_SUFFIX, load_gguf_model
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for, hf_family
 from arcpy.model.hf import config_from_hf, config_to_hf
+from arcpy.model.gemma4 import shared_unread
 from arcpy.model.hybrid import GATED_NORM
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
@@ -42,9 +43,12 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 # A multimodal checkpoint's text model, under its own prefix; and the tensors arcpy does not read:
-# its vision tower, and a multi-token prediction layer (Qwen3.5's).
-_TEXT_PREFIX, _UNREAD_PREFIXES = "model.language_model.", ("model.visual.", "mtp.")
-_MOST_UNREAD = 2048  # the most tensors of those a hybrid's checkpoint may list (Qwen3.5's tower: about 400)
+# its vision tower, and a multi-token prediction layer (Qwen3.5's); Gemma 4's vision and audio
+# towers and their embedders.
+_TEXT_PREFIX = "model.language_model."
+_UNREAD_PREFIXES = ("model.visual.", "mtp.", "model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                    "model.embed_audio.")
+_MOST_UNREAD = 2048  # the most tensors of those a multimodal checkpoint may list (Qwen3.5's tower: about 400)
 
 
 def _most_tensors(cfg: ModelConfig) -> int:
@@ -55,7 +59,8 @@ def _most_tensors(cfg: ModelConfig) -> int:
     per_layer = sum(name.startswith(layer_prefix(0)) for name in one_layer)
     outside = len(one_layer) - per_layer  # the embedding, the final norm, the lm_head
     experts = 3 * cfg.n_experts  # stored one tensor per expert and matrix
-    unread = _MOST_UNREAD + 3 * cfg.n_experts if cfg.layer_types else 0  # Qwen3.5's vision tower, MTP layer
+    # Qwen3.5's vision tower and MTP layer; Gemma 4's towers.
+    unread = _MOST_UNREAD + 3 * cfg.n_experts if cfg.layer_types or cfg.gemma4_layer else 0
     return outside + cfg.n_layers * (per_layer + experts + len(_HARMLESS_SUFFIXES)) + unread
 
 
@@ -98,11 +103,13 @@ def _weight_files(directory: Path, cfg: ModelConfig) -> dict[str, TensorEntry]:
     raise ModelFileError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
-def _text_model(entries: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+def _text_model(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
     """The text model's tensors under arcpy's names: a multimodal checkpoint's language model
-    taken from under its prefix, its vision tower and any multi-token prediction layer left out."""
-    return {("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name): e
-            for name, e in entries.items() if not name.startswith(_UNREAD_PREFIXES)}
+    taken from under its prefix, its vision tower and any multi-token prediction layer left out,
+    and what a Gemma 4 layer that shares K/V holds of its own and does not read."""
+    out = {("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name): e
+           for name, e in entries.items() if not name.startswith(_UNREAD_PREFIXES)}
+    return {name: e for name, e in out.items() if not shared_unread(cfg, name)}
 
 
 def _unfused(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
@@ -140,13 +147,14 @@ _EXPERT = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.experts\.(\d+)\.(\w+)
 _ROUTER = re.compile(rf"model\.layers\.(\d+)\.({_BLOCKS})\.gate\.weight")
 
 
-_PACKED = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+_PACKED = re.compile(r"model\.layers\.(\d+)\.(?:mlp\.)?experts\.(gate_up_proj|down_proj)")
 
 
 def _packed_experts(entries: dict[str, TensorEntry], cfg: ModelConfig) -> dict[str, TensorEntry]:
     """Experts packed in 3-D tensors (Qwen3.5-MoE's files: mlp.experts.gate_up_proj (experts,
     2 x width, dim), each expert's gate rows then its up rows; mlp.experts.down_proj (experts, dim,
-    width)) as one entry per expert and matrix, the files' bytes unmoved: stacked like any."""
+    width); Gemma 4's the same without "mlp.") as one entry per expert and matrix, the files' bytes
+    unmoved: stacked like any."""
     out = {}
     for name, e in entries.items():
         m = _PACKED.fullmatch(name)
@@ -262,7 +270,7 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
     # The family's own tensors (gpt-oss's fused experts) made first; the rest read as they are.
-    entries, made = hf_family(doc, str(cfg_path)).hf_tensors(_text_model(_weight_files(directory, cfg)), cfg)
+    entries, made = hf_family(doc, str(cfg_path)).hf_tensors(_text_model(_weight_files(directory, cfg), cfg), cfg)
     entries = _unfused(_packed_experts(entries, cfg), cfg)
     entries, experts = _stacked_experts(entries, cfg)
     expected = _check_tensors(cfg, entries, directory, made)
@@ -292,6 +300,8 @@ def _split_experts(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
     its router under its block's name), as transformers writes them; the rest untouched."""
     if not cfg.n_experts:
         return tensors
+    if family.hf_packed_experts:
+        return _packed_for_files(tensors, cfg, family.hf_packed_experts)
     out = {}
     block = family.hf_expert_block
     for name, t in tensors.items():
@@ -312,6 +322,22 @@ def _saved_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig, family: Fam
     fused experts), else with the experts split one tensor per expert."""
     written = family.hf_written(tensors, cfg)
     return _split_experts(tensors, cfg, family) if written is None else written
+def _packed_for_files(tensors: dict[str, np.ndarray], cfg: ModelConfig, block: str) -> dict[str, np.ndarray]:
+    """The stacked experts as the files of a family that packs them hold them (Gemma 4's):
+    model.layers.N.<block>.gate_up_proj (experts, 2 x width, dim), each expert's gate rows then its
+    up rows, and <block>.down_proj (experts, dim, width); the rest untouched."""
+    out = {}
+    for name, t in tensors.items():
+        head, sep, proj = name.partition(".mlp.experts.")
+        per_expert = t.reshape(cfg.n_experts, t.shape[0] // cfg.n_experts, t.shape[1]) if sep else t
+        if not sep:
+            out[name] = t
+        elif proj == "gate_proj.weight":
+            up = tensors[f"{head}.mlp.experts.up_proj.weight"].reshape(per_expert.shape)
+            out[f"{head}.{block}.gate_up_proj"] = np.ascontiguousarray(np.concatenate([per_expert, up], axis=1))
+        elif proj == "down_proj.weight":
+            out[f"{head}.{block}.down_proj"] = np.ascontiguousarray(per_expert)
+    return out
 
 
 def save_model(model: Model, directory) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from arcpy.checks import is_finite_real, is_int, is_real, quoted, require
 from arcpy.codes import ACTIVATIONS, ROUTINGS
 from arcpy.model.gpt_oss import check_gpt_oss
+from arcpy.model.gemma4 import check_gemma4, inv_freq_exponents, row_tables
 from arcpy.model.hybrid import LINEAR, check_hybrid
 from arcpy.model.moe import EXPERT_SUFFIXES
 from arcpy.model.native import EMBED, expected_tensors
@@ -159,6 +160,22 @@ class ModelConfig:
     shared_expert_ffn_dim: int = 0
     moe_every: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Gemma 4's layer (arcpy/model/gemma4.py documents it): its v norms, layer scalars and experts
+    # beside the dense FFN; its full-attention layers' head width and kv heads (0: as the others')
+    # and the elements of their heads proportional RoPE turns (0: all); their v the k projection's;
+    # the logits' tanh cap (0: none); per-layer embeddings of ple_dim from a table of ple_vocab rows;
+    # the last kv_shared_layers layers reading an earlier layer's K/V, their FFN twice as wide with
+    # double_wide_mlp.
+    gemma4_layer: bool = False
+    global_head_dim: int = 0
+    global_n_kv_heads: int = 0
+    global_rope_dim: int = 0
+    k_eq_v: bool = False
+    final_softcap: float = 0.0
+    ple_dim: int = 0
+    ple_vocab: int = 0
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
     # A hybrid of attention and gated DeltaNet layers (Qwen3.5; arcpy/model/hybrid.py documents it):
     # each layer's kind ("full_attention" or "linear_attention"; empty: every layer attends), the
     # DeltaNet's key and value heads, their widths and its causal convolution's kernel; and a sigmoid
@@ -231,6 +248,7 @@ class ModelConfig:
         require(local is None or (is_finite_real(local) and local > 1
                                   and _rope_in_float32_range(float(local), self.rotary_dim, None)),
                 f"rope_local_theta must be None or a finite number > 1, got {quoted(local)}")
+        check_gemma4(self)
         self._check_experts()
         check_hybrid(self)
         check_gpt_oss(self)
@@ -253,7 +271,7 @@ class ModelConfig:
         require(1 <= self.n_experts_used <= self.n_experts,
                 f"n_experts_used must be in 1..n_experts ({self.n_experts}), got {self.n_experts_used}")
         require(self.expert_ffn_dim > 0, "expert_ffn_dim must be positive in a mixture of experts")
-        require(not self.post_norms, "post_norms and mixture-of-experts layers do not combine")
+        require(not self.post_norms or self.gemma4_layer, "post_norms and mixture-of-experts layers do not combine")
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer `layer`'s FFN is the mixture of experts (else the dense GLU of ffn_dim)."""
@@ -316,6 +334,7 @@ class ModelConfig:
         n = sum(math.prod(s) * (self.n_experts_used / self.n_experts if name.endswith(EXPERT_SUFFIXES) else 1)
                 for name, s in expected_tensors(self).items() if name != EMBED)
         n += self.dim if not self.tied_embeddings else self.vocab * self.dim
+        n -= sum(math.prod(s) - s[1] for name, s in expected_tensors(self).items() if name in row_tables(self))
         return 2 * round(n)
 
 
@@ -346,6 +365,12 @@ def rope_inv_freq(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
     dim = cfg.rotary_dim
     if layer in cfg.no_rope_layers:
         return np.zeros(dim // 2, dtype=np.float32)
+    proportional = inv_freq_exponents(cfg, layer)
+    if proportional is not None:  # Gemma 4's global layers (arcpy/model/gemma4.py)
+        turning, head_dim = proportional
+        i = np.arange(head_dim // 2, dtype=np.float64)
+        freq = np.where(i < turning, float(cfg.rope_theta) ** (-2.0 * i / head_dim), 0.0)
+        return (freq / getattr(cfg.rope_scaling, "factor", 1.0)).astype(np.float32)
     i = np.arange(dim // 2, dtype=np.float64)
     local = cfg.rope_local_theta is not None and cfg.window(layer) > 0
     theta = float(cfg.rope_local_theta if local else cfg.rope_theta)
@@ -381,5 +406,7 @@ def one_layer(cfg: ModelConfig, **changes) -> ModelConfig:
     """cfg with its first layer alone (and `changes`): what one layer's table is counted from."""
     changes.setdefault("mlp_only_layers", tuple(i for i in cfg.mlp_only_layers if i == 0))
     changes.setdefault("layer_types", cfg.layer_types[:1])
+    changes.setdefault("kv_shared_layers", 0)  # layer 0 of a Gemma 4 config holds its own K/V
+    changes.setdefault("double_wide_mlp", False)
     return dataclasses.replace(cfg, n_layers=1, no_rope_layers=tuple(i for i in cfg.no_rope_layers if i == 0),
                                **changes)

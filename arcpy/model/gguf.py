@@ -133,6 +133,8 @@ def _gguf_name(hf_name: str, family: Family) -> str:
     """A tensor's name in the family's GGUF files."""
     if hf_name in GGUF_GLOBAL_NAMES:
         return GGUF_GLOBAL_NAMES[hf_name]
+    if hf_name in family.gguf_global_names:
+        return family.gguf_global_names[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.<module>.weight (or .bias)
     if rest in family.gguf_names:  # a tensor the family names whole
         return f"blk.{layer}.{family.gguf_names[rest]}"

@@ -26,7 +26,7 @@ from arcpy.model.gguf_file import GGUFFile, TensorInfo
 _ROPE_FREQS = "rope_freqs.weight"
 _ROPE_LONG, _ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 ROPE_TENSORS = (_ROPE_FREQS, _ROPE_LONG, _ROPE_SHORT)  # read into the config, not the weights
-_EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 _LLAMA3_CONTEXT = 8192  # the converter's default original context for Llama 3 scaling
 
 
@@ -37,6 +37,9 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     family = gguf_family(arch, path)
     a = f"{arch}."  # every key below is the architecture's
     experts = gguf_experts(family, m, a, path)
+    own = family.gguf_config(f, a, _vocab(f, a), experts)  # a family that reads every key itself (Gemma 4)
+    if own is not None:
+        return own
     dim = m.integer(a + "embedding_length")
     n_heads = m.integer(a + "attention.head_count")
     if n_heads <= 0:
@@ -57,11 +60,7 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         max_seq = min(max_seq, window)
     if m.number(a + "final_logit_softcapping", 0.0) != 0.0:
         raise ModelFileError(f"{path}: {a}final_logit_softcapping is not supported")
-    tokens = m.values.get("tokenizer.ggml.tokens")
-    vocab = len(tokens) if isinstance(tokens, list) else m.integer(a + "vocab_size")
-    stated = m.integer(a + "vocab_size", vocab)
-    if stated != vocab:
-        raise ModelFileError(f"{path}: {a}vocab_size {stated} differs from the {vocab} tokens listed")
+    vocab = _vocab(f, a)
     try:
         ffn = m.integer(a + "feed_forward_length") if family.gguf_dense_ffn else experts.get("expert_ffn_dim", 0)
         cfg = ModelConfig(
@@ -85,6 +84,17 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     except InvalidArgumentError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
+
+
+def _vocab(f: GGUFFile, a: str) -> int:
+    """The tokens the file lists (else its vocab_size), checked against its vocab_size."""
+    m = f.meta
+    tokens = m.values.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if isinstance(tokens, list) else m.integer(a + "vocab_size")
+    stated = m.integer(a + "vocab_size", vocab)
+    if stated != vocab:
+        raise ModelFileError(f"{f.path}: {a}vocab_size {stated} differs from the {vocab} tokens listed")
+    return vocab
 
 
 def _scaling(f: GGUFFile, a: str, rope_dim: int, truncate: bool) -> Scaling | None:
@@ -210,8 +220,11 @@ def _flat_experts(f: GGUFFile) -> dict[str, TensorInfo]:
 
 def unread_layers(f: GGUFFile, cfg: ModelConfig) -> list[str]:
     """The file's tensors of layers past the config's: a multi-token prediction layer's, which
-    llama.cpp's converter appends (nextn_predict_layers of them) and arcpy does not read."""
+    llama.cpp's converter appends (nextn_predict_layers of them) and arcpy does not read; and the
+    k and v tensors a Gemma 4 layer sharing K/V may hold, which it does not read."""
+    shared = [f"blk.{i}.{name}.weight" for i in range(cfg.n_layers - cfg.kv_shared_layers, cfg.n_layers)
+              for name in ("attn_k", "attn_v", "attn_k_norm")]
     if not f.meta.integer(f.meta.text("general.architecture") + ".nextn_predict_layers", 0):
-        return []
-    return [name for name in f.tensors
-            if name.startswith("blk.") and name.split(".")[1].isdigit() and int(name.split(".")[1]) >= cfg.n_layers]
+        return shared
+    return shared + [name for name in f.tensors if name.startswith("blk.") and name.split(".")[1].isdigit()
+                     and int(name.split(".")[1]) >= cfg.n_layers]

@@ -39,7 +39,7 @@ def config_from_hf(d: dict, source: str) -> ModelConfig:
     if act not in _ACTIVATIONS:
         raise ModelFileError(f"{source}: unsupported {act_key} {quoted(act)} (supported: {', '.join(_ACTIVATIONS)})")
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if d.get(key) is not None:
+        if d.get(key) is not None and not (key == "final_logit_softcapping" and family.softcaps_logits):
             raise ModelFileError(f"{source}: {key} is not supported")
     if flag(d, "mlp_bias", source, False):
         raise ModelFileError(f"{source}: unsupported mlp_bias=true")

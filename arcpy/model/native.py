@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from arcpy import _lib
 from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import gpt_oss, table
+from arcpy.model import gemma4, gpt_oss, table
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -171,8 +171,12 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     under the Hugging Face names.
 
     A generator, so a reader can stop at the first tensor a file lacks instead of first listing
-    all of them for a config that claims a billion layers.
+    all of them for a config that claims a billion layers. A Gemma 4 config's: libarc's table of
+    the Gemma 3 layer under it, reshaped and extended (arcpy.model.gemma4).
     """
+    if cfg.gemma4_layer:
+        yield from gemma4.tensors(cfg, iter_tensors(gemma4.base_config(cfg)))
+        return
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
@@ -215,6 +219,8 @@ def place(name: str, cfg) -> tuple[str, int]:
 
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
+    if cfg.gemma4_layer:  # libarc's program of the Gemma 3 layer under it, extended
+        return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer)
     if _lib.not_built():
         return gpt_oss.program(table.layer_program(config_values(cfg), layer), cfg)
     ffi, lib = _lib.load()
@@ -225,4 +231,4 @@ def layer_program(cfg, layer: int) -> list[int]:
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, **gpt_oss.OP_NAMES}.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, **gpt_oss.OP_NAMES, **gemma4.OP_NAMES}.get(op, f"op{op}") for op in program)

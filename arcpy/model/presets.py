@@ -13,6 +13,7 @@ import numpy as np
 from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
+from arcpy.model.gemma4 import SCALES as GEMMA4_SCALES
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, YarnScaling
 from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant_pack import random_quant
@@ -138,6 +139,32 @@ SHAPES.update({
     "gpt-oss-20b": ModelConfig(dim=2880, n_layers=24, n_heads=64, n_kv_heads=8, head_dim=64, ffn_dim=2880,
                                vocab=201088, max_seq=8192, n_experts=32, n_experts_used=4, expert_ffn_dim=2880,
                                sliding_window=128, **_OSS),
+})
+# Gemma 4 (arcpy/model/gemma4.py; the NumPy backend alone runs it): a small one with every feature
+# for tests (the full-attention layers' own head width, one kv head, k = v, proportional RoPE over a
+# quarter of their heads; the experts beside the dense FFN; per-layer embeddings; the last two
+# layers sharing K/V, their FFN twice as wide), and the real dims of Gemma-4-31B and Gemma-4-26B-A4B:
+# sliding layers of head 256 with a window of 1,024, every 6th layer full attention with heads of
+# 512, 25% of them turned at base 1M, the logits capped at 30.
+_G4 = dict(rms_eps=1e-6, rope_theta=1000000.0, rope_local_theta=10000.0, tied_embeddings=True, qk_norm=True,
+           post_norms=True, activation="gelu_tanh", attn_scale=1.0, gemma4_layer=True, k_eq_v=True, final_softcap=30.0)
+
+
+def _gemma4(dim: int, head_dim: int, global_head_dim: int, **fields) -> ModelConfig:
+    return ModelConfig(dim=dim, embed_scale=math.sqrt(dim), head_dim=head_dim, global_head_dim=global_head_dim,
+                       global_rope_dim=global_head_dim // 4, **_G4, **fields)
+
+
+SHAPES.update({
+    "gemma4-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
+                           vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, n_experts=8,
+                           n_experts_used=2, expert_ffn_dim=32, norm_topk_prob=True, ple_dim=16, ple_vocab=1024,
+                           kv_shared_layers=2, double_wide_mlp=True),
+    "gemma4-31B": _gemma4(5376, 256, 512, n_layers=60, n_heads=32, n_kv_heads=16, global_n_kv_heads=4,
+                          ffn_dim=21504, vocab=262144, max_seq=8192, sliding_window=1024, window_pattern=6),
+    "gemma4-26B-A4B": _gemma4(2816, 256, 512, n_layers=30, n_heads=16, n_kv_heads=8, global_n_kv_heads=2,
+                              ffn_dim=2112, vocab=262144, max_seq=8192, sliding_window=1024, window_pattern=6,
+                              n_experts=128, n_experts_used=8, expert_ffn_dim=704, norm_topk_prob=True),
 })
 # The bench's mixtures: Qwen3-30B-A3B (48 layers, 128 experts, top 8 of expert ffn 768) and
 # Mixtral-8x7B (32 layers, 8 experts, top 2 of expert ffn 14336), quantized only.
@@ -294,6 +321,8 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
         x = np.float32(1.0) + np.float32(0.05) * x
     elif tname.endswith(("A_log", "dt_bias")):  # a DeltaNet's decay: exp(A_log) near 1
         x *= np.float32(0.5)
+    elif tname.endswith(GEMMA4_SCALES):  # Gemma 4's router scales and layer scalars: factors near 1
+        x = np.float32(1.0) + np.float32(0.05) * x
     elif tname.endswith("norm.weight"):
         x = np.float32(1.0) + np.float32(0.05) * x
         if tname == FINAL_NORM:

@@ -66,6 +66,8 @@ class ShardPlan:
             raise InvalidArgumentError("tensor parallel: a mixture of experts does not split yet")
         if is_hybrid(c):
             raise InvalidArgumentError("tensor parallel: gated DeltaNet layers and gated attention do not split yet")
+        if c.gemma4_layer:
+            raise InvalidArgumentError("tensor parallel: Gemma 4's layers do not split yet")
         for n, what in ((c.n_heads, "attention heads"), (c.n_kv_heads, "key/value heads"),
                         (c.ffn_dim, "FFN rows")):
             if n % w:

@@ -11,6 +11,7 @@
     qwen2_moe    Qwen2-MoE                  mixtral     Mixtral
     qwen3_5      Qwen3.5 and Qwen3.6, dense and MoE (gated DeltaNet hybrids)
     gpt_oss      gpt-oss (sinks, biases, a clamped GLU: arcpy/model/gpt_oss.py)
+    gemma4       Gemma 4 (text), dense and MoE, with per-layer embeddings and shared K/V
 
 The readers (arcpy.model.hf, gguf_config, gguf, checkpoint) look a family up here, by config.json's
 architectures or model_type, by a GGUF file's general.architecture, or, to write config.json, by
@@ -26,6 +27,7 @@ from arcpy.errors import ModelFileError
 from arcpy.model.config import ModelConfig
 from arcpy.model.families.family import Family
 from arcpy.model.families.gemma3 import GEMMA3
+from arcpy.model.families.gemma4 import GEMMA4
 from arcpy.model.families.gpt_oss import GPT_OSS
 from arcpy.model.families.hf_values import text
 from arcpy.model.families.llama import LLAMA
@@ -41,9 +43,10 @@ from arcpy.model.families.smollm3 import SMOLLM3
 
 # In the order messages list them.
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3, MISTRAL3, PHI3, GEMMA3, QWEN3_MOE,
-                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE, GPT_OSS)
+                                QWEN2_MOE, MIXTRAL, QWEN3_5, QWEN3_5_MOE, GPT_OSS, GEMMA4)
 # config_to_hf writes a config as the first of these that holds it.
-_WRITERS = (GPT_OSS, QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3, LLAMA)
+_WRITERS = (GEMMA4, GPT_OSS, QWEN3_5_MOE, QWEN3_5, QWEN2_MOE, MIXTRAL, QWEN3_MOE, QWEN2, GEMMA3, QWEN3, SMOLLM3, PHI3,
+            LLAMA)
 _BY_CLASS = {c: f for f in FAMILIES for c in f.hf_classes}
 _BY_TYPE = {f.name: f for f in FAMILIES if f.hf_classes}
 _BY_GGUF = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}

@@ -39,6 +39,17 @@ class Made(NamedTuple):
 
     shape: tuple[int, ...]
     read: Callable[[dict], object]
+def nested_text_config(d: Mapping) -> Mapping:
+    """The text model's keys of a multimodal class's config.json: text_config's where it has one,
+    the outer file's architectures and tie_word_embeddings kept; else `d` itself."""
+    inner = d.get("text_config")
+    if not isinstance(inner, dict):
+        return d
+    out = dict(inner)
+    for key in ("architectures", "tie_word_embeddings"):
+        if key in d:
+            out[key] = d[key]
+    return out
 
 
 class Family:
@@ -61,12 +72,15 @@ class Family:
     hf_fused: Mapping[str, tuple[str, ...]] = {}  # a layer's fused tensor -> the parts it stacks
     hf_expert_block = "mlp"      # model.layers.N.<block>.experts.E.<name>.weight, <block>.gate the router
     hf_expert_names: Mapping[str, str] = EXPERT_NAMES  # the model's matrix name -> the files' <name>
+    hf_packed_experts = ""       # the files pack a layer's experts: model.layers.N.<this>.gate_up_proj, .down_proj
     gguf_permuted = False        # llama.cpp's converter reorders the q/k rows (gguf.py's docstring)
     gguf_names: Mapping[str, str] = GGUF_LAYER_NAMES  # a layer's module -> llama.cpp's name
+    gguf_global_names: Mapping[str, str] = {}  # the family's own tensors outside the layers -> llama.cpp's names
     gguf_float: tuple[str, ...] = ()  # tensors (by name's end) gguf_tensor takes as float32 values, not words
     gguf_unpacked: tuple[str, ...] = ()  # matrices (by name's end) never kept quantized: gguf_tensor moves columns
     gguf_dense_ffn = True        # the GGUF files give feed_forward_length (else the experts' width stands in)
     gguf_yarn_truncate = True    # YaRN's ramp of the GGUF files truncated to whole pairs, as llama.cpp's
+    softcaps_logits = False      # the family reads config.json's final_logit_softcapping (else refused)
 
     def holds(self, cfg: ModelConfig) -> bool:
         """Whether config.json of this family can say what cfg holds (config_to_hf asks the
@@ -100,6 +114,12 @@ class Family:
     def gguf_experts(self, m, a: str, n: int) -> dict | None:
         """A mixture of n experts' fields from the GGUF metadata `m` (keys prefixed `a`); None
         where the family's files have no experts."""
+        return None
+
+    def gguf_config(self, f, a: str, vocab: int, experts: dict) -> ModelConfig | None:
+        """The whole config of the GGUF file `f` (keys prefixed `a`; `vocab` tokens; `experts` the
+        gguf_experts fields), for a family whose metadata the shared reader cannot read (arrays by
+        layer); None where the shared reader and gguf_fields read it."""
         return None
 
     def gguf_fields(self, m, a: str, dims: tuple[int, int, int], window: int) -> dict:

@@ -18,6 +18,14 @@ _POST_NORM_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feed
                     "post_feedforward_layernorm": "post_ffw_norm"}
 
 
+def windows(d: Mapping, source: str, n_layers: int) -> dict:
+    """The window's fields of the layers layer_types (or sliding_window_pattern) names sliding:
+    every n-th layer full attention, the others sliding (none: no window)."""
+    default = integer(d, "sliding_window_pattern", source, _PATTERN) if "layer_types" not in d else 0
+    every = full_attention_every(d, source, n_layers, default)
+    return {} if every == 1 else {"sliding_window": integer(d, "sliding_window", source), "window_pattern": every}
+
+
 class Gemma3(Family):
     name = "gemma3"
     hf_classes = ("Gemma3ForCausalLM",)
@@ -40,12 +48,7 @@ class Gemma3(Family):
         if scalar <= 0:
             raise ModelFileError(f"{source}: key 'query_pre_attn_scalar' must be positive, got {scalar}")
         out = {"post_norms": True, "norm_plus_one": self.norms_less_one, "embed_scale": math.sqrt(dim),
-               "attn_scale": scalar ** -0.5}
-        default = integer(d, "sliding_window_pattern", source, _PATTERN) if "layer_types" not in d else 0
-        every = full_attention_every(d, source, n_layers, default)
-        window = integer(d, "sliding_window", source)
-        if every != 1:
-            out.update(sliding_window=window, window_pattern=every)
+               "attn_scale": scalar ** -0.5, **windows(d, source, n_layers)}
         params = d.get("rope_parameters")
         if isinstance(params, dict) and "full_attention" in params:
             local = params.get("sliding_attention")

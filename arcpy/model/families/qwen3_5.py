@@ -17,7 +17,7 @@ from arcpy.checks import quoted
 from arcpy.errors import ModelFileError
 from arcpy.model.bf16 import f32_to_bf16
 from arcpy.model.config import ModelConfig
-from arcpy.model.families.family import GGUF_LAYER_NAMES, Family
+from arcpy.model.families.family import GGUF_LAYER_NAMES, Family, nested_text_config
 from arcpy.model.families.hf_values import flag, integer
 from arcpy.model.hybrid import FULL, LAYER_KINDS, LINEAR, key_dim
 from arcpy.model.quant import QuantTensor
@@ -57,14 +57,7 @@ class Qwen35(Family):
     def text_config(self, d: Mapping) -> Mapping:
         """The text model's keys: text_config's where config.json has one (the outer file's
         architectures and tie_word_embeddings kept)."""
-        inner = d.get("text_config")
-        if not isinstance(inner, dict):
-            return d
-        out = dict(inner)
-        for key in ("architectures", "tie_word_embeddings"):
-            if key in d:
-                out[key] = d[key]
-        return out
+        return nested_text_config(d)
 
     def hf_fields(self, d: Mapping, source: str, n_layers: int, head_dim: int) -> dict:
         kinds = d.get("layer_types")
