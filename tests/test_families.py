@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gguf import BYTE_VOCAB, converter_permute, gguf_name, load_error, put
 from gguf import GGUFWriter
+from test_gguf import BYTE_VOCAB, converter_permute, gguf_name, load_error, put
 
 from arcpy.codes import (
     OP_ATTEND,
@@ -43,8 +43,8 @@ from arcpy.model import (
     config_to_hf,
     load_model,
     random_model,
-    save_model,
     rope_inv_freq,
+    save_model,
     save_safetensors,
 )
 from arcpy.model.gpt_oss import uses_oss_ops
@@ -166,7 +166,7 @@ def test_a_layer_without_rope_has_a_zero_table_and_the_others_the_base():
 def test_partial_rotary_rotates_only_the_first_elements():
     cfg = SHAPES["phi3-tiny"]
     assert cfg.rotary_dim == 48 and rope_inv_freq(cfg).shape == (24,)
-    from arcpy.devices.reference import rope
+    from arcpy.devices.reference_ops import rope
     x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
     y = rope(x, 37, rope_inv_freq(cfg), cfg.rope_attention_factor)
     np.testing.assert_array_equal(y[:, 48:], x[:, 48:])

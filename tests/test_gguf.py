@@ -27,7 +27,8 @@ from gguf.quants import dequantize, quantize
 from tokenizers import pre_tokenizers
 
 from arcpy.demo import FETCH_HINT, demo_model_path
-from arcpy.devices.reference import ReferenceModel, rope
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import rope
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.loading import load_gguf
 from arcpy.model import (

@@ -17,9 +17,17 @@ import numpy as np
 import pytest
 
 from arcpy.devices.numpy_device import NumpyDevice
-from arcpy.devices.reference import ReferenceModel, causal_attention, clamped_swiglu
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import causal_attention, clamped_swiglu
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import SHAPES, bf16_to_f32, load_model, random_model, save_model, synthetic_model
+from arcpy.model import (
+    SHAPES,
+    bf16_to_f32,
+    load_model,
+    random_model,
+    save_model,
+    synthetic_model,
+)
 from arcpy.model.families.gpt_oss import GPT_OSS
 from arcpy.model.gguf import _gguf_name
 from arcpy.model.gpt_oss import OP_ATTEND_SINKS, cuda_refusal

@@ -12,10 +12,17 @@ import math
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from test_gguf import BYTE_VOCAB, converter_permute, load_error, random_k_blocks, write_gguf
+from test_gguf import (
+    BYTE_VOCAB,
+    converter_permute,
+    load_error,
+    random_k_blocks,
+    write_gguf,
+)
 
 from arcpy import codes
-from arcpy.devices.reference import ReferenceModel, _exact, _RowOps
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import _exact, _RowOps
 from arcpy.errors import InvalidArgumentError
 from arcpy.loading import load_gguf
 from arcpy.model import (

@@ -17,7 +17,8 @@ import math
 import numpy as np
 import pytest
 
-from arcpy.devices.reference import ReferenceModel, attention, causal_attention
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import attention, causal_attention
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import synthetic_model
 

@@ -16,7 +16,16 @@ import warnings
 import numpy as np
 import pytest
 
-from arcpy.devices.reference import ReferenceModel, argmax, attention, embedding, gemv, rmsnorm, rope, swiglu
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import (
+    argmax,
+    attention,
+    embedding,
+    gemv,
+    rmsnorm,
+    rope,
+    swiglu,
+)
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import (
     EMBED,

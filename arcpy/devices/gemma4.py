@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.devices.reference import GLUS, _RowOps, causal_attention, linear, rmsnorm, rope, round_bf16, _exact
 from arcpy.devices.reference_layer import Layer, norm_factors, weights_f32
+from arcpy.devices.reference_ops import (
+    GLUS,
+    _exact,
+    _RowOps,
+    causal_attention,
+    linear,
+    rmsnorm,
+    rope,
+    round_bf16,
+)
 from arcpy.model import Model, rope_inv_freq
 from arcpy.model import gemma4 as g4
 from arcpy.model.moe import route

@@ -17,7 +17,8 @@ import copy
 import numpy as np
 
 from arcpy.codes import OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_FFN_OUT, OP_FFN_OUT_NORM
-from arcpy.devices.reference import ReferenceModel, _RowOps, linear, rmsnorm
+from arcpy.devices.reference import ReferenceModel
+from arcpy.devices.reference_ops import _RowOps, linear, rmsnorm
 from arcpy.model import Model, layer_prefix
 from arcpy.parallel.shard import ShardPlan
 
