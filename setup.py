@@ -40,7 +40,7 @@ SLOW_FIRST = ("model/attention.cu", "model/gemm/gemm_sm90.cu", "model/qgemv/qgem
 # Sources with no device code: compiled as C++, which skips nvcc's device passes (1.5 s each).
 HOST_ONLY = ("core.cu", "graph.cu", "comm.cu")
 # The C ABI (arc.h), its kernel entry points (arc_ops.h) and its test hooks (arc_test.h), shipped beside libarc.so.
-HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")
+HEADERS = ("arc.h", "arc_model.h", "arc_ops.h", "arc_test.h")
 SKIPPED = "libarc.skipped"  # in libarc.so's place where ARC_CUDA_ARCHS=none (arcpy/_lib.py reads it)
 
 

@@ -2,7 +2,8 @@
 
 The cdef is read from the headers themselves (the copies the build places beside libarc.so):
 the region between the `arc-cdef-begin` and `arc-cdef-end` markers of arc.h (the decode API),
-then of arc_ops.h (the kernel entry points) and arc_test.h (the test hooks), so the binding cannot drift from the ABI. The library is found in this order:
+then of arc_model.h (the model), arc_ops.h (the kernel entry points) and arc_test.h (the test
+hooks), so the binding cannot drift from the ABI. The library is found in this order:
 1. $ARC_LIBRARY, a path to a libarc.so (its arc.h beside it). Set, it is the only candidate: a
    missing or unloadable file is an error naming the variable, never a silent fallback.
 2. The libarc.so built into this package.
@@ -29,7 +30,7 @@ from arcpy.errors import ArcError, ContextLostError, InvalidArgumentError, NoDev
 LIBRARY_ENV = "ARC_LIBRARY"
 _MARKERS = re.compile(r"/\* arc-cdef-begin \*/(.*)/\* arc-cdef-end \*/", re.S)
 _PACKAGE = Path(__file__).resolve().parent
-HEADERS = ("arc.h", "arc_ops.h", "arc_test.h")  # in the order their cdefs are read
+HEADERS = ("arc.h", "arc_model.h", "arc_ops.h", "arc_test.h")  # in the order their cdefs are read
 SKIPPED = "libarc.skipped"  # what the build leaves in libarc.so's place where ARC_CUDA_ARCHS=none
 NOT_BUILT = "libarc.so was not built (ARC_CUDA_ARCHS=none): the CUDA backend is unavailable"
 

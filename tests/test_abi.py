@@ -17,7 +17,7 @@ LIBARC = ROOT / "libarc"
 SOURCES = (sorted(LIBARC.rglob("*.cu")) + sorted(LIBARC.rglob("*.cuh"))
            + [LIBARC / name for name in _lib.HEADERS])
 HEADER = (LIBARC / "arc.h").read_text()
-DECODE_CDEF = _lib.cdef_from_header(HEADER)
+DECODE_CDEF = _lib.cdef_from_header(HEADER) + _lib.cdef_from_header((LIBARC / "arc_model.h").read_text(), "arc_model.h")
 OPS_CDEF = _lib.cdef_from_header((LIBARC / "arc_ops.h").read_text(), "arc_ops.h")
 TEST_CDEF = _lib.cdef_from_header((LIBARC / "arc_test.h").read_text(), "arc_test.h")
 CDEF = DECODE_CDEF + OPS_CDEF + TEST_CDEF

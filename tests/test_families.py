@@ -78,7 +78,7 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
     """Each arc_tensor's shape in layer `layer` as arc.h's comments word it, evaluated for cfg
     (None: absent), read literally from the header: the documentation the one table in libarc must
     match."""
-    text = (Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()
+    text = (Path(__file__).resolve().parents[1] / "libarc" / "arc_model.h").read_text()
     names = {"dim": cfg.dim, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
              "ffn_dim": cfg.ffn_dim, "vocab": cfg.vocab, "rope_dim": cfg.rotary_dim, "n_experts": cfg.n_experts,
              "expert_ffn_dim": cfg.expert_ffn_dim, "shared_ffn_dim": cfg.shared_expert_ffn_dim,

@@ -87,8 +87,8 @@ def test_reference_logits_and_greedy_ids_match_transformers():
 
 
 def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(monkeypatch):
-    import arcpy.devices.reference as reference
-    monkeypatch.setattr(reference, "round_bf16", lambda a: a)
+    import arcpy.devices.reference_ops as reference_ops
+    monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
     g = golden()
     err = relative_error(run(load_model(DATA), g["tokens"]), g["logits"])
     print(f"max relative logit error {err:.3g} with a float32 cache")
@@ -125,9 +125,9 @@ def _no_o_bias(ref):
 ])
 def test_the_goldens_see_every_feature(what, change, patch, monkeypatch):
     """Each of gpt-oss's features left out moves the logits far past EXACT: the goldens test it."""
-    import arcpy.devices.reference as reference
+    import arcpy.devices.reference_ops as reference_ops
     from arcpy.model.tensors import Model
-    monkeypatch.setattr(reference, "round_bf16", lambda a: a)
+    monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
     model = load_model(DATA)
     if change == "truncate":
         change = dict(rope_scaling=dataclasses.replace(model.config.rope_scaling, truncate=True))

@@ -469,12 +469,14 @@ def test_the_reference_forward_dequantizes_once_and_decodes():
 # --- what the CUDA model hands libarc (checked here without a GPU) -------------------------------
 
 def header_library():
-    """arc.h's cdef with the process's own symbols standing in for libarc: its enum constants."""
+    """arc.h's and arc_model.h's cdef with the process's own symbols standing in for libarc: their
+    enum constants."""
     import cffi
 
     from arcpy import _lib
     ffi = cffi.FFI()
-    ffi.cdef(_lib.cdef_from_header((Path(__file__).resolve().parents[1] / "libarc" / "arc.h").read_text()))
+    top = Path(__file__).resolve().parents[1] / "libarc"
+    ffi.cdef("".join(_lib.cdef_from_header((top / name).read_text(), name) for name in ("arc.h", "arc_model.h")))
     return ffi, ffi.dlopen(None)
 
 
@@ -485,7 +487,7 @@ def test_the_device_model_gets_a_format_per_tensor_and_layer():
     model = synthetic_model("tiny-quant")
     table = CudaModel._formats(SimpleNamespace(lib=lib, ffi=ffi), model)
     L = model.config.n_layers
-    assert len(table) == lib.ARC_TENSOR_COUNT * L == 56
+    assert len(table) == lib.ARC_TENSOR_COUNT * L == 38 * 2
     at = [table[getattr(lib, f"ARC_TENSOR_{name}") * L + layer]
           for name, layer in [("WQ", 0), ("WK", 0), ("WV", 0), ("WO", 0), ("W_GATE", 0), ("W_UP", 0), ("W_DOWN", 0),
                               ("WQ", 1), ("WO", 1), ("W_DOWN", 1), ("LM_HEAD", 0), ("EMBED", 0), ("ATTN_NORM", 1)]]

@@ -137,8 +137,17 @@ def test_the_split_forward_gives_the_single_devices_logits_and_tokens(name, worl
     assert np.allclose(a, b, rtol=1e-4, atol=1e-3 * np.abs(a).max())
     # rank r's heads where one keeps them, up to a bf16 rounding that a last-bit difference can move
     assert np.allclose(one.k_cache, tp.k_cache, rtol=2 ** -7, atol=2 ** -7)
-    one.reset(), tp.reset()
-    assert tp.greedy(prompt, 12) == one.greedy(prompt, 12)
+    # Greedy, both following the single device's tokens: the split picks its token wherever the
+    # single device's top two differ by more than the sums' order can move a logit.
+    decided = 0
+    for step in range(12):
+        top2 = np.sort(a)[-2:]
+        if top2[1] - top2[0] > 2e-3 * np.abs(a).max():
+            assert int(np.argmax(b)) == int(np.argmax(a)), f"step {step}"
+            decided += 1
+        token, pos = int(np.argmax(a)), len(prompt) + step
+        a, b = one.forward(token, pos), tp.forward(token, pos)
+    assert decided >= 8
 
 
 def test_one_rank_is_the_single_device_reference_bit_for_bit():

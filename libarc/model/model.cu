@@ -12,30 +12,12 @@
 
 enum { TENSOR_COUNT = ARC_TENSOR_COUNT, ALIGN = 256 };
 
-static const char *const TENSOR_NAMES[TENSOR_COUNT] = {
-    "ARC_TENSOR_EMBED",  "ARC_TENSOR_ATTN_NORM", "ARC_TENSOR_WQ",         "ARC_TENSOR_WK",
-    "ARC_TENSOR_WV",     "ARC_TENSOR_BQ",        "ARC_TENSOR_BK",         "ARC_TENSOR_BV",
-    "ARC_TENSOR_WO",     "ARC_TENSOR_MLP_NORM",  "ARC_TENSOR_W_GATE",     "ARC_TENSOR_W_UP",
-    "ARC_TENSOR_W_DOWN", "ARC_TENSOR_FINAL_NORM", "ARC_TENSOR_LM_HEAD",   "ARC_TENSOR_ROPE_INV_FREQ",
-    "ARC_TENSOR_Q_NORM", "ARC_TENSOR_K_NORM", "ARC_TENSOR_POST_ATTN_NORM", "ARC_TENSOR_POST_FFN_NORM",
-    "ARC_TENSOR_MOE_ROUTER", "ARC_TENSOR_MOE_GATE", "ARC_TENSOR_MOE_UP", "ARC_TENSOR_MOE_DOWN",
-    "ARC_TENSOR_SHARED_GATE", "ARC_TENSOR_SHARED_UP", "ARC_TENSOR_SHARED_DOWN", "ARC_TENSOR_SHARED_ROUTER",
-    "ARC_TENSOR_WQ_GATE", "ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A",
-    "ARC_TENSOR_DN_CONV", "ARC_TENSOR_DN_A_LOG", "ARC_TENSOR_DN_DT_BIAS", "ARC_TENSOR_DN_NORM", "ARC_TENSOR_DN_OUT",
-};
 
-static bool per_layer(int t) {
-    return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD;
-}
-bool tensor_per_layer(int t) { return per_layer(t); }
-const char *tensor_name(int t) { return TENSOR_NAMES[t]; }
 
 static bool is_bias(int t) { return t == ARC_TENSOR_BQ || t == ARC_TENSOR_BK || t == ARC_TENSOR_BV; }
 static bool is_head_norm(int t) { return t == ARC_TENSOR_Q_NORM || t == ARC_TENSOR_K_NORM; }
 static bool is_post_norm(int t) { return t == ARC_TENSOR_POST_ATTN_NORM || t == ARC_TENSOR_POST_FFN_NORM; }
 
-// The rotated elements of a head: rope_dim, or all of them where it is 0.
-static int32_t rope_dim_of(const arc_model_config &c) { return c.rope_dim ? c.rope_dim : c.head_dim; }
 
 struct arc_model {
     arc_context *ctx;
@@ -75,39 +57,9 @@ struct arc_model {
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 
-// The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
-// tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
-// where c has no such tensor there. Layers differ by their FFN: a GLU, or a mixture of experts.
-void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
-    if (t >= ARC_TENSOR_MOE_ROUTER && t <= ARC_TENSOR_SHARED_ROUTER) return moe_table_shape(c, t, layer, rows, cols);
-    if (t >= ARC_TENSOR_DN_QKV) return dn_table_shape(c, t, layer, rows, cols);
-    const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
-    const bool moe = per_layer(t) && layer_moe(c, layer);
-    const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
-    uint64_t r = 1, k = dim;
-    bool present = true;
-    switch (t) {
-    case ARC_TENSOR_EMBED: r = vocab; break;
-    case ARC_TENSOR_LM_HEAD: r = vocab; present = !c.tied_embeddings; break;
-    case ARC_TENSOR_WQ: r = q; break;
-    case ARC_TENSOR_WQ_GATE: r = q; present = c.attn_gate; break;
-    case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; break;
-    case ARC_TENSOR_BQ: k = q; present = c.qkv_bias; break;
-    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias; break;
-    case ARC_TENSOR_WO: r = dim; k = q; break;
-    case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; present = !moe; break;
-    case ARC_TENSOR_W_DOWN: r = dim; k = ffn; present = !moe; break;
-    case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)rope_dim_of(c) / 2; break;
-    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; present = c.qk_norm; break;
-    case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
-    default: break;  // ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
-    }
-    *rows = present ? r : 0;
-    *cols = k;
-    if (per_layer(t)) dn_table_shape(c, t, layer, rows, cols);  // a DeltaNet layer has no attention
+static int slot(const arc_model *m, int t, int layer) {
+    return t * m->cfg.n_layers + (tensor_per_layer(t) ? layer : 0);
 }
-
-static int slot(const arc_model *m, int t, int layer) { return t * m->cfg.n_layers + (per_layer(t) ? layer : 0); }
 
 // Bytes of tensor t of layer l in its format.
 static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
@@ -185,36 +137,26 @@ static Weight weight_at(const arc_model *m, int t, int layer) {
     return Weight{tensor_at(m, t, layer), m->format[slot(m, t, layer)]};
 }
 
-static bool is_matrix(int t) {
-    switch (t) {
-    case ARC_TENSOR_WQ: case ARC_TENSOR_WK: case ARC_TENSOR_WV: case ARC_TENSOR_WO: case ARC_TENSOR_W_GATE:
-    case ARC_TENSOR_W_UP: case ARC_TENSOR_W_DOWN: case ARC_TENSOR_LM_HEAD: case ARC_TENSOR_MOE_GATE:
-    case ARC_TENSOR_MOE_UP: case ARC_TENSOR_MOE_DOWN: case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP:
-    case ARC_TENSOR_SHARED_DOWN: case ARC_TENSOR_WQ_GATE: case ARC_TENSOR_DN_QKV: case ARC_TENSOR_DN_Z:
-    case ARC_TENSOR_DN_B: case ARC_TENSOR_DN_A: case ARC_TENSOR_DN_OUT: return true;
-    default: return false;
-    }
-}
 
 // Each tensor's format: bf16 everywhere but the matrices; a matrix's columns fit its format's
 // units; Wgate and Wup of a layer share one (one fused product reads them).
 static int check_formats(const arc_model *m, const int32_t *formats) {
     const arc_model_config &c = m->cfg;
     for (int t = 0; t < TENSOR_COUNT; ++t) {
-        const int layers = per_layer(t) ? c.n_layers : 1;
+        const int layers = tensor_per_layer(t) ? c.n_layers : 1;
         for (int l = 0; l < layers; ++l) {
             const int32_t f = formats[t * c.n_layers + l];
             if (f == ARC_FORMAT_BF16) continue;
-            ARC_REQUIRE_AS("arc_model_create_formats", is_matrix(t),
-                           "%s (layer %d) must be bf16 (format 0), got format %d", TENSOR_NAMES[t], l, f);
+            ARC_REQUIRE_AS("arc_model_create_formats", tensor_is_matrix(t),
+                           "%s (layer %d) must be bf16 (format 0), got format %d", tensor_name(t), l, f);
             ARC_REQUIRE_AS("arc_model_create_formats", format_quantized(f),
-                           "%s (layer %d): unknown format %d (arc_format 0..6)", TENSOR_NAMES[t], l, f);
+                           "%s (layer %d): unknown format %d (arc_format 0..6)", tensor_name(t), l, f);
             uint64_t rows, cols;
             table_shape(c, t, l, &rows, &cols);
             const uint64_t unit = format_is_k(f) ? QSUPER : QUNIT;
             ARC_REQUIRE_AS("arc_model_create_formats", cols % unit == 0,
                            "%s (layer %d): format %d takes rows of a multiple of %llu weights, got %llu",
-                           TENSOR_NAMES[t], l, f, (unsigned long long)unit, (unsigned long long)cols);
+                           tensor_name(t), l, f, (unsigned long long)unit, (unsigned long long)cols);
         }
     }
     const int pairs[3][2] = {{ARC_TENSOR_W_GATE, ARC_TENSOR_W_UP}, {ARC_TENSOR_MOE_GATE, ARC_TENSOR_MOE_UP},
@@ -223,7 +165,7 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
         for (int l = 0; l < c.n_layers; ++l) {
             const int32_t g = formats[pair[0] * c.n_layers + l], u = formats[pair[1] * c.n_layers + l];
             ARC_REQUIRE_AS("arc_model_create_formats", g == u, "%s and %s of layer %d must share a format, got %d and %d",
-                           TENSOR_NAMES[pair[0]], TENSOR_NAMES[pair[1]], l, g, u);
+                           tensor_name(pair[0]), tensor_name(pair[1]), l, g, u);
         }
     return ARC_OK;
 }
@@ -392,8 +334,8 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
     ARC_REQUIRE(tensor >= 0 && tensor < TENSOR_COUNT, "unknown tensor id %d (valid: 0..%d)", tensor,
                 TENSOR_COUNT - 1);
     const arc_model_config &c = model->cfg;
-    const char *name = TENSOR_NAMES[tensor];
-    if (per_layer(tensor))
+    const char *name = tensor_name(tensor);
+    if (tensor_per_layer(tensor))
         ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
                     name, c.n_layers, layer);
     else
@@ -421,13 +363,13 @@ extern "C" int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer,
 int model_check_uploaded(const arc_model *m, const char *who) {
     const arc_model_config &c = m->cfg;
     for (int t = 0; t < TENSOR_COUNT; ++t) {
-        const int layers = per_layer(t) ? c.n_layers : 1;
+        const int layers = tensor_per_layer(t) ? c.n_layers : 1;
         for (int l = 0; l < layers; ++l) {
             if (m->bytes[slot(m, t, l)] == 0 || m->uploaded[t * c.n_layers + l]) continue;  // absent, or there
-            if (per_layer(t))
+            if (tensor_per_layer(t))
                 return arc_fail(ARC_INVALID_ARGUMENT, who, "%s of layer %d was never uploaded (arc_model_upload)",
-                                TENSOR_NAMES[t], l);
-            return arc_fail(ARC_INVALID_ARGUMENT, who, "%s was never uploaded (arc_model_upload)", TENSOR_NAMES[t]);
+                                tensor_name(t), l);
+            return arc_fail(ARC_INVALID_ARGUMENT, who, "%s was never uploaded (arc_model_upload)", tensor_name(t));
         }
     }
     return ARC_OK;

@@ -24,6 +24,7 @@ void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows
 // (rows 0: absent there); whether t is a per-layer tensor; its arc.h name.
 void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols);
 bool tensor_per_layer(int t);
+bool tensor_is_matrix(int t);  // a matrix: what a quantized format may hold
 const char *tensor_name(int t);
 int check_moe(const arc_model_config &c, const char *who);
 

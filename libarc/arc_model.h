@@ -1,0 +1,256 @@
+/* arc_model.h -- the model of libarc's C ABI (arc.h states its rules and includes this header): a
+ * decoder's config, its tensor table and layer program, the weight formats, its forwards (the decode
+ * step, the prefill, the prompt's log-probabilities) and its speculative steps.
+ *
+ * The declarations between the cdef markers join arc.h's in the cffi cdef of arcpy/_lib.py.
+ */
+#ifndef ARC_MODEL_H
+#define ARC_MODEL_H
+
+#include "arc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* arc-cdef-begin */
+/* The model: a decoder of the Llama family and its kin (below: what a family changes) at batch 1. Weights are bf16
+ * (raw 16-bit words) or quantized (arc_format, below), the RoPE inverse frequencies float32; the KV cache is bf16,
+ * activations float32. The forward reads the token and the position from an arc_loop, so a graph captured once
+ * replays unchanged at every position. */
+typedef enum arc_tensor {
+    ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
+    ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
+    ARC_TENSOR_WQ = 2,              /* per layer (n_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_BQ = 5,              /* per layer (n_heads * head_dim), only with qkv_bias, absent on DeltaNet layers */
+    ARC_TENSOR_BK = 6,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
+                                       layers */
+    ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
+                                       layers */
+    ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim), absent on DeltaNet layers */
+    ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
+    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers */
+    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers */
+    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers */
+    ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
+    ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
+    ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32, absent on DeltaNet layers: the layer's RoPE */
+    ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
+    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
+    ARC_TENSOR_POST_ATTN_NORM = 18, /* per layer (dim), only with post_norms */
+    ARC_TENSOR_POST_FFN_NORM = 19,  /* per layer (dim), only with post_norms */
+    ARC_TENSOR_MOE_ROUTER = 20,     /* per layer (n_experts, dim), only on MoE layers */
+    ARC_TENSOR_MOE_GATE = 21,       /* per layer (n_experts * expert_ffn_dim, dim), only on MoE layers */
+    ARC_TENSOR_MOE_UP = 22,         /* per layer (n_experts * expert_ffn_dim, dim), only on MoE layers */
+    ARC_TENSOR_MOE_DOWN = 23,       /* per layer (n_experts * dim, expert_ffn_dim), only on MoE layers */
+    ARC_TENSOR_SHARED_GATE = 24,    /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_UP = 25,      /* per layer (shared_ffn_dim, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_DOWN = 26,    /* per layer (dim, shared_ffn_dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_SHARED_ROUTER = 27,  /* per layer (1, dim), only on MoE layers with a shared expert */
+    ARC_TENSOR_WQ_GATE = 28,        /* per layer (n_heads * head_dim, dim), only with attn_gate, absent on DeltaNet
+                                       layers */
+    /* A gated DeltaNet layer's (arc_model_config: dn_layers), where its attention's are absent; K = dn_k_heads *
+     * dn_head_dim, V = dn_v_heads * dn_head_dim, conv = 2 K + V channels. Rows are heads' in order. */
+    ARC_TENSOR_DN_QKV = 29,         /* per layer (conv, dim), only on DeltaNet layers: the convolution's q, k, v */
+    ARC_TENSOR_DN_Z = 30,           /* per layer (V, dim), only on DeltaNet layers: the output gate */
+    ARC_TENSOR_DN_B = 31,           /* per layer (dn_v_heads, dim), only on DeltaNet layers: beta's input */
+    ARC_TENSOR_DN_A = 32,           /* per layer (dn_v_heads, dim), only on DeltaNet layers: the decay's input */
+    ARC_TENSOR_DN_CONV = 33,        /* per layer (conv, dn_conv_kernel), only on DeltaNet layers: newest input last */
+    ARC_TENSOR_DN_A_LOG = 34,       /* per layer (dn_v_heads), only on DeltaNet layers: the decay's log rate */
+    ARC_TENSOR_DN_DT_BIAS = 35,     /* per layer (dn_v_heads), only on DeltaNet layers */
+    ARC_TENSOR_DN_NORM = 36,        /* per layer (dn_head_dim), only on DeltaNet layers: never 1 + w */
+    ARC_TENSOR_DN_OUT = 37,         /* per layer (dim, V), only on DeltaNet layers */
+    ARC_TENSOR_COUNT = 38
+} arc_tensor;
+typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
+typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
+
+/* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
+ * of a head pairs with i + rope_dim / 2 at angle float(pos) * inv_freq[i] of the layer's own table
+ * (zeros: a layer without RoPE). Layer l is windowed when sliding_window > 0, unless window_pattern
+ * n > 0 and l % n == n - 1: its query at p then attends p - sliding_window + 1..p only. */
+typedef struct arc_model_config {
+    int32_t dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, max_seq;
+    float rms_eps;
+    int32_t tied_embeddings, qkv_bias;  /* 0 or 1 each: the lm_head is the embedding; q/k/v biases */
+    int32_t qk_norm;         /* q, k heads RMS-normed by Q_NORM / K_NORM before RoPE (Qwen3, Gemma 3) */
+    int32_t rope_dim;        /* RoPE rotates a head's first rope_dim elements (even; 0: head_dim) */
+    float rope_factor;       /* cos and sin times it (YaRN's, LongRoPE's attention factor; 0: 1) */
+    int32_t post_norms;      /* attention and FFN outputs RMS-normed before the residual add (Gemma 3) */
+    int32_t activation;      /* the GLU's, an arc_activation */
+    float embed_scale, attn_scale;  /* the embedding row's factor (0: 1), the scores' (0: 1 / sqrt(head_dim)) */
+    int32_t sliding_window, window_pattern;  /* a windowed layer's positions (0: none); every n-th layer global */
+    int32_t norm_plus_one;   /* 0 or 1: every norm's factor is 1 + w, its weights stored less one (Gemma) */
+    /* Mixture of experts (n_experts 0: none): layer l is one unless (l + 1) % moe_every != 0 (0: 1) or bit l % 32 of
+     * dense_layers[l / 32] is set. Routing of p = ROUTER @ n, top k = n_experts_used ties to the lower expert:
+     * SOFTMAX_TOPK the top k of softmax(p), divided by their sum if norm_topk; TOPK_SOFTMAX the top k of p, weights
+     * their softmax. Expert e (rows e * expert_ffn_dim.. of MOE_GATE, MOE_UP, e * dim.. of MOE_DOWN) adds weight times
+     * Wdown_e @ act(Wgate_e @ n) * (Wup_e @ n); shared_ffn_dim > 0: + sigmoid(SHARED_ROUTER @ n) * shared expert.
+     * arc_model_create takes n_experts <= 1024, n_experts_used <= 16, expert_ffn_dim % 8 == 0 and n_experts_used *
+     * expert_ffn_dim <= 49152; the routing stays on the device, so a captured step serves every routing. */
+    int32_t n_experts, n_experts_used, expert_ffn_dim, routing, norm_topk, shared_ffn_dim, moe_every;
+    uint32_t dense_layers[4];
+    /* attn_gate 1: the attention's output is multiplied by sigmoid(WQ_GATE @ n) before Wo (ARC_OP_ATTN_GATE). */
+    int32_t attn_gate;
+    /* Gated DeltaNet layers (Qwen3.5): layer l is one where bit l % 32 of dn_layers[l / 32] is set; it keeps no KV
+     * rows but a state of fixed size: its convolution's last dn_conv_kernel - 1 inputs and, per value head, a
+     * (dn_head_dim, dn_head_dim) float32 matrix S. Value head h reads key head h / (dn_v_heads / dn_k_heads). For a
+     * token, with n = rmsnorm(x, ATTN_NORM): u = causal depthwise convolution of DN_QKV @ n over the last
+     * dn_conv_kernel inputs, then SiLU; q and k heads of u L2-normalized (x / sqrt(sum x^2 + 1e-6)), q times
+     * 1 / sqrt(dn_head_dim); beta = sigmoid(DN_B @ n), g = -exp(A_LOG) * softplus(DN_A @ n + DT_BIAS) per value head;
+     * S <- exp(g) S, S <- S + k (beta (v - S^T k))^T, o = S^T q; att = rmsnorm(o, DN_NORM) * silu(DN_Z @ n) per head;
+     * x += DN_OUT @ att. Position 0 starts from a zero state. arc_model_create takes dn_head_dim 128 alone. */
+    int32_t dn_k_heads, dn_v_heads, dn_head_dim, dn_conv_kernel;
+    uint32_t dn_layers[4];
+} arc_model_config;
+int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
+/* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
+ * in layer (0 for a global tensor) of a model of config, rows 0 where the config has none (a vector: rows 1).
+ * Matrices are (out, in); ROPE_INV_FREQ is float32, the rest bf16 or a matrix's format. Host only, no context. */
+int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t layer, int64_t *rows, int64_t *cols);
+
+/* The layer program: the sequence of one decoder layer, written once and run by the decode step (GEMVs), the
+ * speculative verify (GEMVs over rows), the prefill (tensor-core products) and arcpy's NumPy reference, each op in
+ * its own form. arc_layer_program lists a layer's ops in order into ops (ARC_MAX_LAYER_OPS entries); host only, no
+ * context. x is the residual stream (float32). */
+typedef enum arc_layer_op {
+    ARC_OP_ATTN_IN = 0,   /* qkv = [Wq; Wk; Wv] @ rmsnorm(x, ATTN_NORM) (+ [bq; bk; bv]) */
+    ARC_OP_QK_NORM = 1,   /* each head of q and k = rmsnorm(head, Q_NORM / K_NORM) */
+    ARC_OP_ATTEND = 2,    /* q, k rotated (the layer's table); k, v -> the cache; att = attention */
+    ARC_OP_ATTN_OUT = 3,  /* x += Wo @ att */
+    ARC_OP_FFN_IN = 4,    /* h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
+    ARC_OP_FFN_OUT = 5,   /* x += Wdown @ h */
+    ARC_OP_ATTN_OUT_NORM = 6,  /* x += rmsnorm(Wo @ att, POST_ATTN_NORM) */
+    ARC_OP_FFN_OUT_NORM = 7,   /* x += rmsnorm(Wdown @ h, POST_FFN_NORM) */
+    ARC_OP_MOE_IN = 8, ARC_OP_MOE_OUT = 9,  /* FFN_IN, FFN_OUT of a mixture of experts (arc_model_config) */
+    ARC_OP_ATTN_GATE = 10,  /* att *= sigmoid(WQ_GATE @ rmsnorm(x, ATTN_NORM)), the gate made by ATTN_IN beside qkv */
+    ARC_OP_DN_IN = 11,      /* u = [DN_QKV; DN_Z; DN_B; DN_A] @ rmsnorm(x, ATTN_NORM) */
+    ARC_OP_DN_STEP = 12,    /* the DeltaNet's convolution and state update at the token's position -> att */
+    ARC_OP_DN_OUT = 13      /* x += DN_OUT @ att */
+} arc_layer_op;
+int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
+
+/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD; MOE_, SHARED_ GATE, UP, DOWN)
+ * may be held in one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
+ * the RoPE frequencies are always bf16 (float32 for the frequencies). The quantized formats are
+ * llama.cpp's GGUF block types, repacked by row so that every load is 16-byte aligned and
+ * coalesced; the values they hold are exactly the GGUF blocks' values.
+ *
+ * A row of `cols` weights (cols % 32 == 0; % 256 for the _K formats) is a sequence of units of
+ * 32 consecutive weights (unit u: columns 32u..32u+31); a _K superblock is 8 units. A row is
+ * four arrays, A then B then C then D, each padded with zeros to a multiple of 16 bytes; rows
+ * follow each other with no gap (arc_format_row_bytes gives a row's size).
+ *   A (quants): Q8_0: 32 bytes a unit, int8 weight k at byte k. Q4_0, Q4_1, Q4_K, Q5_K, Q6_K:
+ *     16 bytes a unit, byte k (0..15) holding the low 4 bits of weight k in its low nibble and
+ *     those of weight k + 16 in its high nibble.
+ *   B (high bits): Q5_K: a uint32 H a unit, bit 8b + i = bit 4 of weight 4i + b and bit
+ *     8b + 4 + i = bit 4 of weight 16 + 4i + b (b, i in 0..3). Q6_K: two uint32 H0, H1 a unit,
+ *     bits 8b + 2i and 8b + 2i + 1 of H0 = bits 4 and 5 of weight 4i + b, of H1 = those of
+ *     weight 16 + 4i + b. Other formats: empty.
+ *   C (scales): Q8_0, Q4_0: a float16 d a unit. Q4_1: float16 d then float16 m, a unit.
+ *     Q4_K, Q5_K: 16 bytes a superblock, GGUF's own: float16 d, float16 dmin, 12 bytes of
+ *     6-bit scales and mins (unit j of the superblock: GGUF's get_scale_min_k4(j)). Q6_K: 16
+ *     int8 scales a superblock, scale j for its weights 16j..16j+15.
+ *   D: Q6_K: a float16 d a superblock. Other formats: empty.
+ * The weight, with q the unit's quant (4 bits; 5 with Q5_K's high bit; 6 with Q6_K's two):
+ *   Q8_0 d * q (q signed)     Q4_0 d * (q - 8)       Q4_1 d * q + m
+ *   Q4_K, Q5_K  d * sc * q - dmin * m (sc, m: the unit's 6-bit scale and min)
+ *   Q6_K  d * scale * (q - 32)
+ * The quantized GEMVs quantize their input too, per unit: amax = max |x| over the unit's 32
+ * inputs (after the fused norm), x_q = rint(x * (127 / amax)) clamped to [-127, 127] (0 where
+ * amax is 0; +-127 where 127 / amax overflows), dx = amax / 127; the unit's dot is dx times an
+ * exact integer sum of q * x_q, scaled as above. */
+typedef enum arc_format { ARC_FORMAT_BF16 = 0, ARC_FORMAT_Q8_0 = 1, ARC_FORMAT_Q4_0 = 2, ARC_FORMAT_Q4_1 = 3,
+                          ARC_FORMAT_Q4_K = 4, ARC_FORMAT_Q5_K = 5, ARC_FORMAT_Q6_K = 6 } arc_format;
+
+/* Bytes of one row of `cols` weights in `format` (bf16: 2 * cols). Host only; no context. */
+int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out);
+
+/* arc_model_create with a format for each tensor: formats[tensor * n_layers + layer] (global tensors at layer 0),
+ * ARC_TENSOR_COUNT entries per layer; NULL means bf16 throughout. A tensor's upload then takes rows *
+ * arc_format_row_bytes(format, cols) bytes. */
+int arc_model_create_formats(arc_context *ctx, const arc_model_config *config, const int32_t *formats,
+                             arc_model **out);
+int arc_model_destroy(arc_model *model);
+int arc_model_upload(arc_model *model, int32_t tensor, int32_t layer, const void *host, uint64_t bytes);
+int arc_model_forward(arc_model *model, arc_loop *loop);
+/* The greedy step in one kernel less: the forward, with its lm_head also taking the argmax of the logits and
+ * committing it to loop as arc_loop_enqueue_sample_commit does (the same token, the same faults; the logits are
+ * written as well). Captured, it is the greedy step graph. */
+int arc_model_forward_commit(arc_model *model, arc_loop *loop);
+int arc_model_logits(arc_model *model, const float **logits, int32_t *vocab);
+/* Device bytes the model holds: its weights, its KV cache, and its activations (the decode's and, once reserved,
+ * the prefill's, with its scratch for dequantized matrices and a mixture of experts' routed rows). */
+int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations);
+
+/* The prefill: a chunk of prompt tokens through the whole model in one forward. The matrix products run on tensor
+ * cores with bf16 inputs and float32 sums: a product's input (the normed activations, the attention output, the
+ * SwiGLU output) is rounded to bf16, the residual stream stays float32, and the KV cache is written exactly as the
+ * decode writes it for each position (up to those roundings upstream). */
+
+/* Reserves the prefill's activations for chunks of up to max_chunk tokens (allocates; call at load time, not per
+ * request; a chunk is never longer than the model's max_seq, so at most that many are reserved). A later call with
+ * a larger max_chunk reallocates; a smaller one keeps the reservation. Not while a graph is being captured. */
+int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk);
+/* The forward over tokens[0..n) at positions start..start+n-1: the KV cache written for every one of them, and the
+ * logits of the last (position start+n-1) written where arc_model_logits points, what arc_model_forward would leave
+ * there for that token. In chunks of at most the reserved size, enqueued on the context's stream; no host wait, no
+ * synchronize. `tokens` is device memory or a mapped host pointer (read on the device). Requires n >= 1, start >=
+ * 0, start + n <= max_seq, a reservation, every tensor uploaded. Token ids are not checked on the device (an id
+ * outside the vocabulary writes NaN, as the decode embedding does); the caller validates them. */
+int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start);
+/* The prompt's own log-probabilities: arc_model_prefill(model, tokens, n, start) (the same KV rows, the same last
+ * logits), and for each row r in [0, n - 1) the log-probability of tokens[r + 1] under log_softmax of that row's
+ * logits[0..vocab), with the top_n most likely ids and theirs, as arc_loop_enqueue_logprobs computes and ranks them:
+ * logprob[n - 1], top_ids and top_values [n - 1][ARC_MAX_TOP_LOGPROBS] (entries past top_n not written), device or
+ * mapped memory, stream-ordered. A row's logits are those arc_model_prefill leaves for its last position (the
+ * decode's lm_head GEMV): bit for bit what a prefill of tokens[0..r] leaves, whatever chunk the row is in. Requires
+ * what arc_model_prefill requires, n >= 2, 1 <= vocab <= the lm_head's rows, 0 <= top_n <= ARC_MAX_TOP_LOGPROBS; a
+ * target outside [0, vocab) scores NaN. */
+int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n, int32_t start, int32_t vocab,
+                              int32_t top_n, float *logprob, int32_t *top_ids, float *top_values);
+/* The model's KV cache (device memory): k and v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16; rows the
+ * forward or the prefill have not written hold zeros. */
+int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
+
+/* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no
+ * mixture of experts). The draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest
+ * first) in the loop's history (then in its memory of earlier sequences, ARC_SEQ_DRAFT_MEMORY), and the k
+ * tokens that followed it (periodic past p). The verify forward: the token
+ * and the drafts at positions p..p+k in one pass, each row through the decode's own kernels or their form over
+ * rows, which keep each row's sums in the decode's order: every row's logits are the decode step's at that
+ * position, bit for bit, so the tokens are the plain loop's, greedy or sampled with the same seed
+ * (arc_op_gemv_rows and arc_op_qgemv_rows say how). The accept: the token after row 0 (its argmax, or sampled its
+ * draw), then after row i while draft i matched the token after row i - 1, each through the commit's checks (and
+ * the burst's limit); then .steps. The history (max_seq ids) gets every commit's token; ARC_SEQ_HISTORY writes
+ * history[0..n_history) at history_start.., stream-ordered. ---- */
+/* The drafts' memory of earlier sequences (ARC_SEQ_DRAFT_MEMORY): memory[0..n_memory), stream-ordered, kept until the
+ * next (n_memory = 0 empties it). A negative id separates two sequences, and one follows the last. The draft looks it
+ * up as if it came right before the history's position 0: a match there ranks below an equally long one in the
+ * history, and its drafts stop at the next separator. It changes which tokens are drafted, never which are
+ * published. */
+enum { ARC_DRAFT_MEMORY = 16384 };  /* ARC_SEQ_DRAFT_MEMORY takes n_memory < this */
+/* The step's buffers for k drafts (1..7; 0 frees them). At load, not while capturing; a mixture of experts is
+ * refused. */
+int arc_model_speculate_reserve(arc_model *model, int32_t k);
+/* One speculative step on the loop, drafts by n-grams of up to ngram (1..8) tokens; capturable. */
+int arc_model_forward_speculate(arc_model *model, arc_loop *loop, int32_t ngram);
+/* The same step sampled: the token after each row is drawn from that row's logits with the loop's sampling
+ * parameters at that row's position (ARC_SEQ_SAMPLING; the draw of arc_loop_enqueue_draw_commit, with the
+ * same Philox counter: the position of the token drawn), and a draft is accepted where it equals the drawn token.
+ * So every published token is a draw from the model's distribution after the tokens before it, and with the plain
+ * step's logits it would be the plain sampled step's token. The loop's vocabulary must fit the draw
+ * (arc_sample_max_vocab); capturable. */
+int arc_model_forward_speculate_draw(arc_model *model, arc_loop *loop, int32_t ngram);
+/* The last step's rows: logits (k + 1, vocab) float32, inputs tokens[0..k], tokens[k + 1] drafts. */
+int arc_model_speculation(arc_model *model, const float **logits, const int32_t **tokens, int32_t *rows);
+
+/* arc-cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARC_MODEL_H */
