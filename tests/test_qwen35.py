@@ -392,3 +392,14 @@ def test_a_quantized_gguf_keeps_the_deltanets_rows_packed_in_grouped_order(tmp_p
             assert np.array_equal(bf16_to_f32(t), bf16_to_f32(want)), name
     assert kinds == {"in_proj_qkv": "packed", "in_proj_z": "packed", "in_proj_a": "packed", "in_proj_b": "packed",
                      "out_proj": "bf16", "conv1d": "bf16", "norm": "bf16", "A_log": "bf16", "dt_bias": "bf16"}
+
+
+def test_a_step_of_a_hybrid_reads_the_attention_layers_kv_and_the_deltanet_layers_state():
+    from arcpy.bench.context import kv_read_bytes
+    from arcpy.model.hybrid import state_bytes_per_token
+    cfg = SHAPES["qwen3.6-27B"]
+    # 16 attention layers of 4 kv heads of 256, k and v in bf16, at 100 positions
+    assert kv_read_bytes(cfg, 99) == 16 * 2 * 4 * 256 * 2 * 100
+    # 48 DeltaNet layers: 48 value heads' S of 128 x 128 and 3 inputs of 10,240 channels, float32, read and written
+    assert state_bytes_per_token(cfg) == 2 * 4 * 48 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128))
+    assert state_bytes_per_token(SHAPES["qwen3-8B"]) == 0

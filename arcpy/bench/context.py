@@ -30,16 +30,19 @@ from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
 from arcpy.model import Model, ModelConfig
+from arcpy.model.hybrid import state_bytes_per_token
 
 BURST = 16
 
 
 def kv_read_bytes(cfg: ModelConfig, position: int) -> int:
-    """Bytes of the KV cache one step at `position` reads: each layer's keys and values (bf16) of
-    the positions its attention reads, the window's on a windowed layer."""
+    """Bytes of the KV cache one step at `position` reads: each attention layer's keys and values
+    (bf16) of the positions its attention reads, the window's on a windowed layer (a DeltaNet
+    layer reads its state instead: arcpy.model.hybrid.state_bytes_per_token)."""
     per_position = 2 * cfg.kv_dim * 2
     seen = position + 1
-    return per_position * sum(min(seen, cfg.window(layer) or seen) for layer in range(cfg.n_layers))
+    return per_position * sum(min(seen, cfg.window(layer) or seen) for layer in range(cfg.n_layers)
+                              if not cfg.is_linear_layer(layer))
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -120,7 +123,8 @@ def context_rows(model: Model, bandwidth: float, contexts: list[int], tokens: in
     for m in variants:
         with open_cuda_device(m, max_seq=max_seq) as device:
             for context in contexts:
-                rows.append(context_row(device, m.config, m.weight_bytes, bandwidth, context, tokens, runs, max_seq))
+                rows.append(context_row(device, m.config, m.weight_bytes + state_bytes_per_token(m.config), bandwidth,
+                                        context, tokens, runs, max_seq))
     return rows
 
 
