@@ -10,7 +10,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
+from arcpy.codes import (
+    FORMAT_BF16,
+    FORMAT_IQ4_NL,
+    FORMAT_IQ4_XS,
+    FORMAT_MXFP4,
+    FORMAT_Q4_0,
+    FORMAT_Q4_1,
+    FORMAT_Q4_K,
+    FORMAT_Q5_0,
+    FORMAT_Q5_1,
+    FORMAT_Q5_K,
+    FORMAT_Q6_K,
+    FORMAT_Q8_0,
+)
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
 from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, RopeScaling, YarnScaling
@@ -180,6 +193,19 @@ def _tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return FORMAT_Q6_K if name == LM_HEAD else _TINY_MIX[layer][name.split(".")[-2]]
 
 
+# tiny-quant-more: tiny-quant's shape in the formats tiny-quant does not hold, laid out alike.
+_TINY_MORE_MIX = [
+    {"q_proj": FORMAT_MXFP4, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_XS, "o_proj": FORMAT_Q5_0,
+     "gate_proj": FORMAT_Q5_1, "up_proj": FORMAT_Q5_1, "down_proj": FORMAT_MXFP4},
+    {"q_proj": FORMAT_IQ4_NL, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_NL, "o_proj": FORMAT_IQ4_XS,
+     "gate_proj": FORMAT_MXFP4, "up_proj": FORMAT_MXFP4, "down_proj": FORMAT_Q5_0},
+]
+
+
+def _tiny_more_mix(name: str, layer: int, n_layers: int) -> int:
+    return FORMAT_IQ4_XS if name == LM_HEAD else _TINY_MORE_MIX[layer][name.split(".")[-2]]
+
+
 # moe-tiny-quant's matrices by layer: the experts' gate/up and down, the shared expert's; attention
 # Q8_0, the lm_head Q6_K.
 _MOE_TINY_MIX = [
@@ -199,6 +225,25 @@ def _moe_tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return _MOE_TINY_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
 
 
+# moe-tiny-quant-more: moe-tiny-quant's shape with its experts in the formats moe-tiny-quant does
+# not hold (layer 0's in MXFP4, as gpt-oss holds them); attention Q8_0, the lm_head MXFP4.
+_MOE_TINY_MORE_MIX = [
+    {"experts.gate_proj": FORMAT_MXFP4, "experts.up_proj": FORMAT_MXFP4, "experts.down_proj": FORMAT_MXFP4,
+     "shared_expert.gate_proj": FORMAT_IQ4_XS, "shared_expert.up_proj": FORMAT_IQ4_XS, "shared_expert.down_proj": FORMAT_Q5_1},
+    {"experts.gate_proj": FORMAT_IQ4_NL, "experts.up_proj": FORMAT_IQ4_NL, "experts.down_proj": FORMAT_Q5_0,
+     "shared_expert.gate_proj": FORMAT_Q5_0, "shared_expert.up_proj": FORMAT_Q5_0, "shared_expert.down_proj": FORMAT_IQ4_NL},
+    {"experts.gate_proj": FORMAT_Q5_1, "experts.up_proj": FORMAT_Q5_1, "experts.down_proj": FORMAT_IQ4_XS,
+     "shared_expert.gate_proj": FORMAT_BF16, "shared_expert.up_proj": FORMAT_BF16, "shared_expert.down_proj": FORMAT_MXFP4},
+]
+
+
+def _moe_tiny_more_mix(name: str, layer: int, n_layers: int) -> int:
+    if name == LM_HEAD:
+        return FORMAT_MXFP4
+    parts = name.split(".")
+    return _MOE_TINY_MORE_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
+
+
 # Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
 # Q4_K_M quantizes token_embd as its output (Q6_K); loaded, it is a bf16 embedding and a
 # quantized lm_head, untied, and so is the preset.
@@ -214,6 +259,8 @@ _QUANTIZED = {
     "mixtral-8x7B-q4km": (_MIXTRAL_8X7B, lambda name, layer, n_layers: _q4_k_m(name, layer, n_layers, 8)),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),
+    "tiny-quant-more": (_TINY_QUANT, _tiny_more_mix),
+    "moe-tiny-quant-more": (_MOE_TINY_QUANT, _moe_tiny_more_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
 }
 SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})

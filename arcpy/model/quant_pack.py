@@ -245,7 +245,7 @@ def from_gguf(qtype, shape, raw, where: str = "GGUF tensor") -> QuantTensor:
     bad = nonfinite_weight(qt)
     if bad is not None:
         row, col, nan = bad
-        why = "an exponent too large for its values" if fmt == FORMAT_MXFP4 else "a scale that is NaN or infinite"
+        why = "exponent too large for its values" if fmt == FORMAT_MXFP4 else "scale that is NaN or infinite"
         raise ModelFileError(f"{where} holds {'a NaN' if nan else 'an infinite'} weight at [{row}, {col}] "
                              f"(a {qtype.name} {why})")
     return qt

@@ -23,13 +23,16 @@ constexpr int QG = 2;
 
 // Where a stage's raw bytes of one weight row lie in its slot of shared memory (bytes): the two
 // units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K: its two int8 pairs, then
-// the word holding its superblock's d at SOFF + 4); ROW bytes a row, 16-byte aligned.
+// the word holding its superblock's d at SOFF + 4; MXFP4, IQ4_XS: the aligned word holding their
+// scale bytes, then IQ4_XS's word holding d at SOFF + 4); ROW bytes a row, 16-byte aligned.
 template <int F>
 struct RawSlot {
     static constexpr int QB = F == ARC_FORMAT_Q8_0 ? 64 : 32;
-    static constexpr bool HIGH = F == ARC_FORMAT_Q5_K || F == ARC_FORMAT_Q6_K;
+    static constexpr bool HIGH = format_q5(F) || F == ARC_FORMAT_Q6_K;
     static constexpr int HOFF = QB, SOFF = QB + (HIGH ? 16 : 0);
-    static constexpr int SB = format_is_k(F) && F != ARC_FORMAT_Q6_K ? 16 : F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q6_K ? 8 : 4;
+    static constexpr int SB = F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K                                ? 16
+                              : F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1 || F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_IQ4_XS ? 8
+                                                                                                                        : 4;
     static constexpr int ROW = (SOFF + SB + 15) / 16 * 16;
 };
 
@@ -60,11 +63,15 @@ __device__ __forceinline__ void copy_raw(const uint8_t *row, const RowLayout &L,
         }
     }
     if (j == 0) {
-        if constexpr (F == ARC_FORMAT_Q5_K) cp_async_small<8>(slot + S::HOFF, row + L.b + 4 * u0);
+        if constexpr (format_q5(F)) cp_async_small<8>(slot + S::HOFF, row + L.b + 4 * u0);
         if constexpr (F == ARC_FORMAT_Q6_K) cp_async16(slot + S::HOFF, row + L.b + 8 * u0, true);
     } else {
-        if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) cp_async_small<4>(slot + S::SOFF, row + L.c + 2 * u0);
-        if constexpr (F == ARC_FORMAT_Q4_1) cp_async_small<8>(slot + S::SOFF, row + L.c + 4 * u0);
+        if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+            cp_async_small<4>(slot + S::SOFF, row + L.c + 2 * u0);
+        if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) cp_async_small<8>(slot + S::SOFF, row + L.c + 4 * u0);
+        // one scale byte a unit: the aligned word holding both (the C array is padded to 16)
+        if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) cp_async_small<4>(slot + S::SOFF, row + L.c + (u0 & ~3));
+        if constexpr (F == ARC_FORMAT_IQ4_XS) cp_async_small<4>(slot + S::SOFF + 4, row + L.d + 4 * (u0 / 16));
         if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) cp_async16(slot + S::SOFF, row + L.c + 16 * (u0 / 8), true);
         if constexpr (F == ARC_FORMAT_Q6_K) {
             cp_async_small<4>(slot + S::SOFF, row + L.c + 16 * (u0 / 8) + 2 * (u0 % 8));
@@ -83,10 +90,13 @@ __device__ __forceinline__ void raw_unit(const uint8_t *slot, int u0, int j, Uni
     } else {
         r.q0 = *reinterpret_cast<const uint4 *>(slot + 16 * j);
     }
-    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = *reinterpret_cast<const uint32_t *>(slot + S::HOFF + 4 * j);
+    if constexpr (format_q5(F)) r.hb.x = *reinterpret_cast<const uint32_t *>(slot + S::HOFF + 4 * j);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = *reinterpret_cast<const uint2 *>(slot + S::HOFF + 8 * j);
-    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
-    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = *reinterpret_cast<const uint32_t *>(slot + S::SOFF + 4 * j);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+        r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
+    if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) r.s.x = *reinterpret_cast<const uint32_t *>(slot + S::SOFF + 4 * j);
+    if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = slot[S::SOFF + (u0 & 3) + j];
+    if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 4 + 2 * ((u0 / 8) % 2));
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = *reinterpret_cast<const uint4 *>(slot + S::SOFF);
     if constexpr (F == ARC_FORMAT_Q6_K) {
         r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
@@ -210,6 +220,11 @@ int gemm_quant(arc_context *ctx, const char *who, int32_t format, const GemmArgs
     case ARC_FORMAT_Q4_1: return launch_format<ARC_FORMAT_Q4_1>(ctx, p, epilogue);
     case ARC_FORMAT_Q4_K: return launch_format<ARC_FORMAT_Q4_K>(ctx, p, epilogue);
     case ARC_FORMAT_Q5_K: return launch_format<ARC_FORMAT_Q5_K>(ctx, p, epilogue);
-    default: return launch_format<ARC_FORMAT_Q6_K>(ctx, p, epilogue);
+    case ARC_FORMAT_Q6_K: return launch_format<ARC_FORMAT_Q6_K>(ctx, p, epilogue);
+    case ARC_FORMAT_MXFP4: return launch_format<ARC_FORMAT_MXFP4>(ctx, p, epilogue);
+    case ARC_FORMAT_IQ4_NL: return launch_format<ARC_FORMAT_IQ4_NL>(ctx, p, epilogue);
+    case ARC_FORMAT_IQ4_XS: return launch_format<ARC_FORMAT_IQ4_XS>(ctx, p, epilogue);
+    case ARC_FORMAT_Q5_0: return launch_format<ARC_FORMAT_Q5_0>(ctx, p, epilogue);
+    default: return launch_format<ARC_FORMAT_Q5_1>(ctx, p, epilogue);
     }
 }

@@ -6,7 +6,9 @@
 // plus Q5_K's fifth bit or Q6_K's two high bits, into each byte) and multiplied with four
 // int8 inputs by one dp4a; the float scales are applied once per unit. An unpacked byte of
 // word i holds weight 4i + b (low nibbles) or 16 + 4i + b (high nibbles), which is why the
-// input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb.
+// input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb. The codebook formats
+// (MXFP4, IQ4_NL, IQ4_XS) look their codes up four at a time with byte permutes (codebook_word),
+// into int8 words laid out as Q8_0's.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -20,7 +22,19 @@ enum { QUNIT = 32, QSUPER = 256 };
 __host__ __device__ constexpr bool format_is_k(int f) {
     return f == ARC_FORMAT_Q4_K || f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q6_K;
 }
-__host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= ARC_FORMAT_Q6_K; }
+// The last arc_format: the quantized ones are ARC_FORMAT_Q8_0..FORMAT_LAST.
+constexpr int FORMAT_LAST = ARC_FORMAT_Q5_1;
+__host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= FORMAT_LAST; }
+// Whether a format's rows are whole superblocks of 256 weights (the _K formats, IQ4_XS).
+__host__ __device__ constexpr bool format_super(int f) { return format_is_k(f) || f == ARC_FORMAT_IQ4_XS; }
+// Whether a format's quants are codes into a table of 16 int8 values.
+__host__ __device__ constexpr bool format_codebook(int f) {
+    return f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_NL || f == ARC_FORMAT_IQ4_XS;
+}
+// Whether a format holds Q5_K's high-bit word a unit (Q5_K, Q5_0, Q5_1).
+__host__ __device__ constexpr bool format_q5(int f) {
+    return f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q5_0 || f == ARC_FORMAT_Q5_1;
+}
 
 // Byte offsets of a row's arrays B, C and D, and the row's size (arc.h: each array padded to 16).
 struct RowLayout {
@@ -32,9 +46,12 @@ __host__ __device__ constexpr uint32_t pad16(uint32_t n) { return (n + 15u) & ~1
 __host__ __device__ inline RowLayout row_layout(int f, int cols) {
     const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
     const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
-    const uint32_t b = f == ARC_FORMAT_Q5_K ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
-    const uint32_t c = f == ARC_FORMAT_Q4_1 ? units * 4u : format_is_k(f) ? supers * 16u : units * 2u;
-    const uint32_t d = f == ARC_FORMAT_Q6_K ? supers * 2u : 0u;
+    const uint32_t b = format_q5(f) ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q4_1 || f == ARC_FORMAT_Q5_1                ? units * 4u
+                       : format_is_k(f)                                            ? supers * 16u
+                       : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
+                                                                                   : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q6_K || f == ARC_FORMAT_IQ4_XS ? supers * 2u : 0u;
     RowLayout l;
     l.b = pad16(a);
     l.c = l.b + pad16(b);
@@ -44,8 +61,9 @@ __host__ __device__ inline RowLayout row_layout(int f, int cols) {
 }
 
 // The raw bytes of one unit: its quants (q1 for Q8_0's second half), its high bits (hb), and
-// the scale words it needs (s: Q4_0, Q8_0 d in s.x; Q4_1 d | m << 16 in s.x; _K(4, 5): the
-// superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y).
+// the scale words it needs (s: Q4_0, Q8_0, Q5_0, IQ4_NL d in s.x; Q4_1, Q5_1 d | m << 16 in s.x;
+// _K(4, 5): the superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y; MXFP4 e in s.x;
+// IQ4_XS its scale byte in s.x, d in s.y).
 struct UnitRaw {
     uint4 q0, q1;
     uint2 hb;
@@ -64,12 +82,22 @@ __device__ __forceinline__ void load_quants(const uint8_t *row, int u, UnitRaw &
     }
 }
 
+// A byte, as load_nc16 loads a word.
+__device__ __forceinline__ uint32_t load_nc8(const void *p) {
+    unsigned short r;
+    asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
 template <int F>
 __device__ __forceinline__ void load_rest(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
-    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(row + L.b + 4 * u);
+    if constexpr (format_q5(F)) r.hb.x = load_nc32(row + L.b + 4 * u);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(row + L.b + 8 * u);
-    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(row + L.c + 2 * u);
-    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(row + L.c + 4 * u);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+        r.s.x = load_nc16(row + L.c + 2 * u);
+    if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) r.s.x = load_nc32(row + L.c + 4 * u);
+    if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = load_nc8(row + L.c + u);
+    if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = load_nc16(row + L.d + 2 * (u / 8));
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(row + L.c + 16 * (u / 8));
     if constexpr (F == ARC_FORMAT_Q6_K) {
         r.s.x = load_nc16(row + L.c + 16 * (u / 8) + 2 * (u % 8));
@@ -92,13 +120,55 @@ template <int F>
 __device__ __forceinline__ void unpack_word(const UnitRaw &r, int i, uint32_t w, uint32_t &lo, uint32_t &hi) {
     lo = w & 0x0f0f0f0fu;
     hi = (w >> 4) & 0x0f0f0f0fu;
-    if constexpr (F == ARC_FORMAT_Q5_K) {
+    if constexpr (format_q5(F)) {
         lo |= ((r.hb.x >> i) & 0x01010101u) << 4;
         hi |= ((r.hb.x >> (4 + i)) & 0x01010101u) << 4;
     }
     if constexpr (F == ARC_FORMAT_Q6_K) {
         lo |= ((r.hb.x >> (2 * i)) & 0x03030303u) << 4;
         hi |= ((r.hb.y >> (2 * i)) & 0x03030303u) << 4;
+    }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// A codebook format's table, four int8 values a word (codes 4j..4j+3 in word j, code 4j in its
+// low byte): MXFP4's e2m1 values doubled, the IQ4 formats' grid.
+template <int F>
+struct Codebook {
+    static constexpr uint32_t t0 = F == ARC_FORMAT_MXFP4 ? 0x03020100u : 0xBFAD9881u;  // 0, 1, 2, 3 | -127, -104, -83, -65
+    static constexpr uint32_t t1 = F == ARC_FORMAT_MXFP4 ? 0x0C080604u : 0xF6EADDCFu;  // 4, 6, 8, 12 | -49, -35, -22, -10
+    static constexpr uint32_t t2 = F == ARC_FORMAT_MXFP4 ? 0xFDFEFF00u : 0x26190D01u;  // 0, -1, -2, -3 | 1, 13, 25, 38
+    static constexpr uint32_t t3 = F == ARC_FORMAT_MXFP4 ? 0xF4F8FAFCu : 0x71594535u;  // -4, -6, -8, -12 | 53, 69, 89, 113
+};
+
+// Word w of a codebook unit (arc.h: the codes of weights 4i..4i+3 in its nibbles 0..3, of
+// 16+4i..16+4i+3 in nibbles 4..7) -> their values as int8 bytes, lo and hi (weight 4i + b, 16 +
+// 4i + b in byte b). Each half: the codes' low three bits pick a byte among the table's first
+// eight values and among its last eight (a permute each), and their fourth bit picks between the two.
+template <int F>
+__device__ __forceinline__ void codebook_word(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    using T = Codebook<F>;
+    const uint32_t s = w & 0x77777777u, s_hi = s >> 16;
+    lo = prmt(prmt(T::t0, T::t1, s), prmt(T::t2, T::t3, s), ((w >> 1) & 0x4444u) | 0x3210u);
+    hi = prmt(prmt(T::t0, T::t1, s_hi), prmt(T::t2, T::t3, s_hi), ((w >> 17) & 0x4444u) | 0x3210u);
+}
+
+// A codebook unit's float scale: MXFP4 2^(e - 128) (a subnormal for e < 2), IQ4_NL d, IQ4_XS d * s
+// (exact: an f16 times a 6-bit integer).
+template <int F>
+__device__ __forceinline__ float codebook_scale(const UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_MXFP4) {
+        const uint32_t e = r.s.x & 0xffu;
+        return __uint_as_float(e >= 2u ? (e - 1u) << 23 : 0x00200000u << e);
+    } else if constexpr (F == ARC_FORMAT_IQ4_NL) {
+        return half_lo(r.s.x);
+    } else {
+        return __fmul_rn(half_lo(r.s.y), (float)(int8_t)(r.s.x & 0xffu));
     }
 }
 
@@ -146,9 +216,10 @@ __device__ __forceinline__ int prmt_sext(uint32_t w, uint32_t sel) {
 }
 
 // A unit's weights as its dot reads them, decoded once for any number of inputs: lo[i] and hi[i]
-// the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the 4-bit formats:
-// the low nibbles, and the high ones in place, times 16; Q5_K, Q6_K: the low and high quants with
-// their high bits), and the scales: a and b (Q6_K: a, and the halves' int8 scales sa and sb).
+// the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the codebook
+// formats: their values, as Q8_0's; the 4-bit formats: the low nibbles, and the high ones in
+// place, times 16; Q5_K, Q5_0, Q5_1, Q6_K: the low and high quants with their high bits), and the
+// scales: a and b (Q6_K: a, and the halves' int8 scales sa and sb).
 struct UnitW {
     uint32_t lo[4], hi[4];
     float a, b;
@@ -166,6 +237,9 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
             w.lo[i] = q[i];
             w.hi[i] = q1[i];
         }
+    } else if constexpr (format_codebook(F)) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) codebook_word<F>(q[i], w.lo[i], w.hi[i]);
     } else if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q4_K) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -185,9 +259,11 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
         w.a = half_lo(r.s.y);
         w.sa = prmt_sext(r.s.x, 0x8880u);
         w.sb = prmt_sext(r.s.x, 0x9991u);
+    } else if constexpr (format_codebook(F)) {
+        w.a = codebook_scale<F>(r);
     } else {
         w.a = half_lo(r.s.x);
-        w.b = half_hi(r.s.x);  // Q4_1's min
+        w.b = half_hi(r.s.x);  // Q4_1's, Q5_1's min
     }
     return w;
 }
@@ -217,7 +293,7 @@ __device__ __forceinline__ float scaled(float scale, float dx, int n) { return _
 // GEMV and the verify's rows GEMV give the same bits.
 template <int F>
 __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
-    if constexpr (F == ARC_FORMAT_Q8_0) {
+    if constexpr (F == ARC_FORMAT_Q8_0 || format_codebook(F)) {
         int acc = __dp4a((int)w.lo[0], x.xa.x, 0);
         acc = __dp4a((int)w.lo[1], x.xa.y, acc);
         acc = __dp4a((int)w.lo[2], x.xa.z, acc);
@@ -235,14 +311,17 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
         return __fsub_rn(scaled(w.a, x.dx, q4_sum(w, x, 0)), scaled(w.b, x.dx, x.s0 + x.s1));
     } else {
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
-        // Q6_K: slo - 32 * s0 and shi - 32 * s1, each chain started at its offset
-        int slo = F == ARC_FORMAT_Q6_K ? -32 * x.s0 : 0, shi = F == ARC_FORMAT_Q6_K ? -32 * x.s1 : 0;
+        // Q6_K, Q5_0: slo - z * s0 and shi - z * s1 (z = 32, 16), each chain started at its offset
+        constexpr int z = F == ARC_FORMAT_Q6_K ? 32 : F == ARC_FORMAT_Q5_0 ? 16 : 0;
+        int slo = -z * x.s0, shi = -z * x.s1;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             slo = __dp4a((int)w.lo[i], xa[i], slo);
             shi = __dp4a((int)w.hi[i], xb[i], shi);
         }
         if constexpr (F == ARC_FORMAT_Q6_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        else if constexpr (F == ARC_FORMAT_Q5_0) return scaled(w.a, x.dx, slo + shi);
+        else if constexpr (F == ARC_FORMAT_Q5_1) return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
         else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
     }
 }
@@ -261,15 +340,28 @@ __device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out
         const uint32_t w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
 #pragma unroll
         for (int k = 0; k < QUNIT; ++k) out[k] = d * (float)(int8_t)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+    } else if constexpr (format_codebook(F)) {
+        const float a = codebook_scale<F>(r);
+        const uint32_t q[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            codebook_word<F>(q[i], lo, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                out[4 * i + b] = a * (float)(int8_t)((lo >> (8 * b)) & 0xffu);
+                out[16 + 4 * i + b] = a * (float)(int8_t)((hi >> (8 * b)) & 0xffu);
+            }
+        }
     } else {
         const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
         // weight = scale * (q - zero) - off, each format's formula in its own order
         float scale_lo, scale_hi, off_lo = 0.0f, off_hi = 0.0f;
         int zero = 0;
-        if constexpr (F == ARC_FORMAT_Q4_0) {
+        if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0) {
             scale_lo = scale_hi = half_lo(r.s.x);
-            zero = 8;
-        } else if constexpr (F == ARC_FORMAT_Q4_1) {
+            zero = F == ARC_FORMAT_Q4_0 ? 8 : 16;
+        } else if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) {
             scale_lo = scale_hi = half_lo(r.s.x);
             off_lo = off_hi = -half_hi(r.s.x);
         } else if constexpr (F == ARC_FORMAT_Q6_K) {
