@@ -228,7 +228,7 @@ def test_rms_eps_theta_context_and_heads_come_from_the_metadata(tmp_path):
 QUANTIZED = {Q.F16: 1e-2, Q.BF16: 0.0, Q.Q8_0: 2e-2, Q.Q5_0: 8e-2, Q.Q5_1: 8e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.16,
              Q.MXFP4: 0.25}
 KEPT = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS, Q.Q5_0,
-        Q.Q5_1)  # held quantized: arc.h's formats
+        Q.Q5_1, Q.Q3_K, Q.Q2_K)  # held quantized: arc.h's formats
 KEPT_NOTE = "the GPU keeps " + ", ".join(q.name for q in KEPT) + " quantized"
 
 
@@ -269,16 +269,11 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
 
 
 def test_tensors_of_a_type_without_a_gpu_kernel_are_dequantized_and_the_note_says_which(tmp_path):
-    """Q3_K has no arc format: its matrices are made bf16 (their values rounded), and the model's
+    """TQ2_0 has no arc format: its matrices are made bf16 (their values rounded), and the model's
     one note lists them by name and layers."""
     source = random_model(WIDE, seed=5)
     tensors = gguf_tensors(source)
-    rng = np.random.default_rng(5)
-    types = {}
-    for name, x in tensors.items():
-        if x.ndim == 2 and name != "token_embd.weight":
-            types[name] = Q.Q3_K
-            tensors[name] = random_k_blocks(Q.Q3_K, x.size // 256, rng).reshape(x.shape[0], -1)
+    types = {name: Q.TQ2_0 for name, x in tensors.items() if x.ndim == 2 and name != "token_embd.weight"}
     path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
     model, _ = load_gguf(path, quantized=True)
     for hf in source.tensors:
@@ -286,12 +281,36 @@ def test_tensors_of_a_type_without_a_gpu_kernel_are_dequantized_and_the_note_say
         if name in types:
             loaded = model.tensors[hf]
             assert not isinstance(loaded, QuantTensor), name
-            stored = bf16_to_f32(f32_to_bf16(dequantize(tensors[name], Q.Q3_K)))
+            stored = bf16_to_f32(f32_to_bf16(dequantize(quantize(tensors[name], Q.TQ2_0), Q.TQ2_0)))
             assert np.array_equal(unpermuted(hf, held(loaded), WIDE), stored), name
-    assert model.notes == (f"m.gguf: 15 quantized tensors dequantized to bf16 ({KEPT_NOTE}): Q3_K attn_q.weight "
-                           "(blk 0-1); Q3_K attn_k.weight (blk 0-1); Q3_K attn_v.weight (blk 0-1); Q3_K "
-                           "attn_output.weight (blk 0-1); Q3_K ffn_gate.weight (blk 0-1); Q3_K ffn_up.weight (blk 0-1); "
-                           "Q3_K ffn_down.weight (blk 0-1); Q3_K output.weight",)
+    assert model.notes == (f"m.gguf: 15 quantized tensors dequantized to bf16 ({KEPT_NOTE}): TQ2_0 attn_q.weight "
+                           "(blk 0-1); TQ2_0 attn_k.weight (blk 0-1); TQ2_0 attn_v.weight (blk 0-1); TQ2_0 "
+                           "attn_output.weight (blk 0-1); TQ2_0 ffn_gate.weight (blk 0-1); TQ2_0 ffn_up.weight "
+                           "(blk 0-1); TQ2_0 ffn_down.weight (blk 0-1); TQ2_0 output.weight",)
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_matrices_are_kept_packed_with_the_files_values(tmp_path, qtype):
+    """The gguf package does not quantize to the IQ4 types: random blocks of small scales, written
+    as they are, load as QuantTensors whose weights are the package's dequantization of them."""
+    tensors = gguf_tensors(random_model(WIDE, seed=6))
+    rng = np.random.default_rng(6)
+    block, size = GGML_QUANT_SIZES[qtype]
+    types = {}
+    for name, x in tensors.items():
+        if x.ndim == 2 and name != "token_embd.weight":
+            raw = rng.integers(0, 256, (x.size // block, size), dtype=np.uint8)
+            raw[:, 0:2] = (rng.standard_normal((x.size // block, 1)) * 0.002).astype(np.float16).view(np.uint8)
+            types[name], tensors[name] = qtype, raw.reshape(x.shape[0], -1)
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
+    model, _ = load_gguf(path, quantized=True)
+    assert model.notes == ()
+    for hf in model.tensors:
+        name = gguf_name(hf)
+        if name in types:
+            loaded = model.tensors[hf]
+            assert isinstance(loaded, QuantTensor) and loaded.format_name == qtype.name, name
+            assert np.array_equal(unpermuted(hf, held(loaded), WIDE), dequantize(tensors[name], qtype)), name
 
 
 def test_a_layer_whose_gate_and_up_differ_in_type_holds_both_in_bf16_and_says_why(tmp_path):
@@ -327,18 +346,15 @@ def test_quantized_is_true_or_false(tmp_path):
 
 def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
     tensors = gguf_tensors(random_model(WIDE, seed=5))
-    types = {name: Q.Q3_K for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
-    rng = np.random.default_rng(5)
-    for name in types:
-        tensors[name] = random_k_blocks(Q.Q3_K, tensors[name].size // 256, rng).reshape(tensors[name].shape[0], -1)
+    types = {name: Q.TQ2_0 for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
     types["blk.1.attn_q.weight"] = Q.Q4_0  # kept quantized
     path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
                           "--backend", "numpy", "--weights", "quantized"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert [line for line in out.stderr.splitlines() if line.startswith("note: m.gguf")] == [
-        f"note: m.gguf: 3 quantized tensors dequantized to bf16 ({KEPT_NOTE}): Q3_K ffn_gate.weight (blk 0); "
-        "Q3_K ffn_up.weight (blk 0); Q3_K ffn_down.weight (blk 0)"]
+        f"note: m.gguf: 3 quantized tensors dequantized to bf16 ({KEPT_NOTE}): TQ2_0 ffn_gate.weight (blk 0); "
+        "TQ2_0 ffn_up.weight (blk 0); TQ2_0 ffn_down.weight (blk 0)"]
 
 
 def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:

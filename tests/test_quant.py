@@ -37,13 +37,15 @@ from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf, random_quant
 FORMATS = {Q.Q8_0: codes.FORMAT_Q8_0, Q.Q4_0: codes.FORMAT_Q4_0, Q.Q4_1: codes.FORMAT_Q4_1,
            Q.Q4_K: codes.FORMAT_Q4_K, Q.Q5_K: codes.FORMAT_Q5_K, Q.Q6_K: codes.FORMAT_Q6_K,
            Q.MXFP4: codes.FORMAT_MXFP4, Q.IQ4_NL: codes.FORMAT_IQ4_NL, Q.IQ4_XS: codes.FORMAT_IQ4_XS,
-           Q.Q5_0: codes.FORMAT_Q5_0, Q.Q5_1: codes.FORMAT_Q5_1}
-K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+           Q.Q5_0: codes.FORMAT_Q5_0, Q.Q5_1: codes.FORMAT_Q5_1, Q.Q3_K: codes.FORMAT_Q3_K,
+           Q.Q2_K: codes.FORMAT_Q2_K}
+K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K)
 SUPER_TYPES = K_TYPES + (Q.IQ4_XS,)  # blocks of 256 weights
 RANDOM_TYPES = SUPER_TYPES + (Q.IQ4_NL,)  # not quantized to by the gguf package: random blocks
 # Where a block's f16 scales sit (offset, count), for the random blocks below.
 SCALES_AT = {Q.Q8_0: (0, 1), Q.Q4_0: (0, 1), Q.Q4_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, 1),
-             Q.IQ4_NL: (0, 1), Q.IQ4_XS: (0, 1), Q.Q5_0: (0, 1), Q.Q5_1: (0, 2)}
+             Q.IQ4_NL: (0, 1), Q.IQ4_XS: (0, 1), Q.Q5_0: (0, 1), Q.Q5_1: (0, 2), Q.Q3_K: (108, 1),
+             Q.Q2_K: (80, 2)}
 F16_NAN, F16_INF = 0x7E00, 0x7C00
 
 
@@ -70,12 +72,14 @@ def arc_h_arrays(fmt: int, cols: int) -> tuple[int, int, int, int]:
     """Bytes of A, B, C, D of one row, unpadded, read off arc.h's comment."""
     units, supers = cols // 32, cols // 256
     F = codes
-    a = 32 * units if fmt == F.FORMAT_Q8_0 else 16 * units
-    b = {F.FORMAT_Q5_K: 4 * units, F.FORMAT_Q6_K: 8 * units, F.FORMAT_Q5_0: 4 * units, F.FORMAT_Q5_1: 4 * units}.get(fmt, 0)
+    a = {F.FORMAT_Q8_0: 32 * units, F.FORMAT_Q3_K: 8 * units, F.FORMAT_Q2_K: 8 * units}.get(fmt, 16 * units)
+    b = {F.FORMAT_Q5_K: 4 * units, F.FORMAT_Q6_K: 8 * units, F.FORMAT_Q5_0: 4 * units, F.FORMAT_Q5_1: 4 * units,
+         F.FORMAT_Q3_K: 4 * units}.get(fmt, 0)
     c = {F.FORMAT_Q8_0: 2 * units, F.FORMAT_Q4_0: 2 * units, F.FORMAT_Q4_1: 4 * units, F.FORMAT_MXFP4: units,
          F.FORMAT_IQ4_NL: 2 * units, F.FORMAT_IQ4_XS: units, F.FORMAT_Q5_0: 2 * units,
          F.FORMAT_Q5_1: 4 * units}.get(fmt, 16 * supers)
-    d = 2 * supers if fmt in (F.FORMAT_Q6_K, F.FORMAT_IQ4_XS) else 0
+    d = {F.FORMAT_Q6_K: 2 * supers, F.FORMAT_IQ4_XS: 2 * supers, F.FORMAT_Q3_K: 2 * supers,
+         F.FORMAT_Q2_K: 4 * supers}.get(fmt, 0)
     return a, b, c, d
 
 
@@ -108,6 +112,16 @@ def literal_weight(fmt: int, row: bytes, cols: int, k: int) -> np.float32:
         if fmt == codes.FORMAT_IQ4_NL:
             return f16(C + 2 * u) * f32(IQ4_GRID[q])
         return (f16(D + 2 * s) * f32(struct.unpack_from("b", row, C + u)[0])) * f32(IQ4_GRID[q])
+    if fmt in (codes.FORMAT_Q3_K, codes.FORMAT_Q2_K):
+        i, b = divmod(j % 16, 4)  # weight (j mod 16) = 4i + b, in word j // 16
+        q = (row[A + 8 * u + 4 * (j // 16) + b] >> (2 * i)) & 3
+        if fmt == codes.FORMAT_Q2_K:
+            sc = row[C + 16 * s + (k % 256) // 16]
+            return (f16(D + 4 * s) * f32(sc & 15)) * f32(q) - f16(D + 4 * s + 2) * f32(sc >> 4)
+        H = struct.unpack_from("<I", row, B + 4 * u)[0]
+        q |= ((H >> (8 * b + (4 if j >= 16 else 0) + i)) & 1) << 2
+        scale = struct.unpack_from("b", row, C + 16 * s + (k % 256) // 16)[0]
+        return (f16(D + 2 * s) * f32(scale)) * f32(q - 4)
     byte = row[A + 16 * u + j % 16]
     q = byte & 0x0F if j < 16 else byte >> 4
     if fmt == codes.FORMAT_Q4_0:
@@ -178,7 +192,7 @@ def test_row_bytes_of_bf16_is_two_bytes_a_weight():
     (codes.FORMAT_Q8_0, 48, "Q8_0 rows must hold a multiple of 32 weights, got 48"),
     (codes.FORMAT_Q4_0, 0, "cols must be a positive int, got 0"),
     (codes.FORMAT_Q4_0, 64.0, "cols must be a positive int, got 64.0"),
-    (12, 256, "unknown weight format 12"),
+    (14, 256, "unknown weight format 14"),
     (codes.FORMAT_IQ4_XS, 288, "IQ4_XS rows must hold a multiple of 256 weights, got 288"),
     (True, 256, "unknown weight format True"),
 ])
@@ -224,7 +238,7 @@ def test_from_gguf_reads_a_memory_mapped_file_slice(tmp_path):
     (Q.Q4_K, (2, 512), 2 * 2 * 144 - 1, "2 rows of 512 Q4_K weights take 576 bytes, got 575 uint8"),
     (Q.Q8_0, (2, 48), 2 * 34, "needs (rows, cols) with cols a multiple of 32, got [2, 48]"),
     (Q.Q6_K, (2, 300), 600, "multiple of 256"),
-    (Q.Q3_K, (2, 256), 2 * 110, "type Q3_K has no arc format"),
+    (Q.TQ2_0, (2, 256), 2 * 66, "type TQ2_0 has no arc format"),
     (Q.IQ4_XS, (2, 288), 2 * 136, "multiple of 256"),
     (Q.MXFP4, (2, 64), 2 * 2 * 17 + 1, "2 rows of 64 MXFP4 weights take 68 bytes, got 69 uint8"),
     (Q.Q5_1, (2, 64), 2 * 2 * 22, "2 rows of 64 Q5_1 weights take 96 bytes, got 88 uint8"),
@@ -250,6 +264,8 @@ def test_from_gguf_refuses_bad_blocks_in_one_line(qtype, shape, nbytes, expected
     (Q.IQ4_XS, 2, 0, F16_NAN, "a NaN weight at [1, 0]"),
     (Q.Q5_0, 4, 0, F16_NAN, "a NaN weight at [0, 128]"),
     (Q.Q5_1, 6, 2, F16_INF, "an infinite weight at [0, 192]"),  # an infinite minimum
+    (Q.Q3_K, 2, 108, F16_NAN, "a NaN weight at [1, 0]"),
+    (Q.Q2_K, 1, 82, F16_INF, "weight at [0, 256]"),  # dmin: inf times the units' mins
 ], ids=lambda v: str(v))
 def test_a_nan_or_infinite_scale_is_refused_naming_the_first_weight_it_spoils(qtype, block, at, word, expected):
     rows, cols = 2, 512 if qtype in SUPER_TYPES else 256
@@ -466,7 +482,7 @@ def test_random_quant_refuses_bad_arguments(args, expected):
 
 def test_the_gguf_types_kept_are_arc_h_formats_one_for_one():
     assert GGUF_FORMATS == FORMATS
-    assert sorted(GGUF_FORMATS.values()) == list(range(1, 12))
+    assert sorted(GGUF_FORMATS.values()) == list(range(1, 14))
     assert all(codes.FORMAT_NAMES[f] == q.name for q, f in FORMATS.items())
 
 

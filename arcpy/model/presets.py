@@ -15,6 +15,8 @@ from arcpy.codes import (
     FORMAT_IQ4_NL,
     FORMAT_IQ4_XS,
     FORMAT_MXFP4,
+    FORMAT_Q2_K,
+    FORMAT_Q3_K,
     FORMAT_Q4_0,
     FORMAT_Q4_1,
     FORMAT_Q4_K,
@@ -196,9 +198,9 @@ def _tiny_mix(name: str, layer: int, n_layers: int) -> int:
 # tiny-quant-more: tiny-quant's shape in the formats tiny-quant does not hold, laid out alike.
 _TINY_MORE_MIX = [
     {"q_proj": FORMAT_MXFP4, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_XS, "o_proj": FORMAT_Q5_0,
-     "gate_proj": FORMAT_Q5_1, "up_proj": FORMAT_Q5_1, "down_proj": FORMAT_MXFP4},
+     "gate_proj": FORMAT_Q5_1, "up_proj": FORMAT_Q5_1, "down_proj": FORMAT_Q3_K},
     {"q_proj": FORMAT_IQ4_NL, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_NL, "o_proj": FORMAT_IQ4_XS,
-     "gate_proj": FORMAT_MXFP4, "up_proj": FORMAT_MXFP4, "down_proj": FORMAT_Q5_0},
+     "gate_proj": FORMAT_Q2_K, "up_proj": FORMAT_Q2_K, "down_proj": FORMAT_Q5_0},
 ]
 
 
@@ -232,7 +234,7 @@ _MOE_TINY_MORE_MIX = [
      "shared_expert.gate_proj": FORMAT_IQ4_XS, "shared_expert.up_proj": FORMAT_IQ4_XS, "shared_expert.down_proj": FORMAT_Q5_1},
     {"experts.gate_proj": FORMAT_IQ4_NL, "experts.up_proj": FORMAT_IQ4_NL, "experts.down_proj": FORMAT_Q5_0,
      "shared_expert.gate_proj": FORMAT_Q5_0, "shared_expert.up_proj": FORMAT_Q5_0, "shared_expert.down_proj": FORMAT_IQ4_NL},
-    {"experts.gate_proj": FORMAT_Q5_1, "experts.up_proj": FORMAT_Q5_1, "experts.down_proj": FORMAT_IQ4_XS,
+    {"experts.gate_proj": FORMAT_Q2_K, "experts.up_proj": FORMAT_Q2_K, "experts.down_proj": FORMAT_Q3_K,
      "shared_expert.gate_proj": FORMAT_BF16, "shared_expert.up_proj": FORMAT_BF16, "shared_expert.down_proj": FORMAT_MXFP4},
 ]
 

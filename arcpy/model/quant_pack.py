@@ -19,6 +19,10 @@ How each GGUF block maps to a row's arrays (quant.py gives the layout; unit u: w
     Q5_0  (d, qh, qs[16])              A = qs, B: bit l of qh is bit 4 of weight l, gathered into
           H as Q5_K's; C = d.
     Q5_1  (d, m, qh, qs[16])           A = qs, B as Q5_0's, C = d, m.
+    Q3_K  (hmask[32], qs[64], scales[12], d)  bits 2s, 2s+1 of qs[32h + l] are unit 4h + s's
+          weight l, regrouped into its two words; bit s of hmask[l] is bit 2 of unit s's weight l,
+          gathered into H as Q5_K's; C = the 16 6-bit scales less 32, D = d.
+    Q2_K  (scales[16], qs[64], d, dmin)  qs as Q3_K's; C = scales, D = d, dmin.
 Every pass is a few NumPy operations over a slice of rows (about a megabyte), so the source can
 be a memory-mapped file and no tensor-sized temporary is made.
 """
@@ -35,6 +39,8 @@ from arcpy.codes import (
     FORMAT_IQ4_NL,
     FORMAT_IQ4_XS,
     FORMAT_MXFP4,
+    FORMAT_Q2_K,
+    FORMAT_Q3_K,
     FORMAT_Q4_0,
     FORMAT_Q4_1,
     FORMAT_Q4_K,
@@ -65,7 +71,8 @@ GGUF_FORMATS = {
     GGMLQuantizationType.Q5_K: FORMAT_Q5_K, GGMLQuantizationType.Q6_K: FORMAT_Q6_K,
     GGMLQuantizationType.MXFP4: FORMAT_MXFP4, GGMLQuantizationType.IQ4_NL: FORMAT_IQ4_NL,
     GGMLQuantizationType.IQ4_XS: FORMAT_IQ4_XS, GGMLQuantizationType.Q5_0: FORMAT_Q5_0,
-    GGMLQuantizationType.Q5_1: FORMAT_Q5_1,
+    GGMLQuantizationType.Q5_1: FORMAT_Q5_1, GGMLQuantizationType.Q3_K: FORMAT_Q3_K,
+    GGMLQuantizationType.Q2_K: FORMAT_Q2_K,
 }
 _SLICE_BYTES = 1 << 19  # source bytes a slice of the repack reads (512 KiB: fastest here)
 
@@ -89,6 +96,8 @@ _BLOCKS = {
     FORMAT_IQ4_XS: _record(136, d=(0, 2), sh=(2, 2), sl=(4, 4), qs=(8, 128)),
     FORMAT_Q5_0: _record(22, d=(0, 2), qh=(2, 4), qs=(6, 16)),
     FORMAT_Q5_1: _record(24, d=(0, 4), qh=(4, 4), qs=(8, 16)),  # d, m
+    FORMAT_Q3_K: _record(110, hmask=(0, 32), qs=(32, 64), sc=(96, 12), d=(108, 2)),
+    FORMAT_Q2_K: _record(84, sc=(0, 16), qs=(16, 64), d=(80, 4)),  # d, dmin
 }
 _LOW = np.uint64(0x0F0F0F0F0F0F0F0F)
 _FOUR = np.uint64(4)
@@ -157,6 +166,24 @@ def _iq4xs_scales(sh: np.ndarray, sl: np.ndarray) -> np.ndarray:
     return ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8)
 
 
+def _two_bit_words(qs: np.ndarray) -> np.ndarray:
+    """The 64 bytes of 2-bit quants of N superblocks (N, 64) -> arc.h's (N, 8 units, 8 bytes):
+    unit 4h + s's weight l is bits 2s, 2s+1 of qs[32h + l]; it becomes bits 2i, 2i+1 of byte b of
+    the unit's word l // 16, l % 16 = 4i + b."""
+    q = (qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # (N, h, s, l)
+    q = q.reshape(-1, 8, 2, 4, 4)  # (N, unit, word, i, b)
+    return (q << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)).sum(axis=3, dtype=np.uint8).reshape(-1, 8, 8)
+
+
+def _q3k_scales(sc: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes of 6-bit scales (N, 12) -> the 16 scales less 32 (N, 16) int8: scale j's low 4
+    bits are nibble j // 8 of byte j % 8, its high 2 bits field j // 4 of byte 8 + j % 4."""
+    j = np.arange(16)
+    low = (sc[:, j % 8] >> (4 * (j // 8)).astype(np.uint8)) & 0x0F
+    high = (sc[:, 8 + j % 4] >> (2 * (j // 4)).astype(np.uint8)) & 3
+    return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
 def _repack_slice(fmt: int, cols: int, src: np.ndarray, out: np.ndarray) -> None:
     """GGUF rows (n, blocks * block bytes), contiguous -> arc.h rows written into out (n, row_bytes)."""
     L, n = layout(fmt, cols), src.shape[0]
@@ -178,6 +205,19 @@ def _repack_slice(fmt: int, cols: int, src: np.ndarray, out: np.ndarray) -> None
             scales = _iq4xs_scales(_bytes(blocks["sh"], 1).view(np.uint8), _bytes(blocks["sl"], 1).view(np.uint8))
             c.view(np.int8)[...] = scales.reshape(n, units)
             out[:, L.d:L.d + L.d_len].view("V2")[...] = blocks["d"].reshape(n, supers)
+        return
+    if fmt in (FORMAT_Q3_K, FORMAT_Q2_K):
+        qs = _bytes(blocks["qs"], 1).view(np.uint8)
+        out[:, L.a:L.a + L.a_len] = _two_bit_words(qs).reshape(n, L.a_len)
+        out[:, L.d:L.d + L.d_len].view(f"V{L.d_len // supers}")[...] = blocks["d"].reshape(n, supers)
+        if fmt == FORMAT_Q2_K:
+            c.view("V16")[...] = blocks["sc"].reshape(n, supers)
+            return
+        c.view(np.int8)[...] = _q3k_scales(_bytes(blocks["sc"], 1).view(np.uint8)).reshape(n, L.c_len)
+        hmask = _bytes(blocks["hmask"], 1).view(np.uint8)  # (N, 32): bit s of byte l, unit s's weight l
+        bits = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # (N, unit, l)
+        words = np.bitwise_or.reduce(bits[..., Q5_WEIGHT].astype(np.uint32) << np.arange(32, dtype=np.uint32), axis=2)
+        out[:, L.b:L.b + L.b_len].view("<u4")[...] = words.reshape(n, units)
         return
     if fmt in (FORMAT_Q5_0, FORMAT_Q5_1):
         c.view("V4" if fmt == FORMAT_Q5_1 else "V2")[...] = blocks["d"].reshape(n, units)
@@ -262,6 +302,8 @@ _RMS_Q4, _RMS_Q4_CENTRED, _RMS_Q5_CENTRED = math.sqrt(21.5), math.sqrt(21.25), m
 _RMS_Q6, _RMS_SC6 = math.sqrt(341.5), math.sqrt(1333.5)
 # q - 16 over 0..31 (Q5_0), and the codebooks' values over uniform codes (MXFP4, the IQ4 formats).
 _RMS_Q5 = math.sqrt(85.5)
+# q - 4 over 0..7 (Q3_K), q - 1.5 over 0..3 (Q2_K), a 4-bit scale over 0..15 (Q2_K).
+_RMS_Q3, _RMS_Q2_CENTRED, _RMS_SC4 = math.sqrt(5.5), math.sqrt(1.25), math.sqrt(77.5)
 _RMS_MXFP4, _RMS_IQ4 = math.sqrt(float(np.mean(MXFP4_VALUES.astype(float) ** 2))), \
     math.sqrt(float(np.mean(IQ4_VALUES.astype(float) ** 2)))
 _FACTOR_RMS = math.sqrt(13 / 12)
@@ -319,6 +361,14 @@ def random_quant(fmt: int, shape, rng: np.random.Generator, std: float = 0.02) -
         # centred on q = 15.5 or 7.5
         m = -d * (np.float32(15.0 if five else 7.0) + rng.random(d.shape, dtype=np.float32))
         c.reshape(rows, units, 2, 2)[...] = _f16_bytes(np.stack([d, m], axis=-1)[..., None])
+    elif fmt == FORMAT_Q3_K:  # scales in -32..31 from the random bytes; q - 4 over 0..7
+        c[...] = ((c & 63).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+        d = factor * np.float32(std / (_RMS_Q6 * _RMS_Q3 * _FACTOR_RMS))
+        out[:, L.d:L.d + L.d_len].reshape(rows, supers, 2)[...] = _f16_bytes(d[..., None])
+    elif fmt == FORMAT_Q2_K:  # m = sc and dmin = 1.5 d: the weights d sc (q - 1.5), centred
+        c[...] = (c & 0x0F) * np.uint8(0x11)
+        d = factor * np.float32(std / (_RMS_SC4 * _RMS_Q2_CENTRED * _FACTOR_RMS))
+        out[:, L.d:L.d + L.d_len].reshape(rows, supers, 4)[...] = _f16_bytes(np.stack([d, d * np.float32(1.5)], axis=-1))
     elif fmt == FORMAT_Q6_K:
         d = factor * np.float32(std / (_RMS_Q6 * _RMS_INT8 * _FACTOR_RMS))
         out[:, L.d:L.d + L.d_len].reshape(rows, supers, 2)[...] = _f16_bytes(d[..., None])

@@ -42,15 +42,15 @@ struct UnitAddr {
 template <int F>
 __device__ __forceinline__ UnitAddr unit_addr(const uint8_t *w, const RowLayout &L, uint32_t u) {
     UnitAddr a;
-    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : 16u) * u;
-    a.b = w + L.b + (format_q5(F) ? 4u : 8u) * u;
+    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : format_two_bit(F) ? 8u : 16u) * u;
+    a.b = w + L.b + (format_h32(F) ? 4u : 8u) * u;
     // Q4_0, Q8_0, Q5_0, IQ4_NL: 2u; Q4_1, Q5_1: 4u; Q4_K, Q5_K: 16 (u / 8); Q6_K: 16 (u / 8) + 2 (u % 8)
-    // = 2u; MXFP4, IQ4_XS: u
+    // = 2u (Q3_K, Q2_K too); MXFP4, IQ4_XS: u
     a.c = w + L.c + (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1              ? 4u * u
                      : F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K            ? 16u * (u / 8)
                      : F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS ? u
                                                                                : 2u * u);
-    a.d = w + L.d + 2u * (u / 8);
+    a.d = w + L.d + (F == ARC_FORMAT_Q2_K ? 4u : 2u) * (u / 8);
     return a;
 }
 
@@ -61,6 +61,10 @@ __device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = load_nc128(a.q + ro + 32 * STEP * k);
         r.q1 = load_nc128(a.q + ro + 32 * STEP * k + 16);
+    } else if constexpr (format_two_bit(F)) {
+        const uint2 q = load_nc64(a.q + ro + 8 * STEP * k);
+        r.q0.x = q.x;
+        r.q0.y = q.y;
     } else {
         r.q0 = load_nc128(a.q + ro + 16 * STEP * k);
     }
@@ -68,7 +72,7 @@ __device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int
 
 template <int F, int STEP>
 __device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
-    if constexpr (format_q5(F)) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
+    if constexpr (format_h32(F)) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(a.b + ro + 8 * STEP * k);
     if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
         r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
@@ -76,9 +80,13 @@ __device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k
     if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = load_nc8(a.c + ro + STEP * k);
     if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(a.c + ro + 2 * STEP * k);
-    if constexpr (F == ARC_FORMAT_Q6_K) {
+    if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
         r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
+    }
+    if constexpr (F == ARC_FORMAT_Q2_K) {
+        r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+        r.s.y = load_nc32(a.d + ro + STEP / 2 * k);
     }
 }
 
@@ -334,3 +342,4 @@ int launch_qgemv_q8_q4(arc_context *ctx, const QgemvArgs &a, bool gated);
 int launch_qgemv_k(arc_context *ctx, const QgemvArgs &a, bool gated);
 int launch_qgemv_codebook(arc_context *ctx, const QgemvArgs &a, bool gated);
 int launch_qgemv_q5(arc_context *ctx, const QgemvArgs &a, bool gated);
+int launch_qgemv_two_bit(arc_context *ctx, const QgemvArgs &a, bool gated);

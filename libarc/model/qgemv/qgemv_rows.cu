@@ -50,6 +50,7 @@ static int qgemv_rows(arc_context *ctx, const char *who, int32_t format, const v
         ARC_TRY(format_is_k(format)        ? launch_qrows_k(ctx, format, gated, plan, a)
                 : format_codebook(format) ? launch_qrows_codebook(ctx, format, gated, plan, a)
                 : format_q5(format)       ? launch_qrows_q5(ctx, format, gated, plan, a)
+                : format_two_bit(format)  ? launch_qrows_two_bit(ctx, format, gated, plan, a)
                                           : launch_qrows_q8_q4(ctx, format, gated, plan, a));
     }
     return ARC_OK;

@@ -224,3 +224,4 @@ int launch_qrows_q8_q4(arc_context *ctx, int format, bool gated, const GemvPlan 
 int launch_qrows_k(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
 int launch_qrows_codebook(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
 int launch_qrows_q5(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
+int launch_qrows_two_bit(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);

@@ -43,6 +43,7 @@ static int launch_qgemv(arc_context *ctx, const char *who, const QgemvArgs &a, b
     if (format_is_k(a.format)) return launch_qgemv_k(ctx, a, gated);
     if (format_codebook(a.format)) return launch_qgemv_codebook(ctx, a, gated);
     if (format_q5(a.format)) return launch_qgemv_q5(ctx, a, gated);
+    if (format_two_bit(a.format)) return launch_qgemv_two_bit(ctx, a, gated);
     return launch_qgemv_q8_q4(ctx, a, gated);
 }
 
@@ -146,7 +147,9 @@ extern "C" int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w
     case ARC_FORMAT_IQ4_NL: return launch_dequant<ARC_FORMAT_IQ4_NL>(ctx, wb, rows, cols, out);
     case ARC_FORMAT_IQ4_XS: return launch_dequant<ARC_FORMAT_IQ4_XS>(ctx, wb, rows, cols, out);
     case ARC_FORMAT_Q5_0: return launch_dequant<ARC_FORMAT_Q5_0>(ctx, wb, rows, cols, out);
-    default: return launch_dequant<ARC_FORMAT_Q5_1>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q5_1: return launch_dequant<ARC_FORMAT_Q5_1>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q3_K: return launch_dequant<ARC_FORMAT_Q3_K>(ctx, wb, rows, cols, out);
+    default: return launch_dequant<ARC_FORMAT_Q2_K>(ctx, wb, rows, cols, out);
     }
 }
 

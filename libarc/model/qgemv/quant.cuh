@@ -8,7 +8,8 @@
 // word i holds weight 4i + b (low nibbles) or 16 + 4i + b (high nibbles), which is why the
 // input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb. The codebook formats
 // (MXFP4, IQ4_NL, IQ4_XS) look their codes up four at a time with byte permutes (codebook_word),
-// into int8 words laid out as Q8_0's.
+// into int8 words laid out as Q8_0's. The 2-bit formats (Q3_K, Q2_K) hold a unit's quants in two
+// words laid out as Q6_K's high bits, four fields of a byte for weights 4i + b, i = 0..3.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -23,18 +24,24 @@ __host__ __device__ constexpr bool format_is_k(int f) {
     return f == ARC_FORMAT_Q4_K || f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q6_K;
 }
 // The last arc_format: the quantized ones are ARC_FORMAT_Q8_0..FORMAT_LAST.
-constexpr int FORMAT_LAST = ARC_FORMAT_Q5_1;
+constexpr int FORMAT_LAST = ARC_FORMAT_Q2_K;
 __host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= FORMAT_LAST; }
 // Whether a format's rows are whole superblocks of 256 weights (the _K formats, IQ4_XS).
-__host__ __device__ constexpr bool format_super(int f) { return format_is_k(f) || f == ARC_FORMAT_IQ4_XS; }
+// Whether a format's quants are 2 bits a weight in A (Q3_K, Q2_K; Q3_K's third bit in B).
+__host__ __device__ constexpr bool format_two_bit(int f) { return f == ARC_FORMAT_Q3_K || f == ARC_FORMAT_Q2_K; }
+__host__ __device__ constexpr bool format_super(int f) {
+    return format_is_k(f) || format_two_bit(f) || f == ARC_FORMAT_IQ4_XS;
+}
 // Whether a format's quants are codes into a table of 16 int8 values.
 __host__ __device__ constexpr bool format_codebook(int f) {
     return f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_NL || f == ARC_FORMAT_IQ4_XS;
 }
-// Whether a format holds Q5_K's high-bit word a unit (Q5_K, Q5_0, Q5_1).
+// Whether a format holds Q5_K's high-bit word a unit: its fifth bits (Q5_K, Q5_0, Q5_1), or
+// Q3_K's third.
 __host__ __device__ constexpr bool format_q5(int f) {
     return f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q5_0 || f == ARC_FORMAT_Q5_1;
 }
+__host__ __device__ constexpr bool format_h32(int f) { return format_q5(f) || f == ARC_FORMAT_Q3_K; }
 
 // Byte offsets of a row's arrays B, C and D, and the row's size (arc.h: each array padded to 16).
 struct RowLayout {
@@ -45,13 +52,15 @@ __host__ __device__ constexpr uint32_t pad16(uint32_t n) { return (n + 15u) & ~1
 
 __host__ __device__ inline RowLayout row_layout(int f, int cols) {
     const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
-    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
-    const uint32_t b = format_q5(f) ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
+    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : format_two_bit(f) ? 8u : 16u);
+    const uint32_t b = format_h32(f) ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
     const uint32_t c = f == ARC_FORMAT_Q4_1 || f == ARC_FORMAT_Q5_1                ? units * 4u
-                       : format_is_k(f)                                            ? supers * 16u
+                       : format_is_k(f) || format_two_bit(f)                       ? supers * 16u
                        : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
                                                                                    : units * 2u;
-    const uint32_t d = f == ARC_FORMAT_Q6_K || f == ARC_FORMAT_IQ4_XS ? supers * 2u : 0u;
+    const uint32_t d = f == ARC_FORMAT_Q2_K                                                     ? supers * 4u
+                       : f == ARC_FORMAT_Q6_K || f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u
+                                                                                                : 0u;
     RowLayout l;
     l.b = pad16(a);
     l.c = l.b + pad16(b);
@@ -63,7 +72,8 @@ __host__ __device__ inline RowLayout row_layout(int f, int cols) {
 // The raw bytes of one unit: its quants (q1 for Q8_0's second half), its high bits (hb), and
 // the scale words it needs (s: Q4_0, Q8_0, Q5_0, IQ4_NL d in s.x; Q4_1, Q5_1 d | m << 16 in s.x;
 // _K(4, 5): the superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y; MXFP4 e in s.x;
-// IQ4_XS its scale byte in s.x, d in s.y).
+// IQ4_XS its scale byte in s.x, d in s.y; Q3_K as Q6_K; Q2_K its two scale bytes in s.x, d | dmin << 16
+// in s.y; Q3_K, Q2_K: the quants in q0.x, q0.y).
 struct UnitRaw {
     uint4 q0, q1;
     uint2 hb;
@@ -77,6 +87,10 @@ __device__ __forceinline__ void load_quants(const uint8_t *row, int u, UnitRaw &
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = load_nc128(row + 32 * u);
         r.q1 = load_nc128(row + 32 * u + 16);
+    } else if constexpr (format_two_bit(F)) {
+        const uint2 q = load_nc64(row + 8 * u);
+        r.q0.x = q.x;
+        r.q0.y = q.y;
     } else {
         r.q0 = load_nc128(row + 16 * u);
     }
@@ -91,7 +105,7 @@ __device__ __forceinline__ uint32_t load_nc8(const void *p) {
 
 template <int F>
 __device__ __forceinline__ void load_rest(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
-    if constexpr (format_q5(F)) r.hb.x = load_nc32(row + L.b + 4 * u);
+    if constexpr (format_h32(F)) r.hb.x = load_nc32(row + L.b + 4 * u);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(row + L.b + 8 * u);
     if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
         r.s.x = load_nc16(row + L.c + 2 * u);
@@ -99,9 +113,13 @@ __device__ __forceinline__ void load_rest(const uint8_t *row, const RowLayout &L
     if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = load_nc8(row + L.c + u);
     if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = load_nc16(row + L.d + 2 * (u / 8));
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(row + L.c + 16 * (u / 8));
-    if constexpr (F == ARC_FORMAT_Q6_K) {
+    if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         r.s.x = load_nc16(row + L.c + 16 * (u / 8) + 2 * (u % 8));
         r.s.y = load_nc16(row + L.d + 2 * (u / 8));
+    }
+    if constexpr (F == ARC_FORMAT_Q2_K) {
+        r.s.x = load_nc16(row + L.c + 2 * u);
+        r.s.y = load_nc32(row + L.d + 4 * (u / 8));
     }
 }
 
@@ -215,15 +233,28 @@ __device__ __forceinline__ int prmt_sext(uint32_t w, uint32_t sel) {
     return (int)d;
 }
 
+// Word i (0..3) of a 2-bit unit unpacked as unpack_word's: the quants of weights 4i..4i+3 (lo) and
+// 16 + 4i.. (hi), one a byte, with Q3_K's third bit put above.
+template <int F>
+__device__ __forceinline__ void unpack_two_bit(const UnitRaw &r, int i, uint32_t &lo, uint32_t &hi) {
+    lo = (r.q0.x >> (2 * i)) & 0x03030303u;
+    hi = (r.q0.y >> (2 * i)) & 0x03030303u;
+    if constexpr (F == ARC_FORMAT_Q3_K) {
+        lo |= ((r.hb.x >> i) & 0x01010101u) << 2;
+        hi |= ((r.hb.x >> (4 + i)) & 0x01010101u) << 2;
+    }
+}
+
 // A unit's weights as its dot reads them, decoded once for any number of inputs: lo[i] and hi[i]
 // the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the codebook
 // formats: their values, as Q8_0's; the 4-bit formats: the low nibbles, and the high ones in
 // place, times 16; Q5_K, Q5_0, Q5_1, Q6_K: the low and high quants with their high bits), and the
-// scales: a and b (Q6_K: a, and the halves' int8 scales sa and sb).
+// scales: a and b (Q6_K, Q3_K: a, and the halves' int8 scales sa and sb; Q2_K: a = d, b = dmin, the
+// halves' scales sa, sb and mins ma, mb).
 struct UnitW {
     uint32_t lo[4], hi[4];
     float a, b;
-    int sa, sb;
+    int sa, sb, ma, mb;
 };
 
 template <int F>
@@ -240,6 +271,9 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
     } else if constexpr (format_codebook(F)) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) codebook_word<F>(q[i], w.lo[i], w.hi[i]);
+    } else if constexpr (format_two_bit(F)) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) unpack_two_bit<F>(r, i, w.lo[i], w.hi[i]);
     } else if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q4_K) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -255,10 +289,17 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
         k_scale_min(r.s, k, sc, m);
         w.a = __fmul_rn(half_lo(r.s.x), (float)sc);
         w.b = __fmul_rn(half_hi(r.s.x), (float)m);
-    } else if constexpr (F == ARC_FORMAT_Q6_K) {
+    } else if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         w.a = half_lo(r.s.y);
         w.sa = prmt_sext(r.s.x, 0x8880u);
         w.sb = prmt_sext(r.s.x, 0x9991u);
+    } else if constexpr (F == ARC_FORMAT_Q2_K) {
+        w.a = half_lo(r.s.y);
+        w.b = half_hi(r.s.y);
+        w.sa = (int)(r.s.x & 0xfu);
+        w.ma = (int)((r.s.x >> 4) & 0xfu);
+        w.sb = (int)((r.s.x >> 8) & 0xfu);
+        w.mb = (int)((r.s.x >> 12) & 0xfu);
     } else if constexpr (format_codebook(F)) {
         w.a = codebook_scale<F>(r);
     } else {
@@ -311,15 +352,17 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
         return __fsub_rn(scaled(w.a, x.dx, q4_sum(w, x, 0)), scaled(w.b, x.dx, x.s0 + x.s1));
     } else {
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
-        // Q6_K, Q5_0: slo - z * s0 and shi - z * s1 (z = 32, 16), each chain started at its offset
-        constexpr int z = F == ARC_FORMAT_Q6_K ? 32 : F == ARC_FORMAT_Q5_0 ? 16 : 0;
+        // Q6_K, Q5_0, Q3_K: slo - z * s0 and shi - z * s1 (z = 32, 16, 4), each chain started at its offset
+        constexpr int z = F == ARC_FORMAT_Q6_K ? 32 : F == ARC_FORMAT_Q5_0 ? 16 : F == ARC_FORMAT_Q3_K ? 4 : 0;
         int slo = -z * x.s0, shi = -z * x.s1;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             slo = __dp4a((int)w.lo[i], xa[i], slo);
             shi = __dp4a((int)w.hi[i], xb[i], shi);
         }
-        if constexpr (F == ARC_FORMAT_Q6_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        else if constexpr (F == ARC_FORMAT_Q2_K)
+            return __fsub_rn(scaled(w.a, x.dx, w.sa * slo + w.sb * shi), scaled(w.b, x.dx, w.ma * x.s0 + w.mb * x.s1));
         else if constexpr (F == ARC_FORMAT_Q5_0) return scaled(w.a, x.dx, slo + shi);
         else if constexpr (F == ARC_FORMAT_Q5_1) return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
         else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
@@ -340,6 +383,30 @@ __device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out
         const uint32_t w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
 #pragma unroll
         for (int k = 0; k < QUNIT; ++k) out[k] = d * (float)(int8_t)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+    } else if constexpr (format_two_bit(F)) {
+        // Q3_K (d * scale) * (q - 4); Q2_K (d * sc) * q - dmin * m, a scale (and min) each half
+        const float d = half_lo(r.s.y);
+        float scale_lo, scale_hi, off_lo = 0.0f, off_hi = 0.0f;
+        if constexpr (F == ARC_FORMAT_Q3_K) {
+            scale_lo = d * (float)(int8_t)(r.s.x & 0xffu);
+            scale_hi = d * (float)(int8_t)((r.s.x >> 8) & 0xffu);
+        } else {
+            scale_lo = d * (float)(r.s.x & 0xfu);
+            scale_hi = d * (float)((r.s.x >> 8) & 0xfu);
+            off_lo = half_hi(r.s.y) * (float)((r.s.x >> 4) & 0xfu);
+            off_hi = half_hi(r.s.y) * (float)((r.s.x >> 12) & 0xfu);
+        }
+        constexpr int zero = F == ARC_FORMAT_Q3_K ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            unpack_two_bit<F>(r, i, lo, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                out[4 * i + b] = scale_lo * (float)((int)((lo >> (8 * b)) & 0xffu) - zero) - off_lo;
+                out[16 + 4 * i + b] = scale_hi * (float)((int)((hi >> (8 * b)) & 0xffu) - zero) - off_hi;
+            }
+        }
     } else if constexpr (format_codebook(F)) {
         const float a = codebook_scale<F>(r);
         const uint32_t q[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
