@@ -50,23 +50,37 @@ struct RowLayout {
 
 __host__ __device__ constexpr uint32_t pad16(uint32_t n) { return (n + 15u) & ~15u; }
 
-__host__ __device__ inline RowLayout row_layout(int f, int cols) {
-    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
-    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : format_two_bit(f) ? 8u : 16u);
-    const uint32_t b = format_h32(f) ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
-    const uint32_t c = f == ARC_FORMAT_Q4_1 || f == ARC_FORMAT_Q5_1                ? units * 4u
-                       : format_is_k(f) || format_two_bit(f)                       ? supers * 16u
-                       : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
-                                                                                   : units * 2u;
-    const uint32_t d = f == ARC_FORMAT_Q2_K                                                     ? supers * 4u
-                       : f == ARC_FORMAT_Q6_K || f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u
-                                                                                                : 0u;
+// The row layout from the bytes of its arrays, unpadded.
+__host__ __device__ inline RowLayout layout_of(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     RowLayout l;
     l.b = pad16(a);
     l.c = l.b + pad16(b);
     l.d = l.c + pad16(c);
     l.bytes = l.d + pad16(d);
     return l;
+}
+
+// row_layout of the formats after Q6_K in arc_format.
+__host__ __device__ inline RowLayout later_row_layout(int f, int cols) {
+    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
+    const uint32_t a = units * (format_two_bit(f) ? 8u : 16u);
+    const uint32_t b = format_h32(f) ? units * 4u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q5_1                              ? units * 4u
+                       : format_two_bit(f)                               ? supers * 16u
+                       : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
+                                                                         : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q2_K ? supers * 4u : f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u : 0u;
+    return layout_of(a, b, c, d);
+}
+
+__host__ __device__ inline RowLayout row_layout(int f, int cols) {
+    if (f > ARC_FORMAT_Q6_K) return later_row_layout(f, cols);
+    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
+    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
+    const uint32_t b = f == ARC_FORMAT_Q5_K ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q4_1 ? units * 4u : format_is_k(f) ? supers * 16u : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q6_K ? supers * 2u : 0u;
+    return layout_of(a, b, c, d);
 }
 
 // The raw bytes of one unit: its quants (q1 for Q8_0's second half), its high bits (hb), and
@@ -249,12 +263,12 @@ __device__ __forceinline__ void unpack_two_bit(const UnitRaw &r, int i, uint32_t
 // the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the codebook
 // formats: their values, as Q8_0's; the 4-bit formats: the low nibbles, and the high ones in
 // place, times 16; Q5_K, Q5_0, Q5_1, Q6_K: the low and high quants with their high bits), and the
-// scales: a and b (Q6_K, Q3_K: a, and the halves' int8 scales sa and sb; Q2_K: a = d, b = dmin, the
-// halves' scales sa, sb and mins ma, mb).
+// scales: a and b (Q6_K, Q3_K: a, and the halves' int8 scales sa and sb; Q2_K: a = d, b = dmin, and
+// each half's scale | min << 16 in sa and sb).
 struct UnitW {
     uint32_t lo[4], hi[4];
     float a, b;
-    int sa, sb, ma, mb;
+    int sa, sb;
 };
 
 template <int F>
@@ -296,10 +310,8 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
     } else if constexpr (F == ARC_FORMAT_Q2_K) {
         w.a = half_lo(r.s.y);
         w.b = half_hi(r.s.y);
-        w.sa = (int)(r.s.x & 0xfu);
-        w.ma = (int)((r.s.x >> 4) & 0xfu);
-        w.sb = (int)((r.s.x >> 8) & 0xfu);
-        w.mb = (int)((r.s.x >> 12) & 0xfu);
+        w.sa = (int)((r.s.x & 0xfu) | ((r.s.x & 0xf0u) << 12));
+        w.sb = (int)(((r.s.x >> 8) & 0xfu) | ((r.s.x & 0xf000u) << 4));
     } else if constexpr (format_codebook(F)) {
         w.a = codebook_scale<F>(r);
     } else {
@@ -354,7 +366,7 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
         // Q6_K, Q5_0, Q3_K: slo - z * s0 and shi - z * s1 (z = 32, 16, 4), each chain started at its offset
         constexpr int z = F == ARC_FORMAT_Q6_K ? 32 : F == ARC_FORMAT_Q5_0 ? 16 : F == ARC_FORMAT_Q3_K ? 4 : 0;
-        int slo = -z * x.s0, shi = -z * x.s1;
+        int slo = z ? -z * x.s0 : 0, shi = z ? -z * x.s1 : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             slo = __dp4a((int)w.lo[i], xa[i], slo);
@@ -362,7 +374,8 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
         }
         if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
         else if constexpr (F == ARC_FORMAT_Q2_K)
-            return __fsub_rn(scaled(w.a, x.dx, w.sa * slo + w.sb * shi), scaled(w.b, x.dx, w.ma * x.s0 + w.mb * x.s1));
+            return __fsub_rn(scaled(w.a, x.dx, (w.sa & 0xffff) * slo + (w.sb & 0xffff) * shi),
+                             scaled(w.b, x.dx, (w.sa >> 16) * x.s0 + (w.sb >> 16) * x.s1));
         else if constexpr (F == ARC_FORMAT_Q5_0) return scaled(w.a, x.dx, slo + shi);
         else if constexpr (F == ARC_FORMAT_Q5_1) return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
         else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
