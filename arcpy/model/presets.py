@@ -156,7 +156,8 @@ _LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_di
 _MOE_TINY_QUANT = ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=512,
                               max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True, n_experts=16,
                               n_experts_used=4, expert_ffn_dim=256, norm_topk_prob=True, shared_expert_ffn_dim=256)
-# Every quantized format in one small model (the K formats' 256-weight blocks fit every row).
+# Every quantized format in two small models, tiny-quant and tiny-quant-more, of this shape (the
+# 256-weight blocks of the K formats and IQ4_XS fit every row).
 _TINY_QUANT = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=512,
                           max_seq=512, rope_theta=500000.0)
 
