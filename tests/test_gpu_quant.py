@@ -10,11 +10,12 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from gpu_buffers import f32p, u16p
 
 from arcpy import _lib, codes
 from arcpy.model.quant import SUPER_FORMATS, dequantize, qgemv_reference, quantize_input, row_bytes
-from arcpy.model.quant_pack import random_quant
+from arcpy.model.quant_pack import from_gguf, random_quant
 
 pytestmark = pytest.mark.gpu
 
@@ -156,6 +157,23 @@ def test_dequantize_gives_the_weights_rounded_to_bf16(gpu, name, rows, cols):
     want = dequantize(qt)
     # Rounded from float32 values that may differ in the last bit by the order of the formula.
     assert np.all(np.abs(got - want) <= np.abs(want) * 2.0**-8 + 1e-30)
+
+
+def test_every_finite_mxfp4_exponent_decodes_exactly(gpu):
+    """MXFP4's weights are a power of two times a small integer: exact in bf16 from the subnormal
+    scales of exponents 0 and 1 (no flush to zero) to the largest finite ones (252)."""
+    rows, cols = 4, 32 * 253
+    rng = np.random.default_rng(39)
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    raw[..., 0] = np.arange(253, dtype=np.uint8)  # unit u: exponent u
+    qt = from_gguf(GGMLQuantizationType.MXFP4, (rows, cols), raw.reshape(rows, -1))
+    want = dequantize(qt)
+    assert np.isfinite(want).all() and np.count_nonzero(want[:, :64]) > 0
+    d_w, d_out = gpu.upload(qt.data), gpu.alloc(rows * cols * 2)
+    gpu.poison(d_out, rows * cols * 2)
+    _lib.check(gpu.lib.arc_op_dequantize(gpu.ctx, qt.format, d_w, rows, cols, u16p(gpu, d_out)))
+    got = gpu.read(d_out, np.uint16, rows * cols).reshape(rows, cols)
+    np.testing.assert_array_equal(got, to_bf16(want))
 
 
 @pytest.mark.parametrize("format,cols,message", [
