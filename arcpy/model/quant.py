@@ -50,12 +50,12 @@ import numpy as np
 from arcpy.checks import is_int, require
 from arcpy.codes import (
     FORMAT_BF16,
-    FORMAT_Q2_K,
-    FORMAT_Q3_K,
-    FORMAT_NAMES,
     FORMAT_IQ4_NL,
     FORMAT_IQ4_XS,
     FORMAT_MXFP4,
+    FORMAT_NAMES,
+    FORMAT_Q2_K,
+    FORMAT_Q3_K,
     FORMAT_Q4_0,
     FORMAT_Q4_1,
     FORMAT_Q4_K,
