@@ -185,9 +185,10 @@ struct Codebook {
 template <int F>
 __device__ __forceinline__ void codebook_word(uint32_t w, uint32_t &lo, uint32_t &hi) {
     using T = Codebook<F>;
-    const uint32_t s = w & 0x77777777u, s_hi = s >> 16;
-    lo = prmt(prmt(T::t0, T::t1, s), prmt(T::t2, T::t3, s), ((w >> 1) & 0x4444u) | 0x3210u);
-    hi = prmt(prmt(T::t0, T::t1, s_hi), prmt(T::t2, T::t3, s_hi), ((w >> 17) & 0x4444u) | 0x3210u);
+    // a permute reads the low 16 bits of its selector: the upper halves serve the high codes, shifted down
+    const uint32_t s = w & 0x77777777u, pick = ((w >> 1) & 0x44444444u) | 0x32103210u;
+    lo = prmt(prmt(T::t0, T::t1, s), prmt(T::t2, T::t3, s), pick);
+    hi = prmt(prmt(T::t0, T::t1, s >> 16), prmt(T::t2, T::t3, s >> 16), pick >> 16);
 }
 
 // A codebook unit's float scale: MXFP4 2^(e - 128) (a subnormal for e < 2), IQ4_NL d, IQ4_XS d * s
