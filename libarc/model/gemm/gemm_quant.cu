@@ -22,19 +22,18 @@ static_assert(TileQ::THREADS == 2 * TileQ::BN, "two threads a weight row, one un
 constexpr int QG = 2;
 
 // Where a stage's raw bytes of one weight row lie in its slot of shared memory (bytes): the two
-// units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K: its two int8 pairs, then
-// the word holding its superblock's d at SOFF + 4; MXFP4, IQ4_XS: the aligned word holding their
-// scale bytes, then IQ4_XS's word holding d at SOFF + 4); ROW bytes a row, 16-byte aligned.
+// units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K, Q3_K: their two int8 pairs,
+// then the word holding their superblock's d at SOFF + 4; Q2_K: its two scale bytes a unit, then its
+// superblock's d and dmin at SOFF + 4; MXFP4, IQ4_XS: the aligned word holding their scale bytes,
+// then IQ4_XS's word holding d at SOFF + 4); ROW bytes a row, 16-byte aligned.
 template <int F>
 struct RawSlot {
     static constexpr int QB = F == ARC_FORMAT_Q8_0 ? 64 : format_two_bit(F) ? 16 : 32;
     static constexpr bool HIGH = format_h32(F) || F == ARC_FORMAT_Q6_K;
     static constexpr int HOFF = QB, SOFF = QB + (HIGH ? 16 : 0);
-    static constexpr int SB = F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K                                ? 16
-                              : F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1 || F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_IQ4_XS ||
-                                        format_two_bit(F)
-                                  ? 8
-                                                                                                                        : 4;
+    static constexpr bool TWO_WORDS = F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1 || F == ARC_FORMAT_Q6_K ||
+                                      F == ARC_FORMAT_IQ4_XS || format_two_bit(F);
+    static constexpr int SB = F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K ? 16 : TWO_WORDS ? 8 : 4;
     static constexpr int ROW = (SOFF + SB + 15) / 16 * 16;
 };
 

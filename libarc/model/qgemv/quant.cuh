@@ -69,7 +69,9 @@ __host__ __device__ inline RowLayout later_row_layout(int f, int cols) {
                        : format_two_bit(f)                               ? supers * 16u
                        : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
                                                                          : units * 2u;
-    const uint32_t d = f == ARC_FORMAT_Q2_K ? supers * 4u : f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u : 0u;
+    const uint32_t d = f == ARC_FORMAT_Q2_K                                 ? supers * 4u
+                       : f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u
+                                                                        : 0u;
     return layout_of(a, b, c, d);
 }
 
@@ -162,7 +164,9 @@ __device__ __forceinline__ void unpack_word(const UnitRaw &r, int i, uint32_t w,
     }
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+// prmt: byte n of the result is byte (sel >> 4n) & 7 of a (0..3) then b (4..7), for selectors whose
+// bit 4n + 3 is clear (set, it would replicate that byte's sign); sel's upper 16 bits are not read.
+__device__ __forceinline__ uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t sel) {
     uint32_t d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
@@ -187,8 +191,8 @@ __device__ __forceinline__ void codebook_word(uint32_t w, uint32_t &lo, uint32_t
     using T = Codebook<F>;
     // a permute reads the low 16 bits of its selector: the upper halves serve the high codes, shifted down
     const uint32_t s = w & 0x77777777u, pick = ((w >> 1) & 0x44444444u) | 0x32103210u;
-    lo = prmt(prmt(T::t0, T::t1, s), prmt(T::t2, T::t3, s), pick);
-    hi = prmt(prmt(T::t0, T::t1, s >> 16), prmt(T::t2, T::t3, s >> 16), pick >> 16);
+    lo = byte_permute(byte_permute(T::t0, T::t1, s), byte_permute(T::t2, T::t3, s), pick);
+    hi = byte_permute(byte_permute(T::t0, T::t1, s >> 16), byte_permute(T::t2, T::t3, s >> 16), pick >> 16);
 }
 
 // A codebook unit's float scale: MXFP4 2^(e - 128) (a subnormal for e < 2), IQ4_NL d, IQ4_XS d * s
@@ -378,7 +382,8 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
             return __fsub_rn(scaled(w.a, x.dx, (w.sa & 0xffff) * slo + (w.sb & 0xffff) * shi),
                              scaled(w.b, x.dx, (w.sa >> 16) * x.s0 + (w.sb >> 16) * x.s1));
         else if constexpr (F == ARC_FORMAT_Q5_0) return scaled(w.a, x.dx, slo + shi);
-        else if constexpr (F == ARC_FORMAT_Q5_1) return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
+        else if constexpr (F == ARC_FORMAT_Q5_1)
+            return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
         else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
     }
 }
