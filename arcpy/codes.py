@@ -45,9 +45,18 @@ FORMAT_Q4_1 = 3
 FORMAT_Q4_K = 4
 FORMAT_Q5_K = 5
 FORMAT_Q6_K = 6
+FORMAT_MXFP4 = 7
+FORMAT_IQ4_NL = 8
+FORMAT_IQ4_XS = 9
+FORMAT_Q5_0 = 10
+FORMAT_Q5_1 = 11
+FORMAT_Q3_K = 12
+FORMAT_Q2_K = 13
 FORMAT_NAMES = {
     FORMAT_BF16: "bf16", FORMAT_Q8_0: "Q8_0", FORMAT_Q4_0: "Q4_0", FORMAT_Q4_1: "Q4_1",
-    FORMAT_Q4_K: "Q4_K", FORMAT_Q5_K: "Q5_K", FORMAT_Q6_K: "Q6_K",
+    FORMAT_Q4_K: "Q4_K", FORMAT_Q5_K: "Q5_K", FORMAT_Q6_K: "Q6_K", FORMAT_MXFP4: "MXFP4",
+    FORMAT_IQ4_NL: "IQ4_NL", FORMAT_IQ4_XS: "IQ4_XS", FORMAT_Q5_0: "Q5_0", FORMAT_Q5_1: "Q5_1",
+    FORMAT_Q3_K: "Q3_K", FORMAT_Q2_K: "Q2_K",
 }
 
 # arc_layer_op: the ops of the layer program, in the order a Llama layer runs them (arc.h)

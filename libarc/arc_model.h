@@ -132,38 +132,55 @@ typedef enum arc_layer_op {
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 
-/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD; MOE_, SHARED_ GATE, UP, DOWN)
- * may be held in one of the quantized formats below instead of bf16; the embedding, the norms, the biases and
- * the RoPE frequencies are always bf16 (float32 for the frequencies). The quantized formats are
+/* Weight formats. A matrix tensor (WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN, LM_HEAD; MOE_, SHARED_ GATE, UP, DOWN;
+ * WQ_GATE; DN_QKV, DN_Z, DN_B, DN_A, DN_OUT) may be held in one of the quantized formats below instead of bf16;
+ * the embedding, the norms, the biases, the DeltaNet's vectors and the RoPE frequencies are always bf16 (float32
+ * for the frequencies). The quantized formats are
  * llama.cpp's GGUF block types, repacked by row so that every load is 16-byte aligned and
  * coalesced; the values they hold are exactly the GGUF blocks' values.
  *
- * A row of `cols` weights (cols % 32 == 0; % 256 for the _K formats) is a sequence of units of
- * 32 consecutive weights (unit u: columns 32u..32u+31); a _K superblock is 8 units. A row is
+ * A row of `cols` weights (cols % 32 == 0; % 256 for the _K formats and IQ4_XS) is a sequence of
+ * units of 32 consecutive weights (unit u: columns 32u..32u+31); a _K superblock is 8 units. A row is
  * four arrays, A then B then C then D, each padded with zeros to a multiple of 16 bytes; rows
  * follow each other with no gap (arc_format_row_bytes gives a row's size).
- *   A (quants): Q8_0: 32 bytes a unit, int8 weight k at byte k. Q4_0, Q4_1, Q4_K, Q5_K, Q6_K:
- *     16 bytes a unit, byte k (0..15) holding the low 4 bits of weight k in its low nibble and
- *     those of weight k + 16 in its high nibble.
- *   B (high bits): Q5_K: a uint32 H a unit, bit 8b + i = bit 4 of weight 4i + b and bit
- *     8b + 4 + i = bit 4 of weight 16 + 4i + b (b, i in 0..3). Q6_K: two uint32 H0, H1 a unit,
- *     bits 8b + 2i and 8b + 2i + 1 of H0 = bits 4 and 5 of weight 4i + b, of H1 = those of
- *     weight 16 + 4i + b. Other formats: empty.
+ *   A (quants): Q8_0: 32 bytes a unit, int8 weight k at byte k. Q4_0, Q4_1, Q4_K, Q5_K, Q6_K,
+ *     Q5_0, Q5_1: 16 bytes a unit, byte k (0..15) holding the low 4 bits of weight k in its low
+ *     nibble and those of weight k + 16 in its high nibble. MXFP4, IQ4_NL, IQ4_XS (codebook
+ *     formats): 16 bytes a unit of 4-bit codes, its uint32 word i (0..3) holding those of weights
+ *     4i..4i+3 in its nibbles 0..3 (from the least significant) and of weights 16+4i..16+4i+3 in
+ *     its nibbles 4..7. Q3_K, Q2_K: 8 bytes a unit, two uint32 L0, L1, bits 8b + 2i and 8b + 2i + 1
+ *     of L0 = the 2-bit quant of weight 4i + b, of L1 = that of weight 16 + 4i + b.
+ *   B (high bits): Q5_K, Q5_0, Q5_1, Q3_K: a uint32 H a unit, bit 8b + i = bit 4 (Q3_K: bit 2)
+ *     of weight 4i + b and bit 8b + 4 + i = that bit of weight 16 + 4i + b (b, i in 0..3). Q6_K:
+ *     two uint32 H0, H1 a unit, bits 8b + 2i and 8b + 2i + 1 of H0 = bits 4 and 5 of weight
+ *     4i + b, of H1 = those of weight 16 + 4i + b. Other formats: empty.
  *   C (scales): Q8_0, Q4_0: a float16 d a unit. Q4_1: float16 d then float16 m, a unit.
  *     Q4_K, Q5_K: 16 bytes a superblock, GGUF's own: float16 d, float16 dmin, 12 bytes of
  *     6-bit scales and mins (unit j of the superblock: GGUF's get_scale_min_k4(j)). Q6_K: 16
- *     int8 scales a superblock, scale j for its weights 16j..16j+15.
- *   D: Q6_K: a float16 d a superblock. Other formats: empty.
- * The weight, with q the unit's quant (4 bits; 5 with Q5_K's high bit; 6 with Q6_K's two):
+ *     int8 scales a superblock, scale j for its weights 16j..16j+15. MXFP4: a uint8 exponent e a
+ *     unit. IQ4_NL: a float16 d a unit. IQ4_XS: an int8 scale s a unit (-32..31). Q5_0: a
+ *     float16 d a unit. Q5_1: float16 d then float16 m, a unit. Q3_K: 16 int8 scales a superblock
+ *     (-32..31), scale j for its weights 16j..16j+15. Q2_K: GGUF's 16 bytes a superblock, byte j
+ *     for its weights 16j..16j+15: the scale in its low nibble, the min in its high one.
+ *   D: Q6_K, IQ4_XS, Q3_K: a float16 d a superblock. Q2_K: float16 d then float16 dmin, a
+ *     superblock. Other formats: empty.
+ * The weight, with q the unit's quant (4 bits; 5 with the Q5 formats' high bit; 6 with Q6_K's two;
+ * 2 with Q2_K's, 3 with Q3_K's and its high bit):
  *   Q8_0 d * q (q signed)     Q4_0 d * (q - 8)       Q4_1 d * q + m
  *   Q4_K, Q5_K  d * sc * q - dmin * m (sc, m: the unit's 6-bit scale and min)
- *   Q6_K  d * scale * (q - 32)
+ *   Q6_K  d * scale * (q - 32)    Q5_0 d * (q - 16)    Q5_1 d * q + m
+ *   Q3_K  d * scale * (q - 4)     Q2_K  d * sc * q - dmin * m (sc, m: the nibbles of the weight's byte)
+ *   MXFP4  2^(e - 128) * {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}[q] (e2m1, doubled)
+ *   IQ4_NL d * V[q], IQ4_XS d * s * V[q]: V = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
+ *     25, 38, 53, 69, 89, 113}
  * The quantized GEMVs quantize their input too, per unit: amax = max |x| over the unit's 32
  * inputs (after the fused norm), x_q = rint(x * (127 / amax)) clamped to [-127, 127] (0 where
  * amax is 0; +-127 where 127 / amax overflows), dx = amax / 127; the unit's dot is dx times an
  * exact integer sum of q * x_q, scaled as above. */
 typedef enum arc_format { ARC_FORMAT_BF16 = 0, ARC_FORMAT_Q8_0 = 1, ARC_FORMAT_Q4_0 = 2, ARC_FORMAT_Q4_1 = 3,
-                          ARC_FORMAT_Q4_K = 4, ARC_FORMAT_Q5_K = 5, ARC_FORMAT_Q6_K = 6 } arc_format;
+                          ARC_FORMAT_Q4_K = 4, ARC_FORMAT_Q5_K = 5, ARC_FORMAT_Q6_K = 6, ARC_FORMAT_MXFP4 = 7,
+                          ARC_FORMAT_IQ4_NL = 8, ARC_FORMAT_IQ4_XS = 9, ARC_FORMAT_Q5_0 = 10,
+                          ARC_FORMAT_Q5_1 = 11, ARC_FORMAT_Q3_K = 12, ARC_FORMAT_Q2_K = 13 } arc_format;
 
 /* Bytes of one row of `cols` weights in `format` (bf16: 2 * cols). Host only; no context. */
 int arc_format_row_bytes(int32_t format, int32_t cols, uint64_t *out);

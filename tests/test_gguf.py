@@ -226,8 +226,11 @@ def test_rms_eps_theta_context_and_heads_come_from_the_metadata(tmp_path):
 
 
 # Bound on |loaded - source| relative to the tensor's largest value, per storage type.
-QUANTIZED = {Q.F16: 1e-2, Q.BF16: 0.0, Q.Q8_0: 2e-2, Q.Q5_0: 8e-2, Q.Q5_1: 8e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.16}
-KEPT = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)  # held quantized: arc.h's formats
+QUANTIZED = {Q.F16: 1e-2, Q.BF16: 0.0, Q.Q8_0: 2e-2, Q.Q5_0: 8e-2, Q.Q5_1: 8e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.16,
+             Q.MXFP4: 0.25}
+KEPT = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS, Q.Q5_0,
+        Q.Q5_1, Q.Q3_K, Q.Q2_K)  # held quantized: arc.h's formats
+KEPT_NOTE = "the GPU keeps " + ", ".join(q.name for q in KEPT) + " quantized"
 
 
 def held(t) -> np.ndarray:
@@ -263,16 +266,52 @@ def test_quantized_weights_load_as_their_values_kept_quantized_or_rounded_to_bf1
         src = bf16_to_f32(words)
         err = np.abs(held(loaded) - src).max()
         assert err <= QUANTIZED[qtype] * np.abs(src).max() if name in types else err == 0, (name, err)
-    # Q5_0 and Q5_1 have no GPU kernel: dequantized, and the model's one note says which.
-    if quantized and qtype in (Q.Q5_0, Q.Q5_1):
-        assert model.notes == (f"m.gguf: 15 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, "
-                               f"Q4_K, Q5_K, Q6_K quantized): {qtype.name} attn_q.weight (blk 0-1); {qtype.name} "
-                               f"attn_k.weight (blk 0-1); {qtype.name} attn_v.weight (blk 0-1); {qtype.name} "
-                               f"attn_output.weight (blk 0-1); {qtype.name} ffn_gate.weight (blk 0-1); {qtype.name} "
-                               f"ffn_up.weight (blk 0-1); {qtype.name} ffn_down.weight (blk 0-1); {qtype.name} "
-                               f"output.weight",)
-    else:
-        assert model.notes == ()
+    assert model.notes == ()  # every type here is kept or unquantized
+
+
+def test_tensors_of_a_type_without_a_gpu_kernel_are_dequantized_and_the_note_says_which(tmp_path):
+    """TQ2_0 has no arc format: its matrices are made bf16 (their values rounded), and the model's
+    one note lists them by name and layers."""
+    source = random_model(WIDE, seed=5)
+    tensors = gguf_tensors(source)
+    types = {name: Q.TQ2_0 for name, x in tensors.items() if x.ndim == 2 and name != "token_embd.weight"}
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
+    model, _ = load_gguf(path, quantized=True)
+    for hf in source.tensors:
+        name = gguf_name(hf)
+        if name in types:
+            loaded = model.tensors[hf]
+            assert not isinstance(loaded, QuantTensor), name
+            stored = bf16_to_f32(f32_to_bf16(dequantize(quantize(tensors[name], Q.TQ2_0), Q.TQ2_0)))
+            assert np.array_equal(unpermuted(hf, held(loaded), WIDE), stored), name
+    assert model.notes == (f"m.gguf: 15 quantized tensors dequantized to bf16 ({KEPT_NOTE}): TQ2_0 attn_q.weight "
+                           "(blk 0-1); TQ2_0 attn_k.weight (blk 0-1); TQ2_0 attn_v.weight (blk 0-1); TQ2_0 "
+                           "attn_output.weight (blk 0-1); TQ2_0 ffn_gate.weight (blk 0-1); TQ2_0 ffn_up.weight "
+                           "(blk 0-1); TQ2_0 ffn_down.weight (blk 0-1); TQ2_0 output.weight",)
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_matrices_are_kept_packed_with_the_files_values(tmp_path, qtype):
+    """The gguf package does not quantize to the IQ4 types: random blocks of small scales, written
+    as they are, load as QuantTensors whose weights are the package's dequantization of them."""
+    tensors = gguf_tensors(random_model(WIDE, seed=6))
+    rng = np.random.default_rng(6)
+    block, size = GGML_QUANT_SIZES[qtype]
+    types = {}
+    for name, x in tensors.items():
+        if x.ndim == 2 and name != "token_embd.weight":
+            raw = rng.integers(0, 256, (x.size // block, size), dtype=np.uint8)
+            raw[:, 0:2] = (rng.standard_normal((x.size // block, 1)) * 0.002).astype(np.float16).view(np.uint8)
+            types[name], tensors[name] = qtype, raw.reshape(x.shape[0], -1)
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
+    model, _ = load_gguf(path, quantized=True)
+    assert model.notes == ()
+    for hf in model.tensors:
+        name = gguf_name(hf)
+        if name in types:
+            loaded = model.tensors[hf]
+            assert isinstance(loaded, QuantTensor) and loaded.format_name == qtype.name, name
+            assert np.array_equal(unpermuted(hf, held(loaded), WIDE), dequantize(tensors[name], qtype)), name
 
 
 def test_a_layer_whose_gate_and_up_differ_in_type_holds_both_in_bf16_and_says_why(tmp_path):
@@ -295,9 +334,9 @@ def test_a_layer_whose_gate_and_up_differ_in_type_holds_both_in_bf16_and_says_wh
             assert np.array_equal(held(loaded), want), hf
     assert isinstance(model.tensors["model.layers.0.mlp.down_proj.weight"], QuantTensor)
     assert model.format_of("model.layers.1.mlp.gate_proj.weight") == model.format_of("model.layers.1.mlp.up_proj.weight")
-    assert model.notes == ("mixed.gguf: 2 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, "
-                           "Q5_K, Q6_K quantized, and reads a layer's ffn_gate and ffn_up as one matrix of one type (of "
-                           "two types in blk 0)): Q8_0 ffn_gate.weight (blk 0); Q4_0 ffn_up.weight (blk 0)",)
+    assert model.notes == (f"mixed.gguf: 2 quantized tensors dequantized to bf16 ({KEPT_NOTE}, and reads a layer's "
+                           "ffn_gate and ffn_up as one matrix of one type (of two types in blk 0)): Q8_0 ffn_gate.weight "
+                           "(blk 0); Q4_0 ffn_up.weight (blk 0)",)
 
 
 def test_quantized_is_true_or_false(tmp_path):
@@ -307,16 +346,16 @@ def test_quantized_is_true_or_false(tmp_path):
 
 
 def test_the_main_job_prints_the_loaders_note_in_one_line(tmp_path):
-    tensors = gguf_tensors(random_model(TINY, seed=5))
-    types = {name: Q.Q5_0 for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
+    tensors = gguf_tensors(random_model(WIDE, seed=5))
+    types = {name: Q.TQ2_0 for name in tensors if name.startswith("blk.0.ffn_") and name != "blk.0.ffn_norm.weight"}
     types["blk.1.attn_q.weight"] = Q.Q4_0  # kept quantized
-    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(TINY), **BYTE_VOCAB}, types=types)
+    path = write_gguf(tmp_path / "m.gguf", tensors, {**llama_meta(WIDE), **BYTE_VOCAB}, types=types)
     out = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--prompt-ids", "5 40", "-n", "3",
                           "--backend", "numpy", "--weights", "quantized"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert [line for line in out.stderr.splitlines() if line.startswith("note: m.gguf")] == [
-        "note: m.gguf: 3 quantized tensors dequantized to bf16 (the GPU keeps Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
-        "quantized): Q5_0 ffn_gate.weight (blk 0); Q5_0 ffn_up.weight (blk 0); Q5_0 ffn_down.weight (blk 0)"]
+        f"note: m.gguf: 3 quantized tensors dequantized to bf16 ({KEPT_NOTE}): TQ2_0 ffn_gate.weight (blk 0); "
+        "TQ2_0 ffn_up.weight (blk 0); TQ2_0 ffn_down.weight (blk 0)"]
 
 
 def random_k_blocks(qtype: Q, n_blocks: int, rng) -> np.ndarray:

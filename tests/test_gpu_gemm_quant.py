@@ -13,12 +13,12 @@ import pytest
 from gpu_buffers import f32p, u16p
 
 from arcpy import _lib, codes
+from arcpy.model.quant import SUPER_FORMATS
 from arcpy.model.quant_pack import random_quant
 
 pytestmark = pytest.mark.gpu
 
-FORMATS = {"Q8_0": codes.FORMAT_Q8_0, "Q4_0": codes.FORMAT_Q4_0, "Q4_1": codes.FORMAT_Q4_1,
-           "Q4_K": codes.FORMAT_Q4_K, "Q5_K": codes.FORMAT_Q5_K, "Q6_K": codes.FORMAT_Q6_K}
+FORMATS = {name: f for f, name in codes.FORMAT_NAMES.items() if f != codes.FORMAT_BF16}
 M_FULL = 2048
 # (first row, rows): one token, partial tiles, a tile, two, the most the prefill sends here, beyond it.
 PIECES = [(0, 1), (5, 7), (64, 64), (100, 72), (0, 128), (300, 129), (1000, 300)]
@@ -32,8 +32,7 @@ def bf16(rng, shape, scale=1.0):
 def shapes(fmt):
     """(n, k): a model's square, a partial last tile of rows, and for the 32-unit formats a k whose last
     stage holds one unit."""
-    k_formats = fmt in (codes.FORMAT_Q4_K, codes.FORMAT_Q5_K, codes.FORMAT_Q6_K)
-    return [(2048, 2048), (1000, 1536)] + ([] if k_formats else [(576, 544)])
+    return [(2048, 2048), (1000, 1536)] + ([] if fmt in SUPER_FORMATS else [(576, 544)])
 
 
 def cases():
@@ -92,8 +91,9 @@ def test_a_packed_gated_product_gives_the_bits_of_the_dequantized_one(gpu, name,
 
 
 @pytest.mark.parametrize("format,k,message", [
-    (codes.FORMAT_BF16 + 7, 256, "is not a quantized format"),
+    (14, 256, "is not a quantized format"),
     (codes.FORMAT_Q4_K, 384, "multiple of 256"),
+    (codes.FORMAT_IQ4_XS, 384, "multiple of 256"),
     (codes.FORMAT_Q8_0, 48, "multiple of 32"),
     (codes.FORMAT_Q8_0, 44, "multiple of 8"),
 ])

@@ -19,6 +19,7 @@ from bf16_words import random_bf16
 from gpu_buffers import assert_refused_changing_nothing, f32p, u16p
 
 from arcpy import _lib, codes
+from arcpy.model.quant import SUPER_FORMATS
 from arcpy.model.quant_pack import random_quant
 
 pytestmark = pytest.mark.gpu
@@ -27,8 +28,7 @@ F32 = np.float32
 MAX_ROWS = 8
 SENTINEL = F32(-12345.5)
 EPS = 1e-5
-FORMATS = {"Q8_0": codes.FORMAT_Q8_0, "Q4_0": codes.FORMAT_Q4_0, "Q4_1": codes.FORMAT_Q4_1,
-           "Q4_K": codes.FORMAT_Q4_K, "Q5_K": codes.FORMAT_Q5_K, "Q6_K": codes.FORMAT_Q6_K}
+FORMATS = {name: f for f, name in codes.FORMAT_NAMES.items() if f != codes.FORMAT_BF16}
 
 # (rows, cols): 4 rows a task (many rows), 2, 1 with split k over 2 and 4 warps (few long rows), a
 # partial last task, and 8 rows too wide for one block (28,672 and 49,152 columns: 2 and 3 launches);
@@ -120,7 +120,7 @@ def test_rows_with_norm_bias_and_residual_are_the_one_row_qgemv(gpu, name, varia
 @pytest.mark.parametrize("n,k", [(14336, 4096), (300, 2048), (64, 14336), (1536, 576)])
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_swiglu_rows_are_the_one_row_qgemv_bit_for_bit(gpu, name, n, k):
-    if k % 256 and name.endswith("_K"):
+    if k % 256 and FORMATS[name] in SUPER_FORMATS:
         k = 512  # the demo model's 576 columns take the formats of 32-weight blocks only
     check_rows(gpu, name, n, k, 8, swiglu=True, use_norm=True, seed=n * 13 + k + FORMATS[name])
 
@@ -156,8 +156,9 @@ def test_refused_arguments_change_nothing(gpu):
         ("m must be in 1..8", rows(m=0)),
         ("m must be in 1..8", rows(m=9)),
         ("not a quantized format", rows(f=codes.FORMAT_BF16)),
-        ("not a quantized format", rows(f=7)),
+        ("not a quantized format", rows(f=14)),
         ("cols must be a positive multiple of 256", rows(k=224)),
+        ("cols must be a positive multiple of 256", rows(f=codes.FORMAT_IQ4_XS, k=224)),
         ("rows must be positive", rows(n=0)),
         ("accumulate must be 0 or 1", rows(accumulate=2)),
         ("eps must be positive", rows(norm=N, eps=0.0)),

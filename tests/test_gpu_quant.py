@@ -10,18 +10,19 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from gpu_buffers import f32p, u16p
 
 from arcpy import _lib, codes
-from arcpy.model.quant import dequantize, qgemv_reference, quantize_input, row_bytes
-from arcpy.model.quant_pack import random_quant
+from arcpy.model.quant import SUPER_FORMATS, dequantize, qgemv_reference, quantize_input, row_bytes
+from arcpy.model.quant_pack import from_gguf, random_quant
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 EPS32 = float(np.finfo(np.float32).eps)
-FORMATS = {"Q8_0": codes.FORMAT_Q8_0, "Q4_0": codes.FORMAT_Q4_0, "Q4_1": codes.FORMAT_Q4_1,
-           "Q4_K": codes.FORMAT_Q4_K, "Q5_K": codes.FORMAT_Q5_K, "Q6_K": codes.FORMAT_Q6_K}
+FORMATS = {name: f for f, name in codes.FORMAT_NAMES.items() if f != codes.FORMAT_BF16}
+
 # Every work split: 4 rows a task, 2, 1 with split-K 2 and 4; long rows; the lm_head's vocabularies.
 SHAPES = [(4096, 4096), (1024, 4096), (300, 2048), (64, 4096), (96, 14336), (2048, 256), (49152, 512),
           (7, 8192), (14336, 4096)]
@@ -123,7 +124,8 @@ def test_qgemv_swiglu(gpu, name, rows, cols):
     assert np.all(np.abs(got - want) <= tol)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1", "MXFP4", "IQ4_NL", "IQ4_XS", "Q5_0", "Q5_1", "Q3_K",
+                                  "Q2_K"])
 @pytest.mark.parametrize("rows,cols", [(128256, 4096), (49152, 512), (300, 2048), (100, 256)])
 def test_qgemv_argmax_writes_the_logits_and_picks_their_argmax(gpu, name, rows, cols):
     rng = np.random.default_rng(rows + FORMATS[name])
@@ -157,9 +159,27 @@ def test_dequantize_gives_the_weights_rounded_to_bf16(gpu, name, rows, cols):
     assert np.all(np.abs(got - want) <= np.abs(want) * 2.0**-8 + 1e-30)
 
 
+def test_every_finite_mxfp4_exponent_decodes_exactly(gpu):
+    """MXFP4's weights are a power of two times a small integer: exact in bf16 from the subnormal
+    scales of exponents 0 and 1 (no flush to zero) to the largest finite ones (252)."""
+    rows, cols = 4, 32 * 253
+    rng = np.random.default_rng(39)
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    raw[..., 0] = np.arange(253, dtype=np.uint8)  # unit u: exponent u
+    qt = from_gguf(GGMLQuantizationType.MXFP4, (rows, cols), raw.reshape(rows, -1))
+    want = dequantize(qt)
+    assert np.isfinite(want).all() and np.count_nonzero(want[:, :64]) > 0
+    d_w, d_out = gpu.upload(qt.data), gpu.alloc(rows * cols * 2)
+    gpu.poison(d_out, rows * cols * 2)
+    _lib.check(gpu.lib.arc_op_dequantize(gpu.ctx, qt.format, d_w, rows, cols, u16p(gpu, d_out)))
+    got = gpu.read(d_out, np.uint16, rows * cols).reshape(rows, cols)
+    np.testing.assert_array_equal(got, to_bf16(want))
+
+
 @pytest.mark.parametrize("format,cols,message", [
-    (0, 256, "is not a quantized format"), (7, 256, "is not a quantized format"),
+    (0, 256, "is not a quantized format"), (14, 256, "is not a quantized format"),
     (codes.FORMAT_Q4_K, 384, "multiple of 256"), (codes.FORMAT_Q8_0, 48, "multiple of 32"),
+    (codes.FORMAT_IQ4_XS, 384, "multiple of 256"), (codes.FORMAT_MXFP4, 48, "multiple of 32"),
 ])
 def test_bad_formats_and_shapes_are_refused_in_one_line(gpu, format, cols, message):
     d_w, d_x, d_y = gpu.alloc(1 << 16), gpu.alloc(cols * 4), gpu.alloc(64)
@@ -181,11 +201,12 @@ def test_row_bytes_agree_with_the_library(gpu):
 # ffn % 128 == 0 and ffn >= 12288 (14336, with 4096 and 256 columns;
 # 512 and 288, an odd number of units: staged). Its h and y must be the bits
 # of the two products called one after the other, launch after launch (the tickets reset).
-@pytest.mark.parametrize("gate_up,down", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q4_0", "Q4_1"), ("Q5_K", "Q4_K")])
+@pytest.mark.parametrize("gate_up,down", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q4_0", "Q4_1"), ("Q5_K", "Q4_K"),
+                                          ("MXFP4", "MXFP4"), ("IQ4_XS", "IQ4_NL"), ("Q5_0", "Q5_1"), ("Q2_K", "Q3_K")])
 @pytest.mark.parametrize("dim,ffn", [(4096, 14336), (256, 14336), (256, 512), (512, 288)])
 def test_qgemv_ffn_hands_h_over_with_the_bits_of_the_two_products(gpu, gate_up, down, dim, ffn):
-    if FORMATS[down] in (codes.FORMAT_Q4_K, codes.FORMAT_Q5_K, codes.FORMAT_Q6_K) and ffn % 256:
-        pytest.skip("a _K down matrix needs ffn % 256 == 0")
+    if FORMATS[down] in SUPER_FORMATS and ffn % 256:
+        pytest.skip("a down matrix of 256-weight blocks needs ffn % 256 == 0")
     rng = np.random.default_rng(ffn + FORMATS[gate_up] * 7 + FORMATS[down])
     gu = random_quant(FORMATS[gate_up], (2 * ffn, dim), rng)
     dn = random_quant(FORMATS[down], (dim, ffn), rng)

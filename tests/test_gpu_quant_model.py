@@ -1,7 +1,8 @@
 """GPU tier: whole forwards over quantized weights (marker `gpu`).
 
-tiny-quant holds every format (q, k and v of one layer in three, so the fused product splits);
-tiny-quant-tied reads its lm_head from the bf16 embedding; llama1B-q4km is llama.cpp's Q4_K_M mix
+tiny-quant holds the formats of llama.cpp's common mixes, tiny-quant-more the others (MXFP4, IQ4_NL,
+IQ4_XS, Q5_0, Q5_1; its lm_head IQ4_XS), each with q, k and v of one layer in three formats, so the
+fused product splits; tiny-quant-tied reads its lm_head from the bf16 embedding; llama1B-q4km is llama.cpp's Q4_K_M mix
 at a real size. Against the NumPy reference on the dequantized weights the logits differ by the
 GEMVs' int8 input (arc.h), so the tolerance is looser than the bf16 forward's; the device loop and
 the host path run the same kernels and must give the same tokens; the prefill (bf16 products of
@@ -26,7 +27,7 @@ MAX_SEQ = 512
 PROMPT = [1, 17, 42, 99, 5]
 
 
-@pytest.fixture(scope="module", params=["tiny-quant", "tiny-quant-tied"])
+@pytest.fixture(scope="module", params=["tiny-quant", "tiny-quant-tied", "tiny-quant-more"])
 def pair(request):
     model = synthetic_model(request.param, seed=3)
     dev = open_cuda_device(model, max_seq=MAX_SEQ)

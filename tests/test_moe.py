@@ -12,13 +12,9 @@ import math
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from test_gguf import (
-    BYTE_VOCAB,
-    converter_permute,
-    load_error,
-    random_k_blocks,
-    write_gguf,
-)
+from gguf.quants import dequantize as dequantize_blocks
+from gguf.quants import quantize
+from test_gguf import BYTE_VOCAB, converter_permute, load_error, random_k_blocks, write_gguf
 
 from arcpy import codes
 from arcpy.devices.reference import ReferenceModel
@@ -368,6 +364,25 @@ def test_gguf_experts_stay_in_their_packed_formats(tmp_path):
     want = np.asarray(tensors["blk.0.ffn_gate_exps.weight"]).reshape(e * f, d)
     assert np.allclose(dequantize(g0), want, atol=np.abs(want).max() / 100)
     ReferenceModel(back, max_seq=8).prefill([1, 2, 3])  # the reference runs the packed experts
+
+
+def test_gguf_experts_in_mxfp4_stay_packed_with_the_files_values(tmp_path):
+    """gpt-oss's expert type: a qwen3moe file whose every expert matrix is MXFP4 loads them packed,
+    their weights the gguf package's dequantization of the file's blocks, and the reference runs them."""
+    cfg = dataclasses.replace(QWEN, vocab=len(BYTE_VOCAB["tokenizer.ggml.tokens"]), mlp_only_layers=())
+    tensors = gguf_tensors(random_model(cfg, seed=5), permute=False)
+    types = {name: Q.MXFP4 for name in tensors if "_exps." in name}
+    path = write(tmp_path / "x.gguf", cfg, tensors, "qwen3moe", types)
+    back = load_gguf(path, quantized=True)[0]
+    assert back.notes == ()
+    for layer in range(cfg.n_layers):
+        for part in ("gate", "up", "down"):
+            t = back.tensors[f"model.layers.{layer}.mlp.experts.{part}_proj.weight"]
+            assert isinstance(t, QuantTensor) and t.format == codes.FORMAT_MXFP4
+            x = tensors[f"blk.{layer}.ffn_{part}_exps.weight"]
+            stored = dequantize_blocks(quantize(x.reshape(-1, x.shape[-1]), Q.MXFP4), Q.MXFP4)
+            assert np.array_equal(dequantize(t), stored)
+    ReferenceModel(back, max_seq=8).prefill([1, 2, 3])
 
 
 def test_gguf_refusals_are_one_line(tmp_path):

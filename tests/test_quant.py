@@ -1,8 +1,9 @@
 """Quantized weights (arcpy.model.quant, quant_pack): arc.h's row layout, the repacking of GGUF
 blocks into it, the dequantization and the quantized GEMV's arithmetic, random tensors.
 
-GGUF blocks come from gguf.quants.quantize (Q8_0, Q4_0, Q4_1) or are random bytes with small
-finite f16 scales (the K formats, which the gguf package does not quantize to); the gguf
+GGUF blocks come from gguf.quants.quantize (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) or are random
+bytes with small finite f16 scales (the K formats and the IQ4 ones, which the gguf package does
+not quantize to), and random MXFP4 blocks take every exponent, the extremes included; the gguf
 package's dequantization of the same blocks is the oracle. A literal reader of arc.h's text, one
 weight at a time, checks that the layout is the header's and not merely self-consistent.
 """
@@ -34,17 +35,24 @@ from arcpy.model.quant import (
 from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf, random_quant
 
 FORMATS = {Q.Q8_0: codes.FORMAT_Q8_0, Q.Q4_0: codes.FORMAT_Q4_0, Q.Q4_1: codes.FORMAT_Q4_1,
-           Q.Q4_K: codes.FORMAT_Q4_K, Q.Q5_K: codes.FORMAT_Q5_K, Q.Q6_K: codes.FORMAT_Q6_K}
-K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+           Q.Q4_K: codes.FORMAT_Q4_K, Q.Q5_K: codes.FORMAT_Q5_K, Q.Q6_K: codes.FORMAT_Q6_K,
+           Q.MXFP4: codes.FORMAT_MXFP4, Q.IQ4_NL: codes.FORMAT_IQ4_NL, Q.IQ4_XS: codes.FORMAT_IQ4_XS,
+           Q.Q5_0: codes.FORMAT_Q5_0, Q.Q5_1: codes.FORMAT_Q5_1, Q.Q3_K: codes.FORMAT_Q3_K,
+           Q.Q2_K: codes.FORMAT_Q2_K}
+K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K)
+SUPER_TYPES = K_TYPES + (Q.IQ4_XS,)  # blocks of 256 weights
+RANDOM_TYPES = SUPER_TYPES + (Q.IQ4_NL,)  # not quantized to by the gguf package: random blocks
 # Where a block's f16 scales sit (offset, count), for the random blocks below.
-SCALES_AT = {Q.Q8_0: (0, 1), Q.Q4_0: (0, 1), Q.Q4_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, 1)}
+SCALES_AT = {Q.Q8_0: (0, 1), Q.Q4_0: (0, 1), Q.Q4_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, 1),
+             Q.IQ4_NL: (0, 1), Q.IQ4_XS: (0, 1), Q.Q5_0: (0, 1), Q.Q5_1: (0, 2), Q.Q3_K: (108, 1),
+             Q.Q2_K: (80, 2)}
 F16_NAN, F16_INF = 0x7E00, 0x7C00
 
 
 def gguf_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) -> np.ndarray:
     """GGUF blocks (rows, row bytes) of a random (rows, cols) matrix: quantized by the gguf package
     where it can, else random bytes whose f16 scales are random normals times `scale`."""
-    if qtype not in K_TYPES:
+    if qtype not in RANDOM_TYPES:
         return gguf_quantize(rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.1), qtype)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
@@ -63,11 +71,20 @@ def pad16(n: int) -> int:
 def arc_h_arrays(fmt: int, cols: int) -> tuple[int, int, int, int]:
     """Bytes of A, B, C, D of one row, unpadded, read off arc.h's comment."""
     units, supers = cols // 32, cols // 256
-    a = 32 * units if fmt == codes.FORMAT_Q8_0 else 16 * units
-    b = {codes.FORMAT_Q5_K: 4 * units, codes.FORMAT_Q6_K: 8 * units}.get(fmt, 0)
-    c = {codes.FORMAT_Q8_0: 2 * units, codes.FORMAT_Q4_0: 2 * units, codes.FORMAT_Q4_1: 4 * units}.get(fmt, 16 * supers)
-    d = 2 * supers if fmt == codes.FORMAT_Q6_K else 0
+    F = codes
+    a = {F.FORMAT_Q8_0: 32 * units, F.FORMAT_Q3_K: 8 * units, F.FORMAT_Q2_K: 8 * units}.get(fmt, 16 * units)
+    b = {F.FORMAT_Q5_K: 4 * units, F.FORMAT_Q6_K: 8 * units, F.FORMAT_Q5_0: 4 * units, F.FORMAT_Q5_1: 4 * units,
+         F.FORMAT_Q3_K: 4 * units}.get(fmt, 0)
+    c = {F.FORMAT_Q8_0: 2 * units, F.FORMAT_Q4_0: 2 * units, F.FORMAT_Q4_1: 4 * units, F.FORMAT_MXFP4: units,
+         F.FORMAT_IQ4_NL: 2 * units, F.FORMAT_IQ4_XS: units, F.FORMAT_Q5_0: 2 * units,
+         F.FORMAT_Q5_1: 4 * units}.get(fmt, 16 * supers)
+    d = {F.FORMAT_Q6_K: 2 * supers, F.FORMAT_IQ4_XS: 2 * supers, F.FORMAT_Q3_K: 2 * supers,
+         F.FORMAT_Q2_K: 4 * supers}.get(fmt, 0)
     return a, b, c, d
+
+
+E2M1_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 def scale_min_k4(j: int, q: bytes) -> tuple[int, int]:
@@ -86,11 +103,37 @@ def literal_weight(fmt: int, row: bytes, cols: int, k: int) -> np.float32:
     s = u // 8
     if fmt == codes.FORMAT_Q8_0:
         return f16(C + 2 * u) * f32(struct.unpack_from("b", row, A + 32 * u + j)[0])
+    if fmt in (codes.FORMAT_MXFP4, codes.FORMAT_IQ4_NL, codes.FORMAT_IQ4_XS):
+        i, t = (j // 4, j % 4) if j < 16 else ((j - 16) // 4, 4 + (j - 16) % 4)  # word i, nibble t
+        word = struct.unpack_from("<I", row, A + 16 * u + 4 * i)[0]
+        q = (word >> (4 * t)) & 15
+        if fmt == codes.FORMAT_MXFP4:
+            return f32(2.0 ** (row[C + u] - 128)) * f32(E2M1_DOUBLED[q])
+        if fmt == codes.FORMAT_IQ4_NL:
+            return f16(C + 2 * u) * f32(IQ4_GRID[q])
+        return (f16(D + 2 * s) * f32(struct.unpack_from("b", row, C + u)[0])) * f32(IQ4_GRID[q])
+    if fmt in (codes.FORMAT_Q3_K, codes.FORMAT_Q2_K):
+        i, b = divmod(j % 16, 4)  # weight (j mod 16) = 4i + b, in word j // 16
+        q = (row[A + 8 * u + 4 * (j // 16) + b] >> (2 * i)) & 3
+        if fmt == codes.FORMAT_Q2_K:
+            sc = row[C + 16 * s + (k % 256) // 16]
+            return (f16(D + 4 * s) * f32(sc & 15)) * f32(q) - f16(D + 4 * s + 2) * f32(sc >> 4)
+        H = struct.unpack_from("<I", row, B + 4 * u)[0]
+        q |= ((H >> (8 * b + (4 if j >= 16 else 0) + i)) & 1) << 2
+        scale = struct.unpack_from("b", row, C + 16 * s + (k % 256) // 16)[0]
+        return (f16(D + 2 * s) * f32(scale)) * f32(q - 4)
     byte = row[A + 16 * u + j % 16]
     q = byte & 0x0F if j < 16 else byte >> 4
     if fmt == codes.FORMAT_Q4_0:
         return f16(C + 2 * u) * f32(q - 8)
     if fmt == codes.FORMAT_Q4_1:
+        return f16(C + 4 * u) * f32(q) + f16(C + 4 * u + 2)
+    if fmt in (codes.FORMAT_Q5_0, codes.FORMAT_Q5_1):
+        H = struct.unpack_from("<I", row, B + 4 * u)[0]
+        i, b = divmod(j % 16, 4)
+        q |= ((H >> (8 * b + (4 if j >= 16 else 0) + i)) & 1) << 4
+        if fmt == codes.FORMAT_Q5_0:
+            return f16(C + 2 * u) * f32(q - 16)
         return f16(C + 4 * u) * f32(q) + f16(C + 4 * u + 2)
     if fmt == codes.FORMAT_Q6_K:
         word = struct.unpack_from("<I", row, B + 8 * u + (4 if j >= 16 else 0))[0]
@@ -149,7 +192,8 @@ def test_row_bytes_of_bf16_is_two_bytes_a_weight():
     (codes.FORMAT_Q8_0, 48, "Q8_0 rows must hold a multiple of 32 weights, got 48"),
     (codes.FORMAT_Q4_0, 0, "cols must be a positive int, got 0"),
     (codes.FORMAT_Q4_0, 64.0, "cols must be a positive int, got 64.0"),
-    (7, 256, "unknown weight format 7"),
+    (14, 256, "unknown weight format 14"),
+    (codes.FORMAT_IQ4_XS, 288, "IQ4_XS rows must hold a multiple of 256 weights, got 288"),
     (True, 256, "unknown weight format True"),
 ])
 def test_row_bytes_refuses_what_arc_h_does_not_describe_in_one_line(fmt, cols, expected):
@@ -194,7 +238,10 @@ def test_from_gguf_reads_a_memory_mapped_file_slice(tmp_path):
     (Q.Q4_K, (2, 512), 2 * 2 * 144 - 1, "2 rows of 512 Q4_K weights take 576 bytes, got 575 uint8"),
     (Q.Q8_0, (2, 48), 2 * 34, "needs (rows, cols) with cols a multiple of 32, got [2, 48]"),
     (Q.Q6_K, (2, 300), 600, "multiple of 256"),
-    (Q.Q5_0, (2, 64), 2 * 2 * 22, "type Q5_0 has no arc format"),
+    (Q.TQ2_0, (2, 256), 2 * 66, "type TQ2_0 has no arc format"),
+    (Q.IQ4_XS, (2, 288), 2 * 136, "multiple of 256"),
+    (Q.MXFP4, (2, 64), 2 * 2 * 17 + 1, "2 rows of 64 MXFP4 weights take 68 bytes, got 69 uint8"),
+    (Q.Q5_1, (2, 64), 2 * 2 * 22, "2 rows of 64 Q5_1 weights take 96 bytes, got 88 uint8"),
     (Q.F16, (2, 64), 256, "type F16 has no arc format"),
     (1000, (2, 64), 256, "unknown GGUF type 1000"),
     (Q.Q4_0, (2, 32, 32), 2 * 32 * 18, "needs (rows, cols)"),
@@ -213,9 +260,15 @@ def test_from_gguf_refuses_bad_blocks_in_one_line(qtype, shape, nbytes, expected
     (Q.Q4_K, 3, 2, F16_INF, "weight at [1, 256]"),         # dmin: inf times the units' mins
     (Q.Q5_K, 2, 0, F16_NAN, "a NaN weight at [1, 0]"),
     (Q.Q6_K, 1, 208, F16_NAN, "a NaN weight at [0, 256]"),
+    (Q.IQ4_NL, 3, 0, F16_INF, "an infinite weight at [0, 96]"),  # the grid has no zero
+    (Q.IQ4_XS, 2, 0, F16_NAN, "a NaN weight at [1, 0]"),
+    (Q.Q5_0, 4, 0, F16_NAN, "a NaN weight at [0, 128]"),
+    (Q.Q5_1, 6, 2, F16_INF, "an infinite weight at [0, 192]"),  # an infinite minimum
+    (Q.Q3_K, 2, 108, F16_NAN, "a NaN weight at [1, 0]"),
+    (Q.Q2_K, 1, 82, F16_INF, "weight at [0, 256]"),  # dmin: inf times the units' mins
 ], ids=lambda v: str(v))
 def test_a_nan_or_infinite_scale_is_refused_naming_the_first_weight_it_spoils(qtype, block, at, word, expected):
-    rows, cols = 2, 512 if qtype in K_TYPES else 256
+    rows, cols = 2, 512 if qtype in SUPER_TYPES else 256
     raw = gguf_blocks(qtype, rows, cols, np.random.default_rng(4))
     from_gguf(qtype, (rows, cols), raw)
     size = GGML_QUANT_SIZES[qtype][1]
@@ -226,6 +279,61 @@ def test_a_nan_or_infinite_scale_is_refused_naming_the_first_weight_it_spoils(qt
     msg = str(ei.value)
     assert msg.startswith("m.gguf: tensor 'w' holds ") and expected in msg and "\n" not in msg, msg
     assert f"a {qtype.name} scale that is NaN or infinite" in msg
+
+
+# f16 scales at the ends of the range: the largest finite, the smallest normal and subnormal, zero,
+# negative zero, and ordinary values of either sign.
+EXTREME_F16 = np.array([65504.0, -65504.0, 6.1035156e-05, 5.9604645e-08, -5.9604645e-08, 0.0, -0.0, 1.0, -0.5,
+                        1000.0], np.float16)
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_extreme_f16_scales_decode_as_the_gguf_package_decodes_them(qtype):
+    rng = np.random.default_rng(21)
+    rows, cols = 4, 1024
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    at, count = SCALES_AT[qtype]
+    raw[..., at:at + 2 * count] = rng.choice(EXTREME_F16, (rows, cols // block, count)).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    qt = from_gguf(qtype, (rows, cols), raw)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = gguf_dequantize(raw, qtype)
+    assert np.isfinite(want).all()
+    assert np.array_equal(dequantize(qt).view(np.uint32), want.view(np.uint32))
+
+
+def mxfp4_blocks(rows: int, cols: int, exponents, rng) -> np.ndarray:
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    raw[..., 0] = rng.choice(np.asarray(exponents, np.uint8), (rows, cols // 32))
+    return raw.reshape(rows, -1)
+
+
+def test_every_finite_mxfp4_exponent_decodes_as_the_gguf_package_decodes_it():
+    raw = mxfp4_blocks(8, 32 * 253, np.arange(253), np.random.default_rng(22))
+    raw.reshape(8, 253, 17)[0, :, 0] = np.arange(253)  # each exponent once at least, subnormal scales included
+    qt = from_gguf(Q.MXFP4, (8, 32 * 253), raw)
+    want = gguf_dequantize(raw, Q.MXFP4)
+    assert np.isfinite(want).all() and (want[0, :64] != 0).any()
+    assert np.array_equal(dequantize(qt).view(np.uint32), want.view(np.uint32))
+
+
+def test_an_mxfp4_exponent_too_large_is_refused_only_where_a_weight_overflows():
+    raw = mxfp4_blocks(3, 256, [120, 127], np.random.default_rng(23))
+    blocks = raw.reshape(3, 8, 17)
+    blocks[1, 5, 0] = 255
+    blocks[1, 5, 1:] = 0x11  # every code 1: 2^127, finite
+    blocks[2, 2, 0] = 253
+    blocks[2, 2, 1:] = 0x55  # code 5: 6 * 2^125, finite
+    qt = from_gguf(Q.MXFP4, (3, 256), raw)
+    with np.errstate(over="ignore"):
+        want = gguf_dequantize(raw, Q.MXFP4)
+    assert np.array_equal(dequantize(qt), want) and nonfinite_weight(qt) is None
+    blocks[2, 2, 1 + 7] = 0x56  # weights 71 and 87 of row 2: code 6 (8 * 2^125 = 2^128), then code 5
+    with pytest.raises(ModelFileError) as ei:
+        from_gguf(Q.MXFP4, (3, 256), raw, where="m.gguf: tensor 'w'")
+    assert str(ei.value) == ("m.gguf: tensor 'w' holds an infinite weight at [2, 71] (a MXFP4 exponent too large "
+                             "for its values)")
 
 
 def test_nonfinite_weight_is_none_for_finite_tensors_and_finds_the_first_bad_row():
@@ -374,23 +482,27 @@ def test_random_quant_refuses_bad_arguments(args, expected):
 
 def test_the_gguf_types_kept_are_arc_h_formats_one_for_one():
     assert GGUF_FORMATS == FORMATS
-    assert sorted(GGUF_FORMATS.values()) == [1, 2, 3, 4, 5, 6]
+    assert sorted(GGUF_FORMATS.values()) == list(range(1, 14))
+    assert all(codes.FORMAT_NAMES[f] == q.name for q, f in FORMATS.items())
 
 
 # --- models holding quantized tensors ------------------------------------------------------------
 
-def test_tiny_quant_holds_every_format_and_mixes_q_k_v_in_one_layer():
+def test_tiny_quant_and_tiny_quant_more_hold_every_format_and_mix_q_k_v_in_one_layer():
     from arcpy.model import synthetic_model
-    model = synthetic_model("tiny-quant")
-    formats = {name: model.format_of(name) for name in model.tensors}
-    assert set(formats.values()) == {codes.FORMAT_BF16, *FORMATS.values()}
-    qkv = [formats[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
-    assert len(set(qkv)) == 3  # the forward must split the fused QKV product
-    assert len({formats[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"}) == 1
-    for layer in range(2):  # gate and up share a format: the fused SwiGLU product reads both
-        p = f"model.layers.{layer}.mlp."
-        assert formats[p + "gate_proj.weight"] == formats[p + "up_proj.weight"]
-    assert formats["model.embed_tokens.weight"] == codes.FORMAT_BF16 and model.quantized
+    held = set()
+    for name in ("tiny-quant", "tiny-quant-more"):
+        model = synthetic_model(name)
+        formats = {name: model.format_of(name) for name in model.tensors}
+        held |= set(formats.values())
+        qkv = [formats[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+        assert len(set(qkv)) == 3  # the forward must split the fused QKV product
+        assert len({formats[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"}) == 1
+        for layer in range(2):  # gate and up share a format: the fused SwiGLU product reads both
+            p = f"model.layers.{layer}.mlp."
+            assert formats[p + "gate_proj.weight"] == formats[p + "up_proj.weight"]
+        assert formats["model.embed_tokens.weight"] == codes.FORMAT_BF16 and model.quantized
+    assert held == {codes.FORMAT_BF16, *FORMATS.values()}
     tied = synthetic_model("tiny-quant-tied")
     assert tied.config.tied_embeddings and "lm_head.weight" not in tied.tensors
 

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from arcpy.codes import FORMAT_Q4_K, FORMAT_Q6_K, FORMAT_Q8_0
+from arcpy.codes import FORMAT_IQ4_XS, FORMAT_MXFP4, FORMAT_Q4_K, FORMAT_Q6_K, FORMAT_Q8_0
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import LM_HEAD, SHAPES, layer_prefix, random_model, synthetic_model
@@ -73,7 +73,10 @@ def test_a_quantized_column_split_that_would_cut_a_block_is_refused():
     name = layer_prefix(0) + DOWN
     with pytest.raises(InvalidArgumentError, match=f"{name} would split its Q4_K blocks of 256 weights"):
         ShardPlan(c, 2, {name: FORMAT_Q4_K})
+    with pytest.raises(InvalidArgumentError, match=f"{name} would split its IQ4_XS blocks of 256 weights"):
+        ShardPlan(c, 2, {name: FORMAT_IQ4_XS})
     ShardPlan(c, 2, {name: FORMAT_Q8_0})  # blocks of 32: 384 columns a rank keep them whole
+    ShardPlan(c, 2, {name: FORMAT_MXFP4})
 
 
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)

@@ -7,7 +7,8 @@
 
 Architectures and their configs: gguf_config.py, and each family's module in arcpy.model.families.
 
-The projections and the output of types Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K stay quantized:
+The projections and the output of the types quant_pack.GGUF_FORMATS lists (Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) stay quantized:
 their blocks are repacked into arc.h's rows (quant_pack.from_gguf), the values unchanged. Every
 other tensor is dequantized to float32 and rounded to bf16 words: the embedding always (a step reads
 one row of it), the norms, and projections of other quantized types, which the model's notes list

@@ -10,7 +10,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from arcpy.codes import FORMAT_BF16, FORMAT_Q4_0, FORMAT_Q4_1, FORMAT_Q4_K, FORMAT_Q5_K, FORMAT_Q6_K, FORMAT_Q8_0
+from arcpy.codes import (
+    FORMAT_BF16,
+    FORMAT_IQ4_NL,
+    FORMAT_IQ4_XS,
+    FORMAT_MXFP4,
+    FORMAT_Q2_K,
+    FORMAT_Q3_K,
+    FORMAT_Q4_0,
+    FORMAT_Q4_1,
+    FORMAT_Q4_K,
+    FORMAT_Q5_0,
+    FORMAT_Q5_1,
+    FORMAT_Q5_K,
+    FORMAT_Q6_K,
+    FORMAT_Q8_0,
+)
 from arcpy.errors import InvalidArgumentError
 from arcpy.model.bf16 import f32_to_bf16
 from arcpy.model.gemma4 import SCALES as GEMMA4_SCALES
@@ -183,7 +198,8 @@ _LLAMA70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_di
 _MOE_TINY_QUANT = ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, vocab=512,
                               max_seq=512, rms_eps=1e-6, rope_theta=1000000.0, qk_norm=True, n_experts=16,
                               n_experts_used=4, expert_ffn_dim=256, norm_topk_prob=True, shared_expert_ffn_dim=256)
-# Every quantized format in one small model (the K formats' 256-weight blocks fit every row).
+# Every quantized format in two small models, tiny-quant and tiny-quant-more, of this shape (the
+# 256-weight blocks of the K formats and IQ4_XS fit every row).
 _TINY_QUANT = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab=512,
                           max_seq=512, rope_theta=500000.0)
 
@@ -222,6 +238,19 @@ def _tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return FORMAT_Q6_K if name == LM_HEAD else _TINY_MIX[layer][name.split(".")[-2]]
 
 
+# tiny-quant-more: tiny-quant's shape in the formats tiny-quant does not hold, laid out alike.
+_TINY_MORE_MIX = [
+    {"q_proj": FORMAT_MXFP4, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_XS, "o_proj": FORMAT_Q5_0,
+     "gate_proj": FORMAT_Q5_1, "up_proj": FORMAT_Q5_1, "down_proj": FORMAT_Q3_K},
+    {"q_proj": FORMAT_IQ4_NL, "k_proj": FORMAT_IQ4_NL, "v_proj": FORMAT_IQ4_NL, "o_proj": FORMAT_IQ4_XS,
+     "gate_proj": FORMAT_Q2_K, "up_proj": FORMAT_Q2_K, "down_proj": FORMAT_Q5_0},
+]
+
+
+def _tiny_more_mix(name: str, layer: int, n_layers: int) -> int:
+    return FORMAT_IQ4_XS if name == LM_HEAD else _TINY_MORE_MIX[layer][name.split(".")[-2]]
+
+
 # moe-tiny-quant's matrices by layer: the experts' gate/up and down, the shared expert's; attention
 # Q8_0, the lm_head Q6_K.
 _MOE_TINY_MIX = [
@@ -250,6 +279,23 @@ _Q35_TINY_MIX = {"in_proj_qkv": FORMAT_Q8_0, "in_proj_z": FORMAT_Q8_0, "in_proj_
 
 def _q35_tiny_mix(name: str, layer: int, n_layers: int) -> int:
     return FORMAT_Q8_0 if name == LM_HEAD else _Q35_TINY_MIX.get(name.split(".")[-2], FORMAT_Q8_0)
+# moe-tiny-quant-more: moe-tiny-quant's shape with its experts in the formats moe-tiny-quant does
+# not hold (layer 0's in MXFP4, as gpt-oss holds them); attention Q8_0, the lm_head MXFP4.
+_MOE_TINY_MORE_MIX = [
+    {"experts.gate_proj": FORMAT_MXFP4, "experts.up_proj": FORMAT_MXFP4, "experts.down_proj": FORMAT_MXFP4,
+     "shared_expert.gate_proj": FORMAT_IQ4_XS, "shared_expert.up_proj": FORMAT_IQ4_XS, "shared_expert.down_proj": FORMAT_Q5_1},
+    {"experts.gate_proj": FORMAT_IQ4_NL, "experts.up_proj": FORMAT_IQ4_NL, "experts.down_proj": FORMAT_Q5_0,
+     "shared_expert.gate_proj": FORMAT_Q5_0, "shared_expert.up_proj": FORMAT_Q5_0, "shared_expert.down_proj": FORMAT_IQ4_NL},
+    {"experts.gate_proj": FORMAT_Q2_K, "experts.up_proj": FORMAT_Q2_K, "experts.down_proj": FORMAT_Q3_K,
+     "shared_expert.gate_proj": FORMAT_BF16, "shared_expert.up_proj": FORMAT_BF16, "shared_expert.down_proj": FORMAT_MXFP4},
+]
+
+
+def _moe_tiny_more_mix(name: str, layer: int, n_layers: int) -> int:
+    if name == LM_HEAD:
+        return FORMAT_MXFP4
+    parts = name.split(".")
+    return _MOE_TINY_MORE_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
 
 
 # Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
@@ -270,6 +316,8 @@ _QUANTIZED = {
     "qwen3.5-tiny-quant": (SHAPES["qwen3.5-tiny"], _q35_tiny_mix),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),
+    "tiny-quant-more": (_TINY_QUANT, _tiny_more_mix),
+    "moe-tiny-quant-more": (_MOE_TINY_QUANT, _moe_tiny_more_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
 }
 SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})

@@ -31,7 +31,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.model import Model, layer_prefix
 from arcpy.model.config import ModelConfig
 from arcpy.model.hybrid import is_hybrid
-from arcpy.model.quant import K_FORMATS, SUPER, UNIT, QuantTensor, layout
+from arcpy.model.quant import K_FORMATS, SUPER, SUPER_FORMATS, UNIT, QuantTensor, layout
 
 # Each layer tensor a rank slices: (axis, what the split divides). Rows are axis 0.
 _LAYER_SPLITS = {
@@ -46,7 +46,7 @@ _LAYER_SPLITS = {
 
 def block_of(fmt: int) -> int:
     """The weights a quantized format's column split must keep whole (1 for bf16)."""
-    return 1 if fmt == FORMAT_BF16 else SUPER if fmt in K_FORMATS else UNIT
+    return 1 if fmt == FORMAT_BF16 else SUPER if fmt in SUPER_FORMATS else UNIT
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,10 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
             ARC_REQUIRE_AS("arc_model_create_formats", tensor_is_matrix(t),
                            "%s (layer %d) must be bf16 (format 0), got format %d", tensor_name(t), l, f);
             ARC_REQUIRE_AS("arc_model_create_formats", format_quantized(f),
-                           "%s (layer %d): unknown format %d (arc_format 0..6)", tensor_name(t), l, f);
+                           "%s (layer %d): unknown format %d (arc_format 0..%d)", tensor_name(t), l, f, FORMAT_LAST);
             uint64_t rows, cols;
             table_shape(c, t, l, &rows, &cols);
-            const uint64_t unit = format_is_k(f) ? QSUPER : QUNIT;
+            const uint64_t unit = format_super(f) ? QSUPER : QUNIT;
             ARC_REQUIRE_AS("arc_model_create_formats", cols % unit == 0,
                            "%s (layer %d): format %d takes rows of a multiple of %llu weights, got %llu",
                            tensor_name(t), l, f, (unsigned long long)unit, (unsigned long long)cols);

@@ -22,14 +22,18 @@ static_assert(TileQ::THREADS == 2 * TileQ::BN, "two threads a weight row, one un
 constexpr int QG = 2;
 
 // Where a stage's raw bytes of one weight row lie in its slot of shared memory (bytes): the two
-// units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K: its two int8 pairs, then
-// the word holding its superblock's d at SOFF + 4); ROW bytes a row, 16-byte aligned.
+// units' quants at 0, the high bits at HOFF, the scales at SOFF (Q6_K, Q3_K: their two int8 pairs,
+// then the word holding their superblock's d at SOFF + 4; Q2_K: its two scale bytes a unit, then its
+// superblock's d and dmin at SOFF + 4; MXFP4, IQ4_XS: the aligned word holding their scale bytes,
+// then IQ4_XS's word holding d at SOFF + 4); ROW bytes a row, 16-byte aligned.
 template <int F>
 struct RawSlot {
-    static constexpr int QB = F == ARC_FORMAT_Q8_0 ? 64 : 32;
-    static constexpr bool HIGH = F == ARC_FORMAT_Q5_K || F == ARC_FORMAT_Q6_K;
+    static constexpr int QB = F == ARC_FORMAT_Q8_0 ? 64 : format_two_bit(F) ? 16 : 32;
+    static constexpr bool HIGH = format_h32(F) || F == ARC_FORMAT_Q6_K;
     static constexpr int HOFF = QB, SOFF = QB + (HIGH ? 16 : 0);
-    static constexpr int SB = format_is_k(F) && F != ARC_FORMAT_Q6_K ? 16 : F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q6_K ? 8 : 4;
+    static constexpr bool TWO_WORDS = F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1 || F == ARC_FORMAT_Q6_K ||
+                                      F == ARC_FORMAT_IQ4_XS || format_two_bit(F);
+    static constexpr int SB = F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K ? 16 : TWO_WORDS ? 8 : 4;
     static constexpr int ROW = (SOFF + SB + 15) / 16 * 16;
 };
 
@@ -55,20 +59,30 @@ __device__ __forceinline__ void copy_raw(const uint8_t *row, const RowLayout &L,
         if constexpr (F == ARC_FORMAT_Q8_0) {
             cp_async16(slot + 32 * j, row + 32 * u, true);
             cp_async16(slot + 32 * j + 16, row + 32 * u + 16, true);
+        } else if constexpr (format_two_bit(F)) {
+            cp_async_small<8>(slot + 8 * j, row + 8 * u);
         } else {
             cp_async16(slot + 16 * j, row + 16 * u, true);
         }
     }
     if (j == 0) {
-        if constexpr (F == ARC_FORMAT_Q5_K) cp_async_small<8>(slot + S::HOFF, row + L.b + 4 * u0);
+        if constexpr (format_h32(F)) cp_async_small<8>(slot + S::HOFF, row + L.b + 4 * u0);
         if constexpr (F == ARC_FORMAT_Q6_K) cp_async16(slot + S::HOFF, row + L.b + 8 * u0, true);
     } else {
-        if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) cp_async_small<4>(slot + S::SOFF, row + L.c + 2 * u0);
-        if constexpr (F == ARC_FORMAT_Q4_1) cp_async_small<8>(slot + S::SOFF, row + L.c + 4 * u0);
+        if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+            cp_async_small<4>(slot + S::SOFF, row + L.c + 2 * u0);
+        if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) cp_async_small<8>(slot + S::SOFF, row + L.c + 4 * u0);
+        // one scale byte a unit: the aligned word holding both (the C array is padded to 16)
+        if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) cp_async_small<4>(slot + S::SOFF, row + L.c + (u0 & ~3));
+        if constexpr (F == ARC_FORMAT_IQ4_XS) cp_async_small<4>(slot + S::SOFF + 4, row + L.d + 4 * (u0 / 16));
         if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) cp_async16(slot + S::SOFF, row + L.c + 16 * (u0 / 8), true);
-        if constexpr (F == ARC_FORMAT_Q6_K) {
+        if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
             cp_async_small<4>(slot + S::SOFF, row + L.c + 16 * (u0 / 8) + 2 * (u0 % 8));
             cp_async_small<4>(slot + S::SOFF + 4, row + L.d + 4 * (u0 / 16));  // d arrays are padded to 16
+        }
+        if constexpr (F == ARC_FORMAT_Q2_K) {
+            cp_async_small<4>(slot + S::SOFF, row + L.c + 2 * u0);
+            cp_async_small<4>(slot + S::SOFF + 4, row + L.d + 4 * (u0 / 8));
         }
     }
 }
@@ -80,17 +94,28 @@ __device__ __forceinline__ void raw_unit(const uint8_t *slot, int u0, int j, Uni
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = *reinterpret_cast<const uint4 *>(slot + 32 * j);
         r.q1 = *reinterpret_cast<const uint4 *>(slot + 32 * j + 16);
+    } else if constexpr (format_two_bit(F)) {
+        const uint2 q = *reinterpret_cast<const uint2 *>(slot + 8 * j);
+        r.q0.x = q.x;
+        r.q0.y = q.y;
     } else {
         r.q0 = *reinterpret_cast<const uint4 *>(slot + 16 * j);
     }
-    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = *reinterpret_cast<const uint32_t *>(slot + S::HOFF + 4 * j);
+    if constexpr (format_h32(F)) r.hb.x = *reinterpret_cast<const uint32_t *>(slot + S::HOFF + 4 * j);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = *reinterpret_cast<const uint2 *>(slot + S::HOFF + 8 * j);
-    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
-    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = *reinterpret_cast<const uint32_t *>(slot + S::SOFF + 4 * j);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+        r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
+    if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) r.s.x = *reinterpret_cast<const uint32_t *>(slot + S::SOFF + 4 * j);
+    if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = slot[S::SOFF + (u0 & 3) + j];
+    if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 4 + 2 * ((u0 / 8) % 2));
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = *reinterpret_cast<const uint4 *>(slot + S::SOFF);
-    if constexpr (F == ARC_FORMAT_Q6_K) {
+    if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
         r.s.y = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 4 + 2 * ((u0 / 8) % 2));
+    }
+    if constexpr (F == ARC_FORMAT_Q2_K) {
+        r.s.x = *reinterpret_cast<const uint16_t *>(slot + S::SOFF + 2 * j);
+        r.s.y = *reinterpret_cast<const uint32_t *>(slot + S::SOFF + 4);
     }
 }
 
@@ -210,6 +235,13 @@ int gemm_quant(arc_context *ctx, const char *who, int32_t format, const GemmArgs
     case ARC_FORMAT_Q4_1: return launch_format<ARC_FORMAT_Q4_1>(ctx, p, epilogue);
     case ARC_FORMAT_Q4_K: return launch_format<ARC_FORMAT_Q4_K>(ctx, p, epilogue);
     case ARC_FORMAT_Q5_K: return launch_format<ARC_FORMAT_Q5_K>(ctx, p, epilogue);
-    default: return launch_format<ARC_FORMAT_Q6_K>(ctx, p, epilogue);
+    case ARC_FORMAT_Q6_K: return launch_format<ARC_FORMAT_Q6_K>(ctx, p, epilogue);
+    case ARC_FORMAT_MXFP4: return launch_format<ARC_FORMAT_MXFP4>(ctx, p, epilogue);
+    case ARC_FORMAT_IQ4_NL: return launch_format<ARC_FORMAT_IQ4_NL>(ctx, p, epilogue);
+    case ARC_FORMAT_IQ4_XS: return launch_format<ARC_FORMAT_IQ4_XS>(ctx, p, epilogue);
+    case ARC_FORMAT_Q5_0: return launch_format<ARC_FORMAT_Q5_0>(ctx, p, epilogue);
+    case ARC_FORMAT_Q5_1: return launch_format<ARC_FORMAT_Q5_1>(ctx, p, epilogue);
+    case ARC_FORMAT_Q3_K: return launch_format<ARC_FORMAT_Q3_K>(ctx, p, epilogue);
+    default: return launch_format<ARC_FORMAT_Q2_K>(ctx, p, epilogue);
     }
 }

@@ -42,11 +42,15 @@ struct UnitAddr {
 template <int F>
 __device__ __forceinline__ UnitAddr unit_addr(const uint8_t *w, const RowLayout &L, uint32_t u) {
     UnitAddr a;
-    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : 16u) * u;
-    a.b = w + L.b + (F == ARC_FORMAT_Q5_K ? 4u : 8u) * u;
-    // Q4_0, Q8_0: 2u; Q4_1: 4u; Q4_K, Q5_K: 16 (u / 8); Q6_K: 16 (u / 8) + 2 (u % 8) = 2u
-    a.c = w + L.c + (F == ARC_FORMAT_Q4_1 ? 4u * u : F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K ? 16u * (u / 8) : 2u * u);
-    a.d = w + L.d + 2u * (u / 8);
+    a.q = w + (F == ARC_FORMAT_Q8_0 ? 32u : format_two_bit(F) ? 8u : 16u) * u;
+    a.b = w + L.b + (format_h32(F) ? 4u : 8u) * u;
+    // Q4_0, Q8_0, Q5_0, IQ4_NL: 2u; Q4_1, Q5_1: 4u; Q4_K, Q5_K: 16 (u / 8); Q6_K: 16 (u / 8) + 2 (u % 8)
+    // = 2u (Q3_K, Q2_K too); MXFP4, IQ4_XS: u
+    a.c = w + L.c + (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1              ? 4u * u
+                     : F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K            ? 16u * (u / 8)
+                     : F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS ? u
+                                                                               : 2u * u);
+    a.d = w + L.d + (F == ARC_FORMAT_Q2_K ? 4u : 2u) * (u / 8);
     return a;
 }
 
@@ -57,6 +61,10 @@ __device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = load_nc128(a.q + ro + 32 * STEP * k);
         r.q1 = load_nc128(a.q + ro + 32 * STEP * k + 16);
+    } else if constexpr (format_two_bit(F)) {
+        const uint2 q = load_nc64(a.q + ro + 8 * STEP * k);
+        r.q0.x = q.x;
+        r.q0.y = q.y;
     } else {
         r.q0 = load_nc128(a.q + ro + 16 * STEP * k);
     }
@@ -64,14 +72,21 @@ __device__ __forceinline__ void load_quants_at(const UnitAddr &a, size_t ro, int
 
 template <int F, int STEP>
 __device__ __forceinline__ void load_rest_at(const UnitAddr &a, size_t ro, int k, UnitRaw &r) {
-    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
+    if constexpr (format_h32(F)) r.hb.x = load_nc32(a.b + ro + 4 * STEP * k);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(a.b + ro + 8 * STEP * k);
-    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
-    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(a.c + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+        r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+    if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) r.s.x = load_nc32(a.c + ro + 4 * STEP * k);
+    if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = load_nc8(a.c + ro + STEP * k);
+    if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(a.c + ro + 2 * STEP * k);
-    if constexpr (F == ARC_FORMAT_Q6_K) {
+    if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
         r.s.y = load_nc16(a.d + ro + STEP / 4 * k);
+    }
+    if constexpr (F == ARC_FORMAT_Q2_K) {
+        r.s.x = load_nc16(a.c + ro + 2 * STEP * k);
+        r.s.y = load_nc32(a.d + ro + STEP / 2 * k);
     }
 }
 
@@ -130,10 +145,10 @@ __device__ __forceinline__ void qrouted_batch(const uint8_t *w, const RowLayout 
 }
 
 // y[rows] = W[rows, cols] @ n(x) (+ bias) (+ y when accumulate), W in format F; GATED, AM, R,
-// KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K; W's rows
+// KS and ROUTED as in gemv_kernel (ROUTED, not GATED: rt.seg % 32 == 0, % 256 for _K and IQ4_XS; W's rows
 // are rt.seg weights); HAND: the instance that takes part in the handoff (`hand`; the others
 // compile without it). Dynamic shared memory: units * QGEMV_STAGE_BYTES.
-// Limits: cols % 32 == 0 (% 256 for _K), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
+// Limits: cols % 32 == 0 (% 256 for _K and IQ4_XS), cols <= GEMV_MAX_COLS, W, x and norm_w 16-byte aligned.
 template <int F, int R, int KS, bool GATED, bool AM, bool ROUTED, bool HAND>
 __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int rows, int cols,
@@ -325,3 +340,6 @@ static int launch_qgemv_format(arc_context *ctx, const QgemvArgs &a) {
 // The instances of a few formats each, compiled in their own files (qgemv_*.cu).
 int launch_qgemv_q8_q4(arc_context *ctx, const QgemvArgs &a, bool gated);
 int launch_qgemv_k(arc_context *ctx, const QgemvArgs &a, bool gated);
+int launch_qgemv_codebook(arc_context *ctx, const QgemvArgs &a, bool gated);
+int launch_qgemv_q5(arc_context *ctx, const QgemvArgs &a, bool gated);
+int launch_qgemv_two_bit(arc_context *ctx, const QgemvArgs &a, bool gated);

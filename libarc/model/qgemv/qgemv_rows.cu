@@ -47,8 +47,11 @@ static int qgemv_rows(arc_context *ctx, const char *who, int32_t format, const v
     for (int i0 = 0; i0 < m; i0 += per) {
         const QrowsArgs a{(const uint8_t *)w, xq + i0 * stride, m - i0 < per ? m - i0 : per, rows, cols, io.bias,
                           gated ? io.act : io.accumulate, io.y + (size_t)i0 * ldy, ldy};
-        ARC_TRY(format_is_k(format) ? launch_qrows_k(ctx, format, gated, plan, a)
-                                    : launch_qrows_q8_q4(ctx, format, gated, plan, a));
+        ARC_TRY(format_is_k(format)        ? launch_qrows_k(ctx, format, gated, plan, a)
+                : format_codebook(format) ? launch_qrows_codebook(ctx, format, gated, plan, a)
+                : format_q5(format)       ? launch_qrows_q5(ctx, format, gated, plan, a)
+                : format_two_bit(format)  ? launch_qrows_two_bit(ctx, format, gated, plan, a)
+                                          : launch_qrows_q8_q4(ctx, format, gated, plan, a));
     }
     return ARC_OK;
 }

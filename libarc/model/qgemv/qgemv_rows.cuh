@@ -222,3 +222,6 @@ static int launch_qrows_format(arc_context *ctx, const GemvPlan &plan, const Qro
 // The instances of a few formats each (qgemv_rows_*.cu).
 int launch_qrows_q8_q4(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
 int launch_qrows_k(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
+int launch_qrows_codebook(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
+int launch_qrows_q5(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);
+int launch_qrows_two_bit(arc_context *ctx, int format, bool gated, const GemvPlan &plan, const QrowsArgs &a);

@@ -10,8 +10,9 @@
 enum { DEQUANT_THREADS = 256 };
 
 int check_format_shape(const char *who, int32_t format, int32_t cols) {
-    ARC_REQUIRE_AS(who, format_quantized(format), "format %d is not a quantized format (arc_format 1..6)", format);
-    const int unit = format_is_k(format) ? QSUPER : QUNIT;
+    ARC_REQUIRE_AS(who, format_quantized(format), "format %d is not a quantized format (arc_format 1..%d)", format,
+                   FORMAT_LAST);
+    const int unit = format_super(format) ? QSUPER : QUNIT;
     ARC_REQUIRE_AS(who, cols > 0 && cols % unit == 0, "cols must be a positive multiple of %d for format %d, got %d",
                    unit, format, cols);
     return ARC_OK;
@@ -39,7 +40,11 @@ static int launch_qgemv(arc_context *ctx, const char *who, const QgemvArgs &a, b
                    "the handoff takes the output of a SwiGLU GEMV of a multiple of 128 rows, got %d", a.rows);
     ARC_REQUIRE_AS(who, !a.hand_in || (!gated && !a.route && !a.norm_w && a.cols % 128 == 0),
                    "the handoff feeds a GEMV without a norm of a multiple of 128 columns, got %d", a.cols);
-    return format_is_k(a.format) ? launch_qgemv_k(ctx, a, gated) : launch_qgemv_q8_q4(ctx, a, gated);
+    if (format_is_k(a.format)) return launch_qgemv_k(ctx, a, gated);
+    if (format_codebook(a.format)) return launch_qgemv_codebook(ctx, a, gated);
+    if (format_q5(a.format)) return launch_qgemv_q5(ctx, a, gated);
+    if (format_two_bit(a.format)) return launch_qgemv_two_bit(ctx, a, gated);
+    return launch_qgemv_q8_q4(ctx, a, gated);
 }
 
 extern "C" int arc_op_qgemv(arc_context *ctx, int32_t format, const void *w, const float *x, int32_t rows,
@@ -137,7 +142,14 @@ extern "C" int arc_op_dequantize(arc_context *ctx, int32_t format, const void *w
     case ARC_FORMAT_Q4_1: return launch_dequant<ARC_FORMAT_Q4_1>(ctx, wb, rows, cols, out);
     case ARC_FORMAT_Q4_K: return launch_dequant<ARC_FORMAT_Q4_K>(ctx, wb, rows, cols, out);
     case ARC_FORMAT_Q5_K: return launch_dequant<ARC_FORMAT_Q5_K>(ctx, wb, rows, cols, out);
-    default: return launch_dequant<ARC_FORMAT_Q6_K>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q6_K: return launch_dequant<ARC_FORMAT_Q6_K>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_MXFP4: return launch_dequant<ARC_FORMAT_MXFP4>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_IQ4_NL: return launch_dequant<ARC_FORMAT_IQ4_NL>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_IQ4_XS: return launch_dequant<ARC_FORMAT_IQ4_XS>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q5_0: return launch_dequant<ARC_FORMAT_Q5_0>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q5_1: return launch_dequant<ARC_FORMAT_Q5_1>(ctx, wb, rows, cols, out);
+    case ARC_FORMAT_Q3_K: return launch_dequant<ARC_FORMAT_Q3_K>(ctx, wb, rows, cols, out);
+    default: return launch_dequant<ARC_FORMAT_Q2_K>(ctx, wb, rows, cols, out);
     }
 }
 

@@ -6,7 +6,10 @@
 // plus Q5_K's fifth bit or Q6_K's two high bits, into each byte) and multiplied with four
 // int8 inputs by one dp4a; the float scales are applied once per unit. An unpacked byte of
 // word i holds weight 4i + b (low nibbles) or 16 + 4i + b (high nibbles), which is why the
-// input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb.
+// input is kept as eight words: x_q[0..15] in xa, x_q[16..31] in xb. The codebook formats
+// (MXFP4, IQ4_NL, IQ4_XS) look their codes up four at a time with byte permutes (codebook_word),
+// into int8 words laid out as Q8_0's. The 2-bit formats (Q3_K, Q2_K) hold a unit's quants in two
+// words laid out as Q6_K's high bits, four fields of a byte for weights 4i + b, i = 0..3.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -20,7 +23,25 @@ enum { QUNIT = 32, QSUPER = 256 };
 __host__ __device__ constexpr bool format_is_k(int f) {
     return f == ARC_FORMAT_Q4_K || f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q6_K;
 }
-__host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= ARC_FORMAT_Q6_K; }
+// The last arc_format: the quantized ones are ARC_FORMAT_Q8_0..FORMAT_LAST.
+constexpr int FORMAT_LAST = ARC_FORMAT_Q2_K;
+__host__ __device__ constexpr int format_quantized(int f) { return f >= ARC_FORMAT_Q8_0 && f <= FORMAT_LAST; }
+// Whether a format's rows are whole superblocks of 256 weights (the _K formats, IQ4_XS).
+// Whether a format's quants are 2 bits a weight in A (Q3_K, Q2_K; Q3_K's third bit in B).
+__host__ __device__ constexpr bool format_two_bit(int f) { return f == ARC_FORMAT_Q3_K || f == ARC_FORMAT_Q2_K; }
+__host__ __device__ constexpr bool format_super(int f) {
+    return format_is_k(f) || format_two_bit(f) || f == ARC_FORMAT_IQ4_XS;
+}
+// Whether a format's quants are codes into a table of 16 int8 values.
+__host__ __device__ constexpr bool format_codebook(int f) {
+    return f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_NL || f == ARC_FORMAT_IQ4_XS;
+}
+// Whether a format holds Q5_K's high-bit word a unit: its fifth bits (Q5_K, Q5_0, Q5_1), or
+// Q3_K's third.
+__host__ __device__ constexpr bool format_q5(int f) {
+    return f == ARC_FORMAT_Q5_K || f == ARC_FORMAT_Q5_0 || f == ARC_FORMAT_Q5_1;
+}
+__host__ __device__ constexpr bool format_h32(int f) { return format_q5(f) || f == ARC_FORMAT_Q3_K; }
 
 // Byte offsets of a row's arrays B, C and D, and the row's size (arc.h: each array padded to 16).
 struct RowLayout {
@@ -29,12 +50,8 @@ struct RowLayout {
 
 __host__ __device__ constexpr uint32_t pad16(uint32_t n) { return (n + 15u) & ~15u; }
 
-__host__ __device__ inline RowLayout row_layout(int f, int cols) {
-    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
-    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
-    const uint32_t b = f == ARC_FORMAT_Q5_K ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
-    const uint32_t c = f == ARC_FORMAT_Q4_1 ? units * 4u : format_is_k(f) ? supers * 16u : units * 2u;
-    const uint32_t d = f == ARC_FORMAT_Q6_K ? supers * 2u : 0u;
+// The row layout from the bytes of its arrays, unpadded.
+__host__ __device__ inline RowLayout layout_of(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     RowLayout l;
     l.b = pad16(a);
     l.c = l.b + pad16(b);
@@ -43,9 +60,36 @@ __host__ __device__ inline RowLayout row_layout(int f, int cols) {
     return l;
 }
 
+// row_layout of the formats after Q6_K in arc_format.
+__host__ __device__ inline RowLayout later_row_layout(int f, int cols) {
+    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
+    const uint32_t a = units * (format_two_bit(f) ? 8u : 16u);
+    const uint32_t b = format_h32(f) ? units * 4u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q5_1                              ? units * 4u
+                       : format_two_bit(f)                               ? supers * 16u
+                       : f == ARC_FORMAT_MXFP4 || f == ARC_FORMAT_IQ4_XS ? units
+                                                                         : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q2_K                                 ? supers * 4u
+                       : f == ARC_FORMAT_IQ4_XS || f == ARC_FORMAT_Q3_K ? supers * 2u
+                                                                        : 0u;
+    return layout_of(a, b, c, d);
+}
+
+__host__ __device__ inline RowLayout row_layout(int f, int cols) {
+    if (f > ARC_FORMAT_Q6_K) return later_row_layout(f, cols);
+    const uint32_t units = (uint32_t)cols / QUNIT, supers = (uint32_t)cols / QSUPER;
+    const uint32_t a = units * (f == ARC_FORMAT_Q8_0 ? 32u : 16u);
+    const uint32_t b = f == ARC_FORMAT_Q5_K ? units * 4u : f == ARC_FORMAT_Q6_K ? units * 8u : 0u;
+    const uint32_t c = f == ARC_FORMAT_Q4_1 ? units * 4u : format_is_k(f) ? supers * 16u : units * 2u;
+    const uint32_t d = f == ARC_FORMAT_Q6_K ? supers * 2u : 0u;
+    return layout_of(a, b, c, d);
+}
+
 // The raw bytes of one unit: its quants (q1 for Q8_0's second half), its high bits (hb), and
-// the scale words it needs (s: Q4_0, Q8_0 d in s.x; Q4_1 d | m << 16 in s.x; _K(4, 5): the
-// superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y).
+// the scale words it needs (s: Q4_0, Q8_0, Q5_0, IQ4_NL d in s.x; Q4_1, Q5_1 d | m << 16 in s.x;
+// _K(4, 5): the superblock's 16 bytes; Q6_K its two scales in s.x, d in s.y; MXFP4 e in s.x;
+// IQ4_XS its scale byte in s.x, d in s.y; Q3_K as Q6_K; Q2_K its two scale bytes in s.x, d | dmin << 16
+// in s.y; Q3_K, Q2_K: the quants in q0.x, q0.y).
 struct UnitRaw {
     uint4 q0, q1;
     uint2 hb;
@@ -59,21 +103,39 @@ __device__ __forceinline__ void load_quants(const uint8_t *row, int u, UnitRaw &
     if constexpr (F == ARC_FORMAT_Q8_0) {
         r.q0 = load_nc128(row + 32 * u);
         r.q1 = load_nc128(row + 32 * u + 16);
+    } else if constexpr (format_two_bit(F)) {
+        const uint2 q = load_nc64(row + 8 * u);
+        r.q0.x = q.x;
+        r.q0.y = q.y;
     } else {
         r.q0 = load_nc128(row + 16 * u);
     }
 }
 
+// A byte, as load_nc16 loads a word.
+__device__ __forceinline__ uint32_t load_nc8(const void *p) {
+    unsigned short r;
+    asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
 template <int F>
 __device__ __forceinline__ void load_rest(const uint8_t *row, const RowLayout &L, int u, UnitRaw &r) {
-    if constexpr (F == ARC_FORMAT_Q5_K) r.hb.x = load_nc32(row + L.b + 4 * u);
+    if constexpr (format_h32(F)) r.hb.x = load_nc32(row + L.b + 4 * u);
     if constexpr (F == ARC_FORMAT_Q6_K) r.hb = load_nc64(row + L.b + 8 * u);
-    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0) r.s.x = load_nc16(row + L.c + 2 * u);
-    if constexpr (F == ARC_FORMAT_Q4_1) r.s.x = load_nc32(row + L.c + 4 * u);
+    if constexpr (F == ARC_FORMAT_Q8_0 || F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0 || F == ARC_FORMAT_IQ4_NL)
+        r.s.x = load_nc16(row + L.c + 2 * u);
+    if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) r.s.x = load_nc32(row + L.c + 4 * u);
+    if constexpr (F == ARC_FORMAT_MXFP4 || F == ARC_FORMAT_IQ4_XS) r.s.x = load_nc8(row + L.c + u);
+    if constexpr (F == ARC_FORMAT_IQ4_XS) r.s.y = load_nc16(row + L.d + 2 * (u / 8));
     if constexpr (F == ARC_FORMAT_Q4_K || F == ARC_FORMAT_Q5_K) r.s = load_nc128(row + L.c + 16 * (u / 8));
-    if constexpr (F == ARC_FORMAT_Q6_K) {
+    if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         r.s.x = load_nc16(row + L.c + 16 * (u / 8) + 2 * (u % 8));
         r.s.y = load_nc16(row + L.d + 2 * (u / 8));
+    }
+    if constexpr (F == ARC_FORMAT_Q2_K) {
+        r.s.x = load_nc16(row + L.c + 2 * u);
+        r.s.y = load_nc32(row + L.d + 4 * (u / 8));
     }
 }
 
@@ -92,13 +154,58 @@ template <int F>
 __device__ __forceinline__ void unpack_word(const UnitRaw &r, int i, uint32_t w, uint32_t &lo, uint32_t &hi) {
     lo = w & 0x0f0f0f0fu;
     hi = (w >> 4) & 0x0f0f0f0fu;
-    if constexpr (F == ARC_FORMAT_Q5_K) {
+    if constexpr (format_q5(F)) {
         lo |= ((r.hb.x >> i) & 0x01010101u) << 4;
         hi |= ((r.hb.x >> (4 + i)) & 0x01010101u) << 4;
     }
     if constexpr (F == ARC_FORMAT_Q6_K) {
         lo |= ((r.hb.x >> (2 * i)) & 0x03030303u) << 4;
         hi |= ((r.hb.y >> (2 * i)) & 0x03030303u) << 4;
+    }
+}
+
+// prmt: byte n of the result is byte (sel >> 4n) & 7 of a (0..3) then b (4..7), for selectors whose
+// bit 4n + 3 is clear (set, it would replicate that byte's sign); sel's upper 16 bits are not read.
+__device__ __forceinline__ uint32_t byte_permute(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// A codebook format's table, four int8 values a word (codes 4j..4j+3 in word j, code 4j in its
+// low byte): MXFP4's e2m1 values doubled, the IQ4 formats' grid.
+template <int F>
+struct Codebook {
+    static constexpr uint32_t t0 = F == ARC_FORMAT_MXFP4 ? 0x03020100u : 0xBFAD9881u;  // 0, 1, 2, 3 | -127, -104, -83, -65
+    static constexpr uint32_t t1 = F == ARC_FORMAT_MXFP4 ? 0x0C080604u : 0xF6EADDCFu;  // 4, 6, 8, 12 | -49, -35, -22, -10
+    static constexpr uint32_t t2 = F == ARC_FORMAT_MXFP4 ? 0xFDFEFF00u : 0x26190D01u;  // 0, -1, -2, -3 | 1, 13, 25, 38
+    static constexpr uint32_t t3 = F == ARC_FORMAT_MXFP4 ? 0xF4F8FAFCu : 0x71594535u;  // -4, -6, -8, -12 | 53, 69, 89, 113
+};
+
+// Word w of a codebook unit (arc.h: the codes of weights 4i..4i+3 in its nibbles 0..3, of
+// 16+4i..16+4i+3 in nibbles 4..7) -> their values as int8 bytes, lo and hi (weight 4i + b, 16 +
+// 4i + b in byte b). Each half: the codes' low three bits pick a byte among the table's first
+// eight values and among its last eight (a permute each), and their fourth bit picks between the two.
+template <int F>
+__device__ __forceinline__ void codebook_word(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    using T = Codebook<F>;
+    // a permute reads the low 16 bits of its selector: the upper halves serve the high codes, shifted down
+    const uint32_t s = w & 0x77777777u, pick = ((w >> 1) & 0x44444444u) | 0x32103210u;
+    lo = byte_permute(byte_permute(T::t0, T::t1, s), byte_permute(T::t2, T::t3, s), pick);
+    hi = byte_permute(byte_permute(T::t0, T::t1, s >> 16), byte_permute(T::t2, T::t3, s >> 16), pick >> 16);
+}
+
+// A codebook unit's float scale: MXFP4 2^(e - 128) (a subnormal for e < 2), IQ4_NL d, IQ4_XS d * s
+// (exact: an f16 times a 6-bit integer).
+template <int F>
+__device__ __forceinline__ float codebook_scale(const UnitRaw &r) {
+    if constexpr (F == ARC_FORMAT_MXFP4) {
+        const uint32_t e = r.s.x & 0xffu;
+        return __uint_as_float(e >= 2u ? (e - 1u) << 23 : 0x00200000u << e);
+    } else if constexpr (F == ARC_FORMAT_IQ4_NL) {
+        return half_lo(r.s.x);
+    } else {
+        return __fmul_rn(half_lo(r.s.y), (float)(int8_t)(r.s.x & 0xffu));
     }
 }
 
@@ -145,10 +252,24 @@ __device__ __forceinline__ int prmt_sext(uint32_t w, uint32_t sel) {
     return (int)d;
 }
 
+// Word i (0..3) of a 2-bit unit unpacked as unpack_word's: the quants of weights 4i..4i+3 (lo) and
+// 16 + 4i.. (hi), one a byte, with Q3_K's third bit put above.
+template <int F>
+__device__ __forceinline__ void unpack_two_bit(const UnitRaw &r, int i, uint32_t &lo, uint32_t &hi) {
+    lo = (r.q0.x >> (2 * i)) & 0x03030303u;
+    hi = (r.q0.y >> (2 * i)) & 0x03030303u;
+    if constexpr (F == ARC_FORMAT_Q3_K) {
+        lo |= ((r.hb.x >> i) & 0x01010101u) << 2;
+        hi |= ((r.hb.x >> (4 + i)) & 0x01010101u) << 2;
+    }
+}
+
 // A unit's weights as its dot reads them, decoded once for any number of inputs: lo[i] and hi[i]
-// the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the 4-bit formats:
-// the low nibbles, and the high ones in place, times 16; Q5_K, Q6_K: the low and high quants with
-// their high bits), and the scales: a and b (Q6_K: a, and the halves' int8 scales sa and sb).
+// the words that meet input words xa[i] and xb[i] (Q8_0: q0's and q1's words; the codebook
+// formats: their values, as Q8_0's; the 4-bit formats: the low nibbles, and the high ones in
+// place, times 16; Q5_K, Q5_0, Q5_1, Q6_K: the low and high quants with their high bits), and the
+// scales: a and b (Q6_K, Q3_K: a, and the halves' int8 scales sa and sb; Q2_K: a = d, b = dmin, and
+// each half's scale | min << 16 in sa and sb).
 struct UnitW {
     uint32_t lo[4], hi[4];
     float a, b;
@@ -166,6 +287,12 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
             w.lo[i] = q[i];
             w.hi[i] = q1[i];
         }
+    } else if constexpr (format_codebook(F)) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) codebook_word<F>(q[i], w.lo[i], w.hi[i]);
+    } else if constexpr (format_two_bit(F)) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) unpack_two_bit<F>(r, i, w.lo[i], w.hi[i]);
     } else if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q4_K) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -181,13 +308,20 @@ __device__ __forceinline__ UnitW unit_weights(const UnitRaw &r, const KSlot &k) 
         k_scale_min(r.s, k, sc, m);
         w.a = __fmul_rn(half_lo(r.s.x), (float)sc);
         w.b = __fmul_rn(half_hi(r.s.x), (float)m);
-    } else if constexpr (F == ARC_FORMAT_Q6_K) {
+    } else if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) {
         w.a = half_lo(r.s.y);
         w.sa = prmt_sext(r.s.x, 0x8880u);
         w.sb = prmt_sext(r.s.x, 0x9991u);
+    } else if constexpr (F == ARC_FORMAT_Q2_K) {
+        w.a = half_lo(r.s.y);
+        w.b = half_hi(r.s.y);
+        w.sa = (int)((r.s.x & 0xfu) | ((r.s.x & 0xf0u) << 12));
+        w.sb = (int)(((r.s.x >> 8) & 0xfu) | ((r.s.x & 0xf000u) << 4));
+    } else if constexpr (format_codebook(F)) {
+        w.a = codebook_scale<F>(r);
     } else {
         w.a = half_lo(r.s.x);
-        w.b = half_hi(r.s.x);  // Q4_1's min
+        w.b = half_hi(r.s.x);  // Q4_1's, Q5_1's min
     }
     return w;
 }
@@ -217,7 +351,7 @@ __device__ __forceinline__ float scaled(float scale, float dx, int n) { return _
 // GEMV and the verify's rows GEMV give the same bits.
 template <int F>
 __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
-    if constexpr (F == ARC_FORMAT_Q8_0) {
+    if constexpr (F == ARC_FORMAT_Q8_0 || format_codebook(F)) {
         int acc = __dp4a((int)w.lo[0], x.xa.x, 0);
         acc = __dp4a((int)w.lo[1], x.xa.y, acc);
         acc = __dp4a((int)w.lo[2], x.xa.z, acc);
@@ -235,14 +369,21 @@ __device__ __forceinline__ float dot_w(const UnitW &w, const UnitInput &x) {
         return __fsub_rn(scaled(w.a, x.dx, q4_sum(w, x, 0)), scaled(w.b, x.dx, x.s0 + x.s1));
     } else {
         const int xa[4] = {x.xa.x, x.xa.y, x.xa.z, x.xa.w}, xb[4] = {x.xb.x, x.xb.y, x.xb.z, x.xb.w};
-        // Q6_K: slo - 32 * s0 and shi - 32 * s1, each chain started at its offset
-        int slo = F == ARC_FORMAT_Q6_K ? -32 * x.s0 : 0, shi = F == ARC_FORMAT_Q6_K ? -32 * x.s1 : 0;
+        // Q6_K, Q5_0, Q3_K: slo - z * s0 and shi - z * s1 (z = 32, 16, 4), each chain started at its offset
+        constexpr int z = F == ARC_FORMAT_Q6_K ? 32 : F == ARC_FORMAT_Q5_0 ? 16 : F == ARC_FORMAT_Q3_K ? 4 : 0;
+        int slo = z ? -z * x.s0 : 0, shi = z ? -z * x.s1 : 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             slo = __dp4a((int)w.lo[i], xa[i], slo);
             shi = __dp4a((int)w.hi[i], xb[i], shi);
         }
-        if constexpr (F == ARC_FORMAT_Q6_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        if constexpr (F == ARC_FORMAT_Q6_K || F == ARC_FORMAT_Q3_K) return scaled(w.a, x.dx, w.sa * slo + w.sb * shi);
+        else if constexpr (F == ARC_FORMAT_Q2_K)
+            return __fsub_rn(scaled(w.a, x.dx, (w.sa & 0xffff) * slo + (w.sb & 0xffff) * shi),
+                             scaled(w.b, x.dx, (w.sa >> 16) * x.s0 + (w.sb >> 16) * x.s1));
+        else if constexpr (F == ARC_FORMAT_Q5_0) return scaled(w.a, x.dx, slo + shi);
+        else if constexpr (F == ARC_FORMAT_Q5_1)
+            return __fadd_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));
         else return __fsub_rn(scaled(w.a, x.dx, slo + shi), scaled(w.b, x.dx, x.s0 + x.s1));  // Q5_K
     }
 }
@@ -261,15 +402,52 @@ __device__ __forceinline__ void decode_unit(const UnitRaw &r, int u, float (&out
         const uint32_t w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
 #pragma unroll
         for (int k = 0; k < QUNIT; ++k) out[k] = d * (float)(int8_t)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+    } else if constexpr (format_two_bit(F)) {
+        // Q3_K (d * scale) * (q - 4); Q2_K (d * sc) * q - dmin * m, a scale (and min) each half
+        const float d = half_lo(r.s.y);
+        float scale_lo, scale_hi, off_lo = 0.0f, off_hi = 0.0f;
+        if constexpr (F == ARC_FORMAT_Q3_K) {
+            scale_lo = d * (float)(int8_t)(r.s.x & 0xffu);
+            scale_hi = d * (float)(int8_t)((r.s.x >> 8) & 0xffu);
+        } else {
+            scale_lo = d * (float)(r.s.x & 0xfu);
+            scale_hi = d * (float)((r.s.x >> 8) & 0xfu);
+            off_lo = half_hi(r.s.y) * (float)((r.s.x >> 4) & 0xfu);
+            off_hi = half_hi(r.s.y) * (float)((r.s.x >> 12) & 0xfu);
+        }
+        constexpr int zero = F == ARC_FORMAT_Q3_K ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            unpack_two_bit<F>(r, i, lo, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                out[4 * i + b] = scale_lo * (float)((int)((lo >> (8 * b)) & 0xffu) - zero) - off_lo;
+                out[16 + 4 * i + b] = scale_hi * (float)((int)((hi >> (8 * b)) & 0xffu) - zero) - off_hi;
+            }
+        }
+    } else if constexpr (format_codebook(F)) {
+        const float a = codebook_scale<F>(r);
+        const uint32_t q[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t lo, hi;
+            codebook_word<F>(q[i], lo, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                out[4 * i + b] = a * (float)(int8_t)((lo >> (8 * b)) & 0xffu);
+                out[16 + 4 * i + b] = a * (float)(int8_t)((hi >> (8 * b)) & 0xffu);
+            }
+        }
     } else {
         const uint32_t w[4] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w};
         // weight = scale * (q - zero) - off, each format's formula in its own order
         float scale_lo, scale_hi, off_lo = 0.0f, off_hi = 0.0f;
         int zero = 0;
-        if constexpr (F == ARC_FORMAT_Q4_0) {
+        if constexpr (F == ARC_FORMAT_Q4_0 || F == ARC_FORMAT_Q5_0) {
             scale_lo = scale_hi = half_lo(r.s.x);
-            zero = 8;
-        } else if constexpr (F == ARC_FORMAT_Q4_1) {
+            zero = F == ARC_FORMAT_Q4_0 ? 8 : 16;
+        } else if constexpr (F == ARC_FORMAT_Q4_1 || F == ARC_FORMAT_Q5_1) {
             scale_lo = scale_hi = half_lo(r.s.x);
             off_lo = off_hi = -half_hi(r.s.x);
         } else if constexpr (F == ARC_FORMAT_Q6_K) {
