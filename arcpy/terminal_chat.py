@@ -141,7 +141,7 @@ class Conversation:
     def _splitter(self, ids: list[int]) -> Splitter | None:
         """With tools, or for harmony's messages (which are never shown as written): the answer's
         splitter; else None."""
-        options = split_options(self.text, ids, self.tools is not None)
+        options = split_options(self.text, ids, self.tools)
         if options is None or self.tools is None and not options["harmony"]:
             return None
         return Splitter(**options)

@@ -18,7 +18,7 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.prompt import request_ids
 from arcpy.loop.request import Request
 from arcpy.text import chat_ids, encode, render_chat
-from arcpy.text.tools import GEMMA4, HARMONY, HERMES, JSON, MISTRAL, tool_format
+from arcpy.text.tools import GEMMA4, HARMONY, HERMES, JSON, MISTRAL, XML, tool_format
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather now in a city.",
@@ -53,6 +53,10 @@ TEMPLATES = {  # the file, its call format, what its render of the call must hol
                                      '{"city": "Paris"}<|call|>'),
     "google-gemma-4-31B-it": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
     "google-gemma-4-31B-it-interleaved": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
+    "Qwen3.5-4B": (XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                        "</tool_call>"),
+    "Qwen3-Coder": (XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                         "</tool_call>"),
 }
 
 
@@ -99,7 +103,7 @@ def test_tools_and_calls_render_as_transformers_renders_them(name):
 
 @pytest.mark.parametrize("name", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                                   "mistralai-Mistral-Nemo-Instruct-2407", "openai-gpt-oss-120b",
-                                  "google-gemma-4-31B-it"])
+                                  "google-gemma-4-31B-it", "Qwen3.5-4B"])
 def test_the_render_equals_transformers_own(name):
     transformers = pytest.importorskip("transformers")
     text = template(name)

@@ -122,7 +122,7 @@ class Service:
                       response_format=constraint, prompt_ids=ids)
         if request.messages is None:
             return ids, job, None
-        return ids, job, split_options(self.text, ids, bool(request.template_tools),
+        return ids, job, split_options(self.text, ids, request.template_tools,
                                        reasoning=not self.settings.defaults.raw_reasoning,
                                        constrained=constraint is not None)
 

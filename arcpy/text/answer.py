@@ -7,8 +7,9 @@ templates open it), the answer starts inside the reasoning and holds only the cl
 after </think> is content, its leading blank lines dropped; an answer that never closes the tag
 is all reasoning.
 
-Tool calls are read in the format the template names (arcpy.text.tools). A Hermes or Gemma 4
-call is handed out whole as soon as its closing tag lands; a Mistral or JSON answer's calls once
+Tool calls are read in the format the template names (arcpy.text.tools). A Hermes, XML or Gemma
+4 call is handed out whole as soon as its closing tag lands (an XML call's values typed by the
+tools' schemas: `params`); a Mistral or JSON answer's calls once
 the answer ends (a JSON answer is calls only if all of it parses as calls; else it is content, as
 written).
 
@@ -28,9 +29,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from arcpy.text import gemma4, harmony
+from arcpy.text import gemma4, harmony, xml_calls
 from arcpy.text.spec import TextSpec
-from arcpy.text.tools import GEMMA4, HARMONY, HERMES, JSON, MISTRAL, call_id, parse_calls, tool_format
+from arcpy.text.tools import GEMMA4, HARMONY, HERMES, JSON, MISTRAL, XML, call_id, parse_calls, tool_format
 
 OPEN, CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE, CALLS, PYTHON_TAG = "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>"
@@ -83,12 +84,13 @@ def opens_thinking(prompt_text: str, tags: tuple[str, str] = (OPEN, CLOSE)) -> b
     return prompt_text.rstrip().endswith(tags[0].rstrip())
 
 
-def split_options(spec: TextSpec, ids: list[int], tools: bool, reasoning: bool = True,
+def split_options(spec: TextSpec, ids: list[int], tools, reasoning: bool = True,
                   constrained: bool = False) -> dict | None:
     """The Splitter's options for the answer to the prompt `ids`, None where it is plain text:
     its reasoning read where the template knows some and `reasoning`, its calls where `tools`
-    (the request has some). A `constrained` answer follows its grammar from the first token:
-    no reasoning is left open."""
+    (the request's OpenAI tools, whose schemas type XML's values; any true value where there are
+    tools whose schemas do not matter). A `constrained` answer follows its grammar from the
+    first token: no reasoning is left open."""
     think = reasoning and thinks(spec)
     fmt = tool_format(spec.chat_template) if tools else None
     if not think and fmt is None:
@@ -96,7 +98,8 @@ def split_options(spec: TextSpec, ids: list[int], tools: bool, reasoning: bool =
     tags = reasoning_tags(spec)
     tail = spec.tokenizer.decode(ids[-8:], skip_special_tokens=False)
     return {"reasoning": think, "opened": think and not constrained and opens_thinking(tail, tags), "tools": fmt,
-            "marks": special_marks(spec), "harmony": harmony.is_harmony(spec.chat_template), "tags": tags}
+            "marks": special_marks(spec), "harmony": harmony.is_harmony(spec.chat_template), "tags": tags,
+            "params": xml_calls.parameters(tools) if fmt == XML and isinstance(tools, (list, tuple)) else None}
 
 
 class Splitter:
@@ -104,12 +107,13 @@ class Splitter:
 
     `reasoning`: read the reasoning `tags` (harmony: the analysis channel); `opened`: the prompt
     ended inside them; `tools`: the call format to read (None: none); `harmony`: the answer is
-    harmony's messages (its calls are read where `tools` is HARMONY); `ids` makes call ids."""
+    harmony's messages (its calls are read where `tools` is HARMONY); `ids` makes call ids;
+    `params` types XML's values (xml_calls.parameters: each function's parameters' schemas)."""
 
     def __init__(self, *, reasoning: bool = False, opened: bool = False, tools: str | None = None,
                  marks: dict[int, str] | None = None, ids: Callable[[str], str] = call_id, harmony: bool = False,
-                 tags: tuple[str, str] = (OPEN, CLOSE)):
-        self.fmt, self.marks, self.ids = tools, marks or {}, ids
+                 tags: tuple[str, str] = (OPEN, CLOSE), params: dict[str, dict] | None = None):
+        self.fmt, self.marks, self.ids, self.params = tools, marks or {}, ids, params
         self.open, self.close = tags
         self.call_tags = (gemma4.CALL_OPEN, gemma4.CALL_CLOSE) if tools == GEMMA4 else (CALL_OPEN, CALL_CLOSE)
         self.reasoning = reasoning
@@ -170,7 +174,7 @@ class Splitter:
                 if head.startswith(("{", "[", PYTHON_TAG)):
                     self.state = _TAIL
                     return
-        opener = {HERMES: CALL_OPEN, GEMMA4: gemma4.CALL_OPEN, MISTRAL: CALLS}.get(self.fmt)
+        opener = {HERMES: CALL_OPEN, XML: CALL_OPEN, GEMMA4: gemma4.CALL_OPEN, MISTRAL: CALLS}.get(self.fmt)
         if opener is not None and (at := self.buf.find(opener)) >= 0:
             self._emit(out, content=self.buf[:at])
             self.buf = self.buf[at:] if self.fmt == MISTRAL else self.buf[at + len(opener):]
@@ -188,8 +192,8 @@ class Splitter:
         if at < 0 and not final:
             return
         body = self.buf if at < 0 else self.buf[:at]
-        if self.fmt == GEMMA4:
-            call = gemma4.parse_call(body)
+        if self.fmt in (GEMMA4, XML):
+            call = gemma4.parse_call(body) if self.fmt == GEMMA4 else xml_calls.parse_call(body, self.params)
             calls = None if call is None else [call]
         else:
             calls = parse_calls(HERMES, body)

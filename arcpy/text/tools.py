@@ -14,6 +14,8 @@ its calls in its family's format, which the template's markup names:
              (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>;
              arcpy.text.harmony)
     GEMMA4   Gemma 4: <|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|> (arcpy.text.gemma4)
+    XML      Qwen3.5, Qwen3.6, Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n</parameter>\n
+             ...</function>\n</tool_call>, a value typed by the tool's schema (arcpy.text.xml_calls)
 
 `call_grammar` is the grammar (arcpy.text.grammar, Lark) that makes "required" or a named function
 certain: the answer is a call in the family's format, its arguments valid by the function's
@@ -29,9 +31,9 @@ import string
 
 from arcpy.checks import quoted
 from arcpy.errors import InvalidArgumentError
-from arcpy.text import gemma4, harmony
+from arcpy.text import gemma4, harmony, xml_calls
 
-HERMES, MISTRAL, JSON, HARMONY, GEMMA4 = "hermes", "mistral", "json", "harmony", "gemma4"
+HERMES, MISTRAL, JSON, HARMONY, GEMMA4, XML = "hermes", "mistral", "json", "harmony", "gemma4", "xml"
 NONE, AUTO, REQUIRED = "none", "auto", "required"
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
@@ -45,6 +47,8 @@ def tool_format(chat_template: str | None) -> str:
         return HARMONY
     if gemma4.is_gemma4(t):
         return GEMMA4
+    if xml_calls.is_xml(t):
+        return XML
     if "<tool_call>" in t:
         return HERMES
     if "[TOOL_CALLS]" in t:
@@ -206,6 +210,8 @@ def call_grammar(fmt: str, tools: list[dict], choice: str, marks: dict[str, int]
     chosen = [t["function"] for t in tools if choice == REQUIRED or t["function"]["name"] == choice]
     if fmt == HARMONY:
         return _harmony_call(chosen, tag)
+    if fmt == XML:
+        return _xml_calls(chosen, tag, many)
     key = "parameters" if fmt == JSON else "arguments"
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                 "properties": {"name": {"const": f["name"]}, key: _parameters(f)}} for f in chosen]
@@ -248,6 +254,52 @@ def _gemma4_calls(chosen: list[dict], tag, many: bool) -> str:
         rules.append(f"args{k}: %json {json.dumps({**_parameters(f), 'x-guidance': _LAYOUT})}\n")
     call = "(" + " | ".join(f"call{k}" for k in range(len(chosen))) + ")"
     return f"start: {call}{'+' if many else ''}\n" + "".join(rules)
+
+
+def _xml_calls(chosen: list[dict], tag, many: bool) -> str:
+    """One call (or, `many`, calls a line apart) of `chosen` in XML's tags: the parameters in
+    their schema's order, the required ones always there; a value read as text (xml_calls.is_text)
+    one of its enum's strings or any text without </parameter> (as long as its schema allows),
+    any other its schema's JSON."""
+    rules, calls = [], []
+    for k, f in enumerate(chosen):
+        params = _parameters(f)
+        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+        required = set(params.get("required") or ())
+        parts = []
+        for j, (key, schema) in enumerate(props.items()):
+            head = json.dumps(f"{xml_calls.PARAMETER}{key}>\n")
+            tail = json.dumps(f"\n{xml_calls.PARAMETER_CLOSE}\n")
+            enum = schema.get("enum") if isinstance(schema, dict) else None
+            if not xml_calls.is_text(schema):
+                rules.append(f"p{k}_{j}: {head} v{k}_{j} {tail}\n")
+                rules.append(f"v{k}_{j}: %json {json.dumps({**schema, 'x-guidance': _LAYOUT})}\n")
+            elif isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+                ends = " | ".join(json.dumps(f"{v}\n{xml_calls.PARAMETER_CLOSE}\n") for v in enum)
+                rules.append(f"p{k}_{j}: {head} ({ends})\n")
+            else:
+                rules.append(f"p{k}_{j}: {head} T{k}_{j}\n")
+                rules.append(f"T{k}_{j}: {_text_value(schema)}\n")
+            parts.append(f"p{k}_{j}" + ("" if key in required else "?"))
+        name = json.dumps(f"\n{xml_calls.FUNCTION}{f['name']}>\n")
+        close = json.dumps(f"{xml_calls.FUNCTION_CLOSE}\n")
+        rules.append(f"call{k}: {tag(xml_calls.CALL_OPEN)} {name} {' '.join(parts)} {close} "
+                     f"{tag(xml_calls.CALL_CLOSE)}\n")
+        calls.append(f"call{k}")
+    call = "(" + " | ".join(calls) + ")"
+    start = f'start: {call} ("\\n" {call})*\n' if many else f"start: {call}\n"
+    return start + "".join(rules)
+
+
+def _text_value(schema) -> str:
+    """A text value and its closing tag as one lexeme, which ends at the first closing tag: its
+    text as long as the schema's minLength and maxLength allow, </parameter> nowhere in it."""
+    schema = schema if isinstance(schema, dict) else {}
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    low = low if isinstance(low, int) and not isinstance(low, bool) and low > 0 else 0
+    high = high if isinstance(high, int) and not isinstance(high, bool) and high >= low else None
+    count = "*" if not low and high is None else f"{{{low},{'' if high is None else high}}}"
+    return f"/(?s:.){count}\\n<\\/parameter>\\n/ & ~/(?s:.)*<\\/parameter>(?s:.)(?s:.)+/"
 
 
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
