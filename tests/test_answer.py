@@ -18,6 +18,7 @@ from arcpy.text.tools import (
     HERMES,
     JSON,
     MISTRAL,
+    XML,
     check_tool_calls,
     check_tool_choice,
     check_tools,
@@ -68,6 +69,10 @@ def flat(answer) -> dict:
 
 HARMONY_KW = {"harmony": True, "reasoning": True, "tools": HARMONY}
 GEMMA4_KW = {"reasoning": True, "tools": GEMMA4, "tags": (THOUGHT_OPEN, THOUGHT_CLOSE)}
+XML_KW = {"reasoning": True, "opened": True, "tools": XML,
+          "params": {"get_weather": {"city": {"type": "string"}, "days": {"type": "integer"}}}}
+XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis,\n{France}\n</parameter>\n"
+            "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
 CASES = [
     # (text, splitter options, reasoning, content, [(name, arguments)])
     ("<think>\nLet me see.\n</think>\n\nParis.", {"reasoning": True}, "\nLet me see.\n", "Paris.", []),
@@ -128,6 +133,17 @@ CASES = [
     ("before <|tool_call>call:f{a:}<tool_call|> after", GEMMA4_KW, "",
      "before <|tool_call>call:f{a:}<tool_call|>after", []),
     ("x <|tool_c", GEMMA4_KW, "", "x <|tool_c", []),
+    # XML (Qwen3.5): the prompt opened <think>; values typed by the tools' schemas
+    (f"The user wants weather.\n</think>\n\nLet me look.\n\n{XML_CALL}\n<tool_call>\n<function=get_time>\n"
+     "<parameter=zone>\n[1, 2]\n</parameter>\n</function>\n</tool_call>", XML_KW, "The user wants weather.\n",
+     "Let me look.\n\n", [("get_weather", '{"city": "Paris,\\n{France}", "days": 2}'), ("get_time", '{"zone": "[1, 2]"}')]),
+    ("\n</think>\n\nParis.", XML_KW, "\n", "Paris.", []),
+    ("</think><tool_call>\n<function=get_weather>\n<parameter=days>\nmany\n</parameter>\n</function>\n</tool_call>",
+     XML_KW, "", "", [("get_weather", '{"days": "many"}')]),
+    ("</think>before <tool_call>\n<function=f>\n<parameter=a>\nx\n</function>\n</tool_call> after", XML_KW, "",
+     "before <tool_call>\n<function=f>\n<parameter=a>\nx\n</function>\n</tool_call>after", []),
+    (f"</think>{XML_CALL.replace('get_weather', 'x y')}", XML_KW, "", XML_CALL.replace("get_weather", "x y"), []),
+    ("</think>x <tool_c", XML_KW, "", "x <tool_c", []),
 ]
 
 
@@ -180,6 +196,7 @@ def test_a_prompt_that_opens_the_reasoning():
 
 def test_the_format_comes_from_the_template():
     assert tool_format("{{ '<tool_call>' }}") == HERMES
+    assert tool_format("{{ '<tool_call>\\n<function=' + name + '>\\n<parameter=' + key + '>' }}") == XML
     assert tool_format("{{ '[TOOL_CALLS]' }}") == MISTRAL
     assert tool_format("{{ 'Environment: ipython' }}") == JSON
     assert tool_format(None) == JSON
