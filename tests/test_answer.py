@@ -136,7 +136,8 @@ CASES = [
     # XML (Qwen3.5): the prompt opened <think>; values typed by the tools' schemas
     (f"The user wants weather.\n</think>\n\nLet me look.\n\n{XML_CALL}\n<tool_call>\n<function=get_time>\n"
      "<parameter=zone>\n[1, 2]\n</parameter>\n</function>\n</tool_call>", XML_KW, "The user wants weather.\n",
-     "Let me look.\n\n", [("get_weather", '{"city": "Paris,\\n{France}", "days": 2}'), ("get_time", '{"zone": "[1, 2]"}')]),
+     "Let me look.\n\n", [("get_weather", '{"city": "Paris,\\n{France}", "days": 2}'),
+                          ("get_time", '{"zone": "[1, 2]"}')]),
     ("\n</think>\n\nParis.", XML_KW, "\n", "Paris.", []),
     ("</think><tool_call>\n<function=get_weather>\n<parameter=days>\nmany\n</parameter>\n</function>\n</tool_call>",
      XML_KW, "", "", [("get_weather", '{"days": "many"}')]),

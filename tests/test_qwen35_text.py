@@ -146,7 +146,8 @@ def test_call_syntax_and_what_is_not_a_call():
     assert parse_call("<function=get_weather>\n<parameter=days>\nsoon\n</parameter>\n</function>", params) == (
         "get_weather", '{"days": "soon"}')  # not the schema's type: the text, as written
     for text in ("<function=f>", "<function=f>\n<parameter=a>\nx\n</function>", "function=f></function>",
-                 "<function=bad name>\n</function>", "<function=f>\n</function>\nafter", "<function=f>\ntext\n</function>",
+                 "<function=bad name>\n</function>", "<function=f>\n</function>\nafter",
+                 "<function=f>\ntext\n</function>",
                  "{\"name\": \"f\", \"arguments\": {}}", "<function=f>\n<parameter=>\nx\n</parameter>\n</function>"):
         assert parse_call(text, params) is None, text
 
@@ -201,7 +202,8 @@ def test_the_grammar_of_a_required_call_takes_the_calls_the_splitter_reads():
                           call_grammar(XML, [WEATHER, TIME], "get_time", parallel=False))
     assert accepts(one, spec, calls[1]) and not accepts(one, spec, calls[1] + "\n" + calls[2])
     assert not accepts(one, spec, calls[0])
-    short = Grammar.compile(vocabulary(spec, spec.tokenizer.get_vocab_size()), LARK, call_grammar(XML, [SHORT], "required"))
+    short = Grammar.compile(vocabulary(spec, spec.tokenizer.get_vocab_size()), LARK,
+                            call_grammar(XML, [SHORT], "required"))
     assert accepts(short, spec, xml_call("get_weather", {"city": "x" * 12, "days": 7}))
     assert not accepts(short, spec, xml_call("get_weather", {"city": "x" * 13, "days": 7}))
 
@@ -268,8 +270,8 @@ def test_a_call_round_trip_with_its_reasoning(client, server, stream):
 
 
 def test_enable_thinking_false_closes_the_reasoning(client, server):
-    r = client.chat.completions.create(model="typist", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
-                                       tools=[WEATHER], max_tokens=300,
+    r = client.chat.completions.create(model="typist", tools=[WEATHER], max_tokens=300,
+                                       messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     c = r.choices[0]
     assert server.engine.device.prompts[-1].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -296,7 +298,8 @@ def test_a_required_or_named_call_is_forced_into_the_xml_format(client, choice):
         assert c.finish_reason == "tool_calls" and not c.message.content, c
         for call in c.message.tool_calls:
             assert call.function.name == choice or choice == "required"
-            jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name]["function"]["parameters"])
+            schema = tools[call.function.name]["function"]["parameters"]
+            jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 def test_the_terminal_chat_shows_a_call_and_passes_enable_thinking():
