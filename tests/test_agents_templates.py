@@ -39,6 +39,7 @@ def conversation(arguments, content=None) -> list[dict]:
             {"role": "user", "content": "And tomorrow?"}]
 
 
+XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
 TEMPLATES = {  # the file, its call format, what its render of the call must hold
     "Qwen-Qwen2.5-7B-Instruct": (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'),
     "Qwen-Qwen3-0.6B": (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'),
@@ -53,10 +54,10 @@ TEMPLATES = {  # the file, its call format, what its render of the call must hol
                                      '{"city": "Paris"}<|call|>'),
     "google-gemma-4-31B-it": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
     "google-gemma-4-31B-it-interleaved": (GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
-    "Qwen3.5-4B": (XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
-                        "</tool_call>"),
-    "Qwen3-Coder": (XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
-                         "</tool_call>"),
+    "Qwen3.5-4B": (XML, XML_CALL),
+    "Qwen3-Coder": (XML, XML_CALL),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (XML, XML_CALL),
+    "StepFun3.5-Flash": (XML, XML_CALL),
 }
 
 

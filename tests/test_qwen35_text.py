@@ -311,3 +311,17 @@ def test_the_terminal_chat_shows_a_call_and_passes_enable_thinking():
     assert '[tool call get_weather] {"city": "Paris", "days": 2, "hours": [6, 12]}' in out.getvalue()
     assert engine.device.prompts[0].endswith("<think>\n\n</think>\n\n")
     assert "<tool_response>\n{\"temperature\": 18}\n</tool_response>" in engine.device.prompts[-1]
+
+
+@pytest.mark.parametrize("name", ["Qwen3.5-4B", "Qwen3-Coder", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+                                  "StepFun3.5-Flash"])
+def test_the_other_xml_templates_calls_read_back_typed(name):
+    """The templates in llama.cpp's copies that write the same calls (Qwen3-Coder's, Nemotron 3
+    Nano's, Step 3.5 Flash's): their format is XML and their calls read back as written."""
+    spec = family_text((llamacpp_models() / "templates" / f"{name}.jinja").read_text(encoding="utf-8"))
+    assert tool_format(spec.chat_template) == XML
+    text = render_chat(spec, FLOW, tools=[WEATHER])
+    bodies = calls_written(text)
+    assert len(bodies) == 2
+    for body in bodies:
+        assert parse_call(body, parameters([WEATHER])) == ("get_weather", json.dumps(ARGUMENTS, ensure_ascii=False))
