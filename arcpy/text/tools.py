@@ -14,8 +14,9 @@ its calls in its family's format, which the template's markup names:
              (<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>;
              arcpy.text.harmony)
     GEMMA4   Gemma 4: <|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|> (arcpy.text.gemma4)
-    XML      Qwen3.5, Qwen3.6, Qwen3-Coder, Nemotron 3 Nano: <tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n</parameter>\n
-             ...</function>\n</tool_call>, a value typed by the tool's schema (arcpy.text.xml_calls)
+    XML      Qwen3.5, Qwen3.6, Qwen3-Coder, Nemotron 3 Nano:
+             <tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n</parameter>\n...</function>\n</tool_call>,
+             a value typed by the tool's schema (arcpy.text.xml_calls)
 
 `call_grammar` is the grammar (arcpy.text.grammar, Lark) that makes "required" or a named function
 certain: the answer is a call in the family's format, its arguments valid by the function's
