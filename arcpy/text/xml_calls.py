@@ -1,4 +1,4 @@
-"""Qwen3.5's (and Qwen3.6's, Qwen3-Coder's) tool calls: each function and argument in a tag of its own.
+"""Qwen3.5's tool calls (Qwen3.6's, Qwen3-Coder's, Nemotron 3 Nano's): each function and argument in a tag.
 
     <tool_call>
     <function=NAME>
@@ -28,7 +28,6 @@ PARAMETER, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 _FUNCTION = re.compile(r"<function=([A-Za-z0-9_.\-]{1,64})>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,256})>")
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}  # a template's `value | string`
-_TYPES = ("string", "number", "integer", "boolean", "array", "object", "null")
 
 
 def is_xml(chat_template: str | None) -> bool:
