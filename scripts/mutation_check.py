@@ -377,7 +377,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the reference skips the q/k norms the layer program lists",
-        "arcpy/devices/reference.py",
+        "arcpy/devices/reference_ops.py",
         "OP_QK_NORM: self.qk_norm,",
         "OP_QK_NORM: lambda li, L: None,",
         ("tests/test_families.py::test_the_reference_runs_the_q_k_norms_the_program_lists",
@@ -427,7 +427,7 @@ MUTATIONS = [
     ),
     Mutation(
         "gpt-oss's sinks leave the softmax's denominator",
-        "arcpy/devices/reference.py",
+        "arcpy/devices/reference_ops.py",
         "        total = total + np.exp(sink - top)\n",
         "        total = total + 0\n",
         ("tests/test_gpt_oss.py::test_with_a_float32_cache_the_reference_computes_what_transformers_computes",
@@ -435,7 +435,7 @@ MUTATIONS = [
     ),
     Mutation(
         "gpt-oss's experts' GLU is not clamped above",
-        "arcpy/devices/reference.py",
+        "arcpy/devices/reference_ops.py",
         "    g = np.minimum(gate, F32(limit))\n",
         "    g = gate\n",
         ("tests/test_gpt_oss.py::test_with_a_float32_cache_the_reference_computes_what_transformers_computes",
@@ -511,7 +511,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the shared expert ungated",
-        "arcpy/devices/reference.py",
+        "arcpy/devices/reference_ops.py",
         "            out = out + self.shared_w * linear(self.shared_h, L.s_down)\n",
         "            out = out + linear(self.shared_h, L.s_down)\n",
         ("tests/test_moe.py::test_the_reference_moe_op_matches_an_independent_computation[1-qwen2moe-shared]",),
