@@ -446,8 +446,7 @@ MUTATIONS = [
         "arcpy/model/mxfp4.py",
         "    out[..., 0::2] = E2M1[blocks & 0x0F]\n",
         "    out[..., 0::2] = E2M1[blocks >> 4]\n",
-        ("tests/test_gpt_oss.py::test_the_decoder_agrees_with_transformers_dequantization",
-         "tests/test_gpt_oss.py::test_the_decoder_gives_back_what_the_encoder_packs"),
+        ("tests/test_gpt_oss.py::test_the_decoder_gives_back_what_the_encoder_packs",),  # runs without transformers
     ),
     Mutation(
         "the host path leaves the logit bias out",
