@@ -19,8 +19,7 @@ from arcpy.model.native import EMBED, expected_tensors
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 INT32_LIMIT = 2**31  # sizes, token ids and positions travel as int32 on the device
-_MAX_DENSE_LISTED = 128
-_EXPERTS = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")  # arc_model_config's dense_layers mask holds layers 0..127
+_MAX_DENSE_LISTED = 128  # arc_model_config's dense_layers mask holds layers 0..127
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import math
 
 from arcpy.checks import is_finite_real, is_int, quoted, require
 from arcpy.codes import OP_FFN_OUT_NORM
+from arcpy.model.moe import EXPERT_SUFFIXES
 
 CUDA_REFUSAL = ("Gemma 4 runs on the numpy backend only so far (libarc lacks its global layers' own head width "
                 "and proportional RoPE, v norms, layer scalars, the experts beside the dense FFN, per-layer "
@@ -68,7 +69,7 @@ LAYER_SCALAR = "layer_scalar"
 SHARED_UNREAD = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
 # Factors held as 1-D tensors (not norms): near 1 in a random model.
 SCALES = (ROUTER_SCALE, EXPERT_SCALE, LAYER_SCALAR)
-_EXPERTS = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")
+_EXPERTS = EXPERT_SUFFIXES[:3]  # the experts' stacked matrices (their biases are gpt-oss's)
 _FIELDS = ("global_head_dim", "global_n_kv_heads", "global_rope_dim", "ple_dim", "ple_vocab", "kv_shared_layers")
 
 
