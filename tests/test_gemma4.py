@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_goldens import read_golden, reference_logits, relative_error
 
 from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
@@ -35,18 +36,7 @@ TOLERANCE = 0.01
 EXACT = 1e-5
 
 
-def golden(name: str) -> dict:
-    with np.load(DATA / name / "golden.npz") as d:
-        return {k: d[k] for k in d}
 
-
-def run(model, tokens) -> np.ndarray:
-    ref = ReferenceModel(model)
-    return np.stack([ref.forward(int(t), i) for i, t in enumerate(tokens)])
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def test_the_fixtures_read_into_the_gemma4_config():
@@ -80,10 +70,10 @@ def test_the_tensors_of_each_layer_kind():
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_reference_logits_and_greedy_ids_match_transformers(name):
-    g = golden(name)
+    g = read_golden(DATA / name)
     tokens, n = g["tokens"], int(g["n_prompt"])
     model = load_model(DATA / name)
-    got, want = run(model, tokens)[n - 1:], g["logits"][n - 1:]
+    got, want = reference_logits(model, tokens)[n - 1:], g["logits"][n - 1:]
     err = relative_error(got, want)
     print(f"{name}: max relative logit error {err:.3g} over {len(want)} positions")
     assert err <= TOLERANCE
@@ -95,17 +85,17 @@ def test_reference_logits_and_greedy_ids_match_transformers(name):
 def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(name, monkeypatch):
     import arcpy.devices.gemma4 as gemma4
     monkeypatch.setattr(gemma4, "round_bf16", lambda a: a)  # the cache's rounding, Gemma 4's attention's
-    g = golden(name)
-    err = relative_error(run(load_model(DATA / name), g["tokens"]), g["logits"])
+    g = read_golden(DATA / name)
+    err = relative_error(reference_logits(load_model(DATA / name), g["tokens"]), g["logits"])
     print(f"{name}: max relative logit error {err:.3g} with a float32 cache")
     assert err <= EXACT
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_the_prefill_gives_the_steps_logits(name):
-    tokens = [int(t) for t in golden(name)["tokens"]]
+    tokens = [int(t) for t in read_golden(DATA / name)["tokens"]]
     model = load_model(DATA / name)
-    steps = run(model, tokens)
+    steps = reference_logits(model, tokens)
     ones = ReferenceModel(model).prefill(tokens, chunk=1, every_row=True)
     np.testing.assert_array_equal(ones, steps)  # a row at a time is the decode's step, bit for bit
     rows = ReferenceModel(model).prefill(tokens, chunk=5, every_row=True)
@@ -119,7 +109,7 @@ def test_the_prefill_gives_the_steps_logits(name):
 
 def test_a_prefix_reused_from_the_store_continues_as_a_cold_prefill():
     """The store copies every layer's padded cache rows: global layers' wider heads too."""
-    tokens = [int(t) for t in golden("ple")["tokens"]]
+    tokens = [int(t) for t in read_golden(DATA / "ple")["tokens"]]
     model = load_model(DATA / "ple")
     cold = NumpyDevice(ReferenceModel(model))
     cold.enqueue_prefill(tokens, 0)
@@ -353,7 +343,7 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(dense, tmp_path):
     for name, words in model.tensors.items():
         np.testing.assert_array_equal(loaded.tensors[name], words, err_msg=name)
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
-    np.testing.assert_array_equal(run(loaded, tokens), run(model, tokens))
+    np.testing.assert_array_equal(reference_logits(loaded, tokens), reference_logits(model, tokens))
 
 
 def test_quantized_experts_split_into_gate_and_up_rows_kept_quantized(tmp_path):
@@ -393,7 +383,7 @@ def test_the_engine_on_the_numpy_backend_answers_as_transformers():
     """The whole path: open_engine's prefill (a chunk of 64), then the steps; a second request
     with the same prompt reuses nothing the first left behind."""
     from arcpy import open_engine
-    g = golden("ple")
+    g = read_golden(DATA / "ple")
     tokens, n = [int(t) for t in g["tokens"]], int(g["n_prompt"])
     with open_engine(load_model(DATA / "ple"), "numpy") as engine:
         for _ in range(2):

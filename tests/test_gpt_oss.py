@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_goldens import read_golden, reference_logits, relative_error
 
 from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
@@ -47,18 +48,7 @@ TOLERANCE = 0.01
 EXACT = 1e-4
 
 
-def golden() -> dict:
-    with np.load(DATA / "golden.npz") as d:
-        return {k: d[k] for k in d}
 
-
-def run(model, tokens) -> np.ndarray:
-    ref = ReferenceModel(model)
-    return np.stack([ref.forward(int(t), i) for i, t in enumerate(tokens)])
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def test_the_fixture_reads_into_gpt_oss_config():
@@ -75,10 +65,10 @@ def test_the_fixture_reads_into_gpt_oss_config():
 
 
 def test_reference_logits_and_greedy_ids_match_transformers():
-    g = golden()
+    g = read_golden(DATA)
     tokens, n = g["tokens"], int(g["n_prompt"])
     model = load_model(DATA)
-    got, want = run(model, tokens)[n - 1:], g["logits"][n - 1:]
+    got, want = reference_logits(model, tokens)[n - 1:], g["logits"][n - 1:]
     err = relative_error(got, want)
     print(f"max relative logit error {err:.3g} over {len(want)} positions")
     assert err <= TOLERANCE
@@ -89,8 +79,8 @@ def test_reference_logits_and_greedy_ids_match_transformers():
 def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(monkeypatch):
     import arcpy.devices.reference_ops as reference_ops
     monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
-    g = golden()
-    err = relative_error(run(load_model(DATA), g["tokens"]), g["logits"])
+    g = read_golden(DATA)
+    err = relative_error(reference_logits(load_model(DATA), g["tokens"]), g["logits"])
     print(f"max relative logit error {err:.3g} with a float32 cache")
     assert err <= EXACT
 
@@ -135,15 +125,15 @@ def test_the_goldens_see_every_feature(what, change, patch, monkeypatch):
     ref = ReferenceModel(model)
     if patch:
         patch(ref)
-    g = golden()
+    g = read_golden(DATA)
     got = np.stack([ref.forward(int(t), i) for i, t in enumerate(g["tokens"])])
     assert relative_error(got, g["logits"]) > 0.05, what
 
 
 def test_the_prefill_in_chunks_gives_the_steps_logits():
-    tokens = [int(t) for t in golden()["tokens"]]
+    tokens = [int(t) for t in read_golden(DATA)["tokens"]]
     model = load_model(DATA)
-    steps = run(model, tokens)
+    steps = reference_logits(model, tokens)
     rows = ReferenceModel(model).prefill(tokens, chunk=5, every_row=True)  # chunks shorter than the window
     # Summation order, and the bf16 cache entries it tips to the next word: measured 1.4e-4.
     assert relative_error(rows, steps) <= 1e-3
@@ -285,7 +275,7 @@ def test_transformers_reads_the_mxfp4_checkpoint_as_the_goldens_model(tmp_path):
         mxfp4_checkpoint(tmp_path / "m"), quantization_config=transformers.Mxfp4Config(dequantize=True),
         dtype=torch.float32)
     model.config._attn_implementation = "eager"
-    g = golden()
+    g = read_golden(DATA)
     with torch.no_grad():
         logits = model(torch.tensor([g["tokens"].tolist()]), use_cache=False).logits[0].numpy()
     assert relative_error(logits, g["logits"]) <= EXACT
@@ -489,7 +479,7 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(experts, tmp_path):
         held[name] = f32_to_bf16(want.reshape(-1, x.shape[-1]))
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     same = Model(cfg, held, "held", "held")
-    assert relative_error(run(loaded, tokens), run(same, tokens)) <= (1e-2 if experts == "Q8_0" else 0.0)
+    assert relative_error(reference_logits(loaded, tokens), reference_logits(same, tokens)) <= (1e-2 if experts == "Q8_0" else 0.0)
 
 
 def test_gguf_refusals_are_one_line(tmp_path):

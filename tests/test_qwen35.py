@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_goldens import read_golden, reference_logits, relative_error
 
 from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
@@ -35,18 +36,7 @@ TOLERANCE = 0.01
 EXACT = 1e-4
 
 
-def golden(name: str) -> dict:
-    with np.load(DATA / name / "golden.npz") as d:
-        return {k: d[k] for k in d}
 
-
-def run(model, tokens) -> np.ndarray:
-    ref = ReferenceModel(model)
-    return np.stack([ref.forward(int(t), i) for i, t in enumerate(tokens)])
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def test_the_fixtures_read_into_the_hybrid_config():
@@ -65,10 +55,10 @@ def test_the_fixtures_read_into_the_hybrid_config():
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_reference_logits_and_greedy_ids_match_transformers(name):
-    g = golden(name)
+    g = read_golden(DATA / name)
     tokens, n = g["tokens"], int(g["n_prompt"])
     model = load_model(DATA / name)
-    got, want = run(model, tokens)[n - 1:], g["logits"][n - 1:]
+    got, want = reference_logits(model, tokens)[n - 1:], g["logits"][n - 1:]
     err = relative_error(got, want)
     print(f"{name}: max relative logit error {err:.3g} over {len(want)} positions")
     assert err <= TOLERANCE
@@ -80,17 +70,17 @@ def test_reference_logits_and_greedy_ids_match_transformers(name):
 def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(name, monkeypatch):
     import arcpy.devices.reference_ops as reference_ops
     monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
-    g = golden(name)
-    err = relative_error(run(load_model(DATA / name), g["tokens"]), g["logits"])
+    g = read_golden(DATA / name)
+    err = relative_error(reference_logits(load_model(DATA / name), g["tokens"]), g["logits"])
     print(f"{name}: max relative logit error {err:.3g} with a float32 cache")
     assert err <= EXACT
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_the_prefill_in_chunks_gives_the_steps_logits(name):
-    tokens = [int(t) for t in golden(name)["tokens"]]
+    tokens = [int(t) for t in read_golden(DATA / name)["tokens"]]
     model = load_model(DATA / name)
-    steps = run(model, tokens)
+    steps = reference_logits(model, tokens)
     rows = ReferenceModel(model).prefill(tokens, chunk=5, every_row=True)
     assert relative_error(rows, steps) <= 1e-4  # summation order (and a bf16 cache entry it tips)
     device = NumpyDevice(ReferenceModel(model))
@@ -101,7 +91,7 @@ def test_the_prefill_in_chunks_gives_the_steps_logits(name):
 
 def test_the_state_runs_forward_only_and_restarts_at_position_zero():
     model = load_model(DATA / "qwen3_5")
-    tokens = [int(t) for t in golden("qwen3_5")["tokens"][:6]]
+    tokens = [int(t) for t in read_golden(DATA / "qwen3_5")["tokens"][:6]]
     ref = ReferenceModel(model)
     first = [ref.forward(t, i) for i, t in enumerate(tokens)]
     with pytest.raises(InvalidArgumentError, match="position 2 does not follow"):
@@ -341,7 +331,7 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(shape, mtp, tmp_path):
         np.testing.assert_array_equal(got, words, err_msg=name)  # A_log too: -exp and log in float32
     if not cfg.n_experts:  # the same model but for the norms' 1 + w rounded to bf16 (3% here; the MoE's
         tokens = [3, 1, 4, 1, 5, 9, 2, 6]  # routing flips with it)
-        assert relative_error(run(loaded, tokens), run(model, tokens)) < 0.1
+        assert relative_error(reference_logits(loaded, tokens), reference_logits(model, tokens)) < 0.1
 
 
 @pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny", "qwen3.6-27B"])
