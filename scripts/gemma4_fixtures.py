@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from transformers_greedy import greedy_run
 from safetensors.torch import save_file
 
 N_PROMPT, N_GEN, VOCAB = 16, 16, 256
@@ -72,10 +73,6 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(w.to(torch.bfloat16).to(torch.float32))
 
 
-def logits_of(model, tokens: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()
-
 
 def attempt(name: str, seed: int):
     extra, _ = FIXTURES[name]
@@ -83,12 +80,7 @@ def attempt(name: str, seed: int):
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float().eval()
     randomize(model, seed)
-    rng = np.random.default_rng(seed)
-    tokens = [int(t) for t in rng.integers(0, VOCAB, N_PROMPT)]
-    for _ in range(N_GEN):
-        tokens.append(int(logits_of(model, tokens)[-1].argmax()))
-    logits = logits_of(model, tokens)
-    top2 = np.sort(logits, axis=1)[:, -2:]
+    tokens, logits, top2 = greedy_run(model, seed, VOCAB, N_PROMPT, N_GEN)
     return model, tokens, logits, top2
 
 

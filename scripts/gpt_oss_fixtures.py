@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from transformers_greedy import greedy_run
 
 N_PROMPT, N_GEN, VOCAB = 24, 12, 256
 MIN_MARGIN = 0.05  # the least top-1/top-2 margin of every greedy step: seeds are tried until it holds
@@ -77,10 +78,6 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(w.to(torch.bfloat16).to(torch.float32))
 
 
-def logits_of(model, tokens: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()
-
 
 def route_gap(model, tokens: list[int]) -> float:
     """The least lead of the k-th router logit over the (k+1)-th, over every layer and position."""
@@ -97,12 +94,7 @@ def attempt(seed: int):
     torch.manual_seed(seed)
     model = transformers.GptOssForCausalLM(cfg).float().eval()
     randomize(model, seed)
-    rng = np.random.default_rng(seed)
-    tokens = [int(t) for t in rng.integers(0, VOCAB, N_PROMPT)]
-    for _ in range(N_GEN):
-        tokens.append(int(logits_of(model, tokens)[-1].argmax()))
-    logits = logits_of(model, tokens)
-    top2 = np.sort(logits, axis=1)[:, -2:]
+    tokens, logits, top2 = greedy_run(model, seed, VOCAB, N_PROMPT, N_GEN)
     return model, tokens, logits, top2, route_gap(model, tokens)
 
 
