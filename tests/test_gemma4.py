@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference_goldens import read_golden, reference_logits, relative_error
+from reference_goldens import assert_greedy_goldens, read_golden, reference_logits, relative_error
 
 from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
@@ -70,15 +70,7 @@ def test_the_tensors_of_each_layer_kind():
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_reference_logits_and_greedy_ids_match_transformers(name):
-    g = read_golden(DATA / name)
-    tokens, n = g["tokens"], int(g["n_prompt"])
-    model = load_model(DATA / name)
-    got, want = reference_logits(model, tokens)[n - 1:], g["logits"][n - 1:]
-    err = relative_error(got, want)
-    print(f"{name}: max relative logit error {err:.3g} over {len(want)} positions")
-    assert err <= TOLERANCE
-    assert np.all(g["margin"][n - 1:] > 2 * err * np.abs(want).max())  # every greedy step is clear of the error
-    assert ReferenceModel(model).greedy([int(t) for t in tokens[:n]], len(tokens) - n) == [int(t) for t in tokens[n:]]
+    assert_greedy_goldens(DATA / name, TOLERANCE)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
