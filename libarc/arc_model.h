@@ -228,8 +228,9 @@ int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_
  * target outside [0, vocab) scores NaN. */
 int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n, int32_t start, int32_t vocab,
                               int32_t top_n, float *logprob, int32_t *top_ids, float *top_values);
-/* The model's KV cache (device memory): k and v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16; rows the
- * forward or the prefill have not written hold zeros. */
+/* The model's KV cache (device memory): k and v, each (attention layers, n_kv_heads, max_seq, head_dim) bf16, the
+ * layers that attend in layer order (a DeltaNet layer keeps no rows); rows the forward or the prefill have not
+ * written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
 
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no

@@ -1,6 +1,6 @@
 """A GPU context for the kernel tests and the buffers each test allocates, through libarc's C entry
 points alone; typed views of device pointers; a step graph over prepared logits, for the
-loop's tests on an arcpy Context; the logits of a device's forward, read on the host; the
+loop's tests on an arcpy Context; the logits of a device's forward and its KV cache, read on the host; the
 GPU device over a synthetic model with its engines (the fixture `device`, imported by name); and
 the float64 log_softmax the log-probabilities are held to."""
 
@@ -115,6 +115,34 @@ def host_logits(dev) -> np.ndarray:
     while not dev.stream_query():
         pass
     return dev.host_logits()
+
+
+def kv_cache_pointers(dev):
+    """The device's KV cache: the k and v blocks' device pointers (arc_model_kv_cache)."""
+    k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
+    _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
+    return k[0], v[0]
+
+
+def kv_cache_shape(dev) -> tuple[int, int, int, int]:
+    """Each of k's and v's (attention layers, kv heads, max_seq, head_dim) (arc_model_kv_cache)."""
+    blocks, heads, max_seq, hd = dev.forward.kv_shape
+    return (blocks // 2, heads, max_seq, hd)
+
+
+def kv_cache_rows(dev, n: int | None = None, host: np.ndarray | None = None) -> list[np.ndarray]:
+    """The KV cache's rows 0..n-1 (all with n None) of every attention layer and kv head, as bf16
+    words: [k, v], each (attention layers, kv heads, n, head_dim); through the pinned uint16 array
+    `host` of one block's size where given (pinned memory lives as long as the context)."""
+    shape = kv_cache_shape(dev)
+    if host is None:
+        host, _ = dev.ctx.pinned((int(np.prod(shape)),), np.uint16)
+    out = []
+    for p in kv_cache_pointers(dev):
+        dev.ctx.download_async(host, p)
+        dev.ctx.wait_idle()
+        out.append(host.reshape(shape)[:, :, :n].copy())
+    return out
 
 
 def gpu_logits(dev, token: int, pos: int, eager: bool = False) -> np.ndarray:

@@ -43,3 +43,14 @@ class NoMemoryContext:
 def test_the_model_is_refused_before_anything_is_allocated():
     with pytest.raises(InvalidArgumentError, match="the device has 0.00 GB free"):
         CudaModel(NoMemoryContext(), MODEL, 64)
+
+
+def test_a_hybrids_kv_cache_counts_its_attention_layers_alone():
+    hybrid = synthetic_model("qwen3.5-tiny", seed=0)
+    cfg = hybrid.config
+    attending = [layer for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)]
+    assert 0 < cfg.kv_layers == len(attending) < cfg.n_layers
+    per_position = 2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * 2
+    check_fits(hybrid, 512, hybrid.stored_bytes + 512 * per_position)
+    with pytest.raises(InvalidArgumentError, match="lower --max-seq to at most 511"):
+        check_fits(hybrid, 512, hybrid.stored_bytes + 512 * per_position - 1)

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, host_logits, u16p
+from gpu_buffers import f32p, host_logits, kv_cache_pointers, kv_cache_rows, kv_cache_shape, u16p
 
 import arcpy
 from arcpy import _lib
@@ -261,7 +261,7 @@ class Decoded:
             dev.enqueue_forward(eager=True)
             if pos + 1 in CHECK_LENGTHS:
                 self.logits[pos + 1] = host_logits(dev)
-        self.k, self.v = read_cache(dev)
+        self.k, self.v = kv_cache_rows(dev)
         dev.set_input(extra, len(tokens))
         dev.enqueue_forward(eager=True)
         self.next_logits = host_logits(dev)
@@ -291,28 +291,9 @@ def layer_errors(got, want):
     return np.array([np.linalg.norm(got[li] - want[li]) / np.linalg.norm(want[li]) for li in range(got.shape[0])])
 
 
-def cache_pointers(dev):
-    k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
-    _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
-    return k[0], v[0]
-
-
-def read_cache(dev):
-    k, v = cache_pointers(dev)
-    shape = (dev.cfg.n_layers, dev.cfg.n_kv_heads, MAX_SEQ, dev.cfg.head_dim)
-    count = int(np.prod(shape))
-    out = []
-    for p in (k, v):
-        host, _ = dev.ctx.pinned((count,), np.uint16)
-        dev.ctx.download_async(host, p)
-        dev.ctx.wait_idle()
-        out.append(host.copy().reshape(shape))
-    return out
-
-
 def poison_cache(dev):
-    k, v = cache_pointers(dev)
-    nbytes = int(np.prod((dev.cfg.n_layers, dev.cfg.n_kv_heads, MAX_SEQ, dev.cfg.head_dim))) * 2
+    k, v = kv_cache_pointers(dev)
+    nbytes = int(np.prod(kv_cache_shape(dev))) * 2
     junk = np.full(nbytes, 0xFF, dtype=np.uint8)
     for p in (k, v):
         dev.ctx.upload_async(p, junk)
@@ -391,7 +372,7 @@ def check_against_decode(what, dev, decoded, expected, n):
     logit_bound, cache_bounds = decode_bounds(expected, n)
     assert_logits_match(f"{what} vs decode", host_logits(dev), decoded.logits[n], logit_bound)
     k, v = (from_bf16(c) for c in (decoded.k, decoded.v))
-    assert_cache_matches(f"{what} vs decode", read_cache(dev), k, v, n, cache_bounds)
+    assert_cache_matches(f"{what} vs decode", kv_cache_rows(dev), k, v, n, cache_bounds)
 
 
 def test_prefill_matches_decode_for_every_chunk_size_and_length(setup, expected):
@@ -417,7 +398,7 @@ def test_prefill_matches_the_reference_with_bf16_products(setup, expected):
         poison_logits(dev)
         prefill(dev, d_tokens, n, 0)
         assert_logits_match(what, host_logits(dev), expected.logits[n], expected.logit_drift[n] + 1e-2)
-        assert_cache_matches(what, read_cache(dev), expected.k[n], expected.v[n], n, expected.cache_drift[n] + 3e-3)
+        assert_cache_matches(what, kv_cache_rows(dev), expected.k[n], expected.v[n], n, expected.cache_drift[n] + 3e-3)
 
 
 def test_prefill_in_two_calls_continues_the_cache_and_decoding_follows(setup, expected):
@@ -508,7 +489,7 @@ def test_bad_prefill_ranges_raise_and_change_nothing(small, n, start, match):
     with pytest.raises(arcpy.InvalidArgumentError, match=match):
         prefill(dev, dev.ffi.cast("int32_t *", mapped), n, start)
     dev.ctx.wait_idle()
-    k, v = read_cache(dev)
+    k, v = kv_cache_rows(dev)
     assert np.all(k == 0xFFFF) and np.all(v == 0xFFFF), "a refused prefill wrote the cache"
     assert np.isnan(host_logits(dev)).all(), "a refused prefill wrote the logits"
 

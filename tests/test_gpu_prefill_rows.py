@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpu_buffers import kv_cache_rows
+
 from arcpy import _lib
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.model import synthetic_model
@@ -56,19 +58,6 @@ def test_gemm_rows_do_not_depend_on_the_row_count(ctx, n, k, accumulate):
     assert not differ, f"rows differ from the 2048-row product's (start, rows: words): {differ}"
 
 
-def kv_rows(dev, cfg, n, host):
-    """The KV cache's rows 0..n-1 (k, v) as bf16 words, through the pinned buffer `host`."""
-    k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
-    _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
-    shape = (cfg.n_layers, cfg.n_kv_heads, cfg.max_seq, cfg.head_dim)
-    out = []
-    for p in (k[0], v[0]):
-        dev.ctx.download_async(host, p)
-        dev.ctx.wait_idle()
-        out.append(host.reshape(shape)[:, :, :n].copy())
-    return out
-
-
 def prefill(dev, tokens, splits):
     """The prompt through the prefill in pieces starting at 0 and each split; the last logits."""
     bounds = [0, *splits, len(tokens)]
@@ -90,11 +79,11 @@ def test_a_prefill_split_anywhere_writes_the_rows_of_one_in_one_piece(shape):
     with open_cuda_device(model, max_seq=cfg.max_seq) as dev:
         host, _ = dev.ctx.pinned((cfg.n_layers * cfg.n_kv_heads * cfg.max_seq * cfg.head_dim,), np.uint16)
         whole_logits = prefill(dev, tokens, [])
-        whole = kv_rows(dev, cfg, n, host)
+        whole = kv_cache_rows(dev, n, host)
         differ = {}
         for splits in ([1], [100], [1000], [2047], [2048], [2500], [700, 2900]):
             logits = prefill(dev, tokens, splits)
-            rows = kv_rows(dev, cfg, n, host)
+            rows = kv_cache_rows(dev, n, host)
             bad = [int(np.count_nonzero(r != w)) for r, w in zip(rows, whole)]
             if any(bad) or not np.array_equal(logits.view(np.uint32), whole_logits.view(np.uint32)):
                 first = [int(np.argmax((r != w).any(axis=(0, 1, 3)))) if b else None for r, w, b in zip(rows, whole, bad)]

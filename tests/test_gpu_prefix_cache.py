@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from gpu_buffers import kv_cache_rows
 
-from arcpy import _lib
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
@@ -32,22 +32,6 @@ def engine():
         yield eng
 
 
-def rows(eng, n):
-    """The KV cache's rows 0..n-1 of every layer and kv head, as bf16 words (k, v)."""
-    dev = eng.device
-    k, v = dev.ffi.new("uint16_t **"), dev.ffi.new("uint16_t **")
-    _lib.check(dev.lib.arc_model_kv_cache(dev.forward.ptr, k, v))
-    c = CONFIG
-    shape = (c.n_layers, c.n_kv_heads, MAX_SEQ, c.head_dim)
-    out = []
-    for p in (k[0], v[0]):
-        host, _ = dev.ctx.pinned((int(np.prod(shape)),), np.uint16)
-        dev.ctx.download_async(host, p)
-        dev.ctx.wait_idle()
-        out.append(host.reshape(shape)[:, :, :n].copy())
-    return out
-
-
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
 def test_gpu_second_turn_reuses_the_last_prompts_rows_and_equals_a_cold_run(engine, sampling):
     assert engine.device.prefix_granule == 1
@@ -59,12 +43,12 @@ def test_gpu_second_turn_reuses_the_last_prompts_rows_and_equals_a_cold_run(engi
     second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
     warm = list(engine.generate(second, 48, sampling=sampling))
     assert engine.stats.cached_tokens == len(first) and engine.stats.path == "device-loop"
-    warm_rows = rows(engine, len(second))
+    warm_rows = kv_cache_rows(engine.device, len(second))
     engine.prefix.clear()
     cold = list(engine.generate(second, 48, sampling=sampling))
     assert engine.stats.cached_tokens == 0
     assert warm == cold
-    cold_rows = rows(engine, len(second))
+    cold_rows = kv_cache_rows(engine.device, len(second))
     for w, c in zip(warm_rows, cold_rows):
         assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
 
@@ -93,11 +77,11 @@ def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
     a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
     warm = list(engine.generate(a2, 32))
     assert engine.stats.cached_tokens == len(a) and engine.prefix.restored
-    warm_rows = rows(engine, len(a2))
+    warm_rows = kv_cache_rows(engine.device, len(a2))
     engine.prefix.clear()
     cold = list(engine.generate(a2, 32))
     assert engine.stats.cached_tokens == 0 and warm == cold
-    for w, c in zip(warm_rows, rows(engine, len(a2))):
+    for w, c in zip(warm_rows, kv_cache_rows(engine.device, len(a2))):
         assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
 
 
@@ -114,8 +98,8 @@ def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
     list(engine.generate(b, 4))  # a's rows are saved
     warm = list(engine.generate(c, 32))
     assert engine.stats.cached_tokens == 1000 and engine.prefix.restored
-    warm_rows = rows(engine, len(c))
+    warm_rows = kv_cache_rows(engine.device, len(c))
     engine.prefix.clear()
     assert list(engine.generate(c, 32)) == warm and engine.stats.cached_tokens == 0
-    for w, r in zip(warm_rows, rows(engine, len(c))):
+    for w, r in zip(warm_rows, kv_cache_rows(engine.device, len(c))):
         assert np.array_equal(w, r), f"{np.count_nonzero(w != r)} of {w.size} cache words differ"

@@ -12,7 +12,7 @@ attention (arcpy/model/hybrid.py; libarc/model/deltanet.cu).
 
 import numpy as np
 import pytest
-from gpu_buffers import gpu_logits, host_logits
+from gpu_buffers import gpu_logits, host_logits, kv_cache_rows
 from test_gpu_speculation import assert_verify_rows_are_decode_logits
 
 from arcpy import _lib
@@ -24,6 +24,7 @@ from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
 from arcpy.loop.speculate import StepCost
 from arcpy.model import synthetic_model
+from arcpy.model.bf16 import bf16_to_f32
 
 pytestmark = pytest.mark.gpu
 MAX_SEQ = 512
@@ -140,3 +141,19 @@ def test_the_speculative_loop_gives_the_plain_loops_tokens(spec_device, burst):
     spec = engine(spec_device, speculate=True, always=True, burst=burst)
     assert list(spec.generate(prompt, 160)) == want
     assert spec.stats.spec_steps > 0
+
+
+def test_only_the_attention_layers_keep_kv_rows(pair):
+    model, dev = pair
+    cfg = model.config
+    _, kv, _ = dev.forward.memory()
+    assert kv == 2 * cfg.kv_layers * cfg.n_kv_heads * MAX_SEQ * cfg.head_dim * 2 and cfg.kv_layers < cfg.n_layers
+    # The prefill writes the attention layers' rows where arc_model_kv_cache says they lie.
+    toks = tokens_for(model, 9, seed=2)
+    prefill_logits(dev, toks, 64)
+    ref = ReferenceModel(model, max_seq=MAX_SEQ)
+    ref.prefill(toks)
+    k_rows = bf16_to_f32(kv_cache_rows(dev)[0])  # (attention layers, kv heads, max_seq, head_dim) of k
+    want = np.stack([ref.k_cache[layer] for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)])
+    got = k_rows[:, :, :9].astype(np.float64)
+    assert np.allclose(got, want[:, :, :9], rtol=3e-2, atol=3e-2)

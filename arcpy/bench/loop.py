@@ -119,10 +119,10 @@ def generation_positions(prompt_len: int, tokens: int, max_seq: int) -> tuple[in
 def device_memory(cfg: ModelConfig, max_seq: int, scratch_bytes: int = 0, stored_bytes: int | None = None) -> dict:
     """Bytes of device memory a model of `cfg` takes, from the config (not measured): every
     stored weight in bf16 (or `stored_bytes`, a model's tensors as held: Model.stored_bytes) and
-    the RoPE table, the bf16 KV cache for max_seq positions, and the float32 activations with the
+    the RoPE table, the bf16 KV cache of the attention layers for max_seq positions, and the float32 activations with the
     attention's scratch."""
     weights = (2 * cfg.n_params if stored_bytes is None else stored_bytes) + 4 * (cfg.head_dim // 2)
-    kv = 2 * cfg.n_layers * cfg.n_kv_heads * max_seq * cfg.head_dim * 2
+    kv = 2 * cfg.kv_layers * cfg.n_kv_heads * max_seq * cfg.head_dim * 2
     qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
     act = 4 * (cfg.dim + qkv_rows + cfg.q_dim + cfg.ffn_dim + cfg.vocab) + scratch_bytes
     return {"max_seq": max_seq, "weights": weights, "kv_cache": kv, "activations": act,

@@ -48,7 +48,7 @@ def check_fits(model: Model, max_seq: int, free: int) -> None:
     positions exceed the device's free bytes: one line naming the bytes and the longest context
     that would fit."""
     cfg = model.config
-    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16, every layer
+    per_position = 2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16, every attention layer
     weights, kv = model.stored_bytes, per_position * max_seq
     if weights + kv <= free:
         return
@@ -84,8 +84,9 @@ class CudaModel:
         self.max_seq = max_seq
         self.recurrent = any(cfg.is_linear_layer(i) for i in range(cfg.n_layers))  # DeltaNet layers keep a state
         self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
-        # The KV cache's layout (arc_model_kv_cache): k's layers then v's, each (kv heads, max_seq, head_dim) bf16.
-        self.kv_shape = (2 * cfg.n_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
+        # The KV cache's layout (arc_model_kv_cache): k's attention layers then v's, each (kv heads, max_seq,
+        # head_dim) bf16.
+        self.kv_shape = (2 * cfg.kv_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
         try:
             self._upload(model)
             _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, self.prefill_chunk))

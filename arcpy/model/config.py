@@ -281,6 +281,11 @@ class ModelConfig:
         """Whether layer `layer` is a gated DeltaNet layer (else it attends)."""
         return bool(self.layer_types) and self.layer_types[layer] == LINEAR
 
+    @property
+    def kv_layers(self) -> int:
+        """The layers that keep KV rows: those that attend (a DeltaNet layer keeps a state instead)."""
+        return sum(not self.is_linear_layer(layer) for layer in range(self.n_layers))
+
     def window(self, layer: int) -> int:
         """The positions layer `layer`'s attention reads back from the current one (0: all)."""
         if self.sliding_window == 0:

@@ -36,6 +36,8 @@ struct arc_model {
     // KV cache: k then v, each (n_layers, n_kv_heads, max_seq, head_dim) bf16.
     uint16_t *kv;
     uint64_t kv_layer_elems;
+    uint64_t kv_bytes;
+    int kv_layers;  // the layers that keep KV rows: those that attend (not the DeltaNet ones)
     uint64_t act_bytes;  // the decode's activations
     // Activations, all float32, carved from one allocation.
     void *act;
@@ -255,8 +257,12 @@ static int model_init(arc_model *m, const int32_t *formats) {
     build_size_table(m);
     ARC_CUDA(ctx, cudaMalloc(&m->weights, m->weight_bytes));
 
+    // Only the attention layers keep KV rows: a DeltaNet layer's state is its own (dn_state).
     m->kv_layer_elems = (uint64_t)c.n_kv_heads * c.max_seq * c.head_dim;
-    const uint64_t kv_bytes = 2 * m->kv_layer_elems * c.n_layers * sizeof(uint16_t);
+    m->kv_layers = c.n_layers - dn_layer_count(c);
+    // (A model of DeltaNet layers alone still holds one layer's rows: no pointer is null.)
+    const uint64_t kv_bytes = 2 * m->kv_layer_elems * (m->kv_layers > 0 ? m->kv_layers : 1) * sizeof(uint16_t);
+    m->kv_bytes = kv_bytes;
     ARC_CUDA(ctx, cudaMalloc(&m->kv, kv_bytes));
     // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
     ARC_CUDA(ctx, cudaMemsetAsync(m->kv, 0, kv_bytes, ctx->stream));
@@ -403,8 +409,10 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.dn_conv = bf16_at(m, ARC_TENSOR_DN_CONV, l), p.dn_a_log = bf16_at(m, ARC_TENSOR_DN_A_LOG, l);
     p.dn_dt_bias = bf16_at(m, ARC_TENSOR_DN_DT_BIAS, l), p.dn_norm = bf16_at(m, ARC_TENSOR_DN_NORM, l);
     p.dn_state = p.dn ? m->dn_state + (uint64_t)dn_ordinal(m->cfg, l) * DN_SLOTS * m->dn.slot_floats : nullptr;
-    p.k_cache = m->kv + (uint64_t)l * m->kv_layer_elems;
-    p.v_cache = m->kv + (uint64_t)(m->cfg.n_layers + l) * m->kv_layer_elems;
+    // The KV cache's rows of the attention layers only, in layer order (arc_model_kv_cache).
+    const uint64_t kv_at = (uint64_t)(l - dn_ordinal(m->cfg, l));
+    p.k_cache = p.dn ? nullptr : m->kv + kv_at * m->kv_layer_elems;
+    p.v_cache = p.dn ? nullptr : m->kv + (m->kv_layers + kv_at) * m->kv_layer_elems;
     return p;
 }
 
@@ -437,7 +445,7 @@ ModelParts model_parts(arc_model *m) {
 extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations) {
     ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
     *weights = model->weight_bytes;
-    *kv_cache = 2 * model->kv_layer_elems * model->cfg.n_layers * sizeof(uint16_t);
+    *kv_cache = model->kv_bytes;
     *activations = model->act_bytes + model->prefill.bytes + model->prefill.moe.bytes + model->spec.bytes +
                    model->dn_state_bytes;
     return ARC_OK;

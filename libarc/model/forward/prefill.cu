@@ -420,8 +420,14 @@ extern "C" int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens
 
 extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache) {
     ARC_REQUIRE(model && k_cache && v_cache, "null argument");
-    const LayerParts first = model_layer(model, 0);  // layer 0 begins each of the k and v blocks
-    *k_cache = first.k_cache;
-    *v_cache = first.v_cache;
-    return ARC_OK;
+    // The first attention layer begins each of the k and v blocks (a DeltaNet layer holds none).
+    const int n_layers = model_parts(model).cfg.n_layers;
+    for (int l = 0; l < n_layers; ++l) {
+        const LayerParts first = model_layer(model, l);
+        if (first.dn) continue;
+        *k_cache = first.k_cache;
+        *v_cache = first.v_cache;
+        return ARC_OK;
+    }
+    return arc_fail(ARC_INVALID_ARGUMENT, __func__, "the model has no attention layer, and so no KV cache");
 }
