@@ -62,9 +62,19 @@ typedef enum arc_tensor {
     ARC_TENSOR_DN_DT_BIAS = 35,     /* per layer (dn_v_heads), only on DeltaNet layers */
     ARC_TENSOR_DN_NORM = 36,        /* per layer (dn_head_dim), only on DeltaNet layers: never 1 + w */
     ARC_TENSOR_DN_OUT = 37,         /* per layer (dim, V), only on DeltaNet layers */
-    ARC_TENSOR_COUNT = 38
+    /* gpt-oss's (arc_model_config: attn_sinks, o_bias, expert_bias). */
+    ARC_TENSOR_SINKS = 38,          /* per layer (n_heads), only with attn_sinks, absent on DeltaNet layers: each query
+                                       head's sink logit */
+    ARC_TENSOR_BO = 39,             /* per layer (dim), only with o_bias, absent on DeltaNet layers */
+    ARC_TENSOR_MOE_ROUTER_BIAS = 40, /* per layer (n_experts), only with expert_bias, on MoE layers */
+    ARC_TENSOR_MOE_GATE_BIAS = 41,  /* per layer (n_experts * expert_ffn_dim), only with expert_bias, on MoE layers */
+    ARC_TENSOR_MOE_UP_BIAS = 42,    /* per layer (n_experts * expert_ffn_dim), only with expert_bias, on MoE layers */
+    ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only with expert_bias, on MoE layers */
+    ARC_TENSOR_COUNT = 44
 } arc_tensor;
-typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1 } arc_activation;
+/* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT
+ * (gpt-oss's) g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = u clamped to [-7, 7]. */
+typedef enum arc_activation { ARC_ACT_SILU = 0, ARC_ACT_GELU_TANH = 1, ARC_ACT_SWIGLU_LIMIT = 2 } arc_activation;
 typedef enum arc_routing { ARC_ROUTE_SOFTMAX_TOPK = 0, ARC_ROUTE_TOPK_SOFTMAX = 1 } arc_routing;
 
 /* What a family changes in the layer is data (below; 0 keeps Llama's behaviour). RoPE: element i
@@ -104,6 +114,11 @@ typedef struct arc_model_config {
      * x += DN_OUT @ att. Position 0 starts from a zero state. arc_model_create takes dn_head_dim 128 alone. */
     int32_t dn_k_heads, dn_v_heads, dn_head_dim, dn_conv_kernel;
     uint32_t dn_layers[4];
+    /* gpt-oss's, 0 or 1 each. attn_sinks: each query head's SINKS logit s joins its softmax's denominator alone
+     * (p_j = exp(x_j) / (sum_i exp(x_i) + exp(s)), x the scaled scores). o_bias: x += Wo @ att + BO. expert_bias: the
+     * router's logits + MOE_ROUTER_BIAS, expert e's gate and up products + its rows of MOE_GATE_BIAS, MOE_UP_BIAS
+     * before the GLU, its down product + its rows of MOE_DOWN_BIAS before its weight. */
+    int32_t attn_sinks, o_bias, expert_bias;
 } arc_model_config;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 /* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)

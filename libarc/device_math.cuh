@@ -62,8 +62,15 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 __device__ __forceinline__ float gelu_tanh(float g) {
     return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
+// gpt-oss's GLU (ARC_ACT_SWIGLU_LIMIT): g' sigmoid(1.702 g') (u' + 1), g' = min(g, 7), u' = u
+// clamped to [-7, 7], in that order of operations (arcpy's reference: clamped_swiglu).
+__device__ __forceinline__ float swiglu_limit(float g, float u) {
+    const float gc = fminf(g, 7.0f), uc = fminf(fmaxf(u, -7.0f), 7.0f);
+    return gc / (1.0f + expf(-1.702f * gc)) * (uc + 1.0f);
+}
 // The GLU of a gate and an up value under an arc_activation: act(g) * u.
 __device__ __forceinline__ float glu(float g, float u, int act) {
+    if (act == ARC_ACT_SWIGLU_LIMIT) return swiglu_limit(g, u);
     return (act == ARC_ACT_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
 }
 

@@ -54,14 +54,14 @@ bool dn_replaces(int t) {
     switch (t) {
     case ARC_TENSOR_WQ: case ARC_TENSOR_WK: case ARC_TENSOR_WV: case ARC_TENSOR_BQ: case ARC_TENSOR_BK:
     case ARC_TENSOR_BV: case ARC_TENSOR_WO: case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM:
-    case ARC_TENSOR_ROPE_INV_FREQ: case ARC_TENSOR_WQ_GATE: return true;
+    case ARC_TENSOR_ROPE_INV_FREQ: case ARC_TENSOR_WQ_GATE: case ARC_TENSOR_SINKS: case ARC_TENSOR_BO: return true;
     default: return false;
     }
 }
 
 void dn_table_shape(const arc_model_config &c, int t, int l, uint64_t *rows, uint64_t *cols) {
     const bool dn = layer_dn(c, l);
-    if (t < ARC_TENSOR_DN_QKV) {  // another tensor: the caller's shape, without the attention's
+    if (t < ARC_TENSOR_DN_QKV || t > ARC_TENSOR_DN_OUT) {  // another tensor: the caller's shape, without the attention's
         if (dn && dn_replaces(t)) *rows = 0;
         return;
     }

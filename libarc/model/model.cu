@@ -75,8 +75,9 @@ static uint64_t tensor_bytes(const arc_model *m, int t, int l) {
 // Lays out the weights: the global tensors, then each layer's, in this order; a tensor the
 // configuration lacks takes no bytes. Tensors one fused GEMV reads as one matrix are adjacent with
 // no padding (Wq Wk Wv, bq bk bv, Wgate Wup, and a mixture of experts' router and the shared
-// expert's gate row, the experts' gates and ups, the shared expert's gate and up): every row's size is a multiple of 16 bytes, so the one
-// that follows is still 16-byte aligned.
+// expert's gate row, the experts' gates and ups and their biases, the shared expert's gate and
+// up): every row's size is a multiple of 16 bytes, so the one that follows is still 16-byte
+// aligned.
 static void build_size_table(arc_model *m) {
     const arc_model_config &c = m->cfg;
     struct Place { int tensor; bool follows; };
@@ -94,7 +95,9 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_SHARED_DOWN, false},   {ARC_TENSOR_DN_QKV, false},   {ARC_TENSOR_DN_Z, true},
         {ARC_TENSOR_DN_B, true},           {ARC_TENSOR_DN_A, true},      {ARC_TENSOR_DN_CONV, false},
         {ARC_TENSOR_DN_A_LOG, false},      {ARC_TENSOR_DN_DT_BIAS, false}, {ARC_TENSOR_DN_NORM, false},
-        {ARC_TENSOR_DN_OUT, false}};
+        {ARC_TENSOR_DN_OUT, false},        {ARC_TENSOR_SINKS, false},    {ARC_TENSOR_BO, false},
+        {ARC_TENSOR_MOE_ROUTER_BIAS, false}, {ARC_TENSOR_MOE_GATE_BIAS, false}, {ARC_TENSOR_MOE_UP_BIAS, true},
+        {ARC_TENSOR_MOE_DOWN_BIAS, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
         const int i = slot(m, p.tensor, l);
@@ -204,8 +207,10 @@ static int check_config(const arc_model_config *c) {
     ARC_REQUIRE(c->post_norms == 0 || c->post_norms == 1, "config.post_norms must be 0 or 1, got %d", c->post_norms);
     ARC_REQUIRE(c->norm_plus_one == 0 || c->norm_plus_one == 1, "config.norm_plus_one must be 0 or 1, got %d",
                 c->norm_plus_one);
-    ARC_REQUIRE(c->activation == ARC_ACT_SILU || c->activation == ARC_ACT_GELU_TANH,
-                "config.activation must be an arc_activation (0 or 1), got %d", c->activation);
+    ARC_REQUIRE(c->activation >= ARC_ACT_SILU && c->activation <= ARC_ACT_SWIGLU_LIMIT,
+                "config.activation must be an arc_activation (0 to 2), got %d", c->activation);
+    ARC_REQUIRE((c->attn_sinks == 0 || c->attn_sinks == 1) && (c->o_bias == 0 || c->o_bias == 1),
+                "config.attn_sinks and o_bias must be 0 or 1, got %d and %d", c->attn_sinks, c->o_bias);
     ARC_REQUIRE(c->embed_scale >= 0.0f && isfinite(c->embed_scale) && c->attn_scale >= 0.0f && isfinite(c->attn_scale),
                 "config.embed_scale and attn_scale must be finite and not negative (0: default), got %g and %g",
                 (double)c->embed_scale, (double)c->attn_scale);
@@ -402,6 +407,12 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.e_gate_up = weight_at(m, ARC_TENSOR_MOE_GATE, l), p.e_down = weight_at(m, ARC_TENSOR_MOE_DOWN, l);
     p.s_gate_up = weight_at(m, ARC_TENSOR_SHARED_GATE, l), p.s_down = weight_at(m, ARC_TENSOR_SHARED_DOWN, l);
     p.wq_gate = weight_at(m, ARC_TENSOR_WQ_GATE, l);
+    p.sinks = m->cfg.attn_sinks ? bf16_at(m, ARC_TENSOR_SINKS, l) : nullptr;
+    p.bo = m->cfg.o_bias ? bf16_at(m, ARC_TENSOR_BO, l) : nullptr;
+    const bool eb = m->cfg.expert_bias && layer_moe(m->cfg, l);
+    p.router_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_ROUTER_BIAS, l) : nullptr;
+    p.e_gate_up_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_GATE_BIAS, l) : nullptr;
+    p.e_down_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_DOWN_BIAS, l) : nullptr;
     p.dn = layer_dn(m->cfg, l);
     p.dn_in = weight_at(m, ARC_TENSOR_DN_QKV, l), p.dn_z = weight_at(m, ARC_TENSOR_DN_Z, l);
     p.dn_b = weight_at(m, ARC_TENSOR_DN_B, l), p.dn_a = weight_at(m, ARC_TENSOR_DN_A, l);

@@ -38,6 +38,10 @@ struct LayerParts {
     // experts' [gates; ups] and downs, the shared expert's [gate; up] and down.
     Weight router, e_gate_up, e_down, s_gate_up, s_down;
     Weight wq_gate;  // with attn_gate: the gate's rows, after Wv (a run of one format reads them too)
+    // gpt-oss's, null where the config has none: each query head's sink logit, Wo's bias, the
+    // router's bias, the experts' gate biases (their up biases follow at n_experts * expert_ffn_dim)
+    // and down biases (bf16 each).
+    const uint16_t *sinks, *bo, *router_bias, *e_gate_up_bias, *e_down_bias;
     // A gated DeltaNet layer (deltanet.cuh): DN_QKV, DN_Z, DN_B, DN_A one after the other; the out
     // projection; the convolution, the decay's log rate, dt's bias and the gated norm (bf16); the
     // layer's DN_SLOTS state slots.

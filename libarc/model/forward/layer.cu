@@ -47,6 +47,10 @@ void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows
     case ARC_TENSOR_SHARED_GATE: case ARC_TENSOR_SHARED_UP: r = shared; break;
     case ARC_TENSOR_SHARED_DOWN: r = shared ? dim : 0; k = shared; break;
     case ARC_TENSOR_SHARED_ROUTER: r = shared ? 1 : 0; break;
+    // gpt-oss's biases: vectors (rows 1) with expert_bias
+    case ARC_TENSOR_MOE_ROUTER_BIAS: r = c.expert_bias ? 1 : 0; k = experts; break;
+    case ARC_TENSOR_MOE_GATE_BIAS: case ARC_TENSOR_MOE_UP_BIAS: r = c.expert_bias ? 1 : 0; k = experts * ffn; break;
+    case ARC_TENSOR_MOE_DOWN_BIAS: r = c.expert_bias ? 1 : 0; k = experts * dim; break;
     default: break;
     }
     *rows = moe ? r : 0;
@@ -66,6 +70,8 @@ int check_moe(const arc_model_config &c, const char *who) {
                    "config.shared_ffn_dim and moe_every must not be negative, got %d and %d", c.shared_ffn_dim,
                    c.moe_every);
     ARC_REQUIRE_AS(who, !c.post_norms, "config: post_norms and mixture-of-experts layers do not combine");
+    ARC_REQUIRE_AS(who, c.expert_bias == 0 || c.expert_bias == 1, "config.expert_bias must be 0 or 1, got %d",
+                   c.expert_bias);
     return ARC_OK;
 }
 
