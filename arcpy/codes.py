@@ -82,6 +82,7 @@ MAX_LAYER_OPS = 8
 
 # arc_activation: the GLU's activation, by arcpy's name, in arc.h's order
 ACTIVATIONS = ("silu", "gelu_tanh")
+ACT_SWIGLU_LIMIT = 2  # gpt-oss's clamped GLU (a config's swiglu_limit, not its activation, selects it)
 
 # arc_routing: an MoE layer's order of softmax and top-k, by arcpy's name, in arc.h's order
 ROUTINGS = ("softmax_topk", "topk_softmax")

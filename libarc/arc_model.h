@@ -66,10 +66,10 @@ typedef enum arc_tensor {
     ARC_TENSOR_SINKS = 38,          /* per layer (n_heads), only with attn_sinks, absent on DeltaNet layers: each query
                                        head's sink logit */
     ARC_TENSOR_BO = 39,             /* per layer (dim), only with o_bias, absent on DeltaNet layers */
-    ARC_TENSOR_MOE_ROUTER_BIAS = 40, /* per layer (n_experts), only with expert_bias, on MoE layers */
-    ARC_TENSOR_MOE_GATE_BIAS = 41,  /* per layer (n_experts * expert_ffn_dim), only with expert_bias, on MoE layers */
-    ARC_TENSOR_MOE_UP_BIAS = 42,    /* per layer (n_experts * expert_ffn_dim), only with expert_bias, on MoE layers */
-    ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only with expert_bias, on MoE layers */
+    ARC_TENSOR_MOE_ROUTER_BIAS = 40, /* per layer (n_experts), only on MoE layers, only with expert_bias */
+    ARC_TENSOR_MOE_GATE_BIAS = 41,  /* per layer (n_experts * expert_ffn_dim), only on MoE layers, only with expert_bias */
+    ARC_TENSOR_MOE_UP_BIAS = 42,    /* per layer (n_experts * expert_ffn_dim), only on MoE layers, only with expert_bias */
+    ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only on MoE layers, only with expert_bias */
     ARC_TENSOR_COUNT = 44
 } arc_tensor;
 /* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT

@@ -47,7 +47,6 @@ from arcpy.model import (
     save_model,
     save_safetensors,
 )
-from arcpy.model.gpt_oss import uses_oss_ops
 from arcpy.model.hybrid import is_hybrid
 from arcpy.model.native import describe, expected_tensors, layer_program, place
 
@@ -95,7 +94,9 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
                    "only with post_norms": cfg.post_norms, "absent when tied": not cfg.tied_embeddings,
                    "only on MoE layers": moe, "absent on MoE layers": not moe,
                    "with a shared expert": cfg.shared_expert_ffn_dim > 0, "only with attn_gate": cfg.attn_output_gate,
-                   "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn}
+                   "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn,
+                   "only with attn_sinks": cfg.attn_sinks, "only with o_bias": cfg.o_bias,
+                   "only with expert_bias": cfg.expert_bias}
         out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
     return out
 
@@ -104,11 +105,9 @@ _GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
 
 
 # A hybrid's files hold a gated q_proj whole and the convolution as (channels, 1, kernel):
-# tests/test_qwen35.py checks its table against arc.h. gpt-oss's sinks and biases are arcpy's alone
-# (arcpy/model/gpt_oss.py), not libarc's; so is Gemma 4's table past its Gemma 3 layer
-# (arcpy/model/gemma4.py).
-@pytest.mark.parametrize("shape", sorted(s for s in SHAPES if not is_hybrid(SHAPES[s]) and not uses_oss_ops(SHAPES[s])
-                                          and not SHAPES[s].gemma4_layer))
+# tests/test_qwen35.py checks its table against arc.h. Gemma 4's table past its Gemma 3 layer is
+# arcpy's alone (arcpy/model/gemma4.py), not libarc's.
+@pytest.mark.parametrize("shape", sorted(s for s in SHAPES if not is_hybrid(SHAPES[s]) and not SHAPES[s].gemma4_layer))
 def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
     equals what arc.h's comments say, for every preset and every family flag."""

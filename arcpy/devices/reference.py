@@ -20,10 +20,10 @@ and the last ulp of cos/sin/exp):
   routed as model.moe.route says (the order of softmax and top-k, ties to the lower expert); each
   chosen expert's GLU down-projected, times its weight, summed over the k in order of choice; plus
   the shared expert's GLU times sigmoid(its router's logit) where the config has one.
-- gpt-oss's ops (arcpy/model/gpt_oss.py): ATTEND_SINKS adds each query head's exp(sink) to its
-  softmax's denominator (the maximum subtracted is the larger of the scores' and the sink);
-  ATTN_OUT_BIAS adds o_proj's bias; MOE_IN_OSS and MOE_OUT_OSS add the router's and the experts'
-  biases to their products and take the clamped GLU where swiglu_limit is set.
+- gpt-oss's layer (arcpy/model/gpt_oss.py) in the same ops: ATTEND adds each query head's
+  exp(sink) to its softmax's denominator (the maximum subtracted is the larger of the scores' and
+  the sink); ATTN_OUT adds o_proj's bias; MOE_IN and MOE_OUT add the router's and the experts'
+  biases to their products; every GLU is the clamped one where swiglu_limit is set.
 - logits = lm_head @ rmsnorm(x, final_norm); greedy picks the first index of the maximum.
 - Prefill (a chunk of positions per pass, libarc's arc_model_prefill): the same per position, but
   every matrix product runs on bf16 inputs with float32 sums: the normed inputs, the rotated q,

@@ -26,12 +26,6 @@ from arcpy.codes import (
 )
 from arcpy.devices.reference_layer import Layer
 from arcpy.model import bf16_to_f32, f32_to_bf16
-from arcpy.model.gpt_oss import (
-    OP_ATTEND_SINKS,
-    OP_ATTN_OUT_BIAS,
-    OP_MOE_IN_OSS,
-    OP_MOE_OUT_OSS,
-)
 from arcpy.model.moe import route
 
 F32 = np.float32
@@ -185,9 +179,7 @@ class _RowOps:
                  OP_ATTN_OUT: self.attn_out, OP_FFN_IN: self.ffn_in, OP_FFN_OUT: self.ffn_out,
                  OP_ATTN_OUT_NORM: self.attn_out_norm, OP_FFN_OUT_NORM: self.ffn_out_norm,
                  OP_MOE_IN: self.moe_in, OP_MOE_OUT: self.moe_out, OP_ATTN_GATE: self.attn_gate,
-                 OP_DN_IN: self.dn_in, OP_DN_STEP: self.dn_step, OP_DN_OUT: self.dn_out,
-                 OP_ATTEND_SINKS: self.attend_sinks, OP_ATTN_OUT_BIAS: self.attn_out_bias,
-                 OP_MOE_IN_OSS: self.moe_in_oss, OP_MOE_OUT_OSS: self.moe_out_oss}
+                 OP_DN_IN: self.dn_in, OP_DN_STEP: self.dn_step, OP_DN_OUT: self.dn_out}
 
         def run(op: int, li: int, L: Layer) -> None:
             table[op](li, L)
@@ -221,7 +213,8 @@ class _RowOps:
         self.q = rmsnorm(self.q, L.q_norm, self.cfg.rms_eps)
         self.k = rmsnorm(self.k, L.k_norm, self.cfg.rms_eps)
 
-    def attend(self, li: int, L: Layer, sinks: np.ndarray | None = None) -> None:
+    def attend(self, li: int, L: Layer) -> None:
+        """RoPE, the cache's rows, the attention (with gpt-oss's sinks where the layer has them)."""
         c, m, start, t = self.cfg, self.m, self.start, self.t
         factor = c.rope_attention_factor
         q = self.r(rope(self.q, self.positions, L.inv_freq, factor))
@@ -230,34 +223,32 @@ class _RowOps:
         m.v_cache[li, :, start:start + t] = round_bf16(self.v).transpose(1, 0, 2)
         rounded = self.r is not _exact
         self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
-                                           c.scores_scale, c.window(li), sinks))
+                                           c.scores_scale, c.window(li), L.sinks))
 
-    def attend_sinks(self, li: int, L: Layer) -> None:
-        self.attend(li, L, L.sinks)
+    def attn_out(self, li: int, L: Layer) -> None:
+        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo, L.bo)
 
-    def attn_out(self, li: int, L: Layer, bias: np.ndarray | None = None) -> None:
-        self.x = self.x + linear(self.att.reshape(self.t, -1), L.wo, bias)
-
-    def attn_out_bias(self, li: int, L: Layer) -> None:
-        self.attn_out(li, L, L.bo)
+    def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """The model's GLU: gpt-oss's clamped one where swiglu_limit is set (libarc's
+        ARC_ACT_SWIGLU_LIMIT), else its activation's."""
+        c = self.cfg
+        if c.swiglu_limit:
+            return clamped_swiglu(gate, up, c.swiglu_limit, c.swiglu_alpha)
+        return GLUS[c.activation](gate, up)
 
     def ffn_in(self, li: int, L: Layer) -> None:
         h = self.r(rmsnorm(self.x, L.mlp_norm, self.cfg.rms_eps))
-        self.h = self.r(GLUS[self.cfg.activation](linear(h, L.w_gate), linear(h, L.w_up)))
+        self.h = self.r(self.glu(linear(h, L.w_gate), linear(h, L.w_up)))
 
     def ffn_out(self, li: int, L: Layer) -> None:
         self.x = self.x + linear(self.h, L.w_down)
 
-    def moe_in(self, li: int, L: Layer, oss: bool = False) -> None:
-        """The router and the chosen experts' GLU; `oss`: gpt-oss's, with the router's and the
-        experts' biases (where the config has them) and the clamped GLU (where swiglu_limit is set)."""
-        c, glu = self.cfg, GLUS[self.cfg.activation]
-        expert_glu = glu
-        if oss and c.swiglu_limit:
-            expert_glu = lambda g, u: clamped_swiglu(g, u, c.swiglu_limit, c.swiglu_alpha)  # noqa: E731
-        bias = L.expert_bias if oss else (lambda name, e=None: None)
+    def moe_in(self, li: int, L: Layer) -> None:
+        """The router and the chosen experts' GLU, with gpt-oss's router and expert biases where the
+        layer has them (L.expert_bias gives None elsewhere)."""
+        c = self.cfg
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
-        logits = linear(n, L.router, bias("router"))
+        logits = linear(n, L.router, L.expert_bias("router"))
         self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
         self.m.routing[li] = self.chosen
         ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
@@ -265,11 +256,11 @@ class _RowOps:
         self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
         h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
-            h[rows, slots] = expert_glu(linear(n[rows], L.e_gate[e], bias("gate", e)),
-                                        linear(n[rows], L.e_up[e], bias("up", e)))
+            h[rows, slots] = self.glu(linear(n[rows], L.e_gate[e], L.expert_bias("gate", e)),
+                                      linear(n[rows], L.e_up[e], L.expert_bias("up", e)))
         self.h = self.r(h)
         if c.shared_expert_ffn_dim:
-            self.shared_h = self.r(glu(linear(n, L.s_gate), linear(n, L.s_up)))
+            self.shared_h = self.r(self.glu(linear(n, L.s_gate), linear(n, L.s_up)))
             self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
 
     def _by_expert(self):
@@ -278,13 +269,10 @@ class _RowOps:
             rows, slots = np.nonzero(self.chosen == e)
             yield int(e), rows, slots
 
-    def moe_in_oss(self, li: int, L: Layer) -> None:
-        self.moe_in(li, L, oss=True)
-
-    def moe_out(self, li: int, L: Layer, oss: bool = False) -> None:
+    def moe_out(self, li: int, L: Layer) -> None:
         y = np.empty(self.chosen.shape + (self.cfg.dim,), F32)  # (T, k, dim)
         for e, rows, slots in self._by_expert():
-            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e], L.expert_bias("down", e) if oss else None)
+            y[rows, slots] = linear(self.h[rows, slots], L.e_down[e], L.expert_bias("down", e))
         y *= self.weights[..., None]
         out = y[:, 0]
         for j in range(1, y.shape[1]):  # summed in order of choice, as one accumulator would
@@ -292,9 +280,6 @@ class _RowOps:
         if self.cfg.shared_expert_ffn_dim:
             out = out + self.shared_w * linear(self.shared_h, L.s_down)
         self.x = self.x + out
-
-    def moe_out_oss(self, li: int, L: Layer) -> None:
-        self.moe_out(li, L, oss=True)
 
     def attn_out_norm(self, li: int, L: Layer) -> None:
         t = linear(self.att.reshape(self.t, -1), L.wo)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arcpy import _lib
-from arcpy.codes import ACTIVATIONS, OP_NAMES, ROUTINGS
+from arcpy.codes import ACT_SWIGLU_LIMIT, ACTIVATIONS, OP_NAMES, ROUTINGS
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import gemma4, gpt_oss, table
+from arcpy.model import gemma4, table
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -40,6 +40,8 @@ _ATTENTION_IDS = (
     ("self_attn.k_proj.bias", "ARC_TENSOR_BK"),
     ("self_attn.v_proj.bias", "ARC_TENSOR_BV"),
     ("self_attn.o_proj.weight", "ARC_TENSOR_WO"),
+    ("self_attn.o_proj.bias", "ARC_TENSOR_BO"),  # gpt-oss's, and each query head's sink logit
+    ("self_attn.sinks", "ARC_TENSOR_SINKS"),
 )
 _NORM_IDS = {"ffn": "ARC_TENSOR_MLP_NORM", "post_attn": "ARC_TENSOR_POST_ATTN_NORM",
              "post_ffn": "ARC_TENSOR_POST_FFN_NORM"}
@@ -49,10 +51,15 @@ _FFN_IDS = (
     ("mlp.down_proj.weight", "ARC_TENSOR_W_DOWN"),
     # A mixture of experts' layer: the router, and each expert's matrix of the three stacked in one
     # tensor, expert e's rows after expert e-1's (arc.h; llama.cpp's ffn_*_exps); the shared expert.
+    # gpt-oss's biases follow the matrix each adds to (expert e's values after expert e-1's).
     ("mlp.gate.weight", "ARC_TENSOR_MOE_ROUTER"),
+    ("mlp.gate.bias", "ARC_TENSOR_MOE_ROUTER_BIAS"),
     ("mlp.experts.gate_proj.weight", "ARC_TENSOR_MOE_GATE"),
+    ("mlp.experts.gate_proj.bias", "ARC_TENSOR_MOE_GATE_BIAS"),
     ("mlp.experts.up_proj.weight", "ARC_TENSOR_MOE_UP"),
+    ("mlp.experts.up_proj.bias", "ARC_TENSOR_MOE_UP_BIAS"),
     ("mlp.experts.down_proj.weight", "ARC_TENSOR_MOE_DOWN"),
+    ("mlp.experts.down_proj.bias", "ARC_TENSOR_MOE_DOWN_BIAS"),
     ("mlp.shared_expert_gate.weight", "ARC_TENSOR_SHARED_ROUTER"),
     ("mlp.shared_expert.gate_proj.weight", "ARC_TENSOR_SHARED_GATE"),
     ("mlp.shared_expert.up_proj.weight", "ARC_TENSOR_SHARED_UP"),
@@ -121,7 +128,8 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         ffn_dim=cfg.ffn_dim, vocab=cfg.vocab, max_seq=cfg.max_seq if max_seq is None else max_seq,
         rms_eps=cfg.rms_eps, tied_embeddings=int(cfg.tied_embeddings), qkv_bias=int(cfg.qkv_bias),
         qk_norm=int(cfg.qk_norm), rope_dim=cfg.rope_dim, rope_factor=cfg.rope_attention_factor,
-        post_norms=int(cfg.post_norms), activation=ACTIVATIONS.index(cfg.activation),
+        post_norms=int(cfg.post_norms),
+        activation=ACT_SWIGLU_LIMIT if cfg.swiglu_limit > 0 else ACTIVATIONS.index(cfg.activation),
         # Unset, the scores' factor is libarc's own 1/sqrt(head_dim), rounded once from double.
         embed_scale=cfg.embed_scale, attn_scale=cfg.attn_scale if cfg.attn_scale is not None else 0.0,
         sliding_window=cfg.sliding_window, window_pattern=cfg.window_pattern, norm_plus_one=int(cfg.norm_plus_one),
@@ -129,7 +137,8 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         routing=ROUTINGS.index(cfg.routing), norm_topk=int(cfg.norm_topk_prob),
         shared_ffn_dim=cfg.shared_expert_ffn_dim, moe_every=cfg.moe_every, dense_layers=dense,
         attn_gate=int(cfg.attn_output_gate), dn_k_heads=cfg.linear_n_k_heads, dn_v_heads=cfg.linear_n_v_heads,
-        dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear)
+        dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear,
+        attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias))
 
 
 def native_config(ffi, cfg, max_seq: int | None = None):
@@ -180,7 +189,6 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
-    oss = gpt_oss.tensors_after(cfg)  # gpt-oss's sinks and biases, after the tensor each follows
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
         for suffix, tensor in layer_ids:
@@ -192,8 +200,6 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
             elif suffix == _CONV:
                 shape = (shape[0], 1, shape[1])
             yield p + suffix, shape
-            for name, s in oss.get(suffix, ()):
-                yield p + name, s
     yield FINAL_NORM, table.shape(_GLOBAL_IDS[FINAL_NORM], 0, False)
     lm_head = table.shape(_GLOBAL_IDS[LM_HEAD], 0, True)
     if lm_head is not None:
@@ -222,13 +228,13 @@ def layer_program(cfg, layer: int) -> list[int]:
     if cfg.gemma4_layer:  # libarc's program of the Gemma 3 layer under it, extended
         return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer)
     if _lib.not_built():
-        return gpt_oss.program(table.layer_program(config_values(cfg), layer), cfg)
+        return table.layer_program(config_values(cfg), layer)
     ffi, lib = _lib.load()
     ops, count = ffi.new("int32_t[]", lib.ARC_MAX_LAYER_OPS), ffi.new("int32_t *")
     _lib.check(lib.arc_layer_program(native_config(ffi, cfg), layer, ops, count))
-    return gpt_oss.program([int(op) for op in ops[0:count[0]]], cfg)
+    return [int(op) for op in ops[0:count[0]]]
 
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, **gpt_oss.OP_NAMES, **gemma4.OP_NAMES}.get(op, f"op{op}") for op in program)
+    return " ".join({**OP_NAMES, **gemma4.OP_NAMES}.get(op, f"op{op}") for op in program)

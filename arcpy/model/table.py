@@ -19,9 +19,9 @@ TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_
            "FINAL_NORM", "LM_HEAD", "ROPE_INV_FREQ", "Q_NORM", "K_NORM", "POST_ATTN_NORM", "POST_FFN_NORM",
            "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
            "SHARED_ROUTER", "WQ_GATE", "DN_QKV", "DN_Z", "DN_B", "DN_A", "DN_CONV", "DN_A_LOG", "DN_DT_BIAS",
-           "DN_NORM", "DN_OUT")
+           "DN_NORM", "DN_OUT", "SINKS", "BO", "MOE_ROUTER_BIAS", "MOE_GATE_BIAS", "MOE_UP_BIAS", "MOE_DOWN_BIAS")
 # The attention's tensors, which a DeltaNet layer has none of.
-_ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE")
+_ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE", "SINKS", "BO")
 _GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
 ROUTE_SOFTMAX_TOPK, ROUTE_TOPK_SOFTMAX = 0, 1
 
@@ -45,6 +45,7 @@ def _check_moe(c: dict, who: str) -> None:
              "config.shared_ffn_dim and moe_every must not be negative, got "
              f"{c['shared_ffn_dim']} and {c['moe_every']}")
     _require(not c["post_norms"], who, "config: post_norms and mixture-of-experts layers do not combine")
+    _require(c["expert_bias"] in (0, 1), who, f"config.expert_bias must be 0 or 1, got {c['expert_bias']}")
 
 
 def _check_dn(c: dict, who: str) -> None:
@@ -99,7 +100,12 @@ def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
     dim, experts, ffn, shared = c["dim"], c["n_experts"], c["expert_ffn_dim"], c["shared_ffn_dim"]
     r, k = {"MOE_ROUTER": (experts, dim), "MOE_GATE": (experts * ffn, dim), "MOE_UP": (experts * ffn, dim),
             "MOE_DOWN": (experts * dim, ffn), "SHARED_GATE": (shared, dim), "SHARED_UP": (shared, dim),
-            "SHARED_DOWN": (dim if shared else 0, shared), "SHARED_ROUTER": (1 if shared else 0, dim)}[t]
+            "SHARED_DOWN": (dim if shared else 0, shared), "SHARED_ROUTER": (1 if shared else 0, dim),
+            # gpt-oss's biases: vectors (rows 1) with expert_bias
+            "MOE_ROUTER_BIAS": (1 if c["expert_bias"] else 0, experts),
+            "MOE_GATE_BIAS": (1 if c["expert_bias"] else 0, experts * ffn),
+            "MOE_UP_BIAS": (1 if c["expert_bias"] else 0, experts * ffn),
+            "MOE_DOWN_BIAS": (1 if c["expert_bias"] else 0, experts * dim)}[t]
     return (r if _layer_moe(c, layer) else 0), k
 
 
@@ -115,7 +121,7 @@ def _dn_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
 def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
     if t.startswith("DN_"):
         return _dn_shape(c, t, layer)
-    if TENSORS.index(t) >= TENSORS.index("MOE_ROUTER") and t != "WQ_GATE":
+    if t.startswith(("MOE_", "SHARED_")):
         return _moe_shape(c, t, layer)
     dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
     moe = t not in _GLOBAL and _layer_moe(c, layer)
@@ -128,7 +134,7 @@ def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
         "W_UP": (ffn, dim, not moe), "W_DOWN": (dim, ffn, not moe), "ROPE_INV_FREQ": (1, rope // 2, True),
         "Q_NORM": (1, c["head_dim"], c["qk_norm"]), "K_NORM": (1, c["head_dim"], c["qk_norm"]),
         "POST_ATTN_NORM": (1, dim, c["post_norms"]), "POST_FFN_NORM": (1, dim, c["post_norms"]),
-        "WQ_GATE": (q, dim, c["attn_gate"]),
+        "WQ_GATE": (q, dim, c["attn_gate"]), "SINKS": (1, c["n_heads"], c["attn_sinks"]), "BO": (1, dim, c["o_bias"]),
     }.get(t, (1, dim, True))  # ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     if t in _ATTENTION and _layer_dn(c, layer):
         present = False
