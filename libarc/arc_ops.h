@@ -80,8 +80,8 @@ int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, 
 /* The prefill's kernels (the prefill launches the same launchers). */
 
 /* c (m, n) = a (m, k) @ w (n, k)^T (+ bias[n]) (+ c if accumulate != 0): a and w bf16 (w a weight matrix as the
- * model stores it), c float32, on tensor cores with float32 sums. bias is optional (NULL) and does not combine with
- * accumulate. k % 8 == 0, n <= 4194240; a and w 16-byte aligned, c 8-byte aligned and distinct from a and w. */
+ * model stores it), c float32, on tensor cores with float32 sums. bias is optional (NULL), added before c.
+ * k % 8 == 0, n <= 4194240; a and w 16-byte aligned, c 8-byte aligned and distinct from a and w. */
 int arc_op_gemm_bf16(arc_context *ctx, const uint16_t *a, const uint16_t *w, int32_t m, int32_t n, int32_t k,
                      const uint16_t *bias, int32_t accumulate, float *c);
 

@@ -112,7 +112,8 @@ def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence
     equals what arc.h's comments say, for every preset and every family flag."""
     cfg = SHAPES[shape]
-    moe = ({"shared_expert_ffn_dim": 256, "mlp_only_layers": (0,)}, {"moe_every": 2}) if cfg.n_experts else ()
+    shared = {} if cfg.expert_bias else {"shared_expert_ffn_dim": 256}  # gpt-oss's biases take no shared expert
+    moe = ({**shared, "mlp_only_layers": (0,)}, {"moe_every": 2}) if cfg.n_experts else ()
     post = ({"post_norms": True, "tied_embeddings": True},) if not cfg.n_experts else ({"tied_embeddings": True},)
     for flags in ({}, {"qk_norm": True, "qkv_bias": True}, *post, *moe):
         c = dataclasses.replace(cfg, **flags)

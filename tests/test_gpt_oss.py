@@ -382,17 +382,20 @@ def test_the_20b_preset_has_gpt_oss_20bs_dims():
     assert 3.55e9 < c.weight_bytes / 2 < 3.65e9  # 3.6B a token: 4 experts of 32, the lm_head, not the embedding
 
 
-def test_cuda_refuses_gpt_oss_before_allocating_anything(monkeypatch):
+def test_cuda_refuses_a_clamped_glu_of_other_constants_before_allocating_anything(monkeypatch):
     import arcpy.devices.cuda as cuda
+    from arcpy.model import Model
 
     def no_context(*a, **k):
         raise AssertionError("a context was made")
     monkeypatch.setattr(cuda, "Context", no_context)
-    model = synthetic_model("gpt-oss-tiny", max_seq=16)
+    base = synthetic_model("gpt-oss-tiny", max_seq=16)
+    assert cuda_refusal(base.config) is None  # gpt-oss's own constants are libarc's
+    model = Model(dataclasses.replace(base.config, swiglu_alpha=1.5), base.tensors, base.name, base.source)
     with pytest.raises(InvalidArgumentError) as e:
         cuda.open_cuda_device(model)
     assert str(e.value) == cuda_refusal(model.config) and "\n" not in str(e.value)
-    assert "use --backend numpy" in str(e.value)
+    assert "alpha 1.5" in str(e.value) and "use --backend numpy" in str(e.value)
 
 
 @pytest.mark.parametrize("change, message", [

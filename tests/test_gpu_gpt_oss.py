@@ -1,21 +1,47 @@
-"""GPU tier: gpt-oss on a machine with a GPU (marker `gpu`). libarc has no ops for its sinks, biases
-and clamped GLU (arcpy/model/gpt_oss.py): the CUDA backend refuses the model in one line, before
-it makes a context, and a model it runs opens after the refusal as before."""
+"""GPU tier: gpt-oss on libarc (marker `gpu`): its sinks, biases and clamped GLU in the decode step
+and the prefill (tests/test_gpu_moe.py runs its presets through every MoE test); here the sinks
+made large enough to take most of each head's weight, the layers' windows shorter than the
+context, and the refusal of a clamped GLU of other constants than libarc's."""
 
+import dataclasses
+
+import numpy as np
 import pytest
+from test_gpu_moe import MAX_SEQ, decided_errors, scaled_routers
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import synthetic_model
-from arcpy.model.gpt_oss import cuda_refusal
+from arcpy.model import Model, synthetic_model
+from arcpy.model.bf16 import f32_to_bf16
 
 pytestmark = pytest.mark.gpu
 
 
-def test_the_cuda_backend_refuses_gpt_oss_in_one_line_and_opens_the_next_model():
-    model = synthetic_model("gpt-oss-tiny", max_seq=64)
+def heavy_sinks(model, value: float):
+    """`model` with every sink logit `value` (plus a little noise): far above the scores, each
+    head's positions share a small part of its weight, and a device that dropped the sink's term
+    would be off by the whole attention output."""
+    rng = np.random.default_rng(4)
+    for name in [n for n in model.tensors if n.endswith("self_attn.sinks")]:
+        n = model.tensors[name].shape[0]
+        model.tensors[name] = f32_to_bf16(np.float32(value) + rng.standard_normal(n).astype(np.float32) * 0.25)
+    return model
+
+
+@pytest.mark.parametrize("shape", ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"])
+@pytest.mark.parametrize("sink", [-30.0, 0.0, 4.0])
+def test_the_decode_with_sinks_that_matter_matches_the_reference(shape, sink):
+    model = heavy_sinks(scaled_routers(synthetic_model(shape, seed=8)), sink)
+    assert model.config.sliding_window < 48  # the windowed layers drop positions within the run
+    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+        errors = decided_errors(model, dev, steps=48)
+    print(f"{shape}, sinks near {sink}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
+    assert len(errors) >= 8 and max(errors) <= (8e-2 if "mxfp4" in shape else 1e-2)
+
+
+def test_a_clamped_glu_of_other_constants_is_refused_in_one_line():
+    base = synthetic_model("gpt-oss-tiny", seed=1)
+    model = Model(dataclasses.replace(base.config, swiglu_limit=5.0), base.tensors, base.name, base.source)
     with pytest.raises(InvalidArgumentError) as e:
-        open_cuda_device(model)
-    assert str(e.value) == cuda_refusal(model.config) and "\n" not in str(e.value)
-    with open_cuda_device(synthetic_model("stories15M", max_seq=64), use_graph=False) as dev:
-        assert dev is not None
+        open_cuda_device(model, max_seq=64)
+    assert "limit 7" in str(e.value) and "\n" not in str(e.value)

@@ -1,9 +1,11 @@
 """GPU tier (marker `gpu`): mixtures of experts on the device (libarc/model/moe/moe.cu).
 
-Four models: Qwen3-MoE's routing (softmax, top 8 of 16, renormalized; a dense layer), Mixtral's
-(top 2 of 8 logits, then their softmax), Qwen2-MoE's shared expert under its sigmoid gate on every
-second layer, and two quantized ones whose layers hold their experts in eleven formats between them
-(moe-tiny-quant-more: MXFP4, IQ4_NL, IQ4_XS, Q5_0, Q5_1). Against the
+Qwen3-MoE's routing (softmax, top 8 of 16, renormalized; a dense layer), Mixtral's (top 2 of 8
+logits, then their softmax), Qwen2-MoE's shared expert under its sigmoid gate on every second
+layer, two quantized ones whose layers hold their experts in eleven formats between them
+(moe-tiny-quant-more: MXFP4, IQ4_NL, IQ4_XS, Q5_0, Q5_1), and gpt-oss's layer (sinks, biases on
+the attention, the router and the experts, the clamped GLU, a window on every other layer), its
+experts bf16 and MXFP4. Against the
 NumPy reference, logits are compared only where every layer's routing is decided: where the
 reference's k-th router logit leads the next by more than ROUTE_GAP, so that the device's sums,
 which differ from NumPy's in order, cannot pick another expert. Ties themselves are tested
@@ -32,10 +34,11 @@ pytestmark = pytest.mark.gpu
 MAX_SEQ = 256
 PROMPT = [1, 17, 42, 99, 5]
 ROUTE_GAP = 0.02
-SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant", "moe-tiny-quant-more"]
+SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant", "moe-tiny-quant-more", "gpt-oss-tiny",
+          "gpt-oss-tiny-mxfp4"]
 # bf16 weights: the forward's float32 sums (test_gpu_forward.py's bound); quantized: the GEMVs'
 # int8 input (test_gpu_quant_model.py's).
-TOLERANCE = {"moe-tiny-quant": 8e-2, "moe-tiny-quant-more": 8e-2}
+TOLERANCE = {"moe-tiny-quant": 8e-2, "moe-tiny-quant-more": 8e-2, "gpt-oss-tiny-mxfp4": 8e-2}
 
 
 @pytest.fixture(scope="module", params=SHAPES)

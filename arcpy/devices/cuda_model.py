@@ -11,7 +11,7 @@ from arcpy.devices.context import Context
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
 from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
-from arcpy.model.gpt_oss import cuda_refusal, uses_oss_ops
+from arcpy.model.gpt_oss import cuda_refusal
 from arcpy.model.hybrid import check_cuda, split_gate
 from arcpy.model.native import native_config, place
 
@@ -24,11 +24,12 @@ PREFILL_CHUNK = 2048
 
 def check_supported(cfg) -> None:
     """Refuses, before anything is allocated, what libarc's kernels do not take: DeltaNet heads of
-    another size than its kernel's (arcpy/model/hybrid.py), gpt-oss's sinks, biases and clamped GLU
-    (arcpy/model/gpt_oss.py), Gemma 4's layer (arcpy/model/gemma4.py), one line."""
+    another size than its kernel's (arcpy/model/hybrid.py), a clamped GLU of other constants than
+    gpt-oss's (arcpy/model/gpt_oss.py), Gemma 4's layer (arcpy/model/gemma4.py), one line."""
     check_cuda(cfg)
-    if uses_oss_ops(cfg):
-        raise InvalidArgumentError(cuda_refusal(cfg))
+    refusal = cuda_refusal(cfg)
+    if refusal:
+        raise InvalidArgumentError(refusal)
     if cfg.gemma4_layer:
         raise InvalidArgumentError(GEMMA4_REFUSAL)
 

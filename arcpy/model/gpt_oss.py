@@ -18,8 +18,8 @@ The checkpoints store the experts' matrices in MXFP4 (arcpy/model/mxfp4.py).
 libarc's tensor table holds the sinks and the biases (arc_model.h: ARC_TENSOR_SINKS, BO and the
 MOE_*_BIAS vectors, under the config's attn_sinks, o_bias and expert_bias) and names the clamped
 GLU ARC_ACT_SWIGLU_LIMIT (limit 7, alpha 1.702 fixed); the layer program is Llama's MoE layer, each
-op reading what the config adds. The NumPy reference runs them; the CUDA backend refuses such a
-model in one line until libarc's kernels read them (cuda_refusal).
+op reading what the config adds, in the NumPy reference and in libarc's kernels alike. A clamped
+GLU of other constants runs on the NumPy backend alone (cuda_refusal).
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def check_gpt_oss(cfg) -> None:
     require(cfg.swiglu_limit == 0 or cfg.swiglu_alpha > 0, "the clamped GLU (swiglu_limit > 0) needs swiglu_alpha > 0")
 
 
-def cuda_refusal(cfg) -> str:
-    """The CUDA backend's one line for a config whose sinks, biases or clamped GLU libarc's kernels
-    do not read yet."""
-    return ("gpt-oss's attention sinks, biases and clamped GLU are not in libarc's kernels yet: "
-            "the model runs on the numpy backend only so far: use --backend numpy")
+def cuda_refusal(cfg) -> str | None:
+    """The CUDA backend's one line for a clamped GLU of other constants than libarc's
+    (ARC_ACT_SWIGLU_LIMIT: gpt-oss's limit 7, alpha 1.702); None where libarc runs the config."""
+    if cfg.swiglu_limit == 0 or (cfg.swiglu_limit, cfg.swiglu_alpha) == (SWIGLU_LIMIT, SWIGLU_ALPHA):
+        return None
+    return (f"libarc's clamped GLU is gpt-oss's (limit 7, alpha 1.702); this model's has limit {cfg.swiglu_limit:g} "
+            f"and alpha {cfg.swiglu_alpha:g}: it runs on the numpy backend only: use --backend numpy")

@@ -298,6 +298,11 @@ def _moe_tiny_more_mix(name: str, layer: int, n_layers: int) -> int:
     return _MOE_TINY_MORE_MIX[layer].get(".".join(parts[-3:-1]), FORMAT_Q8_0)
 
 
+def _oss_mix(name: str, layer: int, n_layers: int) -> int:
+    """gpt-oss's experts in MXFP4, as its checkpoints store them; every other matrix Q8_0."""
+    return FORMAT_MXFP4 if ".experts." in name else FORMAT_Q8_0
+
+
 # Quantized presets: (the config, the format of each matrix tensor). A tied Llama-3.2-1B file's
 # Q4_K_M quantizes token_embd as its output (Q6_K); loaded, it is a bf16 embedding and a
 # quantized lm_head, untied, and so is the preset.
@@ -319,6 +324,8 @@ _QUANTIZED = {
     "tiny-quant-more": (_TINY_QUANT, _tiny_more_mix),
     "moe-tiny-quant-more": (_MOE_TINY_QUANT, _moe_tiny_more_mix),
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
+    "gpt-oss-tiny-mxfp4": (SHAPES["gpt-oss-tiny"], _oss_mix),
+    "gpt-oss-20b-mxfp4": (SHAPES["gpt-oss-20b"], _oss_mix),
 }
 SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})
 

@@ -46,6 +46,7 @@ def _check_moe(c: dict, who: str) -> None:
              f"{c['shared_ffn_dim']} and {c['moe_every']}")
     _require(not c["post_norms"], who, "config: post_norms and mixture-of-experts layers do not combine")
     _require(c["expert_bias"] in (0, 1), who, f"config.expert_bias must be 0 or 1, got {c['expert_bias']}")
+    _require(not (c["expert_bias"] and c["shared_ffn_dim"]), who, "config: expert_bias and a shared expert do not combine")
 
 
 def _check_dn(c: dict, who: str) -> None:

@@ -66,11 +66,13 @@ struct DecodeOps {
         return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
                                c.head_dim, c.max_seq, pos, p.scratch, p.att);
     }
-    // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed.
+    // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed
+    // (the bias added once, by rank 0).
     int attn_out(const LayerParts &lw) {
+        const bool first = comm_rank(p.ctx) == 0;
         ARC_TRY(gemv_weight(p.ctx, lw.wo,
-                            {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .accumulate = comm_rank(p.ctx) == 0,
-                             .y = p.x}));
+                            {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .bias = first ? lw.bo : nullptr,
+                             .accumulate = first, .y = p.x}));
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     // h reaches the down GEMV already quantized where both matrices are (quant.cu: ffn_handoff).

@@ -72,6 +72,7 @@ int check_moe(const arc_model_config &c, const char *who) {
     ARC_REQUIRE_AS(who, !c.post_norms, "config: post_norms and mixture-of-experts layers do not combine");
     ARC_REQUIRE_AS(who, c.expert_bias == 0 || c.expert_bias == 1, "config.expert_bias must be 0 or 1, got %d",
                    c.expert_bias);
+    ARC_REQUIRE_AS(who, !(c.expert_bias && c.shared_ffn_dim), "config: expert_bias and a shared expert do not combine");
     return ARC_OK;
 }
 

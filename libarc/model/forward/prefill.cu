@@ -283,8 +283,8 @@ struct PrefillOps {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
         return product(p.ctx,
-                       {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .accumulate = 1,
-                        .c = b.x},
+                       {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .bias = lw.bo,
+                        .accumulate = 1, .c = b.x},
                        b.wdq);
     }
     int ffn_in(const LayerParts &lw) {

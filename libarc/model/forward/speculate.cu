@@ -266,7 +266,8 @@ struct VerifyOps {
                                        b.attn_done, b.att);
     }
     int attn_out(const LayerParts &lw) {
-        return product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .accumulate = 1, .y = b.x});
+        return product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .bias = lw.bo, .accumulate = 1,
+                               .y = b.x});
     }
     int ffn_in(const LayerParts &lw) {
         return product(lw.w_gate_up,

@@ -185,8 +185,6 @@ static int gemm_into(arc_context *ctx, const char *who, int32_t format, const vo
     const uint16_t *a = io.a;
     float *c = io.c;
     ARC_REQUIRE_AS(who, a && w && c, "null pointer (a, w and c are required)");
-    ARC_REQUIRE_AS(who, !(io.bias && io.accumulate),
-                   "bias and accumulate do not combine (the forward uses one or the other)");
     ARC_REQUIRE_AS(who, (uintptr_t)c % 8 == 0, "c must be 8-byte aligned");
     ARC_REQUIRE_AS(who, (const void *)c != (const void *)a && (const void *)c != w, "c must not alias a or w");
     ARC_REQUIRE_AS(who, io.ldc >= io.n, "ldc %d is less than n %d", io.ldc, io.n);

@@ -28,7 +28,7 @@ struct GemmArgs {
     const void *w;          // (n, k) bf16, or packed rows of a quantized format; SWIGLU: [Wg; Wu] (2 n, k)
     const uint16_t *a;      // (m, k) bf16
     int m, n, k;            // n: output columns (SWIGLU: of h)
-    const uint16_t *bias;   // (n) or null; STORE only
+    const uint16_t *bias;   // (n) or null, added before c (ACCUMULATE); SWIGLU: the gate's, the up's at up_bias
     float *c;               // (m, ldc) float32, columns [0, n) written: STORE, ACCUMULATE
     int ldc;
     uint16_t *h;            // (m, n) bf16: SWIGLU
@@ -41,6 +41,10 @@ struct GemmArgs {
     const int32_t *offsets = nullptr, *a_rows = nullptr;
     uint64_t w_step = 0;
     int up_rows = 0, groups = 1;
+    // The bias advances bias_step elements an expert (gpt-oss's experts' biases); SWIGLU's up
+    // biases lie up_bias elements after the gate's.
+    uint64_t bias_step = 0;
+    int up_bias = 0;
 };
 
 // Checks a product's arguments common to every entry point (pointers are checked by each).

@@ -14,7 +14,9 @@ enum { GEMM_BK = 64, GEMM_CHUNKS = GEMM_BK / 8 };  // k per stage; 16-byte chunk
 
 // A grouped product's weights: expert blockIdx.z's (data no kernel writes: before pdl_wait too).
 __device__ __forceinline__ void group_weights(GemmArgs &p) {
-    if (p.offsets) p.w = reinterpret_cast<const uint8_t *>(p.w) + blockIdx.z * p.w_step;
+    if (!p.offsets) return;
+    p.w = reinterpret_cast<const uint8_t *>(p.w) + blockIdx.z * p.w_step;
+    if (p.bias) p.bias += blockIdx.z * p.bias_step;
 }
 
 // A grouped product's rows: p narrowed to expert blockIdx.z's, false where the block's rows from
@@ -127,9 +129,16 @@ __device__ __forceinline__ void store_tile(const GemmArgs &p, const float (&acc)
                 for (int j = 0; j < T::NI / 2; ++j) {
                     const int col = block_n * (T::BN / 2) + wn * (T::WN / 2) + j * 8 + 2 * t;
                     if (col >= p.n) continue;  // n is even: col + 1 < n too
-                    const float *gate = &acc[i][j][half * 2], *up = &acc[i][j + T::NI / 2][half * 2];
+                    float g0 = acc[i][j][half * 2], g1 = acc[i][j][half * 2 + 1];
+                    float u0 = acc[i][j + T::NI / 2][half * 2], u1 = acc[i][j + T::NI / 2][half * 2 + 1];
+                    if (p.bias) {
+                        g0 += bf16_to_f32(p.bias[col]);
+                        g1 += bf16_to_f32(p.bias[col + 1]);
+                        u0 += bf16_to_f32(p.bias[p.up_bias + col]);
+                        u1 += bf16_to_f32(p.bias[p.up_bias + col + 1]);
+                    }
                     *reinterpret_cast<uint32_t *>(p.h + (size_t)row * p.n + col) =
-                        pack_bf16x2(glu(gate[0], up[0], p.act), glu(gate[1], up[1], p.act));
+                        pack_bf16x2(glu(g0, u0, p.act), glu(g1, u1, p.act));
                 }
             } else {
 #pragma unroll
@@ -138,11 +147,9 @@ __device__ __forceinline__ void store_tile(const GemmArgs &p, const float (&acc)
                     float v0 = acc[i][j][half * 2], v1 = acc[i][j][half * 2 + 1];
                     float *dst = p.c + (size_t)row * p.ldc + col;
                     if (col + 1 < p.n) {
-                        if constexpr (EPI == EPI_STORE) {
-                            if (p.bias) {
-                                v0 += bf16_to_f32(p.bias[col]);
-                                v1 += bf16_to_f32(p.bias[col + 1]);
-                            }
+                        if (p.bias) {
+                            v0 += bf16_to_f32(p.bias[col]);
+                            v1 += bf16_to_f32(p.bias[col + 1]);
                         }
                         if (p.ldc % 2 == 0) {  // 8-byte aligned pair (c is 8-byte aligned)
                             float2 *d2 = reinterpret_cast<float2 *>(dst);
@@ -161,9 +168,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs &p, const float (&acc)
                             dst[1] = v1;
                         }
                     } else if (col < p.n) {
-                        if constexpr (EPI == EPI_STORE) {
-                            if (p.bias) v0 += bf16_to_f32(p.bias[col]);
-                        }
+                        if (p.bias) v0 += bf16_to_f32(p.bias[col]);
                         if constexpr (EPI == EPI_ACCUMULATE) v0 += dst[0];
                         dst[0] = v0;
                     }

@@ -214,7 +214,8 @@ gemv_kernel(const uint16_t *__restrict__ w, const float *__restrict__ x, int row
             }
         }
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
-                                           ROUTED && GATED ? route_scale : nullptr, rt.seg);
+                                           ROUTED && (GATED || bias) ? route_scale : nullptr, rt.seg,
+                                           ROUTED ? route_ids : nullptr, rt.count, rt.up);
     }
     if constexpr (AM) argmax_finish<GEMV_WARPS>(seen, am);
 }
@@ -336,10 +337,10 @@ int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const
 
 // A routed product over bf16 experts (moe.cu): GATED, y (count * seg) = the chosen experts' GLUs
 // of rmsnorm(x) times their scales; else y (rows) += the chosen experts' down projections of x's
-// count segments, summed.
+// count segments, summed. io.bias: the experts' biases (gemv_finish_task), or null.
 int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated,
                        const GemvRoute &rt) {
-    const GemvArgs a{w, io.x, io.rows, io.cols, nullptr, io.norm_weight, io.eps, gated ? io.act : 1,
+    const GemvArgs a{w, io.x, io.rows, io.cols, io.bias, io.norm_weight, io.eps, gated ? io.act : 1,
                      io.y, nullptr, io.norm_add, &rt};
     return gated ? launch_gemv<true>(ctx, who, a) : launch_gemv<false>(ctx, who, a);
 }

@@ -81,10 +81,15 @@ __device__ __forceinline__ void stage_route(const GemvRoute &rt, int *ids, float
 // `accumulate` slot carries the arc_activation; with seg_scale, times seg_scale[row / seg]), or the
 // dot (+ bias) (+ y when accumulate). AM: the rows this lane wrote join what it has `seen`. With
 // KS > 1 every warp of the block must call this, since it holds __syncthreads. WARPS: the block's.
+// A routed product's biases (gpt-oss's experts; seg_ids: the block's staged experts, the route's
+// `count` of them): GATED, expert e = seg_ids[row / seg] adds bias[e * seg + row % seg] to the gate
+// and bias[up + e * seg + row % seg] to the up before the GLU; not GATED, row `row` of the summed
+// experts' products adds seg_scale[j] * bias[seg_ids[j] * rows + row] for j in order of choice.
 template <int R, int KS, bool GATED, bool AM, int NR, int WARPS = GEMV_WARPS>
 __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int rows, const uint16_t *bias,
                                                  int accumulate, float *y, ArgmaxSeen &seen,
-                                                 const float *seg_scale = nullptr, int seg = 1) {
+                                                 const float *seg_scale = nullptr, int seg = 1,
+                                                 const int *seg_ids = nullptr, int count = 0, int up = 0) {
     __shared__ float part[WARPS][NR];  // the KS warps' partial sums
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -112,11 +117,22 @@ __device__ __forceinline__ void gemv_finish_task(float (&acc)[NR], int task, int
             if (row >= rows) break;
             float out;
             if constexpr (GATED) {
-                out = glu(acc[r], acc[R + r], accumulate);
+                float gate = acc[r], upv = acc[R + r];
+                if (bias != nullptr) {
+                    const int at = (seg_ids ? seg_ids[row / seg] : 0) * seg + row % seg;
+                    gate += bf16_to_f32(bias[at]);
+                    upv += bf16_to_f32(bias[up + at]);
+                }
+                out = glu(gate, upv, accumulate);
                 if (seg_scale != nullptr) out *= seg_scale[row / seg];
             } else {
                 out = acc[r];
-                if (bias != nullptr) out += bf16_to_f32(bias[row]);
+                if (bias != nullptr && seg_ids != nullptr) {
+                    for (int j = 0; j < count; ++j)
+                        out += seg_scale[j] * bf16_to_f32(bias[(size_t)seg_ids[j] * rows + row]);
+                } else if (bias != nullptr) {
+                    out += bf16_to_f32(bias[row]);
+                }
                 if (accumulate) out += y[row];
             }
             y[row] = out;

@@ -304,7 +304,7 @@ int gemv_rows(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo
                    io.norm_weight == nullptr || (io.scratch && (uintptr_t)io.scratch % 16 == 0 && io.scratch != io.y),
                    "a fused norm needs xn: 16-byte aligned, m x cols floats, not y");
     if (gated)
-        ARC_REQUIRE_AS(who, io.act == ARC_ACT_SILU || io.act == ARC_ACT_GELU_TANH, "unknown activation %d", io.act);
+        ARC_REQUIRE_AS(who, io.act >= ARC_ACT_SILU && io.act <= ARC_ACT_SWIGLU_LIMIT, "unknown activation %d", io.act);
     const GemvPlan plan = gemv_plan(ctx, io.rows, io.cols, gated);
     if (gated) return launch_plan<true>(plan, ctx, w, io, plan.wx);
     return launch_plan<false>(plan, ctx, w, io, plan.wx);

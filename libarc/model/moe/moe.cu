@@ -5,9 +5,9 @@
 // decode's step graph is captured once and replays for every token.
 //
 // The decode (one row):
-//   MOE_IN   gemv           logits = [ROUTER; SHARED_ROUTER] @ n, n = rmsnorm(x, mlp_norm)
+//   MOE_IN   gemv           logits = [ROUTER; SHARED_ROUTER] @ n (+ ROUTER_BIAS), n = rmsnorm(x, mlp_norm)
 //            route_kernel   ids (k), weights (k), the shared expert's sigmoid
-//            gemv<routed>   h[j] = weight_j * act(Wgate_e @ n) * (Wup_e @ n), e = ids[j], one launch
+//            gemv<routed>   h[j] = weight_j * act(Wgate_e @ n (+ bg_e)) * (Wup_e @ n (+ bu_e)), e = ids[j], one launch
 //                           for the k experts (gemv_common.cuh's GemvRoute)
 //            gemv<routed>   the shared expert's GLU times its sigmoid, after them
 //   MOE_OUT  gemv<routed>   x += sum_j Wdown_e @ h[j]: one dot a row over the k segments, each
@@ -169,13 +169,14 @@ int moe_decode_in(const ModelParts &p, const LayerParts &lw) {
     const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
     const float eps = c.rms_eps, add = norm_offset(c);
     ARC_TRY(gemv_weight(p.ctx, lw.router,
-                        {.x = p.x, .rows = c.n_experts + (s > 0), .cols = c.dim, .norm_weight = lw.mlp_norm, .eps = eps,
-                         .norm_add = add, .y = p.router}));
+                        {.x = p.x, .rows = c.n_experts + (s > 0), .cols = c.dim, .bias = lw.router_bias,
+                         .norm_weight = lw.mlp_norm, .eps = eps, .norm_add = add, .y = p.router}));
     ARC_TRY(launch_route(p.ctx, p.router, 1, c, p.route_ids, p.route_w));
     const GemvRoute experts{p.route_ids, p.route_w, k, f, c.n_experts * f};
     ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up,
-                               {.x = p.x, .rows = k * f, .cols = c.dim, .norm_weight = lw.mlp_norm, .eps = eps,
-                                .norm_add = add, .act = c.activation, .y = p.h},
+                               {.x = p.x, .rows = k * f, .cols = c.dim, .bias = lw.e_gate_up_bias,
+                                .norm_weight = lw.mlp_norm, .eps = eps, .norm_add = add, .act = c.activation,
+                                .y = p.h},
                                /*gated=*/true, experts));
     if (s == 0) return ARC_OK;
     const GemvRoute shared{nullptr, p.route_w + k, 1, s, s};
@@ -188,9 +189,11 @@ int moe_decode_in(const ModelParts &p, const LayerParts &lw) {
 int moe_decode_out(const ModelParts &p, const LayerParts &lw) {
     const arc_model_config &c = p.cfg;
     const int k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
-    const GemvRoute experts{p.route_ids, nullptr, k, f, 0};
-    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, {.x = p.h, .rows = c.dim, .cols = k * f, .y = p.x}, /*gated=*/false,
-                               experts));
+    // The experts' down biases, each times its expert's weight (h is already weighted).
+    const GemvRoute experts{p.route_ids, lw.e_down_bias ? p.route_w : nullptr, k, f, 0};
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, {.x = p.h, .rows = c.dim, .cols = k * f, .bias = lw.e_down_bias,
+                                                  .y = p.x},
+                               /*gated=*/false, experts));
     if (s == 0) return ARC_OK;
     return gemv_weight(p.ctx, lw.s_down,
                        {.x = p.h + (size_t)k * f, .rows = c.dim, .cols = s, .accumulate = 1, .y = p.x});
@@ -252,7 +255,8 @@ int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
     const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
     const char *who = "arc_model_prefill";
     ARC_TRY(gemm_weight(p.ctx, who, lw.router,
-                        {.a = b.xn, .m = n, .n = e + (s > 0), .k = c.dim, .c = m.logits, .ldc = e + (s > 0)}));
+                        {.a = b.xn, .m = n, .n = e + (s > 0), .k = c.dim, .bias = lw.router_bias, .c = m.logits,
+                         .ldc = e + (s > 0)}));
     ARC_TRY(launch_route(p.ctx, m.logits, n, c, m.ids, m.weights));
     ARC_TRY(arc_launch_pdl(p.ctx, "sort_kernel", sort_kernel, dim3(1), dim3(SORT_THREADS), 0, (const int32_t *)m.ids,
                            n * k, k, e, m.offsets, m.order, m.slot_row));
@@ -262,6 +266,9 @@ int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
     g.h = m.h;
     g.act = c.activation;
     g.up_rows = e * f;
+    g.bias = lw.e_gate_up_bias;  // expert z's gate biases at z f, its up biases e f further
+    g.bias_step = f;
+    g.up_bias = e * f;
     ARC_TRY(gemm_grouped(p.ctx, who, lw.e_gate_up.format, g, EPI_SWIGLU));
     if (s == 0) return ARC_OK;
     return gemm_glu_weight(p.ctx, who, lw.s_gate_up,
@@ -277,6 +284,8 @@ int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
     GemmArgs g = grouped(m, lw.e_down, n, c.dim, f, c.dim, e);
     g.a = m.h;
     g.c = m.y;
+    g.bias = lw.e_down_bias;  // y = h Wdown^T + the expert's bias, before moe_combine_kernel's weight
+    g.bias_step = c.dim;
     ARC_TRY(gemm_grouped(p.ctx, who, lw.e_down.format, g, EPI_STORE));
     if (s > 0)
         ARC_TRY(gemm_weight(p.ctx, who, lw.s_down, {.a = m.sh, .m = n, .n = c.dim, .k = s, .c = m.sy, .ldc = c.dim}));

@@ -13,7 +13,9 @@ int check_moe_limits(const arc_model_config &c, const char *who);
 // The routed GEMV over a Weight of any format (gemv_common.cuh's GemvRoute): gated, y (rt.count *
 // rt.seg) = the chosen experts' GLUs (io.act) of rmsnorm(x, norm_weight) times their scales; else y
 // (rows) += the chosen experts' products of x's rt.count segments of rt.seg columns, summed
-// (quant.cu). io: no bias, no accumulate (the sum is the routed product's own).
+// (quant.cu). io: no accumulate (the sum is the routed product's own); io.bias: the experts'
+// biases or null (gemv_common.cuh's gemv_finish_task: gated, the gate's then at rt.up the up's;
+// not gated, the down's, each times its expert's weight rt.scale[j]).
 int gemv_routed_weight(arc_context *ctx, Weight w, const GemvIo &io, bool gated, const GemvRoute &rt);
 int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated,
                        const GemvRoute &rt);

@@ -255,7 +255,8 @@ qgemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ x, int row
             }
         }
         gemv_finish_task<R, KS, GATED, AM>(acc, task, rows, bias, accumulate, y, seen,
-                                           ROUTED && GATED ? route_scale : nullptr, rt.seg);
+                                           ROUTED && (GATED || bias) ? route_scale : nullptr, rt.seg,
+                                           ROUTED ? route_ids : nullptr, rt.count, rt.up);
     }
     if constexpr (GATED && !ROUTED && HAND) {
         if (hand.out != nullptr && warp % KS == 0) quant_handoff<R, GROUPS>(y, rows, block_tasks, group, hand, lane);

@@ -36,7 +36,7 @@ static int qgemv_rows(arc_context *ctx, const char *who, int32_t format, const v
                    scratch && (uintptr_t)scratch % 16 == 0 && scratch != (void *)io.y && scratch != (const void *)io.x,
                    "the quantized rows need scratch: 16-byte aligned, m x cols floats, neither x nor y");
     if (gated)
-        ARC_REQUIRE_AS(who, io.act == ARC_ACT_SILU || io.act == ARC_ACT_GELU_TANH, "unknown activation %d", io.act);
+        ARC_REQUIRE_AS(who, io.act >= ARC_ACT_SILU && io.act <= ARC_ACT_SWIGLU_LIMIT, "unknown activation %d", io.act);
     const int units = cols / QUNIT;
     const size_t stride = qrow_stride(units);
     uint8_t *xq = (uint8_t *)io.scratch;
