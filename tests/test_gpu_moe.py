@@ -233,3 +233,23 @@ def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
         assert "12 tokens" in out and "backend cuda" in out, out[-2000:]
         runs[how] = proc.stdout  # the answer's text (the file has a byte vocabulary)
     assert runs["--device-loop"] == runs["--host-path"] and runs["--device-loop"].strip()
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "MXFP4", "IQ4_NL", "IQ4_XS", "Q5_0", "Q5_1", "Q3_K", "Q2_K"])
+def test_the_experts_in_each_format_decode_as_the_reference(fmt):
+    """moe-tiny-quant's shape with every expert and the shared expert in one format and the rest
+    bf16: each format's routed GEMVs (gated, and the down's sum over the chosen experts) against the
+    reference on the same dequantized weights, where the routing is decided."""
+    from arcpy.model import SHAPES as ALL
+    from arcpy.model import random_model
+    from arcpy.model.native import expected_tensors, is_matrix
+    from arcpy.model.quant import FORMAT_NAMES
+
+    code = {v: k for k, v in FORMAT_NAMES.items()}[fmt]
+    cfg = ALL["moe-tiny-quant"]
+    formats = {n: code for n in expected_tensors(cfg) if is_matrix(n) and ("experts." in n or "shared_expert." in n)}
+    model = scaled_routers(random_model(cfg, seed=5, name=f"experts-{fmt}", formats=formats))
+    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+        errors = decided_errors(model, dev)
+    print(f"experts in {fmt}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
+    assert len(errors) >= 8 and max(errors) <= 8e-2

@@ -32,6 +32,12 @@ CHECK = (0, 1, 2, 9, 10, 57, 300)
 SHAPES = ["qwen3.5-tiny", "qwen3.5moe-tiny", "qwen3.5-tiny-quant"]
 
 
+# bf16 weights: the forward's float32 sums; quantized: the GEMVs' int8 input as well
+# (tests/test_gpu_quant_model.py's bound).
+def tolerance(model, bf16: float) -> float:
+    return 8e-2 if model.quantized else bf16
+
+
 @pytest.fixture(scope="module", params=SHAPES)
 def pair(request):
     model = synthetic_model(request.param, seed=5, max_seq=MAX_SEQ)
@@ -61,7 +67,7 @@ def test_decode_matches_the_reference(pair):
             dev.set_input(int(tok), pos)
             dev.enqueue_forward()
     print(f"{model.name}: max relative logit error by position {errors}")
-    assert all(e <= 2e-2 for e in errors.values()), errors
+    assert all(e <= tolerance(model, 2e-2) for e in errors.values()), errors
 
 
 def test_a_step_run_again_at_its_position_changes_nothing(pair):
@@ -95,7 +101,7 @@ def test_prefill_matches_the_reference_and_its_chunks_give_the_same_bits(pair):
     after_whole = [gpu_logits(dev, t, 40 + i) for i, t in enumerate((5, 6, 7))]
     err = rel_error(whole, want)
     print(f"{model.name}: prefill of 40 against the reference: {err:.3g}")
-    assert err <= 3e-2
+    assert err <= tolerance(model, 3e-2)
     chunked = prefill_logits(dev, toks, 7)
     after_chunked = [gpu_logits(dev, t, 40 + i) for i, t in enumerate((5, 6, 7))]
     assert np.array_equal(whole, chunked), "the prefill's logits depend on its chunks"
@@ -103,7 +109,7 @@ def test_prefill_matches_the_reference_and_its_chunks_give_the_same_bits(pair):
         assert np.array_equal(a, b), f"decode step {i} after the prefill depends on the prefill's chunks"
     for i, t in enumerate((5, 6, 7)):  # the state the prefill left is the reference's
         step = ref.forward(t, 40 + i)
-        assert rel_error(after_whole[i], step) <= 3e-2
+        assert rel_error(after_whole[i], step) <= tolerance(model, 3e-2)
 
 
 def engine(dev, *, loop=True, speculate=False, always=False, burst=8):
@@ -148,12 +154,15 @@ def test_only_the_attention_layers_keep_kv_rows(pair):
     cfg = model.config
     _, kv, _ = dev.forward.memory()
     assert kv == 2 * cfg.kv_layers * cfg.n_kv_heads * MAX_SEQ * cfg.head_dim * 2 and cfg.kv_layers < cfg.n_layers
-    # The prefill writes the attention layers' rows where arc_model_kv_cache says they lie.
+    # The prefill writes the attention layers' rows where arc_model_kv_cache says they lie: each
+    # layer's k rows within a bf16 prefill's error of the reference's (another layer's rows would
+    # be off by their whole size).
     toks = tokens_for(model, 9, seed=2)
     prefill_logits(dev, toks, 64)
     ref = ReferenceModel(model, max_seq=MAX_SEQ)
-    ref.prefill(toks)
-    k_rows = bf16_to_f32(kv_cache_rows(dev)[0])  # (attention layers, kv heads, max_seq, head_dim) of k
-    want = np.stack([ref.k_cache[layer] for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)])
-    got = k_rows[:, :, :9].astype(np.float64)
-    assert np.allclose(got, want[:, :, :9], rtol=3e-2, atol=3e-2)
+    ref.prefill(toks, bf16_products=True)
+    k_rows = bf16_to_f32(kv_cache_rows(dev, 9)[0]).astype(np.float64)  # (attention layers, kv heads, 9, head_dim)
+    want = np.stack([ref.k_cache[layer, :, :9] for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)])
+    errors = [float(np.linalg.norm(g - w) / np.linalg.norm(w)) for g, w in zip(k_rows, want)]
+    print(f"{model.name}: k rows of the attention layers, relative error {errors}")
+    assert max(errors) <= tolerance(model, 1e-2)
