@@ -1,6 +1,7 @@
 // attention.cu -- one token's attention at batch 1 (the decode's, and the verify's rows, each as
 // the one-row launch computes it), with the rotary embedding and the KV-cache write of the new
-// position fused in: attention_layer, which the forwards launch, and arc_op_attention (arc_ops.h).
+// position fused in: attention_layer, which the forwards launch (attention_entry.cu: arc_ops.h's
+// entry points).
 //
 // Laid out so that each cached k and v element is read once a token, at the bandwidth of the cache:
 // - a block takes the query heads of one kv head (up to 16 of them: the rows of a tensor-core
@@ -426,21 +427,4 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                      (float)(1.4426950408889634 * spec.scale), spec.window, scratch,
                      reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
     return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
-}
-
-extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
-                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
-    return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
-                           out);
-}
-
-extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes) {
-    ARC_REQUIRE(bytes, "bytes is null");
-    *bytes = 0;
-    ARC_REQUIRE(n_heads > 0 && head_dim > 0 && max_seq > 0 && max_seq <= ATTN_MAX_SEQ,
-                "shapes out of range: n_heads %d, head_dim %d, max_seq %d", n_heads, head_dim, max_seq);
-    *bytes = arc_attention_scratch_bytes(n_heads, head_dim, max_seq);
-    return ARC_OK;
 }
