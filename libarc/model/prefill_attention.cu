@@ -374,15 +374,33 @@ extern "C" int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t h
     return ARC_OK;
 }
 
+// arc_op_prefill_attention and arc_op_prefill_attention_sinks (sinks null: none), reported as `who`.
+static int op_prefill_attention(const char *who, arc_context *ctx, const float *qkv, const float *inv_freq,
+                                uint16_t *k_cache, uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t max_seq, int32_t n, int32_t start, const uint16_t *sinks,
+                                uint16_t *q_scratch, float *scratch, uint16_t *out) {
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0, sinks};
+    const uint64_t need = n > 0 && start >= 0 && n_heads > 0 && head_dim > 0
+                              ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
+    ARC_REQUIRE_AS(who, scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
+                   (unsigned long long)(need * sizeof(float)));
+    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
+                                   q_scratch, out, scratch, need);
+}
+
 extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                         uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                         int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
                                         float *scratch, uint16_t *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
-    const uint64_t need = n > 0 && start >= 0 && n_heads > 0 && head_dim > 0
-                              ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
-    ARC_REQUIRE(scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
-                (unsigned long long)(need * sizeof(float)));
-    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
-                                   q_scratch, out, scratch, need);
+    return op_prefill_attention(__func__, ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                                n, start, nullptr, q_scratch, scratch, out);
+}
+
+extern "C" int arc_op_prefill_attention_sinks(arc_context *ctx, const float *qkv, const float *inv_freq,
+                                              uint16_t *k_cache, uint16_t *v_cache, int32_t n_heads,
+                                              int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                                              int32_t start, const uint16_t *sinks, uint16_t *q_scratch,
+                                              float *scratch, uint16_t *out) {
+    return op_prefill_attention(__func__, ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                                n, start, sinks, q_scratch, scratch, out);
 }
