@@ -76,6 +76,18 @@ int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t ma
 int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
+/* arc_op_attention with gpt-oss's sinks, for one token or the speculative verify's rows: query head h's sink logit
+ * sinks[h] (n_heads bf16 words, in the units of the scaled scores; NULL: none) joins its softmax's denominator alone,
+ * out = sum_j exp(x_j) v_j / (sum_j exp(x_j) + exp(sinks[h])). rows 1: arc_op_attention's launch at *positions (done
+ * unused, may be NULL). rows 2..8: the verify's, qkv (rows, n_heads + 2 n_kv_heads, head_dim): every row's k and v are
+ * rotated and stored at its position (positions[rows], device memory) first, then each row attends as the one-row
+ * launch does at its position, to the bit; out (rows, n_heads, head_dim), scratch rows times
+ * arc_op_attention_scratch_bytes, done rows * n_heads zeroed uint32 tickets (left zeroed). Otherwise as
+ * arc_op_attention. */
+int arc_op_attention_sinks(arc_context *ctx, const float *qkv, int32_t rows, const int32_t *positions,
+                           const float *inv_freq, uint16_t *k_cache, uint16_t *v_cache, int32_t n_heads,
+                           int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const uint16_t *sinks,
+                           float *scratch, uint32_t *done, float *out);
 
 /* The prefill's kernels (the prefill launches the same launchers). */
 
@@ -115,6 +127,12 @@ int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *in
                              uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                              int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, float *scratch,
                              uint16_t *out);
+/* arc_op_prefill_attention with gpt-oss's sinks: query head h's sink logit sinks[h] (n_heads bf16 words, in the
+ * units of the scaled scores; NULL: none, arc_op_prefill_attention's bits) joins its softmax's denominator alone. */
+int arc_op_prefill_attention_sinks(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
+                                   uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t max_seq, int32_t n, int32_t start, const uint16_t *sinks,
+                                   uint16_t *q_scratch, float *scratch, uint16_t *out);
 
 /* The speculative verify's products: y (m, rows) = w (rows, cols) @ n(x[i]) (+ bias) (+ y if accumulate) for the m
  * rows x[i] of x (m, cols), n as in arc_op_gemv (norm_weight NULL: n(x) = x), each weight read once for every row.

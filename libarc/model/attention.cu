@@ -1,6 +1,7 @@
 // attention.cu -- one token's attention at batch 1 (the decode's, and the verify's rows, each as
 // the one-row launch computes it), with the rotary embedding and the KV-cache write of the new
-// position fused in: attention_layer, which the forwards launch, and arc_op_attention (arc_ops.h).
+// position fused in: attention_layer, which the forwards launch (attention_entry.cu: arc_ops.h's
+// entry points).
 //
 // Laid out so that each cached k and v element is read once a token, at the bandwidth of the cache:
 // - a block takes the query heads of one kv head (up to 16 of them: the rows of a tensor-core
@@ -45,7 +46,8 @@ static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the
 // A block writes o_part[head][y][hd] = sum_t 2^(s_t - m) v_t and ml_part[head][y] = (m, sum_t
 // 2^(s_t - m)) (row stride `splits` >= S), s_t the scores in log2 units, m their max; the last of
 // the kv head's blocks to finish (a ticket on done[x], which it resets) writes out[head][:] = the
-// partials merged. When one block holds every tile it writes out at once.
+// partials merged. When one block holds every tile it writes out at once. sinks (AttnSpec: null or
+// n_heads bf16 logits) join there alone, the sums then against max(m, sl), sl a sink in log2 units.
 // A position outside [0, max_seq) writes NaN to out and nothing to the cache.
 // PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
 // window's bounds and the partial rotation compile away.
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(ATTN_TILE_THREADS)
 decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
                         int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
                         float scale_log2, int window, float *__restrict__ o_part, float2 *__restrict__ ml_part,
-                        unsigned *done, float *__restrict__ out, int qkv_stride) {
+                        unsigned *done, float *__restrict__ out, int qkv_stride, const uint16_t *__restrict__ sinks) {
     constexpr int KD = D / 16;       // k16 steps of q . k
     constexpr bool QREG = D <= 128;  // q's fragments held in registers across the tiles
     extern __shared__ __align__(128) uint16_t smem[];
@@ -279,12 +281,17 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
         float m = wm[0][tid];
 #pragma unroll
         for (int w = 1; w < DEC_WARPS; ++w) m = fmaxf(m, wm[w][tid]);
+        // The weights against m, or where this block writes out and the head has a sink, against
+        // top = max(m, sl), the sink's term joining l (AttnSpec::sinks).
+        const bool sink = sinks != nullptr && parts == 1 && tid < nh;
+        const float sl = sink ? sink_log2(sinks, h0 + tid) : 0.0f, top = sink ? fmaxf(m, sl) : m;
         float l = 0.0f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; ++w) {
-            wa[tid][w] = wm[w][tid] == -INFINITY ? 0.0f : exp2f(wm[w][tid] - m);
+            wa[tid][w] = wm[w][tid] == -INFINITY ? 0.0f : exp2f(wm[w][tid] - top);
             l = fmaf(wa[tid][w], wl[w][tid], l);
         }
+        if (sink) l += exp2f(sl - top);
         wm[0][tid] = m;
         wsum[tid] = l;
     }
@@ -310,7 +317,8 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
     __threadfence();
     // The last block merges the parts: each head's maximum m over them, its sum l, and the weight
     // 2^(m_p - m) / l of each part (a warp a head), then out = the weighted sum of the parts'
-    // outputs, in part order.
+    // outputs, in part order. With a sink the weights are taken against top = max(m, sl), and l
+    // has the sink's term.
     float *fw = reinterpret_cast<float *>(kv);  // [head][part]: 16 * DEC_MAX_SPLITS floats fit every D's tiles
     for (int r = warp; r < nh; r += DEC_WARPS) {
         const float2 *st = ml_part + (size_t)(h0 + r) * splits;
@@ -318,13 +326,15 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
         for (int p = lane; p < parts; p += 32) m = fmaxf(m, __ldcg(&st[p]).x);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const float sl = sinks ? sink_log2(sinks, h0 + r) : 0.0f, top = sinks ? fmaxf(m, sl) : m;
         for (int p = lane; p < parts; p += 32) {
             const float2 v = __ldcg(&st[p]);
-            l = fmaf(exp2f(v.x - m), v.y, l);
+            l = fmaf(exp2f(v.x - top), v.y, l);
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-        for (int p = lane; p < parts; p += 32) fw[r * parts + p] = exp2f(__ldcg(&st[p]).x - m) / l;
+        if (sinks) l += exp2f(sl - top);
+        for (int p = lane; p < parts; p += 32) fw[r * parts + p] = exp2f(__ldcg(&st[p]).x - top) / l;
     }
     __syncthreads();
     for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
@@ -368,6 +378,7 @@ struct TilesArgs {
     const int32_t *pos;
     float scale_log2;
     int window;
+    const uint16_t *sinks;  // null: none
     float *o_part;
     float2 *ml_part;
     unsigned *done;
@@ -387,7 +398,7 @@ static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
     return arc_launch_pdl(ctx, ROWS ? "decode_attention_kernel<rows>" : "decode_attention_kernel", kernel, grid,
                           dim3(ATTN_TILE_THREADS), smem, a.qkv, a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd,
                           a.max_seq, a.splits, a.pos, a.scale_log2, a.window, a.o_part, a.ml_part, a.done, a.out,
-                          a.rows.stride);
+                          a.rows.stride, a.sinks);
 }
 
 template <bool ROWS>
@@ -423,24 +434,7 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
     const int splits = tiles_splits(max_seq);
     const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
     const TilesArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
-                     (float)(1.4426950408889634 * spec.scale), spec.window, scratch,
+                     (float)(1.4426950408889634 * spec.scale), spec.window, spec.sinks, scratch,
                      reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
     return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
-}
-
-extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
-                                uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
-    return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
-                           out);
-}
-
-extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes) {
-    ARC_REQUIRE(bytes, "bytes is null");
-    *bytes = 0;
-    ARC_REQUIRE(n_heads > 0 && head_dim > 0 && max_seq > 0 && max_seq <= ATTN_MAX_SEQ,
-                "shapes out of range: n_heads %d, head_dim %d, max_seq %d", n_heads, head_dim, max_seq);
-    *bytes = arc_attention_scratch_bytes(n_heads, head_dim, max_seq);
-    return ARC_OK;
 }

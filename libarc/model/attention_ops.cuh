@@ -19,12 +19,18 @@ uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t 
 // are multiplied by (arc.h: rope_dim, rope_factor).
 struct RopeArgs { const float *inv_freq; int half; float factor; };
 
-// What a layer's attention does besides attend: its RoPE, the scores' factor, and its window
-// (0: every position; else a query at p attends p - window + 1..p).
+// What a layer's attention does besides attend: its RoPE, the scores' factor, its window (0: every
+// position; else a query at p attends p - window + 1..p), and its sinks.
 struct AttnSpec {
     RopeArgs rope;
     double scale;  // rounded to float once, with log2(e) where a kernel works in base 2
     int window;
+    // gpt-oss's: query head h's sink logit s = sinks[h] (n_heads bf16 words, in the units of the
+    // scaled scores x_j) joins its softmax's denominator alone: out = sum_j e^x_j v_j / (sum_j e^x_j
+    // + e^s). The kernels add it where they normalize, their sums then taken against max(m, s) in
+    // place of the scores' maximum m: no exponent is positive, so a sink far above the scores gives
+    // an output that underflows to 0, never inf or NaN. Null: no sink, the plain softmax's bits.
+    const uint16_t *sinks = nullptr;
 };
 
 // The cosine and sine of pair i at position pos, the factor applied, as the reference computes

@@ -1,6 +1,6 @@
 // attention_tile.cuh -- the tiles of cached k and v rows that the tensor-core attention kernels
 // (prefill_attention.cu, attention.cu) stage in shared memory: the swizzled layout and the
-// loader.
+// loader; and the sinks' logits they both read.
 #pragma once
 
 #include "kernels.cuh"
@@ -46,4 +46,10 @@ __device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, s
 __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
     hi = pack_bf16x2(a, b);
     lo = pack_bf16x2(a - bf16_lo(hi), b - bf16_hi(hi));
+}
+
+// Head h's sink logit (AttnSpec::sinks) in the kernels' log2 units: the bf16 word widened, times
+// log2(e), rounded once.
+__device__ __forceinline__ float sink_log2(const uint16_t *sinks, int h) {
+    return __fmul_rn(bf16_to_f32(sinks[h]), 1.4426950408889634f);
 }

@@ -14,7 +14,8 @@
 // it is in, and a short chunk at a long context spreads its walk over more blocks: a launch whose
 // keys reach past the first segment runs a block per segment into float32 partials, then
 // combine_kernel; one that does not (every query in segment 0) writes its output at once, which
-// is the same arithmetic with nothing to merge.
+// is the same arithmetic with nothing to merge. A head's sink (gpt-oss: AttnSpec::sinks) enters
+// there alone, in the factor the merged sums are normalized by (prefill_norm).
 #include <math.h>
 
 #include "attention_tile.cuh"
@@ -41,6 +42,19 @@ __device__ __forceinline__ void prefill_merge(float &m, float &l, float *o, floa
     l = __fmaf_rn(l, a, __fmul_rn(ls, b));
     for (int d = 0; d < count; ++d) o[d * stride] = __fmaf_rn(o[d * stride], a, __fmul_rn(os[d * stride], b));
     m = mn;
+}
+
+// The factor that normalizes a query's output o (its sums against m, its maximum score in log2
+// units, and l its sum of exponentials): 1 / l, or with head h's sink sl (sinks not null,
+// sink_log2) a / (l a + b), a = 2^(m - M), b = 2^(sl - M), M = max(m, sl): the sink joins the
+// denominator alone. Neither exponent is positive and one is 0, so l a + b lies between about 1
+// and l + 1: a sink far above the scores gives a factor that underflows to 0, one far below
+// exactly 1 / l, never inf or NaN. Without sinks the factor is 1 / l, the plain softmax's.
+__device__ __forceinline__ float prefill_norm(float m, float l, const uint16_t *sinks, int h) {
+    if (!sinks) return 1.0f / l;
+    const float sl = sink_log2(sinks, h), top = fmaxf(m, sl);
+    const float a = exp2f(m - top), b = exp2f(sl - top);
+    return a / __fmaf_rn(l, a, b);
 }
 
 // q_out[i] (n_heads, hd) bf16, and cache rows start + i of k_cache, v_cache, for chunk token i =
@@ -76,14 +90,17 @@ rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__r
 // kv head head / (n_heads / n_kv_heads). q (n, n_heads, hd) bf16, rotated; the caches
 // (n_kv_heads, max_seq, hd) bf16, rows up to start + n - 1 written. scale_log2 = log2(e) times
 // the scores' factor; with window > 0 the query at p attends rows p - window + 1..p only, and the
-// tiles wholly before every query's window are not read. Launch: grid (n_heads, ceil(n / 64)), FLASH_THREADS threads, 5 * 64 * D * 2 bytes of
-// dynamic shared memory. Limits: hd even, hd <= D; q and the caches 16-byte aligned when hd % 8
-// == 0, else 4-byte.
+// tiles wholly before every query's window are not read. sinks: null, or each query head's sink
+// logit (n_heads bf16 words), read where the block writes out (prefill_norm); a block writing
+// partials leaves it to combine_kernel. Launch: grid (n_heads, ceil(n / 64)), FLASH_THREADS
+// threads, 5 * 64 * D * 2 bytes of dynamic shared memory. Limits: hd even, hd <= D; q and the
+// caches 16-byte aligned when hd % 8 == 0, else 4-byte.
 template <int D>
 __global__ void __launch_bounds__(FLASH_THREADS)
 flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k_cache,
                      const uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int n,
-                     int start, float scale_log2, int window, uint16_t *__restrict__ out, float *__restrict__ part) {
+                     int start, float scale_log2, int window, const uint16_t *__restrict__ sinks,
+                     uint16_t *__restrict__ out, float *__restrict__ part) {
     constexpr int KD = D / 16;   // k16 steps of q . k
     constexpr int NT = FLASH_KV / 8;  // n8 key tiles of a score row
     extern __shared__ __align__(128) uint16_t smem[];
@@ -237,8 +254,8 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
             }
             continue;
         }
-        // One segment: the merge of prefill_merge copies it, then divides as combine_kernel does.
-        const float inv = 1.0f / l;
+        // One segment: the merge of prefill_merge copies it, then normalizes as combine_kernel does.
+        const float inv = prefill_norm(m_run[r], l, sinks, head);
         uint16_t *dst = out + (size_t)qi * q_stride + (size_t)head * hd;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
@@ -250,9 +267,11 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
 }
 
 // out[i, head] (bf16) of query i = blockIdx.x and head blockIdx.y: its segments' partials
-// (segs of them, n queries each) merged in order, then divided by the sum. hd threads at most 256.
+// (segs of them, n queries each) merged in order, then normalized (prefill_norm: divided by the
+// sum, sinks null, or with the head's sink in the denominator). hd threads at most 256.
 __global__ void __launch_bounds__(ATTN_MAX_HEAD_DIM)
-combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int hd, uint16_t *__restrict__ out) {
+combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int hd,
+               const uint16_t *__restrict__ sinks, uint16_t *__restrict__ out) {
     pdl_launch_dependents();
     pdl_wait();
     const int i = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
@@ -263,7 +282,7 @@ combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int
         const float *ps = p + s * seg_stride;
         prefill_merge(m, l, &o, ps[0], ps[1], ps + 2 + d, d < hd ? 1 : 0, 1);
     }
-    if (d < hd) out[((size_t)i * n_heads + head) * hd + d] = f32_to_bf16(o * (1.0f / l));
+    if (d < hd) out[((size_t)i * n_heads + head) * hd + d] = f32_to_bf16(o * prefill_norm(m, l, sinks, head));
 }
 
 uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start) {
@@ -284,7 +303,7 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
     if (start + n <= FLASH_SEG_KEYS)  // every query's keys in the first segment: no merge
         return arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, dim3(n_heads, (n + FLASH_Q - 1) / FLASH_Q),
                               dim3(FLASH_THREADS), (size_t)smem, q, k_cache, v_cache, n_heads, n_kv_heads, hd,
-                              max_seq, n, start, scale_log2, spec.window, out, (float *)nullptr);
+                              max_seq, n, start, scale_log2, spec.window, spec.sinks, out, (float *)nullptr);
     // Queries in pieces of whole tiles whose partials fit part (part_n floats); each piece's
     // segments reach as far as its last query's keys.
     const uint64_t per_query = prefill_attention_part_floats(n_heads, hd, 1, start + n - 1);
@@ -298,9 +317,10 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
         const int segs = (start + at + rows + FLASH_SEG_KEYS - 1) / FLASH_SEG_KEYS;
         ARC_TRY(arc_launch_pdl(ctx, "flash_prefill_kernel", kernel, dim3(n_heads, (rows + FLASH_Q - 1) / FLASH_Q, segs),
                                dim3(FLASH_THREADS), (size_t)smem, q + (size_t)at * n_heads * hd, k_cache, v_cache,
-                               n_heads, n_kv_heads, hd, max_seq, rows, start + at, scale_log2, spec.window, out, part));
+                               n_heads, n_kv_heads, hd, max_seq, rows, start + at, scale_log2, spec.window, spec.sinks,
+                               out, part));
         ARC_TRY(arc_launch_pdl(ctx, "combine_kernel", combine_kernel, dim3(rows, n_heads), dim3(hd), 0,
-                               (const float *)part, segs, rows, n_heads, hd, out + (size_t)at * n_heads * hd));
+                               (const float *)part, segs, rows, n_heads, hd, spec.sinks, out + (size_t)at * n_heads * hd));
     }
     return ARC_OK;
 }
@@ -354,15 +374,33 @@ extern "C" int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t h
     return ARC_OK;
 }
 
+// arc_op_prefill_attention and arc_op_prefill_attention_sinks (sinks null: none), reported as `who`.
+static int op_prefill_attention(const char *who, arc_context *ctx, const float *qkv, const float *inv_freq,
+                                uint16_t *k_cache, uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t max_seq, int32_t n, int32_t start, const uint16_t *sinks,
+                                uint16_t *q_scratch, float *scratch, uint16_t *out) {
+    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0, sinks};
+    const uint64_t need = n > 0 && start >= 0 && n_heads > 0 && head_dim > 0
+                              ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
+    ARC_REQUIRE_AS(who, scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
+                   (unsigned long long)(need * sizeof(float)));
+    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
+                                   q_scratch, out, scratch, need);
+}
+
 extern "C" int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                                         uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                         int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch,
                                         float *scratch, uint16_t *out) {
-    const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
-    const uint64_t need = n > 0 && start >= 0 && n_heads > 0 && head_dim > 0
-                              ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
-    ARC_REQUIRE(scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
-                (unsigned long long)(need * sizeof(float)));
-    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
-                                   q_scratch, out, scratch, need);
+    return op_prefill_attention(__func__, ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                                n, start, nullptr, q_scratch, scratch, out);
+}
+
+extern "C" int arc_op_prefill_attention_sinks(arc_context *ctx, const float *qkv, const float *inv_freq,
+                                              uint16_t *k_cache, uint16_t *v_cache, int32_t n_heads,
+                                              int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                                              int32_t start, const uint16_t *sinks, uint16_t *q_scratch,
+                                              float *scratch, uint16_t *out) {
+    return op_prefill_attention(__func__, ctx, qkv, inv_freq, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                                n, start, sinks, q_scratch, scratch, out);
 }

@@ -37,7 +37,7 @@ inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
     const RopeArgs rope{lw.inv_freq, (c.rope_dim ? c.rope_dim : c.head_dim) / 2,
                         c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
     const double scale = c.attn_scale > 0.0f ? (double)c.attn_scale : 1.0 / sqrt((double)c.head_dim);
-    return AttnSpec{rope, scale, lw.window};
+    return AttnSpec{rope, scale, lw.window, lw.sinks};
 }
 
 // The parts of ATTN_IN's and DN_IN's products (parts.cuh's InParts).
