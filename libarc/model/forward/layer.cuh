@@ -27,6 +27,8 @@ bool tensor_per_layer(int t);
 bool tensor_is_matrix(int t);  // a matrix: what a quantized format may hold
 const char *tensor_name(int t);
 int check_moe(const arc_model_config &c, const char *who);
+// arc_model_create's checks of a config: everything its kernels take (config.cu).
+int check_config(const arc_model_config *c);
 
 // The embedding rows' factor.
 inline float embed_scale(const arc_model_config &c) { return c.embed_scale > 0.0f ? c.embed_scale : 1.0f; }
