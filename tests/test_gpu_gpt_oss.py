@@ -1,13 +1,15 @@
 """GPU tier: gpt-oss on libarc (marker `gpu`): its sinks, biases and clamped GLU in the decode step
 and the prefill (tests/test_gpu_moe.py runs its presets through every MoE test); here the sinks
 made large enough to take most of each head's weight, the layers' windows shorter than the
-context, and the refusal of a clamped GLU of other constants than libarc's."""
+context, and the refusal of a clamped GLU of other constants than libarc's. The CUDA backend opens
+gpt-oss only with arcpy.model.gpt_oss.CUDA_ENABLED on, which these tests turn on while they open
+a model."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-from test_gpu_moe import MAX_SEQ, decided_errors, scaled_routers
+from test_gpu_moe import MAX_SEQ, decided_errors, gpt_oss_on_cuda
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
@@ -31,9 +33,9 @@ def heavy_sinks(model, value: float):
 @pytest.mark.parametrize("shape", ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"])
 @pytest.mark.parametrize("sink", [-30.0, 0.0, 4.0])
 def test_the_decode_with_sinks_that_matter_matches_the_reference(shape, sink):
-    model = heavy_sinks(scaled_routers(synthetic_model(shape, seed=8)), sink)
+    model = heavy_sinks(synthetic_model(shape, seed=8), sink)
     assert model.config.sliding_window < 48  # the windowed layers drop positions within the run
-    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
         errors = decided_errors(model, dev, steps=48)
     print(f"{shape}, sinks near {sink}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
     assert len(errors) >= 8 and max(errors) <= (8e-2 if "mxfp4" in shape else 1e-2)
@@ -42,6 +44,6 @@ def test_the_decode_with_sinks_that_matter_matches_the_reference(shape, sink):
 def test_a_clamped_glu_of_other_constants_is_refused_in_one_line():
     base = synthetic_model("gpt-oss-tiny", seed=1)
     model = Model(dataclasses.replace(base.config, swiglu_limit=5.0), base.tensors, base.name, base.source)
-    with pytest.raises(InvalidArgumentError) as e:
+    with gpt_oss_on_cuda(), pytest.raises(InvalidArgumentError) as e:
         open_cuda_device(model, max_seq=64)
     assert "limit 7" in str(e.value) and "\n" not in str(e.value)
