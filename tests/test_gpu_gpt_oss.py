@@ -47,3 +47,40 @@ def test_a_clamped_glu_of_other_constants_is_refused_in_one_line():
     with gpt_oss_on_cuda(), pytest.raises(InvalidArgumentError) as e:
         open_cuda_device(model, max_seq=64)
     assert "limit 7" in str(e.value) and "\n" not in str(e.value)
+
+
+BIASES = {"experts": ("experts.gate_proj.bias", "experts.up_proj.bias", "experts.down_proj.bias"),
+          "o": ("o_proj.bias",), "router": ("mlp.gate.bias",), "qkv": ("q_proj.bias", "k_proj.bias", "v_proj.bias")}
+
+
+@pytest.mark.parametrize("shape", ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"])
+@pytest.mark.parametrize("zeroed", [None, "experts", "o", "router", "qkv", "sinks", "all"])
+def test_a_one_token_prefill_matches_the_decode_and_the_reference(shape, zeroed):
+    """One token at position 0 through the prefill and through the decode step, against the
+    reference's bf16 prefill and its decode, with each family of gpt-oss's additions zeroed in turn
+    (sinks: at -30, where they weigh nothing): the one whose removal brings the prefill back names
+    where the prefill and the reference part."""
+    from gpu_buffers import gpu_logits, host_logits
+    from test_gpu_moe import device_tokens, prefill, rel_error
+
+    from arcpy.devices.reference import ReferenceModel
+
+    model = synthetic_model(shape, seed=5)
+    for family, suffixes in BIASES.items():
+        if zeroed in (family, "all"):
+            for name in [n for n in model.tensors if n.endswith(suffixes)]:
+                model.tensors[name] = np.zeros_like(model.tensors[name])
+    if zeroed in ("sinks", "all"):
+        heavy_sinks(model, -30.0)
+    token = 7
+    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+        decoded = gpu_logits(dev, token, 0)
+        with device_tokens(dev, np.array([token], np.int32)) as d_tokens:
+            prefill(dev, d_tokens, 1, 0)
+            prefilled = host_logits(dev).copy()
+    want_decode = ReferenceModel(model, max_seq=MAX_SEQ).forward(token, 0)
+    want_prefill = ReferenceModel(model, max_seq=MAX_SEQ).prefill([token], bf16_products=True)
+    errors = {"decode": rel_error(decoded, want_decode), "prefill": rel_error(prefilled, want_prefill)}
+    print(f"{shape}, zeroed {zeroed}: {errors}")
+    bound = 8e-2 if "mxfp4" in shape else 2e-2
+    assert errors["decode"] <= bound and errors["prefill"] <= 2e-2
