@@ -2,7 +2,8 @@
 points alone; typed views of device pointers; a step graph over prepared logits, for the
 loop's tests on an arcpy Context; the logits of a device's forward and its KV cache, read on the host; the
 GPU device over a synthetic model with its engines (the fixture `device`, imported by name); and
-the float64 log_softmax the log-probabilities are held to."""
+the float64 log_softmax the log-probabilities are held to; and the float64 closeness check of
+the kernels' outputs."""
 
 import time
 
@@ -115,6 +116,22 @@ def host_logits(dev) -> np.ndarray:
     while not dev.stream_query():
         pass
     return dev.host_logits()
+
+
+def assert_close(what, got, want, atol, rtol) -> None:
+    """|got - want| <= atol + rtol * |want| everywhere (atol a scalar or broadcast to want), got
+    finite; else the first mismatches."""
+    want = np.asarray(want, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
+    tol = (np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape) + rtol * np.abs(want)).ravel()
+    got, want = got.ravel(), want.ravel()
+    assert np.isfinite(want).all(), f"{what}: the NumPy reference itself is not finite"
+    diff = np.abs(got - want)
+    bad = ~np.isfinite(got) | (diff > tol)
+    if bad.any():
+        idx = np.flatnonzero(bad)
+        lines = [f"  [{i}] got {got[i]!r} want {want[i]!r} diff {diff[i]:.3g} tol {tol[i]:.3g}" for i in idx[:10]]
+        pytest.fail(f"{what}: {idx.size} of {got.size} out of tolerance; first:\n" + "\n".join(lines))
 
 
 def kv_cache_pointers(dev):

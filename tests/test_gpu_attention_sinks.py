@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, u16p
+from gpu_buffers import assert_close, f32p, u16p
 
 import arcpy
 from arcpy import _lib
@@ -64,22 +64,6 @@ def reference(q, k, v, start, n_kv, sinks):
     out = causal_attention(q, k, v, start, n_kv, sinks=sinks)
     share = causal_attention(q, k, np.ones_like(v), start, n_kv, sinks=sinks)[..., :1]
     return out, share
-
-
-def assert_close(what, got, want, atol, rtol) -> None:
-    """|got - want| <= atol + rtol * |want| everywhere (atol a scalar or broadcast to want), got
-    finite; else the first mismatches."""
-    want = np.asarray(want, dtype=np.float64)
-    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
-    tol = (np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape) + rtol * np.abs(want)).ravel()
-    got, want = got.ravel(), want.ravel()
-    assert np.isfinite(want).all(), f"{what}: the NumPy reference itself is not finite"
-    diff = np.abs(got - want)
-    bad = ~np.isfinite(got) | (diff > tol)
-    if bad.any():
-        idx = np.flatnonzero(bad)
-        lines = [f"  [{i}] got {got[i]!r} want {want[i]!r} diff {diff[i]:.3g} tol {tol[i]:.3g}" for i in idx[:10]]
-        pytest.fail(f"{what}: {idx.size} of {got.size} out of tolerance; first:\n" + "\n".join(lines))
 
 
 def sinks_pointer(gpu, words):

@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16, to_bf16
-from gpu_buffers import f32p, host_logits, kv_cache_pointers, kv_cache_rows, kv_cache_shape, u16p
+from gpu_buffers import assert_close, f32p, host_logits, kv_cache_pointers, kv_cache_rows, kv_cache_shape, u16p
 
 import arcpy
 from arcpy import _lib
@@ -34,22 +34,6 @@ pytestmark = pytest.mark.gpu
 F32 = np.float32
 EPS32 = float(np.finfo(np.float32).eps)
 BF16_STEP = 2.0 ** -8  # a bf16 rounding moves a value by at most this much of itself
-
-
-def assert_close(what, got, want, atol, rtol) -> None:
-    """|got - want| <= atol + rtol * |want| everywhere (atol a scalar or shaped as want), got
-    finite; else the first mismatches."""
-    want = np.asarray(want, dtype=np.float64)
-    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
-    tol = (np.broadcast_to(np.asarray(atol, dtype=np.float64), want.shape) + rtol * np.abs(want)).ravel()
-    got, want = got.ravel(), want.ravel()
-    assert np.isfinite(want).all(), f"{what}: the NumPy reference itself is not finite"
-    diff = np.abs(got - want)
-    bad = ~np.isfinite(got) | (diff > tol)
-    if bad.any():
-        idx = np.flatnonzero(bad)
-        lines = [f"  [{i}] got {got[i]!r} want {want[i]!r} diff {diff[i]:.3g} tol {tol[i]:.3g}" for i in idx[:10]]
-        pytest.fail(f"{what}: {idx.size} of {got.size} out of tolerance; first:\n" + "\n".join(lines))
 
 
 # --- the GEMM ----------------------------------------------------------------------------------
