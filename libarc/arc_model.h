@@ -247,6 +247,13 @@ int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n
  * layers that attend in layer order (a DeltaNet layer keeps no rows); rows the forward or the prefill have not
  * written hold zeros. */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
+/* The DeltaNet layers' states (device memory): (layers, slots, slot_floats) float32, the DeltaNet layers in layer
+ * order, each slot the convolution's last dn_conv_kernel - 1 inputs ((dn_k_heads * 2 + dn_v_heads) * dn_head_dim
+ * channels, each channel's inputs oldest first) then every value head's S (dn_head_dim * dn_head_dim floats).
+ * The state after positions 0..p-1 lies in slot p % slots: the step or prefill row at position p > 0 reads it, so a
+ * prefill resumed at p after the slot is copied back computes what it computed the first time. *layers 0 (state
+ * null, slots and slot_floats 0): the model keeps no state. */
+int arc_model_state(arc_model *model, float **state, int32_t *layers, int32_t *slots, uint64_t *slot_floats);
 
 /* ---- Speculative steps: up to k + 1 tokens a read of the weights (greedy or sampled; bf16 or quantized weights, no
  * mixture of experts). The draft: the latest earlier occurrence of the last n tokens (n = ngram down to 1, longest

@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 13 };
+enum { ARC_ABI_VERSION = 14 };
 
 static thread_local char t_last_error[1024];
 

@@ -103,3 +103,56 @@ def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
     assert list(engine.generate(c, 32)) == warm and engine.stats.cached_tokens == 0
     for w, r in zip(warm_rows, kv_cache_rows(engine.device, len(c))):
         assert np.array_equal(w, r), f"{np.count_nonzero(w != r)} of {w.size} cache words differ"
+
+
+# -- a hybrid: the DeltaNet layers' states come back with the rows --------------------------------
+
+HYBRID = dataclasses.replace(SHAPES["qwen3.5-tiny"], max_seq=MAX_SEQ)
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    device = open_cuda_device(random_model(HYBRID, seed=8), MAX_SEQ)
+    with Engine(device, "cuda", EngineSettings(device_loop=True), environ={}, latch=gate.FallbackLatch()) as eng:
+        yield eng
+
+
+def _equal_rows(engine, n, warm_rows):
+    for w, c in zip(warm_rows, kv_cache_rows(engine.device, n)):
+        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
+def test_gpu_a_hybrids_second_turn_resumes_from_the_state_the_first_left(hybrid, sampling):
+    """The rows after the reused prefix pass through every DeltaNet layer: equal to a cold run's
+    bit for bit only where the restored states are the cold prefill's."""
+    assert hybrid.device.capabilities.prefix_state_bytes > 0 and hybrid.prefix.state_bytes > 0
+    hybrid.prefix.clear()
+    rng = np.random.default_rng(3)
+    vocab = hybrid.device.vocab
+    first = [int(t) for t in rng.integers(0, vocab, 2600)]  # more than a prefill chunk
+    answer = list(hybrid.generate(first, 24, sampling=sampling))
+    second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
+    warm = list(hybrid.generate(second, 48, sampling=sampling))
+    assert hybrid.stats.cached_tokens == len(first) and hybrid.stats.path == "device-loop"
+    warm_rows = kv_cache_rows(hybrid.device, len(second))
+    hybrid.prefix.clear()
+    assert list(hybrid.generate(second, 48, sampling=sampling)) == warm and hybrid.stats.cached_tokens == 0
+    _equal_rows(hybrid, len(second), warm_rows)
+
+
+def test_gpu_a_hybrids_stored_prefix_comes_back_with_its_state(hybrid):
+    rng = np.random.default_rng(9)
+    vocab = hybrid.device.vocab
+    hybrid.prefix.clear()
+    a = [int(t) for t in rng.integers(0, vocab, 2300)]
+    b = [int(t) for t in rng.integers(0, vocab, 700)]
+    list(hybrid.generate(a, 8))
+    list(hybrid.generate(b, 8))  # a's rows and states go to the store
+    a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
+    warm = list(hybrid.generate(a2, 32))
+    assert hybrid.stats.cached_tokens == len(a) and hybrid.prefix.restored
+    warm_rows = kv_cache_rows(hybrid.device, len(a2))
+    hybrid.prefix.clear()
+    assert list(hybrid.generate(a2, 32)) == warm and hybrid.stats.cached_tokens == 0
+    _equal_rows(hybrid, len(a2), warm_rows)

@@ -76,7 +76,7 @@ def test_the_prefill_in_chunks_gives_the_steps_logits(name):
     rows = ReferenceModel(model).prefill(tokens, chunk=5, every_row=True)
     assert relative_error(rows, steps) <= 1e-4  # summation order (and a bf16 cache entry it tips)
     device = NumpyDevice(ReferenceModel(model))
-    assert device.capabilities.prefix_granule == 0  # the recurrent state holds no prefix to resume
+    assert device.capabilities.prefix_state_bytes > 0  # a prefix resumes with its states (test_prefix_cache.py)
     device.enqueue_prefill(tokens, 0)
     assert relative_error(device.host_logits(), steps[-1]) <= 1e-4
 

@@ -74,10 +74,12 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         # A prefill row's bits do not depend on the chunk it is computed in (every product's row is
         # the same at any row count, attention walks its keys in tiles at fixed positions:
         # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; docs/USAGE.md, Prefix reuse.
-        # A DeltaNet layer's state holds no earlier prefix to resume from: every prefill starts at 0.
-        self.prefix_granule = 1 if self.supports_prefill and not getattr(forward, "recurrent", False) else 0
+        # A DeltaNet layer's state resumes from a copy of it (save_state, load_state).
+        self.prefix_granule = 1 if self.supports_prefill else 0
         blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
         self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
+        _, layers, _, floats = getattr(forward, "state", (None, 0, 0, 0))
+        self.prefix_state_bytes = layers * floats * 4 if self.prefix_granule else 0  # the states at a position
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
         self._scores = self._scored = None  # enqueue_prompt_logprobs's arrays, and what it last scored
         self._drawing = False  # SequenceStart.sampling chose the sampled step graph
@@ -196,6 +198,7 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
                             speculation_refused=self.speculation_refused, memory_report=True,
                             logprobs=self.supports_logprobs, logit_bias=self.supports_logit_bias,
                             prefix_granule=self.prefix_granule, prefix_row_bytes=self.prefix_row_bytes,
+                            prefix_state_bytes=self.prefix_state_bytes,
                             masks=self.supports_masks)
 
     def memory_report(self) -> str:

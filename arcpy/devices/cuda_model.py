@@ -83,7 +83,6 @@ class CudaModel:
             _lib.check(self.lib.arc_model_create(ctx.ptr, c, pp))  # validates the config, allocates
         self.ptr = pp[0]
         self.max_seq = max_seq
-        self.recurrent = any(cfg.is_linear_layer(i) for i in range(cfg.n_layers))  # DeltaNet layers keep a state
         self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
         # The KV cache's layout (arc_model_kv_cache): k's attention layers then v's, each (kv heads, max_seq,
         # head_dim) bf16.
@@ -94,6 +93,10 @@ class CudaModel:
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")
             _lib.check(self.lib.arc_model_logits(self.ptr, lp, wp))
             self.logits, self.width = lp[0], int(wp[0])
+            # The DeltaNet layers' states (arc_model_state): (base, layers, slots, floats a slot).
+            sp, nl, ns, nf = (self.ffi.new(t) for t in ("float **", "int32_t *", "int32_t *", "uint64_t *"))
+            _lib.check(self.lib.arc_model_state(self.ptr, sp, nl, ns, nf))
+            self.state = (sp[0], int(nl[0]), int(ns[0]), int(nf[0]))
         except BaseException:
             self.close()
             raise

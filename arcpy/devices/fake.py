@@ -44,7 +44,8 @@ class FakeDevice:
                             prefill=self.supports_prefill, speculate_k=self.speculate_k,
                             speculate_ngram=self.speculate_ngram, logprobs=self.supports_logprobs,
                             logit_bias=self.supports_logit_bias, prefix_granule=self.prefix_granule,
-                            prefix_row_bytes=self.prefix_row_bytes, masks=self.script.supports_masks)
+                            prefix_row_bytes=self.prefix_row_bytes, prefix_state_bytes=self.prefix_state_bytes,
+                            masks=self.script.supports_masks)
 
     def __init__(self, script: FakeScript | None = None):
         self.script = script or FakeScript()
@@ -59,7 +60,10 @@ class FakeDevice:
         self.masking, self.mask, self.mask_ready, self.mask_waited = False, None, 0, 0  # SequenceStart.masked, write_mask
         self.mask_timeouts = 0  # masked steps that waited past the script's patience
         self.prefix_row_bytes = self.script.prefix_row_bytes
-        self.prefix_ops: list[tuple[str, int, int]] = []  # ("save" or "load", offset, rows), in order
+        self.prefix_state_bytes = self.script.prefix_state_bytes
+        # The store's copies in order: ("save" or "load", offset, rows[, saved]), ("save_state" or
+        # "load_state", offset, position), ("move", to, from, bytes).
+        self.prefix_ops: list[tuple] = []
         self.top_logprobs: int | None = None  # SequenceStart.logprobs: None, off
         self.entries: list = []  # the log-probabilities of each ring token, as they are written
         self.step_logits = np.zeros(self.vocab, np.float32)  # the last step's, for its log-probabilities
@@ -414,7 +418,7 @@ class FakeDevice:
         return self.ring[first:first + count]
 
     def default_prefix_store_bytes(self) -> int:
-        return 64 * self.prefix_row_bytes
+        return 64 * self.prefix_row_bytes + 4 * self.prefix_state_bytes
 
     def reserve_prefix_store(self, nbytes: int) -> int:
         return nbytes
@@ -426,6 +430,18 @@ class FakeDevice:
     def load_prefix(self, offset: int, n: int, saved: int) -> None:
         self._count()
         self.prefix_ops.append(("load", offset, n, saved))
+
+    def save_state(self, offset: int, position: int) -> None:
+        self._count()
+        self.prefix_ops.append(("save_state", offset, position))
+
+    def load_state(self, offset: int, position: int) -> None:
+        self._count()
+        self.prefix_ops.append(("load_state", offset, position))
+
+    def move_stored(self, to: int, source: int, nbytes: int) -> None:
+        self._count()
+        self.prefix_ops.append(("move", to, source, nbytes))
 
     def _set_logit_bias(self, pairs) -> None:
         if pairs and not self.supports_logit_bias:

@@ -34,6 +34,7 @@ class FakeScript:
     supports_logprobs: bool = True        # the loop writes log-probabilities (a tick after each token)
     supports_logit_bias: bool = True      # a logit bias is added on the device (both paths)
     prefix_row_bytes: int = 0             # bytes a position's KV rows take in the prefix store (0: no store)
+    prefix_state_bytes: int = 0           # bytes of the recurrent state a prefix needs at its end (0: none)
     eager_offset: float = 0.0             # added to the eager forward's logits (verify tests)
     nan_at_position: int | None = None    # the forward at this position yields NaN logits
     flat_at_position: int | None = None   # the forward at this position yields all-equal logits

@@ -1,5 +1,6 @@
 """The GPU's store of earlier prefixes (arcpy/loop/prefix.py): KV rows copied to and from one
-device allocation, stream-ordered, one copy per (layer, k or v, kv head)."""
+device allocation, stream-ordered, one copy per (layer, k or v, kv head), and the DeltaNet layers'
+states at a prefix's end, one copy per layer (arc_model_state's slots)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ PROMPT_CACHE_SHARE = 0.1  # of the memory free after start-up, for earlier promp
 
 
 class KVStore:
-    """CudaDevice's store: it reads the device's `ctx`, `ffi`, `lib`, `forward` (its `kv_shape`
-    and `ptr`), `prefix_row_bytes` and `_store`."""
+    """CudaDevice's store: it reads the device's `ctx`, `ffi`, `lib`, `forward` (its `kv_shape`,
+    `state` and `ptr`), `prefix_row_bytes` and `_store`."""
 
     def default_prefix_store_bytes(self) -> int:
         """A share of the memory free after start-up, in whole positions."""
@@ -50,3 +51,30 @@ class KVStore:
             there, here = cache + i * max_seq * hd * 2, store + i * saved * hd * 2
             src, dst = (there, here) if into_store else (here, there)
             _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, run))
+
+    def save_state(self, offset: int, position: int) -> None:
+        """Copy the states after positions 0..position-1 (the last prefill's end, before any step
+        moves them on) into the store at byte `offset` (stream-ordered)."""
+        self._state_copies(offset, position, into_store=True)
+
+    def load_state(self, offset: int, position: int) -> None:
+        """Copy the states saved at `offset` back, where a prefill from `position` reads them."""
+        self._state_copies(offset, position, into_store=False)
+
+    def move_stored(self, to: int, source: int, nbytes: int) -> None:
+        """Copy `nbytes` of the store from byte `source` to byte `to` (stream-ordered)."""
+        store = self.ffi.cast("char *", self._store)
+        self._idle = False
+        _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, store + to, store + source, nbytes))
+
+    def _state_copies(self, offset: int, position: int, into_store: bool) -> None:
+        # Layer i's state after `position` tokens lies in its slot position % slots.
+        base, layers, slots, floats = self.forward.state
+        if not (self._store is not None and layers and 0 < position <= self.forward.max_seq):
+            raise InvalidArgumentError(f"the prefix store holds no state for position {position}")
+        state, store, size = self.ffi.cast("char *", base), self.ffi.cast("char *", self._store) + offset, floats * 4
+        self._idle = False
+        for i in range(layers):
+            there, here = state + (i * slots + position % slots) * size, store + i * size
+            src, dst = (there, here) if into_store else (here, there)
+            _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, size))

@@ -10,6 +10,7 @@ import numpy as np
 from arcpy.devices.protocol import Capabilities, Counters
 from arcpy.devices.reference import ReferenceModel
 from arcpy.devices.sequence import SequenceStart
+from arcpy.errors import InvalidArgumentError
 from arcpy.sampling import TokenLogprob, token_logprob
 
 PREFILL_CHUNK = 64  # prompt tokens a pass of the prefill takes
@@ -71,22 +72,26 @@ class NumpyDevice(HostPathDevice):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities("CPU (NumPy reference backend)", prefill=True, prefix_granule=self.prefix_granule,
-                            prefix_row_bytes=self.prefix_row_bytes)
+                            prefix_row_bytes=self.prefix_row_bytes, prefix_state_bytes=self.prefix_state_bytes)
 
     def __init__(self, reference: ReferenceModel, prefill_progress=None):
         super().__init__(reference.config.vocab, reference.max_seq)
         self.ref = reference
-        if reference.deltanet_state:  # a recurrent state holds no earlier prefix to resume from
-            self.prefix_granule = 0
         self.prefill_progress = prefill_progress  # progress(chunks done, chunks) as a prefill goes, or None
         k = reference.k_cache
         self.prefix_row_bytes = 2 * k.shape[0] * k.shape[1] * k.shape[3] * k.itemsize  # a position's k and v rows
         self.store = np.zeros(0, k.dtype)  # the store of earlier prefixes (reserve_prefix_store)
+        # The DeltaNet layers' states (float32, as the store holds them), and the copy of them a
+        # prefill took at the end of its last whole chunk: (position, flat floats), or None.
+        self.prefix_state_bytes = 4 * sum(st.conv.size + st.s.size for st in reference.deltanet_state.values())
+        self._checkpoint: tuple[int, np.ndarray] | None = None
         self.scored: list[TokenLogprob] = []  # what enqueue_prompt_logprobs computed
 
     # The store of earlier prefixes (arcpy/loop/prefix.py): here host memory, a copy per prefix.
     def default_prefix_store_bytes(self) -> int:
-        return 0  # only when asked for: the host's memory is not spare the way a GPU's is
+        # Only when asked for (the host's memory is not spare the way a GPU's is), but for the
+        # held prefix's state, without which a recurrent model reuses nothing.
+        return self.prefix_state_bytes
 
     def reserve_prefix_store(self, nbytes: int) -> int:
         self.store = np.zeros(nbytes // self.ref.k_cache.itemsize, self.ref.k_cache.dtype)
@@ -106,13 +111,48 @@ class NumpyDevice(HostPathDevice):
         k, v = self._stored(offset, saved)
         self.ref.k_cache[:, :, :n], self.ref.v_cache[:, :, :n] = k[:, :, :n], v[:, :, :n]
 
+    def save_state(self, offset: int, position: int) -> None:
+        if self._checkpoint is None or self._checkpoint[0] != position:
+            raise InvalidArgumentError(f"no state was kept at position {position} (the last prefill's whole chunks)")
+        flat = self._checkpoint[1]
+        self.store[offset // 4:offset // 4 + flat.size] = flat
+
+    def load_state(self, offset: int, position: int) -> None:
+        at = offset // 4
+        for st in self.ref.deltanet_state.values():
+            for part in (st.conv, st.s):
+                part[...] = self.store[at:at + part.size].reshape(part.shape)
+                at += part.size
+            st.position = position
+
+    def move_stored(self, to: int, source: int, nbytes: int) -> None:
+        self.store[to // 4:(to + nbytes) // 4] = self.store[source // 4:(source + nbytes) // 4].copy()
+
+    def _prefill(self, tokens: list[int], start: int, every_row: bool = False) -> np.ndarray:
+        """ReferenceModel.prefill in PREFILL_CHUNK chunks; with DeltaNet layers it stops at the
+        last whole chunk's end to copy their states (the checkpoint save_state stores), which
+        changes no bits: the chunks are the same."""
+        if not self.ref.deltanet_state:
+            return self.ref.prefill(tokens, start, chunk=PREFILL_CHUNK, every_row=every_row,
+                                    progress=self.prefill_progress)
+        end = (start + len(tokens)) // PREFILL_CHUNK * PREFILL_CHUNK
+        out = []
+        for i, (part, at) in enumerate([(tokens[:end - start], start), (tokens[end - start:], end)]):
+            if part:
+                out.append(self.ref.prefill(part, at, chunk=PREFILL_CHUNK, every_row=every_row,
+                                            progress=self.prefill_progress))
+            if i == 0:  # the states at `end`
+                states = [x for st in self.ref.deltanet_state.values() for x in (st.conv.ravel(), st.s.ravel())]
+                self._checkpoint = (end, np.concatenate(states))
+        return np.concatenate(out) if every_row else out[-1]
+
     def enqueue_prefill(self, tokens, start: int) -> None:
-        self.logits = self.ref.prefill(list(tokens), start, chunk=PREFILL_CHUNK, progress=self.prefill_progress)
+        self.logits = self._prefill(list(tokens), start)
 
     def enqueue_prompt_logprobs(self, tokens, top_n: int) -> None:
         """The prefill of `tokens` from position 0, in the chunks a cold prefill takes, and each
         token after the first scored against the row before it (float64, as a step's)."""
-        rows = self.ref.prefill(list(tokens), 0, chunk=PREFILL_CHUNK, every_row=True, progress=self.prefill_progress)
+        rows = self._prefill(list(tokens), 0, every_row=True)
         self.logits = rows[-1]
         self.scored = [token_logprob(rows[i], tokens[i + 1], top_n) for i in range(len(tokens) - 1)]
 

@@ -63,6 +63,7 @@ class Capabilities:
     logit_bias: bool = False       # a logit bias is added on the device (SequenceStart.logit_bias)
     prefix_granule: int = 0        # a prefill may resume after an earlier one's rows at multiples of this (0: never)
     prefix_row_bytes: int = 0      # bytes a position's KV rows take in the prefix store (0: no store)
+    prefix_state_bytes: int = 0    # bytes of the recurrent state a prefix needs at its end (0: none kept)
     masks: bool = False            # a token mask (constrained output) applies on the device
 
     def admits(self, spec: SequenceSpec) -> tuple[bool, str]:

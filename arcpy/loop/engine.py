@@ -178,7 +178,7 @@ class Engine(HostPath):
             cached = self.prefix.prepare(prompt, dev, granule)  # rows are rewritten from here
             if plan.prefill:
                 dev.enqueue_prefill(prompt[cached:], cached)
-                self.prefix.prefilled(prompt, cached, granule)
+                self.prefix.prefilled(prompt, cached, granule, dev)
                 self.stats.cached_tokens = cached
             else:
                 for i, tok in enumerate(prompt[:-1]):

@@ -73,7 +73,7 @@ class HostPath:
         self.prefix.prepare(prompt, dev, caps.prefix_granule)  # the held rows are stored before they go
         dev.enqueue_prompt_logprobs(prompt, top_n)
         spin_until(dev.stream_query, self.max_spins, "prompt log-probabilities: waiting for the prefill")
-        self.prefix.rewritten(prompt, caps.prefix_granule)
+        self.prefix.rewritten(prompt, caps.prefix_granule, dev)
         return dev.read_prompt_logprobs()
 
     def _biased(self, logits: np.ndarray) -> np.ndarray:

@@ -10,6 +10,13 @@ keeps copies of such rows, bit for bit: before a prefill rewrites rows of the he
 are copied into it, and a prompt that shares more with a stored prefix than with the held one
 gets that prefix's rows copied back first. The least recently used leave it first when it is
 full. Every copy is stream-ordered, at a sequence's start: none waits for the GPU.
+
+A model with a recurrent state (a DeltaNet layer's) needs that state at the position a prefill
+resumes from, and keeps it only at the end of a prefill: its prefixes are reused whole or not at
+all. After each prefill the state at the end of its whole granules is copied into the store's
+first `state_bytes` (before any step changes it), and a stored prefix keeps its state after its
+rows; a prompt reuses a prefix only where it extends all of it, and gets its state copied back.
+Without a store such a model reuses nothing.
 """
 
 from __future__ import annotations
@@ -31,11 +38,14 @@ class Stored:
     used: int                # the clock when last saved or restored (least recently used leave first)
 
 
-def shared(held, prompt: list[int], granule: int) -> int:
+def shared(held, prompt: list[int], granule: int, whole: bool = False) -> int:
     """The positions of `prompt` whose rows `held`'s prefill wrote: the tokens they share, but not
-    the prompt's last, rounded down to `granule` (0: none)."""
+    the prompt's last, rounded down to `granule` (0: none); `whole`: all of held's or none."""
     if not (granule and len(held)):
         return 0
+    if whole:
+        n = len(held)
+        return n if n < len(prompt) and n % granule == 0 and tuple(held) == tuple(prompt[:n]) else 0
     n = min(len(held), len(prompt) - 1)
     differ = np.asarray(held[:n]) != np.asarray(prompt[:n])
     same = int(np.argmax(differ)) if differ.any() else n
@@ -49,6 +59,8 @@ class PrefixCache:
         self.stats = CacheStats()
         self.capacity = 0        # bytes of the device's store (0: none)
         self.row_bytes = 0       # bytes one position's rows take (every layer's k and v)
+        self.stateful = False    # the device's model keeps a recurrent state: prefixes reused whole
+        self.state_bytes = 0     # bytes of that state, the held prefix's at the store's start
         self.stored: list[Stored] = []
         self.restored = False    # the last prepare() copied a stored prefix back
         self._clock = 0
@@ -57,19 +69,25 @@ class PrefixCache:
         """A store of `nbytes` on `device` (None: the device's default share of its free memory)."""
         if nbytes is not None and not (is_int(nbytes) and nbytes >= 0):
             raise InvalidArgumentError(f"prompt_cache_bytes must be an integer >= 0 or None, got {quoted(nbytes)}")
-        row = device.capabilities.prefix_row_bytes
+        caps = device.capabilities
+        row, state = caps.prefix_row_bytes, caps.prefix_state_bytes
+        self.stateful = state > 0
         if not (self.enabled and row):
             return
         nbytes = device.default_prefix_store_bytes() if nbytes is None else nbytes
-        if nbytes >= row:
+        if nbytes >= max(row, state):
             self.capacity, self.row_bytes = device.reserve_prefix_store(nbytes), row
+            self.state_bytes = state
 
     def _match(self, prompt: list[int], granule: int) -> tuple[int, Stored | None]:
         """The positions of `prompt` whose rows can be kept, and the stored prefix they are copied
         back from (None: the held one's rows, or none)."""
-        best, entry = (shared(self.held, prompt, granule), None) if self.enabled else (0, None)
-        for e in self.stored if self.enabled else ():
-            m = shared(e.tokens, prompt, granule)
+        if not self.enabled or (self.stateful and not self.capacity):
+            return 0, None
+        whole = self.stateful
+        best, entry = shared(self.held, prompt, granule, whole), None
+        for e in self.stored:
+            m = shared(e.tokens, prompt, granule, whole)
             if m > best:
                 best, entry = m, e
         return best, entry
@@ -91,17 +109,26 @@ class PrefixCache:
         if entry is not None:
             device.load_prefix(entry.offset, best, len(entry.tokens))
             entry.used = self._tick()
+        if self.stateful and best:  # the state the prefill resumes from: the held prefix's, or the entry's
+            device.load_state(0 if entry is None else entry.offset + best * self.row_bytes, best)
         self.held = []
         return best
 
-    def prefilled(self, prompt: list[int], cached: int, granule: int) -> None:
-        """A prefill of `prompt` from position `cached` was enqueued: its whole granules are held."""
-        self.rewritten(prompt, granule)
+    def prefilled(self, prompt: list[int], cached: int, granule: int, device) -> None:
+        """A prefill of `prompt` from position `cached` was enqueued (nothing after it yet): its
+        whole granules are held."""
+        self.rewritten(prompt, granule, device)
         self.stats.count(len(prompt), cached, self.restored)
 
-    def rewritten(self, prompt: list[int], granule: int) -> None:
-        """A prefill wrote the rows of `prompt` (one no request counts: a prompt's scoring)."""
+    def rewritten(self, prompt: list[int], granule: int, device) -> None:
+        """A prefill wrote the rows of `prompt` (one no request counts: a prompt's scoring), and
+        nothing has run after it."""
         self.held = prompt[:len(prompt) // granule * granule] if granule and self.enabled else []
+        if self.stateful:
+            if self.held and self.capacity:
+                device.save_state(0, len(self.held))  # before a step moves the state on
+            else:
+                self.held = []
 
     def forget_held(self) -> None:
         """The held prefix's rows were rewritten by something other than a prefill."""
@@ -119,23 +146,27 @@ class PrefixCache:
     def _save(self, device) -> None:
         held = tuple(self.held)
         for e in list(self.stored):
-            if e.tokens[:len(held)] == held:  # kept already, as it is or longer
+            # Kept already, as it is or longer; a state is kept only at the end of the very tokens.
+            if e.tokens[:len(held)] == held and (e.tokens == held or not self.stateful):
                 e.used = self._tick()
                 return
-            if held[:len(e.tokens)] == e.tokens:  # the held prefix extends it
+            if held[:len(e.tokens)] == e.tokens and not self.stateful:  # the held prefix extends it
                 self.stored.remove(e)
-        need = len(held) * self.row_bytes
-        if not need or need > self.capacity:
+        rows = len(held) * self.row_bytes
+        need = rows + self.state_bytes
+        if not rows or need > self.capacity - self.state_bytes:
             return
         offset = self._fit(need)
         device.save_prefix(offset, len(held))
+        if self.stateful:
+            device.move_stored(offset + rows, 0, self.state_bytes)
         self.stored.append(Stored(held, offset, need, self._tick()))
         self.stats.stored += 1
 
     def _fit(self, need: int) -> int:
         """The lowest offset with `need` bytes free, the least recently used evicted until one is."""
         while True:
-            at = 0
+            at = self.state_bytes  # the store's start holds the held prefix's state
             for e in sorted(self.stored, key=lambda e: e.offset):
                 if e.offset - at >= need:
                     return at

@@ -404,3 +404,13 @@ extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *k
                    model->dn_state_bytes;
     return ARC_OK;
 }
+
+extern "C" int arc_model_state(arc_model *model, float **state, int32_t *layers, int32_t *slots,
+                               uint64_t *slot_floats) {
+    ARC_REQUIRE(model && state && layers && slots && slot_floats, "null argument");
+    *layers = dn_layer_count(model->cfg);
+    *state = model->dn_state;  // null when no layer keeps a state
+    *slots = *layers ? DN_SLOTS : 0;
+    *slot_floats = *layers ? model->dn.slot_floats : 0;
+    return ARC_OK;
+}
