@@ -263,7 +263,7 @@ def write_gemma4_gguf(path, model, q8_experts: bool = False) -> Path:
     sys.path.insert(0, str(Path(__file__).parent))
     from gguf import GGUFWriter
     from test_families import gguf_meta
-    from test_gguf import put
+    from test_gguf import fused_gate_up, put
     from arcpy.model import bf16_to_f32
     from arcpy.model.families import family_for
     from arcpy.model.gemma4 import ffn_width, global_dims, layer_dims
@@ -284,14 +284,14 @@ def write_gemma4_gguf(path, model, q8_experts: bool = False) -> Path:
         x = bf16_to_f32(words)
         if name.endswith("mlp.experts.up_proj.weight"):
             continue
-        if name.endswith("mlp.experts.gate_proj.weight"):
+        gguf_name = _gguf_name(name, family)
+        if name.endswith("mlp.experts.gate_proj.weight"):  # Gemma 4's files fuse the experts' gate and up
             up = bf16_to_f32(model.tensors[name.replace("gate_proj", "up_proj")])
-            x = np.stack([x.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim),
-                          up.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim)], axis=1)
-            x = x.reshape(cfg.n_experts, 2 * cfg.expert_ffn_dim, cfg.dim)
+            x = fused_gate_up(*(t.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim) for t in (x, up)))
+            gguf_name = gguf_name.replace("ffn_gate_exps", "ffn_gate_up_exps")
         elif name.endswith("mlp.experts.down_proj.weight"):
             x = x.reshape(cfg.n_experts, cfg.dim, cfg.expert_ffn_dim)
-        tensors[_gguf_name(name, family)] = np.ascontiguousarray(x, np.float32)
+        tensors[gguf_name] = np.ascontiguousarray(x, np.float32)
     turning = (cfg.global_rope_dim or gh) // 2
     tensors["rope_freqs.weight"] = np.array([1.0] * turning + [1e30] * (gh // 2 - turning), np.float32)
     for i in range(n - cfg.kv_shared_layers, n):

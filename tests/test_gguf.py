@@ -97,6 +97,13 @@ def llama_meta(cfg: ModelConfig) -> dict:
             "llama.attention.layer_norm_rms_epsilon": float(cfg.rms_eps)}
 
 
+def fused_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """An expert layer's gate and up tensors as the converter writes them apart, (experts, f, cols)
+    or biases (experts, f), as llama.cpp's fused ffn_gate_up_exps holds them: each expert's gate
+    rows, then its up rows, (experts, 2 f, ...), float32."""
+    return np.ascontiguousarray(np.concatenate([gate, up], axis=1), np.float32)
+
+
 def put(w: GGUFWriter, key: str, value) -> None:
     if isinstance(value, bool):
         w.add_bool(key, value)

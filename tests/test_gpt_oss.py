@@ -479,6 +479,28 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(experts, tmp_path):
     assert relative_error(reference_logits(loaded, tokens), reference_logits(same, tokens)) <= (1e-2 if experts == "Q8_0" else 0.0)
 
 
+@pytest.mark.parametrize("experts", ["F32", "MXFP4"])
+def test_a_gguf_with_the_experts_gate_and_up_fused_reads_as_one_with_them_apart(experts, tmp_path):
+    """ffn_gate_up_exps (and its bias): each expert's gate rows, then its up rows; MXFP4 rows kept
+    packed come out as the same blocks."""
+    from gguf import GGMLQuantizationType as Q
+    from test_gguf import fused_gate_up
+    cfg = dataclasses.replace(SHAPES["gpt-oss-tiny"], vocab=V, max_seq=128)
+    tensors = converter_tensors(random_model(cfg, seed=7))
+    fused = dict(tensors)
+    for i in range(cfg.n_layers):
+        for kind in ("weight", "bias"):
+            gate, up = fused.pop(f"blk.{i}.ffn_gate_exps.{kind}"), fused.pop(f"blk.{i}.ffn_up_exps.{kind}")
+            fused[f"blk.{i}.ffn_gate_up_exps.{kind}"] = fused_gate_up(gate, up)
+    loaded = [load_model(write_gguf(tmp_path / f"{how}.gguf", t, gpt_oss_meta(cfg), "gpt-oss",
+                                    {name: Q[experts] for name in t if "_exps.weight" in name}))
+              for how, t in (("apart", tensors), ("fused", fused))]
+    assert loaded[0].config == loaded[1].config and set(loaded[0].tensors) == set(loaded[1].tensors)
+    for name, want in loaded[0].tensors.items():
+        got = loaded[1].tensors[name]
+        np.testing.assert_array_equal(getattr(got, "data", got), getattr(want, "data", want), err_msg=name)
+
+
 def test_gguf_refusals_are_one_line(tmp_path):
     cfg = dataclasses.replace(SHAPES["gpt-oss-tiny"], vocab=V, max_seq=128)
     tensors = converter_tensors(random_model(cfg, seed=7))

@@ -251,14 +251,17 @@ def converter_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), q8_as_floats: bool = False) -> Path:
+def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), q8_as_floats: bool = False,
+                      fused: bool = False, drop: tuple[str, ...] = ()) -> Path:
     """The GGUF file llama.cpp's converter writes for model; the tensors whose names end in one of
-    q8 as Q8_0 blocks (with q8_as_floats: those blocks' values, as float32)."""
+    q8 as Q8_0 blocks (with q8_as_floats: those blocks' values, as float32); fused: the experts'
+    gate and up in one ffn_gate_up_exps, as the converter writes them when asked to fuse them; the
+    tensors named in drop left out."""
     import sys
     sys.path.insert(0, str(Path(__file__).parent))
     from gguf import GGUFWriter
     from test_families import gguf_meta
-    from test_gguf import put
+    from test_gguf import fused_gate_up, put
     cfg = model.config
     arch = "qwen35moe" if cfg.n_experts else "qwen35"
     a = arch + "."
@@ -276,7 +279,10 @@ def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), 
         for i in range(cfg.n_layers):  # the experts as llama.cpp's 3-D tensors
             for part in ("gate", "up", "down"):
                 name = f"blk.{i}.ffn_{part}_exps.weight"
-                tensors[name] = tensors[name].reshape(cfg.n_experts, -1, tensors[name].shape[1])
+                tensors[name] = tensors[name].reshape(cfg.n_experts, -1, tensors[name].shape[-1])
+            if fused:
+                gate, up = tensors.pop(f"blk.{i}.ffn_gate_exps.weight"), tensors.pop(f"blk.{i}.ffn_up_exps.weight")
+                tensors[f"blk.{i}.ffn_gate_up_exps.weight"] = fused_gate_up(gate, up)
     if mtp:  # an MTP layer after the model's, as the converter appends it
         meta[a + "block_count"] = cfg.n_layers + 1
         meta[a + "nextn_predict_layers"] = 1
@@ -286,6 +292,8 @@ def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), 
     for key, value in meta.items():
         put(w, key, value)
     for name, x in tensors.items():
+        if name in drop:
+            continue
         if q8 and name.endswith(q8):
             from gguf import GGMLQuantizationType, quants
             blocks = quants.quantize(x, GGMLQuantizationType.Q8_0)
@@ -324,6 +332,34 @@ def test_a_gguf_written_as_llama_cpp_writes_it_reads_back(shape, mtp, tmp_path):
     if not cfg.n_experts:  # the same model but for the norms' 1 + w rounded to bf16 (3% here; the MoE's
         tokens = [3, 1, 4, 1, 5, 9, 2, 6]  # routing flips with it)
         assert relative_error(reference_logits(loaded, tokens), reference_logits(model, tokens)) < 0.1
+
+
+@pytest.mark.parametrize("q8", [(), ("exps.weight",)], ids=["bf16", "q8_0 kept packed"])
+def test_a_gguf_with_the_experts_gate_and_up_fused_reads_as_one_with_them_apart(q8, tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import random_model
+    from arcpy.model.quant import QuantTensor
+    model = random_model(dataclasses.replace(SHAPES["qwen3.5moe-tiny"], vocab=V, max_seq=128), seed=7)
+    apart = load_model(write_qwen35_gguf(tmp_path / "apart.gguf", model, q8=q8))
+    fused = load_model(write_qwen35_gguf(tmp_path / "fused.gguf", model, q8=q8, fused=True))
+    assert fused.config == apart.config and set(fused.tensors) == set(apart.tensors)
+    for name, want in apart.tensors.items():
+        got = fused.tensors[name]
+        assert isinstance(got, QuantTensor) == isinstance(want, QuantTensor) == (bool(q8) and ".experts." in name)
+        np.testing.assert_array_equal(getattr(got, "data", got), getattr(want, "data", want), err_msg=name)
+
+
+def test_a_gguf_missing_an_expert_tensor_names_both_forms(tmp_path):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_families import V
+    from arcpy.model import random_model
+    model = random_model(dataclasses.replace(SHAPES["qwen3.5moe-tiny"], vocab=V, max_seq=128), seed=7)
+    with pytest.raises(ModelFileError, match=r"missing tensor 'blk\.1\.ffn_up_exps\.weight' \(or the experts' fused "
+                                             r"ffn_gate_up_exps\)"):
+        load_model(write_qwen35_gguf(tmp_path / "m.gguf", model, drop=("blk.1.ffn_up_exps.weight",)))
 
 
 @pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny", "qwen3.6-27B"])

@@ -143,18 +143,50 @@ def _gguf_name(hf_name: str, family: Family) -> str:
     return f"blk.{layer}.{family.gguf_names[module]}.{kind}"
 
 
+# Newer converters may write an expert layer's gate and up matrices (and their biases) as one
+# tensor, ffn_gate_up_exps: each expert's gate rows, then its up rows. Either form is read.
+_FUSED_EXPERTS = {"ffn_gate_exps": 0, "ffn_up_exps": 1}
+
+
+def _file_name(f: GGUFFile, hf_name: str, family: Family) -> tuple[str, int | None]:
+    """A tensor's name in the file `f`, and which half it is (0 gate, 1 up) where the file holds it
+    in a fused ffn_gate_up_exps (None: the tensor is whole)."""
+    name = _gguf_name(hf_name, family)
+    blk, layer, module, kind = (name.split(".", 3) + ["", "", ""])[:4]
+    fused = f"blk.{layer}.ffn_gate_up_exps.{kind}"
+    if name not in f.tensors and blk == "blk" and module in _FUSED_EXPERTS and fused in f.tensors:
+        return fused, _FUSED_EXPERTS[module]
+    return name, None
+
+
+def _expert_half(t, cfg: ModelConfig, half: int):
+    """The gate (half 0) or up (1) rows of each expert of a fused ffn_gate_up_exps tensor: bf16
+    words, a bias, or quantized rows alike."""
+    rows = t.data if isinstance(t, QuantTensor) else t
+    e, f = cfg.n_experts, cfg.expert_ffn_dim
+    part = np.ascontiguousarray(rows.reshape(e, 2, f, -1)[:, half].reshape(e * f, -1))
+    if isinstance(t, QuantTensor):
+        return QuantTensor(t.format, (part.shape[0], t.cols), part)
+    return part.reshape(e * f) if rows.ndim == 1 else part
+
+
 def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     """Match the file's tensors to the config, then read each under its HF name."""
     f, cfg, family = ckpt.file, ckpt.config, ckpt.family
     file_cfg = dataclasses.replace(cfg, tied_embeddings=True) if ckpt.head_from_embedding else cfg
     wanted: dict[str, TensorInfo] = {}
+    halves: dict[str, int] = {}  # the tensors read as half of a fused ffn_gate_up_exps
     # iter_tensors stops at the first tensor the file lacks: a claimed billion layers costs nothing.
     for hf_name, shape in iter_tensors(file_cfg):
-        name = _gguf_name(hf_name, family)
+        name, half = _file_name(f, hf_name, family)
         info = f.tensors.get(name)
         if info is None:
-            raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}")
+            fused = " (or the experts' fused ffn_gate_up_exps)" if name.split(".")[2:3] in (["ffn_gate_exps"],
+                                                                                         ["ffn_up_exps"]) else ""
+            raise ModelFileError(f"{f.path}: missing tensor {quoted(name)}{fused}")
         shape = family.gguf_shape(hf_name, shape)
+        if half is not None:
+            halves[hf_name], shape = half, (2 * shape[0], *shape[1:])
         if info.shape != shape:
             raise ModelFileError(f"{f.path}: tensor {quoted(name)} has shape {quoted(list(info.shape))}, "
                                  f"config expects {list(shape)}")
@@ -166,9 +198,9 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
     f.check_types(wanted.values())
     # llama's q/k rows are reordered for interleaved RoPE; qwen2's are stored as they are.
     permuted = family.gguf_permuted
-    dequantized = [info for hf_name, info in wanted.items()  # quantized tensors of types not kept, made bf16
-                   if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and not _kept(ckpt, hf_name, info)
-                   and (is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings))]
+    dequantized = list({info.name: info for hf_name, info in wanted.items()  # quantized, not kept: made bf16
+                        if ckpt.quantized and info.qtype.name not in _UNQUANTIZED and not _kept(ckpt, hf_name, info)
+                        and (is_matrix(hf_name) or (hf_name == EMBED and cfg.tied_embeddings))}.values())
 
     def read(hf_name: str, info: TensorInfo) -> Tensor:
         where = f"{f.path}: tensor {quoted(info.name)}"
@@ -181,6 +213,8 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         else:
             t = f.words(info)
             require_finite(t, where)  # stored, or made by a block's scales
+        if hf_name in halves:
+            t = _expert_half(t, cfg, halves[hf_name])
         if permuted and hf_name.endswith("q_proj.weight"):
             return _unpermute(t, cfg.n_heads)
         if permuted and hf_name.endswith("k_proj.weight"):
@@ -227,7 +261,7 @@ def _kept(ckpt: GGUFCheckpoint, hf_name: str, info: TensorInfo) -> bool:
             and not hf_name.endswith(ckpt.family.gguf_unpacked)):
         return False
     partner = _partner(hf_name)
-    return partner is None or ckpt.file.tensors[_gguf_name(partner, ckpt.family)].qtype == info.qtype
+    return partner is None or ckpt.file.tensors[_file_name(ckpt.file, partner, ckpt.family)[0]].qtype == info.qtype
 
 
 def _unpermute(t: Tensor, n_heads: int) -> Tensor:

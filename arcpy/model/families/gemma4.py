@@ -19,25 +19,22 @@ from arcpy.model.config import LinearScaling, ModelConfig
 from arcpy.model.families.family import BY_LAYER, GGUF_LAYER_NAMES, Family, nested_text_config
 from arcpy.model.families.gemma3 import windows
 from arcpy.model.families.hf_values import flag, integer, number, size, value
-from arcpy.model.quant import QuantTensor
 from arcpy.model.gemma4 import (EXPERT_SCALE, LAYER_SCALAR, PLE_EMBED, PLE_NORM, PLE_PROJECTION, ROUTER_SCALE,
                                 global_dims)
 
-# llama.cpp's names (its gemma4): a layer's modules, and the tensors it names whole; the experts'
-# gate and up matrices are one tensor there, ffn_gate_up_exps (each expert's gate rows, then its up
-# rows); the per-layer embeddings' tensors outside the layers.
+# llama.cpp's names (its gemma4): a layer's modules, and the tensors it names whole (the experts'
+# gate and up matrices are one tensor there, ffn_gate_up_exps, which arcpy.model.gguf reads as
+# either); the per-layer embeddings' tensors outside the layers.
 _GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
                "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
                "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
-               "mlp.experts.gate_proj": "ffn_gate_up_exps", "mlp.experts.up_proj": "ffn_gate_up_exps",
                "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
                "post_per_layer_input_norm": "post_norm",
                ROUTER_SCALE: "ffn_gate_inp.scale", EXPERT_SCALE: "ffn_down_exps.scale",
                LAYER_SCALAR: "layer_output_scale.weight"}
 _GGUF_GLOBAL_NAMES = {PLE_EMBED: "per_layer_token_embd.weight", PLE_PROJECTION: "per_layer_model_proj.weight",
                       PLE_NORM: "per_layer_proj_norm.weight"}
-_GATE_UP = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight")
 _GLOBAL_HEAD_DIM, _PLE_VOCAB = 512, 262144  # transformers' defaults where config.json names none
 _OVERRIDES = {"head_dim", "num_key_value_heads"}  # what per_layer_config may change of a full-attention layer
 
@@ -242,21 +239,6 @@ class Gemma4(Family):
             raise ModelFileError(f"{f.path}: tensor 'rope_freqs.weight' must be 1 for the pairs that turn, then "
                                  "1e30 for those that do not (proportional RoPE)")
         return 0 if 2 * turning == head_dim else 2 * turning
-
-    def gguf_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The experts' gate and up matrices are one tensor in llama.cpp's files: twice the rows."""
-        return (2 * shape[0], shape[1]) if hf_name.endswith(_GATE_UP) else shape
-
-    def gguf_tensor(self, hf_name: str, words, cfg: ModelConfig):
-        """The gate or the up half of each expert's rows of ffn_gate_up_exps (its gate rows, then its
-        up rows), bf16 words or quantized rows alike."""
-        if not hf_name.endswith(_GATE_UP):
-            return words
-        half = 0 if hf_name.endswith(_GATE_UP[0]) else 1
-        rows = words.data if isinstance(words, QuantTensor) else words
-        part = np.ascontiguousarray(rows.reshape(cfg.n_experts, 2, cfg.expert_ffn_dim, -1)[:, half]
-                                    .reshape(cfg.n_experts * cfg.expert_ffn_dim, -1))
-        return QuantTensor(words.format, (part.shape[0], words.cols), part) if isinstance(words, QuantTensor) else part
 
 
 GEMMA4 = Gemma4()
