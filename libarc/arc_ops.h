@@ -167,6 +167,17 @@ int arc_op_row_logprobs(arc_context *ctx, const float *logits, int32_t rows, int
                         int32_t top_n, const int32_t *targets, float *scratch, float *logprob, int32_t *top_ids,
                         float *top_values);
 
+/* One token's gated DeltaNet step of one layer (arc_model.h: ARC_OP_DN_STEP), as the decode launches it, at
+ * position *pos: u, DN_IN's output row ((2 dn_k_heads + 2 dn_v_heads) dn_head_dim + 2 dn_v_heads floats: the
+ * convolution's q, k and v inputs, z, then b and a per value head); the layer's DN_CONV (conv channels,
+ * dn_conv_kernel), DN_A_LOG and DN_DT_BIAS (dn_v_heads), DN_NORM (dn_head_dim), bf16; state: the layer's slots as
+ * arc_model_state lays them out (9 of them), the step reading slot *pos % 9 (zeros at position 0) and writing slot
+ * (*pos + 1) % 9; out: the gated norm's output (dn_v_heads * dn_head_dim) float32. The config's dn_ fields and
+ * rms_eps are read (dn_head_dim 128, a convolution of 2 to 4 taps). */
+int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const float *u, const int32_t *pos,
+                         const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
+                         float *state, float *out);
+
 /* arc-cdef-end */
 
 #ifdef __cplusplus

@@ -249,6 +249,17 @@ def test_the_table_says_why_hf_is_missing_or_failed():
     assert "FAILED: RuntimeError: out of memory" in bench.format_table(canned_report(failed))
 
 
+def test_a_hybrids_deltanet_step_is_held_to_the_copy_bandwidth():
+    report = canned_report(None)
+    del report["shapes"][0]["kernels"]
+    report["shapes"][0]["deltanet"] = {"layers": 48, "state_bytes": 6_000_000, "us": 3.0, "runs_us": [3.0]}
+    # 6 MB read and written in 3 us: 2,000 GB/s, half the copy bandwidth of 4,000
+    assert ("deltanet step alone, tiny: 3.00 us a launch x 48 layers, state 6.00 MB read and written a launch: "
+            "2000 GB/s, 50.0% of copy bandwidth") in bench.format_table(report)
+    report["shapes"][0]["deltanet"] = {"error": "invalid argument: dn_head_dim"}
+    assert "deltanet step, tiny: FAILED: invalid argument: dn_head_dim" in bench.format_table(report)
+
+
 def test_a_failed_kernel_bench_is_one_line():
     report = canned_report(None)
     report["shapes"][0]["kernels"] = {"error": "invalid argument: config.dim"}

@@ -234,7 +234,14 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
         t0 = time.perf_counter()
         out["ttft"] = time_to_first_token(device, runs)
         seconds["ttft"] = round(time.perf_counter() - t0, 1)
-    if kernels:
+    if kernels and state:  # a hybrid: its DeltaNet step alone (the layer table takes every layer to attend)
+        t0 = time.perf_counter()
+        try:
+            out["deltanet"] = kernel_bench.bench_deltanet(cfg, runs)
+        except ArcError as exc:
+            out["deltanet"] = {"error": str(exc)}
+        seconds["kernels"] = round(time.perf_counter() - t0, 1)
+    elif kernels:
         t0 = time.perf_counter()
         out["kernels"] = kernel_report(cfg, max_seq, tokens, runs, out["paths"], formats)
         try:
@@ -368,7 +375,7 @@ def format_table(report: dict) -> str:
     if hf:
         lines.append(_hf_note(hf))
     for s in report["shapes"]:
-        notes = _shape_notes(s) + kernel_bench.format_kernels(s, bw)
+        notes = _shape_notes(s) + kernel_bench.format_kernels(s, bw) + kernel_bench.format_deltanet(s, bw)
         lines += [""] + notes if notes else []
     return "\n".join(lines)
 

@@ -258,6 +258,19 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     }
 }
 
+extern "C" int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const float *u,
+                                    const int32_t *pos, const uint16_t *conv, const uint16_t *a_log,
+                                    const uint16_t *dt_bias, const uint16_t *norm, float *state, float *out) {
+    ARC_REQUIRE(ctx && config && u && pos && conv && a_log && dt_bias && norm && state && out, "null argument");
+    const arc_model_config &c = *config;
+    ARC_REQUIRE(c.dn_k_heads > 0 && c.dn_v_heads > 0 && c.dn_v_heads % c.dn_k_heads == 0,
+                "config: dn_v_heads (%d) must be a positive multiple of dn_k_heads (%d)", c.dn_v_heads, c.dn_k_heads);
+    LayerParts lw{};
+    lw.dn = true;
+    lw.dn_conv = conv, lw.dn_a_log = a_log, lw.dn_dt_bias = dt_bias, lw.dn_norm = norm, lw.dn_state = state;
+    return deltanet_layer(ctx, c, dn_dims(c, 0, 0), lw, {.u = u, .rows = 1, .pos = pos, .out = out});
+}
+
 enum { GATE_THREADS = 256 };
 
 template <bool BF16>

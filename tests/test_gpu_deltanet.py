@@ -1,0 +1,64 @@
+"""GPU tier: the gated DeltaNet step alone (arc_op_deltanet_step, the decode's launcher, which the
+bench's `deltanet step alone` row times) against the NumPy reference's step (arcpy/devices/deltanet.py)
+over positions 0..15 of one state: its slots by position, the convolution's inputs and every value
+head's S, and the gated norm's output (marker `gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_buffers import assert_close, f32p, u16p
+
+from arcpy import _lib
+from arcpy.devices.deltanet import DeltaNet, DeltaNetState, _sigmoid, _softplus, conv_dim
+from arcpy.model import SHAPES, bf16_to_f32, random_model
+from arcpy.model.native import native_config
+
+pytestmark = pytest.mark.gpu
+
+SLOTS = 9  # arc_model_state's slots a layer
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
+def test_the_deltanet_step_alone_follows_the_reference_over_its_slots(gpu, shape):
+    cfg = SHAPES[shape]
+    model = random_model(cfg, seed=2)
+    layer = next(i for i in range(cfg.n_layers) if cfg.is_linear_layer(i))
+    prefix = f"model.layers.{layer}.linear_attn."
+    words = {name[len(prefix):]: w for name, w in model.tensors.items() if name.startswith(prefix)}
+    dn = DeltaNet(cfg, lambda name: bf16_to_f32(words[name]))
+    state = DeltaNetState(cfg)
+    nv, hd, ch = cfg.linear_n_v_heads, cfg.linear_v_head_dim, conv_dim(cfg)
+    slot = ch * (cfg.linear_conv_kernel - 1) + nv * hd * hd
+    c = native_config(gpu.ffi, cfg)
+    weights = [gpu.upload(np.ascontiguousarray(words[n]).ravel()) for n in ("conv1d.weight", "A_log", "dt_bias",
+                                                                              "norm.weight")]
+    states = gpu.upload(np.full(SLOTS * slot, np.nan, np.float32))  # position 0 must read none of it
+    u_dev, out = gpu.alloc((ch + nv * hd + 2 * nv) * 4), gpu.alloc(nv * hd * 4)
+    pos = gpu.alloc(4)
+    rng = np.random.default_rng(4)
+    for p in range(16):
+        u = rng.standard_normal(ch + nv * hd + 2 * nv).astype(np.float32)
+        gpu.put(u_dev, u)
+        gpu.put(pos, np.array([p], np.int32))
+        _lib.check(gpu.lib.arc_op_deltanet_step(gpu.ctx, c, f32p(gpu, u_dev), gpu.ffi.cast("int32_t *", pos),
+                                                *(u16p(gpu, w) for w in weights), f32p(gpu, states), f32p(gpu, out)))
+        qkv, z, b, a = np.split(u, [ch, ch + nv * hd, ch + nv * hd + nv])
+        projected = (qkv[None], z[None], _sigmoid(b)[None], (dn.a * _softplus(a + dn.dt_bias))[None])
+        want = dn.step_rows(projected, state, np.array([p]))
+        assert_close(f"out at position {p}", gpu.read(out, np.float32, nv * hd), want, atol=2e-5, rtol=1e-4)
+        written = gpu.read(gpu.ffi.cast("float *", states) + (p + 1) % SLOTS * slot, np.float32, slot)
+        conv, s = written[:state.conv.size], written[state.conv.size:]
+        assert_close(f"convolution inputs after position {p}", conv, state.conv, atol=0, rtol=0)
+        assert_close(f"S after position {p}", s, state.s, atol=2e-6, rtol=1e-4)
+
+
+def test_a_deltanet_step_of_unsupported_heads_is_refused_in_one_line(gpu):
+    cfg = SHAPES["qwen3.5-tiny"]
+    c = native_config(gpu.ffi, cfg)
+    c.dn_head_dim = 64
+    buf = gpu.alloc(1 << 20)
+    status = gpu.lib.arc_op_deltanet_step(gpu.ctx, c, f32p(gpu, buf), gpu.ffi.cast("int32_t *", buf),
+                                          *(u16p(gpu, buf) for _ in range(4)), f32p(gpu, buf), f32p(gpu, buf))
+    message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
+    assert status != 0 and "dn_head_dim must be 128" in message and "\n" not in message
