@@ -23,6 +23,7 @@ import numpy as np
 
 from arcpy import _lib
 from arcpy.bench import hf as hf_bench
+from arcpy.bench import deltanet as deltanet_bench
 from arcpy.bench import kernels as kernel_bench
 from arcpy.bench.kernels import SAMPLED, SAMPLED_NAME
 from arcpy.codes import FORMAT_BF16, FORMAT_NAMES
@@ -237,7 +238,7 @@ def bench_shape(shape: str, bandwidth: float, tokens: int, runs: int, kernels: b
     if kernels and state:  # a hybrid: its DeltaNet step alone (the layer table takes every layer to attend)
         t0 = time.perf_counter()
         try:
-            out["deltanet"] = kernel_bench.bench_deltanet(cfg, runs)
+            out["deltanet"] = deltanet_bench.bench_deltanet(cfg, runs)
         except ArcError as exc:
             out["deltanet"] = {"error": str(exc)}
         seconds["kernels"] = round(time.perf_counter() - t0, 1)
@@ -375,7 +376,7 @@ def format_table(report: dict) -> str:
     if hf:
         lines.append(_hf_note(hf))
     for s in report["shapes"]:
-        notes = _shape_notes(s) + kernel_bench.format_kernels(s, bw) + kernel_bench.format_deltanet(s, bw)
+        notes = _shape_notes(s) + kernel_bench.format_kernels(s, bw) + deltanet_bench.format_deltanet(s, bw)
         lines += [""] + notes if notes else []
     return "\n".join(lines)
 

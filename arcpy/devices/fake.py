@@ -19,7 +19,7 @@ import numpy as np
 
 from arcpy.codes import (DRAFT_MEMORY, FAULT_DEGENERATE, FAULT_MASK_TIMEOUT, FAULT_NONE, FAULT_NONFINITE,
                          FAULT_POSITION_RANGE, FAULT_TOKEN_RANGE, MAX_STOP_IDS)
-from arcpy.devices.fake_script import FakeScript
+from arcpy.devices.fake_script import FakeScript, FakeStore
 from arcpy.devices.protocol import Capabilities, Counters, RingState
 from arcpy.devices.sequence import SequenceStart
 from arcpy.drafting import draft
@@ -35,7 +35,7 @@ class _Op:
     step: int = -1
 
 
-class FakeDevice:
+class FakeDevice(FakeStore):
     """A scripted GPU; see the module's docstring."""
 
     @property
@@ -416,32 +416,6 @@ class FakeDevice:
         if first + count > len(self.ring):
             raise InvalidArgumentError("tokens not published yet")
         return self.ring[first:first + count]
-
-    def default_prefix_store_bytes(self) -> int:
-        return 64 * self.prefix_row_bytes + 4 * self.prefix_state_bytes
-
-    def reserve_prefix_store(self, nbytes: int) -> int:
-        return nbytes
-
-    def save_prefix(self, offset: int, n: int) -> None:
-        self._count()
-        self.prefix_ops.append(("save", offset, n))
-
-    def load_prefix(self, offset: int, n: int, saved: int) -> None:
-        self._count()
-        self.prefix_ops.append(("load", offset, n, saved))
-
-    def save_state(self, offset: int, position: int) -> None:
-        self._count()
-        self.prefix_ops.append(("save_state", offset, position))
-
-    def load_state(self, offset: int, position: int) -> None:
-        self._count()
-        self.prefix_ops.append(("load_state", offset, position))
-
-    def move_stored(self, to: int, source: int, nbytes: int) -> None:
-        self._count()
-        self.prefix_ops.append(("move", to, source, nbytes))
 
     def _set_logit_bias(self, pairs) -> None:
         if pairs and not self.supports_logit_bias:

@@ -1,5 +1,5 @@
 """FakeScript: how FakeDevice (fake.py), the scripted GPU of the control-logic tests, misbehaves
-and what it can do."""
+and what it can do; FakeStore: its store of earlier prefixes."""
 
 from __future__ import annotations
 
@@ -60,3 +60,34 @@ class FakeScript:
             logits[:] = 0.25
             nxt = 0  # equal values go to the lowest index
         return logits, nxt
+
+
+class FakeStore:
+    """FakeDevice's store of earlier prefixes (arcpy/loop/prefix.py): each copy recorded in order in
+    `prefix_ops` and counted as a CUDA call; the device's `prefix_row_bytes` and
+    `prefix_state_bytes` size it."""
+
+    def default_prefix_store_bytes(self) -> int:
+        return 64 * self.prefix_row_bytes + 4 * self.prefix_state_bytes
+
+    def reserve_prefix_store(self, nbytes: int) -> int:
+        return nbytes
+
+    def save_prefix(self, offset: int, n: int) -> None:
+        self._store_op("save", offset, n)
+
+    def load_prefix(self, offset: int, n: int, saved: int) -> None:
+        self._store_op("load", offset, n, saved)
+
+    def save_state(self, offset: int, position: int) -> None:
+        self._store_op("save_state", offset, position)
+
+    def load_state(self, offset: int, position: int) -> None:
+        self._store_op("load_state", offset, position)
+
+    def move_stored(self, to: int, source: int, nbytes: int) -> None:
+        self._store_op("move", to, source, nbytes)
+
+    def _store_op(self, *op) -> None:
+        self._count()
+        self.prefix_ops.append(op)

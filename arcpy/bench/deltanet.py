@@ -1,0 +1,80 @@
+"""A hybrid's DeltaNet step timed alone (arc_op_deltanet_step, the decode's launcher), as the
+kernel table (kernels.py) times the other kernels: a graph of one launch per DeltaNet layer, each
+over its own layer's weights and state slots, replayed back to back. Its figure is the rate at
+which one launch reads and writes its layer's state against the copy bandwidth: the state (2 to 3
+MiB a layer at the real dims) is what such a layer streams a token besides its weights."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from arcpy import _lib
+from arcpy.bench.kernels import Buffers, capture_graph, time_graph
+from arcpy.devices.context import Context
+from arcpy.errors import ArcError
+from arcpy.model import ModelConfig, f32_to_bf16
+from arcpy.model.hybrid import state_bytes_per_token
+from arcpy.model.native import native_config
+
+
+def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
+    """A hybrid's DeltaNet step alone (arc_op_deltanet_step, the decode's launcher): a graph of one
+    launch per DeltaNet layer, each over its own layer's weights and state slots, at position 1 (a
+    state read and written, as at any later position). `state_bytes` is what one launch reads and
+    writes of its state (hybrid.state_bytes_per_token's share of a layer), the figure held to the
+    copy bandwidth; `us` the median µs a launch."""
+    layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
+    if not layers:
+        raise ArcError(f"{cfg.n_layers} layers, none of them a DeltaNet layer")
+    hd, nv, nk, kernel = cfg.linear_k_head_dim, cfg.linear_n_v_heads, cfg.linear_n_k_heads, cfg.linear_conv_kernel
+    channels = (2 * nk + nv) * hd
+    u_floats = channels + nv * hd + 2 * nv
+    state = state_bytes_per_token(cfg) // layers
+    with Context(0) as ctx:
+        buf = Buffers(ctx)
+        try:
+            ffi, lib = buf.ffi, buf.lib
+            c = native_config(ffi, cfg)
+            f32 = lambda p: ffi.cast("float *", p)
+            u16 = lambda p: ffi.cast("uint16_t *", p)
+            u = f32(buf.upload(buf.rng.standard_normal(u_floats, dtype=np.float32)))
+            conv, norm = buf.random_bf16(layers * channels * kernel * 2), buf.norms(layers, hd)
+            a_log = buf.upload(f32_to_bf16(buf.rng.uniform(-1, 1, layers * nv).astype(np.float32)))
+            dt_bias = buf.upload(f32_to_bf16(buf.rng.uniform(-1, 1, layers * nv).astype(np.float32)))
+            slot = channels * (kernel - 1) + nv * hd * hd
+            # arc_model_state's 9 slots a layer, of the pool's words: floats near 0.02 in size.
+            states = buf.random_bf16(layers * 9 * slot * 4)
+            pos = ffi.cast("int32_t *", buf.scalar(1, np.int32))
+            out = f32(buf.floats(nv * hd))
+
+            def op(l: int) -> int:
+                return lib.arc_op_deltanet_step(ctx.ptr, c, u, pos, u16(conv) + l * channels * kernel,
+                                                u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
+                                                f32(states) + l * 9 * slot, out)
+
+            ctx.wait_idle()
+            graph = capture_graph(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)])
+            try:
+                us = time_graph(ctx, graph, layers, replays)
+            finally:
+                ctx.wait_idle()
+                _lib.check(lib.arc_graph_destroy(graph))
+            return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
+                    "runs_us": [round(x, 3) for x in us]}
+        finally:
+            buf.free()
+
+
+def format_deltanet(shape: dict, bandwidth_gbps: float) -> list[str]:
+    """The DeltaNet step's row of a report (lines; none where the shape has no such row)."""
+    d = shape.get("deltanet")
+    if not d:
+        return []
+    if "error" in d:
+        return [f"deltanet step, {shape['shape']}: FAILED: {d['error']}"]
+    gbps = d["state_bytes"] / d["us"] / 1e3
+    return [f"deltanet step alone, {shape['shape']}: {d['us']:.2f} us a launch x {d['layers']} layers, state "
+            f"{d['state_bytes'] / 1e6:.2f} MB read and written a launch: {gbps:.0f} GB/s, {gbps / bandwidth_gbps:.1%} "
+            "of copy bandwidth"]
