@@ -4,6 +4,7 @@ allocated, in one line naming the bytes and the longest context that fits (arcpy
 import pytest
 
 from arcpy.devices.cuda_model import CudaModel, check_fits
+from arcpy.model.hybrid import STATE_SLOTS, state_bytes_per_token
 from arcpy.errors import InvalidArgumentError
 from arcpy.model import synthetic_model
 
@@ -51,6 +52,8 @@ def test_a_hybrids_kv_cache_counts_its_attention_layers_alone():
     attending = [layer for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)]
     assert 0 < cfg.kv_layers == len(attending) < cfg.n_layers
     per_position = 2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * 2
-    check_fits(hybrid, 512, hybrid.stored_bytes + 512 * per_position)
-    with pytest.raises(InvalidArgumentError, match="lower --max-seq to at most 511"):
-        check_fits(hybrid, 512, hybrid.stored_bytes + 512 * per_position - 1)
+    states = STATE_SLOTS * state_bytes_per_token(cfg) // 2  # the DeltaNet layers' slots
+    check_fits(hybrid, 512, hybrid.stored_bytes + states + 512 * per_position)
+    with pytest.raises(InvalidArgumentError, match=f"GB of weights, {states / 1e9:.2f} GB of DeltaNet states and .* "
+                                                   "lower --max-seq to at most 511"):
+        check_fits(hybrid, 512, hybrid.stored_bytes + states + 512 * per_position - 1)

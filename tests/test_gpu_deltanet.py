@@ -12,11 +12,10 @@ from gpu_buffers import assert_close, f32p, u16p
 from arcpy import _lib
 from arcpy.devices.deltanet import DeltaNet, DeltaNetState, _sigmoid, _softplus, conv_dim
 from arcpy.model import SHAPES, bf16_to_f32, random_model
+from arcpy.model.hybrid import STATE_SLOTS as SLOTS
 from arcpy.model.native import native_config
 
 pytestmark = pytest.mark.gpu
-
-SLOTS = 9  # arc_model_state's slots a layer
 
 
 @pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])

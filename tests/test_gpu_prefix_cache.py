@@ -16,6 +16,7 @@ from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.settings import EngineSettings
 from arcpy.model import SHAPES, random_model
+from arcpy.model.hybrid import STATE_SLOTS
 from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
@@ -127,6 +128,7 @@ def test_gpu_a_hybrids_second_turn_resumes_from_the_state_the_first_left(hybrid,
     """The rows after the reused prefix pass through every DeltaNet layer: equal to a cold run's
     bit for bit only where the restored states are the cold prefill's."""
     assert hybrid.device.capabilities.prefix_state_bytes > 0 and hybrid.prefix.state_bytes > 0
+    assert hybrid.device.forward.state[2] == STATE_SLOTS  # arc_model_state's slots, which check_fits counts
     hybrid.prefix.clear()
     rng = np.random.default_rng(3)
     vocab = hybrid.device.vocab

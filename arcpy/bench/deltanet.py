@@ -15,7 +15,7 @@ from arcpy.bench.kernels import Buffers, capture_graph, time_graph
 from arcpy.devices.context import Context
 from arcpy.errors import ArcError
 from arcpy.model import ModelConfig, f32_to_bf16
-from arcpy.model.hybrid import state_bytes_per_token
+from arcpy.model.hybrid import STATE_SLOTS, state_bytes_per_token
 from arcpy.model.native import native_config
 
 
@@ -44,15 +44,15 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
             a_log = buf.upload(f32_to_bf16(buf.rng.uniform(-1, 1, layers * nv).astype(np.float32)))
             dt_bias = buf.upload(f32_to_bf16(buf.rng.uniform(-1, 1, layers * nv).astype(np.float32)))
             slot = channels * (kernel - 1) + nv * hd * hd
-            # arc_model_state's 9 slots a layer, of the pool's words: floats near 0.02 in size.
-            states = buf.random_bf16(layers * 9 * slot * 4)
+            # arc_model_state's slots, of the pool's words: floats near 0.02 in size.
+            states = buf.random_bf16(layers * STATE_SLOTS * slot * 4)
             pos = ffi.cast("int32_t *", buf.scalar(1, np.int32))
             out = f32(buf.floats(nv * hd))
 
             def op(l: int) -> int:
                 return lib.arc_op_deltanet_step(ctx.ptr, c, u, pos, u16(conv) + l * channels * kernel,
                                                 u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
-                                                f32(states) + l * 9 * slot, out)
+                                                f32(states) + l * STATE_SLOTS * slot, out)
 
             ctx.wait_idle()
             graph = capture_graph(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)])

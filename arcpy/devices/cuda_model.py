@@ -12,7 +12,7 @@ from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
 from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
 from arcpy.model.gpt_oss import cuda_refusal
-from arcpy.model.hybrid import check_cuda, split_gate
+from arcpy.model.hybrid import STATE_SLOTS, check_cuda, split_gate, state_bytes_per_token
 from arcpy.model.native import native_config, place
 
 # The longest run of prompt tokens one pass of the prefill takes; longer prompts go chunk by
@@ -45,20 +45,22 @@ def _uploads(name: str, array, cfg):
 
 
 def check_fits(model: Model, max_seq: int, free: int) -> None:
-    """Refuses, before anything is allocated, a model whose weights and KV cache for max_seq
-    positions exceed the device's free bytes: one line naming the bytes and the longest context
-    that would fit."""
+    """Refuses, before anything is allocated, a model whose weights, DeltaNet states (a hybrid's:
+    arc_model_state's 9 slots a layer) and KV cache for max_seq positions exceed the device's free
+    bytes: one line naming the bytes and the longest context that would fit."""
     cfg = model.config
     per_position = 2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16, every attention layer
-    weights, kv = model.stored_bytes, per_position * max_seq
+    weights = model.stored_bytes + STATE_SLOTS * state_bytes_per_token(cfg) // 2  # a slot: the state read a token
+    kv = per_position * max_seq
     if weights + kv <= free:
         return
     gb = 1e9
     fits = (free - weights) // per_position if free > weights else 0
     advice = (f"lower --max-seq to at most {fits}" if fits > 0
               else "its weights alone do not fit: use a smaller or more quantized model file")
-    raise InvalidArgumentError(f"the model needs {weights / gb:.2f} GB of weights and {kv / gb:.2f} GB of KV cache for "
-                               f"{max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
+    states = f", {(weights - model.stored_bytes) / gb:.2f} GB of DeltaNet states" if weights > model.stored_bytes else ""
+    raise InvalidArgumentError(f"the model needs {model.stored_bytes / gb:.2f} GB of weights{states} and {kv / gb:.2f} GB "
+                               f"of KV cache for {max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
 
 
 class CudaModel:

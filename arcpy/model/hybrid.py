@@ -36,6 +36,7 @@ from arcpy.model.quant import QuantTensor
 FULL, LINEAR = "full_attention", "linear_attention"  # the layer kinds, as config.json names them
 LAYER_KINDS = (FULL, LINEAR)
 CUDA_HEAD_DIM = 128  # the DeltaNet heads libarc's kernel takes (arc.h: dn_head_dim)
+STATE_SLOTS = 9  # the states libarc keeps a DeltaNet layer, one a position mod 9 (arc_model_state)
 _DIMS = ("linear_n_k_heads", "linear_n_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
 GATED_NORM = "linear_attn.norm.weight"  # the one norm whose factors are never 1 + w
 
