@@ -84,3 +84,27 @@ def test_a_one_token_prefill_matches_the_decode_and_the_reference(shape, zeroed)
     print(f"{shape}, zeroed {zeroed}: {errors}")
     bound = 8e-2 if "mxfp4" in shape else 2e-2
     assert errors["decode"] <= bound and errors["prefill"] <= 2e-2
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_0", "MXFP4"])
+@pytest.mark.parametrize("biases", [True, False], ids=["biases", "no biases"])
+def test_the_decode_with_experts_of_each_format_matches_the_reference(fmt, biases):
+    """gpt-oss-tiny with its experts alone in one format (the rest bf16), with and without the
+    experts' biases: where a format parts from the reference, whether the biases or the format's
+    own GEMVs do it."""
+    from arcpy.model import SHAPES, random_model
+    from arcpy.model.native import expected_tensors, is_matrix
+    from arcpy.model.quant import FORMAT_NAMES
+
+    cfg = SHAPES["gpt-oss-tiny"]
+    code = {v: k for k, v in FORMAT_NAMES.items()}.get(fmt)
+    formats = {n: code for n in expected_tensors(cfg) if is_matrix(n) and "experts." in n} if code else None
+    model = random_model(cfg, seed=5, name=f"experts-{fmt}", formats=formats)
+    if not biases:
+        for name in [n for n in model.tensors if n.endswith(BIASES["experts"])]:
+            model.tensors[name] = np.zeros_like(model.tensors[name])
+    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+        errors = decided_errors(model, dev, steps=48)
+    print(f"gpt-oss-tiny, experts {fmt}, biases {biases}: {len(errors)} decided steps, "
+          f"worst relative logit error {max(errors):.3g}")
+    assert len(errors) >= 8 and max(errors) <= (1e-2 if fmt == "BF16" else 8e-2)
