@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from gemv_inputs import libarc_gemv_inputs
 from gpu_buffers import gpu_logits, host_logits
 
 from arcpy import _lib
@@ -38,8 +39,11 @@ ROUTE_GAP = 0.02
 SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant", "moe-tiny-quant-more", "gpt-oss-tiny",
           "gpt-oss-tiny-mxfp4"]
 # bf16 weights: the forward's float32 sums (test_gpu_forward.py's bound); quantized: the GEMVs'
-# int8 input (test_gpu_quant_model.py's).
+# int8 input (test_gpu_quant_model.py's). gpt-oss-tiny's logits move by 0.16 with that rounding
+# alone: its quantized preset's decode is held to a reference that rounds as the device does
+# (ROUNDED, gemv_inputs.py), at the bf16 bound.
 TOLERANCE = {"moe-tiny-quant": 8e-2, "moe-tiny-quant-more": 8e-2, "gpt-oss-tiny-mxfp4": 8e-2}
+ROUNDED = {"gpt-oss-tiny-mxfp4"}
 
 
 @contextlib.contextmanager
@@ -84,25 +88,28 @@ def prefill(dev, tokens_ptr, n: int, start: int) -> None:
     _lib.check(dev.lib.arc_model_prefill(dev.forward.ptr, tokens_ptr, n, start))
 
 
-def decided_errors(model, dev, steps: int = 48) -> list[float]:
+def decided_errors(model, dev, steps: int = 48, rounded: bool = False) -> list[float]:
     """Greedy steps from token 1, the reference following the device's tokens: the logits' error at
-    each step whose routing the reference decides at every MoE layer."""
-    ref = ReferenceModel(model, max_seq=MAX_SEQ)
-    token, errors = 1, []
-    for pos in range(steps):
-        want = ref.forward(token, pos)
-        got = gpu_logits(dev, token, pos)
-        if min(ref.route_gap.values()) > ROUTE_GAP:
-            errors.append(rel_error(got, want))
-        token = int(np.argmax(got))
+    each step whose routing the reference decides at every MoE layer. rounded: the reference
+    rounds the input of each quantized product as the device does (gemv_inputs.py)."""
+    with libarc_gemv_inputs() if rounded else contextlib.nullcontext():
+        ref = ReferenceModel(model, max_seq=MAX_SEQ)
+        token, errors = 1, []
+        for pos in range(steps):
+            want = ref.forward(token, pos)
+            got = gpu_logits(dev, token, pos)
+            if min(ref.route_gap.values()) > ROUTE_GAP:
+                errors.append(rel_error(got, want))
+            token = int(np.argmax(got))
     return errors
 
 
 def test_the_decode_step_matches_the_reference_where_the_routing_is_decided(pair):
     model, dev = pair
-    errors = decided_errors(model, dev)
+    rounded = model.name in ROUNDED
+    errors = decided_errors(model, dev, rounded=rounded)
     print(f"{model.name}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
-    assert len(errors) >= 8 and max(errors) <= TOLERANCE.get(model.name, 1e-2)
+    assert len(errors) >= 8 and max(errors) <= (1e-2 if rounded else TOLERANCE.get(model.name, 1e-2))
 
 
 @pytest.mark.parametrize("sampling", [None, Sampling(0.7, top_p=0.9, seed=3)], ids=["greedy", "sampled"])
