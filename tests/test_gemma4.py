@@ -284,14 +284,12 @@ def write_gemma4_gguf(path, model, q8_experts: bool = False) -> Path:
         x = bf16_to_f32(words)
         if name.endswith("mlp.experts.up_proj.weight"):
             continue
-        gguf_name = _gguf_name(name, family)
         if name.endswith("mlp.experts.gate_proj.weight"):  # Gemma 4's files fuse the experts' gate and up
             up = bf16_to_f32(model.tensors[name.replace("gate_proj", "up_proj")])
             x = fused_gate_up(*(t.reshape(cfg.n_experts, cfg.expert_ffn_dim, cfg.dim) for t in (x, up)))
-            gguf_name = gguf_name.replace("ffn_gate_exps", "ffn_gate_up_exps")
         elif name.endswith("mlp.experts.down_proj.weight"):
             x = x.reshape(cfg.n_experts, cfg.dim, cfg.expert_ffn_dim)
-        tensors[gguf_name] = np.ascontiguousarray(x, np.float32)
+        tensors[_gguf_name(name, family)] = np.ascontiguousarray(x, np.float32)
     turning = (cfg.global_rope_dim or gh) // 2
     tensors["rope_freqs.weight"] = np.array([1.0] * turning + [1e30] * (gh // 2 - turning), np.float32)
     for i in range(n - cfg.kv_shared_layers, n):

@@ -153,6 +153,8 @@ def _file_name(f: GGUFFile, hf_name: str, family: Family) -> tuple[str, int | No
     in a fused ffn_gate_up_exps (None: the tensor is whole)."""
     name = _gguf_name(hf_name, family)
     blk, layer, module, kind = (name.split(".", 3) + ["", "", ""])[:4]
+    if module == "ffn_gate_up_exps":  # a family whose files always fuse them (Gemma 4)
+        return name, 0 if ".experts.gate_proj." in hf_name else 1
     fused = f"blk.{layer}.ffn_gate_up_exps.{kind}"
     if name not in f.tensors and blk == "blk" and module in _FUSED_EXPERTS and fused in f.tensors:
         return fused, _FUSED_EXPERTS[module]

@@ -23,12 +23,13 @@ from arcpy.model.gemma4 import (EXPERT_SCALE, LAYER_SCALAR, PLE_EMBED, PLE_NORM,
                                 global_dims)
 
 # llama.cpp's names (its gemma4): a layer's modules, and the tensors it names whole (the experts'
-# gate and up matrices are one tensor there, ffn_gate_up_exps, which arcpy.model.gguf reads as
-# either); the per-layer embeddings' tensors outside the layers.
+# gate and up matrices are one tensor there, ffn_gate_up_exps, each expert's gate rows then its up
+# rows, which arcpy.model.gguf splits); the per-layer embeddings' tensors outside the layers.
 _GGUF_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
                "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
                "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
+               "mlp.experts.gate_proj": "ffn_gate_up_exps", "mlp.experts.up_proj": "ffn_gate_up_exps",
                "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
                "post_per_layer_input_norm": "post_norm",
                ROUTER_SCALE: "ffn_gate_inp.scale", EXPERT_SCALE: "ffn_down_exps.scale",
