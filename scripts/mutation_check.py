@@ -414,9 +414,16 @@ MUTATIONS = [
     Mutation(
         "the scored prompt's rows are forgotten",
         "arcpy/loop/host.py",
-        "        self.prefix.rewritten(prompt, caps.prefix_granule)\n",
+        "        self.prefix.rewritten(prompt, caps.prefix_granule, dev)\n",
         "        self.prefix.forget_held()\n",
         ("tests/test_logprobs.py::test_the_scored_prompt_is_held_at_any_position_and_a_device_without_a_prefill_refuses",),
+    ),
+    Mutation(
+        "a recurrent model's prefill resumes without the state its prefix left",
+        "arcpy/loop/prefix.py",
+        "            device.load_state(0 if entry is None else entry.offset + best * self.row_bytes, best)\n",
+        "            pass\n",
+        ("tests/test_prefix_state.py::test_reference_alternating_conversations_of_a_hybrid_get_their_states_back_from_the_store",),
     ),
     Mutation(
         "the top k's weights renormalized where the config says not, and not where it says so",
