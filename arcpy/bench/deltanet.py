@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 
 from arcpy import _lib
-from arcpy.bench.kernels import Buffers, capture_graph, time_graph
+from arcpy.bench.kernels import Buffers, time_launches
 from arcpy.devices.context import Context
 from arcpy.errors import ArcError
 from arcpy.model import ModelConfig, f32_to_bf16
@@ -55,12 +55,7 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
                                                 f32(states) + l * STATE_SLOTS * slot, out)
 
             ctx.wait_idle()
-            graph = capture_graph(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)])
-            try:
-                us = time_graph(ctx, graph, layers, replays)
-            finally:
-                ctx.wait_idle()
-                _lib.check(lib.arc_graph_destroy(graph))
+            us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)
             return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
                     "runs_us": [round(x, 3) for x in us]}
         finally:

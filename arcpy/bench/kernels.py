@@ -329,6 +329,16 @@ def capture_graph(ctx: Context, launches: list):
     return gp[0]
 
 
+def time_launches(ctx: Context, launches: list, replays: int) -> list[float]:
+    """µs per launch of each timed replay of a graph of `launches` (captured, timed, destroyed)."""
+    graph = capture_graph(ctx, launches)
+    try:
+        return time_graph(ctx, graph, len(launches), replays)
+    finally:
+        ctx.wait_idle()
+        _lib.check(ctx.lib.arc_graph_destroy(graph))
+
+
 def time_graph(ctx: Context, graph, launches: int, replays: int) -> list[float]:
     """µs per kernel launch of each timed replay (graph launches back to back, then a poll)."""
     def replay(k: int) -> float:
@@ -359,12 +369,7 @@ def bench_kernels(cfg: ModelConfig, max_seq: int, positions: list[int], replays:
             for spec in kernel_specs(cfg, positions, formats):
                 if kinds is not None and spec.kind not in kinds:
                     continue
-                graph = capture_graph(ctx, shape.launches(spec))
-                try:
-                    us = time_graph(ctx, graph, cfg.n_layers, replays)
-                finally:
-                    ctx.wait_idle()
-                    _lib.check(ctx.lib.arc_graph_destroy(graph))
+                us = time_launches(ctx, shape.launches(spec), replays)
                 rows.append({**asdict(spec), "us": statistics.median(us), "runs_us": [round(u, 3) for u in us]})
             return rows
         finally:
@@ -431,12 +436,7 @@ def bench_gemms(cfg: ModelConfig, m: int, replays: int = 5) -> list[dict]:
                     out = ffi.cast("float *", buf.alloc(m * n * 4))
                     op = lambda: lib.arc_op_gemm_bf16(ctx.ptr, a, w, m, n, k, NULL, 0, out)
                 ctx.wait_idle()
-                graph = capture_graph(ctx, [lambda op=op: _lib.check(op())] * cfg.n_layers)
-                try:
-                    us = time_graph(ctx, graph, cfg.n_layers, replays)
-                finally:
-                    ctx.wait_idle()
-                    _lib.check(lib.arc_graph_destroy(graph))
+                us = time_launches(ctx, [lambda op=op: _lib.check(op())] * cfg.n_layers, replays)
                 flops = 2.0 * m * w_rows * k
                 rows.append({"name": name, "m": m, "n": w_rows, "k": k, "us": statistics.median(us),
                              "tflops": flops / statistics.median(us) / 1e6, "runs_us": [round(u, 2) for u in us]})

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from arcpy import _lib
-from arcpy.bench.kernels import Buffers, capture_graph, time_graph
+from arcpy.bench.kernels import Buffers, time_launches
 from arcpy.bench.loop import bench_max_seq
 from arcpy.devices.context import Context
 from arcpy.devices.cuda import open_cuda_device
@@ -187,12 +187,8 @@ def products_report(shape: str, cfg, replays: int) -> list[dict]:
                 row = {"name": name, "format": FORMAT_NAMES[fmt], "n": w_rows, "k": k}
                 for kind, _, op in product_ops(ctx, fmt, n, k, swiglu, x, s, y):
                     ctx.wait_idle()
-                    graph = capture_graph(ctx, [lambda w=w, op=op: _lib.check(op(w)) for w in ws])
-                    try:
-                        us = statistics.median(time_graph(ctx, graph, copies, replays))
-                    finally:
-                        ctx.wait_idle()
-                        _lib.check(ctx.lib.arc_graph_destroy(graph))
+                    us = statistics.median(time_launches(ctx, [lambda w=w, op=op: _lib.check(op(w)) for w in ws],
+                                                         replays))
                     row[f"{kind}_us"] = us
                     row[f"{kind}_GBps"] = nbytes / us / 1e3
                 out.append(row)
