@@ -36,6 +36,12 @@ def engine():
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
 def test_gpu_second_turn_reuses_the_last_prompts_rows_and_equals_a_cold_run(engine, sampling):
     assert engine.device.prefix_granule == 1
+    second_turn_equals_a_cold_run(engine, sampling)
+
+
+def second_turn_equals_a_cold_run(engine, sampling) -> None:
+    """A turn of 2,600 tokens (more than a prefill chunk), then one that extends it: the second
+    reuses every row of the first's prompt, and its tokens and KV rows are a cold run's."""
     engine.prefix.clear()  # what earlier tests left would share more than `first`
     rng = np.random.default_rng(3)
     vocab = engine.device.vocab
@@ -49,8 +55,12 @@ def test_gpu_second_turn_reuses_the_last_prompts_rows_and_equals_a_cold_run(engi
     cold = list(engine.generate(second, 48, sampling=sampling))
     assert engine.stats.cached_tokens == 0
     assert warm == cold
-    cold_rows = kv_cache_rows(engine.device, len(second))
-    for w, c in zip(warm_rows, cold_rows):
+    equal_rows(engine, len(second), warm_rows)
+
+
+def equal_rows(engine, n: int, warm_rows) -> None:
+    """The device's KV rows 0..n-1 now are `warm_rows`, bit for bit."""
+    for w, c in zip(warm_rows, kv_cache_rows(engine.device, n)):
         assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
 
 
@@ -82,8 +92,7 @@ def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
     engine.prefix.clear()
     cold = list(engine.generate(a2, 32))
     assert engine.stats.cached_tokens == 0 and warm == cold
-    for w, c in zip(warm_rows, kv_cache_rows(engine.device, len(a2))):
-        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
+    equal_rows(engine, len(a2), warm_rows)
 
 
 def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
@@ -102,8 +111,7 @@ def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
     warm_rows = kv_cache_rows(engine.device, len(c))
     engine.prefix.clear()
     assert list(engine.generate(c, 32)) == warm and engine.stats.cached_tokens == 0
-    for w, r in zip(warm_rows, kv_cache_rows(engine.device, len(c))):
-        assert np.array_equal(w, r), f"{np.count_nonzero(w != r)} of {w.size} cache words differ"
+    equal_rows(engine, len(c), warm_rows)
 
 
 # -- a hybrid: the DeltaNet layers' states come back with the rows --------------------------------
@@ -118,29 +126,13 @@ def hybrid():
         yield eng
 
 
-def _equal_rows(engine, n, warm_rows):
-    for w, c in zip(warm_rows, kv_cache_rows(engine.device, n)):
-        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
-
-
 @pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_p=0.95, seed=5)])
 def test_gpu_a_hybrids_second_turn_resumes_from_the_state_the_first_left(hybrid, sampling):
     """The rows after the reused prefix pass through every DeltaNet layer: equal to a cold run's
     bit for bit only where the restored states are the cold prefill's."""
     assert hybrid.device.capabilities.prefix_state_bytes > 0 and hybrid.prefix.state_bytes > 0
     assert hybrid.device.forward.state[2] == STATE_SLOTS  # arc_model_state's slots, which check_fits counts
-    hybrid.prefix.clear()
-    rng = np.random.default_rng(3)
-    vocab = hybrid.device.vocab
-    first = [int(t) for t in rng.integers(0, vocab, 2600)]  # more than a prefill chunk
-    answer = list(hybrid.generate(first, 24, sampling=sampling))
-    second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
-    warm = list(hybrid.generate(second, 48, sampling=sampling))
-    assert hybrid.stats.cached_tokens == len(first) and hybrid.stats.path == "device-loop"
-    warm_rows = kv_cache_rows(hybrid.device, len(second))
-    hybrid.prefix.clear()
-    assert list(hybrid.generate(second, 48, sampling=sampling)) == warm and hybrid.stats.cached_tokens == 0
-    _equal_rows(hybrid, len(second), warm_rows)
+    second_turn_equals_a_cold_run(hybrid, sampling)
 
 
 def test_gpu_a_hybrids_stored_prefix_comes_back_with_its_state(hybrid):
@@ -157,4 +149,4 @@ def test_gpu_a_hybrids_stored_prefix_comes_back_with_its_state(hybrid):
     warm_rows = kv_cache_rows(hybrid.device, len(a2))
     hybrid.prefix.clear()
     assert list(hybrid.generate(a2, 32)) == warm and hybrid.stats.cached_tokens == 0
-    _equal_rows(hybrid, len(a2), warm_rows)
+    equal_rows(hybrid, len(a2), warm_rows)
