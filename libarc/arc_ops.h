@@ -173,7 +173,8 @@ int arc_op_row_logprobs(arc_context *ctx, const float *logits, int32_t rows, int
  * dn_conv_kernel), DN_A_LOG and DN_DT_BIAS (dn_v_heads), DN_NORM (dn_head_dim), bf16; state: the layer's slots as
  * arc_model_state lays them out (9 of them), the step reading slot *pos % 9 (zeros at position 0) and writing slot
  * (*pos + 1) % 9; out: the gated norm's output (dn_v_heads * dn_head_dim) float32. The config's dn_ fields and
- * rms_eps are read (dn_head_dim 128, a convolution of 2 to 4 taps). */
+ * rms_eps are read (dn_head_dim 128, a convolution of 2 to 4 taps). As in the decode, *pos and the slot it reads are
+ * read before the launch waits on the kernel before it: that kernel must not write them. */
 int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const float *u, const int32_t *pos,
                          const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
                          float *state, float *out);

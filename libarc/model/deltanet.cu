@@ -102,7 +102,7 @@ struct DnArgs {
     const float *u;
     int32_t u_stride, rows;
     const int32_t *pos;
-    int32_t pos_add, every_state;
+    int32_t pos_add, every_state, early;
     const uint16_t *conv_w, *a_log, *dt_bias, *norm;
     float *state;
     uint64_t slot_floats;
@@ -137,18 +137,24 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
     const float rate = -expf(bf16_to_f32(a.a_log[h])), dt_bias = bf16_to_f32(a.dt_bias[h]);
     const float nw = bf16_to_f32(a.norm[j]);
     const size_t conv_floats = (size_t)a.conv_dim * (K - 1);
-    pdl_wait();  // u is the projection's output; the slots were written by earlier steps
 
-    const int p0 = (a.pos ? *a.pos : 0) + a.pos_add;
-    const bool fresh = p0 == 0;
-    const float *in = a.state + (size_t)(p0 % DN_SLOTS) * a.slot_floats;
+    // The position and the state it reads: before the wait where `early` (DeltaNetIo), else after.
+    int p0 = 0;
     float hist[K - 1];  // the inputs at p - K + 1..p - 1, oldest first
+    float s[DN_PER];    // S[g * DN_PER + i][j]
+    auto load_state = [&] {
+        p0 = (a.pos ? *a.pos : 0) + a.pos_add;
+        const bool fresh = p0 == 0;
+        const float *in = a.state + (size_t)(p0 % DN_SLOTS) * a.slot_floats;
 #pragma unroll
-    for (int i = 0; i < K - 1; ++i) hist[i] = (ch >= 0 && !fresh) ? in[(size_t)ch * (K - 1) + i] : 0.0f;
-    float s[DN_PER];  // S[g * DN_PER + i][j]
-    const float *s_in = in + conv_floats + (size_t)h * D * D + (size_t)g * DN_PER * D + j;
+        for (int i = 0; i < K - 1; ++i) hist[i] = (ch >= 0 && !fresh) ? in[(size_t)ch * (K - 1) + i] : 0.0f;
+        const float *s_in = in + conv_floats + (size_t)h * D * D + (size_t)g * DN_PER * D + j;
 #pragma unroll
-    for (int i = 0; i < DN_PER; ++i) s[i] = fresh ? 0.0f : s_in[(size_t)i * D];
+        for (int i = 0; i < DN_PER; ++i) s[i] = fresh ? 0.0f : s_in[(size_t)i * D];
+    };
+    if (a.early) load_state();
+    pdl_wait();  // u is the projection's output
+    if (!a.early) load_state();
 
     const float q_scale = rsqrtf((float)D);
     for (int r = 0; r < a.rows; ++r) {
@@ -244,7 +250,7 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     ARC_REQUIRE(io.u && (io.out || io.out_bf16) && io.rows > 0, "null buffer or no rows");
     ARC_REQUIRE(!io.every_state || io.rows < DN_SLOTS, "%d rows keep their states in %d slots", io.rows, DN_SLOTS);
     ARC_REQUIRE(c.dn_head_dim == DN_HEAD_DIM, "dn_head_dim must be %d, got %d", DN_HEAD_DIM, c.dn_head_dim);
-    const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, lw.dn_conv, lw.dn_a_log,
+    const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0, lw.dn_conv, lw.dn_a_log,
                    lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
                    c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.rms_eps, io.out, io.out_bf16};
     const dim3 grid(c.dn_v_heads), block(DN_THREADS);
@@ -268,7 +274,7 @@ extern "C" int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *co
     LayerParts lw{};
     lw.dn = true;
     lw.dn_conv = conv, lw.dn_a_log = a_log, lw.dn_dt_bias = dt_bias, lw.dn_norm = norm, lw.dn_state = state;
-    return deltanet_layer(ctx, c, dn_dims(c, 0, 0), lw, {.u = u, .rows = 1, .pos = pos, .out = out});
+    return deltanet_layer(ctx, c, dn_dims(c, 0, 0), lw, {.u = u, .rows = 1, .pos = pos, .early = true, .out = out});
 }
 
 enum { GATE_THREADS = 256 };

@@ -41,6 +41,9 @@ struct DeltaNetIo {
     const int32_t *pos = nullptr;  // device memory, read on the device; or null
     int32_t pos_add = 0;
     bool every_state = false;  // write every row's state (the verify), else the last row's alone
+    // *pos and the slot it reads are settled before the launch waits on the one before it (the
+    // decode's step: earlier steps wrote them), so they are read before that wait, overlapping it.
+    bool early = false;
     float *out = nullptr;      // att rows (rows, v_dim) float32; or
     uint16_t *out_bf16 = nullptr;  // the same in bf16 (the prefill's product input)
 };

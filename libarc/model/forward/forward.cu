@@ -49,7 +49,7 @@ struct DecodeOps {
                            .norm_add = norm_offset(p.cfg), .y = p.qkv});
     }
     int dn_step(const LayerParts &lw) {
-        return deltanet_layer(p.ctx, p.cfg, p.dn, lw, {.u = p.qkv, .rows = 1, .pos = pos, .out = p.att});
+        return deltanet_layer(p.ctx, p.cfg, p.dn, lw, {.u = p.qkv, .rows = 1, .pos = pos, .early = true, .out = p.att});
     }
     int dn_out(const LayerParts &lw) {
         return gemv_weight(p.ctx, lw.dn_out,
