@@ -261,9 +261,10 @@ ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 819
                (64, 8, 8, 16383, 16384), (64, 8, 4, 5000, 8192),  # group 2
                (32, 4, 4, 255, 512), (32, 4, 2, 256, 512),  # 256-position chunks
                (30, 4, 2, 300, 512), (30, 4, 4, 0, 512), (30, 4, 4, 31, 512), (30, 4, 4, 32, 512),  # narrow rows
-               # more tiles of 64 than a kv head's blocks: blocks take 2 to 4 tiles, some one fewer
+               # more chunks than a head's blocks: blocks take 2, 4 and 8 chunks, some one fewer; the
+               # tiled kernel's blocks 2, 4 and 8 tiles of 64, the last fewer
                (64, 32, 8, 5000, 8192), (128, 32, 8, 8000, 8192), (30, 64, 8, 4000, 4096),
-               # 32 blocks a kv head: 64 tiles (2 each) and 65 (one block 3)
+               # the tiled kernel's 32 blocks a kv head: 64 tiles (2 each, 32 blocks) and 65 (3 each, 22 blocks)
                (128, 32, 8, 4095, 8192), (128, 32, 8, 4096, 8192),
                # a deep cache (512 tiles, 16 a tiled block); grouped-query groups of 8 and 16
                (128, 32, 8, 32767, 32768), (128, 32, 4, 20000, 32768), (128, 16, 1, 9000, 16384),

@@ -9,12 +9,11 @@
 // - the grid is fixed (a step graph is captured once), and its blocks divide the positions attended
 //   on the device: at position p each of a kv head's `S` blocks takes its share of the
 //   ceil((p + 1) / 64) tiles of 64 positions (fewer blocks work at short positions);
-// - the tiles stream through shared memory by cp.async in DEC_STAGES buffers, the next two loading
-//   while the block multiplies the current one (the first two are asked for before the wait on
-//   the kernel before, since earlier steps wrote them): S = Q K^T and O += P V by mma.sync, each
-//   warp 16 of a tile's positions, the softmax online;
-// - the last block of a kv head to finish (a ticket) merges the blocks' partials, every load of a
-//   head's partials in flight at once: no second launch.
+// - the tiles stream through shared memory by cp.async, the next one loading while the block
+//   multiplies the current one: S = Q K^T and O += P V by mma.sync, each warp 16 of a tile's
+//   positions, the softmax online;
+// - the last block of a kv head to finish (a ticket) merges the blocks' partials, a warp a head and
+//   DEC_MERGE_BATCH partials of a lane's four elements in flight at once: no second launch.
 // q and the softmax weights enter the products as two bf16 parts each (hi + lo, split_bf16x2), so
 // the scores and the weighted sums carry about 16 bits of q and p, meant to hold the float32
 // reference's tolerance of the one-row kernel (2e-5 + 1e-4 |x|). The order of every sum depends
@@ -24,29 +23,22 @@
 
 #include "attention_tile.cuh"
 
-enum {
-    DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
-    DEC_STAGES = 3,      // tiles in shared memory: one multiplied, two loading
-    DEC_MERGE_ELEMS = 4, DEC_MERGE_BATCH = 8  // the merge's outputs a thread, and the partials of
-                                              // each it loads before it adds them
-};
+enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
+       DEC_MERGE_BATCH = 16 };
 
-// Dynamic shared memory of the kernel for D: DEC_STAGES stages of a k and a v tile, q as hi and
-// lo tiles, the rotation's cosines and sines (107 KB at D = 128: two blocks a multiprocessor;
-// 209 KB at 256: one).
+// Dynamic shared memory of the kernel for D: two stages of a k and a v tile, q as hi and lo
+// tiles, the rotation's cosines and sines.
 static constexpr size_t dec_smem_bytes(int D) {
-    return (size_t)DEC_STAGES * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4;
+    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4;
 }
-static_assert(dec_smem_bytes(ATTN_MAX_HEAD_DIM) <= 227 * 1024, "a block's shared memory fits a multiprocessor");
 // The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
-static_assert(DEC_WARPS * DEC_HEADS * 4 <= DEC_STAGES * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
-static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= DEC_STAGES * 2 * ATTN_TILE * 32 * 2, "the weights fit the smallest tiles");
+static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
+static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the weights fit the smallest tiles");
 
 // Attention of the query heads h0..h0 + nh - 1 of kv head kvh (block x = kvh * ht + i takes
 // h0 = kvh * group + 16 i, ht = ceil(group / 16)) over its share of the positions lo..*pos:
-// of the nc tiles of 64 positions holding them, parts = min(nc, S) blocks hold some (S =
-// gridDim.y), block y < parts the tiles floor(y nc / parts)..floor((y + 1) nc / parts) - 1 in a
-// row (each block floor(nc / parts) or one more).
+// of the nc tiles of 64 positions holding them, block y of S = gridDim.y takes per = ceil(nc / S)
+// in a row, and ceil(nc / per) blocks hold some.
 // qkv = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, unrotated, as the
 // QKV GEMV writes it. k_cache, v_cache (n_kv_heads, max_seq, hd) bf16, this layer's; the rows
 // before *pos are read, row *pos is written (rotated k and v, rounded to nearest even) by the
@@ -56,7 +48,8 @@ static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= DEC_STAGES * 2 * ATTN_TILE * 32 
 // A block writes o_part[head][y][hd] = sum_t 2^(s_t - m) v_t and ml_part[head][y] = (m, sum_t
 // 2^(s_t - m)) (row stride `splits` >= S), s_t the scores in log2 units, m their max; the last of
 // the kv head's blocks to finish (a ticket on done[x], which it resets) writes out[head][:] = the
-// partials merged. When one block holds every tile it writes out at once. sinks (AttnSpec: null or
+// partials merged (VEC: four floats a load, hd % 4 == 0 and o_part 16-byte aligned; the same
+// sums either way). When one block holds every tile it writes out at once. sinks (AttnSpec: null or
 // n_heads bf16 logits) join there alone, the sums then against max(m, sl), sl a sink in log2 units.
 // A position outside [0, max_seq) writes NaN to out and nothing to the cache.
 // PLAIN: the layer rotates every element at factor 1 and attends every position (Llama's): the
@@ -66,7 +59,7 @@ static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= DEC_STAGES * 2 * ATTN_TILE * 32 
 // before the wait nor stored.
 // Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D) bytes of
 // dynamic shared memory. Limits: hd even, hd <= D; the caches 16-byte aligned when hd % 8 == 0.
-template <int D, bool PLAIN, bool ROWS>
+template <int D, bool PLAIN, bool ROWS, bool VEC>
 __global__ void __launch_bounds__(ATTN_TILE_THREADS)
 decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
                         int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
@@ -107,34 +100,27 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
     // The positions attended, lo..pos, lie in tiles c_lo..ns - 1; this block's are j0..j1 - 1.
     const int lo = !PLAIN && window > 0 && pos >= window ? pos - window + 1 : 0;
     const int ns = pos / ATTN_TILE + 1, c_lo = lo / ATTN_TILE, nc = ns - c_lo;
-    const int parts = min(nc, S);
+    const int per = (nc + S - 1) / S, parts = (nc + per - 1) / per;
     if (split >= parts) return;
-    const int j0 = c_lo + split * nc / parts, j1 = c_lo + (split + 1) * nc / parts;
+    const int j0 = c_lo + split * per, j1 = min(j0 + per, ns);
     // The rows a tile takes from the cache: those before the new position (the decode substitutes
     // it from qkv), or up to it (the verify's rows are cached already).
     const int limit = ROWS ? pos + 1 : pos;
     const size_t head_base = (size_t)kvh * max_seq * hd;
-    // Tile j into `stage`, one cp.async group; past the block's tiles an empty group, which keeps
-    // the count the walk's waits rely on.
     auto load_tile = [&](int j, int stage) {
-        if (j < j1) {
-            uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
-            const size_t at = head_base + (size_t)j * ATTN_TILE * hd;
-            load_rows<D>(kt, k_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
-            load_rows<D>(kt + ATTN_TILE * D, v_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
-        }
+        uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
+        const size_t at = head_base + (size_t)j * ATTN_TILE * hd;
+        load_rows<D>(kt, k_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        load_rows<D>(kt + ATTN_TILE * D, v_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
         cp_async_commit();
     };
 
-    // Before the wait (the decode): the angles and the first DEC_STAGES - 1 tiles, which earlier
-    // steps wrote.
+    // Before the wait (the decode): the angles and the first tile, which earlier steps wrote.
     const int half = PLAIN ? hd / 2 : rope.half;
     for (int i = tid; i < half; i += ATTN_TILE_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
-    if (!ROWS)
-        for (int i = 0; i < DEC_STAGES - 1; ++i) load_tile(j0 + i, i);
+    if (!ROWS) load_tile(j0, 0);
     pdl_wait();
-    if (ROWS)
-        for (int i = 0; i < DEC_STAGES - 1; ++i) load_tile(j0 + i, i);
+    if (ROWS) load_tile(j0, 0);
     __syncthreads();  // the angles
     // q of the block's heads, rotated, as hi and lo bf16 tiles (heads past nh and elements past
     // hd are zeros); unrolled, so that the reads of qkv are in flight together.
@@ -173,12 +159,13 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
 
-    // Tile j is in stage `at`; tile j + DEC_STAGES - 1 loads into the stage the walk left last.
-    for (int j = j0, at = 0; j < j1; ++j, at = at == DEC_STAGES - 1 ? 0 : at + 1) {
-        load_tile(j + DEC_STAGES - 1, at == 0 ? DEC_STAGES - 1 : at - 1);
-        cp_async_wait<DEC_STAGES - 1>();
+    for (int j = j0; j < j1; ++j) {
+        const int buf = (j - j0) & 1;
+        if (j + 1 < j1) load_tile(j + 1, buf ^ 1);
+        else cp_async_commit();  // an empty group keeps the count of the wait below
+        cp_async_wait<1>();
         __syncthreads();
-        uint16_t *kt = kv + (size_t)at * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
+        uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
         if (!ROWS && j == ns - 1) {
             // The new position's row, as the cache will hold it; the block of the kv head's first
             // heads stores it there for later steps.
@@ -334,15 +321,14 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
     if (!last) return;
     __threadfence();
     // The last block merges the parts: each head's maximum m over them, its sum l, and the weight
-    // 2^(m_p - m) / l of each part (a warp a head, its lanes holding the parts' (m, l) read once),
-    // then out = the weighted sum of the parts' outputs, in part order, a thread's DEC_MERGE_ELEMS
-    // outputs at once and the next DEC_MERGE_BATCH partials of each read before it adds them. With
-    // a sink the weights are taken against top = max(m, sl), and l has the sink's term.
-    constexpr int PER_LANE = DEC_MAX_SPLITS / 32;
+    // 2^(m_p - m) / l of each part (a warp a head, its lanes holding the parts' (m, l)), then out =
+    // the weighted sum of the parts' outputs, in part order. With a sink the weights are taken
+    // against top = max(m, sl), and l has the sink's term.
     float *fw = reinterpret_cast<float *>(kv);  // [head][part]: 16 * DEC_MAX_SPLITS floats fit every D's tiles
+    constexpr int PER_LANE = DEC_MAX_SPLITS / 32;
     for (int r = warp; r < nh; r += DEC_WARPS) {
         const float2 *st = ml_part + (size_t)(h0 + r) * splits;
-        float2 v[PER_LANE];
+        float2 v[PER_LANE];  // the lane's parts' (m, l), read once
 #pragma unroll
         for (int i = 0; i < PER_LANE; ++i)
             v[i] = lane + 32 * i < parts ? __ldcg(&st[lane + 32 * i]) : make_float2(-INFINITY, 0.0f);
@@ -363,35 +349,41 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
             if (lane + 32 * i < parts) fw[r * parts + lane + 32 * i] = exp2f(v[i].x - top) / l;
     }
     __syncthreads();
-    // A thread's DEC_MERGE_ELEMS elements, ATTN_TILE_THREADS apart, at once.
-    const int n_out = nh * hd;
-    for (int e0 = tid; e0 < n_out; e0 += DEC_MERGE_ELEMS * ATTN_TILE_THREADS) {
-        const float *op[DEC_MERGE_ELEMS], *w[DEC_MERGE_ELEMS];
-        float acc[DEC_MERGE_ELEMS];
+    if constexpr (VEC) {
+        // A warp a head, a lane four consecutive elements, DEC_MERGE_BATCH parts' loads in flight.
+        for (int r = warp; r < nh; r += DEC_WARPS)
+            for (int d = lane * 4; d < hd; d += 128) {
+                const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
+                const float *w = fw + r * parts;
+                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int p0 = 0; p0 < parts; p0 += DEC_MERGE_BATCH) {
+                    float4 x[DEC_MERGE_BATCH];
 #pragma unroll
-        for (int k = 0; k < DEC_MERGE_ELEMS; ++k) {
-            const int e = min(e0 + k * ATTN_TILE_THREADS, n_out - 1), r = e / hd, d = e % hd;
-            op[k] = o_part + (size_t)(h0 + r) * splits * hd + d;
-            w[k] = fw + r * parts;
-            acc[k] = 0.0f;
-        }
-        for (int p0 = 0; p0 < parts; p0 += DEC_MERGE_BATCH) {
-            float x[DEC_MERGE_ELEMS][DEC_MERGE_BATCH];
+                    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
+                        x[i] = p0 + i < parts ? __ldcg(reinterpret_cast<const float4 *>(op + (size_t)(p0 + i) * hd))
+                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int k = 0; k < DEC_MERGE_ELEMS; ++k)
-#pragma unroll
-                for (int i = 0; i < DEC_MERGE_BATCH; ++i)
-                    x[k][i] = p0 + i < parts ? __ldcg(op[k] + (size_t)(p0 + i) * hd) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < DEC_MERGE_ELEMS; ++k)
-#pragma unroll
-                for (int i = 0; i < DEC_MERGE_BATCH; ++i)
-                    if (p0 + i < parts) acc[k] = fmaf(w[k][p0 + i], x[k][i], acc[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < DEC_MERGE_ELEMS; ++k) {
-            const int e = e0 + k * ATTN_TILE_THREADS;
-            if (e < n_out) out[(size_t)h0 * hd + e] = acc[k];
+                    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
+                        if (p0 + i < parts) {
+                            const float wi = w[p0 + i];
+                            acc.x = fmaf(wi, x[i].x, acc.x);
+                            acc.y = fmaf(wi, x[i].y, acc.y);
+                            acc.z = fmaf(wi, x[i].z, acc.z);
+                            acc.w = fmaf(wi, x[i].w, acc.w);
+                        }
+                }
+                float *o = out + (size_t)(h0 + r) * hd + d;
+                o[0] = acc.x, o[1] = acc.y, o[2] = acc.z, o[3] = acc.w;
+            }
+    } else {
+        for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
+            const int r = e / hd, d = e % hd;
+            const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
+            const float *w = fw + r * parts;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int p = 0; p < parts; ++p) acc = fmaf(w[p], __ldcg(op + (size_t)p * hd), acc);
+            out[(size_t)(h0 + r) * hd + d] = acc;
         }
     }
     if (tid == 0) done[blockIdx.x] = 0;
@@ -439,7 +431,9 @@ static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
     const int group = a.n_heads / a.n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
     const dim3 grid(a.n_kv_heads * ht, tiles_blocks(a.n_kv_heads * ht, a.splits), a.rows.count);
     const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
-    auto kernel = plain ? decode_attention_kernel<D, true, ROWS> : decode_attention_kernel<D, false, ROWS>;
+    const bool vec = a.hd % 4 == 0 && (uintptr_t)a.o_part % 16 == 0;
+    auto kernel = plain ? (vec ? decode_attention_kernel<D, true, ROWS, true> : decode_attention_kernel<D, true, ROWS, false>)
+                        : (vec ? decode_attention_kernel<D, false, ROWS, true> : decode_attention_kernel<D, false, ROWS, false>);
     constexpr size_t smem = dec_smem_bytes(D);
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
