@@ -21,6 +21,7 @@
 // position.
 #include <math.h>
 
+#include "attention_merge.cuh"
 #include "attention_tile.cuh"
 
 enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
@@ -320,72 +321,10 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // The last block merges the parts: each head's maximum m over them, its sum l, and the weight
-    // 2^(m_p - m) / l of each part (a warp a head, its lanes holding the parts' (m, l)), then out =
-    // the weighted sum of the parts' outputs, in part order. With a sink the weights are taken
-    // against top = max(m, sl), and l has the sink's term.
-    float *fw = reinterpret_cast<float *>(kv);  // [head][part]: 16 * DEC_MAX_SPLITS floats fit every D's tiles
-    constexpr int PER_LANE = DEC_MAX_SPLITS / 32;
-    for (int r = warp; r < nh; r += DEC_WARPS) {
-        const float2 *st = ml_part + (size_t)(h0 + r) * splits;
-        float2 v[PER_LANE];  // the lane's parts' (m, l), read once
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i)
-            v[i] = lane + 32 * i < parts ? __ldcg(&st[lane + 32 * i]) : make_float2(-INFINITY, 0.0f);
-        float m = -INFINITY, l = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) m = fmaxf(m, v[i].x);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        const float sl = sinks ? sink_log2(sinks, h0 + r) : 0.0f, top = sinks ? fmaxf(m, sl) : m;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i)
-            if (lane + 32 * i < parts) l = fmaf(exp2f(v[i].x - top), v[i].y, l);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-        if (sinks) l += exp2f(sl - top);
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i)
-            if (lane + 32 * i < parts) fw[r * parts + lane + 32 * i] = exp2f(v[i].x - top) / l;
-    }
-    __syncthreads();
-    if constexpr (VEC) {
-        // A warp a head, a lane four consecutive elements, DEC_MERGE_BATCH parts' loads in flight.
-        for (int r = warp; r < nh; r += DEC_WARPS)
-            for (int d = lane * 4; d < hd; d += 128) {
-                const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
-                const float *w = fw + r * parts;
-                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                for (int p0 = 0; p0 < parts; p0 += DEC_MERGE_BATCH) {
-                    float4 x[DEC_MERGE_BATCH];
-#pragma unroll
-                    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
-                        x[i] = p0 + i < parts ? __ldcg(reinterpret_cast<const float4 *>(op + (size_t)(p0 + i) * hd))
-                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                    for (int i = 0; i < DEC_MERGE_BATCH; ++i)
-                        if (p0 + i < parts) {
-                            const float wi = w[p0 + i];
-                            acc.x = fmaf(wi, x[i].x, acc.x);
-                            acc.y = fmaf(wi, x[i].y, acc.y);
-                            acc.z = fmaf(wi, x[i].z, acc.z);
-                            acc.w = fmaf(wi, x[i].w, acc.w);
-                        }
-                }
-                float *o = out + (size_t)(h0 + r) * hd + d;
-                o[0] = acc.x, o[1] = acc.y, o[2] = acc.z, o[3] = acc.w;
-            }
-    } else {
-        for (int e = tid; e < nh * hd; e += ATTN_TILE_THREADS) {
-            const int r = e / hd, d = e % hd;
-            const float *op = o_part + (size_t)(h0 + r) * splits * hd + d;
-            const float *w = fw + r * parts;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int p = 0; p < parts; ++p) acc = fmaf(w[p], __ldcg(op + (size_t)p * hd), acc);
-            out[(size_t)(h0 + r) * hd + d] = acc;
-        }
-    }
+    // The last block merges the parts (attention_merge.cuh), its weights over the tiles' buffers:
+    // 16 * DEC_MAX_SPLITS floats fit every D's tiles.
+    merge_parts<VEC, DEC_WARPS, DEC_MAX_SPLITS, DEC_MERGE_BATCH>(nh, h0, hd, splits, parts, ml_part, o_part, sinks,
+                                                                reinterpret_cast<float *>(kv), out);
     if (tid == 0) done[blockIdx.x] = 0;
 }
 
