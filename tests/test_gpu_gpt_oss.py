@@ -1,16 +1,16 @@
 """GPU tier: gpt-oss on libarc (marker `gpu`): its sinks, biases and clamped GLU in the decode step
-and the prefill (tests/test_gpu_moe.py runs its presets through every MoE test); here the sinks
+and the prefill, on gpt-oss-test, the preset whose logits move with a rounding no further than other
+mixtures' (tests/test_gpu_moe.py runs its presets through every MoE test); here the sinks
 made large enough to take most of each head's weight, the layers' windows shorter than the
-context, and the refusal of a clamped GLU of other constants than libarc's. The CUDA backend opens
-gpt-oss only with arcpy.model.gpt_oss.CUDA_ENABLED on, which these tests turn on while they open
-a model."""
+context, the refusal of a clamped GLU of other constants than libarc's, and a gpt-oss GGUF under
+llama.cpp's names through `python -m arcpy.decode`."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 from gemv_inputs import libarc_gemv_inputs
-from test_gpu_moe import MAX_SEQ, decided_errors, gpt_oss_on_cuda
+from test_gpu_moe import MAX_SEQ, decided_errors
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
@@ -31,21 +31,21 @@ def heavy_sinks(model, value: float):
     return model
 
 
-@pytest.mark.parametrize("shape", ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"])
+@pytest.mark.parametrize("shape", ["gpt-oss-test", "gpt-oss-test-mxfp4"])
 @pytest.mark.parametrize("sink", [-30.0, 0.0, 4.0])
 def test_the_decode_with_sinks_that_matter_matches_the_reference(shape, sink):
     model = heavy_sinks(synthetic_model(shape, seed=8), sink)
     assert model.config.sliding_window < 48  # the windowed layers drop positions within the run
-    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
         errors = decided_errors(model, dev, steps=48, rounded=True)
     print(f"{shape}, sinks near {sink}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
     assert len(errors) >= 8 and max(errors) <= (8e-2 if "mxfp4" in shape else 1e-2)
 
 
 def test_a_clamped_glu_of_other_constants_is_refused_in_one_line():
-    base = synthetic_model("gpt-oss-tiny", seed=1)
+    base = synthetic_model("gpt-oss-test", seed=1)
     model = Model(dataclasses.replace(base.config, swiglu_limit=5.0), base.tensors, base.name, base.source)
-    with gpt_oss_on_cuda(), pytest.raises(InvalidArgumentError) as e:
+    with pytest.raises(InvalidArgumentError) as e:
         open_cuda_device(model, max_seq=64)
     assert "limit 7" in str(e.value) and "\n" not in str(e.value)
 
@@ -54,7 +54,7 @@ BIASES = {"experts": ("experts.gate_proj.bias", "experts.up_proj.bias", "experts
           "o": ("o_proj.bias",), "router": ("mlp.gate.bias",), "qkv": ("q_proj.bias", "k_proj.bias", "v_proj.bias")}
 
 
-@pytest.mark.parametrize("shape", ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"])
+@pytest.mark.parametrize("shape", ["gpt-oss-test", "gpt-oss-test-mxfp4"])
 @pytest.mark.parametrize("zeroed", [None, "experts", "o", "router", "qkv", "sinks", "all"])
 def test_a_one_token_prefill_matches_the_decode_and_the_reference(shape, zeroed):
     """One token at position 0 through the prefill and through the decode step, against the
@@ -74,7 +74,7 @@ def test_a_one_token_prefill_matches_the_decode_and_the_reference(shape, zeroed)
     if zeroed in ("sinks", "all"):
         heavy_sinks(model, -30.0)
     token = 7
-    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
         decoded = gpu_logits(dev, token, 0)
         with device_tokens(dev, np.array([token], np.int32)) as d_tokens:
             prefill(dev, d_tokens, 1, 0)
@@ -89,19 +89,49 @@ def test_a_one_token_prefill_matches_the_decode_and_the_reference(shape, zeroed)
 
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_0", "MXFP4"])
 def test_the_decode_with_experts_of_each_format_matches_the_reference(fmt):
-    """gpt-oss-tiny with its experts alone in one format (the rest bf16), against a reference that
-    rounds the quantized products' input as the device does (without it the logits move by 0.16 of
-    their scale: gemv_inputs.py). Quantized: the bound of every quantized model, 8e-2 (on an H100,
-    2026-12-07: Q8_0 0.027, Q4_0 0.007, MXFP4 0.015; bf16 9.8e-4)."""
-    from arcpy.model import SHAPES, random_model
+    """gpt-oss-test with its experts alone in one format (the rest bf16), against a reference that
+    rounds the quantized products' input as the device does (without it the reference's logits move
+    by up to 0.009 over the decided steps, on the CPU: gemv_inputs.py; gpt-oss-tiny's by 0.16).
+    Quantized: the bound of every quantized model, 8e-2 (gpt-oss-tiny on an H100, 2026-12-07: Q8_0
+    0.027, Q4_0 0.007, MXFP4 0.015; bf16 9.8e-4)."""
+    from arcpy.model import SHAPES, preset_scales, random_model
     from arcpy.model.native import expected_tensors, is_matrix
     from arcpy.model.quant import FORMAT_NAMES
 
-    cfg = SHAPES["gpt-oss-tiny"]
+    cfg = SHAPES["gpt-oss-test"]
     code = {v: k for k, v in FORMAT_NAMES.items()}.get(fmt)
     formats = {n: code for n in expected_tensors(cfg) if is_matrix(n) and "experts." in n} if code else None
-    model = random_model(cfg, seed=5, name=f"experts-{fmt}", formats=formats)
-    with gpt_oss_on_cuda(), open_cuda_device(model, max_seq=MAX_SEQ) as dev:
+    model = random_model(cfg, seed=5, name=f"experts-{fmt}", formats=formats, scales=preset_scales("gpt-oss-test"))
+    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
         errors = decided_errors(model, dev, steps=48, rounded=True)
-    print(f"gpt-oss-tiny, experts {fmt}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
+    print(f"gpt-oss-test, experts {fmt}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
     assert len(errors) >= 8 and max(errors) <= (1e-2 if fmt == "BF16" else 8e-2)
+
+
+def test_decode_runs_a_gpt_oss_gguf_with_mxfp4_experts_on_the_gpu(tmp_path):
+    """`python -m arcpy.decode --model FILE.gguf`: a gpt-oss file written as llama.cpp's converter
+    writes one (its names and metadata keys, the experts in MXFP4) decodes on the CUDA backend, the
+    device loop and the host path giving the same tokens."""
+    import subprocess
+    import sys
+
+    from gguf import GGMLQuantizationType as Q
+    from test_gguf import write_gguf
+    from test_gpt_oss import V, converter_tensors, gpt_oss_meta
+
+    from arcpy.model import SHAPES, preset_scales, random_model
+
+    cfg = dataclasses.replace(SHAPES["gpt-oss-test"], vocab=V, max_seq=128)
+    tensors = converter_tensors(random_model(cfg, seed=7, scales=preset_scales("gpt-oss-test")))
+    path = write_gguf(tmp_path / "oss.gguf", tensors, gpt_oss_meta(cfg), "gpt-oss",
+                      {name: Q.MXFP4 for name in tensors if "_exps.weight" in name})
+    runs = {}
+    for how in ("--device-loop", "--host-path"):
+        proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "cuda",
+                               "--weights", "quantized", how, "--prompt-ids", "1 2 3", "-n", "12"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout + proc.stderr
+        assert "12 tokens" in out and "backend cuda" in out, out[-2000:]
+        runs[how] = proc.stdout
+    assert runs["--device-loop"] == runs["--host-path"] and runs["--device-loop"].strip()

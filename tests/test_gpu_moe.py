@@ -27,7 +27,6 @@ from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
 from arcpy.model import synthetic_model
-from arcpy.model import gpt_oss
 from arcpy.model.bf16 import bf16_to_f32, f32_to_bf16
 from arcpy.sampling import Sampling
 
@@ -36,30 +35,24 @@ pytestmark = pytest.mark.gpu
 MAX_SEQ = 256
 PROMPT = [1, 17, 42, 99, 5]
 ROUTE_GAP = 0.02
-SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant", "moe-tiny-quant-more", "gpt-oss-tiny",
-          "gpt-oss-tiny-mxfp4"]
+SHAPES = ["qwen3moe-tiny", "mixtral-tiny", "qwen2moe-tiny", "moe-tiny-quant", "moe-tiny-quant-more", "gpt-oss-test",
+          "gpt-oss-test-mxfp4"]
 # bf16 weights: the forward's float32 sums (test_gpu_forward.py's bound); quantized: the GEMVs'
-# int8 input (test_gpu_quant_model.py's). gpt-oss-tiny's random weights make its logits move far
-# more with a rounding than other models' do (tests/test_gemv_inputs.py measures it on the CPU):
-# its quantized preset's decode is held to a reference that rounds as the device does (ROUNDED,
-# gemv_inputs.py), and its prefill with the routers' logits 16 times larger to PREFILL_SPREAD, the
-# size of its reference's own move from float32 to the prefill's bf16 roundings.
-TOLERANCE = {"moe-tiny-quant": 8e-2, "moe-tiny-quant-more": 8e-2, "gpt-oss-tiny-mxfp4": 8e-2}
-ROUNDED = {"gpt-oss-tiny-mxfp4"}
-PREFILL_SPREAD = {"gpt-oss-tiny": 0.15, "gpt-oss-tiny-mxfp4": 0.15}
-
-
-@contextlib.contextmanager
-def gpt_oss_on_cuda():
-    """The CUDA backend opening gpt-oss models (arcpy.model.gpt_oss.CUDA_ENABLED) while it lasts."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gpt_oss, "CUDA_ENABLED", True)
-        yield
+# int8 input (test_gpu_quant_model.py's), the prefill's bound. The quantized presets' decode is held
+# to a reference that rounds each quantized product's input as the device does (ROUNDED, its bound;
+# gemv_inputs.py): against the float32 reference a step of moe-tiny-quant-more moved 0.133, the same
+# on the device and with the reference's own rounding, and against the rounding reference the worst
+# step is 0.0165 (H100, 2026-12-07). gpt-oss is tested on gpt-oss-test, whose logits move with a
+# rounding no further than other mixtures' (gpt-oss-tiny's moved ten times as far:
+# tests/test_gemv_inputs.py measures it on the CPU); its prefill takes the common bounds (its
+# reference's own move from float32 to the prefill's bf16 roundings is at most 0.012 on the prompts
+# the prefill test picks, on the CPU).
+TOLERANCE = {"moe-tiny-quant": 8e-2, "moe-tiny-quant-more": 8e-2, "gpt-oss-test-mxfp4": 8e-2}
+ROUNDED = {"moe-tiny-quant": 3e-2, "moe-tiny-quant-more": 3e-2, "gpt-oss-test-mxfp4": 3e-2}
 
 
 def open_device(model):
-    with gpt_oss_on_cuda():
-        return open_cuda_device(model, max_seq=MAX_SEQ)
+    return open_cuda_device(model, max_seq=MAX_SEQ)
 
 
 @pytest.fixture(scope="module", params=SHAPES)
@@ -111,7 +104,7 @@ def test_the_decode_step_matches_the_reference_where_the_routing_is_decided(pair
     model, dev = pair
     errors = decided_errors(model, dev, rounded=model.name in ROUNDED)
     print(f"{model.name}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
-    assert len(errors) >= 8 and max(errors) <= TOLERANCE.get(model.name, 1e-2)
+    assert len(errors) >= 8 and max(errors) <= ROUNDED.get(model.name, 1e-2)
 
 
 @pytest.mark.parametrize("sampling", [None, Sampling(0.7, top_p=0.9, seed=3)], ids=["greedy", "sampled"])
@@ -161,7 +154,7 @@ def test_the_prefill_matches_the_reference_with_bf16_products(decisive):
             prefill(dev, d_tokens, n, 0)
             err = rel_error(host_logits(dev), want)
         print(f"{model.name}: prefill of {n} rows, relative logit error {err:.3g}")
-        assert err <= PREFILL_SPREAD.get(model.name, TOLERANCE.get(model.name, 2e-2))
+        assert err <= TOLERANCE.get(model.name, 2e-2)
 
 
 def test_the_prefill_in_chunks_gives_the_same_logits_as_at_once(pair):
@@ -262,7 +255,9 @@ def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
 def test_the_experts_in_each_format_decode_as_the_reference(fmt):
     """moe-tiny-quant's shape with every expert and the shared expert in one format and the rest
     bf16: each format's routed GEMVs (gated, and the down's sum over the chosen experts) against the
-    reference on the same dequantized weights, where the routing is decided."""
+    reference on the same dequantized weights, rounding the products' inputs as the device does,
+    where the routing is decided (on an H100, 2026-12-07: 0.0056 to 0.0100; Q4_K's 0.138 against the
+    float32 reference was that reference's own move)."""
     from arcpy.model import SHAPES as ALL
     from arcpy.model import random_model
     from arcpy.model.native import expected_tensors, is_matrix
@@ -273,29 +268,6 @@ def test_the_experts_in_each_format_decode_as_the_reference(fmt):
     formats = {n: code for n in expected_tensors(cfg) if is_matrix(n) and ("experts." in n or "shared_expert." in n)}
     model = random_model(cfg, seed=5, name=f"experts-{fmt}", formats=formats)
     with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
-        errors = decided_errors(model, dev)
-    print(f"experts in {fmt}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
-    assert len(errors) >= 8 and max(errors) <= 8e-2
-
-
-@pytest.mark.parametrize("part", [("experts.gate_proj", "experts.up_proj"), ("experts.down_proj",), ("shared_expert.",),
-                                  ("experts.", "shared_expert.")],
-                         ids=["routed gate and up", "routed down", "shared expert", "every part"])
-def test_q4_k_in_each_part_of_the_experts_decodes_as_the_reference(part):
-    """Q4_K as every expert's format missed the bound where the other formats held it (0.138 on an
-    H200, 2026-12-07, against a move of 0.024 of this shape's reference under the GEMVs' input
-    rounding): one part at a time in Q4_K, the rest bf16, against a reference that rounds as the
-    device does (gemv_inputs.py), names the part."""
-    from arcpy.model import SHAPES as ALL
-    from arcpy.model import random_model
-    from arcpy.model.native import expected_tensors, is_matrix
-    from arcpy.model.quant import FORMAT_NAMES
-
-    q4_k = {v: k for k, v in FORMAT_NAMES.items()}["Q4_K"]
-    cfg = ALL["moe-tiny-quant"]
-    formats = {n: q4_k for n in expected_tensors(cfg) if is_matrix(n) and any(p in n for p in part)}
-    model = random_model(cfg, seed=5, name=f"q4_k-{part[0]}", formats=formats)
-    with open_cuda_device(model, max_seq=MAX_SEQ) as dev:
         errors = decided_errors(model, dev, rounded=True)
-    print(f"Q4_K in {part}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
-    assert len(errors) >= 8 and max(errors) <= 8e-2
+    print(f"experts in {fmt}: {len(errors)} decided steps, worst relative logit error {max(errors):.3g}")
+    assert len(errors) >= 8 and max(errors) <= 2e-2

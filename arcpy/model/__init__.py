@@ -31,7 +31,7 @@ from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, Rope
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix, iter_tensors, layer_prefix, norm_names
-from arcpy.model.presets import SHAPES, preset_formats, random_model, synthetic_model
+from arcpy.model.presets import SHAPES, preset_formats, preset_scales, random_model, synthetic_model
 from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
 from arcpy.model.quant_pack import from_gguf, random_quant
 from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
@@ -42,7 +42,7 @@ __all__ = [
     "Model", "ModelConfig", "YarnScaling",
     "PICKLE_SUFFIXES", "QuantTensor", "RopeScaling", "SHAPES", "bf16_to_f32", "config_from_hf",
     "config_to_hf", "dequantize", "expected_tensors", "f32_to_bf16", "from_gguf", "is_matrix", "iter_tensors",
-    "layer_prefix", "load_gguf_model", "norm_names", "load_model", "open_gguf", "preset_formats", "qgemv_reference",
-    "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
+    "layer_prefix", "load_gguf_model", "norm_names", "load_model", "open_gguf", "preset_formats", "preset_scales",
+    "qgemv_reference", "quantize_input", "random_model", "random_quant", "rope_inv_freq", "row_bytes", "save_model",
     "save_safetensors", "synthetic_model", "unpermute_rotary_rows",
 ]

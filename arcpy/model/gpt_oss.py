@@ -19,8 +19,7 @@ libarc's tensor table holds the sinks and the biases (arc_model.h: ARC_TENSOR_SI
 MOE_*_BIAS vectors, under the config's attn_sinks, o_bias and expert_bias) and names the clamped
 GLU ARC_ACT_SWIGLU_LIMIT (limit 7, alpha 1.702 fixed); the layer program is Llama's MoE layer, each
 op reading what the config adds, in the NumPy reference and in libarc's kernels alike. The CUDA
-backend refuses the model while CUDA_ENABLED is off, and a clamped GLU of other constants always
-(cuda_refusal).
+backend refuses a clamped GLU of other constants (cuda_refusal).
 """
 
 from __future__ import annotations
@@ -28,10 +27,6 @@ from __future__ import annotations
 from arcpy.checks import is_finite_real, quoted, require
 
 SWIGLU_LIMIT, SWIGLU_ALPHA = 7.0, 1.702  # gpt-oss's clamped GLU (llama.cpp's files name neither)
-# Whether the CUDA backend opens a gpt-oss model. libarc's kernels run it, but on the GPU tier its
-# prefill and its MXFP4 decode do not yet match the NumPy reference (docs/STATUS.md): until they
-# do, the CUDA backend refuses it, and only the GPU tests set this to run those kernels.
-CUDA_ENABLED = False
 SINKS = "self_attn.sinks"  # a layer's sinks, by their Hugging Face name (no .weight)
 
 
@@ -57,12 +52,8 @@ def check_gpt_oss(cfg) -> None:
 
 
 def cuda_refusal(cfg) -> str | None:
-    """The CUDA backend's one line for gpt-oss's layer while CUDA_ENABLED is off, and for a clamped
-    GLU of other constants than libarc's (ARC_ACT_SWIGLU_LIMIT: gpt-oss's limit 7, alpha 1.702);
-    None where libarc runs the config."""
-    if uses_oss_ops(cfg) and not CUDA_ENABLED:
-        return ("gpt-oss on the CUDA backend does not yet match the reference on a GPU (its prefill): "
-                "it runs on the numpy backend: use --backend numpy")
+    """The CUDA backend's one line for a clamped GLU of other constants than libarc's
+    (ARC_ACT_SWIGLU_LIMIT: gpt-oss's limit 7, alpha 1.702); None where libarc runs the config."""
     if cfg.swiglu_limit == 0 or (cfg.swiglu_limit, cfg.swiglu_alpha) == (SWIGLU_LIMIT, SWIGLU_ALPHA):
         return None
     return (f"libarc's clamped GLU is gpt-oss's (limit 7, alpha 1.702); this model's has limit {cfg.swiglu_limit:g} "

@@ -155,6 +155,16 @@ SHAPES.update({
                                vocab=201088, max_seq=8192, n_experts=32, n_experts_used=4, expert_ffn_dim=2880,
                                sliding_window=128, **_OSS),
 })
+# gpt-oss-test (the GPU tests'): gpt-oss-tiny with a window of 8 and its weights drawn at other
+# scales (random_model's `scales`), so that its logits move with a rounding no further than another
+# mixture's, not ten times as far (tests/test_gemv_inputs.py measures it and says why): q and k at
+# unit scale (YaRN's factor sharpens the scores to a std of 1.8 alone, 7 with _QK_GAIN); the sinks
+# at a std of 2 (a seventh of a softmax); the experts' gate and up at a std of 4 (4% and 8% of them
+# past the clamp), their down at 0.5/4^2 (the GLU grows as the square); the routers' logits at 0.5.
+SHAPES["gpt-oss-test"] = dataclasses.replace(SHAPES["gpt-oss-tiny"], sliding_window=8)
+_OSS_TEST_SCALES = {"self_attn.q_proj.weight": 0.5, "self_attn.k_proj.weight": 0.5, "self_attn.sinks": 4.0,
+                    "mlp.gate.weight": 0.5, "mlp.experts.gate_proj.weight": 4.0, "mlp.experts.up_proj.weight": 4.0,
+                    "mlp.experts.down_proj.weight": 0.5 / 4.0 ** 2}
 # Gemma 4 (arcpy/model/gemma4.py; the NumPy backend alone runs it): a small one with every feature
 # for tests (the full-attention layers' own head width, one kv head, k = v, proportional RoPE over a
 # quarter of their heads; the experts beside the dense FFN; per-layer embeddings; the last two
@@ -326,8 +336,10 @@ _QUANTIZED = {
     "tiny-quant-tied": (dataclasses.replace(_TINY_QUANT, tied_embeddings=True), _tiny_mix),  # head: the bf16 embedding
     "gpt-oss-tiny-mxfp4": (SHAPES["gpt-oss-tiny"], _oss_mix),
     "gpt-oss-20b-mxfp4": (SHAPES["gpt-oss-20b"], _oss_mix),
+    "gpt-oss-test-mxfp4": (SHAPES["gpt-oss-test"], _oss_mix),
 }
 SHAPES.update({name: cfg for name, (cfg, _) in _QUANTIZED.items()})
+_SCALES = {"gpt-oss-test": _OSS_TEST_SCALES, "gpt-oss-test-mxfp4": _OSS_TEST_SCALES}  # preset_scales
 
 
 def preset_formats(shape: str) -> dict[str, int]:
@@ -337,6 +349,12 @@ def preset_formats(shape: str) -> dict[str, int]:
     cfg = SHAPES[shape]
     mix = _QUANTIZED[shape][1] if shape in _QUANTIZED else (lambda name, layer, n_layers: FORMAT_BF16)
     return {name: mix(name, _layer_of(name), cfg.n_layers) for name in expected_tensors(cfg) if is_matrix(name)}
+
+
+def preset_scales(shape: str) -> dict[str, float]:
+    """The factors a preset's weights are drawn at (random_model's `scales`; empty for most presets)."""
+    preset_formats(shape)  # refuses an unknown shape
+    return dict(_SCALES.get(shape, {}))
 
 
 def _layer_of(name: str) -> int:
@@ -363,12 +381,12 @@ def _uniform_bf16(shape: tuple[int, ...], rng: np.random.Generator, std: float) 
 
 
 def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSequence, fmt: int = FORMAT_BF16,
-                   quick_embedding: bool = False, norm_add: float = 0.0):
+                   quick_embedding: bool = False, norm_add: float = 0.0, scale: float = 1.0):
     # The float32 values live only inside this call: a model's worth of them never exists at once.
     rng = np.random.default_rng(seed)
     if fmt != FORMAT_BF16:  # drawn in the format's rows directly, at the std of the bf16 weights below
         gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
-        return random_quant(fmt, shape, rng, std=gain / math.sqrt(shape[1]))
+        return random_quant(fmt, shape, rng, std=gain * scale / math.sqrt(shape[1]))
     if tname == EMBED and quick_embedding:
         return _uniform_bf16(shape, rng, _EMBED_STD)
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -387,16 +405,17 @@ def _random_tensor(tname: str, shape: tuple[int, ...], seed: np.random.SeedSeque
             x *= np.where(rng.random(shape) < 0.5, np.float32(-1.0), np.float32(1.0))
         x -= np.float32(norm_add)  # held less one where the norms add it back (norm_plus_one)
     elif tname.endswith(".bias"):
-        x *= np.float32(0.1)
+        x *= np.float32(0.1 * scale)
     elif tname == EMBED:
         x *= np.float32(_EMBED_STD)
     else:
         gain = _QK_GAIN if tname.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
-        x *= np.float32(gain / math.sqrt(shape[-1]))  # 1/sqrt(fan_in): unit-variance outputs
+        x *= np.float32(gain * scale / math.sqrt(shape[-1]))  # 1/sqrt(fan_in): unit-variance outputs
     return f32_to_bf16(x)
 
 
-def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random", formats: dict[str, int] | None = None) -> Model:
+def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random", formats: dict[str, int] | None = None,
+                 scales: dict[str, float] | None = None) -> Model:
     """Deterministic random weights for `cfg` (same seed, same words), scaled to keep activations O(1).
 
     Each tensor has its own child seed, so the tensors are made in parallel threads; each is drawn
@@ -405,24 +424,26 @@ def random_model(cfg: ModelConfig, seed: int = 0, name: str = "random", formats:
     tensors random QuantTensors instead, drawn in their rows directly (quant_pack.random_quant);
     the embedding of such a model is drawn uniform (same root mean square), from random bits,
     which is several times faster than normal draws (an 8B model's is half a billion weights).
+    `scales` (a name's ending -> a factor) multiplies the spread of those matrices, biases or sinks.
     """
     shapes = expected_tensors(cfg)
     formats = formats or {}
+    factors = [next((f for end, f in (scales or {}).items() if n.endswith(end)), 1.0) for n in shapes]
     seeds = np.random.SeedSequence(seed).spawn(len(shapes))
     fmts = [formats.get(n, FORMAT_BF16) for n in shapes]
     quick = [any(f != FORMAT_BF16 for f in formats.values())] * len(shapes)
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         arrays = pool.map(_random_tensor, shapes.keys(), shapes.values(), seeds, fmts, quick,
-                          [cfg.norm_add] * len(shapes))
+                          [cfg.norm_add] * len(shapes), factors)
         tensors = dict(zip(shapes.keys(), arrays))
     return Model(cfg, tensors, name=name, source=f"random:{name}:seed={seed}")
 
 
 def synthetic_model(shape: str = "stories15M", seed: int = 0, max_seq: int | None = None) -> Model:
     """A preset of SHAPES with random weights, built in memory (the embedded default is stories15M;
-    the quantized presets' matrices are in the formats preset_formats gives)."""
+    the matrices in the formats preset_formats gives, at the scales preset_scales gives)."""
     formats = preset_formats(shape)  # refuses an unknown shape
     cfg = SHAPES[shape]
     if max_seq is not None:
         cfg = dataclasses.replace(cfg, max_seq=max_seq)
-    return random_model(cfg, seed=seed, name=shape, formats=formats)
+    return random_model(cfg, seed=seed, name=shape, formats=formats, scales=preset_scales(shape))
