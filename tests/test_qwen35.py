@@ -251,6 +251,22 @@ def converter_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
+def mtp_converter_tensors(model) -> dict[str, np.ndarray]:
+    """The model's MTP layer (model.mtp) as llama.cpp's converter writes it: block n_layers, its
+    decoder layer under the usual block names, nextn.eh_proj, enorm, hnorm and shared_head_norm;
+    the norms' factors whole, as the model's."""
+    from arcpy.devices.reference_mtp import layer_model
+    from arcpy.model import bf16_to_f32, mtp
+    cfg, n = model.config, model.config.n_layers
+    layer = converter_tensors(layer_model(model))
+    out = {f"blk.{n}." + name[len("blk.0."):]: x for name, x in layer.items() if name.startswith("blk.0.")}
+    out[f"blk.{n}.nextn.shared_head_norm.weight"] = layer["output_norm.weight"]
+    for name in (mtp.FC, mtp.NORM_EMBEDDING, mtp.NORM_HIDDEN):
+        x = bf16_to_f32(model.mtp[name]) + np.float32(cfg.norm_add if name != mtp.FC else 0)
+        out[f"blk.{n}." + mtp.GGUF_NAMES[name]] = np.ascontiguousarray(x, np.float32)
+    return out
+
+
 def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), q8_as_floats: bool = False,
                       fused: bool = False, drop: tuple[str, ...] = ()) -> Path:
     """The GGUF file llama.cpp's converter writes for model; the tensors whose names end in one of
@@ -271,23 +287,24 @@ def write_qwen35_gguf(path, model, mtp: bool = False, q8: tuple[str, ...] = (), 
             a + "ssm.inner_size": cfg.linear_n_v_heads * cfg.linear_v_head_dim,
             a + "rope.dimension_sections": [cfg.rotary_dim // 8, cfg.rotary_dim // 8, cfg.rotary_dim // 4, 0]}
     tensors = converter_tensors(model)
+    if mtp:  # an MTP layer after the model's, as the converter appends it: the model's own, or a stub
+        meta[a + "block_count"] = cfg.n_layers + 1
+        meta[a + "nextn_predict_layers"] = 1
+        tensors.update(mtp_converter_tensors(model) if model.mtp else {
+            f"blk.{cfg.n_layers}.nextn.eh_proj.weight": np.zeros((cfg.dim, 2 * cfg.dim), np.float32),
+            f"blk.{cfg.n_layers}.attn_norm.weight": np.ones(cfg.dim, np.float32)})
     if cfg.n_experts:
         del meta[a + "feed_forward_length"]
         meta.update({a + "expert_count": cfg.n_experts, a + "expert_used_count": cfg.n_experts_used,
                      a + "expert_feed_forward_length": cfg.expert_ffn_dim,
                      a + "expert_shared_feed_forward_length": cfg.shared_expert_ffn_dim})
-        for i in range(cfg.n_layers):  # the experts as llama.cpp's 3-D tensors
+        for i in range(cfg.n_layers + bool(mtp and model.mtp)):  # the experts as llama.cpp's 3-D tensors
             for part in ("gate", "up", "down"):
                 name = f"blk.{i}.ffn_{part}_exps.weight"
                 tensors[name] = tensors[name].reshape(cfg.n_experts, -1, tensors[name].shape[-1])
             if fused:
                 gate, up = tensors.pop(f"blk.{i}.ffn_gate_exps.weight"), tensors.pop(f"blk.{i}.ffn_up_exps.weight")
                 tensors[f"blk.{i}.ffn_gate_up_exps.weight"] = fused_gate_up(gate, up)
-    if mtp:  # an MTP layer after the model's, as the converter appends it
-        meta[a + "block_count"] = cfg.n_layers + 1
-        meta[a + "nextn_predict_layers"] = 1
-        tensors[f"blk.{cfg.n_layers}.nextn.eh_proj.weight"] = np.zeros((cfg.dim, 2 * cfg.dim), np.float32)
-        tensors[f"blk.{cfg.n_layers}.attn_norm.weight"] = np.ones(cfg.dim, np.float32)
     w = GGUFWriter(path, arch)
     for key, value in meta.items():
         put(w, key, value)

@@ -28,6 +28,7 @@ from arcpy.model.families import HF_EXPERT_BLOCKS, HF_FUSED, Family, family_for,
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.gemma4 import shared_unread
 from arcpy.model.hybrid import GATED_NORM
+from arcpy.model import mtp
 from arcpy.model.quant import QuantTensor
 from arcpy.model.safetensors import (
     READABLE,
@@ -42,9 +43,9 @@ from arcpy.model.tensors import Model, require_nonzero
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 # Buffers some exporters save next to the weights; they are recomputed from the config.
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
-# A multimodal checkpoint's text model, under its own prefix; and the tensors arcpy does not read:
-# its vision tower, and a multi-token prediction layer (Qwen3.5's); Gemma 4's vision and audio
-# towers and their embedders.
+# A multimodal checkpoint's text model, under its own prefix; and the tensors the text model does not
+# read: its vision tower, and a multi-token prediction layer (Qwen3.5's, read apart: _mtp_tensors);
+# Gemma 4's vision and audio towers and their embedders.
 _TEXT_PREFIX = "model.language_model."
 _UNREAD_PREFIXES = ("model.visual.", "mtp.", "model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
                     "model.embed_audio.")
@@ -270,7 +271,8 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
         cfg = dataclasses.replace(cfg, max_seq=min(cfg.max_seq, max_seq))
 
     # The family's own tensors (gpt-oss's fused experts) made first; the rest read as they are.
-    entries, made = hf_family(doc, str(cfg_path)).hf_tensors(_text_model(_weight_files(directory, cfg), cfg), cfg)
+    files = _weight_files(directory, cfg)
+    entries, made = hf_family(doc, str(cfg_path)).hf_tensors(_text_model(files, cfg), cfg)
     entries = _unfused(_packed_experts(entries, cfg), cfg)
     entries, experts = _stacked_experts(entries, cfg)
     expected = _check_tensors(cfg, entries, directory, made)
@@ -283,9 +285,42 @@ def _load_model(directory: Path, max_seq: int | None) -> Model:
             return read_bf16_words(name, entries[name], maps)
         return np.concatenate([read_bf16_words(name, e, maps) for e in experts[name]])
     tensors = {name: read(name) for name in expected}
-    model = Model(cfg, tensors, name=directory.resolve().name, source=str(directory))
+    layer, notes = _mtp_tensors(files, cfg, maps)
+    model = Model(cfg, tensors, name=directory.resolve().name, source=str(directory), notes=notes, mtp=layer)
     require_nonzero(model)
     return model
+
+
+def _mtp_tensors(files: dict[str, TensorEntry], cfg: ModelConfig, maps: dict) -> tuple[dict, list[str]]:
+    """Qwen3.5's multi-token prediction layer (arcpy.model.mtp), read where the files hold it whole,
+    its decoder layer through the same steps as the model's layers (unfused, experts unpacked and
+    stacked) -> (its tensors, no notes); none -> ({}, []); malformed or incomplete -> ({}, a note
+    saying why): the layer is optional, the model runs without it."""
+    own = {name: e for name, e in files.items() if name.startswith(mtp.PREFIX)}
+    if not own or not cfg.layer_types:
+        return {}, []
+    mcfg = mtp.mtp_config(cfg)
+    layer = {layer_prefix(0) + n[len(mtp.LAYER):]: e for n, e in own.items() if n.startswith(mtp.LAYER)}
+    try:
+        layer, experts = _stacked_experts(_unfused(_packed_experts(layer, mcfg), mcfg), mcfg)
+        found = {**layer, **{n: e for n, e in own.items() if not n.startswith(mtp.LAYER)}}
+        shapes = {n: s for n, s in mtp.mtp_shapes(cfg).items() if not n.startswith(mtp.LAYER)}
+        shapes.update(mtp.layer_shapes(cfg))
+        for name, shape in shapes.items():
+            e = found.get(name)
+            if e is None or e.dtype not in READABLE or e.shape != shape:
+                raise ModelFileError(f"tensor {quoted(name)} is missing, or not {list(shape)} of BF16, F16 or F32")
+        extra = sorted(n for n in set(found) - set(shapes) if not n.endswith(_HARMLESS_SUFFIXES))
+        if extra:
+            raise ModelFileError(f"unexpected tensor {quoted(extra[0])}")
+        out = {}
+        for name in shapes:
+            words = (np.concatenate([read_bf16_words(name, e, maps) for e in experts[name]]) if name in experts
+                     else read_bf16_words(name, found[name], maps))
+            out[mtp.LAYER + name[len(layer_prefix(0)):] if name.startswith(layer_prefix(0)) else name] = words
+        return out, []
+    except ModelFileError as e:
+        return {}, [f"{next(iter(own.values())).file}: the multi-token prediction layer (mtp.*) is not read: {e}"]
 
 
 def _shifted_norms(tensors: dict[str, np.ndarray], shift: float) -> dict[str, np.ndarray]:

@@ -44,7 +44,8 @@ from arcpy.model.families.family import GGUF_GLOBAL_NAMES
 from arcpy.model.gguf_config import ROPE_TENSORS, gguf_config, unfused, unread_layers
 from arcpy.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from arcpy.model.gguf_vocab import read_vocabulary
-from arcpy.model.native import EMBED, LM_HEAD, is_matrix, iter_tensors
+from arcpy.model import mtp
+from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, is_matrix, iter_tensors, layer_prefix
 from arcpy.model.quant import QuantTensor
 from arcpy.model.quant_pack import GGUF_FORMATS, from_gguf
 from arcpy.model.tensors import Model, Tensor, require_nonzero
@@ -172,7 +173,7 @@ def _expert_half(t, cfg: ModelConfig, half: int):
     return part.reshape(e * f) if rows.ndim == 1 else part
 
 
-def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
+def _model(ckpt: GGUFCheckpoint, progress=None, held: dict[str, Tensor] | None = None) -> Model:
     """Match the file's tensors to the config, then read each under its HF name."""
     f, cfg, family = ckpt.file, ckpt.config, ckpt.family
     file_cfg = dataclasses.replace(cfg, tied_embeddings=True) if ckpt.head_from_embedding else cfg
@@ -224,25 +225,66 @@ def _model(ckpt: GGUFCheckpoint, progress=None) -> Model:
         return family.gguf_tensor(hf_name, t, cfg)
 
     # Tensors are read in threads (NumPy lets go of the GIL in its loops), handed back in order.
-    tensors: dict[str, Tensor] = {}
-    total = len(wanted) + ckpt.head_from_embedding
+    # `held`: tensors read already (a sub-model's: the MTP layer's embedding and head), not read again.
+    tensors: dict[str, Tensor] = dict(held or {})
+    reading = {n: info for n, info in wanted.items() if n not in tensors}
+    total = len(reading) + ckpt.head_from_embedding
     pool = ThreadPoolExecutor(max_workers=min(_READERS, os.cpu_count() or 1))
     try:
-        for done, (hf_name, t) in enumerate(zip(wanted, pool.map(read, wanted, wanted.values())), 1):
+        for done, (hf_name, t) in enumerate(zip(reading, pool.map(read, reading, reading.values())), 1):
             tensors[hf_name] = t
             if progress is not None:
                 progress(done, total)
     finally:
         pool.shutdown(cancel_futures=True)  # after a failure, read nothing more
-    if ckpt.head_from_embedding:
+    if ckpt.head_from_embedding and LM_HEAD not in tensors:
         info = wanted[EMBED]
         tensors[LM_HEAD] = from_gguf(info.qtype, info.shape, f.raw(info), f"{f.path}: tensor {quoted(info.name)}")
         if progress is not None:
             progress(total, total)
     notes = [_dequantized_note(f.path, dequantized, ckpt)] if dequantized else []
-    model = Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes)
+    layer, mtp_notes = _mtp_tensors(ckpt, tensors) if held is None else ({}, [])
+    model = Model(cfg, tensors, name=f.path.stem, source=str(f.path), notes=notes + mtp_notes, mtp=layer)
     require_nonzero(model)
     return model
+
+
+def _mtp_tensors(ckpt: GGUFCheckpoint, tensors: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    """Qwen3.5's multi-token prediction layer (arcpy.model.mtp), block N = the model's layer count,
+    where the metadata's nextn_predict_layers says the file holds one: its decoder layer read as
+    the one layer of a model of it (block N as block 0, nextn.shared_head_norm as the final norm,
+    token_embd and output the model's `tensors`, not read again), and nextn's eh_proj, enorm and hnorm
+    as bf16 words -> (its tensors, no notes); none -> ({}, []); malformed or incomplete -> ({}, a note
+    saying why)."""
+    f, cfg = ckpt.file, ckpt.config
+    a = f.meta.text("general.architecture") + "."
+    if not cfg.layer_types or f.meta.integer(a + "nextn_predict_layers", 0) < 1:
+        return {}, []
+    block = f"blk.{cfg.n_layers}."
+    renamed = {"blk.0." + n[len(block):]: info for n, info in f.tensors.items()
+               if n.startswith(block) and not n.startswith(block + "nextn.")}
+    shared = (GGUF_GLOBAL_NAMES[EMBED], GGUF_GLOBAL_NAMES[LM_HEAD])  # the model's: held, not read again
+    renamed.update({n: f.tensors[n] for n in shared if n in f.tensors})
+    head_norm = f.tensors.get(block + mtp.GGUF_NAMES[mtp.NORM])
+    if head_norm is not None:
+        renamed[GGUF_GLOBAL_NAMES[FINAL_NORM]] = head_norm
+    try:
+        sub = _model(dataclasses.replace(ckpt, config=mtp.mtp_config(cfg), file=dataclasses.replace(
+            f, tensors={n: dataclasses.replace(info, name=n) for n, info in renamed.items()})),
+                     held={n: tensors[n] for n in (EMBED, LM_HEAD) if n in tensors})
+        out = {mtp.LAYER + n[len(layer_prefix(0)):]: t for n, t in sub.tensors.items() if n.startswith(layer_prefix(0))}
+        out[mtp.NORM] = sub.tensors[FINAL_NORM]
+        for name in (mtp.FC, mtp.NORM_EMBEDDING, mtp.NORM_HIDDEN):
+            info = f.tensors.get(block + mtp.GGUF_NAMES[name])
+            shape = mtp.mtp_shapes(cfg)[name]
+            if info is None or info.shape != shape:
+                raise ModelFileError(f"tensor {quoted(block + mtp.GGUF_NAMES[name])} is missing or not {list(shape)}")
+            f.check_types([info])
+            out[name] = f.words(info)
+            require_finite(out[name], f"{f.path}: tensor {quoted(info.name)}")
+        return out, []
+    except ModelFileError as e:
+        return {}, [f"{f.path}: the multi-token prediction layer ({block}*, read as blk.0) is not read: {e}"]
 
 
 _PAIRED = {f"mlp.{m}gate_proj.weight": f"mlp.{m}up_proj.weight" for m in ("", "experts.", "shared_expert.")}

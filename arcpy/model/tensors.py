@@ -10,6 +10,7 @@ from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import bf16, quant
 from arcpy.model.config import ModelConfig
 from arcpy.model.moe import active_bytes
+from arcpy.model.mtp import mtp_shapes
 from arcpy.model.native import EMBED, LM_HEAD, expected_tensors, is_matrix
 from arcpy.model.quant import QuantTensor
 
@@ -20,10 +21,13 @@ class Model:
     """A config and its weights: bf16 words (uint16, C-contiguous; from files, often read-only
     mmap views), or for the matrix tensors (config.is_matrix) a QuantTensor in one of arc.h's
     quantized formats. `notes` are lines about how the weights were made (a loader's), for the
-    caller to show."""
+    caller to show. `mtp`: Qwen3.5's multi-token prediction layer where the checkpoint has one
+    (arcpy/model/mtp.py: its names and shapes), held apart from the tensor table, which is
+    libarc's; empty otherwise. Its bytes are not counted in the table's (stored_bytes and the
+    others): no device holds it yet."""
 
     def __init__(self, config: ModelConfig, tensors: dict[str, Tensor], name: str, source: str,
-                 notes: tuple[str, ...] | list[str] = ()):
+                 notes: tuple[str, ...] | list[str] = (), mtp: dict[str, Tensor] | None = None):
         expected = expected_tensors(config)
         for tname, shape in expected.items():
             t = tensors.get(tname)
@@ -38,8 +42,14 @@ class Model:
             require(t.shape == shape, f"model {name}: tensor {tname} has shape {t.shape}, expected {shape}")
         extra = sorted(set(tensors) - set(expected))
         require(not extra, f"model {name}: unexpected tensor {extra[0] if extra else ''}")
+        for mname, mshape in (mtp_shapes(config) if mtp else {}).items():
+            require(mname in mtp and mtp[mname].shape == mshape, f"model {name}: MTP tensor {mname} is missing "
+                    f"or not of shape {mshape}")
+        require(not mtp or set(mtp) <= set(mtp_shapes(config)), f"model {name}: unexpected MTP tensor "
+                f"{sorted(set(mtp or ()) - set(mtp_shapes(config)))[:1]}")
         self.config = config
         self.tensors = dict(tensors)
+        self.mtp = dict(mtp or {})
         self.name = name
         self.source = source
         self.notes = tuple(notes)
