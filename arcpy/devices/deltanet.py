@@ -1,5 +1,5 @@
 """The NumPy reference's gated DeltaNet layer (arcpy/model/hybrid.py states what it computes) and
-its recurrent state, one token after another in float32."""
+its recurrent state, one token after another in float32; and the same rule in chunks of rows."""
 
 from __future__ import annotations
 
@@ -101,3 +101,37 @@ class DeltaNet:
         delta = (v - np.einsum("hkv,hk->hv", s, k)) * beta[:, None]
         s += k[:, :, None] * delta[:, None, :]
         return np.einsum("hkv,hk->hv", s, q)
+
+
+def chunked_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray,
+                       s: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """The gated delta rule over T rows at once, `chunk` rows at a time, as a prefill on tensor cores
+    would compute it: q, k (T, H, dk) (a value head's key head already repeated, q scaled), v
+    (T, H, dv), beta and g (T, H), the state s (H, dk, dv), updated in place -> the outputs
+    (T, H, dv). The same values as DeltaNet._step's rows one after another, in another order of
+    sums: within a chunk, with G the running sum of g from its start, the rows' deltas
+    d_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t) solve the unit lower-triangular system
+    (I + A) D = beta (V - exp(G) K S), A[t, i] = beta_t exp(G_t - G_i) k_t . k_i for i < t; then
+    O = exp(G) Q S + (exp(G_t - G_i) q_t . k_i for i <= t) D, and S becomes
+    exp(G_last) S + sum_i exp(G_last - G_i) k_i d_i^T. Chunks start at multiples of `chunk` from
+    the first row. This is the description a chunked prefill kernel is to follow (tested against the
+    rows one after another: tests/test_deltanet_chunked.py); the layer's own prefill here still
+    takes its rows one after another."""
+    T = len(q)
+    out = np.empty(v.shape, dtype=v.dtype)
+    for c0 in range(0, T, chunk):
+        qc, kc, vc = (x[c0:c0 + chunk].transpose(1, 0, 2) for x in (q, k, v))  # (H, C, d)
+        bc, G = beta[c0:c0 + chunk].T, np.cumsum(g[c0:c0 + chunk].T, axis=1)  # (H, C)
+        C = qc.shape[1]
+        lower = np.tril(np.ones((C, C), dtype=bool), -1)
+        decay = np.exp(np.where(lower | np.eye(C, dtype=bool), G[:, :, None] - G[:, None, :], -np.inf))
+        a = np.where(lower, bc[:, :, None] * decay * (kc @ kc.transpose(0, 2, 1)), 0)
+        rhs = bc[:, :, None] * (vc - np.exp(G)[:, :, None] * (kc @ s))
+        d = np.empty_like(rhs)
+        for t in range(C):  # forward substitution: (I + A) is unit lower triangular
+            d[:, t] = rhs[:, t] - np.einsum("hi,hiv->hv", a[:, t, :t], d[:, :t])
+        out[c0:c0 + C] = (np.exp(G)[:, :, None] * (qc @ s) + (decay * (qc @ kc.transpose(0, 2, 1))) @ d).transpose(1, 0, 2)
+        last = G[:, -1]
+        s *= np.exp(last)[:, None, None]
+        s += (kc * np.exp(last[:, None] - G)[:, :, None]).transpose(0, 2, 1) @ d
+    return out

@@ -15,7 +15,6 @@ from arcpy.devices.reference_ops import (
     linear,
     rmsnorm,
     rope,
-    round_bf16,
 )
 from arcpy.model import Model, rope_inv_freq
 from arcpy.model import gemma4 as g4
@@ -124,8 +123,8 @@ class Gemma4Rows(_RowOps):
         kv, hd = L.kv_heads, L.head_dim
         if L.wk is not None:
             k = rope(self.k, self.positions, L.inv_freq)
-            m.k_cache[li, :kv, start:start + t, :hd] = round_bf16(k).transpose(1, 0, 2)
-            m.v_cache[li, :kv, start:start + t, :hd] = round_bf16(self.v).transpose(1, 0, 2)
+            m.k_cache[li, :kv, start:start + t, :hd] = m.kv_round(k).transpose(1, 0, 2)
+            m.v_cache[li, :kv, start:start + t, :hd] = m.kv_round(self.v).transpose(1, 0, 2)
         k_cache, v_cache = m.k_cache[L.source, :kv, :, :hd], m.v_cache[L.source, :kv, :, :hd]
         self.att = self.r(causal_attention(q, k_cache, v_cache, start, kv, self.r is not _exact, c.scores_scale,
                                            c.window(li)))

@@ -8,7 +8,8 @@ and the last ulp of cos/sin/exp):
   quantized GEMVs also quantize their input to int8 per 32 values; model.quant.qgemv_reference
   computes that product alone. The forward here does not: compare with a tolerance.)
 - The KV cache is bf16: k (after RoPE) and v are rounded to nearest even when stored and read back
-  exactly as float32. Here it is held as float32 arrays of bf16-representable values.
+  exactly as float32. Here it is held as float32 arrays of bf16-representable values (or of another
+  form's values: kv_formats.py).
 - RMSNorm: y = x * (1 / sqrt(mean(x*x) + eps)) * w.
 - RoPE, rotate-half convention (as Hugging Face Llama): element i of a head pairs with element
   i + head_dim/2, both rotated by angle = float32(pos) * inv_freq[i], cos and sin in float32.
@@ -43,6 +44,7 @@ import copy
 import numpy as np
 
 from arcpy.devices.deltanet import DeltaNetState
+from arcpy.devices.kv_formats import kv_round
 from arcpy.devices.reference_layer import (
     PRODUCT_WEIGHTS,
     Layer,
@@ -69,9 +71,10 @@ class ReferenceModel:
     """A Model ready to run on the CPU: float32 weights, a preallocated bf16-valued KV cache.
 
     `max_seq` may shorten the cache below the config's context; positions must stay below it.
+    `kv_cache`: the form its rows are held in (kv_formats.py; bf16, libarc's, by default).
     """
 
-    def __init__(self, model: Model, max_seq: int | None = None):
+    def __init__(self, model: Model, max_seq: int | None = None, kv_cache: str = "bf16"):
         cfg = model.config
         if max_seq is not None and not (isinstance(max_seq, (int, np.integer)) and not isinstance(max_seq, bool)
                                         and 0 < max_seq <= cfg.max_seq):
@@ -97,6 +100,7 @@ class ReferenceModel:
         shape = (cfg.n_layers, kv_heads, self.max_seq, head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
+        self.kv_round = kv_round(kv_cache)  # what a stored row reads back
         # Each DeltaNet layer's recurrent state (arcpy.model.hybrid): the positions it has taken in.
         self.deltanet_state = {i: DeltaNetState(cfg) for i in range(cfg.n_layers) if cfg.is_linear_layer(i)}
 

@@ -219,8 +219,8 @@ class _RowOps:
         factor = c.rope_attention_factor
         q = self.r(rope(self.q, self.positions, L.inv_freq, factor))
         k = rope(self.k, self.positions, L.inv_freq, factor)
-        m.k_cache[li, :, start:start + t] = round_bf16(k).transpose(1, 0, 2)
-        m.v_cache[li, :, start:start + t] = round_bf16(self.v).transpose(1, 0, 2)
+        m.k_cache[li, :, start:start + t] = m.kv_round(k).transpose(1, 0, 2)
+        m.v_cache[li, :, start:start + t] = m.kv_round(self.v).transpose(1, 0, 2)
         rounded = self.r is not _exact
         self.att = self.r(causal_attention(q, m.k_cache[li], m.v_cache[li], start, c.n_kv_heads, rounded,
                                            c.scores_scale, c.window(li), L.sinks))
