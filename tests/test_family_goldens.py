@@ -95,8 +95,8 @@ def test_the_layer_program_computes_what_transformers_computes(family, monkeypat
     """With arcpy's one rounding undone (the KV cache kept in float32), the reference's logits are
     transformers' up to float32 sums: every feature of every family is computed as transformers
     computes it, Gemma's norms included (their factors 1 + w taken in float32, as libarc does)."""
-    import arcpy.devices.reference_ops as reference_ops
-    monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
+    import arcpy.devices.kv_formats as kv_formats
+    monkeypatch.setitem(kv_formats.ROUND, "bf16", lambda a: a)  # the KV cache in float32
     ref = ReferenceModel(load_model(DATA / family))
     g = golden(family, "hf")
     got = np.stack([ref.forward(int(t), i) for i, t in enumerate(g["tokens"])])

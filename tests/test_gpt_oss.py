@@ -70,8 +70,8 @@ def test_reference_logits_and_greedy_ids_match_transformers():
 
 
 def test_with_a_float32_cache_the_reference_computes_what_transformers_computes(monkeypatch):
-    import arcpy.devices.reference_ops as reference_ops
-    monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
+    import arcpy.devices.kv_formats as kv_formats
+    monkeypatch.setitem(kv_formats.ROUND, "bf16", lambda a: a)  # the KV cache in float32
     g = read_golden(DATA)
     err = relative_error(reference_logits(load_model(DATA), g["tokens"]), g["logits"])
     print(f"max relative logit error {err:.3g} with a float32 cache")
@@ -108,9 +108,9 @@ def _no_o_bias(ref):
 ])
 def test_the_goldens_see_every_feature(what, change, patch, monkeypatch):
     """Each of gpt-oss's features left out moves the logits far past EXACT: the goldens test it."""
-    import arcpy.devices.reference_ops as reference_ops
+    import arcpy.devices.kv_formats as kv_formats
     from arcpy.model.tensors import Model
-    monkeypatch.setattr(reference_ops, "round_bf16", lambda a: a)
+    monkeypatch.setitem(kv_formats.ROUND, "bf16", lambda a: a)  # the KV cache in float32
     model = load_model(DATA)
     if change == "truncate":
         change = dict(rope_scaling=dataclasses.replace(model.config.rope_scaling, truncate=True))
