@@ -4,7 +4,7 @@ its output and RoPE over a quarter of each head (head_dim 256); norms scale by 1
 routes every layer's FFN (softmax, top k, renormalized) and adds a shared expert with its sigmoid
 gate. The checkpoints of the conditional-generation classes hold the text model's config under
 text_config and its weights under model.language_model (the readers take the text model alone).
-The multi-token prediction layer (mtp.*) is not read. Text positions rotate every RoPE section
+The multi-token prediction layer (mtp.*) is read apart (arcpy/model/mtp.py). Text positions rotate every RoPE section
 alike, so the multi-section (interleaved) RoPE is the plain one here."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Qwen35(Family):
         """As llama.cpp's converter writes them: every full_attention_interval-th layer attends;
         ssm.group_count key heads of ssm.state_size, ssm.time_step_rank value heads filling
         ssm.inner_size; the norms' factors whole (norm_plus_one false). The layers after
-        block_count - nextn_predict_layers are the MTP layer's, not read."""
+        block_count - nextn_predict_layers are the MTP layer's, read apart (arcpy/model/gguf.py)."""
         n = m.integer(a + "block_count") - m.integer(a + "nextn_predict_layers", 0)
         every = m.integer(a + "full_attention_interval", _INTERVAL)
         if every <= 0:
