@@ -536,6 +536,20 @@ MUTATIONS = [
         '        commit = "main"\n',
         ("tests/test_hub.py::test_names_resolve_from_the_cache_alone",),
     ),
+    Mutation(
+        "q8_0's halves rounded to even, not away from zero as the gguf package rounds them",
+        "arcpy/devices/kv_formats.py",
+        "    q = np.copysign(np.minimum(whole + np.floor(2 * (scaled - whole)), 127), blocks)  # halves away from zero\n",
+        "    q = np.copysign(np.minimum(np.rint(scaled), 127), blocks)\n",
+        ("tests/test_kv_formats.py::test_q8_0_reads_back_what_the_gguf_package_dequantizes[0]",),
+    ),
+    Mutation(
+        "the chunked delta rule leaves the state's decay out of the deltas",
+        "arcpy/devices/deltanet.py",
+        "        rhs = bc[:, :, None] * (vc - np.exp(G)[:, :, None] * (kc @ s))\n",
+        "        rhs = bc[:, :, None] * (vc - (kc @ s))\n",
+        ("tests/test_deltanet_chunked.py::test_chunks_compute_what_the_rows_one_after_another_compute[150-64]",),
+    ),
 ]
 
 
