@@ -130,7 +130,8 @@ def chunked_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.nda
         d = np.empty_like(rhs)
         for t in range(C):  # forward substitution: (I + A) is unit lower triangular
             d[:, t] = rhs[:, t] - np.einsum("hi,hiv->hv", a[:, t, :t], d[:, :t])
-        out[c0:c0 + C] = (np.exp(G)[:, :, None] * (qc @ s) + (decay * (qc @ kc.transpose(0, 2, 1))) @ d).transpose(1, 0, 2)
+        o = np.exp(G)[:, :, None] * (qc @ s) + (decay * (qc @ kc.transpose(0, 2, 1))) @ d
+        out[c0:c0 + C] = o.transpose(1, 0, 2)
         last = G[:, -1]
         s *= np.exp(last)[:, None, None]
         s += (kc * np.exp(last[:, None] - G)[:, :, None]).transpose(0, 2, 1) @ d

@@ -372,7 +372,8 @@ static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
     const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
     const bool vec = a.hd % 4 == 0 && (uintptr_t)a.o_part % 16 == 0;
     auto kernel = plain ? (vec ? decode_attention_kernel<D, true, ROWS, true> : decode_attention_kernel<D, true, ROWS, false>)
-                        : (vec ? decode_attention_kernel<D, false, ROWS, true> : decode_attention_kernel<D, false, ROWS, false>);
+                        : (vec ? decode_attention_kernel<D, false, ROWS, true>
+                               : decode_attention_kernel<D, false, ROWS, false>);
     constexpr size_t smem = dec_smem_bytes(D);
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

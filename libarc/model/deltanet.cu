@@ -250,8 +250,8 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     ARC_REQUIRE(io.u && (io.out || io.out_bf16) && io.rows > 0, "null buffer or no rows");
     ARC_REQUIRE(!io.every_state || io.rows < DN_SLOTS, "%d rows keep their states in %d slots", io.rows, DN_SLOTS);
     ARC_REQUIRE(c.dn_head_dim == DN_HEAD_DIM, "dn_head_dim must be %d, got %d", DN_HEAD_DIM, c.dn_head_dim);
-    const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0, lw.dn_conv, lw.dn_a_log,
-                   lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
+    const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0,
+                   lw.dn_conv, lw.dn_a_log, lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
                    c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.rms_eps, io.out, io.out_bf16};
     const dim3 grid(c.dn_v_heads), block(DN_THREADS);
     switch (c.dn_conv_kernel) {
