@@ -31,7 +31,8 @@ from arcpy.model.config import LinearScaling, LongRopeScaling, ModelConfig, Rope
 from arcpy.model.gguf import GGUFCheckpoint, load_gguf_model, open_gguf, unpermute_rotary_rows
 from arcpy.model.hf import config_from_hf, config_to_hf
 from arcpy.model.native import EMBED, FINAL_NORM, LM_HEAD, expected_tensors, is_matrix, iter_tensors, layer_prefix, norm_names
-from arcpy.model.presets import SHAPES, preset_formats, preset_scales, random_model, synthetic_model
+from arcpy.model.presets import SHAPES, preset_formats, preset_scales, synthetic_model
+from arcpy.model.random_weights import random_model
 from arcpy.model.quant import QuantTensor, dequantize, qgemv_reference, quantize_input, row_bytes
 from arcpy.model.quant_pack import from_gguf, random_quant
 from arcpy.model.safetensors import MAX_HEADER_BYTES, save_safetensors
