@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 from gemv_inputs import libarc_gemv_inputs
-from test_gpu_moe import MAX_SEQ, decided_errors
+from test_gpu_moe import MAX_SEQ, assert_decode_paths_agree, decided_errors
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.errors import InvalidArgumentError
@@ -112,9 +112,6 @@ def test_decode_runs_a_gpt_oss_gguf_with_mxfp4_experts_on_the_gpu(tmp_path):
     """`python -m arcpy.decode --model FILE.gguf`: a gpt-oss file written as llama.cpp's converter
     writes one (its names and metadata keys, the experts in MXFP4) decodes on the CUDA backend, the
     device loop and the host path giving the same tokens."""
-    import subprocess
-    import sys
-
     from gguf import GGMLQuantizationType as Q
     from test_gguf import write_gguf
     from test_gpt_oss import V, converter_tensors, gpt_oss_meta
@@ -125,13 +122,4 @@ def test_decode_runs_a_gpt_oss_gguf_with_mxfp4_experts_on_the_gpu(tmp_path):
     tensors = converter_tensors(random_model(cfg, seed=7, scales=preset_scales("gpt-oss-test")))
     path = write_gguf(tmp_path / "oss.gguf", tensors, gpt_oss_meta(cfg), "gpt-oss",
                       {name: Q.MXFP4 for name in tensors if "_exps.weight" in name})
-    runs = {}
-    for how in ("--device-loop", "--host-path"):
-        proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "cuda",
-                               "--weights", "quantized", how, "--prompt-ids", "1 2 3", "-n", "12"],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out = proc.stdout + proc.stderr
-        assert "12 tokens" in out and "backend cuda" in out, out[-2000:]
-        runs[how] = proc.stdout
-    assert runs["--device-loop"] == runs["--host-path"] and runs["--device-loop"].strip()
+    assert_decode_paths_agree(path)

@@ -228,17 +228,13 @@ def test_libarc_refuses_more_experts_a_token_than_its_kernels_take(gpu):
     assert "n_experts_used must be at most 16 on the GPU" in message and "\n" not in message
 
 
-def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
-    """`python -m arcpy.decode --model FILE.gguf`: a qwen3moe file under llama.cpp's names whose
-    experts are Q8_0, Q6_K and Q4_K stays packed and decodes on the CUDA backend, the device loop
-    and the host path giving the same tokens."""
+def assert_decode_paths_agree(path) -> None:
+    """`python -m arcpy.decode --model path` on the CUDA backend, the file's quantized matrices kept:
+    12 tokens through the device loop and through the host path, the same answer (the files of these
+    tests have a byte vocabulary) and not an empty one."""
     import subprocess
     import sys
 
-    from gguf import GGMLQuantizationType as Q
-    from test_moe import packed_experts_gguf
-
-    _, _, path = packed_experts_gguf(tmp_path / "q.gguf", up_2=Q.Q4_K)  # gate and up one format: packed
     runs = {}
     for how in ("--device-loop", "--host-path"):
         proc = subprocess.run([sys.executable, "-m", "arcpy.decode", "--model", str(path), "--backend", "cuda",
@@ -247,8 +243,19 @@ def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         out = proc.stdout + proc.stderr
         assert "12 tokens" in out and "backend cuda" in out, out[-2000:]
-        runs[how] = proc.stdout  # the answer's text (the file has a byte vocabulary)
+        runs[how] = proc.stdout
     assert runs["--device-loop"] == runs["--host-path"] and runs["--device-loop"].strip()
+
+
+def test_decode_runs_a_qwen3moe_gguf_with_packed_experts_on_the_gpu(tmp_path):
+    """`python -m arcpy.decode --model FILE.gguf`: a qwen3moe file under llama.cpp's names whose
+    experts are Q8_0, Q6_K and Q4_K stays packed and decodes on the CUDA backend, the device loop
+    and the host path giving the same tokens."""
+    from gguf import GGMLQuantizationType as Q
+    from test_moe import packed_experts_gguf
+
+    _, _, path = packed_experts_gguf(tmp_path / "q.gguf", up_2=Q.Q4_K)  # gate and up one format: packed
+    assert_decode_paths_agree(path)
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "MXFP4", "IQ4_NL", "IQ4_XS", "Q5_0", "Q5_1", "Q3_K", "Q2_K"])
