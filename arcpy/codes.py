@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 # arc_status
 ARC_OK = 0
@@ -86,3 +86,6 @@ ACT_SWIGLU_LIMIT = 2  # gpt-oss's clamped GLU (a config's swiglu_limit, not its 
 
 # arc_routing: an MoE layer's order of softmax and top-k, by arcpy's name, in arc.h's order
 ROUTINGS = ("softmax_topk", "topk_softmax")
+
+# The forms a KV cache may hold its rows in (arcpy/devices/kv_formats.py; libarc holds bf16 and q8_0).
+KV_FORMATS = ("bf16", "q8_0", "fp8")

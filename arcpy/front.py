@@ -137,7 +137,7 @@ def open_engine(model: Model, text: TextSpec | None, options: EngineOptions, **e
         note(f"decoding on the NumPy reference backend, which is slow ({_lib.cuda_available()[1]})")
     opened = backends.open_engine(model, backend, text, max_seq=options.max_seq, speculate=options.speculate,
                                   devices=options.devices, device_loop=options.device_loop, burst=options.burst,
-                                  draft_memory=options.draft_memory, **engine)
+                                  draft_memory=options.draft_memory, kv_cache=options.kv_cache, **engine)
     speculation_note(options.speculate, opened)
     return opened
 

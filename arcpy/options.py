@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import click
 
 from arcpy.checks import quoted
-from arcpy.codes import MAX_BURST, MAX_WORLD
+from arcpy.codes import KV_FORMATS, MAX_BURST, MAX_WORLD
 from arcpy.drafting import DEFAULT_DRAFTS, MAX_DRAFTS
 from arcpy.errors import ArcError, InvalidArgumentError
 from arcpy.model.hub import NAME_HELP, is_model_name, no_such_model
@@ -51,7 +51,7 @@ class PrefillProgress:
 @dataclass(frozen=True)
 class EngineOptions:
     """How the engine runs, one record: what --backend, --device-loop/--host-path, --burst,
-    --max-seq, --speculate, --draft-memory and --tensor-parallel say (engine_options), handed on by
+    --max-seq, --speculate, --draft-memory, --tensor-parallel and --kv-cache say (engine_options), handed on by
     decode, chat and serve alike to arcpy.front.open_engine."""
 
     backend: str = "auto"           # auto, cuda or numpy
@@ -61,6 +61,7 @@ class EngineOptions:
     speculate: int | None = None    # drafts a speculative step verifies (0: none; None: the default, on)
     draft_memory: bool = True       # drafts also come from earlier sequences' answers (Engine's draft_memory)
     tensor_parallel: int = 1        # ranks the model splits over (1: no split)
+    kv_cache: str = "bf16"          # the form the KV cache holds its rows in (arcpy/devices/kv_formats.py)
 
     @property
     def devices(self) -> list[int] | None:
@@ -71,7 +72,7 @@ class EngineOptions:
 def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") -> list:
     """The options that say how the engine runs, shared by decode, chat and serve: --backend,
     --device-loop/--host-path, --burst, --max-seq, --speculate N / --no-speculate,
-    --draft-memory/--no-draft-memory, --tensor-parallel N. A command under
+    --draft-memory/--no-draft-memory, --tensor-parallel N, --kv-cache FORM. A command under
     them takes one EngineOptions, `engine_opts` (as_records builds it)."""
     return [
         click.option("--backend", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True),
@@ -97,6 +98,10 @@ def engine_options(burst_help: str = "Device-loop steps enqueued per burst.") ->
                      help="Drafts also come from the answers this engine gave before (a question asked again "
                           "drafts its earlier answer). Off: each request drafts from its own tokens alone, so its "
                           "speed tells nothing of other requests."),
+        click.option("--kv-cache", "kv_cache", type=click.Choice(list(KV_FORMATS)), default="bf16", show_default=True,
+                     help="The form the KV cache holds its rows in: q8_0 (blocks of 32 int8 values and a scale, 53% "
+                          "of bf16's bytes) reads fewer bytes a token at long contexts and holds about twice the "
+                          "context in the same memory; fp8 (e4m3, no scale) on --backend numpy only."),
     ]
 
 

@@ -119,7 +119,14 @@ typedef struct arc_model_config {
      * router's logits + MOE_ROUTER_BIAS, expert e's gate and up products + its rows of MOE_GATE_BIAS, MOE_UP_BIAS
      * before the GLU, its down product + its rows of MOE_DOWN_BIAS before its weight. */
     int32_t attn_sinks, o_bias, expert_bias;
+    /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0. */
+    int32_t kv_cache;
 } arc_model_config;
+/* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16
+ * scales, a block of 32 elements each: d = amax / 127 (float32), code = round(x * (1 / d)) (halves away from zero;
+ * 0 where d is 0), d stored as float16; an element reads back as code times the stored d (34 bytes per 32 elements,
+ * bf16's 64). The kernels attend over what the form reads back. */
+typedef enum arc_kv_form { ARC_KV_BF16 = 0, ARC_KV_Q8_0 = 1 } arc_kv_form;
 int arc_model_create(arc_context *ctx, const arc_model_config *config, arc_model **out);
 /* The tensor table, the one libarc lays the weights out by and arcpy names and checks them by: tensor's (rows, cols)
  * in layer (0 for a global tensor) of a model of config, rows 0 where the config has none (a vector: rows 1).
@@ -243,10 +250,16 @@ int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_
  * target outside [0, vocab) scores NaN. */
 int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens, int32_t n, int32_t start, int32_t vocab,
                               int32_t top_n, float *logprob, int32_t *top_ids, float *top_values);
-/* The model's KV cache (device memory): k and v, each (attention layers, n_kv_heads, max_seq, head_dim) bf16, the
- * layers that attend in layer order (a DeltaNet layer keeps no rows); rows the forward or the prefill have not
- * written hold zeros. */
+/* The model's KV cache (device memory) in a bf16 form: k and v, each (attention layers, n_kv_heads, max_seq, head_dim)
+ * bf16, the layers that attend in layer order (a DeltaNet layer keeps no rows); rows the forward or the prefill have
+ * not written hold zeros. Another form: ARC_INVALID_ARGUMENT (arc_model_kv_planes describes every form). */
 int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache);
+/* The KV cache in any form, as *count (<= ARC_KV_MAX_PLANES) planes: plane i at base[i] holds, for each attention
+ * layer (layer order) and kv head, head_rows[i] rows of row_bytes[i] bytes, position p at row p. BF16: k's values,
+ * v's (head_rows max_seq, row_bytes 2 head_dim). Q8_0: k's codes, v's (max_seq, head_dim), k's scales, v's (max_seq
+ * rounded up to a multiple of 64, 2 head_dim / 32). Unwritten rows hold zeros. */
+enum { ARC_KV_MAX_PLANES = 4 };
+int arc_model_kv_planes(arc_model *model, int32_t *count, void **base, uint64_t *row_bytes, uint64_t *head_rows);
 /* The DeltaNet layers' states (device memory): (layers, slots, slot_floats) float32, the DeltaNet layers in layer
  * order, each slot the convolution's last dn_conv_kernel - 1 inputs ((dn_k_heads * 2 + dn_v_heads) * dn_head_dim
  * channels, each channel's inputs oldest first) then every value head's S (dn_head_dim * dn_head_dim floats).

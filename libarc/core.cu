@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 14 };
+enum { ARC_ABI_VERSION = 15 };
 
 static thread_local char t_last_error[1024];
 

@@ -27,8 +27,9 @@ its floor counts the KV bytes the step reads beside the weights, and a model wit
 timed on the same weights with its window off too, which shows what reading only the window saves.
 The shape's dims run at as many positions as the longest context needs. With --kernels (the default)
 each context also times one layer's decode attention alone at its position, with the rate at which
-it reads K and V. --no-loop leaves out the per-shape loop rows (the copy bandwidth is still
-measured):
+it reads K and V (a bf16 cache's). --kv-cache bf16,q8_0 runs the context rows with each form of the
+KV cache, on a device each, their floors counting each form's bytes. --no-loop leaves out the
+per-shape loop rows (the copy bandwidth is still measured):
 
     python scripts/bench.py --shapes gemma3-4B --context 4096 --no-kernels --no-hf --json ctx.json
     python scripts/bench.py --shapes llama8B-q4km,qwen3-8B-q4km,qwen3-30B-A3B-q4km --context 0,4096,8192,32768 \
@@ -84,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--context", default=None,
                     help="comma-separated prompt lengths (0,4096,8192,32768): also time each shape's device loop "
                          "after each, its floor counting the KV reads, and a windowed model without its window too")
+    ap.add_argument("--kv-cache", default="bf16",
+                    help="comma-separated forms of the KV cache the --context rows run with (bf16,q8_0), each on a "
+                         "device of its own; the floor counts each form's bytes")
     ap.add_argument("--serving", action=argparse.BooleanOptionalAction, default=False,
                     help="the serving features too (arcpy.bench.serving_features): a conversation of --turns turns, "
                          "its last history --history tokens, with the prefix cache and cold; the device loop "
@@ -121,6 +125,7 @@ def main(argv=None) -> int:
 
     try:
         contexts = context_bench.parse_contexts(args.context) if args.context else []
+        kv_caches = context_bench.parse_kv_caches(args.kv_cache)
         report = bench.run(shapes if args.loop else [], args.tokens, args.runs, kernels=args.kernels,
                            hf=bench.HfRun(args.hf_tokens, args.hf_runs, args.hf_compile) if hf else None,
                            on_update=save, progress=progress)
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
             for shape in shapes:
                 model = synthetic_model(shape, seed=0, max_seq=max_seq)
                 rows = context_bench.context_rows(model, report["copy_bandwidth_GBps"] * 1e9, contexts,
-                                                  args.tokens, args.runs, max_seq)
+                                                  args.tokens, args.runs, max_seq, kv_caches)
                 cfg = model.config
                 del model
                 report["context"][shape] = rows

@@ -162,6 +162,19 @@ def kv_cache_rows(dev, n: int | None = None, host: np.ndarray | None = None) -> 
     return out
 
 
+def kv_planes(dev, n: int | None = None) -> list[np.ndarray]:
+    """Every plane of the device's KV cache in any form (arc_model_kv_planes: a bf16 cache's k and
+    v values, a q8_0 cache's k and v codes then their scales), rows 0..n-1 (all with n None) of
+    each (attention layer, kv head): bytes, (layers * kv heads, n, row bytes) each."""
+    out = []
+    for base, row, rows in dev.forward.kv_planes:
+        host, _ = dev.ctx.pinned((dev.forward.kv_runs * rows * row,), np.uint8)
+        dev.ctx.download_async(host, base)
+        dev.ctx.wait_idle()
+        out.append(host.reshape(dev.forward.kv_runs, rows, row)[:, :n].copy())
+    return out
+
+
 def gpu_logits(dev, token: int, pos: int, eager: bool = False) -> np.ndarray:
     """The logits of the device's forward of `token` at `pos`, on the host."""
     dev.set_input(token, pos)

@@ -22,7 +22,7 @@ def test_a_context_too_long_names_the_bytes_and_the_longest_that_fits():
         check_fits(MODEL, 1024, MODEL.stored_bytes + 100 * PER_POSITION + 5)
     msg = str(info.value)
     assert "\n" not in msg
-    assert f"{1024 * PER_POSITION / 1e9:.2f} GB of KV cache for 1024 positions" in msg
+    assert f"{1024 * PER_POSITION / 1e9:.2f} GB of bf16 KV cache for 1024 positions" in msg
     assert msg.endswith("lower --max-seq to at most 100")
 
 

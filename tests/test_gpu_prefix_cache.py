@@ -1,7 +1,7 @@
-"""GPU tier: prefix reuse on a real-shaped preset (marker `gpu`). A turn that extends the last
-reuses every row the last prefill wrote that it shares (granule 1: a prefill row does not depend
-on its chunk, tests/test_gpu_prefill_rows.py), and its KV rows, logits and tokens are a cold run's
-bit for bit."""
+"""GPU tier: prefix reuse on a real-shaped preset (marker `gpu`), its KV cache in bf16 and in q8_0
+(arc_model.h's arc_kv_form). A turn that extends the last reuses every row the last prefill wrote
+that it shares (granule 1: a prefill row does not depend on its chunk, tests/test_gpu_prefill_rows.py),
+and its KV rows, logits and tokens are a cold run's bit for bit."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gpu_buffers import kv_cache_rows
+from gpu_buffers import kv_cache_rows, kv_planes
 
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.kv_formats import kv_position_bytes
 from arcpy.loop import gate
 from arcpy.loop.engine import Engine
 from arcpy.loop.settings import EngineSettings
@@ -25,11 +26,12 @@ MAX_SEQ = 6144
 CONFIG = dataclasses.replace(SHAPES["smollm2-135M"], max_seq=MAX_SEQ)
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=["bf16", "q8_0"])
+def engine(request):
     model = random_model(CONFIG, seed=7)
-    device = open_cuda_device(model, MAX_SEQ)
+    device = open_cuda_device(model, MAX_SEQ, kv_cache=request.param)
     with Engine(device, "cuda", EngineSettings(device_loop=True), environ={}, latch=gate.FallbackLatch()) as eng:
+        eng.kv_cache = request.param
         yield eng
 
 
@@ -50,7 +52,7 @@ def second_turn_equals_a_cold_run(engine, sampling) -> None:
     second = first + answer + [int(t) for t in rng.integers(0, vocab, 300)]
     warm = list(engine.generate(second, 48, sampling=sampling))
     assert engine.stats.cached_tokens == len(first) and engine.stats.path == "device-loop"
-    warm_rows = kv_cache_rows(engine.device, len(second))
+    warm_rows = kv_planes(engine.device, len(second))
     engine.prefix.clear()
     cold = list(engine.generate(second, 48, sampling=sampling))
     assert engine.stats.cached_tokens == 0
@@ -59,9 +61,9 @@ def second_turn_equals_a_cold_run(engine, sampling) -> None:
 
 
 def equal_rows(engine, n: int, warm_rows) -> None:
-    """The device's KV rows 0..n-1 now are `warm_rows`, bit for bit."""
-    for w, c in zip(warm_rows, kv_cache_rows(engine.device, n)):
-        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache words differ"
+    """The device's KV rows 0..n-1 now are `warm_rows`, bit for bit, in every plane of the cache."""
+    for w, c in zip(warm_rows, kv_planes(engine.device, n), strict=True):
+        assert np.array_equal(w, c), f"{np.count_nonzero(w != c)} of {w.size} cache bytes differ"
 
 
 @pytest.mark.parametrize("n", [1, 37, 500])
@@ -77,7 +79,8 @@ def test_gpu_a_prompt_shorter_than_a_chunk_reuses_its_shared_rows(engine, n):
 
 
 def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
-    assert engine.prefix.capacity > 0 and engine.prefix.row_bytes == 2 * CONFIG.n_layers * CONFIG.n_kv_heads * 64 * 2
+    assert engine.prefix.capacity > 0
+    assert engine.prefix.row_bytes == kv_position_bytes(engine.kv_cache, CONFIG.n_layers, CONFIG.n_kv_heads, 64)
     rng = np.random.default_rng(9)
     vocab = engine.device.vocab
     engine.prefix.clear()
@@ -88,7 +91,7 @@ def test_gpu_the_store_gives_alternating_conversations_their_rows_back(engine):
     a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
     warm = list(engine.generate(a2, 32))
     assert engine.stats.cached_tokens == len(a) and engine.prefix.restored
-    warm_rows = kv_cache_rows(engine.device, len(a2))
+    warm_rows = kv_planes(engine.device, len(a2))
     engine.prefix.clear()
     cold = list(engine.generate(a2, 32))
     assert engine.stats.cached_tokens == 0 and warm == cold
@@ -108,7 +111,7 @@ def test_gpu_a_stored_prefix_restored_in_part_is_a_cold_runs(engine):
     list(engine.generate(b, 4))  # a's rows are saved
     warm = list(engine.generate(c, 32))
     assert engine.stats.cached_tokens == 1000 and engine.prefix.restored
-    warm_rows = kv_cache_rows(engine.device, len(c))
+    warm_rows = kv_planes(engine.device, len(c))
     engine.prefix.clear()
     assert list(engine.generate(c, 32)) == warm and engine.stats.cached_tokens == 0
     equal_rows(engine, len(c), warm_rows)

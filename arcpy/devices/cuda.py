@@ -21,7 +21,7 @@ import numpy as np
 from arcpy import _lib
 from arcpy.codes import MAX_TOP_LOGPROBS, RING_CAPACITY
 from arcpy.devices.context import IDLE_SPINS, Context
-from arcpy.devices.cuda_model import CudaModel, check_supported
+from arcpy.devices.cuda_model import CudaModel, check_kv_cache, check_supported
 from arcpy.devices.draft_staging import DraftStaging
 from arcpy.devices.kv_store import KVStore
 from arcpy.devices.mask_block import MaskBlock
@@ -76,8 +76,8 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; docs/USAGE.md, Prefix reuse.
         # A DeltaNet layer's state resumes from a copy of it (save_state, load_state).
         self.prefix_granule = 1 if self.supports_prefill else 0
-        blocks, heads, _, hd = getattr(forward, "kv_shape", (0, 0, 0, 0))
-        self.prefix_row_bytes = blocks * heads * hd * 2 if self.prefix_granule else 0  # a position's rows
+        planes, runs = getattr(forward, "kv_planes", ()), getattr(forward, "kv_runs", 0)
+        self.prefix_row_bytes = runs * sum(row for _, row, _ in planes) if self.prefix_granule else 0  # a position's
         _, layers, _, floats = getattr(forward, "state", (None, 0, 0, 0))
         self.prefix_state_bytes = layers * floats * 4 if self.prefix_granule else 0  # the states at a position
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)
@@ -206,7 +206,8 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         gb = 1e9
         free, total = self.ctx.memory()
         parts = self.forward.memory() if hasattr(self.forward, "memory") else None
-        held = "" if parts is None else (f"weights {parts[0] / gb:.2f} GB, KV cache {parts[1] / gb:.2f} GB, "
+        form = getattr(self.forward, "kv_cache", "bf16")
+        held = "" if parts is None else (f"weights {parts[0] / gb:.2f} GB, KV cache {parts[1] / gb:.2f} GB ({form}), "
                                          f"activations {parts[2] / gb:.2f} GB; ")
         return f"on {self.ctx.name()}: {held}{free / gb:.1f} of {total / gb:.1f} GB left"
 
@@ -369,16 +370,20 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
 
 
 def open_cuda_device(model: Model, max_seq: int | None = None, use_graph: bool = True,
-                     vocab_limit: int | None = None, speculate: int = DEFAULT_DRAFTS, ngram: int = 3) -> CudaDevice:
+                     vocab_limit: int | None = None, speculate: int = DEFAULT_DRAFTS, ngram: int = 3,
+                     kv_cache: str = "bf16") -> CudaDevice:
     """Load `model` onto GPU 0, in order: a context; the config validated and the weights uploaded;
     the loop's state; one warm-up forward; the graphs captured (unless `use_graph` is off: the
     eager forward, no device loop). `vocab_limit` narrows the valid token ids below the lm_head's
     width, as a padded head does. `speculate` > 0 (by default DEFAULT_DRAFTS) also captures the
-    speculative step with that many drafts, looked up by n-grams of up to `ngram` tokens. The device owns all of it: close it, or use it in a `with`."""
+    speculative step with that many drafts, looked up by n-grams of up to `ngram` tokens. `kv_cache`:
+    the form the KV cache holds its rows in (bf16 or q8_0: arcpy/devices/kv_formats.py). The device
+    owns all of it: close it, or use it in a `with`."""
     check_supported(model.config)  # before the context: a refused model allocates nothing
+    check_kv_cache(model.config, kv_cache)
     ctx = Context(0)
     try:
-        forward = CudaModel(ctx, model, max_seq or model.config.max_seq)
+        forward = CudaModel(ctx, model, max_seq or model.config.max_seq, kv_cache)
     except BaseException:
         ctx.close()
         raise

@@ -8,6 +8,7 @@ import numpy as np
 
 from arcpy import _lib
 from arcpy.devices.context import Context
+from arcpy.devices.kv_formats import check_kv_form, kv_position_bytes, libarc_form
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
 from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
@@ -34,6 +35,13 @@ def check_supported(cfg) -> None:
         raise InvalidArgumentError(GEMMA4_REFUSAL)
 
 
+def check_kv_cache(cfg, kv_cache: str) -> int:
+    """arc_kv_form's value for a cache of form `kv_cache` of this model; one line where libarc
+    holds none (an unknown form, fp8, or q8_0 with heads of other than whole blocks of 32)."""
+    check_kv_form(kv_cache, cfg.head_dim)
+    return libarc_form(kv_cache)
+
+
 def _uploads(name: str, array, cfg):
     """(arc_tensor name, layer, array) of each tensor a model tensor is uploaded as: itself, or a
     gated attention's q_proj as its query rows (WQ) and its gate's (WQ_GATE)."""
@@ -44,12 +52,15 @@ def _uploads(name: str, array, cfg):
     return [(tensor, layer, array)]
 
 
-def check_fits(model: Model, max_seq: int, free: int) -> None:
+def check_fits(model: Model, max_seq: int, free: int, kv_cache: str = "bf16") -> None:
     """Refuses, before anything is allocated, a model whose weights, DeltaNet states (a hybrid's:
-    arc_model_state's 9 slots a layer) and KV cache for max_seq positions exceed the device's free
-    bytes: one line naming the bytes and the longest context that would fit."""
+    arc_model_state's 9 slots a layer) and KV cache for max_seq positions in form `kv_cache` (with a
+    q8_0 cache, the prefill's bf16 copy of one layer's rows) exceed the device's free bytes: one line
+    naming the bytes and the longest context that would fit."""
     cfg = model.config
-    per_position = 2 * cfg.kv_layers * cfg.n_kv_heads * cfg.head_dim * 2  # k and v, bf16, every attention layer
+    per_position = kv_position_bytes(kv_cache, cfg.kv_layers, cfg.n_kv_heads, cfg.head_dim)  # every attention layer
+    if kv_cache != "bf16":
+        per_position += kv_position_bytes("bf16", 1, cfg.n_kv_heads, cfg.head_dim)
     weights = model.stored_bytes + STATE_SLOTS * state_bytes_per_token(cfg) // 2  # a slot: the state read a token
     kv = per_position * max_seq
     if weights + kv <= free:
@@ -60,7 +71,7 @@ def check_fits(model: Model, max_seq: int, free: int) -> None:
               else "its weights alone do not fit: use a smaller or more quantized model file")
     states = f", {(weights - model.stored_bytes) / gb:.2f} GB of DeltaNet states" if weights > model.stored_bytes else ""
     raise InvalidArgumentError(f"the model needs {model.stored_bytes / gb:.2f} GB of weights{states} and {kv / gb:.2f} GB "
-                               f"of KV cache for {max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
+                               f"of {kv_cache} KV cache for {max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
 
 
 class CudaModel:
@@ -69,14 +80,15 @@ class CudaModel:
 
     supports_prefill = True
 
-    def __init__(self, ctx: Context, model: Model, max_seq: int):
+    def __init__(self, ctx: Context, model: Model, max_seq: int, kv_cache: str = "bf16"):
         cfg = model.config
         check_supported(cfg)
         if not (isinstance(max_seq, int) and 0 < max_seq <= cfg.max_seq):
             raise InvalidArgumentError(f"max_seq must be in 1..{cfg.max_seq} (the model's context), got {max_seq}")
-        check_fits(model, max_seq, ctx.memory()[0])
+        form = check_kv_cache(cfg, kv_cache)
+        check_fits(model, max_seq, ctx.memory()[0], kv_cache)
         self.ctx, self.ffi, self.lib = ctx, ctx.ffi, ctx.lib
-        c = native_config(self.ffi, cfg, max_seq)
+        c = native_config(self.ffi, cfg, max_seq, form)
         pp = self.ffi.new("arc_model **")
         if model.quantized:
             formats = self.ffi.new("int32_t[]", self._formats(model))
@@ -86,10 +98,18 @@ class CudaModel:
         self.ptr = pp[0]
         self.max_seq = max_seq
         self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
-        # The KV cache's layout (arc_model_kv_cache): k's attention layers then v's, each (kv heads, max_seq,
+        self.kv_cache = kv_cache
+        # A bf16 cache's layout (arc_model_kv_cache): k's attention layers then v's, each (kv heads, max_seq,
         # head_dim) bf16.
         self.kv_shape = (2 * cfg.kv_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
         try:
+            # Any form's (arc_model_kv_planes): (base, row bytes, rows a kv head) of each plane, each plane
+            # kv_runs runs of a (layer, kv head)'s rows.
+            count, base = self.ffi.new("int32_t *"), self.ffi.new("void *[]", self.lib.ARC_KV_MAX_PLANES)
+            row_bytes, rows = (self.ffi.new("uint64_t[]", self.lib.ARC_KV_MAX_PLANES) for _ in range(2))
+            _lib.check(self.lib.arc_model_kv_planes(self.ptr, count, base, row_bytes, rows))
+            self.kv_planes = [(base[i], int(row_bytes[i]), int(rows[i])) for i in range(count[0])]
+            self.kv_runs = cfg.kv_layers * cfg.n_kv_heads
             self._upload(model)
             _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, self.prefill_chunk))
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")

@@ -9,19 +9,20 @@ the values the form can represent, so the attention's arithmetic is the same for
 - fp8: each value rounded to the nearest float8 e4m3 (ties to even; 3 bits of mantissa, exponents
   -6 to 8, subnormals down to 2^-9, saturating at 448), no scale. 32 bytes per 32 values.
 
-Nothing else of the project runs a cache in these forms yet; scripts/perplexity.py measures what
-they cost a model's perplexity against bf16.
+libarc holds its cache in bf16 or q8_0 (arc_model.h's arc_kv_form, the same roundings; LIBARC_FORMS);
+the NumPy backend in any of them. scripts/perplexity.py measures what each costs a model's
+perplexity against bf16.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from arcpy.codes import KV_FORMATS
 from arcpy.devices.reference_ops import round_bf16
 from arcpy.errors import InvalidArgumentError
 
 F32 = np.float32
-KV_FORMATS = ("bf16", "q8_0", "fp8")
 BYTES_PER_32 = {"bf16": 64, "q8_0": 34, "fp8": 32}  # a row's bytes per 32 values
 Q8_BLOCK = 32
 E4M3_MAX = 448.0
@@ -54,6 +55,30 @@ def round_fp8(x: np.ndarray) -> np.ndarray:
 
 
 ROUND = {"bf16": round_bf16, "q8_0": round_q8_0, "fp8": round_fp8}
+LIBARC_FORMS = {"bf16": 0, "q8_0": 1}  # arc_kv_form's values
+
+
+def kv_position_bytes(fmt: str, layers: int, kv_heads: int, head_dim: int) -> int:
+    """Bytes a position's k and v rows take in a cache of form `fmt` over `layers` attention layers."""
+    return 2 * layers * kv_heads * head_dim * BYTES_PER_32[fmt] // 32
+
+
+def check_kv_form(fmt: str, head_dim: int) -> None:
+    """One line where `fmt` is no form, or one that cannot hold rows of head_dim values (q8_0: whole
+    blocks of 32)."""
+    kv_round(fmt)
+    if fmt == "q8_0" and head_dim % Q8_BLOCK:
+        raise InvalidArgumentError(f"a q8_0 KV cache holds whole blocks of {Q8_BLOCK} values; this model's heads have "
+                                   f"{head_dim}: use --kv-cache bf16")
+
+
+def libarc_form(fmt: str) -> int:
+    """arc_kv_form's value for `fmt`; one line where libarc holds no cache of that form."""
+    kv_round(fmt)
+    if fmt not in LIBARC_FORMS:
+        raise InvalidArgumentError(f"the CUDA backend holds its KV cache in {' or '.join(LIBARC_FORMS)}, not {fmt} "
+                                   "(the NumPy backend takes every form)")
+    return LIBARC_FORMS[fmt]
 
 
 def kv_round(fmt: str):

@@ -11,8 +11,8 @@ PROMPT_CACHE_SHARE = 0.1  # of the memory free after start-up, for earlier promp
 
 
 class KVStore:
-    """CudaDevice's store: it reads the device's `ctx`, `ffi`, `lib`, `forward` (its `kv_shape`,
-    `state` and `ptr`), `prefix_row_bytes` and `_store`."""
+    """CudaDevice's store: it reads the device's `ctx`, `ffi`, `lib`, `forward` (its `kv_planes`,
+    `kv_runs`, `max_seq` and `state`), `prefix_row_bytes` and `_store`."""
 
     def default_prefix_store_bytes(self) -> int:
         """A share of the memory free after start-up, in whole positions."""
@@ -37,20 +37,21 @@ class KVStore:
         self._prefix_copies(offset, n, into_store=False, saved=saved)
 
     def _prefix_copies(self, offset: int, n: int, into_store: bool, saved: int | None = None) -> None:
-        # Each (layer, k or v, head) holds its positions' rows contiguously: one copy each, to a
-        # run of the saved positions' rows in the store.
-        blocks, heads, max_seq, hd = self.forward.kv_shape
+        # Each (plane, layer, head) of the cache's form (arc_model_kv_planes: a bf16 cache's k and v
+        # values, a q8_0 cache's codes and scales) holds its positions' rows contiguously: one copy
+        # each, to a run of the saved positions' rows in the store.
         saved = n if saved is None else saved
-        if not (self._store is not None and 0 < n <= saved <= max_seq):
+        if not (self._store is not None and 0 < n <= saved <= self.forward.max_seq):
             raise InvalidArgumentError(f"the prefix store holds no room for {n} of {saved} positions")
-        k, v = self.ffi.new("uint16_t **"), self.ffi.new("uint16_t **")
-        _lib.check(self.lib.arc_model_kv_cache(self.forward.ptr, k, v))
-        cache, store, run = self.ffi.cast("char *", k[0]), self.ffi.cast("char *", self._store) + offset, n * hd * 2
+        store = self.ffi.cast("char *", self._store) + offset
         self._idle = False
-        for i in range(blocks * heads):
-            there, here = cache + i * max_seq * hd * 2, store + i * saved * hd * 2
-            src, dst = (there, here) if into_store else (here, there)
-            _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, run))
+        for base, row, rows in self.forward.kv_planes:
+            cache = self.ffi.cast("char *", base)
+            for i in range(self.forward.kv_runs):
+                there, here = cache + i * rows * row, store + i * saved * row
+                src, dst = (there, here) if into_store else (here, there)
+                _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, n * row))
+            store += self.forward.kv_runs * saved * row
 
     def save_state(self, offset: int, position: int) -> None:
         """Copy the states after positions 0..position-1 (the last prefill's end, before any step

@@ -44,7 +44,7 @@ import copy
 import numpy as np
 
 from arcpy.devices.deltanet import DeltaNetState
-from arcpy.devices.kv_formats import kv_round
+from arcpy.devices.kv_formats import check_kv_form, kv_round
 from arcpy.devices.reference_layer import (
     PRODUCT_WEIGHTS,
     Layer,
@@ -97,6 +97,7 @@ class ReferenceModel:
         self.quantized = model.quantized
         self._bf16_layers: list[Layer] | None = None  # quantized weights rounded to bf16, made on first use
         kv_heads, head_dim = cache_dims(cfg)  # a Gemma 4 layer's own dims fill what they need of it
+        check_kv_form(kv_cache, head_dim)
         shape = (cfg.n_layers, kv_heads, self.max_seq, head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)

@@ -141,9 +141,11 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias))
 
 
-def native_config(ffi, cfg, max_seq: int | None = None):
-    """A new arc_model_config * holding cfg (max_seq: the context to allocate, else the config's)."""
+def native_config(ffi, cfg, max_seq: int | None = None, kv_cache: int = 0):
+    """A new arc_model_config * holding cfg (max_seq: the context to allocate, else the config's;
+    kv_cache: the cache's arc_kv_form, bf16 by default)."""
     c = ffi.new("arc_model_config *")
+    c.kv_cache = kv_cache
     for name, value in config_values(cfg, max_seq).items():
         if name in ("dense_layers", "dn_layers"):
             getattr(c, name)[0:len(value)] = value

@@ -23,14 +23,17 @@
 
 #include "attention_merge.cuh"
 #include "attention_tile.cuh"
+#include "kv_cache.cuh"
 
 enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
        DEC_MERGE_BATCH = 16 };
 
 // Dynamic shared memory of the kernel for D: two stages of a k and a v tile, q as hi and lo
-// tiles, the rotation's cosines and sines.
-static constexpr size_t dec_smem_bytes(int D) {
-    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4;
+// tiles, the rotation's cosines and sines; a q8_0 cache's scales, two stages of k's and v's, after
+// them (its tiles' bytes hold one stage of k and v widened to bf16, then two stages of codes).
+static constexpr size_t dec_smem_bytes(int D, bool q8) {
+    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4 +
+           (q8 ? (size_t)2 * 2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 2 : 0);
 }
 // The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
 static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
@@ -58,20 +61,30 @@ static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the
 // ROWS: the verify's row blockIdx.z at pos_ptr[row], with its own qkv row (qkv_stride apart), out,
 // partials and tickets; its k and v are cached already (verify_attention.cu): nothing is read
 // before the wait nor stored.
-// Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D) bytes of
+// Q8: the cache is q8_0 (KvCache; k_cache and v_cache hold codes, k_scale and v_scale the scales):
+// a tile's codes are widened to bf16 in shared memory and multiplied as the bf16 tiles are, each
+// key's scale applied to the sum of each block of 32 products (q . k), each value's to the weight
+// it is multiplied by (p v, 32 output elements at a time); the new row enters quantized, as the
+// cache will hold it. hd % 32 == 0, VEC.
+// Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D, Q8) bytes of
 // dynamic shared memory. Limits: hd even, hd <= D; the caches 16-byte aligned when hd % 8 == 0.
-template <int D, bool PLAIN, bool ROWS, bool VEC>
+template <int D, bool PLAIN, bool ROWS, bool VEC, bool Q8>
 __global__ void __launch_bounds__(ATTN_TILE_THREADS)
-decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *k_cache, uint16_t *v_cache,
-                        int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
+decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void *k_cache, void *v_cache,
+                        uint16_t *k_scale, uint16_t *v_scale, int n_heads, int n_kv_heads, int hd, int max_seq, int splits, const int32_t *__restrict__ pos_ptr,
                         float scale_log2, int window, float *__restrict__ o_part, float2 *__restrict__ ml_part,
                         unsigned *done, float *__restrict__ out, int qkv_stride, const uint16_t *__restrict__ sinks) {
     constexpr int KD = D / 16;       // k16 steps of q . k
     constexpr bool QREG = D <= 128;  // q's fragments held in registers across the tiles
+    constexpr int SB = D / KV_Q8_BLOCK;  // a row's scales, at most
     extern __shared__ __align__(128) uint16_t smem[];
-    uint16_t *kv = smem;  // [stage][k | v][64][D]
+    uint16_t *kv = smem;  // [stage][k | v][64][D]; Q8: [k | v][64][D], then codes [stage][k | v][64][D] bytes
     uint16_t *q_hi = smem + 4 * ATTN_TILE * D, *q_lo = q_hi + DEC_HEADS * D;
     float *cos_t = reinterpret_cast<float *>(q_lo + DEC_HEADS * D), *sin_t = cos_t + D / 2;
+    int8_t *codes = reinterpret_cast<int8_t *>(smem + 2 * ATTN_TILE * D);
+    uint16_t *scales = reinterpret_cast<uint16_t *>(sin_t + D / 2);  // Q8: [stage][k | v][64][hd / 32]
+    uint16_t *const k_bf = static_cast<uint16_t *>(k_cache), *const v_bf = static_cast<uint16_t *>(v_cache);
+    int8_t *const k_q8 = static_cast<int8_t *>(k_cache), *const v_q8 = static_cast<int8_t *>(v_cache);
     __shared__ float wm[DEC_WARPS][DEC_HEADS], wl[DEC_WARPS][DEC_HEADS], wa[DEC_HEADS][DEC_WARPS], wsum[DEC_HEADS];
     __shared__ bool last;
 
@@ -108,11 +121,23 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
     // it from qkv), or up to it (the verify's rows are cached already).
     const int limit = ROWS ? pos + 1 : pos;
     const size_t head_base = (size_t)kvh * max_seq * hd;
+    const int nb = hd / KV_Q8_BLOCK;  // Q8: a row's scales
+    const size_t scale_base = (size_t)kvh * kv_seq_pad(max_seq) * nb;
     auto load_tile = [&](int j, int stage) {
-        uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
         const size_t at = head_base + (size_t)j * ATTN_TILE * hd;
-        load_rows<D>(kt, k_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
-        load_rows<D>(kt + ATTN_TILE * D, v_cache + at, hd, limit - j * ATTN_TILE, hd, tid);
+        if constexpr (Q8) {
+            int8_t *ct = codes + (size_t)stage * 2 * ATTN_TILE * D;
+            uint16_t *st = scales + (size_t)stage * 2 * ATTN_TILE * SB;
+            const size_t sat = scale_base + (size_t)j * ATTN_TILE * nb;
+            load_code_rows<D>(ct, k_q8 + at, limit - j * ATTN_TILE, hd, tid);
+            load_code_rows<D>(ct + ATTN_TILE * D, v_q8 + at, limit - j * ATTN_TILE, hd, tid);
+            load_scale_rows(st, k_scale + sat, hd, tid);
+            load_scale_rows(st + ATTN_TILE * SB, v_scale + sat, hd, tid);
+        } else {
+            uint16_t *kt = kv + (size_t)stage * 2 * ATTN_TILE * D;
+            load_rows<D>(kt, k_bf + at, hd, limit - j * ATTN_TILE, hd, tid);
+            load_rows<D>(kt + ATTN_TILE * D, v_bf + at, hd, limit - j * ATTN_TILE, hd, tid);
+        }
         cp_async_commit();
     };
 
@@ -166,50 +191,89 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
         else cp_async_commit();  // an empty group keeps the count of the wait below
         cp_async_wait<1>();
         __syncthreads();
-        uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
+        uint16_t *kt = kv + (size_t)(Q8 ? 0 : buf) * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
+        uint16_t *sk = scales + (size_t)buf * 2 * ATTN_TILE * SB, *sv = sk + ATTN_TILE * SB;  // Q8's
+        if constexpr (Q8) {
+            const int8_t *ct = codes + (size_t)buf * 2 * ATTN_TILE * D;
+            widen_code_tile<D>(kt, ct, tid);
+            widen_code_tile<D>(vt, ct + ATTN_TILE * D, tid);
+            __syncthreads();
+        }
         if (!ROWS && j == ns - 1) {
             // The new position's row, as the cache will hold it; the block of the kv head's first
-            // heads stores it there for later steps.
+            // heads stores it there for later steps. Q8: each warp quantizes a block of 32 (hd % 32
+            // == 0, so whole warps take each pass).
             const int tr = pos - j * ATTN_TILE;
             const float *k_row = qkv + (size_t)(n_heads + kvh) * hd, *v_row = k_row + (size_t)n_kv_heads * hd;
             const bool store = blockIdx.x % ht == 0;
+            const size_t at = head_base + (size_t)pos * hd;
             for (int d = tid; d < hd; d += ATTN_TILE_THREADS) {
-                const uint16_t kb = f32_to_bf16(rope_rotate_half<PLAIN>(k_row, d, half, cos_t, sin_t));
-                const uint16_t vb = f32_to_bf16(v_row[d]);
+                const float kx = rope_rotate_half<PLAIN>(k_row, d, half, cos_t, sin_t), vx = v_row[d];
+                uint16_t kb, vb;
+                if constexpr (Q8) {
+                    uint16_t kd, vd;
+                    const int8_t kq = q8_quantize_warp(kx, &kd), vq = q8_quantize_warp(vx, &vd);
+                    kb = q8_code_bf16(kq), vb = q8_code_bf16(vq);
+                    const int si = d / KV_Q8_BLOCK;
+                    if (d % KV_Q8_BLOCK == 0) sk[tr * nb + si] = kd, sv[tr * nb + si] = vd;
+                    if (store) {
+                        k_q8[at + d] = kq, v_q8[at + d] = vq;
+                        if (d % KV_Q8_BLOCK == 0) {
+                            const size_t sat = scale_base + (size_t)pos * nb + si;
+                            k_scale[sat] = kd, v_scale[sat] = vd;
+                        }
+                    }
+                } else {
+                    kb = f32_to_bf16(kx), vb = f32_to_bf16(vx);
+                    if (store) k_bf[at + d] = kb, v_bf[at + d] = vb;
+                }
                 kt[row_offset<D>(tr, d / 8) + d % 8] = kb;
                 vt[row_offset<D>(tr, d / 8) + d % 8] = vb;
-                if (store) {
-                    k_cache[head_base + (size_t)pos * hd + d] = kb;
-                    v_cache[head_base + (size_t)pos * hd + d] = vb;
-                }
             }
             __syncthreads();
         }
 
-        // S = Q K^T over the warp's 16 positions (two n8 tiles), q as hi + lo.
+        // S = Q K^T over the warp's 16 positions (two n8 tiles), q as hi + lo; Q8: a block of 32
+        // elements' sums at a time, times each key's scale of the block.
         float s[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-#pragma unroll
-        for (int kd = 0; kd < KD; ++kd) {
+        auto qk16 = [&](int kd, float (&acc)[2][4]) {
             uint32_t kf[4];
             ldmatrix_x4(smem_addr(kt + row_offset<D>(warp * 16 + (lane / 16) * 8 + lane % 8, kd * 2 + (lane / 8) % 2)), kf);
             if constexpr (QREG) {
-                mma_bf16_16816(s[0], qh[kd], kf[0], kf[1]);
-                mma_bf16_16816(s[1], qh[kd], kf[2], kf[3]);
-                mma_bf16_16816(s[0], ql[kd], kf[0], kf[1]);
-                mma_bf16_16816(s[1], ql[kd], kf[2], kf[3]);
+                mma_bf16_16816(acc[0], qh[kd], kf[0], kf[1]);
+                mma_bf16_16816(acc[1], qh[kd], kf[2], kf[3]);
+                mma_bf16_16816(acc[0], ql[kd], kf[0], kf[1]);
+                mma_bf16_16816(acc[1], ql[kd], kf[2], kf[3]);
             } else {
                 uint32_t qa[4], qb[4];
                 ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qa);
                 ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qb);
-                mma_bf16_16816(s[0], qa, kf[0], kf[1]);
-                mma_bf16_16816(s[1], qa, kf[2], kf[3]);
-                mma_bf16_16816(s[0], qb, kf[0], kf[1]);
-                mma_bf16_16816(s[1], qb, kf[2], kf[3]);
+                mma_bf16_16816(acc[0], qa, kf[0], kf[1]);
+                mma_bf16_16816(acc[1], qa, kf[2], kf[3]);
+                mma_bf16_16816(acc[0], qb, kf[0], kf[1]);
+                mma_bf16_16816(acc[1], qb, kf[2], kf[3]);
             }
+        };
+        if constexpr (Q8) {
+#pragma unroll
+            for (int b = 0; b < SB; ++b) {
+                if (b >= nb) break;
+                float a[2][4] = {};
+                qk16(2 * b, a);
+                qk16(2 * b + 1, a);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[nt][e] = fmaf(a[nt][e], q8_scale(sk[(warp * 16 + nt * 8 + 2 * t + (e & 1)) * nb + b]), s[nt][e]);
+            }
+        } else {
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd) qk16(kd, s);
         }
         // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
         const int k0 = j * ATTN_TILE + warp * 16;
@@ -246,13 +310,9 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
             }
         }
         // O += P V: the score accumulators are already in the layout of an A fragment; P as hi + lo.
-        uint32_t ph[4], pl[4];
-        split_bf16x2(s[0][0], s[0][1], ph[0], pl[0]);
-        split_bf16x2(s[0][2], s[0][3], ph[1], pl[1]);
-        split_bf16x2(s[1][0], s[1][1], ph[2], pl[2]);
-        split_bf16x2(s[1][2], s[1][3], ph[3], pl[3]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
+        // Q8: 32 output elements at a time, each weight times its value's scale of the block (0
+        // past the position: a row not written may hold any scale).
+        auto pv16 = [&](int dp, const uint32_t (&ph)[4], const uint32_t (&pl)[4]) {
             uint32_t vf[4];
             ldmatrix_x4_trans(smem_addr(vt + row_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 2 + lane / 16)),
                               vf);
@@ -260,6 +320,34 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint
             mma_bf16_16816(o[2 * dp + 1], ph, vf[2], vf[3]);
             mma_bf16_16816(o[2 * dp], pl, vf[0], vf[1]);
             mma_bf16_16816(o[2 * dp + 1], pl, vf[2], vf[3]);
+        };
+        uint32_t ph[4], pl[4];
+        if constexpr (Q8) {
+#pragma unroll
+            for (int b = 0; b < SB; ++b) {
+                if (b >= nb) break;
+                float w[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = warp * 16 + nt * 8 + 2 * t + (e & 1);
+                        w[nt][e] = j * ATTN_TILE + r <= pos ? s[nt][e] * q8_scale(sv[r * nb + b]) : 0.0f;
+                    }
+                split_bf16x2(w[0][0], w[0][1], ph[0], pl[0]);
+                split_bf16x2(w[0][2], w[0][3], ph[1], pl[1]);
+                split_bf16x2(w[1][0], w[1][1], ph[2], pl[2]);
+                split_bf16x2(w[1][2], w[1][3], ph[3], pl[3]);
+                pv16(2 * b, ph, pl);
+                pv16(2 * b + 1, ph, pl);
+            }
+        } else {
+            split_bf16x2(s[0][0], s[0][1], ph[0], pl[0]);
+            split_bf16x2(s[0][2], s[0][3], ph[1], pl[1]);
+            split_bf16x2(s[1][0], s[1][1], ph[2], pl[2]);
+            split_bf16x2(s[1][2], s[1][3], ph[3], pl[3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) pv16(dp, ph, pl);
         }
         __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
@@ -352,7 +440,7 @@ uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t 
 struct TilesArgs {
     const float *qkv;
     RopeArgs rope;
-    uint16_t *k, *v;
+    KvCache kv;
     int n_heads, n_kv_heads, hd, max_seq, splits;
     const int32_t *pos;
     float scale_log2;
@@ -370,17 +458,21 @@ static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
     const int group = a.n_heads / a.n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
     const dim3 grid(a.n_kv_heads * ht, tiles_blocks(a.n_kv_heads * ht, a.splits), a.rows.count);
     const bool plain = a.window == 0 && 2 * a.rope.half == a.hd && a.rope.factor == 1.0f;
-    const bool vec = a.hd % 4 == 0 && (uintptr_t)a.o_part % 16 == 0;
-    auto kernel = plain ? (vec ? decode_attention_kernel<D, true, ROWS, true> : decode_attention_kernel<D, true, ROWS, false>)
-                        : (vec ? decode_attention_kernel<D, false, ROWS, true>
-                               : decode_attention_kernel<D, false, ROWS, false>);
-    constexpr size_t smem = dec_smem_bytes(D);
+    const bool vec = a.hd % 4 == 0 && (uintptr_t)a.o_part % 16 == 0, q8 = a.kv.q8();
+    ARC_REQUIRE_AS("decode attention", !q8 || vec, "a q8_0 cache needs 16-byte aligned partials");
+    auto kernel = q8 ? (plain ? decode_attention_kernel<D, true, ROWS, true, true>
+                              : decode_attention_kernel<D, false, ROWS, true, true>)
+                : plain ? (vec ? decode_attention_kernel<D, true, ROWS, true, false>
+                               : decode_attention_kernel<D, true, ROWS, false, false>)
+                        : (vec ? decode_attention_kernel<D, false, ROWS, true, false>
+                               : decode_attention_kernel<D, false, ROWS, false, false>);
+    const size_t smem = dec_smem_bytes(D, q8);
     if (smem > 48 * 1024)  // a host-side attribute, legal while capturing
         ARC_CUDA(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return arc_launch_pdl(ctx, ROWS ? "decode_attention_kernel<rows>" : "decode_attention_kernel", kernel, grid,
-                          dim3(ATTN_TILE_THREADS), smem, a.qkv, a.rope, a.k, a.v, a.n_heads, a.n_kv_heads, a.hd,
-                          a.max_seq, a.splits, a.pos, a.scale_log2, a.window, a.o_part, a.ml_part, a.done, a.out,
-                          a.rows.stride, a.sinks);
+                          dim3(ATTN_TILE_THREADS), smem, a.qkv, a.rope, a.kv.k, a.kv.v, a.kv.k_scale, a.kv.v_scale,
+                          a.n_heads, a.n_kv_heads, a.hd, a.max_seq, a.splits, a.pos, a.scale_log2, a.window, a.o_part,
+                          a.ml_part, a.done, a.out, a.rows.stride, a.sinks);
 }
 
 template <bool ROWS>
@@ -391,13 +483,13 @@ static int launch_tiles_hd(arc_context *ctx, const TilesArgs &a) {
     return launch_tiles<256, ROWS>(ctx, a);
 }
 
-int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
-                    int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
-                    float *scratch, float *out, const AttnRows &rows) {
+int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, const KvCache &kv, int32_t n_heads,
+                    int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
+                    float *out, const AttnRows &rows) {
     ARC_REQUIRE(ctx, "ctx is null");
     ARC_REQUIRE(rows.count == 1 || (rows.count > 1 && rows.stride > 0 && rows.done), "rows %d", rows.count);
     const RopeArgs &rope = spec.rope;
-    ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && pos && scratch && out,
+    ARC_REQUIRE(qkv && rope.inv_freq && kv.k && kv.v && pos && scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, pos, scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
@@ -406,16 +498,19 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, ui
                 "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
                 ATTN_MAX_SEQ, max_seq);
-    const int align = head_dim % 8 == 0 ? 16 : 4;
-    ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0, "the caches must be %d-byte aligned",
-                align);
+    const int align = head_dim % 8 == 0 || kv.q8() ? 16 : 4;
+    ARC_REQUIRE((uintptr_t)kv.k % align == 0 && (uintptr_t)kv.v % align == 0 && (uintptr_t)kv.k_scale % align == 0 &&
+                    (uintptr_t)kv.v_scale % align == 0,
+                "the caches must be %d-byte aligned", align);
+    ARC_REQUIRE(!kv.q8() || (kv.v_scale && head_dim % KV_Q8_BLOCK == 0),
+                "a q8_0 cache takes head_dim %% %d == 0 and both scales, got head_dim %d", KV_Q8_BLOCK, head_dim);
     ARC_REQUIRE((uintptr_t)scratch % 8 == 0, "scratch must be 8-byte aligned");
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
     const int splits = tiles_splits(max_seq);
     const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
-    const TilesArgs a{qkv, rope, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
+    const TilesArgs a{qkv, rope, kv, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
                      (float)(1.4426950408889634 * spec.scale), spec.window, spec.sinks, scratch,
                      reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
     return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);

@@ -10,8 +10,8 @@ extern "C" int arc_op_attention(arc_context *ctx, const float *qkv, const float 
                                 uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                 int32_t max_seq, const int32_t *pos, float *scratch, float *out) {
     const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0};
-    return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch,
-                           out);
+    return attention_layer(ctx, qkv, spec, KvCache{k_cache, v_cache}, n_heads, n_kv_heads, head_dim, max_seq, pos,
+                           scratch, out);
 }
 
 extern "C" int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq, uint64_t *bytes) {
@@ -30,8 +30,8 @@ extern "C" int arc_op_attention_sinks(arc_context *ctx, const float *qkv, int32_
     const AttnSpec spec{RopeArgs{inv_freq, head_dim / 2, 1.0f}, 1.0 / sqrt((double)head_dim), 0, sinks};
     ARC_REQUIRE(rows >= 1 && rows <= 8, "rows must be in 1..8, got %d", rows);
     if (rows == 1)
-        return attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, positions,
-                               scratch, out);
+        return attention_layer(ctx, qkv, spec, KvCache{k_cache, v_cache}, n_heads, n_kv_heads, head_dim, max_seq,
+                               positions, scratch, out);
     // The verify stores the rows' k and v before attention_layer checks its arguments: what the
     // store reads and where it writes are checked here first.
     ARC_REQUIRE(ctx, "ctx is null");
@@ -42,6 +42,6 @@ extern "C" int arc_op_attention_sinks(arc_context *ctx, const float *qkv, int32_
     ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM && (head_dim <= 128 || head_dim % 8 == 0),
                 "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d", ATTN_MAX_SEQ, max_seq);
-    return launch_verify_attention(ctx, qkv, rows, (n_heads + 2 * n_kv_heads) * head_dim, positions, spec, k_cache,
-                                   v_cache, n_heads, n_kv_heads, head_dim, max_seq, scratch, done, out);
+    return launch_verify_attention(ctx, qkv, rows, (n_heads + 2 * n_kv_heads) * head_dim, positions, spec,
+                                   KvCache{k_cache, v_cache}, n_heads, n_kv_heads, head_dim, max_seq, scratch, done, out);
 }

@@ -10,6 +10,23 @@
 // Attention's limits (the decode's blocks take tiles of 64 positions: attention.cu).
 enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256 };
 
+// A layer's KV cache (arc_model.h: arc_kv_form; kv_cache.cuh reads and writes it). bf16: k and v
+// (n_kv_heads, max_seq, hd) bf16, the scales null. q8_0: k and v (n_kv_heads, max_seq, hd) int8
+// codes; k_scale and v_scale (n_kv_heads, kv_seq_pad(max_seq), hd / 32) float16 bits; wide,
+// (2, n_kv_heads, max_seq, hd) bf16, where the prefill widens the rows it attends (k's, then v's;
+// one buffer the layers take in turn).
+struct KvCache {
+    void *k = nullptr, *v = nullptr;
+    uint16_t *k_scale = nullptr, *v_scale = nullptr;
+    uint16_t *wide = nullptr;
+    __host__ __device__ bool q8() const { return k_scale != nullptr; }
+};
+
+// The rows a kv head's q8_0 scales take: max_seq rounded up to whole tiles of 64 positions, so that
+// a tile's scales are one 16-byte aligned run inside the allocation.
+enum { KV_PAD_ROWS = 64 };
+__host__ __device__ inline int kv_seq_pad(int max_seq) { return (max_seq + KV_PAD_ROWS - 1) / KV_PAD_ROWS * KV_PAD_ROWS; }
+
 // The launchers are the arc_op_* entry points of arc.h; shapes and limits are documented at
 // each kernel. Bytes of scratch arc_op_attention needs for these shapes (0 if invalid).
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq);
@@ -65,13 +82,13 @@ struct AttnRows {
 // arc_op_attention and arc_op_prefill_attention as a layer runs them (AttnSpec): the forward, the
 // verify (rows) and the prefill launch these; the entry points rotate every element at factor 1,
 // scale the scores by 1 / sqrt(head_dim) and attend every position.
-int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
-                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos,
-                   float *scratch, float *out, const AttnRows &rows = AttnRows{});
-int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache,
-                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
-                           int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n,
-                           int32_t qkv_stride = 0);  // qkv's rows apart (0: q, k and v alone)
+int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, const KvCache &kv, int32_t n_heads,
+                    int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, const int32_t *pos, float *scratch,
+                    float *out, const AttnRows &rows = AttnRows{});
+int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, const KvCache &kv,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                            int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n,
+                            int32_t qkv_stride = 0);  // qkv's rows apart (0: q, k and v alone)
 // Floats of partials the prefill's attention of n queries from start takes (0: none).
 uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start);
 
@@ -79,5 +96,5 @@ uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_
 // at each row's position, then out (rows, n_heads, hd) float32, each row the decode's attention at
 // its position; scratch: rows times arc_attention_scratch_bytes, done: rows * n_heads zeroed tickets.
 int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int stride, const int32_t *positions,
-                            const AttnSpec &spec, uint16_t *k_cache, uint16_t *v_cache, int n_heads, int n_kv_heads,
+                            const AttnSpec &spec, const KvCache &kv, int n_heads, int n_kv_heads,
                             int hd, int max_seq, float *scratch, unsigned *done, float *out);

@@ -51,6 +51,10 @@ int check_config(const arc_model_config *c) {
                 "config.sliding_window and window_pattern must not be negative, got %d and %d", c->sliding_window,
                 c->window_pattern);
     ARC_REQUIRE(!(c->attn_gate && c->qkv_bias), "config: attn_gate and qkv_bias do not combine");
+    ARC_REQUIRE(c->kv_cache == ARC_KV_BF16 || c->kv_cache == ARC_KV_Q8_0,
+                "config.kv_cache must be an arc_kv_form (0 bf16, 1 q8_0), got %d", c->kv_cache);
+    ARC_REQUIRE(c->kv_cache != ARC_KV_Q8_0 || c->head_dim % 32 == 0,
+                "a q8_0 KV cache holds whole blocks of 32: head_dim must be a multiple of 32, got %d", c->head_dim);
     if (const int st = check_dn(*c, "arc_model_create")) return st;
     if (dn_layer_count(*c)) {
         ARC_REQUIRE(c->dn_head_dim == DN_HEAD_DIM, "config.dn_head_dim must be %d, got %d", DN_HEAD_DIM,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "internal.cuh"
+#include "model/attention_ops.cuh"
 
 // The prefill's and the speculative step's buffers (buffers.cuh).
 struct PrefillBuffers;
@@ -49,7 +50,7 @@ struct LayerParts {
     Weight dn_in, dn_z, dn_b, dn_a, dn_out;
     const uint16_t *dn_conv, *dn_a_log, *dn_dt_bias, *dn_norm;
     float *dn_state;
-    uint16_t *k_cache, *v_cache;
+    KvCache kv;  // an attention layer's rows (attention_ops.cuh); null pointers on a DeltaNet layer
 };
 
 // The parts of a layer's input product, each one matrix of its own format and rows, lying one

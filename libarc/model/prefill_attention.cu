@@ -3,8 +3,9 @@
 // (earlier chunks and this one), flash-style on tensor cores.
 //
 // Two kernels. rope_kv rotates q and k of each chunk token at its position exactly as the decode
-// attention does (same angles, same roundings), stores k and v to the bf16 cache and q, rounded
-// to bf16, to a scratch buffer. flash_prefill then takes 64 queries of one head per block (16 per
+// attention does (same angles, same roundings), stores k and v to the cache in its form and q,
+// rounded to bf16, to a scratch buffer. (A q8_0 cache's rows attended are then widened to bf16,
+// kv_widen, and flash_prefill reads those.) flash_prefill then takes 64 queries of one head per block (16 per
 // warp) and walks the keys in tiles of 64: S = Q K^T and O += P V by mma.sync (bf16 inputs, float32
 // sums), with the softmax running online (the row maximum and sum rescaled as they grow), so no
 // score matrix is ever stored. K and V tiles are double-buffered through cp.async.
@@ -19,6 +20,7 @@
 #include <math.h>
 
 #include "attention_tile.cuh"
+#include "kv_cache.cuh"
 
 enum { ROPE_THREADS = 128, FLASH_Q = ATTN_TILE, FLASH_KV = ATTN_TILE, FLASH_THREADS = ATTN_TILE_THREADS,
        FLASH_SEG_TILES = 16, FLASH_SEG_KEYS = FLASH_SEG_TILES * FLASH_KV };
@@ -57,14 +59,14 @@ __device__ __forceinline__ float prefill_norm(float m, float l, const uint16_t *
     return a / __fmaf_rn(l, a, b);
 }
 
-// q_out[i] (n_heads, hd) bf16, and cache rows start + i of k_cache, v_cache, for chunk token i =
-// blockIdx.x: q and k rotated at position start + i as `rope` says (kernels.cuh) from
-// qkv[i] = [q (n_heads, hd) | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, all rounded to
-// nearest even. Launch: grid (n), ROPE_THREADS threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM.
+// q_out[i] (n_heads, hd) bf16, and cache rows start + i of kv, for chunk token i = blockIdx.x: q
+// and k rotated at position start + i as `rope` says (kernels.cuh) from qkv[i] = [q (n_heads, hd)
+// | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, q rounded to nearest even, k and v stored
+// in the cache's form (q8_0: hd % 32 == 0, a warp a block of 32). Launch: grid (n), ROPE_THREADS
+// threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM.
 __global__ void __launch_bounds__(ROPE_THREADS)
-rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__restrict__ k_cache,
-               uint16_t *__restrict__ v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int start,
-               uint16_t *__restrict__ q_out, int stride) {
+rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, const KvCache kv, int n_heads, int n_kv_heads,
+               int hd, int max_seq, int start, uint16_t *__restrict__ q_out, int stride) {
     __shared__ float cos_t[ATTN_MAX_HEAD_DIM / 2], sin_t[ATTN_MAX_HEAD_DIM / 2];
     const int i = blockIdx.x, pos = start + i, half = rope.half, tid = threadIdx.x;
     pdl_launch_dependents();
@@ -79,9 +81,16 @@ rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, uint16_t *__r
     }
     for (int e = tid; e < n_kv_heads * hd; e += ROPE_THREADS) {
         const int kvh = e / hd, d = e % hd;
-        const size_t at = ((size_t)kvh * max_seq + pos) * hd + d;
-        k_cache[at] = f32_to_bf16(rope_rotate_half(row + (n_heads + kvh) * hd, d, half, cos_t, sin_t));
-        v_cache[at] = f32_to_bf16(row[(n_heads + n_kv_heads + kvh) * hd + d]);
+        const float kx = rope_rotate_half(row + (n_heads + kvh) * hd, d, half, cos_t, sin_t);
+        const float vx = row[(n_heads + n_kv_heads + kvh) * hd + d];
+        if (kv.q8()) {
+            q8_store_warp(kx, static_cast<int8_t *>(kv.k), kv.k_scale, kvh, pos, d, hd, max_seq);
+            q8_store_warp(vx, static_cast<int8_t *>(kv.v), kv.v_scale, kvh, pos, d, hd, max_seq);
+        } else {
+            const size_t at = ((size_t)kvh * max_seq + pos) * hd + d;
+            static_cast<uint16_t *>(kv.k)[at] = f32_to_bf16(kx);
+            static_cast<uint16_t *>(kv.v)[at] = f32_to_bf16(vx);
+        }
     }
 }
 
@@ -325,13 +334,13 @@ static int launch_flash(arc_context *ctx, const uint16_t *q, const uint16_t *k_c
     return ARC_OK;
 }
 
-int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, uint16_t *k_cache,
-                            uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq,
-                            int32_t n, int32_t start, uint16_t *q_scratch, uint16_t *out, float *part,
-                            uint64_t part_n, int32_t qkv_stride) {
+int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, const KvCache &kv,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_seq, int32_t n,
+                            int32_t start, uint16_t *q_scratch, uint16_t *out, float *part, uint64_t part_n,
+                            int32_t qkv_stride) {
     const RopeArgs &rope = spec.rope;
     ARC_REQUIRE(ctx, "ctx is null");
-    ARC_REQUIRE(qkv && rope.inv_freq && k_cache && v_cache && q_scratch && out,
+    ARC_REQUIRE(qkv && rope.inv_freq && kv.k && kv.v && q_scratch && out,
                 "null pointer (qkv, inv_freq, k_cache, v_cache, q_scratch and out are required)");
     ARC_REQUIRE(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
                 "n_heads (%d) must be a positive multiple of n_kv_heads (%d)", n_heads, n_kv_heads);
@@ -342,6 +351,12 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     ARC_REQUIRE(n > 0 && start >= 0 && (int64_t)start + n <= max_seq,
                 "the chunk (n %d from position %d) must be non-empty and end within max_seq %d", n, start, max_seq);
     const int align = head_dim % 8 == 0 ? 16 : 4;
+    ARC_REQUIRE(!kv.q8() || (kv.v_scale && kv.wide && head_dim % KV_Q8_BLOCK == 0),
+                "a q8_0 cache takes head_dim %% %d == 0, both scales and a widening buffer, got head_dim %d",
+                KV_Q8_BLOCK, head_dim);
+    // What flash_prefill reads: the bf16 cache, or a q8_0 cache's rows widened.
+    uint16_t *k_cache = kv.q8() ? kv.wide : static_cast<uint16_t *>(kv.k);
+    uint16_t *v_cache = kv.q8() ? kv.wide + (size_t)n_kv_heads * max_seq * head_dim : static_cast<uint16_t *>(kv.v);
     ARC_REQUIRE((uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0 && (uintptr_t)q_scratch % align == 0,
                 "the caches and q_scratch must be %d-byte aligned", align);
     ARC_REQUIRE((uintptr_t)out % 4 == 0, "out must be 4-byte aligned");
@@ -350,8 +365,12 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
                 spec.scale);
     const int32_t stride = qkv_stride ? qkv_stride : (n_heads + 2 * n_kv_heads) * head_dim;
     ARC_REQUIRE(stride >= (n_heads + 2 * n_kv_heads) * head_dim, "qkv rows of %d floats hold no q, k and v", stride);
-    ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope,
-                           k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch, (int)stride));
+    ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope, kv,
+                           n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch, (int)stride));
+    if (kv.q8()) {  // the tiles some query of the chunk reads (from the window's first, for a windowed layer)
+        const int lo = spec.window > 0 && start >= spec.window ? start - spec.window + 1 : 0;
+        ARC_TRY(kv_widen(ctx, kv, n_kv_heads, head_dim, max_seq, lo / FLASH_KV * FLASH_KV, start + n));
+    }
     if (head_dim <= 32)
         return launch_flash<32>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
                                 out, part, part_n);
@@ -384,7 +403,7 @@ static int op_prefill_attention(const char *who, arc_context *ctx, const float *
                               ? prefill_attention_part_floats(n_heads, head_dim, n, start) : 0;
     ARC_REQUIRE_AS(who, scratch || need == 0, "scratch is null (arc_op_prefill_attention_scratch_bytes: %llu bytes)",
                    (unsigned long long)(need * sizeof(float)));
-    return prefill_attention_layer(ctx, qkv, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
+    return prefill_attention_layer(ctx, qkv, spec, KvCache{k_cache, v_cache}, n_heads, n_kv_heads, head_dim, max_seq, n, start,
                                    q_scratch, out, scratch, need);
 }
 

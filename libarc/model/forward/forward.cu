@@ -63,8 +63,8 @@ struct DecodeOps {
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads, c.n_kv_heads,
-                               c.head_dim, c.max_seq, pos, p.scratch, p.att);
+        return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.kv, c.n_heads, c.n_kv_heads, c.head_dim,
+                               c.max_seq, pos, p.scratch, p.att);
     }
     // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed
     // (the bias added once, by rank 0).

@@ -275,9 +275,8 @@ struct PrefillOps {
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         const PrefillBuffers &b = *p.prefill;
-        return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.k_cache, lw.v_cache, c.n_heads,
-                                       c.n_kv_heads, c.head_dim, c.max_seq, n, start, b.q, b.att, b.attn_part,
-                                       b.attn_part_n, p.qkv_rows);
+        return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.kv, c.n_heads, c.n_kv_heads, c.head_dim,
+                                       c.max_seq, n, start, b.q, b.att, b.attn_part, b.attn_part_n, p.qkv_rows);
     }
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
@@ -416,18 +415,4 @@ extern "C" int arc_model_prompt_logprobs(arc_model *model, const int32_t *tokens
                 ARC_MAX_TOP_LOGPROBS, top_n);
     const Scores s{vocab, top_n, logprob, top_ids, top_values};
     return prefill_run(model, __func__, tokens, n, start, &s);
-}
-
-extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t **v_cache) {
-    ARC_REQUIRE(model && k_cache && v_cache, "null argument");
-    // The first attention layer begins each of the k and v blocks (a DeltaNet layer holds none).
-    const int n_layers = model_parts(model).cfg.n_layers;
-    for (int l = 0; l < n_layers; ++l) {
-        const LayerParts first = model_layer(model, l);
-        if (first.dn) continue;
-        *k_cache = first.k_cache;
-        *v_cache = first.v_cache;
-        return ARC_OK;
-    }
-    return arc_fail(ARC_INVALID_ARGUMENT, __func__, "the model has no attention layer, and so no KV cache");
 }

@@ -261,8 +261,8 @@ struct VerifyOps {
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_attn(c, lw), lw.k_cache,
-                                       lw.v_cache, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.attn_scratch,
+        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_attn(c, lw), lw.kv,
+                                       c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.attn_scratch,
                                        b.attn_done, b.att);
     }
     int attn_out(const LayerParts &lw) {

@@ -1,0 +1,87 @@
+// kv_cache.cuh -- a layer's KV cache as the attention kernels write and read it, in either form of
+// arc_model.h's arc_kv_form: bf16 rows, or q8_0 rows (int8 codes, a float16 scale a block of 32).
+// The q8_0 kernels keep the tensor-core products of the bf16 ones: a code is an integer of at most
+// 7 bits, exact as a bf16, so a tile of codes multiplies as a tile of bf16 values would, and the
+// scales are applied to the products' sums (q . k: a block of 32 elements' sum times its key's
+// scale) or to the softmax weights (p v: each weight times its value's scale, a block of 32
+// output elements at a time). The prefill widens the rows it attends to bf16 first (kv_widen).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "attention_tile.cuh"
+
+enum { KV_Q8_BLOCK = 32 };
+
+static_assert((int)ATTN_TILE == (int)KV_PAD_ROWS, "a tile's scales are one run of the padded rows");
+
+// A block of 32 elements, lane i of a warp holding element i (every lane active): lane i's code,
+// and the block's scale as stored (float16 bits) in *d_bits. arc_kv_form's roundings: d = amax /
+// 127, code = round(|x| / d) (halves away from zero, at most 127) with x's sign, 1 / d taken once.
+__device__ __forceinline__ int8_t q8_quantize_warp(float x, uint16_t *d_bits) {
+    const float d = warp_max(fabsf(x)) / 127.0f;
+    const float inv = d == 0.0f ? 0.0f : 1.0f / d;
+    const float q = fminf(roundf(fabsf(__fmul_rn(x, inv))), 127.0f);
+    *d_bits = __half_as_ushort(__float2half_rn(d));
+    return (int8_t)copysignf(q, x);
+}
+
+__device__ __forceinline__ float q8_scale(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+
+// A code as the bf16 bits of the same integer (exact: |code| <= 127).
+__device__ __forceinline__ uint16_t q8_code_bf16(int8_t code) { return (uint16_t)(__float_as_uint((float)code) >> 16); }
+
+// A warp stores element d (lane d % 32 of its block) of a row of hd elements at row `row` of kv
+// head `head` of a q8_0 plane: its code, and lane 0 the block's scale. Returns the code.
+__device__ __forceinline__ int8_t q8_store_warp(float x, int8_t *codes, uint16_t *scales, int head, int row, int d,
+                                                int hd, int max_seq) {
+    uint16_t bits;
+    const int8_t q = q8_quantize_warp(x, &bits);
+    codes[((size_t)head * max_seq + row) * hd + d] = q;
+    if (d % KV_Q8_BLOCK == 0)
+        scales[((size_t)head * kv_seq_pad(max_seq) + row) * (hd / KV_Q8_BLOCK) + d / KV_Q8_BLOCK] = bits;
+    return q;
+}
+
+// 64 rows of q8_0 codes (row r at src + r * hd, hd % 16 == 0, 16-byte aligned) into a [64][D]
+// byte tile, rows at or past `rows` and bytes past hd as zeros; cp.async, not committed.
+template <int D>
+__device__ __forceinline__ void load_code_rows(int8_t *tile, const int8_t *src, int rows, int hd, int tid) {
+    constexpr int CPR = D / 16;
+    const uint32_t base = smem_addr(tile);
+    for (int e = tid; e < ATTN_TILE * CPR; e += ATTN_TILE_THREADS) {
+        const int r = e / CPR, c = e % CPR;
+        const bool ok = r < rows && c * 16 < hd;
+        cp_async16(base + r * D + c * 16, ok ? src + (size_t)r * hd + c * 16 : src, ok);
+    }
+}
+
+// A tile's 64 rows of scales (64 * hd / 32 float16 words, one 16-byte aligned run) into `tile`;
+// cp.async, not committed.
+__device__ __forceinline__ void load_scale_rows(uint16_t *tile, const uint16_t *src, int hd, int tid) {
+    const uint32_t base = smem_addr(tile);
+    for (int e = tid; e < ATTN_TILE * (hd / KV_Q8_BLOCK) / 8; e += ATTN_TILE_THREADS) cp_async16(base + e * 16, src + e * 8, true);
+}
+
+// A [64][D] byte tile of codes as the swizzled [64][D] bf16 tile the products read (row_offset),
+// by the block's ATTN_TILE_THREADS threads.
+template <int D>
+__device__ __forceinline__ void widen_code_tile(uint16_t *tile, const int8_t *codes, int tid) {
+    constexpr int CPR = D / 16;
+    for (int e = tid; e < ATTN_TILE * CPR; e += ATTN_TILE_THREADS) {
+        const int r = e / CPR, c = e % CPR;
+        const int4 w = *reinterpret_cast<const int4 *>(codes + r * D + c * 16);
+        const int words[4] = {w.x, w.y, w.z, w.w};
+        uint32_t out[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int word = words[i / 2], sh = (i % 2) * 16;
+            out[i] = (uint32_t)q8_code_bf16((int8_t)(word >> sh)) | ((uint32_t)q8_code_bf16((int8_t)(word >> (sh + 8))) << 16);
+        }
+        *reinterpret_cast<uint4 *>(tile + row_offset<D>(r, 2 * c)) = make_uint4(out[0], out[1], out[2], out[3]);
+        *reinterpret_cast<uint4 *>(tile + row_offset<D>(r, 2 * c + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+}
+
+// The prefill's widening of a layer's q8_0 rows lo..hi - 1 into kv.wide (kv_cache.cu).
+int kv_widen(arc_context *ctx, const KvCache &kv, int n_kv_heads, int hd, int max_seq, int lo, int hi);
