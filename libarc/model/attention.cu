@@ -10,8 +10,9 @@
 //   on the device: at position p each of a kv head's `S` blocks takes its share of the
 //   ceil((p + 1) / 64) tiles of 64 positions (fewer blocks work at short positions);
 // - the tiles stream through shared memory by cp.async, the next one loading while the block
-//   multiplies the current one: S = Q K^T and O += P V by mma.sync, each warp 16 of a tile's
-//   positions, the softmax online;
+//   multiplies the current one: S = Q K^T and O += P V by mma.sync (attention_products.cuh), each
+//   warp 16 of a tile's positions, the softmax online; a q8_0 cache's tiles of codes are widened
+//   to bf16 in shared memory first, its scales applied to the products' sums (kv_cache.cuh);
 // - the last block of a kv head to finish (a ticket) merges the blocks' partials, a warp a head and
 //   DEC_MERGE_BATCH partials of a lane's four elements in flight at once: no second launch.
 // q and the softmax weights enter the products as two bf16 parts each (hi + lo, split_bf16x2), so
@@ -22,8 +23,7 @@
 #include <math.h>
 
 #include "attention_merge.cuh"
-#include "attention_tile.cuh"
-#include "kv_cache.cuh"
+#include "attention_products.cuh"
 
 enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
        DEC_MERGE_BATCH = 16 };
@@ -233,48 +233,8 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
             __syncthreads();
         }
 
-        // S = Q K^T over the warp's 16 positions (two n8 tiles), q as hi + lo; Q8: a block of 32
-        // elements' sums at a time, times each key's scale of the block.
         float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-        auto qk16 = [&](int kd, float (&acc)[2][4]) {
-            uint32_t kf[4];
-            ldmatrix_x4(smem_addr(kt + row_offset<D>(warp * 16 + (lane / 16) * 8 + lane % 8, kd * 2 + (lane / 8) % 2)), kf);
-            if constexpr (QREG) {
-                mma_bf16_16816(acc[0], qh[kd], kf[0], kf[1]);
-                mma_bf16_16816(acc[1], qh[kd], kf[2], kf[3]);
-                mma_bf16_16816(acc[0], ql[kd], kf[0], kf[1]);
-                mma_bf16_16816(acc[1], ql[kd], kf[2], kf[3]);
-            } else {
-                uint32_t qa[4], qb[4];
-                ldmatrix_x4(smem_addr(q_hi + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qa);
-                ldmatrix_x4(smem_addr(q_lo + row_offset<D>(lane % 16, kd * 2 + lane / 16)), qb);
-                mma_bf16_16816(acc[0], qa, kf[0], kf[1]);
-                mma_bf16_16816(acc[1], qa, kf[2], kf[3]);
-                mma_bf16_16816(acc[0], qb, kf[0], kf[1]);
-                mma_bf16_16816(acc[1], qb, kf[2], kf[3]);
-            }
-        };
-        if constexpr (Q8) {
-#pragma unroll
-            for (int b = 0; b < SB; ++b) {
-                if (b >= nb) break;
-                float a[2][4] = {};
-                qk16(2 * b, a);
-                qk16(2 * b + 1, a);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[nt][e] = fmaf(a[nt][e], q8_scale(sk[(warp * 16 + nt * 8 + 2 * t + (e & 1)) * nb + b]), s[nt][e]);
-            }
-        } else {
-#pragma unroll
-            for (int kd = 0; kd < KD; ++kd) qk16(kd, s);
-        }
+        tile_scores<D, QREG, Q8>(s, kt, qh, ql, q_hi, q_lo, sk, nb, warp, lane);
         // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
         const int k0 = j * ATTN_TILE + warp * 16;
 #pragma unroll
@@ -309,46 +269,7 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
                 o[dt][2 * r + 1] *= alpha;
             }
         }
-        // O += P V: the score accumulators are already in the layout of an A fragment; P as hi + lo.
-        // Q8: 32 output elements at a time, each weight times its value's scale of the block (0
-        // past the position: a row not written may hold any scale).
-        auto pv16 = [&](int dp, const uint32_t (&ph)[4], const uint32_t (&pl)[4]) {
-            uint32_t vf[4];
-            ldmatrix_x4_trans(smem_addr(vt + row_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 2 + lane / 16)),
-                              vf);
-            mma_bf16_16816(o[2 * dp], ph, vf[0], vf[1]);
-            mma_bf16_16816(o[2 * dp + 1], ph, vf[2], vf[3]);
-            mma_bf16_16816(o[2 * dp], pl, vf[0], vf[1]);
-            mma_bf16_16816(o[2 * dp + 1], pl, vf[2], vf[3]);
-        };
-        uint32_t ph[4], pl[4];
-        if constexpr (Q8) {
-#pragma unroll
-            for (int b = 0; b < SB; ++b) {
-                if (b >= nb) break;
-                float w[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = warp * 16 + nt * 8 + 2 * t + (e & 1);
-                        w[nt][e] = j * ATTN_TILE + r <= pos ? s[nt][e] * q8_scale(sv[r * nb + b]) : 0.0f;
-                    }
-                split_bf16x2(w[0][0], w[0][1], ph[0], pl[0]);
-                split_bf16x2(w[0][2], w[0][3], ph[1], pl[1]);
-                split_bf16x2(w[1][0], w[1][1], ph[2], pl[2]);
-                split_bf16x2(w[1][2], w[1][3], ph[3], pl[3]);
-                pv16(2 * b, ph, pl);
-                pv16(2 * b + 1, ph, pl);
-            }
-        } else {
-            split_bf16x2(s[0][0], s[0][1], ph[0], pl[0]);
-            split_bf16x2(s[0][2], s[0][3], ph[1], pl[1]);
-            split_bf16x2(s[1][0], s[1][1], ph[2], pl[2]);
-            split_bf16x2(s[1][2], s[1][3], ph[3], pl[3]);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) pv16(dp, ph, pl);
-        }
+        tile_weighted_sum<D, Q8>(o, s, vt, sv, nb, j * ATTN_TILE, pos, warp, lane);
         __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
 

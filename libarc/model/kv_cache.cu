@@ -32,6 +32,42 @@ kv_widen_kernel(const KvCache kv, int n_kv_heads, int hd, int max_seq, int lo, i
     }
 }
 
+int kv_planes_create(arc_context *ctx, const arc_model_config &c, int layers, KvPlanes *kv) {
+    const bool q8 = c.kv_cache == ARC_KV_Q8_0;
+    kv->count = q8 ? 4 : 2;
+    uint64_t at = 0;
+    for (int i = 0; i < kv->count; ++i) {
+        const bool scales = i >= 2;
+        kv->rows[i] = scales ? (uint64_t)kv_seq_pad(c.max_seq) : (uint64_t)c.max_seq;
+        kv->row_bytes[i] = scales ? (uint64_t)c.head_dim / KV_Q8_BLOCK * 2 : (uint64_t)c.head_dim * (q8 ? 1 : 2);
+        kv->at[i] = at;
+        at = (at + (uint64_t)layers * c.n_kv_heads * kv->rows[i] * kv->row_bytes[i] + 255) / 256 * 256;
+    }
+    kv->bytes = at;
+    ARC_CUDA(ctx, cudaMalloc(&kv->base, kv->bytes));
+    // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
+    ARC_CUDA(ctx, cudaMemsetAsync(kv->base, 0, kv->bytes, ctx->stream));
+    if (q8) {
+        kv->wide_bytes = (uint64_t)2 * c.n_kv_heads * c.max_seq * c.head_dim * 2;
+        ARC_CUDA(ctx, cudaMalloc(&kv->wide, kv->wide_bytes));
+        ARC_CUDA(ctx, cudaMemsetAsync(kv->wide, 0, kv->wide_bytes, ctx->stream));
+    }
+    return ARC_OK;
+}
+
+void kv_planes_release(KvPlanes *kv) {
+    if (kv->base) cudaFree(kv->base);
+    if (kv->wide) cudaFree(kv->wide);
+    *kv = KvPlanes{};
+}
+
+KvCache kv_planes_layer(const KvPlanes &kv, int n_kv_heads, int at) {
+    void *plane[ARC_KV_MAX_PLANES] = {};
+    for (int i = 0; i < kv.count; ++i)
+        plane[i] = kv.base + kv.at[i] + (uint64_t)at * n_kv_heads * kv.rows[i] * kv.row_bytes[i];
+    return KvCache{plane[0], plane[1], (uint16_t *)plane[2], (uint16_t *)plane[3], kv.wide};
+}
+
 int kv_widen(arc_context *ctx, const KvCache &kv, int n_kv_heads, int hd, int max_seq, int lo, int hi) {
     ARC_REQUIRE(kv.q8() && kv.wide && hd % KV_Q8_BLOCK == 0 && 0 <= lo && lo < hi && hi <= max_seq,
                 "rows %d..%d of a q8_0 cache of %d (head_dim %d)", lo, hi, max_seq, hd);

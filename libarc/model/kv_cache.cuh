@@ -83,5 +83,23 @@ __device__ __forceinline__ void widen_code_tile(uint16_t *tile, const int8_t *co
     }
 }
 
+// A model's KV cache (kv_cache.cu): one allocation of the planes of its form (arc_model_kv_planes),
+// plane i at base + at[i] holding (layers, n_kv_heads, rows[i], row_bytes[i]): bf16's k and v
+// values; q8_0's k and v codes, then their scales (rows kv_seq_pad(max_seq)). q8_0 also allocates
+// `wide`, the prefill's widened rows of one layer.
+struct KvPlanes {
+    uint8_t *base = nullptr;
+    int count = 0;
+    uint64_t at[ARC_KV_MAX_PLANES] = {}, rows[ARC_KV_MAX_PLANES] = {}, row_bytes[ARC_KV_MAX_PLANES] = {};
+    uint64_t bytes = 0;
+    uint16_t *wide = nullptr;
+    uint64_t wide_bytes = 0;
+};
+// Allocates (zeros) the planes of config c's form for `layers` attention layers; release frees them.
+int kv_planes_create(arc_context *ctx, const arc_model_config &c, int layers, KvPlanes *kv);
+void kv_planes_release(KvPlanes *kv);
+// The attention layer of ordinal `at` (the attention layers in layer order) as its kernels take it.
+KvCache kv_planes_layer(const KvPlanes &kv, int n_kv_heads, int at);
+
 // The prefill's widening of a layer's q8_0 rows lo..hi - 1 into kv.wide (kv_cache.cu).
 int kv_widen(arc_context *ctx, const KvCache &kv, int n_kv_heads, int hd, int max_seq, int lo, int hi);

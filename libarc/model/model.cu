@@ -34,15 +34,8 @@ struct arc_model {
     uint64_t dequant_elems;  // the largest quantized matrix the prefill dequantizes, in weights
     uint8_t *weights;
     bool *uploaded;  // host [TENSOR_COUNT][n_layers]; global tensors use layer 0
-    // KV cache: one allocation of the planes of the cache's form (arc_model_kv_planes), plane i at
-    // kv_at[i]: (kv_layers, n_kv_heads, kv_rows[i], kv_row_bytes[i]).
-    uint8_t *kv;
-    int kv_planes;
-    uint64_t kv_at[ARC_KV_MAX_PLANES], kv_rows[ARC_KV_MAX_PLANES], kv_row_bytes[ARC_KV_MAX_PLANES];
-    uint64_t kv_bytes;
+    KvPlanes kv;    // the KV cache (kv_cache.cu)
     int kv_layers;  // the layers that keep KV rows: those that attend (not the DeltaNet ones)
-    uint16_t *kv_wide;  // q8_0: the prefill's widened rows, (2, n_kv_heads, max_seq, head_dim) bf16
-    uint64_t kv_wide_bytes;
     uint64_t act_bytes;  // the decode's activations
     // Activations, all float32, carved from one allocation.
     void *act;
@@ -182,8 +175,7 @@ static int check_formats(const arc_model *m, const int32_t *formats) {
 
 static void model_release(arc_model *m) {
     if (m->weights) cudaFree(m->weights);
-    if (m->kv) cudaFree(m->kv);
-    if (m->kv_wide) cudaFree(m->kv_wide);
+    kv_planes_release(&m->kv);
     if (m->act) cudaFree(m->act);
     if (m->dn_state) cudaFree(m->dn_state);
     prefill_buffers_release(&m->prefill);
@@ -214,26 +206,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     // Only the attention layers keep KV rows: a DeltaNet layer's state is its own (dn_state).
     m->kv_layers = c.n_layers - dn_layer_count(c);
     // (A model of DeltaNet layers alone still holds one layer's rows: no pointer is null.)
-    const uint64_t layers = m->kv_layers > 0 ? m->kv_layers : 1;
-    const bool q8 = c.kv_cache == ARC_KV_Q8_0;
-    m->kv_planes = q8 ? 4 : 2;
-    for (int i = 0; i < m->kv_planes; ++i) {
-        const bool scales = i >= 2;
-        m->kv_rows[i] = scales ? (uint64_t)kv_seq_pad(c.max_seq) : (uint64_t)c.max_seq;
-        m->kv_row_bytes[i] = scales ? (uint64_t)c.head_dim / KV_Q8_BLOCK * 2 : (uint64_t)c.head_dim * (q8 ? 1 : 2);
-        m->kv_at[i] = i ? align_up(m->kv_at[i - 1] + layers * c.n_kv_heads * m->kv_rows[i - 1] * m->kv_row_bytes[i - 1])
-                        : 0;
-    }
-    const int last = m->kv_planes - 1;
-    m->kv_bytes = m->kv_at[last] + layers * c.n_kv_heads * m->kv_rows[last] * m->kv_row_bytes[last];
-    ARC_CUDA(ctx, cudaMalloc(&m->kv, m->kv_bytes));
-    // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
-    ARC_CUDA(ctx, cudaMemsetAsync(m->kv, 0, m->kv_bytes, ctx->stream));
-    if (q8) {
-        m->kv_wide_bytes = (uint64_t)2 * c.n_kv_heads * c.max_seq * c.head_dim * 2;
-        ARC_CUDA(ctx, cudaMalloc(&m->kv_wide, m->kv_wide_bytes));
-        ARC_CUDA(ctx, cudaMemsetAsync(m->kv_wide, 0, m->kv_wide_bytes, ctx->stream));
-    }
+    if (const int st = kv_planes_create(ctx, c, m->kv_layers > 0 ? m->kv_layers : 1, &m->kv)) return st;
 
     // h holds the GLU's output, or a mixture of experts' k GLUs and the shared expert's after them.
     const uint64_t routed = (uint64_t)c.n_experts_used * c.expert_ffn_dim + c.shared_ffn_dim;
@@ -349,11 +322,6 @@ int model_check_uploaded(const arc_model *m, const char *who) {
     return ARC_OK;
 }
 
-// Plane i's rows of the attention layer of ordinal `at` (the attention layers in layer order).
-static void *kv_plane_layer(const arc_model *m, int i, int at) {
-    return m->kv + m->kv_at[i] + (uint64_t)at * m->cfg.n_kv_heads * m->kv_rows[i] * m->kv_row_bytes[i];
-}
-
 LayerParts model_layer(const arc_model *m, int l) {
     LayerParts p;
     p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
@@ -389,11 +357,7 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.dn_dt_bias = bf16_at(m, ARC_TENSOR_DN_DT_BIAS, l), p.dn_norm = bf16_at(m, ARC_TENSOR_DN_NORM, l);
     p.dn_state = p.dn ? m->dn_state + (uint64_t)dn_ordinal(m->cfg, l) * DN_SLOTS * m->dn.slot_floats : nullptr;
     // The KV cache's rows of the attention layers only, in layer order (arc_model_kv_planes).
-    if (!p.dn) {
-        void *plane[ARC_KV_MAX_PLANES] = {};
-        for (int i = 0; i < m->kv_planes; ++i) plane[i] = kv_plane_layer(m, i, l - dn_ordinal(m->cfg, l));
-        p.kv = KvCache{plane[0], plane[1], (uint16_t *)plane[2], (uint16_t *)plane[3], m->kv_wide};
-    }
+    if (!p.dn) p.kv = kv_planes_layer(m->kv, m->cfg.n_kv_heads, l - dn_ordinal(m->cfg, l));
     return p;
 }
 
@@ -426,21 +390,18 @@ ModelParts model_parts(arc_model *m) {
 extern "C" int arc_model_memory(arc_model *model, uint64_t *weights, uint64_t *kv_cache, uint64_t *activations) {
     ARC_REQUIRE(model && weights && kv_cache && activations, "null argument");
     *weights = model->weight_bytes;
-    *kv_cache = model->kv_bytes;
+    *kv_cache = model->kv.bytes;
     *activations = model->act_bytes + model->prefill.bytes + model->prefill.moe.bytes + model->spec.bytes +
-                   model->dn_state_bytes + model->kv_wide_bytes;
+                   model->dn_state_bytes + model->kv.wide_bytes;
     return ARC_OK;
 }
 
 extern "C" int arc_model_kv_planes(arc_model *model, int32_t *count, void **base, uint64_t *row_bytes,
                                    uint64_t *head_rows) {
     ARC_REQUIRE(model && count && base && row_bytes && head_rows, "null argument");
-    *count = model->kv_planes;
-    for (int i = 0; i < model->kv_planes; ++i) {
-        base[i] = model->kv + model->kv_at[i];
-        row_bytes[i] = model->kv_row_bytes[i];
-        head_rows[i] = model->kv_rows[i];
-    }
+    const KvPlanes &kv = model->kv;
+    *count = kv.count;
+    for (int i = 0; i < kv.count; ++i) base[i] = kv.base + kv.at[i], row_bytes[i] = kv.row_bytes[i], head_rows[i] = kv.rows[i];
     return ARC_OK;
 }
 
@@ -448,8 +409,8 @@ extern "C" int arc_model_kv_cache(arc_model *model, uint16_t **k_cache, uint16_t
     ARC_REQUIRE(model && k_cache && v_cache, "null argument");
     ARC_REQUIRE(model->kv_layers > 0, "the model has no attention layer, and so no KV cache");
     ARC_REQUIRE(model->cfg.kv_cache == ARC_KV_BF16, "the KV cache is not bf16 (arc_model_kv_planes describes it)");
-    *k_cache = (uint16_t *)(model->kv + model->kv_at[0]);
-    *v_cache = (uint16_t *)(model->kv + model->kv_at[1]);
+    *k_cache = (uint16_t *)(model->kv.base + model->kv.at[0]);
+    *v_cache = (uint16_t *)(model->kv.base + model->kv.at[1]);
     return ARC_OK;
 }
 
