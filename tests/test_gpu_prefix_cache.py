@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gpu_buffers import kv_cache_rows, kv_planes
+from gpu_buffers import kv_planes
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.kv_formats import kv_position_bytes
@@ -149,7 +149,7 @@ def test_gpu_a_hybrids_stored_prefix_comes_back_with_its_state(hybrid):
     a2 = a + [int(t) for t in rng.integers(0, vocab, 50)]
     warm = list(hybrid.generate(a2, 32))
     assert hybrid.stats.cached_tokens == len(a) and hybrid.prefix.restored
-    warm_rows = kv_cache_rows(hybrid.device, len(a2))
+    warm_rows = kv_planes(hybrid.device, len(a2))
     hybrid.prefix.clear()
     assert list(hybrid.generate(a2, 32)) == warm and hybrid.stats.cached_tokens == 0
     equal_rows(hybrid, len(a2), warm_rows)
