@@ -42,7 +42,8 @@ def test_the_numpy_backend_decodes_with_the_form_asked_for():
 
 def test_the_command_line_takes_kv_cache_and_refuses_what_a_model_cannot_hold():
     def decode(*args):
-        return subprocess.run([sys.executable, "-m", "arcpy.decode", *args], capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, "-m", "arcpy.decode", *args], capture_output=True, text=True,
+                              timeout=300)
 
     out = decode("--shape", "qwen-tiny", "--backend", "numpy", "--kv-cache", "q8_0", "--prompt-ids", "5 9 2", "-n", "4")
     assert out.returncode == 0, out.stderr
@@ -50,7 +51,8 @@ def test_the_command_line_takes_kv_cache_and_refuses_what_a_model_cannot_hold():
     out = decode("--shape", "stories15M", "--backend", "numpy", "--kv-cache", "q8_0", "-n", "2")
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert len(errors) == 1 and "a q8_0 KV cache holds whole blocks of 32 values; this model's heads have 48" in errors[0]
+    assert len(errors) == 1
+    assert "a q8_0 KV cache holds whole blocks of 32 values; this model's heads have 48" in errors[0]
     out = decode("--shape", "qwen-tiny", "--kv-cache", "q4")
     assert out.returncode == 2 and "Invalid value for '--kv-cache'" in out.stderr
 

@@ -3,11 +3,11 @@ saves.
 
 At position p a layer's attention reads the keys and values of the positions it attends, in the
 cache's form (bf16, or q8_0: 34 bytes per 32 values): all p + 1 of them, or a windowed layer's last
-`window` (ModelConfig.window). Each form of the KV cache asked for runs on a device of its own. A context row prefills a
-prompt of `context` tokens (one token for a context of 0), then times the greedy device loop
-(burst 16, plain steps) over the tokens after it, and the prompt's time to first token (one
-prefill, cold); its floor counts the weights and those KV bytes,
-averaged over the generation's positions. Every context of a shape runs on one device opened for
+`window` (ModelConfig.window). Each form of the KV cache asked for runs on a device of its own. A
+context row prefills a prompt of `context` tokens (one token for a context of 0), then times the
+greedy device loop (burst 16, plain steps) over the tokens after it, and the prompt's time to first
+token (one prefill, cold); its floor counts the weights and those KV bytes, averaged over the
+generation's positions. Every context of a shape runs on one device opened for
 the longest of them. A model with windowed layers is timed a second time on the same weights with
 its window off: the difference between the two rows is what reading only the window saves.
 

@@ -71,7 +71,8 @@ def check_fits(model: Model, max_seq: int, free: int, kv_cache: str = "bf16") ->
               else "its weights alone do not fit: use a smaller or more quantized model file")
     states = f", {(weights - model.stored_bytes) / gb:.2f} GB of DeltaNet states" if weights > model.stored_bytes else ""
     raise InvalidArgumentError(f"the model needs {model.stored_bytes / gb:.2f} GB of weights{states} and {kv / gb:.2f} GB "
-                               f"of {kv_cache} KV cache for {max_seq} positions, and the device has {free / gb:.2f} GB free: {advice}")
+                               f"of {kv_cache} KV cache for {max_seq} positions, and the device has {free / gb:.2f} GB "
+                               f"free: {advice}")
 
 
 class CudaModel:
