@@ -11,8 +11,9 @@
 //   ceil((p + 1) / 64) tiles of 64 positions (fewer blocks work at short positions);
 // - the tiles stream through shared memory by cp.async, the next one loading while the block
 //   multiplies the current one: S = Q K^T and O += P V by mma.sync (attention_products.cuh), each
-//   warp 16 of a tile's positions, the softmax online; a q8_0 cache's tiles of codes are widened
-//   to bf16 in shared memory first, its scales applied to the products' sums (kv_cache.cuh);
+//   warp 16 of a tile's positions, the softmax online; a q8_0 cache's tiles of codes (three stages,
+//   two loading) are read by the same ldmatrix and widened to bf16 in registers, its scales applied
+//   to the products' sums (kv_cache.cuh);
 // - the last block of a kv head to finish (a ticket) merges the blocks' partials, a warp a head and
 //   DEC_MERGE_BATCH partials of a lane's four elements in flight at once: no second launch.
 // q and the softmax weights enter the products as two bf16 parts each (hi + lo, split_bf16x2), so
@@ -26,14 +27,21 @@
 #include "attention_products.cuh"
 
 enum { DEC_HEADS = 16, DEC_WARPS = ATTN_TILE_THREADS / 32, DEC_TARGET_BLOCKS = 256, DEC_MAX_SPLITS = 256,
-       DEC_MERGE_BATCH = 16 };
+       DEC_MERGE_BATCH = 16, DEC_Q8_STAGES = 3 };
 
-// Dynamic shared memory of the kernel for D: two stages of a k and a v tile, q as hi and lo
-// tiles, the rotation's cosines and sines; a q8_0 cache's scales, two stages of k's and v's, after
-// them (its tiles' bytes hold one stage of k and v widened to bf16, then two stages of codes).
+static constexpr size_t dec_max(size_t a, size_t b) { return a > b ? a : b; }
+// The tiles' bytes: two stages of a k and a v tile of bf16, or DEC_Q8_STAGES of codes, and at
+// least what the walk leaves there (the warps' outputs, then the merge's weights).
+static constexpr size_t dec_tile_bytes(int D, bool q8) {
+    return q8 ? dec_max(dec_max((size_t)DEC_Q8_STAGES * 2 * ATTN_TILE * D, (size_t)DEC_WARPS * DEC_HEADS * D * 4),
+                        (size_t)DEC_HEADS * DEC_MAX_SPLITS * 4)
+              : (size_t)2 * 2 * ATTN_TILE * D * 2;
+}
+// Dynamic shared memory of the kernel for D: the tiles, q as hi and lo tiles, the rotation's
+// cosines and sines; a q8_0 cache's scales, each stage's k's and v's, after them.
 static constexpr size_t dec_smem_bytes(int D, bool q8) {
-    return (size_t)2 * 2 * ATTN_TILE * D * 2 + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4 +
-           (q8 ? (size_t)2 * 2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 2 : 0);
+    return dec_tile_bytes(D, q8) + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4 +
+           (q8 ? (size_t)DEC_Q8_STAGES * 2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 2 : 0);
 }
 // The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
 static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
@@ -62,10 +70,11 @@ static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the
 // partials and tickets; its k and v are cached already (verify_attention.cu): nothing is read
 // before the wait nor stored.
 // Q8: the cache is q8_0 (KvCache; k_cache and v_cache hold codes, k_scale and v_scale the scales):
-// a tile's codes are widened to bf16 in shared memory and multiplied as the bf16 tiles are, each
-// key's scale applied to the sum of each block of 32 products (q . k), each value's to the weight
-// it is multiplied by (p v, 32 output elements at a time); the new row enters quantized, as the
-// cache will hold it. hd % 32 == 0, VEC.
+// DEC_Q8_STAGES tiles of codes in flight, each fragment of codes widened to bf16 in registers and
+// multiplied as the bf16 tiles' are (q's elements and o's in the order that asks:
+// attention_products.cuh), each key's scale applied to the sum of each block of 32 products (q .
+// k), each value's to the weight it is multiplied by (p v, 32 output elements at a time); the new
+// row enters quantized, as the cache will hold it. hd % 32 == 0, VEC.
 // Launch: grid (n_kv_heads * ht, S, rows), ATTN_TILE_THREADS threads, dec_smem_bytes(D, Q8) bytes of
 // dynamic shared memory. Limits: hd even, hd <= D; the caches 16-byte aligned when hd % 8 == 0.
 template <int D, bool PLAIN, bool ROWS, bool VEC, bool Q8>
@@ -77,11 +86,12 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
     constexpr int KD = D / 16;       // k16 steps of q . k
     constexpr bool QREG = D <= 128;  // q's fragments held in registers across the tiles
     constexpr int SB = D / KV_Q8_BLOCK;  // a row's scales, at most
+    constexpr int NST = Q8 ? DEC_Q8_STAGES : 2;  // the tiles' stages
     extern __shared__ __align__(128) uint16_t smem[];
-    uint16_t *kv = smem;  // [stage][k | v][64][D]; Q8: [k | v][64][D], then codes [stage][k | v][64][D] bytes
-    uint16_t *q_hi = smem + 4 * ATTN_TILE * D, *q_lo = q_hi + DEC_HEADS * D;
+    uint16_t *kv = smem;  // [stage][k | v][64][D] bf16
+    int8_t *codes = reinterpret_cast<int8_t *>(smem);  // Q8: [stage][k | v][64][D] codes
+    uint16_t *q_hi = smem + dec_tile_bytes(D, Q8) / 2, *q_lo = q_hi + DEC_HEADS * D;
     float *cos_t = reinterpret_cast<float *>(q_lo + DEC_HEADS * D), *sin_t = cos_t + D / 2;
-    int8_t *codes = reinterpret_cast<int8_t *>(smem + 2 * ATTN_TILE * D);
     uint16_t *scales = reinterpret_cast<uint16_t *>(sin_t + D / 2);  // Q8: [stage][k | v][64][hd / 32]
     uint16_t *const k_bf = static_cast<uint16_t *>(k_cache), *const v_bf = static_cast<uint16_t *>(v_cache);
     int8_t *const k_q8 = static_cast<int8_t *>(k_cache), *const v_q8 = static_cast<int8_t *>(v_cache);
@@ -141,15 +151,24 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
         cp_async_commit();
     };
 
-    // Before the wait (the decode): the angles and the first tile, which earlier steps wrote.
+    // The first NST - 1 tiles, each its own group (an empty one past j1).
+    auto load_first = [&]() {
+#pragma unroll
+        for (int i = 0; i < NST - 1; ++i) {
+            if (j0 + i < j1) load_tile(j0 + i, i);
+            else cp_async_commit();
+        }
+    };
+    // Before the wait (the decode): the angles and the first tiles, which earlier steps wrote.
     const int half = PLAIN ? hd / 2 : rope.half;
     for (int i = tid; i < half; i += ATTN_TILE_THREADS) rope_angles<PLAIN>(rope, pos, i, &sin_t[i], &cos_t[i]);
-    if (!ROWS) load_tile(j0, 0);
+    if (!ROWS) load_first();
     pdl_wait();
-    if (ROWS) load_tile(j0, 0);
+    if (ROWS) load_first();
     __syncthreads();  // the angles
     // q of the block's heads, rotated, as hi and lo bf16 tiles (heads past nh and elements past
-    // hd are zeros); unrolled, so that the reads of qkv are in flight together.
+    // hd are zeros; Q8: each 16 elements in q8_k_slot's order); unrolled, so that the reads of qkv
+    // are in flight together.
     static_assert(DEC_HEADS * D / 2 % ATTN_TILE_THREADS == 0, "q's pairs divide among the threads");
 #pragma unroll
     for (int i = 0; i < DEC_HEADS * D / 2 / ATTN_TILE_THREADS; ++i) {
@@ -162,9 +181,16 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
         }
         uint32_t hi, lo2;
         split_bf16x2(a, b, hi, lo2);
-        const int off = row_offset<D>(r, d / 8) + d % 8;
-        *reinterpret_cast<uint32_t *>(q_hi + off) = hi;
-        *reinterpret_cast<uint32_t *>(q_lo + off) = lo2;
+        if constexpr (Q8) {
+            const int c0 = (d & ~15) | q8_k_slot(d & 15), c1 = (d & ~15) | q8_k_slot((d + 1) & 15);
+            const int o0 = row_offset<D>(r, c0 / 8) + c0 % 8, o1 = row_offset<D>(r, c1 / 8) + c1 % 8;
+            q_hi[o0] = (uint16_t)hi, q_hi[o1] = (uint16_t)(hi >> 16);
+            q_lo[o0] = (uint16_t)lo2, q_lo[o1] = (uint16_t)(lo2 >> 16);
+        } else {
+            const int off = row_offset<D>(r, d / 8) + d % 8;
+            *reinterpret_cast<uint32_t *>(q_hi + off) = hi;
+            *reinterpret_cast<uint32_t *>(q_lo + off) = lo2;
+        }
     }
     __syncthreads();
     uint32_t qh[QREG ? KD : 1][4], ql[QREG ? KD : 1][4];
@@ -186,19 +212,14 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
         for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
 
     for (int j = j0; j < j1; ++j) {
-        const int buf = (j - j0) & 1;
-        if (j + 1 < j1) load_tile(j + 1, buf ^ 1);
+        const int buf = (j - j0) % NST, jn = j + NST - 1;
+        if (jn < j1) load_tile(jn, (jn - j0) % NST);
         else cp_async_commit();  // an empty group keeps the count of the wait below
-        cp_async_wait<1>();
+        cp_async_wait<NST - 1>();
         __syncthreads();
-        uint16_t *kt = kv + (size_t)(Q8 ? 0 : buf) * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;
-        uint16_t *sk = scales + (size_t)buf * 2 * ATTN_TILE * SB, *sv = sk + ATTN_TILE * SB;  // Q8's
-        if constexpr (Q8) {
-            const int8_t *ct = codes + (size_t)buf * 2 * ATTN_TILE * D;
-            widen_code_tile<D>(kt, ct, tid);
-            widen_code_tile<D>(vt, ct + ATTN_TILE * D, tid);
-            __syncthreads();
-        }
+        uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;  // bf16's
+        int8_t *kc = codes + (size_t)buf * 2 * ATTN_TILE * D, *vc = kc + ATTN_TILE * D;  // Q8's
+        uint16_t *sk = scales + (size_t)buf * 2 * ATTN_TILE * SB, *sv = sk + ATTN_TILE * SB;
         if (!ROWS && j == ns - 1) {
             // The new position's row, as the cache will hold it; the block of the kv head's first
             // heads stores it there for later steps. Q8: each warp quantizes a block of 32 (hd % 32
@@ -209,11 +230,10 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
             const size_t at = head_base + (size_t)pos * hd;
             for (int d = tid; d < hd; d += ATTN_TILE_THREADS) {
                 const float kx = rope_rotate_half<PLAIN>(k_row, d, half, cos_t, sin_t), vx = v_row[d];
-                uint16_t kb, vb;
                 if constexpr (Q8) {
                     uint16_t kd, vd;
                     const int8_t kq = q8_quantize_warp(kx, &kd), vq = q8_quantize_warp(vx, &vd);
-                    kb = q8_code_bf16(kq), vb = q8_code_bf16(vq);
+                    kc[code_offset<D>(tr, d)] = kq, vc[code_offset<D>(tr, d)] = vq;
                     const int si = d / KV_Q8_BLOCK;
                     if (d % KV_Q8_BLOCK == 0) sk[tr * nb + si] = kd, sv[tr * nb + si] = vd;
                     if (store) {
@@ -224,17 +244,17 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
                         }
                     }
                 } else {
-                    kb = f32_to_bf16(kx), vb = f32_to_bf16(vx);
+                    const uint16_t kb = f32_to_bf16(kx), vb = f32_to_bf16(vx);
                     if (store) k_bf[at + d] = kb, v_bf[at + d] = vb;
+                    kt[row_offset<D>(tr, d / 8) + d % 8] = kb;
+                    vt[row_offset<D>(tr, d / 8) + d % 8] = vb;
                 }
-                kt[row_offset<D>(tr, d / 8) + d % 8] = kb;
-                vt[row_offset<D>(tr, d / 8) + d % 8] = vb;
             }
             __syncthreads();
         }
 
         float s[2][4];
-        tile_scores<D, QREG, Q8>(s, kt, qh, ql, q_hi, q_lo, sk, nb, warp, lane);
+        tile_scores<D, QREG, Q8>(s, Q8 ? (const void *)kc : kt, qh, ql, q_hi, q_lo, sk, nb, warp, lane);
         // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
         const int k0 = j * ATTN_TILE + warp * 16;
 #pragma unroll
@@ -269,12 +289,13 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
                 o[dt][2 * r + 1] *= alpha;
             }
         }
-        tile_weighted_sum<D, Q8>(o, s, vt, sv, nb, j * ATTN_TILE, pos, warp, lane);
+        tile_weighted_sum<D, Q8>(o, s, Q8 ? (const void *)vc : vt, sv, nb, j * ATTN_TILE, pos, warp, lane);
         __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
 
     // The warps' states merged in warp order: each warp's (m, l, o) into shared memory (over the
-    // tiles' buffers), then each head's weights 2^(m_w - m) and sum.
+    // tiles' buffers; Q8: o's elements put back in order), then each head's weights 2^(m_w - m)
+    // and sum.
     float *wo = reinterpret_cast<float *>(kv);  // [warp][head][D]
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -286,10 +307,17 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
             wm[warp][hr] = m_run[r];
             wl[warp][hr] = l;
         }
+        float *wrow = wo + ((size_t)warp * DEC_HEADS + hr) * D;
+        if constexpr (Q8) {
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-            *reinterpret_cast<float2 *>(wo + ((size_t)warp * DEC_HEADS + hr) * D + dt * 8 + 2 * t) =
-                make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+            for (int c = 0; c < D / 16; ++c)  // q8_out_element: 16c + 4t + (0, 1, 2, 3)
+                *reinterpret_cast<float4 *>(wrow + q8_out_element(2 * c, t, 0)) =
+                    make_float4(o[2 * c][2 * r], o[2 * c + 1][2 * r], o[2 * c][2 * r + 1], o[2 * c + 1][2 * r + 1]);
+        } else {
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<float2 *>(wrow + dt * 8 + 2 * t) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+        }
     }
     __syncthreads();
     if (tid < DEC_HEADS) {

@@ -1,10 +1,11 @@
 // kv_cache.cuh -- a layer's KV cache as the attention kernels write and read it, in either form of
 // arc_model.h's arc_kv_form: bf16 rows, or q8_0 rows (int8 codes, a float16 scale a block of 32).
 // The q8_0 kernels keep the tensor-core products of the bf16 ones: a code is an integer of at most
-// 7 bits, exact as a bf16, so a tile of codes multiplies as a tile of bf16 values would, and the
-// scales are applied to the products' sums (q . k: a block of 32 elements' sum times its key's
-// scale) or to the softmax weights (p v: each weight times its value's scale, a block of 32
-// output elements at a time). The prefill widens the rows it attends to bf16 first (kv_widen).
+// 7 bits, exact as a bf16, so codes multiply as bf16 values would, and the scales are applied to
+// the products' sums (q . k: a block of 32 elements' sum times its key's scale) or to the softmax
+// weights (p v: each weight times its value's scale, a block of 32 output elements at a time). The
+// decode reads a tile of codes by ldmatrix as it would a bf16 tile and widens each fragment in
+// registers (q8_pairs_bf16); the prefill widens the rows it attends to bf16 first (kv_widen).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -28,8 +29,22 @@ __device__ __forceinline__ int8_t q8_quantize_warp(float x, uint16_t *d_bits) {
 
 __device__ __forceinline__ float q8_scale(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 
-// A code as the bf16 bits of the same integer (exact: |code| <= 127).
-__device__ __forceinline__ uint16_t q8_code_bf16(int8_t code) { return (uint16_t)(__float_as_uint((float)code) >> 16); }
+// Four codes (bytes b0..b3 of w) as two pairs of bf16 values, exactly: lo = (b0, b2), hi = (b1,
+// b3), the first of each pair in the low half. A code c is lo7 - 128 b7 (two's complement), and
+// bf16 holds 128 + lo7 (exponent 7, lo7 its mantissa) and 128 + 128 b7 exactly, so one bf16x2
+// subtraction of the two gives c: no conversion instruction.
+__device__ __forceinline__ void q8_pairs_bf16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t w8 = w >> 8;
+    const uint32_t a0 = (w & 0x007F007Fu) | 0x43004300u, b0 = (w & 0x00800080u) | 0x43004300u;
+    const uint32_t a1 = (w8 & 0x007F007Fu) | 0x43004300u, b1 = (w8 & 0x00800080u) | 0x43004300u;
+    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(a0), "r"(b0));
+    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(a1), "r"(b1));
+}
+
+// Byte offset of (row, element d) in a tile of rows of D codes: 16-byte chunks swizzled by the row
+// as a bf16 tile's (row_offset), so that the 8 rows one ldmatrix reads lie on distinct banks.
+template <int D>
+__device__ __forceinline__ int code_offset(int row, int d) { return 2 * row_offset<D / 2>(row, d / 16) + d % 16; }
 
 // A warp stores element d (lane d % 32 of its block) of a row of hd elements at row `row` of kv
 // head `head` of a q8_0 plane: its code, and lane 0 the block's scale. Returns the code.
@@ -43,8 +58,9 @@ __device__ __forceinline__ int8_t q8_store_warp(float x, int8_t *codes, uint16_t
     return q;
 }
 
-// 64 rows of q8_0 codes (row r at src + r * hd, hd % 16 == 0, 16-byte aligned) into a [64][D]
-// byte tile, rows at or past `rows` and bytes past hd as zeros; cp.async, not committed.
+// 64 rows of q8_0 codes (row r at src + r * hd, hd % 16 == 0, 16-byte aligned) into a swizzled
+// [64][D] byte tile (code_offset), rows at or past `rows` and bytes past hd as zeros; cp.async, not
+// committed.
 template <int D>
 __device__ __forceinline__ void load_code_rows(int8_t *tile, const int8_t *src, int rows, int hd, int tid) {
     constexpr int CPR = D / 16;
@@ -52,7 +68,7 @@ __device__ __forceinline__ void load_code_rows(int8_t *tile, const int8_t *src, 
     for (int e = tid; e < ATTN_TILE * CPR; e += ATTN_TILE_THREADS) {
         const int r = e / CPR, c = e % CPR;
         const bool ok = r < rows && c * 16 < hd;
-        cp_async16(base + r * D + c * 16, ok ? src + (size_t)r * hd + c * 16 : src, ok);
+        cp_async16(base + code_offset<D>(r, c * 16), ok ? src + (size_t)r * hd + c * 16 : src, ok);
     }
 }
 
@@ -61,26 +77,6 @@ __device__ __forceinline__ void load_code_rows(int8_t *tile, const int8_t *src, 
 __device__ __forceinline__ void load_scale_rows(uint16_t *tile, const uint16_t *src, int hd, int tid) {
     const uint32_t base = smem_addr(tile);
     for (int e = tid; e < ATTN_TILE * (hd / KV_Q8_BLOCK) / 8; e += ATTN_TILE_THREADS) cp_async16(base + e * 16, src + e * 8, true);
-}
-
-// A [64][D] byte tile of codes as the swizzled [64][D] bf16 tile the products read (row_offset),
-// by the block's ATTN_TILE_THREADS threads.
-template <int D>
-__device__ __forceinline__ void widen_code_tile(uint16_t *tile, const int8_t *codes, int tid) {
-    constexpr int CPR = D / 16;
-    for (int e = tid; e < ATTN_TILE * CPR; e += ATTN_TILE_THREADS) {
-        const int r = e / CPR, c = e % CPR;
-        const int4 w = *reinterpret_cast<const int4 *>(codes + r * D + c * 16);
-        const int words[4] = {w.x, w.y, w.z, w.w};
-        uint32_t out[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int word = words[i / 2], sh = (i % 2) * 16;
-            out[i] = (uint32_t)q8_code_bf16((int8_t)(word >> sh)) | ((uint32_t)q8_code_bf16((int8_t)(word >> (sh + 8))) << 16);
-        }
-        *reinterpret_cast<uint4 *>(tile + row_offset<D>(r, 2 * c)) = make_uint4(out[0], out[1], out[2], out[3]);
-        *reinterpret_cast<uint4 *>(tile + row_offset<D>(r, 2 * c + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
-    }
 }
 
 // A model's KV cache (kv_cache.cu): one allocation of the planes of its form (arc_model_kv_planes),
