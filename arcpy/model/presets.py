@@ -318,6 +318,10 @@ _QUANTIZED = {
     "llama8B-q4km": (SHAPES["llama8B"], _q4_k_m),
     "llama8B-q8": (SHAPES["llama8B"], lambda name, layer, n_layers: FORMAT_Q8_0),
     "qwen3-8B-q4km": (SHAPES["qwen3-8B"], _q4_k_m),
+    # Qwen3-8B stretched to 131,072 positions as its model card says: YaRN, factor 4 over 32,768.
+    "qwen3-8B-yarn-q4km": (dataclasses.replace(SHAPES["qwen3-8B"], max_seq=131072,
+                                               rope_scaling=YarnScaling(4.0, 32768, 0.1 * math.log(4.0) + 1.0)),
+                           _q4_k_m),
     "phi4-mini-q4km": (dataclasses.replace(SHAPES["phi4-mini"], tied_embeddings=False), _q4_k_m),
     "gemma3-4B-q4km": (dataclasses.replace(SHAPES["gemma3-4B"], tied_embeddings=False), _q4_k_m),
     "llama70B-q4km": (_LLAMA70B, _q4_k_m),
