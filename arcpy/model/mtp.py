@@ -15,8 +15,10 @@ expert where the model has them), kept under arcpy's table names with "mtp.layer
 
 N is the main model's layer count: llama.cpp's converter appends the MTP layer as block N (its
 metadata's nextn_predict_layers says 1) with the decoder layer's tensors under the usual block
-names, and adds 1 to every norm as it does to the model's, so that the norms here follow the
-model's convention (norm_plus_one) like its other norms. The embedding and the lm_head are the
+names. It renames the four above to block N's eh_proj, enorm, hnorm and shared_head.norm before
+its Qwen3-Next rule adds 1 to every tensor whose name ends in "norm.weight" (all but the DeltaNet's
+gated norm), so all three norms get the 1 as the model's do, and the norms here follow the model's
+convention (norm_plus_one) like its other norms. The embedding and the lm_head are the
 main model's (shared); a file's optional nextn.embed_tokens / nextn.shared_head_head are not read.
 The layer is optional: a checkpoint without it, or with an incomplete or malformed one, loads
 without it (Model.mtp empty; a malformed one gets a line in the model's notes)."""
