@@ -81,5 +81,5 @@ def test_the_attention_rows_print_a_line_per_position_in_order():
     rows = [{"position": 8192, "us": 16.0, "runs_us": [16.0], "kv_bytes": 33.6e6, "GBps": 2100.0, "of_copy": 0.7},
             {"position": 1, "us": 5.0, "runs_us": [5.0], "kv_bytes": 8192.0, "GBps": 1.6, "of_copy": 0.001}]
     assert format_attention("llama8B-q4km", rows) == [
-        "llama8B-q4km: one layer's attention @1 (0.0 MB of K and V): 5.00 us (2 GB/s, 0% of copy)",
-        "llama8B-q4km: one layer's attention @8192 (33.6 MB of K and V): 16.00 us (2,100 GB/s, 70% of copy)"]
+        "llama8B-q4km: one layer's attention, bf16 cache, @1 (0.0 MB of K and V): 5.00 us (2 GB/s, 0% of copy)",
+        "llama8B-q4km: one layer's attention, bf16 cache, @8192 (33.6 MB of K and V): 16.00 us (2,100 GB/s, 70% of copy)"]

@@ -103,8 +103,9 @@ def context_row(device, cfg: ModelConfig, weight_bytes: int, bandwidth: float, c
 
 
 def attention_rows(cfg: ModelConfig, max_seq: int, contexts: list[int], runs: int, bandwidth: float) -> list[dict]:
-    """One layer's decode attention alone at each context's position (the first token decoded after
-    it): µs per launch, the K and V bytes it reads and their rate."""
+    """One layer's decode attention alone, over a bf16 cache (arc_op_attention's), at each context's
+    position (the first token decoded after it): µs per launch, the K and V bytes it reads and
+    their rate."""
     positions = sorted({min(max(c, 1), max_seq - 1) for c in contexts})
     rows = []
     for t in kernel_bench.bench_kernels(cfg, max_seq, positions, replays=runs, kinds=("attention",)):
@@ -116,8 +117,8 @@ def attention_rows(cfg: ModelConfig, max_seq: int, contexts: list[int], runs: in
 
 def format_attention(shape: str, rows: list[dict]) -> list[str]:
     """The attention rows as text, one per position."""
-    return [f"{shape}: one layer's attention @{r['position']} ({r['kv_bytes'] / 1e6:.1f} MB of K and V): "
-            f"{r['us']:.2f} us ({r['GBps']:,.0f} GB/s, {r['of_copy']:.0%} of copy)"
+    return [f"{shape}: one layer's attention, bf16 cache, @{r['position']} "
+            f"({r['kv_bytes'] / 1e6:.1f} MB of K and V): {r['us']:.2f} us ({r['GBps']:,.0f} GB/s, {r['of_copy']:.0%} of copy)"
             for r in sorted(rows, key=lambda r: r["position"])]
 
 
