@@ -118,7 +118,8 @@ def attention_rows(cfg: ModelConfig, max_seq: int, contexts: list[int], runs: in
 def format_attention(shape: str, rows: list[dict]) -> list[str]:
     """The attention rows as text, one per position."""
     return [f"{shape}: one layer's attention, bf16 cache, @{r['position']} "
-            f"({r['kv_bytes'] / 1e6:.1f} MB of K and V): {r['us']:.2f} us ({r['GBps']:,.0f} GB/s, {r['of_copy']:.0%} of copy)"
+            f"({r['kv_bytes'] / 1e6:.1f} MB of K and V): {r['us']:.2f} us "
+            f"({r['GBps']:,.0f} GB/s, {r['of_copy']:.0%} of copy)"
             for r in sorted(rows, key=lambda r: r["position"])]
 
 
