@@ -32,13 +32,19 @@ __device__ __forceinline__ float q8_scale(uint16_t bits) { return __half2float(_
 // Four codes (bytes b0..b3 of w) as two pairs of bf16 values, exactly: lo = (b0, b2), hi = (b1,
 // b3), the first of each pair in the low half. A code c is lo7 - 128 b7 (two's complement), and
 // bf16 holds 128 + lo7 (exponent 7, lo7 its mantissa) and 128 + 128 b7 exactly, so one bf16x2
-// subtraction of the two gives c: no conversion instruction.
+// subtraction of the two gives c: no conversion instruction. (sm_80 has no bf16x2 subtraction:
+// there it is b * -1 + a, as exact.)
 __device__ __forceinline__ void q8_pairs_bf16(uint32_t w, uint32_t &lo, uint32_t &hi) {
     const uint32_t w8 = w >> 8;
     const uint32_t a0 = (w & 0x007F007Fu) | 0x43004300u, b0 = (w & 0x00800080u) | 0x43004300u;
     const uint32_t a1 = (w8 & 0x007F007Fu) | 0x43004300u, b1 = (w8 & 0x00800080u) | 0x43004300u;
+#if __CUDA_ARCH__ >= 900
     asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(a0), "r"(b0));
     asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(a1), "r"(b1));
+#else
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(lo) : "r"(b0), "r"(0xBF80BF80u), "r"(a0));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(hi) : "r"(b1), "r"(0xBF80BF80u), "r"(a1));
+#endif
 }
 
 // Byte offset of (row, element d) in a tile of rows of D codes: 16-byte chunks swizzled by the row
