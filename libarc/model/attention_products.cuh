@@ -11,6 +11,14 @@
 // warp * 16 + nt * 8 + 2 t + e % 2 of the tile (t = lane % 4).
 __device__ __forceinline__ int tile_row(int warp, int lane, int nt, int e) { return warp * 16 + nt * 8 + 2 * (lane % 4) + (e & 1); }
 
+// The address lane gives an ldmatrix of four 8x16-byte matrices of a q8_0 tile (code_offset): the
+// warp's 16 positions and block b's 32 elements, matrix i holding positions 8 (i % 2).. and
+// elements 32 b + 16 (i / 2)...
+template <int D>
+__device__ __forceinline__ uint32_t code_matrices(const int8_t *ct, int warp, int lane, int b) {
+    return smem_addr(ct + code_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, 32 * b + 16 * (lane / 16)));
+}
+
 // s = Q K^T over the warp's 16 positions (two n8 tiles) of the tile kt (swizzled [64][D]), q as hi +
 // lo bf16 parts: from registers (qh, ql: QREG, a k16 step each) or from the tiles q_hi, q_lo.
 // Q8: kt holds codes (code_offset) and q's tiles hold each 16 elements in q8_k_slot's order, the
@@ -47,9 +55,8 @@ __device__ __forceinline__ void tile_scores(float (&s)[2][4], const void *kt, co
 #pragma unroll
         for (int b = 0; b < D / KV_Q8_BLOCK; ++b) {
             if (b >= nb) break;
-            // Matrix i of the four: positions 8 (i % 2).., elements 32 b + 16 (i / 2)..
             uint32_t w[4], f0[4], f1[4];
-            ldmatrix_x4(smem_addr(ct + code_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, 32 * b + 16 * (lane / 16))), w);
+            ldmatrix_x4(code_matrices<D>(ct, warp, lane, b), w);
             q8_pairs_bf16(w[0], f0[0], f0[1]);
             q8_pairs_bf16(w[1], f0[2], f0[3]);
             q8_pairs_bf16(w[2], f1[0], f1[1]);
@@ -112,10 +119,9 @@ __device__ __forceinline__ void tile_weighted_sum(float (&o)[D / 8][4], const fl
                     w[nt][e] = first + r <= pos ? p[nt][e] * q8_scale(sv[r * nb + b]) : 0.0f;
                 }
             split(w, ph, pl);
-            // Matrix i: positions 8 (i % 2).., elements 32 b + 16 (i / 2)..; each word's pairs are
-            // the even and the odd elements' operands.
+            // Each word's pairs are the even and the odd elements' operands.
             uint32_t c[4];
-            ldmatrix_x4_trans(smem_addr(ct + code_offset<D>(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, 32 * b + 16 * (lane / 16))), c);
+            ldmatrix_x4_trans(code_matrices<D>(ct, warp, lane, b), c);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint32_t e0, o0, e1, o1;
