@@ -70,7 +70,9 @@ typedef enum arc_tensor {
     ARC_TENSOR_MOE_GATE_BIAS = 41,  /* per layer (n_experts * expert_ffn_dim), only on MoE layers, only with expert_bias */
     ARC_TENSOR_MOE_UP_BIAS = 42,    /* per layer (n_experts * expert_ffn_dim), only on MoE layers, only with expert_bias */
     ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only on MoE layers, only with expert_bias */
-    ARC_TENSOR_COUNT = 44
+    /* Gemma 4's (arc_model_config: layer_scalar). */
+    ARC_TENSOR_LAYER_SCALAR = 44,   /* per layer (1), only with layer_scalar: the layer's output factor */
+    ARC_TENSOR_COUNT = 45
 } arc_tensor;
 /* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT
  * (gpt-oss's) g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = u clamped to [-7, 7]. */
@@ -121,6 +123,15 @@ typedef struct arc_model_config {
     int32_t attn_sinks, o_bias, expert_bias;
     /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0. */
     int32_t kv_cache;
+    /* Gemma 4's (0 each: none). A layer that attends every position (not windowed) in a model with sliding_window > 0
+     * has heads of global_head_dim elements (0: head_dim) and global_n_kv_heads kv heads (0: n_kv_heads): its WQ, WK,
+     * WV, WO, Q_NORM, K_NORM, RoPE table (global_head_dim / 2 with rope_dim 0) and cache rows take those sizes; heads
+     * past 256 elements need a bf16 cache and no sinks. v_norm (0 or 1, with qk_norm): each v head RMS-normed without
+     * weights (in QK_NORM). layer_scalar (0 or 1): x *= LAYER_SCALAR after the layer (ARC_OP_LAYER_SCALAR).
+     * final_softcap > 0: every logit the lm_head writes is cap * tanh(logit / cap), before any argmax, draw or
+     * log-probability. */
+    int32_t global_head_dim, global_n_kv_heads, v_norm, layer_scalar;
+    float final_softcap;
 } arc_model_config;
 /* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16
  * scales, a block of 32 elements each: d = amax / 127 (float32), code = round(x * (1 / d)) (halves away from zero;
@@ -139,7 +150,7 @@ int arc_tensor_shape(const arc_model_config *config, int32_t tensor, int32_t lay
  * context. x is the residual stream (float32). */
 typedef enum arc_layer_op {
     ARC_OP_ATTN_IN = 0,   /* qkv = [Wq; Wk; Wv] @ rmsnorm(x, ATTN_NORM) (+ [bq; bk; bv]) */
-    ARC_OP_QK_NORM = 1,   /* each head of q and k = rmsnorm(head, Q_NORM / K_NORM) */
+    ARC_OP_QK_NORM = 1,   /* each head of q and k = rmsnorm(head, Q_NORM / K_NORM); v's without weights (v_norm) */
     ARC_OP_ATTEND = 2,    /* q, k rotated (the layer's table); k, v -> the cache; att = attention */
     ARC_OP_ATTN_OUT = 3,  /* x += Wo @ att */
     ARC_OP_FFN_IN = 4,    /* h = act(Wgate @ n) * (Wup @ n), n = rmsnorm(x, MLP_NORM) */
@@ -150,7 +161,8 @@ typedef enum arc_layer_op {
     ARC_OP_ATTN_GATE = 10,  /* att *= sigmoid(WQ_GATE @ rmsnorm(x, ATTN_NORM)), the gate made by ATTN_IN beside qkv */
     ARC_OP_DN_IN = 11,      /* u = [DN_QKV; DN_Z; DN_B; DN_A] @ rmsnorm(x, ATTN_NORM) */
     ARC_OP_DN_STEP = 12,    /* the DeltaNet's convolution and state update at the token's position -> att */
-    ARC_OP_DN_OUT = 13      /* x += DN_OUT @ att */
+    ARC_OP_DN_OUT = 13,     /* x += DN_OUT @ att */
+    ARC_OP_LAYER_SCALAR = 14  /* x *= LAYER_SCALAR (the layer's last op) */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 

@@ -21,7 +21,7 @@ from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import SHAPES, load_model, save_model, synthetic_model
-from arcpy.model.gemma4 import CUDA_REFUSAL, OP_EXPERTS_BESIDE, kv_source
+from arcpy.model.gemma4 import OP_EXPERTS_BESIDE, cuda_refusal, kv_source
 from arcpy.model.native import describe, layer_program
 from arcpy.model.safetensors import save_safetensors
 
@@ -191,8 +191,11 @@ def test_the_real_dims_presets():
     assert [dense.window(i) for i in range(6)] == [1024] * 5 + [0] and dense.window(59) == 0
 
 
-def test_cuda_refuses_gemma4_before_allocating_anything(monkeypatch):
+def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(monkeypatch):
+    """The CUDA backend runs Gemma 4's dense layer (libarc's table and program hold it) and refuses,
+    in one line naming each, the experts beside the FFN, per-layer embeddings and shared K/V."""
     import arcpy.devices.cuda as cuda
+    from arcpy.devices.cuda_model import check_supported
 
     def no_context(*a, **k):
         raise AssertionError("a context was made")
@@ -200,8 +203,15 @@ def test_cuda_refuses_gemma4_before_allocating_anything(monkeypatch):
     model = synthetic_model("gemma4-tiny", max_seq=16)
     with pytest.raises(InvalidArgumentError) as e:
         cuda.open_cuda_device(model)
-    assert str(e.value) == CUDA_REFUSAL and "\n" not in str(e.value)
-    assert "numpy backend only" in CUDA_REFUSAL
+    message = str(e.value)
+    assert message == cuda_refusal(model.config) and "\n" not in message and "--backend numpy" in message
+    for part in ("experts beside the dense FFN", "per-layer embeddings", "K/V shared across layers"):
+        assert part in message
+    ple_only = dataclasses.replace(SHAPES["gemma4-dense-tiny"], ple_dim=16, ple_vocab=1024)
+    assert "per-layer embeddings" in cuda_refusal(ple_only) and "experts" not in cuda_refusal(ple_only)
+    for name in ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-31B"):
+        assert cuda_refusal(SHAPES[name]) == ""
+        check_supported(SHAPES[name])  # nothing raised
     from arcpy.model import random_model
     from arcpy.parallel.shard import ShardPlan
     dense = dataclasses.replace(model.config, n_experts=0, n_experts_used=0, expert_ffn_dim=0)

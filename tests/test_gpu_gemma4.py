@@ -1,24 +1,146 @@
-"""GPU tier: Gemma 4 where a GPU is present (marker `gpu`). libarc runs none of its layer's own parts
-(arcpy/model/gemma4.py): the CUDA backend, which "auto" picks there, refuses the model in one line
-that names the numpy backend, and nothing it allocated stays behind; the numpy backend runs it."""
+"""GPU tier: Gemma 4 on libarc (marker `gpu`). libarc runs its dense layer: global layers with heads
+of their own width and kv heads (k = v, proportional RoPE over a quarter of each head), v norms,
+unscaled scores, layer scalars and the logits' soft cap (arcpy/model/gemma4.py). On gemma4-dense-tiny
+(global heads of 64 over one kv head) and gemma4-wide-test (global heads of 512, libarc's widest,
+eight query heads over one kv head), against the NumPy reference: the decode step at positions past
+the windows, the replayed graph, greedy steps, the prefill (in one chunk or several), the verify's
+rows as the decode's bits, the device loop as the host path; a soft cap small enough to change every
+logit; and what only the reference runs (the experts beside the FFN, per-layer embeddings, shared
+K/V) refused in one line, the numpy backend running it."""
 
+import dataclasses
+
+import numpy as np
 import pytest
+from gpu_buffers import decided_greedy_steps, gpu_logits, host_logits
+from test_gpu_moe import device_tokens, prefill, rel_error
+from test_gpu_speculation import K, assert_verify_rows_are_decode_logits
 
 from arcpy import open_engine
+from arcpy.bench.speculate import repeating_prompt
 from arcpy.devices.cuda import open_cuda_device
+from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError
-from arcpy.model import synthetic_model
-from arcpy.model.gemma4 import CUDA_REFUSAL
+from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
+from arcpy.loop.gate import FallbackLatch
+from arcpy.loop.settings import EngineSettings
+from arcpy.model import Model, synthetic_model
+from arcpy.model.gemma4 import cuda_refusal
+from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 
+SHAPES = ["gemma4-dense-tiny", "gemma4-wide-test"]
+MAX_SEQ = 2048
+CHECK_POSITIONS = (0, 1, 100, 1500)  # past the windows of 16, several tiles of 64 into the global layers
 
-def test_auto_refuses_gemma4_on_a_gpu_in_one_line_and_the_numpy_backend_runs_it():
+
+def capped(model, cap: float):
+    """`model` with its logits capped at `cap` instead of its config's."""
+    return Model(dataclasses.replace(model.config, final_softcap=cap), model.tensors, model.name, model.source)
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def pair(request):
+    model = synthetic_model(request.param, seed=7)
+    dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    yield model, dev
+    dev.close()
+
+
+@pytest.mark.parametrize("cap", [None, 2.0], ids=["cap30", "cap2"])
+def test_the_decode_matches_the_reference_at_positions_past_the_windows(pair, cap):
+    model, dev = pair
+    if cap is not None:  # a cap of 2 moves every logit far: a device that skipped it would be far off
+        dev.close()
+        model = capped(model, cap)
+        dev = open_cuda_device(model, max_seq=MAX_SEQ)
+    try:
+        ref = ReferenceModel(model, max_seq=MAX_SEQ)
+        tokens = np.random.default_rng(11).integers(0, model.config.vocab, size=max(CHECK_POSITIONS) + 1)
+        errors = {}
+        for pos, tok in enumerate(tokens):
+            want = ref.forward(int(tok), pos, logits=pos in CHECK_POSITIONS)
+            if pos in CHECK_POSITIONS:
+                got = gpu_logits(dev, int(tok), pos)
+                assert np.max(np.abs(got)) <= model.config.final_softcap
+                errors[pos] = rel_error(got, want)
+            else:
+                dev.set_input(int(tok), pos)
+                dev.enqueue_forward()
+        print(f"{model.name} cap {model.config.final_softcap}: relative logit error by position {errors}")
+        assert all(e <= 1e-2 for e in errors.values()), errors
+    finally:
+        if cap is not None:
+            dev.close()
+
+
+def test_graph_replay_equals_the_eager_forward_bit_for_bit(pair):
+    model, dev = pair
+    for pos in (0, 1, 37, 511):
+        tok = (pos * 7919 + 13) % model.config.vocab
+        replayed = gpu_logits(dev, tok, pos)
+        eager = gpu_logits(dev, tok, pos, eager=True)
+        assert np.array_equal(replayed, eager), f"position {pos}: graph and eager differ"
+
+
+def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
+    model, dev = pair
+    agreed, checked = decided_greedy_steps(model, dev, MAX_SEQ)
+    print(f"{model.name}: {agreed}/{checked} decided steps agree")
+    assert checked >= 16 and agreed == checked
+
+
+@pytest.mark.parametrize("n", [1, 40, 300])
+def test_the_prefill_matches_the_reference_with_bf16_products(pair, n):
+    model, dev = pair
+    tokens = np.random.default_rng(n).integers(0, model.config.vocab, size=n).astype(np.int32)
+    want = ReferenceModel(model, max_seq=MAX_SEQ).prefill([int(t) for t in tokens], bf16_products=True)
+    with device_tokens(dev, tokens) as d_tokens:
+        prefill(dev, d_tokens, n, 0)
+        err = rel_error(host_logits(dev), want)
+    print(f"{model.name}: prefill of {n} rows, relative logit error {err:.3g}")
+    assert err <= 2e-2
+
+
+def test_the_prefill_in_chunks_gives_the_same_logits_as_at_once(pair):
+    model, dev = pair
+    tokens = np.random.default_rng(2).integers(0, model.config.vocab, size=150).astype(np.int32)
+    with device_tokens(dev, tokens) as d_tokens:
+        prefill(dev, d_tokens, 150, 0)
+        whole = host_logits(dev).copy()
+        prefill(dev, d_tokens, 67, 0)
+        prefill(dev, d_tokens + 67, 83, 67)
+        assert np.array_equal(host_logits(dev).view(np.uint32), whole.view(np.uint32))
+
+
+@pytest.mark.parametrize("sampling", [None, Sampling(0.7, top_p=0.9, seed=3)], ids=["greedy", "sampled"])
+def test_the_device_loop_and_the_host_path_give_the_same_tokens(pair, sampling):
+    _, dev = pair
+    prompt = [1, 17, 42, 99, 5]
+    host = Engine(dev, "cuda", EngineSettings(device_loop=False), environ={}, latch=FallbackLatch())
+    want = list(host.generate(prompt, 64, sampling=sampling))
+    loop = Engine(dev, "cuda", EngineSettings(device_loop=True, burst=8), environ={}, latch=FallbackLatch())
+    got = list(loop.generate(prompt, 64, sampling=sampling))
+    assert host.stats.path == HOST and loop.stats.path == DEVICE_LOOP
+    assert got == want and loop.stats.host_waits == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_verify_rows_are_the_decode_forwards_logits(shape):
+    dev = open_cuda_device(synthetic_model(shape, seed=3), max_seq=512, speculate=K)
+    try:
+        assert_verify_rows_are_decode_logits(dev, repeating_prompt(dev.vocab))
+    finally:
+        dev.close()
+
+
+def test_what_only_the_reference_runs_is_refused_in_one_line_and_the_numpy_backend_runs_it():
     model = synthetic_model("gemma4-tiny", max_seq=64)
     with pytest.raises(InvalidArgumentError) as e:
         open_engine(model, "auto")
-    assert str(e.value) == CUDA_REFUSAL and "--backend numpy" in str(e.value)
+    assert str(e.value) == cuda_refusal(model.config) and "--backend numpy" in str(e.value)
     with open_engine(model, "numpy") as engine:
         assert len(list(engine.generate([1, 2, 3], max_new_tokens=4))) == 4
-    with open_cuda_device(synthetic_model("stories15M", max_seq=64), use_graph=False) as dev:  # the GPU as before
-        assert dev is not None
+    with open_cuda_device(synthetic_model("gemma4-dense-tiny", max_seq=64), use_graph=False) as dev:
+        assert dev is not None  # the dense layer runs, and the GPU is free as before

@@ -76,8 +76,10 @@ class CudaDevice(KVStore, PromptScores, DraftStaging, SequenceWrites):
         # tests/test_gpu_prefill_rows.py), so a prefill may resume at any position; docs/USAGE.md, Prefix reuse.
         # A DeltaNet layer's state resumes from a copy of it (save_state, load_state).
         self.prefix_granule = 1 if self.supports_prefill else 0
-        planes, runs = getattr(forward, "kv_planes", ()), getattr(forward, "kv_runs", 0)
-        self.prefix_row_bytes = runs * sum(row for _, row, _ in planes) if self.prefix_granule else 0  # a position's
+        planes, runs = getattr(forward, "kv_planes", ()), getattr(forward, "kv_runs", ())
+        head_dim = getattr(forward, "kv_head_dim", 1)
+        self.prefix_row_bytes = (sum(row * hd // head_dim for _, row, _ in planes for hd in runs)
+                                 if self.prefix_granule else 0)  # a position's KV bytes
         _, layers, _, floats = getattr(forward, "state", (None, 0, 0, 0))
         self.prefix_state_bytes = layers * floats * 4 if self.prefix_granule else 0  # the states at a position
         self._store = None  # the store of earlier prefixes (device memory; reserve_prefix_store)

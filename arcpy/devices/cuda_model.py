@@ -11,7 +11,7 @@ from arcpy.devices.context import Context
 from arcpy.devices.kv_formats import check_kv_form, kv_position_bytes, libarc_form
 from arcpy.errors import InvalidArgumentError, NoDeviceError
 from arcpy.model import Model, QuantTensor, rope_inv_freq
-from arcpy.model.gemma4 import CUDA_REFUSAL as GEMMA4_REFUSAL
+from arcpy.model import gemma4
 from arcpy.model.gpt_oss import cuda_refusal
 from arcpy.model.hybrid import STATE_SLOTS, check_cuda, split_gate, state_bytes_per_token
 from arcpy.model.native import native_config, place
@@ -26,19 +26,29 @@ PREFILL_CHUNK = 2048
 def check_supported(cfg) -> None:
     """Refuses, before anything is allocated, what libarc's kernels do not take: DeltaNet heads of
     another size than its kernel's (arcpy/model/hybrid.py), a clamped GLU of other constants than
-    gpt-oss's (arcpy/model/gpt_oss.py), Gemma 4's layer (arcpy/model/gemma4.py), one line."""
+    gpt-oss's (arcpy/model/gpt_oss.py), what of Gemma 4 only the NumPy reference runs
+    (arcpy/model/gemma4.py), one line."""
     check_cuda(cfg)
-    refusal = cuda_refusal(cfg)
+    refusal = cuda_refusal(cfg) or (gemma4.cuda_refusal(cfg) if cfg.gemma4_layer else "")
     if refusal:
         raise InvalidArgumentError(refusal)
-    if cfg.gemma4_layer:
-        raise InvalidArgumentError(GEMMA4_REFUSAL)
+
+
+def kv_heads(cfg) -> list[int]:
+    """The head_dim of each kv head of each attention layer, in the cache's order (arc_model_kv_planes:
+    a Gemma 4 global layer's heads are wider): each a run of rows in every plane."""
+    return [hd for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)
+            for hd, n in [gemma4.layer_dims(cfg, layer)] for _ in range(n)]
 
 
 def check_kv_cache(cfg, kv_cache: str) -> int:
     """arc_kv_form's value for a cache of form `kv_cache` of this model; one line where libarc
-    holds none (an unknown form, fp8, or q8_0 with heads of other than whole blocks of 32)."""
-    check_kv_form(kv_cache, cfg.head_dim)
+    holds none (an unknown form, fp8, q8_0 with heads of other than whole blocks of 32 or past 256)."""
+    widest = max(kv_heads(cfg), default=cfg.head_dim)
+    check_kv_form(kv_cache, cfg.head_dim if widest == cfg.head_dim else widest)
+    if kv_cache != "bf16" and widest > 256:
+        raise InvalidArgumentError(f"a {kv_cache} KV cache takes heads of at most 256 values; this model's widest have "
+                                   f"{widest}: use --kv-cache bf16")
     return libarc_form(kv_cache)
 
 
@@ -49,6 +59,8 @@ def _uploads(name: str, array, cfg):
     if tensor == "ARC_TENSOR_WQ" and cfg.attn_output_gate:
         q, gate = split_gate(array, cfg.n_heads, cfg.head_dim)
         return [(tensor, layer, q), ("ARC_TENSOR_WQ_GATE", layer, gate)]
+    if gemma4.shares_values(cfg, name):  # a Gemma 4 global layer's v is its k's (k_eq_v): WV too
+        return [(tensor, layer, array), ("ARC_TENSOR_WV", layer, array)]
     return [(tensor, layer, array)]
 
 
@@ -58,7 +70,8 @@ def check_fits(model: Model, max_seq: int, free: int, kv_cache: str = "bf16") ->
     q8_0 cache, the prefill's bf16 copy of one layer's rows) exceed the device's free bytes: one line
     naming the bytes and the longest context that would fit."""
     cfg = model.config
-    per_position = kv_position_bytes(kv_cache, cfg.kv_layers, cfg.n_kv_heads, cfg.head_dim)  # every attention layer
+    heads = kv_heads(cfg)  # every attention layer's
+    per_position = sum(kv_position_bytes(kv_cache, 1, 1, hd) for hd in heads)
     if kv_cache != "bf16":
         per_position += kv_position_bytes("bf16", 1, cfg.n_kv_heads, cfg.head_dim)
     weights = model.stored_bytes + STATE_SLOTS * state_bytes_per_token(cfg) // 2  # a slot: the state read a token
@@ -100,17 +113,19 @@ class CudaModel:
         self.max_seq = max_seq
         self.prefill_chunk = min(PREFILL_CHUNK, max_seq)  # arc_model_prefill's chunks start at multiples of it
         self.kv_cache = kv_cache
-        # A bf16 cache's layout (arc_model_kv_cache): k's attention layers then v's, each (kv heads, max_seq,
-        # head_dim) bf16.
-        self.kv_shape = (2 * cfg.kv_layers, cfg.n_kv_heads, max_seq, cfg.head_dim)
+        # Any form's (arc_model_kv_planes): (base, row bytes, rows a kv head) of each plane, each plane
+        # a run of a (layer, kv head)'s rows for each head of kv_runs, a row's bytes in proportion to its
+        # head_dim (kv_runs' entry) against kv_head_dim's.
+        self.kv_runs, self.kv_head_dim = kv_heads(cfg), cfg.head_dim
+        # A bf16 cache's layout (arc_model_kv_cache) where every layer's heads are alike: k's attention
+        # layers then v's, each (kv heads, max_seq, head_dim) bf16; None where they differ.
+        uniform = set(self.kv_runs) <= {cfg.head_dim} and len(self.kv_runs) == cfg.kv_layers * cfg.n_kv_heads
+        self.kv_shape = (2 * cfg.kv_layers, cfg.n_kv_heads, max_seq, cfg.head_dim) if uniform else None
         try:
-            # Any form's (arc_model_kv_planes): (base, row bytes, rows a kv head) of each plane, each plane
-            # kv_runs runs of a (layer, kv head)'s rows.
             count, base = self.ffi.new("int32_t *"), self.ffi.new("void *[]", self.lib.ARC_KV_MAX_PLANES)
             row_bytes, rows = (self.ffi.new("uint64_t[]", self.lib.ARC_KV_MAX_PLANES) for _ in range(2))
             _lib.check(self.lib.arc_model_kv_planes(self.ptr, count, base, row_bytes, rows))
             self.kv_planes = [(base[i], int(row_bytes[i]), int(rows[i])) for i in range(count[0])]
-            self.kv_runs = cfg.kv_layers * cfg.n_kv_heads
             self._upload(model)
             _lib.check(self.lib.arc_model_prefill_reserve(self.ptr, self.prefill_chunk))
             lp, wp = self.ffi.new("const float **"), self.ffi.new("int32_t *")

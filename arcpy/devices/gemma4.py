@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from arcpy.codes import OP_LAYER_SCALAR
 from arcpy.devices.reference_layer import Layer, norm_factors, weights_f32
 from arcpy.devices.reference_ops import (
     GLUS,
@@ -94,7 +95,7 @@ class Gemma4Rows(_RowOps):
 
     def _dispatch(self):
         own = {g4.OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
-               g4.OP_LAYER_SCALAR: self.layer_scalar}
+               OP_LAYER_SCALAR: self.layer_scalar}
         shared = super()._dispatch()
 
         def run(op: int, li: int, L: Gemma4Layer) -> None:

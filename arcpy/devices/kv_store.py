@@ -38,20 +38,21 @@ class KVStore:
 
     def _prefix_copies(self, offset: int, n: int, into_store: bool, saved: int | None = None) -> None:
         # Each (plane, layer, head) of the cache's form (arc_model_kv_planes: a bf16 cache's k and v
-        # values, a q8_0 cache's codes and scales) holds its positions' rows contiguously: one copy
-        # each, to a run of the saved positions' rows in the store.
+        # values, a q8_0 cache's codes and scales; a head's rows as wide as its head) holds its
+        # positions' rows contiguously: one copy each, to a run of the saved positions' rows in the
+        # store.
         saved = n if saved is None else saved
         if not (self._store is not None and 0 < n <= saved <= self.forward.max_seq):
             raise InvalidArgumentError(f"the prefix store holds no room for {n} of {saved} positions")
         store = self.ffi.cast("char *", self._store) + offset
         self._idle = False
         for base, row, rows in self.forward.kv_planes:
-            cache = self.ffi.cast("char *", base)
-            for i in range(self.forward.kv_runs):
-                there, here = cache + i * rows * row, store + i * saved * row
-                src, dst = (there, here) if into_store else (here, there)
-                _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, n * row))
-            store += self.forward.kv_runs * saved * row
+            there = self.ffi.cast("char *", base)
+            for hd in self.forward.kv_runs:  # a (layer, kv head)'s rows, as wide as its head
+                width = row * hd // self.forward.kv_head_dim
+                src, dst = (there, store) if into_store else (store, there)
+                _lib.check(self.lib.arc_enqueue_copy_on_device(self.ctx.ptr, dst, src, n * width))
+                there, store = there + rows * width, store + saved * width
 
     def save_state(self, offset: int, position: int) -> None:
         """Copy the states after positions 0..position-1 (the last prefill's end, before any step

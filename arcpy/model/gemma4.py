@@ -30,10 +30,13 @@ whose factors are their weights as stored (never 1 + w), and:
   dense GLU is 2 x ffn_dim wide.
 - the logits capped: final_softcap * tanh(logits / final_softcap).
 
-libarc's layer program and tensor table know none of it: arcpy.model.native asks libarc for the
-table and program of the Gemma 3 layer underneath (base_config) and reshapes and extends them here;
-the ops past libarc's (OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT, OP_LAYER_SCALAR) are the NumPy
-reference's alone, and the CUDA backend refuses such a model in one line (CUDA_REFUSAL).
+libarc's layer program and tensor table hold the dense layer (arc_model_config's global_head_dim,
+global_n_kv_heads, v_norm, layer_scalar and final_softcap: native_fields, over native_base's
+Gemma 3 layer); a global layer with k_eq_v is given its k_proj as libarc's WV too (one more product
+of k's rows, v's values exact). arcpy.model.native asks libarc for them and extends them here with
+what only the NumPy reference runs: the experts beside the dense FFN (OP_EXPERTS_BESIDE), per-layer
+embeddings (OP_PER_LAYER_INPUT), K/V shared across layers and the shared layers' wider FFN. The CUDA
+backend runs the rest and refuses those in one line (cuda_refusal).
 """
 
 from __future__ import annotations
@@ -45,14 +48,11 @@ from arcpy.checks import is_finite_real, is_int, quoted, require
 from arcpy.codes import OP_FFN_OUT_NORM
 from arcpy.model.moe import EXPERT_SUFFIXES
 
-CUDA_REFUSAL = ("Gemma 4 runs on the numpy backend only so far (libarc lacks its global layers' own head width "
-                "and proportional RoPE, v norms, layer scalars, the experts beside the dense FFN, per-layer "
-                "embeddings, K/V shared across layers and the logits' soft cap): use --backend numpy")
 # The ops of the NumPy reference alone (libarc's arc_layer_op numbers stop well below them): the
 # FFN's output with the experts beside the dense GLU (in place of FFN_OUT_NORM), the per-layer
-# input, the layer's scalar.
-OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT, OP_LAYER_SCALAR = 110, 111, 112
-OP_NAMES = {OP_EXPERTS_BESIDE: "EXPERTS_BESIDE", OP_PER_LAYER_INPUT: "PER_LAYER_INPUT", OP_LAYER_SCALAR: "LAYER_SCALAR"}
+# input (before the layer's scalar, libarc's OP_LAYER_SCALAR).
+OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT = 110, 111
+OP_NAMES = {OP_EXPERTS_BESIDE: "EXPERTS_BESIDE", OP_PER_LAYER_INPUT: "PER_LAYER_INPUT"}
 
 # The tensors outside the layers (per-layer embeddings), and a layer's beyond Gemma 3's, under
 # their Hugging Face names (a layer's after its prefix).
@@ -170,28 +170,52 @@ def inv_freq_exponents(cfg, layer: int) -> tuple[int, int] | None:
     return (cfg.global_rope_dim or gh) // 2, gh
 
 
-def base_config(cfg):
-    """The Gemma 3 layer under a Gemma 4 config, whose table and program libarc gives: dense, every
-    layer of the sliding layers' dims, no Gemma 4 field."""
+def cuda_refusal(cfg) -> str:
+    """Why the CUDA backend cannot run this Gemma 4 config (one line), or "" where it can."""
+    lacks = [what for what, has in (("the experts beside the dense FFN", cfg.n_experts),
+                                    ("per-layer embeddings", cfg.ple_dim),
+                                    ("K/V shared across layers", cfg.kv_shared_layers)) if has]
+    if not lacks:
+        return ""
+    return (f"Gemma 4 with {' and '.join(lacks)} runs on the numpy backend only so far (libarc runs the dense "
+            "layer alone): use --backend numpy")
+
+
+def native_base(cfg):
+    """The Gemma 3 layer under a Gemma 4 config: dense, every layer of the sliding layers' dims, no
+    Gemma 4 field (native_fields gives libarc's)."""
     return dataclasses.replace(cfg, gemma4_layer=False, global_head_dim=0, global_n_kv_heads=0, global_rope_dim=0,
                                k_eq_v=False, final_softcap=0.0, ple_dim=0, ple_vocab=0, kv_shared_layers=0,
                                double_wide_mlp=False, n_experts=0, n_experts_used=0, expert_ffn_dim=0)
 
 
-def _attention_shape(cfg, layer: int, suffix: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """A tensor of the attention (or the dense FFN) of a Gemma 4 layer: its shape, None where the
-    layer has none."""
+def native_fields(cfg) -> dict:
+    """arc_model_config's Gemma 4 fields of cfg: the global layers' dims, v norms, layer scalars, the
+    logits' cap."""
+    gh, gkv = global_dims(cfg)
+    return dict(global_head_dim=gh, global_n_kv_heads=gkv, v_norm=1, layer_scalar=1,
+                final_softcap=float(cfg.final_softcap))
+
+
+def shares_values(cfg, name: str) -> bool:
+    """Whether tensor `name` is the k_proj of a layer whose v is its k's (uploaded as libarc's WV too)."""
+    if not (cfg.k_eq_v and name.startswith("model.layers.") and name.endswith(".self_attn.k_proj.weight")):
+        return False
+    layer = name[len("model.layers."):].partition(".")[0]
+    return layer.isdigit() and values_are_keys(cfg, int(layer))
+
+
+def _layer_shape(cfg, layer: int, suffix: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A tensor of a Gemma 4 layer as its files hold it, from libarc's `shape`: None where the layer
+    has none in its files (a shared layer's k and v, a k_eq_v layer's v), the dense FFN twice as
+    wide on a shared layer with double_wide_mlp."""
     if kv_source(cfg, layer) != layer and suffix in SHARED_UNREAD:
         return None
     if suffix == "self_attn.v_proj.weight" and values_are_keys(cfg, layer):
         return None
-    hd, kv = layer_dims(cfg, layer)
-    q = cfg.n_heads * hd
     f = ffn_width(cfg, layer)
-    return {"self_attn.q_proj.weight": (q, cfg.dim), "self_attn.k_proj.weight": (kv * hd, cfg.dim),
-            "self_attn.v_proj.weight": (kv * hd, cfg.dim), "self_attn.o_proj.weight": (cfg.dim, q),
-            "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,), "mlp.gate_proj.weight": (f, cfg.dim),
-            "mlp.up_proj.weight": (f, cfg.dim), "mlp.down_proj.weight": (cfg.dim, f)}.get(suffix, shape)
+    return {"mlp.gate_proj.weight": (f, cfg.dim), "mlp.up_proj.weight": (f, cfg.dim),
+            "mlp.down_proj.weight": (cfg.dim, f)}.get(suffix, shape)
 
 
 def _layer_extras(cfg, layer: int, prefix: str):
@@ -209,27 +233,22 @@ def _layer_extras(cfg, layer: int, prefix: str):
         yield prefix + PLE_GATE, (cfg.ple_dim, d)
         yield prefix + PLE_LAYER_PROJECTION, (d, cfg.ple_dim)
         yield prefix + PLE_POST_NORM, (d,)
-    yield prefix + LAYER_SCALAR, (1,)
 
 
 def tensors(cfg, base):
-    """A Gemma 4 config's tensors, (name, shape) in a fixed order, from `base`: libarc's table of
-    base_config(cfg) under the Hugging Face names (arcpy.model.native.iter_tensors)."""
-    layer = None
+    """A Gemma 4 config's tensors, (name, shape) in a fixed order, from `base`: libarc's table of its
+    layer under the Hugging Face names (arcpy.model.native.iter_tensors), each layer's extras before
+    its scalar (its last tensor)."""
     for name, shape in base:
         if name.startswith("model.layers."):
             i = int(name.split(".")[2])
             prefix = f"model.layers.{i}."
-            if layer is not None and i != layer:
-                yield from _layer_extras(cfg, layer, f"model.layers.{layer}.")
-            layer = i
-            shape = _attention_shape(cfg, i, name[len(prefix):], shape)
+            if name == prefix + LAYER_SCALAR:
+                yield from _layer_extras(cfg, i, prefix)
+            shape = _layer_shape(cfg, i, name[len(prefix):], shape)
             if shape is not None:
                 yield name, shape
             continue
-        if layer is not None:  # the final norm follows the last layer
-            yield from _layer_extras(cfg, layer, f"model.layers.{layer}.")
-            layer = None
         yield name, shape
         if name == "model.embed_tokens.weight" and cfg.ple_dim:
             width = cfg.n_layers * cfg.ple_dim
@@ -239,11 +258,11 @@ def tensors(cfg, base):
 
 
 def program(base: list[int], cfg, layer: int) -> list[int]:
-    """Layer `layer`'s program: libarc's for base_config(cfg) (`base`), its FFN's output norm
-    replaced by OP_EXPERTS_BESIDE in a mixture of experts, then the per-layer input where the
-    config has them, then the layer's scalar."""
+    """Layer `layer`'s program: libarc's (`base`, ending in its scalar), its FFN's output norm
+    replaced by OP_EXPERTS_BESIDE in a mixture of experts, and the per-layer input before the
+    scalar where the config has them."""
     ops = [OP_EXPERTS_BESIDE if op == OP_FFN_OUT_NORM and cfg.is_moe_layer(layer) else op for op in base]
-    return ops + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + [OP_LAYER_SCALAR]
+    return ops[:-1] + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + ops[-1:]
 
 
 def row_tables(cfg) -> tuple[str, ...]:

@@ -103,10 +103,13 @@ def norm_names(cfg) -> dict[str, str]:
             "post_ffn": "post_feedforward_layernorm.weight"}
 
 
+_LAYER_SCALAR_ID = (("layer_scalar", "ARC_TENSOR_LAYER_SCALAR"),)  # Gemma 4's, the layer's last
+
+
 def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
     """(suffix, arc_tensor name) of every tensor a layer may hold, in file order."""
     norms = tuple((name, _NORM_IDS[role]) for role, name in norm_names(cfg).items())
-    return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + _FFN_IDS
+    return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + _FFN_IDS + _LAYER_SCALAR_ID
 
 
 def is_matrix(name: str) -> bool:
@@ -117,6 +120,9 @@ def is_matrix(name: str) -> bool:
 def config_values(cfg, max_seq: int | None = None) -> dict:
     """arc_model_config's fields holding cfg, by name (max_seq: the context to allocate, else the
     config's): what native_config writes, and what arcpy.model.table reads without libarc."""
+    if cfg.gemma4_layer:  # libarc's Gemma 4 layer: its fields, without what only the reference runs
+        base = gemma4.native_base(cfg)
+        return {**config_values(base, max_seq), **gemma4.native_fields(cfg)}
     dense, linear = [0, 0, 0, 0], [0, 0, 0, 0]
     for layer in cfg.mlp_only_layers:  # below 128: ModelConfig checks it
         dense[layer // 32] |= 1 << (layer % 32)
@@ -138,7 +144,8 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         shared_ffn_dim=cfg.shared_expert_ffn_dim, moe_every=cfg.moe_every, dense_layers=dense,
         attn_gate=int(cfg.attn_output_gate), dn_k_heads=cfg.linear_n_k_heads, dn_v_heads=cfg.linear_n_v_heads,
         dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear,
-        attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias))
+        attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias),
+        global_head_dim=0, global_n_kv_heads=0, v_norm=0, layer_scalar=0, final_softcap=0.0)
 
 
 def native_config(ffi, cfg, max_seq: int | None = None, kv_cache: int = 0):
@@ -183,11 +190,16 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
 
     A generator, so a reader can stop at the first tensor a file lacks instead of first listing
     all of them for a config that claims a billion layers. A Gemma 4 config's: libarc's table of
-    the Gemma 3 layer under it, reshaped and extended (arcpy.model.gemma4).
+    its layer, extended by what only the NumPy reference runs (arcpy.model.gemma4).
     """
     if cfg.gemma4_layer:
-        yield from gemma4.tensors(cfg, iter_tensors(gemma4.base_config(cfg)))
+        yield from gemma4.tensors(cfg, _table_tensors(cfg))
         return
+    yield from _table_tensors(cfg)
+
+
+def _table_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """libarc's table of cfg under the Hugging Face names."""
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
     layer_ids = _layer_ids(cfg)
@@ -227,8 +239,12 @@ def place(name: str, cfg) -> tuple[str, int]:
 
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
-    if cfg.gemma4_layer:  # libarc's program of the Gemma 3 layer under it, extended
-        return gemma4.program(layer_program(gemma4.base_config(cfg), layer), cfg, layer)
+    if cfg.gemma4_layer:  # libarc's program of its layer, extended by the reference's own ops
+        return gemma4.program(_native_program(cfg, layer), cfg, layer)
+    return _native_program(cfg, layer)
+
+
+def _native_program(cfg, layer: int) -> list[int]:
     if _lib.not_built():
         return table.layer_program(config_values(cfg), layer)
     ffi, lib = _lib.load()

@@ -182,6 +182,12 @@ SHAPES.update({
                            vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, n_experts=8,
                            n_experts_used=2, expert_ffn_dim=32, norm_topk_prob=True, ple_dim=16, ple_vocab=1024,
                            kv_shared_layers=2, double_wide_mlp=True),
+    # The dense layer alone (what libarc runs): gemma4-tiny's attention and FFN, and a shape whose
+    # global layers have heads of 512 (libarc's widest), 8 query heads over one kv head.
+    "gemma4-dense-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
+                                 vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2),
+    "gemma4-wide-test": _gemma4(128, 32, 512, n_layers=4, n_heads=8, n_kv_heads=4, global_n_kv_heads=1, ffn_dim=128,
+                                vocab=1024, max_seq=4096, sliding_window=16, window_pattern=2),
     "gemma4-31B": _gemma4(5376, 256, 512, n_layers=60, n_heads=32, n_kv_heads=16, global_n_kv_heads=4,
                           ffn_dim=21504, vocab=262144, max_seq=8192, sliding_window=1024, window_pattern=6),
     "gemma4-26B-A4B": _gemma4(2816, 256, 512, n_layers=30, n_heads=16, n_kv_heads=8, global_n_kv_heads=2,

@@ -11,7 +11,8 @@ arc_model_config fields by name (native.config_values).
 from __future__ import annotations
 
 from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_DN_IN, OP_DN_OUT,
-                         OP_DN_STEP, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+                         OP_DN_STEP, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_LAYER_SCALAR, OP_MOE_IN, OP_MOE_OUT,
+                         OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
 
 # arc.h's arc_tensor, by id.
@@ -19,7 +20,8 @@ TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_
            "FINAL_NORM", "LM_HEAD", "ROPE_INV_FREQ", "Q_NORM", "K_NORM", "POST_ATTN_NORM", "POST_FFN_NORM",
            "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
            "SHARED_ROUTER", "WQ_GATE", "DN_QKV", "DN_Z", "DN_B", "DN_A", "DN_CONV", "DN_A_LOG", "DN_DT_BIAS",
-           "DN_NORM", "DN_OUT", "SINKS", "BO", "MOE_ROUTER_BIAS", "MOE_GATE_BIAS", "MOE_UP_BIAS", "MOE_DOWN_BIAS")
+           "DN_NORM", "DN_OUT", "SINKS", "BO", "MOE_ROUTER_BIAS", "MOE_GATE_BIAS", "MOE_UP_BIAS", "MOE_DOWN_BIAS",
+           "LAYER_SCALAR")
 # The attention's tensors, which a DeltaNet layer has none of.
 _ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE", "SINKS", "BO")
 _GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
@@ -66,6 +68,36 @@ def _check_dn(c: dict, who: str) -> None:
     _require(not c["post_norms"], who, "config: post_norms and DeltaNet layers do not combine")
 
 
+def _check_gemma4(c: dict, who: str) -> None:
+    _require(c["global_head_dim"] >= 0 and c["global_n_kv_heads"] >= 0, who,
+             "config.global_head_dim and global_n_kv_heads must not be negative, got "
+             f"{c['global_head_dim']} and {c['global_n_kv_heads']}")
+    _require(c["v_norm"] in (0, 1) and c["layer_scalar"] in (0, 1), who,
+             f"config.v_norm and layer_scalar must be 0 or 1, got {c['v_norm']} and {c['layer_scalar']}")
+    cap = c["final_softcap"]
+    _require(0.0 <= cap < 3.4e38, who, f"config.final_softcap must be a finite number >= 0, got {cap:g}")
+    gh = c["global_head_dim"] or c["head_dim"]
+    _require(gh % 2 == 0 and c["rope_dim"] <= min(gh, c["head_dim"]), who,
+             f"config.global_head_dim must be even and rope_dim ({c['rope_dim']}) at most every layer's head_dim, "
+             f"got {gh}")
+    gkv = c["global_n_kv_heads"] or c["n_kv_heads"]
+    _require(c["n_heads"] % gkv == 0, who,
+             f"config.n_heads ({c['n_heads']}) must be a multiple of global_n_kv_heads ({gkv})")
+
+
+def _layer_global(c: dict, layer: int) -> bool:
+    """A layer that attends every position in a windowed model (libarc's layer_global)."""
+    n = c["window_pattern"]
+    return c["sliding_window"] > 0 and n > 0 and layer % n == n - 1
+
+
+def _layer_dims(c: dict, layer: int) -> tuple[int, int]:
+    """(head_dim, kv heads) of layer `layer`'s attention (libarc's layer_dims)."""
+    if _layer_global(c, layer):
+        return c["global_head_dim"] or c["head_dim"], c["global_n_kv_heads"] or c["n_kv_heads"]
+    return c["head_dim"], c["n_kv_heads"]
+
+
 def _layer_dn(c: dict, layer: int) -> bool:
     return 0 <= layer < 128 and bool((c["dn_layers"][layer // 32] >> (layer % 32)) & 1)
 
@@ -87,6 +119,7 @@ def layer_program(c: dict, layer: int) -> list[int]:
     _require(0 <= layer < c["n_layers"], who, f"layer must be in [0, {c['n_layers']}), got {layer}")
     _check_moe(c, who)
     _check_dn(c, who)
+    _check_gemma4(c, who)
     if _layer_dn(c, layer):
         ops = [OP_DN_IN, OP_DN_STEP, OP_DN_OUT]
     else:
@@ -94,7 +127,8 @@ def layer_program(c: dict, layer: int) -> list[int]:
         ops += ([OP_ATTN_GATE] if c["attn_gate"] else []) + [OP_ATTN_OUT_NORM if c["post_norms"] else OP_ATTN_OUT]
     if _layer_moe(c, layer):
         return ops + [OP_MOE_IN, OP_MOE_OUT]
-    return ops + [OP_FFN_IN, OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT]
+    return ops + [OP_FFN_IN, OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT] + \
+        ([OP_LAYER_SCALAR] if c["layer_scalar"] else [])
 
 
 def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
@@ -126,16 +160,18 @@ def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
         return _moe_shape(c, t, layer)
     dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
     moe = t not in _GLOBAL and _layer_moe(c, layer)
-    q, kv = c["n_heads"] * c["head_dim"], c["n_kv_heads"] * c["head_dim"]
-    rope = c["rope_dim"] or c["head_dim"]
+    hd, n_kv = _layer_dims(c, layer if t not in _GLOBAL else 0)
+    q, kv = c["n_heads"] * hd, n_kv * hd
+    rope = c["rope_dim"] or hd
     r, k, present = {
         "EMBED": (vocab, dim, True), "LM_HEAD": (vocab, dim, not c["tied_embeddings"]), "WQ": (q, dim, True),
         "WK": (kv, dim, True), "WV": (kv, dim, True), "BQ": (1, q, c["qkv_bias"]), "BK": (1, kv, c["qkv_bias"]),
         "BV": (1, kv, c["qkv_bias"]), "WO": (dim, q, True), "W_GATE": (ffn, dim, not moe),
         "W_UP": (ffn, dim, not moe), "W_DOWN": (dim, ffn, not moe), "ROPE_INV_FREQ": (1, rope // 2, True),
-        "Q_NORM": (1, c["head_dim"], c["qk_norm"]), "K_NORM": (1, c["head_dim"], c["qk_norm"]),
+        "Q_NORM": (1, hd, c["qk_norm"]), "K_NORM": (1, hd, c["qk_norm"]),
         "POST_ATTN_NORM": (1, dim, c["post_norms"]), "POST_FFN_NORM": (1, dim, c["post_norms"]),
         "WQ_GATE": (q, dim, c["attn_gate"]), "SINKS": (1, c["n_heads"], c["attn_sinks"]), "BO": (1, dim, c["o_bias"]),
+        "LAYER_SCALAR": (1, 1, c["layer_scalar"]),
     }.get(t, (1, dim, True))  # ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     if t in _ATTENTION and _layer_dn(c, layer):
         present = False
@@ -153,6 +189,7 @@ def tensor_shape(c: dict, tensor: str, layer: int) -> tuple[int, int]:
              f"config.rope_dim must be even and in [0, head_dim {c['head_dim']}] (0: head_dim), got {c['rope_dim']}")
     _check_moe(c, who)
     _check_dn(c, who)
+    _check_gemma4(c, who)
     if t in _GLOBAL:
         _require(layer == 0, who, f"ARC_TENSOR_{t} is a global tensor: layer must be 0, got {layer}")
     else:

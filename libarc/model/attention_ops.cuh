@@ -8,7 +8,7 @@
 #include "internal.cuh"
 
 // Attention's limits (the decode's blocks take tiles of 64 positions: attention.cu).
-enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256 };
+enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256, ATTN_TC_HEAD_DIM = 256 };
 
 // A layer's KV cache (arc_model.h: arc_kv_form; kv_cache.cuh reads and writes it). bf16: k and v
 // (n_kv_heads, max_seq, hd) bf16, the scales null. q8_0: k and v (n_kv_heads, max_seq, hd) int8

@@ -55,6 +55,20 @@ int check_config(const arc_model_config *c) {
                 "config.kv_cache must be an arc_kv_form (0 bf16, 1 q8_0), got %d", c->kv_cache);
     ARC_REQUIRE(c->kv_cache != ARC_KV_Q8_0 || c->head_dim % 32 == 0,
                 "a q8_0 KV cache holds whole blocks of 32: head_dim must be a multiple of 32, got %d", c->head_dim);
+    if (const int st = check_gemma4_fields(*c, "arc_model_create")) return st;
+    ARC_REQUIRE(!c->v_norm || c->qk_norm, "config: v_norm needs qk_norm (QK_NORM norms v)");
+    for (int l = 0; l < c->n_layers; ++l) {  // Gemma 4's global layers: their own heads
+        const AttnDims d = layer_dims(*c, l);
+        if (d.hd == c->head_dim && d.n_kv == c->n_kv_heads) continue;
+        ARC_REQUIRE(d.hd <= ATTN_MAX_HEAD_DIM && (d.hd <= 128 || d.hd % 8 == 0) && d.q_dim % 8 == 0 &&
+                        d.q_dim <= GEMV_MAX_COLS,
+                    "config.global_head_dim must be even, at most %d (a multiple of 8 past 128), and n_heads times "
+                    "it a multiple of 8 and at most %d, got %d", ATTN_MAX_HEAD_DIM, GEMV_MAX_COLS, d.hd);
+        break;
+    }
+    const AttnDims most = max_layer_dims(*c);
+    ARC_REQUIRE(most.hd <= ATTN_TC_HEAD_DIM || (c->kv_cache == ARC_KV_BF16 && !c->attn_sinks),
+                "heads of %d elements (past %d) take a bf16 KV cache and no sinks", most.hd, ATTN_TC_HEAD_DIM);
     if (const int st = check_dn(*c, "arc_model_create")) return st;
     if (dn_layer_count(*c)) {
         ARC_REQUIRE(c->dn_head_dim == DN_HEAD_DIM, "config.dn_head_dim must be %d, got %d", DN_HEAD_DIM,

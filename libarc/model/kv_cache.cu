@@ -1,6 +1,9 @@
-// kv_cache.cu -- the prefill's widening of a q8_0 cache's rows to bf16 (kv_cache.cuh), which its
-// flash kernel then reads as it reads a bf16 cache.
+// kv_cache.cu -- the KV cache's planes, each attention layer's rows in its own dims (kv_cache.cuh),
+// and the prefill's widening of a q8_0 cache's rows to bf16, which its flash kernel then reads as it
+// reads a bf16 cache.
 #include "kv_cache.cuh"
+
+#include "model/forward/layer.cuh"
 
 enum { WIDEN_THREADS = 256, WIDEN_MAX_BLOCKS = 512 };
 
@@ -32,23 +35,43 @@ kv_widen_kernel(const KvCache kv, int n_kv_heads, int hd, int max_seq, int lo, i
     }
 }
 
-int kv_planes_create(arc_context *ctx, const arc_model_config &c, int layers, KvPlanes *kv) {
+// Bytes of plane i of one kv head of heads of hd elements: rows[i] rows in proportion to the config's.
+static uint64_t head_bytes(const KvPlanes &kv, int i, int hd) {
+    return kv.rows[i] * (kv.row_bytes[i] * (uint64_t)hd / (uint64_t)kv.head_dim);
+}
+
+// Bytes of plane i that the attention layers before `layer` hold (every one of them: n_layers).
+static uint64_t layers_bytes(const KvPlanes &kv, const arc_model_config &c, int i, int layer) {
+    uint64_t n = 0;
+    for (int l = 0; l < layer; ++l) {
+        if (layer_dn(c, l)) continue;
+        const AttnDims d = layer_dims(c, l);
+        n += (uint64_t)d.n_kv * head_bytes(kv, i, d.hd);
+    }
+    return n;
+}
+
+int kv_planes_create(arc_context *ctx, const arc_model_config &c, KvPlanes *kv) {
     const bool q8 = c.kv_cache == ARC_KV_Q8_0;
     kv->count = q8 ? 4 : 2;
+    kv->head_dim = c.head_dim;
     uint64_t at = 0;
     for (int i = 0; i < kv->count; ++i) {
         const bool scales = i >= 2;
         kv->rows[i] = scales ? (uint64_t)kv_seq_pad(c.max_seq) : (uint64_t)c.max_seq;
         kv->row_bytes[i] = scales ? (uint64_t)c.head_dim / KV_Q8_BLOCK * 2 : (uint64_t)c.head_dim * (q8 ? 1 : 2);
         kv->at[i] = at;
-        at = (at + (uint64_t)layers * c.n_kv_heads * kv->rows[i] * kv->row_bytes[i] + 255) / 256 * 256;
+        uint64_t n = layers_bytes(*kv, c, i, c.n_layers);
+        if (n == 0) n = (uint64_t)c.n_kv_heads * head_bytes(*kv, i, c.head_dim);  // DeltaNet layers alone: one layer's
+        at = (at + n + 255) / 256 * 256;
     }
     kv->bytes = at;
     ARC_CUDA(ctx, cudaMalloc(&kv->base, kv->bytes));
     // Positions not yet written are never read; zeros keep a stray read finite and repeatable.
     ARC_CUDA(ctx, cudaMemsetAsync(kv->base, 0, kv->bytes, ctx->stream));
     if (q8) {
-        kv->wide_bytes = (uint64_t)2 * c.n_kv_heads * c.max_seq * c.head_dim * 2;
+        const AttnDims most = max_layer_dims(c);
+        kv->wide_bytes = (uint64_t)2 * most.n_kv * c.max_seq * most.hd * 2;
         ARC_CUDA(ctx, cudaMalloc(&kv->wide, kv->wide_bytes));
         ARC_CUDA(ctx, cudaMemsetAsync(kv->wide, 0, kv->wide_bytes, ctx->stream));
     }
@@ -61,10 +84,9 @@ void kv_planes_release(KvPlanes *kv) {
     *kv = KvPlanes{};
 }
 
-KvCache kv_planes_layer(const KvPlanes &kv, int n_kv_heads, int at) {
+KvCache kv_planes_layer(const KvPlanes &kv, const arc_model_config &c, int layer) {
     void *plane[ARC_KV_MAX_PLANES] = {};
-    for (int i = 0; i < kv.count; ++i)
-        plane[i] = kv.base + kv.at[i] + (uint64_t)at * n_kv_heads * kv.rows[i] * kv.row_bytes[i];
+    for (int i = 0; i < kv.count; ++i) plane[i] = kv.base + kv.at[i] + layers_bytes(kv, c, i, layer);
     return KvCache{plane[0], plane[1], (uint16_t *)plane[2], (uint16_t *)plane[3], kv.wide};
 }
 

@@ -92,16 +92,18 @@ __device__ __forceinline__ void load_scale_rows(uint16_t *tile, const uint16_t *
 struct KvPlanes {
     uint8_t *base = nullptr;
     int count = 0;
+    int head_dim = 0;  // the config's: row_bytes[i] is a row's at it (a layer of wider heads: in proportion)
     uint64_t at[ARC_KV_MAX_PLANES] = {}, rows[ARC_KV_MAX_PLANES] = {}, row_bytes[ARC_KV_MAX_PLANES] = {};
     uint64_t bytes = 0;
     uint16_t *wide = nullptr;
     uint64_t wide_bytes = 0;
 };
-// Allocates (zeros) the planes of config c's form for `layers` attention layers; release frees them.
-int kv_planes_create(arc_context *ctx, const arc_model_config &c, int layers, KvPlanes *kv);
+// Allocates (zeros) the planes of config c's form for its attention layers (one layer's where it has
+// none), each layer holding its own kv heads of its own width (layer_dims); release frees them.
+int kv_planes_create(arc_context *ctx, const arc_model_config &c, KvPlanes *kv);
 void kv_planes_release(KvPlanes *kv);
-// The attention layer of ordinal `at` (the attention layers in layer order) as its kernels take it.
-KvCache kv_planes_layer(const KvPlanes &kv, int n_kv_heads, int at);
+// Attention layer `layer` of config c as its kernels take it.
+KvCache kv_planes_layer(const KvPlanes &kv, const arc_model_config &c, int layer);
 
 // The prefill's widening of a layer's q8_0 rows lo..hi - 1 into kv.wide (kv_cache.cu).
 int kv_widen(arc_context *ctx, const KvCache &kv, int n_kv_heads, int hd, int max_seq, int lo, int hi);

@@ -23,7 +23,7 @@ static bool is_post_norm(int t) { return t == ARC_TENSOR_POST_ATTN_NORM || t == 
 struct arc_model {
     arc_context *ctx;
     arc_model_config cfg;
-    int32_t q_dim, kv_dim, qkv_rows;
+    AttnDims most;    // each field the largest of every layer's attention dims
     DeltaNetDims dn;  // the DeltaNet layers' sizes (all 0 without them)
     // The size table, [TENSOR_COUNT][n_layers] (global tensors at layer 0): each tensor's format,
     // its bytes (0 when this configuration has none) and its offset in `weights`.
@@ -40,8 +40,8 @@ struct arc_model {
     // Activations, all float32, carved from one allocation.
     void *act;
     float *x;        // residual stream (dim)
-    float *qkv;      // (q_dim + 2 * kv_dim)
-    float *att;      // attention output (q_dim)
+    float *qkv;      // (most.qkv_rows), or DN_IN's output (dn.qkv_alloc)
+    float *att;      // attention output (dn.att_dim)
     float *h;        // swiglu output (ffn_dim)
     float *t;        // a product's output before its post-norm (dim)
     float *logits;   // (vocab)
@@ -95,7 +95,7 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_DN_A_LOG, false},      {ARC_TENSOR_DN_DT_BIAS, false}, {ARC_TENSOR_DN_NORM, false},
         {ARC_TENSOR_DN_OUT, false},        {ARC_TENSOR_SINKS, false},    {ARC_TENSOR_BO, false},
         {ARC_TENSOR_MOE_ROUTER_BIAS, false}, {ARC_TENSOR_MOE_GATE_BIAS, false}, {ARC_TENSOR_MOE_UP_BIAS, true},
-        {ARC_TENSOR_MOE_DOWN_BIAS, false}};
+        {ARC_TENSOR_MOE_DOWN_BIAS, false}, {ARC_TENSOR_LAYER_SCALAR, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
         const int i = slot(m, p.tensor, l);
@@ -115,10 +115,11 @@ static void build_size_table(arc_model *m) {
     auto quantized = [&](int t, int l) { return m->format[slot(m, t, l)] != ARC_FORMAT_BF16; };
     const uint64_t dim = c.dim, ffn = c.ffn_dim;
     for (int l = 0; l < c.n_layers; ++l) {
+        const AttnDims d = layer_dims(c, l);
         uint64_t n = 0;
         if (quantized(ARC_TENSOR_WQ, l) || quantized(ARC_TENSOR_WK, l) || quantized(ARC_TENSOR_WV, l))
-            n = (uint64_t)m->qkv_rows * dim;
-        if (quantized(ARC_TENSOR_WO, l) && dim * m->q_dim > n) n = dim * m->q_dim;
+            n = (uint64_t)d.qkv_rows * dim;
+        if (quantized(ARC_TENSOR_WO, l) && dim * d.q_dim > n) n = dim * d.q_dim;
         if (quantized(ARC_TENSOR_W_GATE, l) && 2 * ffn * dim > n) n = 2 * ffn * dim;
         if (quantized(ARC_TENSOR_W_DOWN, l) && dim * ffn > n) n = dim * ffn;
         const uint64_t shared = c.shared_ffn_dim * dim;  // the shared expert's (routed ones stay packed)
@@ -206,7 +207,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     // Only the attention layers keep KV rows: a DeltaNet layer's state is its own (dn_state).
     m->kv_layers = c.n_layers - dn_layer_count(c);
     // (A model of DeltaNet layers alone still holds one layer's rows: no pointer is null.)
-    if (const int st = kv_planes_create(ctx, c, m->kv_layers > 0 ? m->kv_layers : 1, &m->kv)) return st;
+    if (const int st = kv_planes_create(ctx, c, &m->kv)) return st;
 
     // h holds the GLU's output, or a mixture of experts' k GLUs and the shared expert's after them.
     const uint64_t routed = (uint64_t)c.n_experts_used * c.expert_ffn_dim + c.shared_ffn_dim;
@@ -214,7 +215,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     const uint64_t experts = c.n_experts ? (uint64_t)c.n_experts + 1 : 0, used = c.n_experts ? c.n_experts_used : 0;
     uint64_t at = 0, off[10];
     const uint64_t sizes[10] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
-                                (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+                                (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, m->most.hd, c.max_seq),
                                 c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4};
     for (int i = 0; i < 10; ++i) {
         off[i] = at;
@@ -248,10 +249,8 @@ extern "C" int arc_model_create_formats(arc_context *ctx, const arc_model_config
     if (!m) return arc_fail(ARC_OUT_OF_MEMORY, __func__, "host allocation failed");
     m->ctx = ctx;
     m->cfg = *config;
-    m->q_dim = config->n_heads * config->head_dim;
-    m->kv_dim = config->n_kv_heads * config->head_dim;
-    m->qkv_rows = m->q_dim + 2 * m->kv_dim + (config->attn_gate ? m->q_dim : 0);
-    m->dn = dn_dims(*config, m->q_dim, m->qkv_rows);
+    m->most = max_layer_dims(*config);
+    m->dn = dn_dims(*config, m->most.q_dim, m->most.qkv_rows);
     st = formats ? check_formats(m, formats) : ARC_OK;
     if (st == ARC_OK) st = model_init(m, formats);
     if (st != ARC_OK) {
@@ -324,6 +323,7 @@ int model_check_uploaded(const arc_model *m, const char *who) {
 
 LayerParts model_layer(const arc_model *m, int l) {
     LayerParts p;
+    p.dims = layer_dims(m->cfg, l);
     p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
     p.bqkv = m->cfg.qkv_bias ? bf16_at(m, ARC_TENSOR_BQ, l) : nullptr;
     p.mlp_norm = bf16_at(m, ARC_TENSOR_MLP_NORM, l);
@@ -345,6 +345,7 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.wq_gate = weight_at(m, ARC_TENSOR_WQ_GATE, l);
     p.sinks = m->cfg.attn_sinks ? bf16_at(m, ARC_TENSOR_SINKS, l) : nullptr;
     p.bo = m->cfg.o_bias ? bf16_at(m, ARC_TENSOR_BO, l) : nullptr;
+    p.layer_scalar = m->cfg.layer_scalar ? bf16_at(m, ARC_TENSOR_LAYER_SCALAR, l) : nullptr;
     const bool eb = m->cfg.expert_bias && layer_moe(m->cfg, l);
     p.router_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_ROUTER_BIAS, l) : nullptr;
     p.e_gate_up_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_GATE_BIAS, l) : nullptr;
@@ -357,7 +358,7 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.dn_dt_bias = bf16_at(m, ARC_TENSOR_DN_DT_BIAS, l), p.dn_norm = bf16_at(m, ARC_TENSOR_DN_NORM, l);
     p.dn_state = p.dn ? m->dn_state + (uint64_t)dn_ordinal(m->cfg, l) * DN_SLOTS * m->dn.slot_floats : nullptr;
     // The KV cache's rows of the attention layers only, in layer order (arc_model_kv_planes).
-    if (!p.dn) p.kv = kv_planes_layer(m->kv, m->cfg.n_kv_heads, l - dn_ordinal(m->cfg, l));
+    if (!p.dn) p.kv = kv_planes_layer(m->kv, m->cfg, l);
     return p;
 }
 
@@ -366,9 +367,7 @@ ModelParts model_parts(arc_model *m) {
     ModelParts p;
     p.ctx = m->ctx;
     p.cfg = c;
-    p.q_dim = m->q_dim;
-    p.kv_dim = m->kv_dim;
-    p.qkv_rows = m->qkv_rows;
+    p.most = m->most;
     p.dn = m->dn;
     p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
     p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);

@@ -1,7 +1,7 @@
 // norms.cu -- the norms of the layer program that no product fuses: the per-head norm of q and k
 // (ARC_OP_QK_NORM), and the post-norm of a product's output before its residual add. After the QKV
 // projection, before RoPE, each head of q and of k is RMS-normed over its head_dim elements by
-// its own weights. The decode, the verify and the prefill all hold q and k as float32 rows of
+// its own weights (and, with v_norm, each head of v without weights). The decode, the verify and the prefill all hold q and k as float32 rows of
 // [q | k | v], so one kernel serves the three.
 #include "device_math.cuh"
 #include "launch.cuh"
@@ -11,15 +11,17 @@
 enum { HNORM_THREADS = 128, HNORM_WARPS = HNORM_THREADS / 32, HNORM_PER_LANE = ATTN_MAX_HEAD_DIM / 32 };
 
 // One warp a (row, head): x = qkv[row] + head * hd, x = x * rsqrt(mean(x^2) + eps) * w in place,
-// w = q_norm for heads 0..n_heads - 1, k_norm for the n_kv_heads k heads after them; v untouched.
-// Launch: ceil(rows * (n_heads + n_kv_heads) / HNORM_WARPS) blocks of HNORM_THREADS.
-// Limits: hd <= ATTN_MAX_HEAD_DIM.
+// w = q_norm for heads 0..n_heads - 1, k_norm for the n_kv_heads k heads after them, and with
+// v_norm 1 for the n_kv_heads v heads after those (else v is untouched).
+// Launch: ceil(rows * heads / HNORM_WARPS) blocks of HNORM_THREADS, heads = n_heads + n_kv_heads
+// (+ n_kv_heads with v_norm). Limits: hd <= ATTN_MAX_HEAD_DIM.
 __global__ void __launch_bounds__(HNORM_THREADS)
 head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int n_kv_heads, int hd,
-                 const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm, float eps, float add) {
+                 const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm, float eps, float add,
+                 int v_norm) {
     pdl_launch_dependents();
     pdl_wait();  // qkv is the projection's output
-    const int heads = n_heads + n_kv_heads, lane = threadIdx.x % 32;
+    const int heads = n_heads + n_kv_heads + (v_norm ? n_kv_heads : 0), lane = threadIdx.x % 32;
     const int task = blockIdx.x * HNORM_WARPS + threadIdx.x / 32;
     if (task >= rows * heads) return;
     const int r = task / heads, h = task % heads;
@@ -34,10 +36,11 @@ head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int
     }
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / (float)hd + eps);
+    const bool value = h >= n_heads + n_kv_heads;
 #pragma unroll
     for (int e = 0; e < HNORM_PER_LANE; ++e) {
         const int d = lane + 32 * e;
-        if (d < hd) x[d] = v[e] * inv * (add + bf16_to_f32(w[d]));
+        if (d < hd) x[d] = value ? v[e] * inv : v[e] * inv * (add + bf16_to_f32(w[d]));
     }
 }
 
@@ -48,11 +51,11 @@ int launch_head_norm(arc_context *ctx, const HeadNormArgs &a) {
                 rows, n_heads, n_kv_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim <= ATTN_MAX_HEAD_DIM, "head_dim must be in [1, %d], got %d",
                 ATTN_MAX_HEAD_DIM, head_dim);
-    const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads);
+    const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads + (a.v_norm ? n_kv_heads : 0));
     const unsigned blocks = (unsigned)((tasks + HNORM_WARPS - 1) / HNORM_WARPS);
     return arc_launch_pdl(ctx, "head_norm_kernel", head_norm_kernel, dim3(blocks), dim3(HNORM_THREADS), 0, a.qkv,
                           (int)rows, (int)a.stride, (int)n_heads, (int)n_kv_heads, (int)head_dim, a.q_norm, a.k_norm,
-                          a.eps, a.norm_add);
+                          a.eps, a.norm_add, (int)a.v_norm);
 }
 
 enum { ADDNORM_THREADS = 256 };

@@ -28,10 +28,18 @@ struct DeltaNetDims {
     uint64_t slot_floats;            // one state slot: conv_dim (kernel - 1) + dn_v_heads head_dim^2
 };
 
+// A layer's attention dims (arc_model_config: Gemma 4's global layers take their own): heads of hd
+// elements, n_kv kv heads, and the rows of q, of k (or v) and of ATTN_IN's output (q, k, v and,
+// with attn_gate, the gate).
+struct AttnDims {
+    int32_t hd, n_kv, q_dim, kv_dim, qkv_rows;
+};
+
 struct LayerParts {
+    AttnDims dims;                    // the attention's (a DeltaNet layer: the config's)
     const uint16_t *attn_norm, *bqkv, *mlp_norm;
-    const uint16_t *q_norm, *k_norm;  // (head_dim) each, with qk_norm; else null
-    const float *inv_freq;            // the layer's RoPE frequencies (rope_dim / 2)
+    const uint16_t *q_norm, *k_norm;  // (dims.hd) each, with qk_norm; else null
+    const float *inv_freq;            // the layer's RoPE frequencies (rope_dim or dims.hd, halved)
     const uint16_t *post_attn_norm, *post_ffn_norm;  // (dim) each, with post_norms; else null
     int window;                       // the positions its attention reads (0: all)
     Weight wq, wk, wv, wo, w_gate_up, w_down;
@@ -43,6 +51,7 @@ struct LayerParts {
     // router's bias, the experts' gate biases (their up biases follow at n_experts * expert_ffn_dim)
     // and down biases (bf16 each).
     const uint16_t *sinks, *bo, *router_bias, *e_gate_up_bias, *e_down_bias;
+    const uint16_t *layer_scalar;     // with layer_scalar: the layer's output factor (bf16); else null
     // A gated DeltaNet layer (deltanet.cuh): DN_QKV, DN_Z, DN_B, DN_A one after the other; the out
     // projection; the convolution, the decay's log rate, dt's bias and the gated norm (bf16); the
     // layer's DN_SLOTS state slots.
@@ -81,11 +90,11 @@ int part_runs(const InParts &in, Fn fn) {
 struct ModelParts {
     arc_context *ctx;
     arc_model_config cfg;
-    int32_t q_dim, kv_dim, qkv_rows;  // qkv_rows: q, k, v and, with attn_gate, the gate
+    AttnDims most;  // each field the largest of every layer's (the buffers' sizes)
     DeltaNetDims dn;
     const uint16_t *embed, *final_norm;
     Weight lm_head;  // the embedding when tied
-    float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, q_dim + 2 kv_dim, q_dim, ffn_dim)
+    float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, most.qkv_rows, att_dim, ffn_dim)
     float *t;                            // with post_norms: a product's output before its norm (dim)
     float *router;                       // MoE: the router's logits (n_experts + 1)
     int32_t *route_ids;                  // MoE: the chosen experts (n_experts_used), then their

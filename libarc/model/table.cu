@@ -15,7 +15,7 @@ static const char *const TENSOR_NAMES[ARC_TENSOR_COUNT] = {
     "ARC_TENSOR_WQ_GATE", "ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A",
     "ARC_TENSOR_DN_CONV", "ARC_TENSOR_DN_A_LOG", "ARC_TENSOR_DN_DT_BIAS", "ARC_TENSOR_DN_NORM", "ARC_TENSOR_DN_OUT",
     "ARC_TENSOR_SINKS", "ARC_TENSOR_BO", "ARC_TENSOR_MOE_ROUTER_BIAS", "ARC_TENSOR_MOE_GATE_BIAS",
-    "ARC_TENSOR_MOE_UP_BIAS", "ARC_TENSOR_MOE_DOWN_BIAS",
+    "ARC_TENSOR_MOE_UP_BIAS", "ARC_TENSOR_MOE_DOWN_BIAS", "ARC_TENSOR_LAYER_SCALAR",
 };
 
 bool tensor_per_layer(int t) {
@@ -23,19 +23,19 @@ bool tensor_per_layer(int t) {
 }
 const char *tensor_name(int t) { return TENSOR_NAMES[t]; }
 
-// The rotated elements of a head: rope_dim, or all of them where it is 0.
-static int32_t rope_dim_of(const arc_model_config &c) { return c.rope_dim ? c.rope_dim : c.head_dim; }
-
 // The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
 // tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
-// where c has no such tensor there. Layers differ by their FFN: a GLU, or a mixture of experts.
+// where c has no such tensor there. Layers differ by their FFN (a GLU, or a mixture of experts) and
+// by their attention's dims (layer_dims: Gemma 4's global layers).
 void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
-    if ((t >= ARC_TENSOR_MOE_ROUTER && t <= ARC_TENSOR_SHARED_ROUTER) || t >= ARC_TENSOR_MOE_ROUTER_BIAS)
+    if ((t >= ARC_TENSOR_MOE_ROUTER && t <= ARC_TENSOR_SHARED_ROUTER) ||
+        (t >= ARC_TENSOR_MOE_ROUTER_BIAS && t <= ARC_TENSOR_MOE_DOWN_BIAS))
         return moe_table_shape(c, t, layer, rows, cols);
     if (t >= ARC_TENSOR_DN_QKV && t <= ARC_TENSOR_DN_OUT) return dn_table_shape(c, t, layer, rows, cols);
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
     const bool moe = tensor_per_layer(t) && layer_moe(c, layer);
-    const uint64_t q = (uint64_t)c.n_heads * c.head_dim, kv = (uint64_t)c.n_kv_heads * c.head_dim;
+    const AttnDims ad = layer_dims(c, tensor_per_layer(t) ? layer : 0);
+    const uint64_t q = (uint64_t)ad.q_dim, kv = (uint64_t)ad.kv_dim;
     uint64_t r = 1, k = dim;
     bool present = true;
     switch (t) {
@@ -49,11 +49,12 @@ void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, ui
     case ARC_TENSOR_WO: r = dim; k = q; break;
     case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; present = !moe; break;
     case ARC_TENSOR_W_DOWN: r = dim; k = ffn; present = !moe; break;
-    case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)rope_dim_of(c) / 2; break;
-    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = c.head_dim; present = c.qk_norm; break;
+    case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)(c.rope_dim ? c.rope_dim : ad.hd) / 2; break;
+    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = ad.hd; present = c.qk_norm; break;
     case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
     case ARC_TENSOR_SINKS: k = c.n_heads; present = c.attn_sinks; break;
     case ARC_TENSOR_BO: present = c.o_bias; break;
+    case ARC_TENSOR_LAYER_SCALAR: k = 1; present = c.layer_scalar; break;
     default: break;  // ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     }
     *rows = present ? r : 0;

@@ -17,8 +17,10 @@
 //   added by rank 0's, before x or the norm takes them; the lm_head is whole on every rank, whose
 //   identical x gives each the same token to commit)
 //   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
+//   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
-// and its commit in the same kernel: arc_model_forward_commit). Every kernel is launched with
+// and its commit in the same kernel: arc_model_forward_commit; with final_softcap the logits
+// capped by their own kernel, then the loop's argmax and commit). Every kernel is launched with
 // programmatic dependent launch (launch.cuh: pdl_wait): the next one is scheduled while the
 // previous one finishes, and waits on the device for its data. Work enqueued after the forward
 // with a plain launch or a copy is ordered as usual. A GEMV's weights may be bf16 or quantized
@@ -29,6 +31,7 @@
 #include "model/moe/moe.cuh"
 #include "model/norms.cuh"
 #include "model/products.cuh"
+#include "model/scales.cuh"
 
 // The decode's form of each op: one row, GEMVs, the token's position read on the device.
 struct DecodeOps {
@@ -36,12 +39,13 @@ struct DecodeOps {
     const int32_t *pos;
 
     int attn_in(const LayerParts &lw) {
-        return gemv_parts(p.ctx, attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw.bqkv,
+        return gemv_parts(p.ctx, attn_in_parts(p.cfg, lw), lw.bqkv,
                           {.x = p.x, .cols = p.cfg.dim, .norm_weight = lw.attn_norm, .eps = p.cfg.rms_eps,
                            .norm_add = norm_offset(p.cfg), .y = p.qkv});
     }
-    int attn_gate(const LayerParts &) {
-        return launch_attn_gate(p.ctx, p.att, nullptr, p.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, 1, p.q_dim);
+    int attn_gate(const LayerParts &lw) {
+        const AttnDims &d = lw.dims;
+        return launch_attn_gate(p.ctx, p.att, nullptr, p.qkv + d.q_dim + 2 * d.kv_dim, d.qkv_rows, 1, d.q_dim);
     }
     int dn_in(const LayerParts &lw) {
         return gemv_parts(p.ctx, dn_in_parts(p.cfg, p.dn, lw), nullptr,
@@ -56,14 +60,11 @@ struct DecodeOps {
                            {.x = p.att, .rows = p.cfg.dim, .cols = p.dn.v_dim, .accumulate = 1, .y = p.x});
     }
     int qk_norm(const LayerParts &lw) {
-        const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, {.qkv = p.qkv, .rows = 1, .stride = p.qkv_rows, .n_heads = c.n_heads,
-                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
-                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
+        return launch_head_norm(p.ctx, head_norm_args(p.cfg, lw, p.qkv, 1));
     }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.kv, c.n_heads, c.n_kv_heads, c.head_dim,
+        return attention_layer(p.ctx, p.qkv, layer_attn(c, lw), lw.kv, c.n_heads, lw.dims.n_kv, lw.dims.hd,
                                c.max_seq, pos, p.scratch, p.att);
     }
     // Under tensor parallelism (a rank's shard, arc_comm_create): x += the ranks' products summed
@@ -71,7 +72,7 @@ struct DecodeOps {
     int attn_out(const LayerParts &lw) {
         const bool first = comm_rank(p.ctx) == 0;
         ARC_TRY(gemv_weight(p.ctx, lw.wo,
-                            {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .bias = first ? lw.bo : nullptr,
+                            {.x = p.att, .rows = p.cfg.dim, .cols = lw.dims.q_dim, .bias = first ? lw.bo : nullptr,
                              .accumulate = first, .y = p.x}));
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
@@ -92,7 +93,7 @@ struct DecodeOps {
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(gemv_weight(p.ctx, lw.wo, {.x = p.att, .rows = p.cfg.dim, .cols = p.q_dim, .y = p.t}));
+        ARC_TRY(gemv_weight(p.ctx, lw.wo, {.x = p.att, .rows = p.cfg.dim, .cols = lw.dims.q_dim, .y = p.t}));
         ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, model_norm(p.cfg, lw.post_attn_norm));
     }
@@ -104,6 +105,7 @@ struct DecodeOps {
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
     int moe_out(const LayerParts &lw) { return moe_decode_out(p, lw); }
+    int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, p.x, 1, p.cfg.dim, lw.layer_scalar); }
 };
 
 // The forward; with commit, its lm_head takes the argmax and commits it to the loop.
@@ -132,6 +134,11 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop
     const GemvIo head{.x = parts.x, .rows = c.vocab, .cols = c.dim, .norm_weight = parts.final_norm, .eps = c.rms_eps,
                       .norm_add = norm_offset(c), .y = parts.logits};
+    if (c.final_softcap > 0.0f) {  // the logits capped, then (committing) their argmax as the loop's own
+        ARC_TRY(gemv_weight(ctx, parts.lm_head, head));
+        ARC_TRY(launch_softcap_rows(ctx, parts.logits, 1, c.vocab, c.vocab, c.final_softcap));
+        return commit ? arc_loop_enqueue_sample_commit(loop, parts.logits, c.vocab) : ARC_OK;
+    }
     if (commit) return gemv_argmax_weight(ctx, who, parts.lm_head, head, loop);
     return gemv_weight(ctx, parts.lm_head, head);
 }

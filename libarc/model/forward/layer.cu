@@ -1,6 +1,6 @@
 // layer.cu -- the layer program (arc.h: arc_layer_op): the ops of a layer, and the data that
-// differ from layer to layer (the window, the FFN's kind: a GLU or a mixture of experts, and the
-// experts' tensors). layer.cuh's run_layers walks it for every forward; the NumPy reference reads
+// differ from layer to layer (the window, the attention's dims, the FFN's kind: a GLU or a mixture
+// of experts, and the experts' tensors). layer.cuh's run_layers walks it for every forward; the NumPy reference reads
 // it through arc_layer_program, and the tensor table through arc_tensor_shape.
 #include "layer.cuh"
 
@@ -26,7 +26,55 @@ int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
     }
     ops[n++] = ARC_OP_FFN_IN;
     ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
+    if (c.layer_scalar) ops[n++] = ARC_OP_LAYER_SCALAR;
     return n;
+}
+
+bool layer_global(const arc_model_config &c, int layer) {
+    return c.sliding_window > 0 && layer_window(c, layer) == 0;
+}
+
+static AttnDims dims_of(const arc_model_config &c, int32_t hd, int32_t n_kv) {
+    const int32_t q = c.n_heads * hd, kv = n_kv * hd;
+    return AttnDims{hd, n_kv, q, kv, q + 2 * kv + (c.attn_gate ? q : 0)};
+}
+
+AttnDims layer_dims(const arc_model_config &c, int layer) {
+    if (!layer_global(c, layer)) return dims_of(c, c.head_dim, c.n_kv_heads);
+    return dims_of(c, c.global_head_dim > 0 ? c.global_head_dim : c.head_dim,
+                   c.global_n_kv_heads > 0 ? c.global_n_kv_heads : c.n_kv_heads);
+}
+
+AttnDims max_layer_dims(const arc_model_config &c) {
+    AttnDims m = dims_of(c, c.head_dim, c.n_kv_heads);
+    for (int l = 0; l < c.n_layers; ++l) {
+        const AttnDims d = layer_dims(c, l);
+        m.hd = d.hd > m.hd ? d.hd : m.hd;
+        m.n_kv = d.n_kv > m.n_kv ? d.n_kv : m.n_kv;
+        m.q_dim = d.q_dim > m.q_dim ? d.q_dim : m.q_dim;
+        m.kv_dim = d.kv_dim > m.kv_dim ? d.kv_dim : m.kv_dim;
+        m.qkv_rows = d.qkv_rows > m.qkv_rows ? d.qkv_rows : m.qkv_rows;
+    }
+    return m;
+}
+
+int check_gemma4_fields(const arc_model_config &c, const char *who) {
+    ARC_REQUIRE_AS(who, c.global_head_dim >= 0 && c.global_n_kv_heads >= 0,
+                   "config.global_head_dim and global_n_kv_heads must not be negative, got %d and %d",
+                   c.global_head_dim, c.global_n_kv_heads);
+    ARC_REQUIRE_AS(who, (c.v_norm == 0 || c.v_norm == 1) && (c.layer_scalar == 0 || c.layer_scalar == 1),
+                   "config.v_norm and layer_scalar must be 0 or 1, got %d and %d", c.v_norm, c.layer_scalar);
+    ARC_REQUIRE_AS(who, c.final_softcap >= 0.0f && c.final_softcap < 3.4e38f,
+                   "config.final_softcap must be a finite number >= 0, got %g", (double)c.final_softcap);
+    const int32_t gh = c.global_head_dim > 0 ? c.global_head_dim : c.head_dim;
+    const int32_t least = gh < c.head_dim ? gh : c.head_dim;
+    ARC_REQUIRE_AS(who, gh % 2 == 0 && c.rope_dim <= least,
+                   "config.global_head_dim must be even and rope_dim (%d) at most every layer's head_dim, got %d",
+                   c.rope_dim, gh);
+    const int32_t gkv = c.global_n_kv_heads > 0 ? c.global_n_kv_heads : c.n_kv_heads;
+    ARC_REQUIRE_AS(who, c.n_heads % gkv == 0, "config.n_heads (%d) must be a multiple of global_n_kv_heads (%d)",
+                   c.n_heads, gkv);
+    return ARC_OK;
 }
 
 bool layer_moe(const arc_model_config &c, int layer) {
@@ -91,6 +139,7 @@ extern "C" int arc_layer_program(const arc_model_config *config, int32_t layer, 
     ARC_REQUIRE(layer >= 0 && layer < config->n_layers, "layer must be in [0, %d), got %d", config->n_layers, layer);
     int st = check_moe(*config, __func__);
     if (st == ARC_OK) st = check_dn(*config, __func__);
+    if (st == ARC_OK) st = check_gemma4_fields(*config, __func__);
     if (st != ARC_OK) return st;
     *count = layer_program(*config, layer, ops);
     return ARC_OK;
@@ -111,6 +160,7 @@ extern "C" int arc_tensor_shape(const arc_model_config *config, int32_t tensor, 
                 "config.rope_dim must be even and in [0, head_dim %d] (0: head_dim), got %d", c.head_dim, c.rope_dim);
     if (const int st = check_moe(c, __func__)) return st;
     if (const int st = check_dn(c, __func__)) return st;
+    if (const int st = check_gemma4_fields(c, __func__)) return st;
     if (tensor_per_layer(tensor))
         ARC_REQUIRE(layer >= 0 && layer < c.n_layers, "%s is a per-layer tensor: layer must be in [0, %d), got %d",
                     tensor_name(tensor), c.n_layers, layer);

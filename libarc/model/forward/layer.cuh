@@ -15,6 +15,12 @@
 // returns their count (model.cu). layer_window: the positions the layer's attention reads (0: all).
 int layer_program(const arc_model_config &c, int layer, int32_t *ops);
 int layer_window(const arc_model_config &c, int layer);
+// A layer's attention dims (parts.cuh: AttnDims).
+AttnDims layer_dims(const arc_model_config &c, int layer);
+// Whether layer `layer` takes the global dims (attends every position in a windowed model).
+bool layer_global(const arc_model_config &c, int layer);
+// The largest of every layer's dims (each field its own maximum): what the buffers hold.
+AttnDims max_layer_dims(const arc_model_config &c);
 // Whether layer `layer` is a mixture-of-experts layer (arc.h: arc_model_config's n_experts..), and
 // the checks of the MoE fields, as entry point `who` (ARC_OK when they hold).
 bool layer_moe(const arc_model_config &c, int layer);
@@ -27,24 +33,27 @@ bool tensor_per_layer(int t);
 bool tensor_is_matrix(int t);  // a matrix: what a quantized format may hold
 const char *tensor_name(int t);
 int check_moe(const arc_model_config &c, const char *who);
+// The checks of Gemma 4's fields (arc_model_config: global_head_dim..final_softcap).
+int check_gemma4_fields(const arc_model_config &c, const char *who);
 // arc_model_create's checks of a config: everything its kernels take (config.cu).
 int check_config(const arc_model_config *c);
 
 // The embedding rows' factor.
 inline float embed_scale(const arc_model_config &c) { return c.embed_scale > 0.0f ? c.embed_scale : 1.0f; }
 
-// A layer's attention: its own RoPE frequencies, the config's rotated elements, RoPE factor and
-// scores' factor, and the layer's window.
+// A layer's attention: its own RoPE frequencies, the config's rotated elements (all of the layer's
+// head where rope_dim is 0), RoPE factor and scores' factor, and the layer's window.
 inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
-    const RopeArgs rope{lw.inv_freq, (c.rope_dim ? c.rope_dim : c.head_dim) / 2,
+    const RopeArgs rope{lw.inv_freq, (c.rope_dim ? c.rope_dim : lw.dims.hd) / 2,
                         c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
-    const double scale = c.attn_scale > 0.0f ? (double)c.attn_scale : 1.0 / sqrt((double)c.head_dim);
+    const double scale = c.attn_scale > 0.0f ? (double)c.attn_scale : 1.0 / sqrt((double)lw.dims.hd);
     return AttnSpec{rope, scale, lw.window, lw.sinks};
 }
 
 // The parts of ATTN_IN's and DN_IN's products (parts.cuh's InParts).
-inline InParts attn_in_parts(const arc_model_config &c, const LayerParts &lw, int32_t q_rows, int32_t kv_rows) {
-    return {{lw.wq, lw.wk, lw.wv, lw.wq_gate}, {q_rows, kv_rows, kv_rows, q_rows}, c.attn_gate ? 4 : 3};
+inline InParts attn_in_parts(const arc_model_config &c, const LayerParts &lw) {
+    const AttnDims &d = lw.dims;
+    return {{lw.wq, lw.wk, lw.wv, lw.wq_gate}, {d.q_dim, d.kv_dim, d.kv_dim, d.q_dim}, c.attn_gate ? 4 : 3};
 }
 inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw) {
     return {{lw.dn_in, lw.dn_z, lw.dn_b, lw.dn_a}, {d.conv_dim, d.v_dim, c.dn_v_heads, c.dn_v_heads}, 4};
@@ -54,7 +63,7 @@ inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, con
 
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
 // attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out, attn_gate,
-// dn_in, dn_step, dn_out), each taking the layer's parts and enqueuing the op.
+// dn_in, dn_step, dn_out, layer_scalar), each taking the layer's parts and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -78,6 +87,7 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_DN_IN: st = exec.dn_in(lw); break;
             case ARC_OP_DN_STEP: st = exec.dn_step(lw); break;
             case ARC_OP_DN_OUT: st = exec.dn_out(lw); break;
+            case ARC_OP_LAYER_SCALAR: st = exec.layer_scalar(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

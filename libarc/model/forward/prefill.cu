@@ -19,8 +19,10 @@
 //   MOE_IN    rmsnorm_rows, then a mixture of experts' router, routing, rows sorted by expert and
 //             grouped products (moe.cu)
 //   MOE_OUT   the experts' down products, summed into x by each row's weights (moe.cu)
-// and after the last chunk the decode's GEMV for the last position only: logits = lm_head @
-// rmsnorm(x, final_norm). To score a prompt, each row of a chunk goes through that GEMV too, and
+//   LAYER_SCALAR scale_rows  x *= the layer's scalar
+// (q_dim, kv_dim: the layer's own, layer_dims) and after the last chunk the decode's GEMV for the
+// last position only: logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps
+// them. To score a prompt, each row of a chunk goes through that GEMV too, and
 // its logits are ranked as the loop's log-probabilities are. The residual stream stays float32; a
 // product's input is rounded to bf16.
 // Like the forward, every kernel launches with programmatic dependence, nothing waits on the host.
@@ -37,6 +39,7 @@
 #include "model/moe/moe.cuh"
 #include "model/norms.cuh"
 #include "model/products.cuh"
+#include "model/scales.cuh"
 #include "model/tensor_core.cuh"
 
 enum { ROWS_THREADS = 256, SCORE_ROWS = 128 };  // SCORE_ROWS: a prompt's rows ranked in one launch
@@ -118,12 +121,12 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     }
     // The attention's partials (prefill_attention.cu) for as many queries as 64 MB hold at the
     // longest context (whole tiles of 64, at least one), no more than a chunk has.
-    const uint64_t per_query = prefill_attention_part_floats(c.n_heads, c.head_dim, 1, c.max_seq - 1);
+    const uint64_t per_query = prefill_attention_part_floats(c.n_heads, mp.most.hd, 1, c.max_seq - 1);
     uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
     part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
     const uint64_t sizes[10] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.dn.qkv_alloc * 4 > score_bytes ? rows * mp.dn.qkv_alloc * 4 : score_bytes,
-        rows * mp.q_dim * 2, rows * mp.dn.att_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
+        rows * mp.most.q_dim * 2, rows * mp.dn.att_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
         (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
     };
     uint64_t off[10], at = 0;
@@ -247,10 +250,11 @@ struct PrefillOps {
                         .bias = bias, .c = b.qkv},
                        b.wdq);
     }
-    int attn_in(const LayerParts &lw) { return in_product(attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw, lw.bqkv); }
-    int attn_gate(const LayerParts &) {
+    int attn_in(const LayerParts &lw) { return in_product(attn_in_parts(p.cfg, lw), lw, lw.bqkv); }
+    int attn_gate(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        return launch_attn_gate(p.ctx, nullptr, b.att, b.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, n, p.q_dim);
+        const AttnDims &d = lw.dims;
+        return launch_attn_gate(p.ctx, nullptr, b.att, b.qkv + d.q_dim + 2 * d.kv_dim, d.qkv_rows, n, d.q_dim);
     }
     int dn_in(const LayerParts &lw) { return in_product(dn_in_parts(p.cfg, p.dn, lw), lw, nullptr); }
     // The chunk's rows one after another through the layer's state, the last row's state kept.
@@ -266,23 +270,19 @@ struct PrefillOps {
                         .accumulate = 1, .c = b.x},
                        b.wdq);
     }
-    int qk_norm(const LayerParts &lw) {
-        const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, {.qkv = p.prefill->qkv, .rows = n, .stride = p.qkv_rows, .n_heads = c.n_heads,
-                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
-                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
-    }
+    int qk_norm(const LayerParts &lw) { return launch_head_norm(p.ctx, head_norm_args(p.cfg, lw, p.prefill->qkv, n)); }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
         const PrefillBuffers &b = *p.prefill;
-        return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.kv, c.n_heads, c.n_kv_heads, c.head_dim,
-                                       c.max_seq, n, start, b.q, b.att, b.attn_part, b.attn_part_n, p.qkv_rows);
+        return prefill_attention_layer(p.ctx, b.qkv, layer_attn(c, lw), lw.kv, c.n_heads, lw.dims.n_kv, lw.dims.hd,
+                                       c.max_seq, n, start, b.q, b.att, b.attn_part, b.attn_part_n,
+                                       lw.dims.qkv_rows);
     }
     int attn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
         return product(p.ctx,
-                       {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .bias = lw.bo,
+                       {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = lw.dims.q_dim, .bias = lw.bo,
                         .accumulate = 1, .c = b.x},
                        b.wdq);
     }
@@ -311,7 +311,8 @@ struct PrefillOps {
     int attn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
         const int dim = p.cfg.dim;
-        ARC_TRY(product(p.ctx, {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = p.q_dim, .c = b.t},
+        ARC_TRY(product(p.ctx,
+                        {.a = b.att, .parts = &lw.wo, .rows = &dim, .count = 1, .n = n, .k = lw.dims.q_dim, .c = b.t},
                         b.wdq));
         return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.post_attn_norm));
     }
@@ -328,6 +329,9 @@ struct PrefillOps {
         return moe_prefill_in(p, lw, n);
     }
     int moe_out(const LayerParts &lw) { return moe_prefill_out(p, lw, n); }
+    int layer_scalar(const LayerParts &lw) {
+        return launch_scale_rows(p.ctx, p.prefill->x, n, p.cfg.dim, lw.layer_scalar);
+    }
 };
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
@@ -363,6 +367,7 @@ static int score_chunk(const ModelParts &mp, int rows, const int32_t *targets, c
                                 {.x = b.x + (size_t)(g + r) * c.dim, .rows = c.vocab, .cols = c.dim,
                                  .norm_weight = mp.final_norm, .eps = c.rms_eps, .norm_add = norm_offset(c),
                                  .y = logits + (size_t)r * c.vocab}));
+        if (c.final_softcap > 0.0f) ARC_TRY(launch_softcap_rows(mp.ctx, logits, m, c.vocab, c.vocab, c.final_softcap));
         const size_t at = (size_t)done + g;
         ARC_TRY(arc_op_row_logprobs(mp.ctx, logits, m, c.vocab, s.vocab, s.top_n, targets + g, part,
                                     s.logprob + at, s.top_ids + at * ARC_MAX_TOP_LOGPROBS,
@@ -394,9 +399,10 @@ static int prefill_run(arc_model *model, const char *who, const int32_t *tokens,
     }
     // logits = lm_head @ rmsnorm(x, final_norm) of the last position, as the decode computes it.
     const float *x_last = mp.prefill->x + (size_t)(last - 1) * c.dim;
-    return gemv_weight(mp.ctx, mp.lm_head,
-                       {.x = x_last, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .eps = c.rms_eps,
-                        .norm_add = norm_offset(c), .y = mp.logits});
+    ARC_TRY(gemv_weight(mp.ctx, mp.lm_head,
+                        {.x = x_last, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .eps = c.rms_eps,
+                         .norm_add = norm_offset(c), .y = mp.logits}));
+    return c.final_softcap > 0.0f ? launch_softcap_rows(mp.ctx, mp.logits, 1, c.vocab, c.vocab, c.final_softcap) : ARC_OK;
 }
 
 extern "C" int arc_model_prefill(arc_model *model, const int32_t *tokens, int32_t n, int32_t start) {

@@ -33,6 +33,7 @@
 #include "model/gemv/head_argmax.cuh"
 #include "model/norms.cuh"
 #include "model/products.cuh"
+#include "model/scales.cuh"
 #include "sample.cuh"
 
 enum { DRAFT_THREADS = 1024, SPEC_MAX_K = 7, SPEC_MAX_NGRAM = 8, ROWMAX_THREADS = 256, ROWMAX_BLOCKS = 32 };
@@ -180,7 +181,7 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * c.ffn_dim * 4, rows * mp.dn.qkv_alloc * 4,
                                rows * mp.dn.att_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
                                c.post_norms ? rows * c.dim * 4 : 0,
-                               rows * arc_attention_scratch_bytes(c.n_heads, c.head_dim, c.max_seq),
+                               rows * arc_attention_scratch_bytes(c.n_heads, mp.most.hd, c.max_seq),
                                rows * c.n_heads * 4};
     uint64_t off[N], at = 0;
     for (int i = 0; i < N; ++i) {
@@ -237,10 +238,11 @@ struct VerifyOps {
         });
     }
     int attn_in(const LayerParts &lw) {
-        return in_product(attn_in_parts(p.cfg, lw, p.q_dim, p.kv_dim), lw.bqkv, lw.attn_norm, p.qkv_rows);
+        return in_product(attn_in_parts(p.cfg, lw), lw.bqkv, lw.attn_norm, lw.dims.qkv_rows);
     }
-    int attn_gate(const LayerParts &) {
-        return launch_attn_gate(p.ctx, b.att, nullptr, b.qkv + p.q_dim + 2 * p.kv_dim, p.qkv_rows, rows, p.q_dim);
+    int attn_gate(const LayerParts &lw) {
+        const AttnDims &d = lw.dims;
+        return launch_attn_gate(p.ctx, b.att, nullptr, b.qkv + d.q_dim + 2 * d.kv_dim, d.qkv_rows, rows, d.q_dim);
     }
     int dn_in(const LayerParts &lw) {
         return in_product(dn_in_parts(p.cfg, p.dn, lw), nullptr, lw.attn_norm, p.dn.rows);
@@ -253,20 +255,15 @@ struct VerifyOps {
     int dn_out(const LayerParts &lw) {
         return product(lw.dn_out, {.x = b.att, .rows = p.cfg.dim, .cols = p.dn.v_dim, .accumulate = 1, .y = b.x});
     }
-    int qk_norm(const LayerParts &lw) {
-        const arc_model_config &c = p.cfg;
-        return launch_head_norm(p.ctx, {.qkv = b.qkv, .rows = rows, .stride = p.qkv_rows, .n_heads = c.n_heads,
-                                        .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .q_norm = lw.q_norm,
-                                        .k_norm = lw.k_norm, .eps = c.rms_eps, .norm_add = norm_offset(c)});
-    }
+    int qk_norm(const LayerParts &lw) { return launch_head_norm(p.ctx, head_norm_args(p.cfg, lw, b.qkv, rows)); }
     int attend(const LayerParts &lw) {
         const arc_model_config &c = p.cfg;
-        return launch_verify_attention(p.ctx, b.qkv, rows, p.qkv_rows, b.positions, layer_attn(c, lw), lw.kv,
-                                       c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq, b.attn_scratch,
+        return launch_verify_attention(p.ctx, b.qkv, rows, lw.dims.qkv_rows, b.positions, layer_attn(c, lw), lw.kv,
+                                       c.n_heads, lw.dims.n_kv, lw.dims.hd, c.max_seq, b.attn_scratch,
                                        b.attn_done, b.att);
     }
     int attn_out(const LayerParts &lw) {
-        return product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .bias = lw.bo, .accumulate = 1,
+        return product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = lw.dims.q_dim, .bias = lw.bo, .accumulate = 1,
                                .y = b.x});
     }
     int ffn_in(const LayerParts &lw) {
@@ -279,7 +276,7 @@ struct VerifyOps {
         return product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .accumulate = 1, .y = b.x});
     }
     int attn_out_norm(const LayerParts &lw) {
-        ARC_TRY(product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = p.q_dim, .y = b.t}));
+        ARC_TRY(product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = lw.dims.q_dim, .y = b.t}));
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, model_norm(p.cfg, lw.post_attn_norm));
     }
     int ffn_out_norm(const LayerParts &lw) {
@@ -289,6 +286,7 @@ struct VerifyOps {
     // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
     int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, who, "no MoE verify"); }
     int moe_out(const LayerParts &) { return moe_in(LayerParts{}); }
+    int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, b.x, rows, p.cfg.dim, lw.layer_scalar); }
 };
 
 // The verify forward over the rows the draft wrote: logits (rows, vocab).
@@ -299,8 +297,10 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
                            c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
     ARC_TRY(run_layers(model, mp, ops));
-    return ops.product(mp.lm_head,
-                       {.x = b.x, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .y = b.logits});
+    ARC_TRY(ops.product(mp.lm_head,
+                        {.x = b.x, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .y = b.logits}));
+    // Capped as the decode caps its logits (the same kernel, so the same bits).
+    return c.final_softcap > 0.0f ? launch_softcap_rows(ctx, b.logits, rows, c.vocab, c.vocab, c.final_softcap) : ARC_OK;
 }
 
 // The speculative step; with draw, each row's token is drawn (the sampled step) instead of its argmax.
