@@ -96,7 +96,7 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
                    "with a shared expert": cfg.shared_expert_ffn_dim > 0, "only with attn_gate": cfg.attn_output_gate,
                    "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn,
                    "only with attn_sinks": cfg.attn_sinks, "only with o_bias": cfg.o_bias,
-                   "only with expert_bias": cfg.expert_bias}
+                   "only with expert_bias": cfg.expert_bias, "only with layer_scalar": cfg.gemma4_layer}
         out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
     return out
 
@@ -105,8 +105,9 @@ _GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
 
 
 # A hybrid's files hold a gated q_proj whole and the convolution as (channels, 1, kernel):
-# tests/test_qwen35.py checks its table against arc.h. Gemma 4's table past its Gemma 3 layer is
-# arcpy's alone (arcpy/model/gemma4.py), not libarc's.
+# tests/test_qwen35.py checks its table against arc.h. Gemma 4's global layers take dims of their
+# own (arc.h's config fields, not the tensors' comments) and its table past libarc's dense layer is
+# arcpy's alone (arcpy/model/gemma4.py): tests/test_table.py and tests/test_gemma4.py hold it.
 @pytest.mark.parametrize("shape", sorted(s for s in SHAPES if not is_hybrid(SHAPES[s]) and not SHAPES[s].gemma4_layer))
 def test_the_tensor_table_is_libarcs_and_arc_h_documents_it(shape):
     """expected_tensors comes from libarc's table (arc_tensor_shape); every shape and presence

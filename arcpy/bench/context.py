@@ -32,6 +32,7 @@ from arcpy.loop.engine import Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
 from arcpy.model import Model, ModelConfig
+from arcpy.model.gemma4 import layer_dims
 from arcpy.model.hybrid import state_bytes_per_token
 
 BURST = 16
@@ -39,12 +40,13 @@ BURST = 16
 
 def kv_read_bytes(cfg: ModelConfig, position: int, kv_cache: str = "bf16") -> int:
     """Bytes of the KV cache one step at `position` reads: each attention layer's keys and values
-    (in form `kv_cache`) of the positions its attention reads, the window's on a windowed layer (a
-    DeltaNet layer reads its state instead: arcpy.model.hybrid.state_bytes_per_token)."""
-    per_position = kv_position_bytes(kv_cache, 1, cfg.n_kv_heads, cfg.head_dim)
+    (in form `kv_cache`, its own heads: Gemma 4's global layers') of the positions its attention
+    reads, the window's on a windowed layer (a DeltaNet layer reads its state instead:
+    arcpy.model.hybrid.state_bytes_per_token)."""
     seen = position + 1
-    return per_position * sum(min(seen, cfg.window(layer) or seen) for layer in range(cfg.n_layers)
-                              if not cfg.is_linear_layer(layer))
+    return sum(kv_position_bytes(kv_cache, 1, kv, hd) * min(seen, cfg.window(layer) or seen)
+               for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)
+               for hd, kv in [layer_dims(cfg, layer)])
 
 
 def parse_contexts(text: str) -> list[int]:

@@ -335,6 +335,11 @@ _QUANTIZED = {
     "mixtral-8x7B-q4km": (_MIXTRAL_8X7B, lambda name, layer, n_layers: _q4_k_m(name, layer, n_layers, 8)),
     "qwen3.6-27B-q4km": (SHAPES["qwen3.6-27B"], _q4_k_m),
     "qwen3.6-35B-A3B-q4km": (SHAPES["qwen3.6-35B-A3B"], _q4_k_m),
+    # Gemma-4-31B's dims (tied: its Q6_K token_embd loads as a bf16 embedding and a Q6_K lm_head, as
+    # a tied Llama-3.2-1B file's does), in llama.cpp's Q4_K_M mix and in IQ4_XS throughout.
+    "gemma4-31B-q4km": (dataclasses.replace(SHAPES["gemma4-31B"], tied_embeddings=False), _q4_k_m),
+    "gemma4-31B-iq4xs": (dataclasses.replace(SHAPES["gemma4-31B"], tied_embeddings=False),
+                         lambda name, layer, n_layers: FORMAT_Q6_K if name == LM_HEAD else FORMAT_IQ4_XS),
     "qwen3.5-tiny-quant": (SHAPES["qwen3.5-tiny"], _q35_tiny_mix),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),
