@@ -119,7 +119,8 @@ typedef struct arc_model_config {
      * router's logits + MOE_ROUTER_BIAS, expert e's gate and up products + its rows of MOE_GATE_BIAS, MOE_UP_BIAS
      * before the GLU, its down product + its rows of MOE_DOWN_BIAS before its weight. */
     int32_t attn_sinks, o_bias, expert_bias;
-    /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0. */
+    /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0 and
+     * head_dim <= 256. */
     int32_t kv_cache;
 } arc_model_config;
 /* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16
