@@ -121,7 +121,8 @@ typedef struct arc_model_config {
      * router's logits + MOE_ROUTER_BIAS, expert e's gate and up products + its rows of MOE_GATE_BIAS, MOE_UP_BIAS
      * before the GLU, its down product + its rows of MOE_DOWN_BIAS before its weight. */
     int32_t attn_sinks, o_bias, expert_bias;
-    /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0. */
+    /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0 and
+     * head_dim <= 256. */
     int32_t kv_cache;
     /* Gemma 4's (0 each: none). A layer that attends every position (not windowed) in a model with sliding_window > 0
      * has heads of global_head_dim elements (0: head_dim) and global_n_kv_heads kv heads (0: n_kv_heads): its WQ, WK,

@@ -70,9 +70,10 @@ int arc_op_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t ma
  * (n_kv_heads, max_seq, head_dim); then out (n_heads, head_dim) = softmax(q k^T / sqrt(head_dim)) v over rows
  * 0..*pos, query head h reading kv head h / (n_heads / n_kv_heads). qkv is not written. A block takes the query heads
  * of one kv head (up to 16) and its share of the tiles of 64 positions up to *pos, on tensor cores: each cached
- * element is read once. head_dim even and <= 256 (a multiple of 8 past 128), n_heads <= 1024, max_seq <= 1048576;
- * caches 16-byte aligned (4-byte when head_dim % 8 != 0). A position outside [0, max_seq) writes NaN to out and
- * nothing to the caches. */
+ * element is read once. Heads past 256 elements (up to 512, a multiple of 8) are attended in float32 on the SIMT
+ * cores, the new row stored first and then read back, over the same division of the positions. head_dim even and
+ * <= 512 (a multiple of 8 past 128), n_heads <= 1024, max_seq <= 1048576; caches 16-byte aligned (4-byte when
+ * head_dim % 8 != 0). A position outside [0, max_seq) writes NaN to out and nothing to the caches. */
 int arc_op_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                      uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                      int32_t max_seq, const int32_t *pos, float *scratch, float *out);
@@ -111,7 +112,8 @@ int arc_op_gemm_swiglu_q(arc_context *ctx, int32_t format, const uint16_t *a, co
                          int32_t n, int32_t k, uint16_t *h);
 
 /* The scratch arc_op_prefill_attention needs for n queries from start, in bytes (0 while start + n <= 1024: the keys
- * are walked in segments of 1,024 positions, each query's merged in order). */
+ * are walked in segments of 1,024 positions, each query's merged in order; 0 for head_dim past 256, whose queries
+ * each walk every key alone). */
 int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start,
                                            uint64_t *bytes);
 /* Attention for n tokens at positions start..start+n-1 with their rotary embedding and KV-cache writes: qkv (n, q |
@@ -120,9 +122,11 @@ int arc_op_prefill_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, in
  * v_cache (n_kv_heads, max_seq, head_dim); q, rounded to bf16, goes to q_scratch (n, n_heads, head_dim). Then out
  * (n, n_heads, head_dim) bf16 = softmax(q k^T / sqrt(head_dim)) v, the query at position p over cache rows 0..p
  * (the rows of earlier positions must have been written), query head h reading kv head h / (n_heads / n_kv_heads);
- * the probabilities are rounded to bf16 for the product with v. head_dim even and <= 128, n >= 1, start >= 0, start
- * + n <= max_seq <= 1048576; the caches and q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte
- * aligned; scratch: device memory of arc_op_prefill_attention_scratch_bytes (NULL where that is 0). */
+ * the probabilities are rounded to bf16 for the product with v (heads past 256 elements, up to 512 and a multiple of
+ * 8, are attended in float32 on the SIMT cores from the bf16 q, each query alone over the cache, and only the output
+ * is rounded). head_dim even and <= 512, n >= 1, start >= 0, start + n <= max_seq <= 1048576; the caches and
+ * q_scratch 16-byte aligned (4-byte when head_dim % 8 != 0), out 4-byte aligned; scratch: device memory of
+ * arc_op_prefill_attention_scratch_bytes (NULL where that is 0). */
 int arc_op_prefill_attention(arc_context *ctx, const float *qkv, const float *inv_freq, uint16_t *k_cache,
                              uint16_t *v_cache, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                              int32_t max_seq, int32_t n, int32_t start, uint16_t *q_scratch, float *scratch,

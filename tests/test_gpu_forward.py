@@ -4,11 +4,14 @@ Shapes: the synthetic stories15M (head_dim 48), a grouped-query shape (32 heads,
 head_dim 64, Llama 3 rope scaling, untied head), and the families' features (presets.py):
 qwen3-tiny (q/k norms, YaRN), phi3-tiny (partial rotary, LongRoPE), smollm3-tiny (a layer
 without RoPE), gemma3-tiny (head_dim 256, post-norms, GELU, scaled embedding and scores, a
-32-position window on 4 of its 6 layers, a RoPE base per layer kind). Logits must agree with the reference within a
+32-position window on 4 of its 6 layers, a RoPE base per layer kind), and gemma3-tiny's layers with heads of 512
+(gemma3-wide: libarc's SIMT attention for heads past 256). Logits must agree with the reference within a
 bf16-level tolerance at positions 0, 1, 100 and 2000; the replayed graph must equal the eager
 forward bit for bit; greedy decoding must pick the reference's token wherever the reference's
 top-two margin exceeds the error measured at that step.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -16,18 +19,25 @@ from gpu_buffers import decided_greedy_steps, gpu_logits
 
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
-from arcpy.model import synthetic_model
+from arcpy.model import random_model, synthetic_model
+from arcpy.model.presets import SHAPES as PRESETS
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = ["stories15M", "gqa", "qwen3-tiny", "phi3-tiny", "smollm3-tiny", "gemma3-tiny"]
+SHAPES = ["stories15M", "gqa", "qwen3-tiny", "phi3-tiny", "smollm3-tiny", "gemma3-tiny", "gemma3-wide"]
 CHECK_POSITIONS = (0, 1, 100, 2000)
 MAX_SEQ = 2048
 
 
+def build(name: str):
+    if name == "gemma3-wide":
+        return random_model(dataclasses.replace(PRESETS["gemma3-tiny"], head_dim=512, max_seq=4096), seed=7, name=name)
+    return synthetic_model(name, seed=7, max_seq=4096)
+
+
 @pytest.fixture(scope="module", params=SHAPES)
 def pair(request):
-    model = synthetic_model(request.param, seed=7, max_seq=4096)
+    model = build(request.param)
     dev = open_cuda_device(model, max_seq=MAX_SEQ)
     yield model, dev
     dev.close()

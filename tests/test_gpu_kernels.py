@@ -272,6 +272,13 @@ ATTN_CASES += [(64, 32, 8, 8191, 8192), (128, 16, 4, 8191, 8192), (48, 6, 6, 819
                (128, 64, 2, 5000, 8192), (64, 40, 2, 3000, 4096),
                # the widest heads, and a deep position there
                (256, 8, 2, 700, 1024), (256, 16, 2, 12000, 16384)]
+# Heads past 256 (attention_wide.cu): Gemma 4's 512 with groups of 8 (32/4) and 16 (32/2, 16/1), at
+# positions where one block writes the output and where the last block merges many; 384 and 320
+# (the second run of 8 elements of a lane only partly inside the head), 264 (33 chunks of 8: the
+# halves of a key's dot uneven), a group of 20 (blocks of 16 and 4 heads), one of 1.
+ATTN_CASES += [(512, 32, 4, pos, 4096) for pos in (0, 1, 63, 64, 700, 2999)]
+ATTN_CASES += [(512, 32, 2, 3000, 4096), (512, 16, 1, 1023, 1024), (384, 16, 2, 1500, 2048),
+               (320, 8, 1, 2100, 4096), (264, 4, 4, 200, 512), (512, 40, 2, 1000, 2048), (512, 4, 4, 12000, 16384)]
 
 
 @pytest.mark.parametrize("hd,n_heads,n_kv,pos,max_seq", ATTN_CASES)
@@ -356,6 +363,10 @@ def test_launchers_refuse_shapes_they_cannot_do(gpu):
         ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 63, 16,
                                                               ffi.cast("int32_t *", buf), x, y)),
         ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 130, 16,
+                                                              ffi.cast("int32_t *", buf), x, y)),
+        ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 260, 16,
+                                                              ffi.cast("int32_t *", buf), x, y)),
+        ("head_dim must be even", lambda: lib.arc_op_attention(ctx, x, x, w, w, 4, 4, 520, 16,
                                                               ffi.cast("int32_t *", buf), x, y)),
         ("multiple of n_kv_heads", lambda: lib.arc_op_attention(ctx, x, x, w, w, 6, 4, 64, 16,
                                                                ffi.cast("int32_t *", buf), x, y)),
@@ -481,7 +492,8 @@ def rig_factory(gpu):
     ("dim", 0, "config.dim"), ("dim", 300, "config.dim"), ("n_layers", 0, "config.n_layers"),
     ("n_heads", 0, "config.n_heads"), ("n_kv_heads", 0, "config.n_kv_heads"),
     ("n_kv_heads", 4, "multiple of n_kv_heads"), ("head_dim", 47, "config.head_dim"),
-    ("head_dim", 264, "config.head_dim"), ("head_dim", 130, "config.head_dim"), ("head_dim", 2, "n_heads \\* head_dim"),
+    ("head_dim", 520, "config.head_dim"), ("head_dim", 260, "config.head_dim"), ("head_dim", 130, "config.head_dim"),
+    ("head_dim", 2, "n_heads \\* head_dim"),
     ("ffn_dim", 770, "config.ffn_dim"), ("vocab", 0, "config.vocab"), ("max_seq", 0, "config.max_seq"),
     ("rms_eps", 0.0, "config.rms_eps"), ("rms_eps", float("nan"), "config.rms_eps"),
     ("tied_embeddings", 2, "config.tied_embeddings"), ("qkv_bias", -1, "config.qkv_bias"),
@@ -490,6 +502,15 @@ def test_model_create_refuses_a_bad_config(gpu, field, value, message):
     c, _ = model_config(gpu.ffi, **{field: value})
     pp = gpu.ffi.new("arc_model **")
     with pytest.raises(arcpy.InvalidArgumentError, match=message):
+        _lib.check(gpu.lib.arc_model_create(gpu.ctx, c, pp))
+    assert pp[0] == gpu.ffi.NULL
+
+
+def test_model_create_refuses_a_q8_0_cache_of_heads_past_256(gpu):
+    # Heads of 512 are attended over a bf16 cache only (attention_wide.cu); 256 takes either form.
+    pp = gpu.ffi.new("arc_model **")
+    c, _ = model_config(gpu.ffi, head_dim=512, kv_cache=1)
+    with pytest.raises(arcpy.InvalidArgumentError, match="q8_0 KV cache takes heads of at most 256"):
         _lib.check(gpu.lib.arc_model_create(gpu.ctx, c, pp))
     assert pp[0] == gpu.ffi.NULL
 

@@ -16,6 +16,7 @@ the relative norm of the difference; rows past the prompt must stay untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -27,7 +28,7 @@ import arcpy
 from arcpy import _lib
 from arcpy.devices.cuda import open_cuda_device
 from arcpy.devices.reference import ReferenceModel
-from arcpy.model import ModelConfig, random_model, synthetic_model
+from arcpy.model import SHAPES, ModelConfig, random_model, synthetic_model
 
 pytestmark = pytest.mark.gpu
 
@@ -143,6 +144,12 @@ ATTN_CASES = [
     (256, 4, 2, 40, 2100, 2200), # Gemma's head_dim
     (128, 4, 4, 1, 3000, 3100),  # one token late
     (6, 2, 1, 20, 1500, 1600),   # 4-byte rows
+    # heads past 256 (attention_wide.cu): each query alone over the cache, no partials
+    (512, 32, 4, 130, 0, 256),   # Gemma 4's full layers: groups of 8
+    (512, 16, 1, 70, 2950, 3100),  # a group of 16, a late chunk
+    (384, 8, 2, 65, 1000, 1100),  # queries on both sides of 1,024
+    (320, 20, 1, 33, 300, 400),  # a group of 20: blocks of 16 and 4 heads
+    (264, 4, 4, 40, 7, 64),      # groups of 1, four queries a block
 ]
 
 
@@ -176,7 +183,7 @@ def test_prefill_attention_matches_numpy(gpu, hd, n_heads, n_kv, n, start, max_s
     gpu.poison(d_out, n * n_heads * hd * 2)
     need = gpu.ffi.new("uint64_t *")
     _lib.check(gpu.lib.arc_op_prefill_attention_scratch_bytes(n_heads, hd, n, start, need))
-    assert (need[0] > 0) == (start + n > 1024)
+    assert (need[0] > 0) == (start + n > 1024 and hd <= 256)  # heads past 256: each query alone, no partials
     scratch = f32p(gpu, gpu.alloc(need[0])) if need[0] else gpu.ffi.NULL
     _lib.check(gpu.lib.arc_op_prefill_attention(gpu.ctx, f32p(gpu, d_qkv), f32p(gpu, d_inv), u16p(gpu, d_k),
                                                 u16p(gpu, d_v), n_heads, n_kv, hd, max_seq, n, start,
@@ -223,6 +230,10 @@ MODELS = {
     "smollm3-tiny": lambda: synthetic_model("smollm3-tiny", seed=7, max_seq=1024),
     # Gemma 3's: head_dim 256, post-norms, GELU, windows of 32 positions crossing every chunk
     "gemma3-tiny": lambda: synthetic_model("gemma3-tiny", seed=7, max_seq=1024),
+    # Gemma 3's layers with heads of 512 (attention_wide.cu's, the decode's and the prefill's), windows
+    # of 32 and global layers
+    "gemma3-wide": lambda: random_model(dataclasses.replace(SHAPES["gemma3-tiny"], head_dim=512, max_seq=1024),
+                                        seed=7, name="gemma3-wide"),
     "hd128": lambda: random_model(ModelConfig(dim=512, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=128,
                                               ffn_dim=1376, vocab=1000, max_seq=512, rope_theta=500000.0),
                                   seed=7, name="hd128"),                           # MHA, head_dim 128, untied

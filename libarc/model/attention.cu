@@ -21,6 +21,9 @@
 // reference's tolerance of the one-row kernel (2e-5 + 1e-4 |x|). The order of every sum depends
 // only on the position and the shapes, so a verify row would compute the one-row bits at its
 // position.
+// Heads wider than ATTN_TILE_MAX_HEAD_DIM (Gemma 4's of 512) take attention_wide.cu's kernel
+// instead, over the same grid, split arithmetic and partials, the decode's row stored to the cache
+// first by the verify's store kernel (verify_attention.cu).
 #include <math.h>
 
 #include "attention_merge.cuh"
@@ -345,20 +348,6 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
     if (tid == 0) done[blockIdx.x] = 0;
 }
 
-// The partials' row stride: a slot for every tile of max_seq, at most DEC_MAX_SPLITS.
-static int tiles_splits(int32_t max_seq) {
-    const int tiles = (max_seq + ATTN_TILE - 1) / ATTN_TILE;
-    return tiles < DEC_MAX_SPLITS ? tiles : DEC_MAX_SPLITS;
-}
-
-// The blocks a kv head's positions are divided among: about DEC_TARGET_BLOCKS in the grid (two
-// blocks a multiprocessor on a 132-SM card; the same on every card, so that the bits do not depend
-// on it), at most one a slot. Blocks past a short position return at once.
-static int tiles_blocks(int32_t head_tiles, int splits) {
-    const int per = (DEC_TARGET_BLOCKS + head_tiles - 1) / head_tiles;
-    return per < splits ? per : splits;
-}
-
 uint64_t arc_attention_scratch_bytes(int32_t n_heads, int32_t head_dim, int32_t max_seq) {
     if (n_heads <= 0 || head_dim <= 0 || max_seq <= 0) return 0;
     const uint64_t parts = (uint64_t)n_heads * tiles_splits(max_seq);
@@ -404,6 +393,7 @@ static int launch_tiles(arc_context *ctx, const TilesArgs &a) {
                           a.ml_part, a.done, a.out, a.rows.stride, a.sinks);
 }
 
+// Heads of up to ATTN_TILE_MAX_HEAD_DIM elements (attention_layer sends wider ones to attention_wide.cu).
 template <bool ROWS>
 static int launch_tiles_hd(arc_context *ctx, const TilesArgs &a) {
     if (a.hd <= 32) return launch_tiles<32, ROWS>(ctx, a);
@@ -425,6 +415,8 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, co
     ARC_REQUIRE(n_heads <= ARC_ATTN_MAX_GROUPS, "at most %d heads, got %d", ARC_ATTN_MAX_GROUPS, n_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM && (head_dim <= 128 || head_dim % 8 == 0),
                 "head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM, head_dim);
+    ARC_REQUIRE(head_dim <= ATTN_TILE_MAX_HEAD_DIM || !kv.q8(), "head_dim %d past %d takes a bf16 cache, not q8_0",
+                head_dim, ATTN_TILE_MAX_HEAD_DIM);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d",
                 ATTN_MAX_SEQ, max_seq);
     const int align = head_dim % 8 == 0 || kv.q8() ? 16 : 4;
@@ -437,6 +429,9 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, co
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
+    if (head_dim > ATTN_TILE_MAX_HEAD_DIM)  // attention_wide.cu, over the same grid and partials
+        return wide_decode_attention(ctx, qkv, spec, kv, n_heads, n_kv_heads, head_dim, max_seq, pos, scratch, out,
+                                     rows);
     const int splits = tiles_splits(max_seq);
     const size_t part = (size_t)rows.count * n_heads * splits * head_dim;  // the partials of every row
     const TilesArgs a{qkv, rope, kv, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,

@@ -7,8 +7,10 @@
 
 #include "internal.cuh"
 
-// Attention's limits (the decode's blocks take tiles of 64 positions: attention.cu).
-enum { ATTN_MAX_SEQ = 1 << 20, ATTN_MAX_HEAD_DIM = 256, ATTN_TC_HEAD_DIM = 256 };
+// Attention's limits (the decode's blocks take tiles of 64 positions: attention.cu). Heads of up to
+// ATTN_TILE_MAX_HEAD_DIM elements go to the tensor-core kernels (attention.cu, prefill_attention.cu);
+// wider ones, up to ATTN_MAX_HEAD_DIM, a multiple of 8, over a bf16 cache, to attention_wide.cu.
+enum { ATTN_MAX_SEQ = 1 << 20, ATTN_TILE_MAX_HEAD_DIM = 256, ATTN_MAX_HEAD_DIM = 512 };
 
 // A layer's KV cache (arc_model.h: arc_kv_form; kv_cache.cuh reads and writes it). bf16: k and v
 // (n_kv_heads, max_seq, hd) bf16, the scales null. q8_0: k and v (n_kv_heads, max_seq, hd) int8
@@ -91,6 +93,23 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
                             int32_t qkv_stride = 0);  // qkv's rows apart (0: q, k and v alone)
 // Floats of partials the prefill's attention of n queries from start takes (0: none).
 uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start);
+
+// The rows' k (rotated as `rope` says, rope_rotate_half) and v of qkv (rows, stride floats apart),
+// in the cache's form, to cache row positions[i] of each kv head (verify_attention.cu); a row at
+// a position outside [0, max_seq) stores nothing. The decode's one row (rows 1) takes any stride.
+int launch_kv_store(arc_context *ctx, const float *qkv, int rows, int stride, const int32_t *positions,
+                    const RopeArgs &rope, const KvCache &kv, int n_heads, int n_kv_heads, int hd, int max_seq);
+
+// Heads of ATTN_TILE_MAX_HEAD_DIM < hd <= ATTN_MAX_HEAD_DIM elements, hd % 8 == 0, over a bf16 cache
+// (attention_wide.cu): attention_layer's, its arguments checked there (the decode's row is stored
+// to the cache first, the verify's rows are already), and prefill_attention_layer's after rope_kv
+// (q (n, n_heads, hd) bf16, rotated; out (n, n_heads, hd) bf16).
+int wide_decode_attention(arc_context *ctx, const float *qkv, const AttnSpec &spec, const KvCache &kv, int n_heads,
+                          int n_kv_heads, int hd, int max_seq, const int32_t *pos, float *scratch, float *out,
+                          const AttnRows &rows);
+int wide_prefill_attention(arc_context *ctx, const uint16_t *q, const AttnSpec &spec, const uint16_t *k_cache,
+                           const uint16_t *v_cache, int n_heads, int n_kv_heads, int hd, int max_seq, int n, int start,
+                           uint16_t *out);
 
 // The verify forward's attention (verify_attention.cu): k and v of qkv (rows, stride) to the cache
 // at each row's position, then out (rows, n_heads, hd) float32, each row the decode's attention at

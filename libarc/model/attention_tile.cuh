@@ -1,6 +1,6 @@
 // attention_tile.cuh -- the tiles of cached k and v rows that the tensor-core attention kernels
 // (prefill_attention.cu, attention.cu) stage in shared memory: the swizzled layout and the
-// loader; and the sinks' logits they both read.
+// loader; and the sinks' logits they read, and the prefill's normalization with them.
 #pragma once
 
 #include "kernels.cuh"
@@ -52,4 +52,17 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
 // log2(e), rounded once.
 __device__ __forceinline__ float sink_log2(const uint16_t *sinks, int h) {
     return __fmul_rn(bf16_to_f32(sinks[h]), 1.4426950408889634f);
+}
+
+// The factor that normalizes a query's output o (its sums against m, its maximum score in log2
+// units, and l its sum of exponentials): 1 / l, or with head h's sink sl (sinks not null,
+// sink_log2) a / (l a + b), a = 2^(m - M), b = 2^(sl - M), M = max(m, sl): the sink joins the
+// denominator alone. Neither exponent is positive and one is 0, so l a + b lies between about 1
+// and l + 1: a sink far above the scores gives a factor that underflows to 0, one far below
+// exactly 1 / l, never inf or NaN. Without sinks the factor is 1 / l, the plain softmax's.
+__device__ __forceinline__ float prefill_norm(float m, float l, const uint16_t *sinks, int h) {
+    if (!sinks) return 1.0f / l;
+    const float sl = sink_log2(sinks, h), top = fmaxf(m, sl);
+    const float a = exp2f(m - top), b = exp2f(sl - top);
+    return a / __fmaf_rn(l, a, b);
 }

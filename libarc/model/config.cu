@@ -18,7 +18,8 @@ int check_config(const arc_model_config *c) {
                 c->n_heads, c->n_kv_heads);
     ARC_REQUIRE(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= ATTN_MAX_HEAD_DIM &&
                     (c->head_dim <= 128 || c->head_dim % 8 == 0),
-                "config.head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, c->head_dim);
+                "config.head_dim must be even and in [2, %d] (a multiple of 8 past 128), got %d", ATTN_MAX_HEAD_DIM,
+                c->head_dim);
     const long long q_dim = (long long)c->n_heads * c->head_dim;
     ARC_REQUIRE(q_dim % 8 == 0 && q_dim <= GEMV_MAX_COLS,
                 "config.n_heads * head_dim must be a multiple of 8 and at most %d, got %lld", GEMV_MAX_COLS, q_dim);
@@ -67,8 +68,9 @@ int check_config(const arc_model_config *c) {
         break;
     }
     const AttnDims most = max_layer_dims(*c);
-    ARC_REQUIRE(most.hd <= ATTN_TC_HEAD_DIM || (c->kv_cache == ARC_KV_BF16 && !c->attn_sinks),
-                "heads of %d elements (past %d) take a bf16 KV cache and no sinks", most.hd, ATTN_TC_HEAD_DIM);
+    ARC_REQUIRE(c->kv_cache != ARC_KV_Q8_0 || most.hd <= ATTN_TILE_MAX_HEAD_DIM,
+                "a q8_0 KV cache takes heads of at most %d (wider ones a bf16 cache), got head_dim %d",
+                ATTN_TILE_MAX_HEAD_DIM, most.hd);
     if (const int st = check_dn(*c, "arc_model_create")) return st;
     if (dn_layer_count(*c)) {
         ARC_REQUIRE(c->dn_head_dim == DN_HEAD_DIM, "config.dn_head_dim must be %d, got %d", DN_HEAD_DIM,

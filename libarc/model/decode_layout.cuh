@@ -1,5 +1,6 @@
 // decode_layout.cuh -- the decode attention's (attention.cu) sizes and its shared memory: the
-// block's heads and warps, the grid's target, the partials' slots, the tiles' stages.
+// block's heads and warps, the grid's target, the partials' slots, the tiles' stages; and how a kv
+// head's positions are divided among blocks (attention_wide.cu divides them the same way).
 #pragma once
 
 #include "attention_tile.cuh"
@@ -25,3 +26,17 @@ static constexpr size_t dec_smem_bytes(int D, bool q8) {
 // The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
 static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
 static_assert(DEC_HEADS * DEC_MAX_SPLITS * 4 <= 2 * 2 * ATTN_TILE * 32 * 2, "the weights fit the smallest tiles");
+
+// The partials' row stride: a slot for every tile of max_seq, at most DEC_MAX_SPLITS.
+inline int tiles_splits(int32_t max_seq) {
+    const int tiles = (max_seq + ATTN_TILE - 1) / ATTN_TILE;
+    return tiles < DEC_MAX_SPLITS ? tiles : DEC_MAX_SPLITS;
+}
+
+// The blocks a kv head's positions are divided among: about DEC_TARGET_BLOCKS in the grid (two
+// blocks a multiprocessor on a 132-SM card; the same on every card, so that the bits do not depend
+// on it), at most one a slot. Blocks past a short position return at once.
+inline int tiles_blocks(int32_t head_tiles, int splits) {
+    const int per = (DEC_TARGET_BLOCKS + head_tiles - 1) / head_tiles;
+    return per < splits ? per : splits;
+}

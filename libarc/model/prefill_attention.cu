@@ -17,6 +17,10 @@
 // combine_kernel; one that does not (every query in segment 0) writes its output at once, which
 // is the same arithmetic with nothing to merge. A head's sink (gpt-oss: AttnSpec::sinks) enters
 // there alone, in the factor the merged sums are normalized by (prefill_norm).
+//
+// Heads past ATTN_TILE_MAX_HEAD_DIM elements (Gemma 4's of 512) take rope_kv, then in place of
+// flash_prefill attention_wide.cu's kernel: each query alone over the cache in float32 from its bf16
+// q, no partials (prefill_attention_part_floats is 0 for them), out rounded to bf16 once.
 #include <math.h>
 
 #include "attention_tile.cuh"
@@ -46,24 +50,11 @@ __device__ __forceinline__ void prefill_merge(float &m, float &l, float *o, floa
     m = mn;
 }
 
-// The factor that normalizes a query's output o (its sums against m, its maximum score in log2
-// units, and l its sum of exponentials): 1 / l, or with head h's sink sl (sinks not null,
-// sink_log2) a / (l a + b), a = 2^(m - M), b = 2^(sl - M), M = max(m, sl): the sink joins the
-// denominator alone. Neither exponent is positive and one is 0, so l a + b lies between about 1
-// and l + 1: a sink far above the scores gives a factor that underflows to 0, one far below
-// exactly 1 / l, never inf or NaN. Without sinks the factor is 1 / l, the plain softmax's.
-__device__ __forceinline__ float prefill_norm(float m, float l, const uint16_t *sinks, int h) {
-    if (!sinks) return 1.0f / l;
-    const float sl = sink_log2(sinks, h), top = fmaxf(m, sl);
-    const float a = exp2f(m - top), b = exp2f(sl - top);
-    return a / __fmaf_rn(l, a, b);
-}
-
 // q_out[i] (n_heads, hd) bf16, and cache rows start + i of kv, for chunk token i = blockIdx.x: q
 // and k rotated at position start + i as `rope` says (kernels.cuh) from qkv[i] = [q (n_heads, hd)
 // | k (n_kv_heads, hd) | v (n_kv_heads, hd)] float32, q rounded to nearest even, k and v stored
 // in the cache's form (q8_0: hd % 32 == 0, a warp a block of 32). Launch: grid (n), ROPE_THREADS
-// threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM.
+// threads. Limits: hd even, <= ATTN_MAX_HEAD_DIM (the angles' arrays hold half of that).
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_kernel(const float *__restrict__ qkv, const RopeArgs rope, const KvCache kv, int n_heads, int n_kv_heads,
                int hd, int max_seq, int start, uint16_t *__restrict__ q_out, int stride) {
@@ -278,7 +269,7 @@ flash_prefill_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
 // out[i, head] (bf16) of query i = blockIdx.x and head blockIdx.y: its segments' partials
 // (segs of them, n queries each) merged in order, then normalized (prefill_norm: divided by the
 // sum, sinks null, or with the head's sink in the denominator). hd threads at most 256.
-__global__ void __launch_bounds__(ATTN_MAX_HEAD_DIM)
+__global__ void __launch_bounds__(ATTN_TILE_MAX_HEAD_DIM)
 combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int hd,
                const uint16_t *__restrict__ sinks, uint16_t *__restrict__ out) {
     pdl_launch_dependents();
@@ -295,7 +286,7 @@ combine_kernel(const float *__restrict__ part, int segs, int n, int n_heads, int
 }
 
 uint64_t prefill_attention_part_floats(int32_t n_heads, int32_t head_dim, int32_t n, int32_t start) {
-    if (start + n <= FLASH_SEG_KEYS) return 0;
+    if (start + n <= FLASH_SEG_KEYS || head_dim > ATTN_TILE_MAX_HEAD_DIM) return 0;  // wide heads: none
     const uint64_t segs = (uint64_t)(start + n + FLASH_SEG_KEYS - 1) / FLASH_SEG_KEYS;
     return segs * n * n_heads * part_floats(head_dim);
 }
@@ -347,6 +338,9 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     ARC_REQUIRE(n_heads <= 65535, "at most 65535 heads, got %d", n_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= ATTN_MAX_HEAD_DIM,
                 "head_dim must be even and in [2, %d], got %d", ATTN_MAX_HEAD_DIM, head_dim);
+    ARC_REQUIRE(head_dim <= ATTN_TILE_MAX_HEAD_DIM || (head_dim % 8 == 0 && !kv.q8()),
+                "head_dim %d past %d takes a multiple of 8 and a bf16 cache, not q8_0", head_dim,
+                ATTN_TILE_MAX_HEAD_DIM);
     ARC_REQUIRE(max_seq > 0 && max_seq <= ATTN_MAX_SEQ, "max_seq must be in [1, %d], got %d", ATTN_MAX_SEQ, max_seq);
     ARC_REQUIRE(n > 0 && start >= 0 && (int64_t)start + n <= max_seq,
                 "the chunk (n %d from position %d) must be non-empty and end within max_seq %d", n, start, max_seq);
@@ -367,6 +361,9 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     ARC_REQUIRE(stride >= (n_heads + 2 * n_kv_heads) * head_dim, "qkv rows of %d floats hold no q, k and v", stride);
     ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope, kv,
                            n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch, (int)stride));
+    if (head_dim > ATTN_TILE_MAX_HEAD_DIM)  // attention_wide.cu: each query alone over the cache
+        return wide_prefill_attention(ctx, q_scratch, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
+                                      n, start, out);
     if (kv.q8()) {  // the tiles some query of the chunk reads (from the window's first, for a windowed layer)
         const int lo = spec.window > 0 && start >= spec.window ? start - spec.window + 1 : 0;
         ARC_TRY(kv_widen(ctx, kv, n_kv_heads, head_dim, max_seq, lo / FLASH_KV * FLASH_KV, start + n));
@@ -380,6 +377,7 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     if (head_dim <= 128)
         return launch_flash<128>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start,
                                  spec, out, part, part_n);
+    // head_dim <= ATTN_TILE_MAX_HEAD_DIM here
     return launch_flash<256>(ctx, q_scratch, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, n, start, spec,
                              out, part, part_n);
 }
