@@ -124,8 +124,8 @@ typedef struct arc_model_config {
     /* The form the KV cache holds its rows in, an arc_kv_form (0: bf16). Q8_0 takes head_dim % 32 == 0 and
      * head_dim <= 256. */
     int32_t kv_cache;
-    /* Gemma 4's (0 each: none). A layer that attends every position (not windowed) in a model with sliding_window > 0
-     * has heads of global_head_dim elements (0: head_dim) and global_n_kv_heads kv heads (0: n_kv_heads): its WQ, WK,
+    /* Gemma 4's (0 each: none). A layer that attends every position (not windowed) has heads of global_head_dim
+     * elements (0: head_dim) and global_n_kv_heads kv heads (0: n_kv_heads): its WQ, WK,
      * WV, WO, Q_NORM, K_NORM, RoPE table (global_head_dim / 2 with rope_dim 0) and cache rows take those sizes; heads
      * past 256 elements need a bf16 cache and no sinks. v_norm (0 or 1, with qk_norm): each v head RMS-normed without
      * weights (in QK_NORM). layer_scalar (0 or 1): x *= LAYER_SCALAR after the layer (ARC_OP_LAYER_SCALAR).

@@ -86,9 +86,9 @@ def _check_gemma4(c: dict, who: str) -> None:
 
 
 def _layer_global(c: dict, layer: int) -> bool:
-    """A layer that attends every position in a windowed model (libarc's layer_global)."""
+    """A layer that attends every position (libarc's layer_global)."""
     n = c["window_pattern"]
-    return c["sliding_window"] > 0 and n > 0 and layer % n == n - 1
+    return c["sliding_window"] <= 0 or (n > 0 and layer % n == n - 1)
 
 
 def _layer_dims(c: dict, layer: int) -> tuple[int, int]:

@@ -30,9 +30,7 @@ int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
     return n;
 }
 
-bool layer_global(const arc_model_config &c, int layer) {
-    return c.sliding_window > 0 && layer_window(c, layer) == 0;
-}
+bool layer_global(const arc_model_config &c, int layer) { return layer_window(c, layer) == 0; }
 
 static AttnDims dims_of(const arc_model_config &c, int32_t hd, int32_t n_kv) {
     const int32_t q = c.n_heads * hd, kv = n_kv * hd;

@@ -17,7 +17,7 @@ int layer_program(const arc_model_config &c, int layer, int32_t *ops);
 int layer_window(const arc_model_config &c, int layer);
 // A layer's attention dims (parts.cuh: AttnDims).
 AttnDims layer_dims(const arc_model_config &c, int layer);
-// Whether layer `layer` takes the global dims (attends every position in a windowed model).
+// Whether layer `layer` takes the global dims (attends every position).
 bool layer_global(const arc_model_config &c, int layer);
 // The largest of every layer's dims (each field its own maximum): what the buffers hold.
 AttnDims max_layer_dims(const arc_model_config &c);

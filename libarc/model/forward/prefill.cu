@@ -121,7 +121,11 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     }
     // The attention's partials (prefill_attention.cu) for as many queries as 64 MB hold at the
     // longest context (whole tiles of 64, at least one), no more than a chunk has.
-    const uint64_t per_query = prefill_attention_part_floats(c.n_heads, mp.most.hd, 1, c.max_seq - 1);
+    uint64_t per_query = 0;  // the most any layer's dims take
+    for (int l = 0; l < c.n_layers; ++l) {
+        const uint64_t f = prefill_attention_part_floats(c.n_heads, layer_dims(c, l).hd, 1, c.max_seq - 1);
+        per_query = f > per_query ? f : per_query;
+    }
     uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
     part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
     const uint64_t sizes[10] = {
