@@ -21,6 +21,7 @@ from arcpy.devices.numpy_device import NumpyDevice
 from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import SHAPES, load_model, save_model, synthetic_model
+from arcpy.model import gemma4
 from arcpy.model.gemma4 import OP_EXPERTS_BESIDE, cuda_refusal, kv_source
 from arcpy.model.native import describe, layer_program
 from arcpy.model.safetensors import save_safetensors
@@ -209,7 +210,14 @@ def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(mo
         assert part in message
     ple_only = dataclasses.replace(SHAPES["gemma4-dense-tiny"], ple_dim=16, ple_vocab=1024)
     assert "per-layer embeddings" in cuda_refusal(ple_only) and "experts" not in cuda_refusal(ple_only)
-    for name in ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-31B"):
+    # The dense layer: refused until its kernels have passed their GPU tests, then run.
+    dense = ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-31B")
+    for name in dense:
+        message = cuda_refusal(SHAPES[name])
+        assert ("await their GPU tests" in message and "\n" not in message) if not gemma4.CUDA_LAYER_CHECKED \
+            else message == ""
+    monkeypatch.setattr(gemma4, "CUDA_LAYER_CHECKED", True)
+    for name in dense:
         assert cuda_refusal(SHAPES[name]) == ""
         check_supported(SHAPES[name])  # nothing raised
     from arcpy.model import random_model

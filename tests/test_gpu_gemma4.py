@@ -24,11 +24,20 @@ from arcpy.errors import InvalidArgumentError
 from arcpy.loop.engine import DEVICE_LOOP, HOST, Engine
 from arcpy.loop.gate import FallbackLatch
 from arcpy.loop.settings import EngineSettings
-from arcpy.model import Model, synthetic_model
+from arcpy.model import Model, gemma4, synthetic_model
 from arcpy.model.gemma4 import cuda_refusal
 from arcpy.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def layer_checked():
+    """These are the tests arcpy.model.gemma4.CUDA_LAYER_CHECKED waits for: they run the layer
+    (module-scoped, so that it holds before the devices the module opens)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemma4, "CUDA_LAYER_CHECKED", True)
+        yield
 
 SHAPES = ["gemma4-dense-tiny", "gemma4-wide-test"]
 MAX_SEQ = 2048
