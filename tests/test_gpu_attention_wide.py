@@ -14,12 +14,11 @@ against NumPy at these widths; tests/test_gpu_attention_sinks.py the three with 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from bf16_words import from_bf16, random_bf16
 from gpu_buffers import assert_close, f32p, u16p
+from test_gpu_kernels import inv_freq_table, np_attention, np_rope
 
 from arcpy import _lib
 
@@ -27,32 +26,6 @@ pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 ROWS = 8  # the current token and 7 drafts
-
-
-def inv_freq_table(hd, theta=10000.0):
-    return (theta ** (-2.0 * np.arange(hd // 2, dtype=np.float64) / hd)).astype(F32)
-
-
-def np_rope(x, pos, inv_freq):
-    """x (heads, hd) f32, rotate-half pairs (i, i + hd/2), angle float32(pos) * inv_freq[i]."""
-    half = x.shape[1] // 2
-    ang = F32(pos) * inv_freq
-    c, s = np.cos(ang), np.sin(ang)
-    a, b = x[:, :half], x[:, half:]
-    return np.concatenate([a * c - b * s, b * c + a * s], axis=1).astype(F32)
-
-
-def np_attention(q, k, v, pos, n_kv):
-    """q (n_heads, hd) f32; k, v (n_kv, >pos, hd) f32 -> (n_heads, hd), float32 as the kernel test's."""
-    n_heads, hd = q.shape
-    group = n_heads // n_kv
-    out = np.empty_like(q)
-    for h in range(n_heads):
-        kk, vv = k[h // group, : pos + 1], v[h // group, : pos + 1]
-        s = (kk @ q[h]) * F32(1.0 / math.sqrt(hd))
-        p = np.exp(s - s.max())
-        out[h] = (p @ vv) / p.sum()
-    return out
 
 
 # (head_dim, n_heads, n_kv_heads, first row's position, max_seq): Gemma 4's groups of 8 (32/4) and

@@ -12,7 +12,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gpu_buffers import decided_greedy_steps, gpu_logits, host_logits
+from gpu_buffers import gpu_logits, host_logits
+import test_gpu_forward
 from test_gpu_moe import device_tokens, prefill, rel_error
 from test_gpu_speculation import K, assert_verify_rows_are_decode_logits
 
@@ -84,20 +85,12 @@ def test_the_decode_matches_the_reference_at_positions_past_the_windows(pair, ca
             dev.close()
 
 
-def test_graph_replay_equals_the_eager_forward_bit_for_bit(pair):
-    model, dev = pair
-    for pos in (0, 1, 37, 511):
-        tok = (pos * 7919 + 13) % model.config.vocab
-        replayed = gpu_logits(dev, tok, pos)
-        eager = gpu_logits(dev, tok, pos, eager=True)
-        assert np.array_equal(replayed, eager), f"position {pos}: graph and eager differ"
-
-
-def test_greedy_matches_the_reference_where_the_margin_exceeds_the_error(pair):
-    model, dev = pair
-    agreed, checked = decided_greedy_steps(model, dev, MAX_SEQ)
-    print(f"{model.name}: {agreed}/{checked} decided steps agree")
-    assert checked >= 16 and agreed == checked
+# The forward tests' graph replay (the replayed graph the eager forward's bits) and greedy steps (the
+# reference's token wherever its margin exceeds the error), run here on this module's devices.
+test_graph_replay_equals_the_eager_forward_bit_for_bit = \
+    test_gpu_forward.test_graph_replay_equals_the_eager_forward_bit_for_bit
+test_greedy_matches_the_reference_where_the_margin_exceeds_the_error = \
+    test_gpu_forward.test_greedy_matches_the_reference_where_the_margin_exceeds_the_error
 
 
 @pytest.mark.parametrize("n", [1, 40, 300])
