@@ -44,8 +44,10 @@ def kv_heads(cfg) -> list[int]:
 def check_kv_cache(cfg, kv_cache: str) -> int:
     """arc_kv_form's value for a cache of form `kv_cache` of this model; one line where libarc
     holds none (an unknown form, fp8, q8_0 with heads of other than whole blocks of 32 or past 256)."""
-    widest = max(kv_heads(cfg), default=cfg.head_dim)
-    check_kv_form(kv_cache, cfg.head_dim if widest == cfg.head_dim else widest)
+    widths = set(kv_heads(cfg)) or {cfg.head_dim}
+    for hd in sorted(widths):
+        check_kv_form(kv_cache, hd)
+    widest = max(widths)
     if kv_cache != "bf16" and widest > 256:
         raise InvalidArgumentError(f"a {kv_cache} KV cache takes heads of at most 256 values; this model's widest have "
                                    f"{widest}: use --kv-cache bf16")

@@ -36,7 +36,8 @@ Gemma 3 layer); a global layer with k_eq_v is given its k_proj as libarc's WV to
 of k's rows, v's values exact). arcpy.model.native asks libarc for them and extends them here with
 what only the NumPy reference runs: the experts beside the dense FFN (OP_EXPERTS_BESIDE), per-layer
 embeddings (OP_PER_LAYER_INPUT), K/V shared across layers and the shared layers' wider FFN. The CUDA
-backend runs the rest and refuses those in one line (cuda_refusal).
+backend refuses those in one line (cuda_refusal), and the rest too until libarc's layer has passed
+its GPU tests (CUDA_LAYER_CHECKED).
 """
 
 from __future__ import annotations
