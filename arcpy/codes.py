@@ -4,7 +4,7 @@ arc.h is their home; these copies exist so that the control logic runs where no 
 built. tests/test_abi.py parses arc.h and pins every value here equal to the header's.
 """
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 # arc_status
 ARC_OK = 0
@@ -75,11 +75,12 @@ OP_DN_IN = 11
 OP_DN_STEP = 12
 OP_DN_OUT = 13
 OP_LAYER_SCALAR = 14
+OP_EXPERTS_BESIDE = 15
 OP_NAMES = {OP_ATTN_IN: "ATTN_IN", OP_QK_NORM: "QK_NORM", OP_ATTEND: "ATTEND", OP_ATTN_OUT: "ATTN_OUT",
             OP_FFN_IN: "FFN_IN", OP_FFN_OUT: "FFN_OUT", OP_ATTN_OUT_NORM: "ATTN_OUT_NORM",
             OP_FFN_OUT_NORM: "FFN_OUT_NORM", OP_MOE_IN: "MOE_IN", OP_MOE_OUT: "MOE_OUT", OP_ATTN_GATE: "ATTN_GATE",
             OP_DN_IN: "DN_IN", OP_DN_STEP: "DN_STEP", OP_DN_OUT: "DN_OUT",
-            OP_LAYER_SCALAR: "LAYER_SCALAR"}
+            OP_LAYER_SCALAR: "LAYER_SCALAR", OP_EXPERTS_BESIDE: "EXPERTS_BESIDE"}
 MAX_LAYER_OPS = 8
 
 # arc_activation: the GLU's activation, by arcpy's name, in arc.h's order

@@ -72,7 +72,13 @@ typedef enum arc_tensor {
     ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only on MoE layers, only with expert_bias */
     /* Gemma 4's (arc_model_config: layer_scalar). */
     ARC_TENSOR_LAYER_SCALAR = 44,   /* per layer (1), only with layer_scalar: the layer's output factor */
-    ARC_TENSOR_COUNT = 45
+    /* Gemma 4's experts beside the dense FFN (arc_model_config: experts_beside), only on MoE layers with it. */
+    ARC_TENSOR_MOE_NORM = 45,       /* per layer (dim): the experts' input norm */
+    ARC_TENSOR_FFN_OUT_NORM = 46,   /* per layer (dim): the dense FFN's output norm */
+    ARC_TENSOR_MOE_OUT_NORM = 47,   /* per layer (dim): the experts' output norm */
+    ARC_TENSOR_ROUTER_SCALE = 48,   /* per layer (dim): the router's input factors */
+    ARC_TENSOR_EXPERT_SCALE = 49,   /* per layer (n_experts): each expert's weight's factor */
+    ARC_TENSOR_COUNT = 50
 } arc_tensor;
 /* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT
  * (gpt-oss's) g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = u clamped to [-7, 7]. */
@@ -133,6 +139,14 @@ typedef struct arc_model_config {
      * log-probability. */
     int32_t global_head_dim, global_n_kv_heads, v_norm, layer_scalar;
     float final_softcap;
+    /* Gemma 4's mixture of experts (0 or 1; with n_experts and post_norms, no shared expert and no expert_bias): a
+     * MoE layer keeps its dense FFN (W_GATE, W_UP, W_DOWN of ffn_dim, input norm MLP_NORM) and runs the experts beside
+     * it (ARC_OP_EXPERTS_BESIDE). The router reads r = rmsnorm(x) * ROUTER_SCALE (no other weights) and its logits
+     * ROUTER @ r are scaled by 1 / sqrt(dim); the routing must be SOFTMAX_TOPK with norm_topk, and expert e's weight
+     * is then times EXPERT_SCALE[e]. The experts read rmsnorm(x, MOE_NORM). The layer adds rmsnorm(rmsnorm(dense,
+     * FFN_OUT_NORM) + rmsnorm(experts, MOE_OUT_NORM), POST_FFN_NORM), dense = Wdown @ h and experts their weighted
+     * sum. */
+    int32_t experts_beside;
 } arc_model_config;
 /* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16
  * scales, a block of 32 elements each: d = amax / 127 (float32), code = round(x * (1 / d)) (halves away from zero;
@@ -163,7 +177,8 @@ typedef enum arc_layer_op {
     ARC_OP_DN_IN = 11,      /* u = [DN_QKV; DN_Z; DN_B; DN_A] @ rmsnorm(x, ATTN_NORM) */
     ARC_OP_DN_STEP = 12,    /* the DeltaNet's convolution and state update at the token's position -> att */
     ARC_OP_DN_OUT = 13,     /* x += DN_OUT @ att */
-    ARC_OP_LAYER_SCALAR = 14  /* x *= LAYER_SCALAR (the layer's last op) */
+    ARC_OP_LAYER_SCALAR = 14,  /* x *= LAYER_SCALAR (the layer's last op) */
+    ARC_OP_EXPERTS_BESIDE = 15  /* after FFN_IN (h): x += the dense FFN's and the experts' outputs (experts_beside) */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 

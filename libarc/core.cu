@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 16 };
+enum { ARC_ABI_VERSION = 17 };
 
 static thread_local char t_last_error[1024];
 

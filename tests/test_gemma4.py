@@ -22,7 +22,8 @@ from arcpy.devices.reference import ReferenceModel
 from arcpy.errors import InvalidArgumentError, ModelFileError
 from arcpy.model import SHAPES, load_model, save_model, synthetic_model
 from arcpy.model import gemma4
-from arcpy.model.gemma4 import OP_EXPERTS_BESIDE, cuda_refusal, kv_source
+from arcpy.codes import OP_EXPERTS_BESIDE
+from arcpy.model.gemma4 import cuda_refusal, kv_source
 from arcpy.model.native import describe, layer_program
 from arcpy.model.safetensors import save_safetensors
 
@@ -193,8 +194,8 @@ def test_the_real_dims_presets():
 
 
 def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(monkeypatch):
-    """The CUDA backend runs Gemma 4's dense layer (libarc's table and program hold it) and refuses,
-    in one line naming each, the experts beside the FFN, per-layer embeddings and shared K/V."""
+    """The CUDA backend runs Gemma 4's dense and mixture-of-experts layers (libarc's table and program
+    hold them) and refuses, in one line naming each, per-layer embeddings and shared K/V."""
     import arcpy.devices.cuda as cuda
     from arcpy.devices.cuda_model import check_supported
 
@@ -206,12 +207,12 @@ def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(mo
         cuda.open_cuda_device(model)
     message = str(e.value)
     assert message == cuda_refusal(model.config) and "\n" not in message and "--backend numpy" in message
-    for part in ("experts beside the dense FFN", "per-layer embeddings", "K/V shared across layers"):
+    for part in ("per-layer embeddings", "K/V shared across layers"):
         assert part in message
     ple_only = dataclasses.replace(SHAPES["gemma4-dense-tiny"], ple_dim=16, ple_vocab=1024)
-    assert "per-layer embeddings" in cuda_refusal(ple_only) and "experts" not in cuda_refusal(ple_only)
-    # The dense layer: refused until its kernels have passed their GPU tests, then run.
-    dense = ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-31B")
+    assert "per-layer embeddings" in cuda_refusal(ple_only) and "K/V" not in cuda_refusal(ple_only)
+    # libarc's layers: refused until their kernels have passed their GPU tests, then run.
+    dense = ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-moe-tiny", "gemma4-31B", "gemma4-26B-A4B")
     for name in dense:
         message = cuda_refusal(SHAPES[name])
         assert ("await their GPU tests" in message and "\n" not in message) if not gemma4.CUDA_LAYER_CHECKED \

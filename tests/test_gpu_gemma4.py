@@ -5,8 +5,8 @@ unscaled scores, layer scalars and the logits' soft cap (arcpy/model/gemma4.py).
 eight query heads over one kv head), against the NumPy reference: the decode step at positions past
 the windows, the replayed graph, greedy steps, the prefill (in one chunk or several), the verify's
 rows as the decode's bits, the device loop as the host path; a soft cap small enough to change every
-logit; and what only the reference runs (the experts beside the FFN, per-layer embeddings, shared
-K/V) refused in one line, the numpy backend running it."""
+logit; and what only the reference runs (per-layer embeddings, shared K/V) refused in one line, the
+numpy backend running it. The experts beside the FFN: tests/test_gpu_gemma4_moe.py."""
 
 import dataclasses
 

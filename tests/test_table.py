@@ -104,6 +104,7 @@ def test_the_python_tables_answer_as_libarc_does(name):
 
 
 MOE = dict(n_experts=4, n_experts_used=2, expert_ffn_dim=8)
+BESIDE = {**MOE, "experts_beside": 1, "post_norms": 1, "norm_topk": 1}  # Gemma 4's experts beside the FFN
 
 
 @needs_libarc
@@ -114,6 +115,9 @@ MOE = dict(n_experts=4, n_experts_used=2, expert_ffn_dim=8)
     ({**MOE, "shared_ffn_dim": -1}, "shared_ffn_dim"), ({**MOE, "post_norms": 1}, "post_norms and mixture"),
     (dict(dim=0), "must be positive"), (dict(vocab=-3), "must be positive"), (dict(rope_dim=3), "rope_dim"),
     (dict(rope_dim=1024), "rope_dim"), (dict(qk_norm=2), "qk_norm"), (dict(post_norms=3), "post_norms"),
+    (dict(experts_beside=2), "experts_beside must be 0 or 1"), ({**BESIDE, "post_norms": 0}, "experts_beside takes"),
+    ({**BESIDE, "routing": 1}, "experts_beside takes"), ({**BESIDE, "norm_topk": 0}, "experts_beside takes"),
+    ({**BESIDE, "shared_ffn_dim": 8}, "experts_beside takes"), ({**BESIDE, "expert_bias": 1}, "experts_beside takes"),
 ])
 def test_the_python_tables_refuse_what_libarc_refuses_in_its_words(change, says):
     values = {**config_values(SHAPES["stories15M"]), **change}

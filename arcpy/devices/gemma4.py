@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.codes import OP_LAYER_SCALAR
+from arcpy.codes import OP_EXPERTS_BESIDE, OP_LAYER_SCALAR
 from arcpy.devices.reference_layer import Layer, norm_factors, weights_f32
 from arcpy.devices.reference_ops import (
     GLUS,
@@ -94,7 +94,7 @@ class Gemma4Rows(_RowOps):
         self.ple = m.per_layer_inputs.rows(tokens, self.x, r) if m.per_layer_inputs is not None else None
 
     def _dispatch(self):
-        own = {g4.OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
+        own = {OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
                OP_LAYER_SCALAR: self.layer_scalar}
         shared = super()._dispatch()
 
@@ -139,7 +139,7 @@ class Gemma4Rows(_RowOps):
         logits = linear(self.r(n), L.router)
         self.chosen, self.weights = route(logits, c.n_experts_used, "softmax_topk", True)
         self.weights = self.weights * L.expert_scale[self.chosen]
-        self.m.routing[li] = self.chosen
+        self.record_routing(li, logits)
         n = self.r(rmsnorm(x, L.experts_norm, c.rms_eps))
         h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together

@@ -250,10 +250,7 @@ class _RowOps:
         n = self.r(rmsnorm(self.x, L.mlp_norm, c.rms_eps))
         logits = linear(n, L.router, L.expert_bias("router"))
         self.chosen, self.weights = route(logits, c.n_experts_used, c.routing, c.norm_topk_prob)
-        self.m.routing[li] = self.chosen
-        ranked = -np.sort(-logits, axis=-1)  # the k-th logit's lead over the next (inf: all chosen)
-        k = c.n_experts_used
-        self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < c.n_experts else math.inf
+        self.record_routing(li, logits)
         h = np.empty(self.chosen.shape + (c.expert_ffn_dim,), F32)  # (T, k, expert_ffn_dim)
         for e, rows, slots in self._by_expert():  # the rows routed to each expert, together
             h[rows, slots] = self.glu(linear(n[rows], L.e_gate[e], L.expert_bias("gate", e)),
@@ -262,6 +259,14 @@ class _RowOps:
         if c.shared_expert_ffn_dim:
             self.shared_h = self.r(self.glu(linear(n, L.s_gate), linear(n, L.s_up)))
             self.shared_w = F32(1.0) / (F32(1.0) + np.exp(-linear(n, L.s_router)))  # (T, 1)
+
+    def record_routing(self, li: int, logits: np.ndarray) -> None:
+        """Layer li's choices (self.chosen), and the smallest lead of the k-th router logit over the
+        next among its rows (inf where every expert is chosen)."""
+        self.m.routing[li] = self.chosen
+        ranked = -np.sort(-logits, axis=-1)
+        k = self.cfg.n_experts_used
+        self.m.route_gap[li] = float(np.min(ranked[:, k - 1] - ranked[:, k])) if k < self.cfg.n_experts else math.inf
 
     def _by_expert(self):
         """(expert, its rows, their slots among the k) for every expert some row chose."""

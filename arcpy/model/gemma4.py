@@ -30,14 +30,14 @@ whose factors are their weights as stored (never 1 + w), and:
   dense GLU is 2 x ffn_dim wide.
 - the logits capped: final_softcap * tanh(logits / final_softcap).
 
-libarc's layer program and tensor table hold the dense layer (arc_model_config's global_head_dim,
-global_n_kv_heads, v_norm, layer_scalar and final_softcap: native_fields, over native_base's
-Gemma 3 layer); a global layer with k_eq_v is given its k_proj as libarc's WV too (one more product
+libarc's layer program and tensor table hold the dense layer and the experts beside it
+(arc_model_config's global_head_dim, global_n_kv_heads, v_norm, layer_scalar, final_softcap and
+experts_beside: native_fields, over native_base's Gemma 3 layer; OP_EXPERTS_BESIDE and the tensors
+of MOE_IDS); a global layer with k_eq_v is given its k_proj as libarc's WV too (one more product
 of k's rows, v's values exact). arcpy.model.native asks libarc for them and extends them here with
-what only the NumPy reference runs: the experts beside the dense FFN (OP_EXPERTS_BESIDE), per-layer
-embeddings (OP_PER_LAYER_INPUT), K/V shared across layers and the shared layers' wider FFN. The CUDA
-backend refuses those in one line (cuda_refusal), and the rest too until libarc's layer has passed
-its GPU tests (CUDA_LAYER_CHECKED).
+what only the NumPy reference runs: per-layer embeddings (OP_PER_LAYER_INPUT), K/V shared across
+layers and the shared layers' wider FFN. The CUDA backend refuses those in one line (cuda_refusal),
+and the rest too until libarc's layer has passed its GPU tests (CUDA_LAYER_CHECKED).
 """
 
 from __future__ import annotations
@@ -46,14 +46,13 @@ import dataclasses
 import math
 
 from arcpy.checks import is_finite_real, is_int, quoted, require
-from arcpy.codes import OP_FFN_OUT_NORM
+from arcpy.codes import ROUTINGS
 from arcpy.model.moe import EXPERT_SUFFIXES
 
-# The ops of the NumPy reference alone (libarc's arc_layer_op numbers stop well below them): the
-# FFN's output with the experts beside the dense GLU (in place of FFN_OUT_NORM), the per-layer
-# input (before the layer's scalar, libarc's OP_LAYER_SCALAR).
-OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT = 110, 111
-OP_NAMES = {OP_EXPERTS_BESIDE: "EXPERTS_BESIDE", OP_PER_LAYER_INPUT: "PER_LAYER_INPUT"}
+# The op of the NumPy reference alone (libarc's arc_layer_op numbers stop well below it): the
+# per-layer input (before the layer's scalar, libarc's OP_LAYER_SCALAR).
+OP_PER_LAYER_INPUT = 111
+OP_NAMES = {OP_PER_LAYER_INPUT: "PER_LAYER_INPUT"}
 
 # The tensors outside the layers (per-layer embeddings), and a layer's beyond Gemma 3's, under
 # their Hugging Face names (a layer's after its prefix).
@@ -71,6 +70,11 @@ SHARED_UNREAD = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_att
 # Factors held as 1-D tensors (not norms): near 1 in a random model.
 SCALES = (ROUTER_SCALE, EXPERT_SCALE, LAYER_SCALAR)
 _EXPERTS = EXPERT_SUFFIXES[:3]  # the experts' stacked matrices (their biases are gpt-oss's)
+# A mixture-of-experts layer's tensors past the dense FFN, (suffix, arc_tensor name) in file order.
+MOE_IDS = tuple(zip(EXPERT_NORMS + (ROUTER, ROUTER_SCALE, EXPERT_SCALE) + _EXPERTS,
+                    ("ARC_TENSOR_MOE_NORM", "ARC_TENSOR_FFN_OUT_NORM", "ARC_TENSOR_MOE_OUT_NORM",
+                     "ARC_TENSOR_MOE_ROUTER", "ARC_TENSOR_ROUTER_SCALE", "ARC_TENSOR_EXPERT_SCALE",
+                     "ARC_TENSOR_MOE_GATE", "ARC_TENSOR_MOE_UP", "ARC_TENSOR_MOE_DOWN")))
 _FIELDS = ("global_head_dim", "global_n_kv_heads", "global_rope_dim", "ple_dim", "ple_vocab", "kv_shared_layers")
 
 
@@ -179,21 +183,20 @@ CUDA_LAYER_CHECKED = False
 
 def cuda_refusal(cfg) -> str:
     """Why the CUDA backend cannot run this Gemma 4 config (one line), or "" where it can."""
-    lacks = [what for what, has in (("the experts beside the dense FFN", cfg.n_experts),
-                                    ("per-layer embeddings", cfg.ple_dim),
+    lacks = [what for what, has in (("per-layer embeddings", cfg.ple_dim),
                                     ("K/V shared across layers", cfg.kv_shared_layers)) if has]
     if not lacks and not CUDA_LAYER_CHECKED:
         return ("Gemma 4 runs on the numpy backend only so far (libarc's kernels for its layer await their GPU "
                 "tests): use --backend numpy")
     if not lacks:
         return ""
-    return (f"Gemma 4 with {' and '.join(lacks)} runs on the numpy backend only so far (libarc runs the dense "
-            "layer alone): use --backend numpy")
+    return (f"Gemma 4 with {' and '.join(lacks)} runs on the numpy backend only so far (libarc runs its dense "
+            "and mixture-of-experts layers alone): use --backend numpy")
 
 
 def native_base(cfg):
     """The Gemma 3 layer under a Gemma 4 config: dense, every layer of the sliding layers' dims, no
-    Gemma 4 field (native_fields gives libarc's)."""
+    Gemma 4 field (native_fields gives libarc's, the experts among them)."""
     return dataclasses.replace(cfg, gemma4_layer=False, global_head_dim=0, global_n_kv_heads=0, global_rope_dim=0,
                                k_eq_v=False, final_softcap=0.0, ple_dim=0, ple_vocab=0, kv_shared_layers=0,
                                double_wide_mlp=False, n_experts=0, n_experts_used=0, expert_ffn_dim=0)
@@ -201,10 +204,15 @@ def native_base(cfg):
 
 def native_fields(cfg) -> dict:
     """arc_model_config's Gemma 4 fields of cfg: the global layers' dims, v norms, layer scalars, the
-    logits' cap."""
+    logits' cap, and in a mixture of experts the experts beside the dense FFN (softmax over every
+    expert, the top k renormalized, whatever the config's routing fields say)."""
     gh, gkv = global_dims(cfg)
-    return dict(global_head_dim=gh, global_n_kv_heads=gkv, v_norm=1, layer_scalar=1,
-                final_softcap=float(cfg.final_softcap))
+    fields = dict(global_head_dim=gh, global_n_kv_heads=gkv, v_norm=1, layer_scalar=1,
+                  final_softcap=float(cfg.final_softcap))
+    if cfg.n_experts:
+        fields.update(n_experts=cfg.n_experts, n_experts_used=cfg.n_experts_used, expert_ffn_dim=cfg.expert_ffn_dim,
+                      experts_beside=1, routing=ROUTINGS.index("softmax_topk"), norm_topk=1)
+    return fields
 
 
 def shares_values(cfg, name: str) -> bool:
@@ -228,17 +236,10 @@ def _layer_shape(cfg, layer: int, suffix: str, shape: tuple[int, ...]) -> tuple[
             "mlp.down_proj.weight": (cfg.dim, f)}.get(suffix, shape)
 
 
-def _layer_extras(cfg, layer: int, prefix: str):
-    """The tensors a Gemma 4 layer holds past Gemma 3's, (name, shape), in the files' order."""
-    d, e = cfg.dim, cfg.n_experts
-    if cfg.is_moe_layer(layer):
-        f = cfg.expert_ffn_dim
-        yield from ((prefix + name, (d,)) for name in EXPERT_NORMS)
-        yield prefix + ROUTER, (e, d)
-        yield prefix + ROUTER_SCALE, (d,)
-        yield prefix + EXPERT_SCALE, (e,)
-        for name, shape in zip(_EXPERTS, ((e * f, d), (e * f, d), (e * d, f))):
-            yield prefix + name, shape
+def _layer_extras(cfg, prefix: str):
+    """The tensors a Gemma 4 layer holds past libarc's table (the per-layer input's), (name, shape),
+    in the files' order."""
+    d = cfg.dim
     if cfg.ple_dim:
         yield prefix + PLE_GATE, (cfg.ple_dim, d)
         yield prefix + PLE_LAYER_PROJECTION, (d, cfg.ple_dim)
@@ -254,7 +255,7 @@ def tensors(cfg, base):
             i = int(name.split(".")[2])
             prefix = f"model.layers.{i}."
             if name == prefix + LAYER_SCALAR:
-                yield from _layer_extras(cfg, i, prefix)
+                yield from _layer_extras(cfg, prefix)
             shape = _layer_shape(cfg, i, name[len(prefix):], shape)
             if shape is not None:
                 yield name, shape
@@ -267,12 +268,10 @@ def tensors(cfg, base):
             yield PLE_NORM, (cfg.ple_dim,)
 
 
-def program(base: list[int], cfg, layer: int) -> list[int]:
-    """Layer `layer`'s program: libarc's (`base`, ending in its scalar), its FFN's output norm
-    replaced by OP_EXPERTS_BESIDE in a mixture of experts, and the per-layer input before the
-    scalar where the config has them."""
-    ops = [OP_EXPERTS_BESIDE if op == OP_FFN_OUT_NORM and cfg.is_moe_layer(layer) else op for op in base]
-    return ops[:-1] + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + ops[-1:]
+def program(base: list[int], cfg) -> list[int]:
+    """A layer's program: libarc's (`base`, ending in its scalar), and the per-layer input before
+    the scalar where the config has them."""
+    return base[:-1] + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + base[-1:]
 
 
 def row_tables(cfg) -> tuple[str, ...]:

@@ -80,7 +80,7 @@ _DELTANET_IDS = (
 )
 _CONV = "linear_attn.conv1d.weight"  # (channels, 1, kernel) in the files, as torch's Conv1d; (channels, kernel) in the table
 _Q_PROJ = "self_attn.q_proj.weight"
-ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # rank 2, never quantized
+ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", gemma4.ROUTER)  # rank 2, never quantized
 # The matrix tensors: what the GEMVs read, and what may be held quantized (arc.h's arc_format).
 _DN_MATRICES = ("ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A", "ARC_TENSOR_DN_OUT")
 _MATRIX_SUFFIXES = (tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS if suffix.endswith("proj.weight"))
@@ -109,7 +109,8 @@ _LAYER_SCALAR_ID = (("layer_scalar", "ARC_TENSOR_LAYER_SCALAR"),)  # Gemma 4's, 
 def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
     """(suffix, arc_tensor name) of every tensor a layer may hold, in file order."""
     norms = tuple((name, _NORM_IDS[role]) for role, name in norm_names(cfg).items())
-    return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + _FFN_IDS + _LAYER_SCALAR_ID
+    ffn = _FFN_IDS[:3] + gemma4.MOE_IDS if cfg.gemma4_layer else _FFN_IDS  # Gemma 4's experts beside its FFN
+    return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + ffn + _LAYER_SCALAR_ID
 
 
 def is_matrix(name: str) -> bool:
@@ -145,7 +146,7 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         attn_gate=int(cfg.attn_output_gate), dn_k_heads=cfg.linear_n_k_heads, dn_v_heads=cfg.linear_n_v_heads,
         dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear,
         attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias),
-        global_head_dim=0, global_n_kv_heads=0, v_norm=0, layer_scalar=0, final_softcap=0.0)
+        global_head_dim=0, global_n_kv_heads=0, v_norm=0, layer_scalar=0, final_softcap=0.0, experts_beside=0)
 
 
 def native_config(ffi, cfg, max_seq: int | None = None, kv_cache: int = 0):
@@ -240,7 +241,7 @@ def place(name: str, cfg) -> tuple[str, int]:
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
     if cfg.gemma4_layer:  # libarc's program of its layer, extended by the reference's own ops
-        return gemma4.program(_native_program(cfg, layer), cfg, layer)
+        return gemma4.program(_native_program(cfg, layer), cfg)
     return _native_program(cfg, layer)
 
 

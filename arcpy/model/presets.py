@@ -182,10 +182,14 @@ SHAPES.update({
                            vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, n_experts=8,
                            n_experts_used=2, expert_ffn_dim=32, norm_topk_prob=True, ple_dim=16, ple_vocab=1024,
                            kv_shared_layers=2, double_wide_mlp=True),
-    # The dense layer alone (what libarc runs): gemma4-tiny's attention and FFN, and a shape whose
+    # The dense layer alone: gemma4-tiny's attention and FFN, and a shape whose
     # global layers have heads of 512 (libarc's widest), 8 query heads over one kv head.
     "gemma4-dense-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
                                  vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2),
+    # The experts beside the dense FFN (libarc's mixture-of-experts layer) over gemma4-dense-tiny.
+    "gemma4-moe-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
+                               vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, n_experts=8,
+                               n_experts_used=2, expert_ffn_dim=32, norm_topk_prob=True),
     "gemma4-wide-test": _gemma4(128, 32, 512, n_layers=4, n_heads=8, n_kv_heads=4, global_n_kv_heads=1, ffn_dim=128,
                                 vocab=1024, max_seq=4096, sliding_window=16, window_pattern=2),
     "gemma4-31B": _gemma4(5376, 256, 512, n_layers=60, n_heads=32, n_kv_heads=16, global_n_kv_heads=4,
@@ -235,6 +239,16 @@ def _q4_k_m(name: str, layer: int, n_layers: int, n_experts: int = 0) -> int:
     if name.endswith(("v_proj.weight", "down_proj.weight")) and _use_more_bits(layer, n_layers):
         return FORMAT_Q6_K
     return FORMAT_Q5_K if n_layers == 80 and name.endswith("v_proj.weight") else FORMAT_Q4_K
+
+
+def _gemma4_moe_q4km(name: str, layer: int, n_layers: int) -> int:
+    """llama.cpp's Q4_K_M mix on Gemma-4-26B-A4B: its down matrices' rows (2,112 and 704 weights) are
+    no whole number of 256-weight super-blocks, so they take its fallbacks, Q5_0 for Q4_K and Q8_0
+    for Q6_K."""
+    fmt = _q4_k_m(name, layer, n_layers)
+    if name.endswith("down_proj.weight"):
+        return {FORMAT_Q4_K: FORMAT_Q5_0, FORMAT_Q6_K: FORMAT_Q8_0}[fmt]
+    return fmt
 
 
 # tiny-quant's matrices by layer: q, k and v of layer 0 in three formats (the forward cannot fuse
@@ -340,6 +354,7 @@ _QUANTIZED = {
     "gemma4-31B-q4km": (dataclasses.replace(SHAPES["gemma4-31B"], tied_embeddings=False), _q4_k_m),
     "gemma4-31B-iq4xs": (dataclasses.replace(SHAPES["gemma4-31B"], tied_embeddings=False),
                          lambda name, layer, n_layers: FORMAT_Q6_K if name == LM_HEAD else FORMAT_IQ4_XS),
+    "gemma4-26B-A4B-q4km": (dataclasses.replace(SHAPES["gemma4-26B-A4B"], tied_embeddings=False), _gemma4_moe_q4km),
     "qwen3.5-tiny-quant": (SHAPES["qwen3.5-tiny"], _q35_tiny_mix),
     "tiny-quant": (_TINY_QUANT, _tiny_mix),
     "moe-tiny-quant": (_MOE_TINY_QUANT, _moe_tiny_mix),

@@ -11,8 +11,8 @@ arc_model_config fields by name (native.config_values).
 from __future__ import annotations
 
 from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_DN_IN, OP_DN_OUT,
-                         OP_DN_STEP, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_LAYER_SCALAR, OP_MOE_IN, OP_MOE_OUT,
-                         OP_QK_NORM)
+                         OP_DN_STEP, OP_EXPERTS_BESIDE, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_LAYER_SCALAR,
+                         OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
 
 # arc.h's arc_tensor, by id.
@@ -21,7 +21,9 @@ TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_
            "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
            "SHARED_ROUTER", "WQ_GATE", "DN_QKV", "DN_Z", "DN_B", "DN_A", "DN_CONV", "DN_A_LOG", "DN_DT_BIAS",
            "DN_NORM", "DN_OUT", "SINKS", "BO", "MOE_ROUTER_BIAS", "MOE_GATE_BIAS", "MOE_UP_BIAS", "MOE_DOWN_BIAS",
-           "LAYER_SCALAR")
+           "LAYER_SCALAR", "MOE_NORM", "FFN_OUT_NORM", "MOE_OUT_NORM", "ROUTER_SCALE", "EXPERT_SCALE")
+# The tensors of the experts beside a dense FFN (Gemma 4: experts_beside).
+_BESIDE = ("MOE_NORM", "FFN_OUT_NORM", "MOE_OUT_NORM", "ROUTER_SCALE", "EXPERT_SCALE")
 # The attention's tensors, which a DeltaNet layer has none of.
 _ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE", "SINKS", "BO")
 _GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
@@ -35,6 +37,7 @@ def _require(ok: bool, who: str, message: str) -> None:
 
 def _check_moe(c: dict, who: str) -> None:
     _require(c["n_experts"] >= 0, who, f"config.n_experts must not be negative, got {c['n_experts']}")
+    _require(c["experts_beside"] in (0, 1), who, f"config.experts_beside must be 0 or 1, got {c['experts_beside']}")
     if c["n_experts"] == 0:
         return
     _require(1 <= c["n_experts_used"] <= c["n_experts"], who,
@@ -46,7 +49,12 @@ def _check_moe(c: dict, who: str) -> None:
     _require(c["shared_ffn_dim"] >= 0 and c["moe_every"] >= 0, who,
              "config.shared_ffn_dim and moe_every must not be negative, got "
              f"{c['shared_ffn_dim']} and {c['moe_every']}")
-    _require(not c["post_norms"], who, "config: post_norms and mixture-of-experts layers do not combine")
+    _require(not c["post_norms"] or c["experts_beside"], who,
+             "config: post_norms and mixture-of-experts layers do not combine")
+    _require(not c["experts_beside"] or (c["post_norms"] and c["routing"] == ROUTE_SOFTMAX_TOPK and c["norm_topk"]
+                                         and c["shared_ffn_dim"] == 0 and not c["expert_bias"]), who,
+             "config: experts_beside takes post_norms, SOFTMAX_TOPK routing with norm_topk, no shared expert and "
+             "no expert_bias")
     _require(c["expert_bias"] in (0, 1), who, f"config.expert_bias must be 0 or 1, got {c['expert_bias']}")
     _require(not (c["expert_bias"] and c["shared_ffn_dim"]), who, "config: expert_bias and a shared expert do not combine")
 
@@ -125,10 +133,11 @@ def layer_program(c: dict, layer: int) -> list[int]:
     else:
         ops = [OP_ATTN_IN] + ([OP_QK_NORM] if c["qk_norm"] else []) + [OP_ATTEND]
         ops += ([OP_ATTN_GATE] if c["attn_gate"] else []) + [OP_ATTN_OUT_NORM if c["post_norms"] else OP_ATTN_OUT]
-    if _layer_moe(c, layer):
+    moe = _layer_moe(c, layer)
+    if moe and not c["experts_beside"]:
         return ops + [OP_MOE_IN, OP_MOE_OUT]
-    return ops + [OP_FFN_IN, OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT] + \
-        ([OP_LAYER_SCALAR] if c["layer_scalar"] else [])
+    out = OP_EXPERTS_BESIDE if moe else OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT
+    return ops + [OP_FFN_IN, out] + ([OP_LAYER_SCALAR] if c["layer_scalar"] else [])
 
 
 def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
@@ -140,7 +149,10 @@ def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
             "MOE_ROUTER_BIAS": (1 if c["expert_bias"] else 0, experts),
             "MOE_GATE_BIAS": (1 if c["expert_bias"] else 0, experts * ffn),
             "MOE_UP_BIAS": (1 if c["expert_bias"] else 0, experts * ffn),
-            "MOE_DOWN_BIAS": (1 if c["expert_bias"] else 0, experts * dim)}[t]
+            "MOE_DOWN_BIAS": (1 if c["expert_bias"] else 0, experts * dim),
+            # Gemma 4's experts beside the dense FFN: vectors (rows 1) with experts_beside
+            **{name: (1 if c["experts_beside"] else 0, dim) for name in _BESIDE[:4]},
+            "EXPERT_SCALE": (1 if c["experts_beside"] else 0, experts)}[t]
     return (r if _layer_moe(c, layer) else 0), k
 
 
@@ -156,10 +168,10 @@ def _dn_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
 def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
     if t.startswith("DN_"):
         return _dn_shape(c, t, layer)
-    if t.startswith(("MOE_", "SHARED_")):
+    if t.startswith(("MOE_", "SHARED_")) or t in _BESIDE:
         return _moe_shape(c, t, layer)
     dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
-    moe = t not in _GLOBAL and _layer_moe(c, layer)
+    moe = t not in _GLOBAL and _layer_moe(c, layer) and not c["experts_beside"]  # no dense FFN
     hd, n_kv = _layer_dims(c, layer if t not in _GLOBAL else 0)
     q, kv = c["n_heads"] * hd, n_kv * hd
     rope = c["rope_dim"] or hd

@@ -44,6 +44,7 @@ struct arc_model {
     float *att;      // attention output (dn.att_dim)
     float *h;        // swiglu output (ffn_dim)
     float *t;        // a product's output before its post-norm (dim)
+    float *e;        // the experts' sum beside the dense FFN, before its norm (dim; experts_beside)
     float *logits;   // (vocab)
     float *scratch;  // attention partials
     float *router, *route_w;  // MoE: the router's logits (n_experts + 1); the weights (n_experts_used + 1)
@@ -95,7 +96,9 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_DN_A_LOG, false},      {ARC_TENSOR_DN_DT_BIAS, false}, {ARC_TENSOR_DN_NORM, false},
         {ARC_TENSOR_DN_OUT, false},        {ARC_TENSOR_SINKS, false},    {ARC_TENSOR_BO, false},
         {ARC_TENSOR_MOE_ROUTER_BIAS, false}, {ARC_TENSOR_MOE_GATE_BIAS, false}, {ARC_TENSOR_MOE_UP_BIAS, true},
-        {ARC_TENSOR_MOE_DOWN_BIAS, false}, {ARC_TENSOR_LAYER_SCALAR, false}};
+        {ARC_TENSOR_MOE_DOWN_BIAS, false}, {ARC_TENSOR_MOE_NORM, false}, {ARC_TENSOR_FFN_OUT_NORM, false},
+        {ARC_TENSOR_MOE_OUT_NORM, false}, {ARC_TENSOR_ROUTER_SCALE, false}, {ARC_TENSOR_EXPERT_SCALE, false},
+        {ARC_TENSOR_LAYER_SCALAR, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {
         const int i = slot(m, p.tensor, l);
@@ -213,11 +216,12 @@ static int model_init(arc_model *m, const int32_t *formats) {
     const uint64_t routed = (uint64_t)c.n_experts_used * c.expert_ffn_dim + c.shared_ffn_dim;
     const uint64_t h = routed > (uint64_t)c.ffn_dim ? routed : (uint64_t)c.ffn_dim;
     const uint64_t experts = c.n_experts ? (uint64_t)c.n_experts + 1 : 0, used = c.n_experts ? c.n_experts_used : 0;
-    uint64_t at = 0, off[10];
-    const uint64_t sizes[10] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
+    uint64_t at = 0, off[11];
+    const uint64_t sizes[11] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
                                 (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, m->most.hd, c.max_seq),
-                                c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4};
-    for (int i = 0; i < 10; ++i) {
+                                c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4,
+                                c.experts_beside ? (uint64_t)c.dim * 4 : 0};
+    for (int i = 0; i < 11; ++i) {
         off[i] = at;
         at = align_up(at + sizes[i]);
     }
@@ -228,6 +232,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     float **parts[7] = {&m->x, &m->qkv, &m->att, &m->h, &m->logits, &m->scratch, &m->t};
     for (int i = 0; i < 7; ++i) *parts[i] = (float *)(base + off[i]);
     m->router = (float *)(base + off[7]), m->route_ids = (int32_t *)(base + off[8]), m->route_w = (float *)(base + off[9]);
+    m->e = (float *)(base + off[10]);
 
     // The DeltaNet states: a slot is read only at positions after 0, each after the step that wrote it.
     m->dn_state_bytes = (uint64_t)dn_layer_count(c) * DN_SLOTS * m->dn.slot_floats * sizeof(float);
@@ -348,6 +353,12 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.layer_scalar = m->cfg.layer_scalar ? bf16_at(m, ARC_TENSOR_LAYER_SCALAR, l) : nullptr;
     const bool eb = m->cfg.expert_bias && layer_moe(m->cfg, l);
     p.router_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_ROUTER_BIAS, l) : nullptr;
+    const bool beside = m->cfg.experts_beside && layer_moe(m->cfg, l);
+    p.moe_norm = beside ? bf16_at(m, ARC_TENSOR_MOE_NORM, l) : nullptr;
+    p.ffn_out_norm = beside ? bf16_at(m, ARC_TENSOR_FFN_OUT_NORM, l) : nullptr;
+    p.moe_out_norm = beside ? bf16_at(m, ARC_TENSOR_MOE_OUT_NORM, l) : nullptr;
+    p.router_scale = beside ? bf16_at(m, ARC_TENSOR_ROUTER_SCALE, l) : nullptr;
+    p.expert_scale = beside ? bf16_at(m, ARC_TENSOR_EXPERT_SCALE, l) : nullptr;
     p.e_gate_up_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_GATE_BIAS, l) : nullptr;
     p.e_down_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_DOWN_BIAS, l) : nullptr;
     p.dn = layer_dn(m->cfg, l);
@@ -378,6 +389,7 @@ ModelParts model_parts(arc_model *m) {
     p.h = m->h;
     p.scratch = m->scratch;
     p.t = m->t;
+    p.e = m->e;
     p.router = m->router, p.route_ids = m->route_ids, p.route_w = m->route_w;
     p.logits = m->logits;
     p.prefill = &m->prefill;

@@ -100,3 +100,80 @@ int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t row
     return arc_launch_pdl(ctx, "add_norm_rows_kernel", add_norm_rows_kernel, dim3(rows), dim3(ADDNORM_THREADS), 0, x,
                           t, (int)dim, w, norm.eps, norm.add);
 }
+
+// The 8 elements at vector v of a * ia * (add + wa) + b * ib * (add + wb): the dense FFN's output
+// and the experts' each normed (their factors ia, ib), summed.
+__device__ __forceinline__ void beside_sum8(const float4 *a, const float4 *b, const uint4 *wa, const uint4 *wb,
+                                            int v, float ia, float ib, float add, float4 &lo, float4 &hi) {
+    const float4 a0 = a[2 * v], a1 = a[2 * v + 1], b0 = b[2 * v], b1 = b[2 * v + 1];
+    const uint4 ga = wa[v], gb = wb[v];
+    lo.x = a0.x * ia * (add + bf16_lo(ga.x)) + b0.x * ib * (add + bf16_lo(gb.x));
+    lo.y = a0.y * ia * (add + bf16_hi(ga.x)) + b0.y * ib * (add + bf16_hi(gb.x));
+    lo.z = a0.z * ia * (add + bf16_lo(ga.y)) + b0.z * ib * (add + bf16_lo(gb.y));
+    lo.w = a0.w * ia * (add + bf16_hi(ga.y)) + b0.w * ib * (add + bf16_hi(gb.y));
+    hi.x = a1.x * ia * (add + bf16_lo(ga.z)) + b1.x * ib * (add + bf16_lo(gb.z));
+    hi.y = a1.y * ia * (add + bf16_hi(ga.z)) + b1.y * ib * (add + bf16_hi(gb.z));
+    hi.z = a1.z * ia * (add + bf16_lo(ga.w)) + b1.z * ib * (add + bf16_lo(gb.w));
+    hi.w = a1.w * ia * (add + bf16_hi(ga.w)) + b1.w * ib * (add + bf16_hi(gb.w));
+}
+
+// x[r] += rmsnorm(rmsnorm(a[r], wa) + rmsnorm(b[r], wb), w), one block a row r (dim floats): the
+// dense FFN's output a and the experts' b of a layer with the experts beside its FFN. The sum is
+// made twice (for its squares, then for x) by the same arithmetic, so it is never stored. Limits:
+// dim % 8 == 0; x, a, b and the weights 16-byte aligned.
+__global__ void __launch_bounds__(ADDNORM_THREADS)
+add_norm_pair_rows_kernel(float *__restrict__ x, const float *__restrict__ a, const float *__restrict__ b, int dim,
+                          const uint16_t *__restrict__ wa, const uint16_t *__restrict__ wb,
+                          const uint16_t *__restrict__ w, float eps, float add) {
+    __shared__ float red[ADDNORM_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();  // a and b are the products' outputs
+    const int r = blockIdx.x, nvec = dim / 8;
+    const float4 *ra = reinterpret_cast<const float4 *>(a + (size_t)r * dim);
+    const float4 *rb = reinterpret_cast<const float4 *>(b + (size_t)r * dim);
+    const uint4 *ga = reinterpret_cast<const uint4 *>(wa), *gb = reinterpret_cast<const uint4 *>(wb);
+    float sa = 0.0f, sb = 0.0f;
+    for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
+        sa = add_sq8(sa, ra[2 * v], ra[2 * v + 1]);
+        sb = add_sq8(sb, rb[2 * v], rb[2 * v + 1]);
+    }
+    sa = block_sum(sa, red);
+    sb = block_sum(sb, red);
+    const float ia = rsqrtf(sa / (float)dim + eps), ib = rsqrtf(sb / (float)dim + eps);
+    float su = 0.0f;
+    for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
+        float4 lo, hi;
+        beside_sum8(ra, rb, ga, gb, v, ia, ib, add, lo, hi);
+        su = add_sq8(su, lo, hi);
+    }
+    su = block_sum(su, red);
+    const float inv = rsqrtf(su / (float)dim + eps);
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    float4 *out = reinterpret_cast<float4 *>(x + (size_t)r * dim);
+    for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
+        float4 lo, hi;
+        beside_sum8(ra, rb, ga, gb, v, ia, ib, add, lo, hi);
+        const uint4 g = wv[v];
+        float4 xa = out[2 * v], xb = out[2 * v + 1];
+        xa.x += lo.x * inv * (add + bf16_lo(g.x)); xa.y += lo.y * inv * (add + bf16_hi(g.x));
+        xa.z += lo.z * inv * (add + bf16_lo(g.y)); xa.w += lo.w * inv * (add + bf16_hi(g.y));
+        xb.x += hi.x * inv * (add + bf16_lo(g.z)); xb.y += hi.y * inv * (add + bf16_hi(g.z));
+        xb.z += hi.z * inv * (add + bf16_lo(g.w)); xb.w += hi.w * inv * (add + bf16_hi(g.w));
+        out[2 * v] = xa;
+        out[2 * v + 1] = xb;
+    }
+}
+
+int launch_add_norm_pair_rows(arc_context *ctx, float *x, const float *a, const float *b, int32_t rows, int32_t dim,
+                              const NormPair &n) {
+    ARC_REQUIRE(x && a && b && n.a.w && n.b.w && n.out.w, "null pointer (x, a, b and the three norms are required)");
+    ARC_REQUIRE(rows > 0 && dim > 0 && dim % 8 == 0, "rows %d must be positive, dim %d a positive multiple of 8", rows,
+                dim);
+    ARC_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 &&
+                    (uintptr_t)n.a.w % 16 == 0 && (uintptr_t)n.b.w % 16 == 0 && (uintptr_t)n.out.w % 16 == 0,
+                "x, a, b and the norms' weights must be 16-byte aligned");
+    ARC_REQUIRE(n.a.eps == n.out.eps && n.b.eps == n.out.eps && n.a.add == n.out.add && n.b.add == n.out.add,
+                "the three norms must share eps and their weights' offset");
+    return arc_launch_pdl(ctx, "add_norm_pair_rows_kernel", add_norm_pair_rows_kernel, dim3(rows),
+                          dim3(ADDNORM_THREADS), 0, x, a, b, (int)dim, n.a.w, n.b.w, n.out.w, n.out.eps, n.out.add);
+}

@@ -22,6 +22,14 @@ int launch_head_norm(arc_context *ctx, const HeadNormArgs &a);
 // x[r] += rmsnorm(t[r]) under norm for rows r of dim floats: a product's output normed before the
 // residual add (ARC_OP_ATTN_OUT_NORM, ARC_OP_FFN_OUT_NORM).
 int launch_add_norm_rows(arc_context *ctx, float *x, const float *t, int32_t rows, int32_t dim, const RmsNorm &norm);
+// The norms of a layer with the experts beside its FFN (ARC_OP_EXPERTS_BESIDE): the dense FFN's
+// output's, the experts' and their sum's (one eps and offset for the three).
+struct NormPair {
+    RmsNorm a, b, out;
+};
+// x[r] += rmsnorm(rmsnorm(a[r], n.a) + rmsnorm(b[r], n.b), n.out) for rows r of dim floats.
+int launch_add_norm_pair_rows(arc_context *ctx, float *x, const float *a, const float *b, int32_t rows, int32_t dim,
+                              const NormPair &n);
 
 // QK_NORM's arguments for layer lw of a model of config c over `rows` rows of qkv, each the layer's
 // qkv_rows floats apart: its dims, its norms, and the v heads' with v_norm.

@@ -52,6 +52,10 @@ struct LayerParts {
     // and down biases (bf16 each).
     const uint16_t *sinks, *bo, *router_bias, *e_gate_up_bias, *e_down_bias;
     const uint16_t *layer_scalar;     // with layer_scalar: the layer's output factor (bf16); else null
+    // The experts beside the dense FFN (experts_beside), null elsewhere: the experts' input norm, the
+    // dense FFN's and the experts' output norms, the router's input factors (dim each), each
+    // expert's weight's factor (n_experts).
+    const uint16_t *moe_norm, *ffn_out_norm, *moe_out_norm, *router_scale, *expert_scale;
     // A gated DeltaNet layer (deltanet.cuh): DN_QKV, DN_Z, DN_B, DN_A one after the other; the out
     // projection; the convolution, the decay's log rate, dt's bias and the gated norm (bf16); the
     // layer's DN_SLOTS state slots.
@@ -96,6 +100,7 @@ struct ModelParts {
     Weight lm_head;  // the embedding when tied
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, most.qkv_rows, att_dim, ffn_dim)
     float *t;                            // with post_norms: a product's output before its norm (dim)
+    float *e;                            // with experts_beside: the experts' sum before its norm (dim)
     float *router;                       // MoE: the router's logits (n_experts + 1)
     int32_t *route_ids;                  // MoE: the chosen experts (n_experts_used), then their
     float *route_w;                      // weights and the shared expert's (n_experts_used + 1)

@@ -15,7 +15,8 @@ static const char *const TENSOR_NAMES[ARC_TENSOR_COUNT] = {
     "ARC_TENSOR_WQ_GATE", "ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A",
     "ARC_TENSOR_DN_CONV", "ARC_TENSOR_DN_A_LOG", "ARC_TENSOR_DN_DT_BIAS", "ARC_TENSOR_DN_NORM", "ARC_TENSOR_DN_OUT",
     "ARC_TENSOR_SINKS", "ARC_TENSOR_BO", "ARC_TENSOR_MOE_ROUTER_BIAS", "ARC_TENSOR_MOE_GATE_BIAS",
-    "ARC_TENSOR_MOE_UP_BIAS", "ARC_TENSOR_MOE_DOWN_BIAS", "ARC_TENSOR_LAYER_SCALAR",
+    "ARC_TENSOR_MOE_UP_BIAS", "ARC_TENSOR_MOE_DOWN_BIAS", "ARC_TENSOR_LAYER_SCALAR", "ARC_TENSOR_MOE_NORM",
+    "ARC_TENSOR_FFN_OUT_NORM", "ARC_TENSOR_MOE_OUT_NORM", "ARC_TENSOR_ROUTER_SCALE", "ARC_TENSOR_EXPERT_SCALE",
 };
 
 bool tensor_per_layer(int t) {
@@ -25,15 +26,17 @@ const char *tensor_name(int t) { return TENSOR_NAMES[t]; }
 
 // The tensor table, the one libarc and arcpy both read (arc_tensor_shape): the rows and columns of
 // tensor t of layer `layer` under config c (a vector: rows 1; the RoPE frequencies: float32), rows 0
-// where c has no such tensor there. Layers differ by their FFN (a GLU, or a mixture of experts) and
+// where c has no such tensor there. Layers differ by their FFN (a GLU, a mixture of experts, or both) and
 // by their attention's dims (layer_dims: Gemma 4's global layers).
 void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, uint64_t *cols) {
     if ((t >= ARC_TENSOR_MOE_ROUTER && t <= ARC_TENSOR_SHARED_ROUTER) ||
-        (t >= ARC_TENSOR_MOE_ROUTER_BIAS && t <= ARC_TENSOR_MOE_DOWN_BIAS))
+        (t >= ARC_TENSOR_MOE_ROUTER_BIAS && t <= ARC_TENSOR_MOE_DOWN_BIAS) ||
+        (t >= ARC_TENSOR_MOE_NORM && t <= ARC_TENSOR_EXPERT_SCALE))
         return moe_table_shape(c, t, layer, rows, cols);
     if (t >= ARC_TENSOR_DN_QKV && t <= ARC_TENSOR_DN_OUT) return dn_table_shape(c, t, layer, rows, cols);
     const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
-    const bool moe = tensor_per_layer(t) && layer_moe(c, layer);
+    // A MoE layer has no dense FFN, but where its experts run beside one (Gemma 4)
+    const bool moe = tensor_per_layer(t) && layer_moe(c, layer) && !c.experts_beside;
     const AttnDims ad = layer_dims(c, tensor_per_layer(t) ? layer : 0);
     const uint64_t q = (uint64_t)ad.q_dim, kv = (uint64_t)ad.kv_dim;
     uint64_t r = 1, k = dim;

@@ -17,6 +17,8 @@
 //   added by rank 0's, before x or the norm takes them; the lm_head is whole on every rank, whose
 //   identical x gives each the same token to commit)
 //   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
+//   EXPERTS_BESIDE   the dense FFN's down product and the experts beside it, each normed, summed,
+//                    normed and added (moe.cu: moe_decode_beside)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit; with final_softcap the logits
@@ -105,6 +107,7 @@ struct DecodeOps {
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
     int moe_out(const LayerParts &lw) { return moe_decode_out(p, lw); }
+    int experts_beside(const LayerParts &lw) { return moe_decode_beside(p, lw); }
     int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, p.x, 1, p.cfg.dim, lw.layer_scalar); }
 };
 

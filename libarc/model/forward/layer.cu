@@ -19,13 +19,17 @@ int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
         if (c.attn_gate) ops[n++] = ARC_OP_ATTN_GATE;
         ops[n++] = c.post_norms ? ARC_OP_ATTN_OUT_NORM : ARC_OP_ATTN_OUT;
     }
-    if (layer_moe(c, layer)) {  // the layers differ by their FFN: a mixture of experts, or one GLU
+    // the layers differ by their FFN: a mixture of experts, one GLU, or both (the experts beside it)
+    if (layer_moe(c, layer) && !c.experts_beside) {
         ops[n++] = ARC_OP_MOE_IN;
         ops[n++] = ARC_OP_MOE_OUT;
         return n;
     }
     ops[n++] = ARC_OP_FFN_IN;
-    ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
+    if (layer_moe(c, layer))
+        ops[n++] = ARC_OP_EXPERTS_BESIDE;
+    else
+        ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
     if (c.layer_scalar) ops[n++] = ARC_OP_LAYER_SCALAR;
     return n;
 }
@@ -97,6 +101,10 @@ void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows
     case ARC_TENSOR_MOE_ROUTER_BIAS: r = c.expert_bias ? 1 : 0; k = experts; break;
     case ARC_TENSOR_MOE_GATE_BIAS: case ARC_TENSOR_MOE_UP_BIAS: r = c.expert_bias ? 1 : 0; k = experts * ffn; break;
     case ARC_TENSOR_MOE_DOWN_BIAS: r = c.expert_bias ? 1 : 0; k = experts * dim; break;
+    // Gemma 4's experts beside the dense FFN: vectors (rows 1) with experts_beside
+    case ARC_TENSOR_MOE_NORM: case ARC_TENSOR_FFN_OUT_NORM: case ARC_TENSOR_MOE_OUT_NORM: case ARC_TENSOR_ROUTER_SCALE:
+        r = c.experts_beside ? 1 : 0; break;
+    case ARC_TENSOR_EXPERT_SCALE: r = c.experts_beside ? 1 : 0; k = experts; break;
     default: break;
     }
     *rows = moe ? r : 0;
@@ -105,6 +113,8 @@ void moe_table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows
 
 int check_moe(const arc_model_config &c, const char *who) {
     ARC_REQUIRE_AS(who, c.n_experts >= 0, "config.n_experts must not be negative, got %d", c.n_experts);
+    ARC_REQUIRE_AS(who, c.experts_beside == 0 || c.experts_beside == 1, "config.experts_beside must be 0 or 1, got %d",
+                   c.experts_beside);
     if (c.n_experts == 0) return ARC_OK;
     ARC_REQUIRE_AS(who, c.n_experts_used >= 1 && c.n_experts_used <= c.n_experts,
                    "config.n_experts_used must be in [1, n_experts %d], got %d", c.n_experts, c.n_experts_used);
@@ -115,7 +125,13 @@ int check_moe(const arc_model_config &c, const char *who) {
     ARC_REQUIRE_AS(who, c.shared_ffn_dim >= 0 && c.moe_every >= 0,
                    "config.shared_ffn_dim and moe_every must not be negative, got %d and %d", c.shared_ffn_dim,
                    c.moe_every);
-    ARC_REQUIRE_AS(who, !c.post_norms, "config: post_norms and mixture-of-experts layers do not combine");
+    ARC_REQUIRE_AS(who, !c.post_norms || c.experts_beside,
+                   "config: post_norms and mixture-of-experts layers do not combine");
+    ARC_REQUIRE_AS(who,
+                   !c.experts_beside || (c.post_norms && c.routing == ARC_ROUTE_SOFTMAX_TOPK && c.norm_topk &&
+                                         c.shared_ffn_dim == 0 && !c.expert_bias),
+                   "config: experts_beside takes post_norms, SOFTMAX_TOPK routing with norm_topk, no shared expert and "
+                   "no expert_bias");
     ARC_REQUIRE_AS(who, c.expert_bias == 0 || c.expert_bias == 1, "config.expert_bias must be 0 or 1, got %d",
                    c.expert_bias);
     ARC_REQUIRE_AS(who, !(c.expert_bias && c.shared_ffn_dim), "config: expert_bias and a shared expert do not combine");

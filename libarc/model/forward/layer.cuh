@@ -63,7 +63,7 @@ inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, con
 
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
 // attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out, attn_gate,
-// dn_in, dn_step, dn_out, layer_scalar), each taking the layer's parts and enqueuing the op.
+// dn_in, dn_step, dn_out, layer_scalar, experts_beside), each taking the layer's parts and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -88,6 +88,7 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_DN_STEP: st = exec.dn_step(lw); break;
             case ARC_OP_DN_OUT: st = exec.dn_out(lw); break;
             case ARC_OP_LAYER_SCALAR: st = exec.layer_scalar(lw); break;
+            case ARC_OP_EXPERTS_BESIDE: st = exec.experts_beside(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

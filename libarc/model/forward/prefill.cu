@@ -19,6 +19,8 @@
 //   MOE_IN    rmsnorm_rows, then a mixture of experts' router, routing, rows sorted by expert and
 //             grouped products (moe.cu)
 //   MOE_OUT   the experts' down products, summed into x by each row's weights (moe.cu)
+//   EXPERTS_BESIDE  the dense FFN's down product to t; the router's rows normed by ROUTER_SCALE, the
+//             experts' by MOE_NORM; the experts' products and sum, then add_norm_pair_rows (moe.cu)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // (q_dim, kv_dim: the layer's own, layer_dims) and after the last chunk the decode's GEMV for the
 // last position only: logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps
@@ -333,6 +335,17 @@ struct PrefillOps {
         return moe_prefill_in(p, lw, n);
     }
     int moe_out(const LayerParts &lw) { return moe_prefill_out(p, lw, n); }
+    int experts_beside(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        ARC_TRY(product(p.ctx, {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .c = b.t},
+                        b.wdq));
+        // the router's input rmsnorm(x) * ROUTER_SCALE (factors, never 1 + w), then the experts'
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, dim, {lw.router_scale, p.cfg.rms_eps, 0.0f}, b.xn));
+        ARC_TRY(moe_prefill_route(p, lw, n));
+        ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, dim, model_norm(p.cfg, lw.moe_norm), b.xn));
+        return moe_prefill_beside(p, lw, n);
+    }
     int layer_scalar(const LayerParts &lw) {
         return launch_scale_rows(p.ctx, p.prefill->x, n, p.cfg.dim, lw.layer_scalar);
     }

@@ -286,6 +286,7 @@ struct VerifyOps {
     // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
     int moe_in(const LayerParts &) { return arc_fail(ARC_INVALID_ARGUMENT, who, "no MoE verify"); }
     int moe_out(const LayerParts &) { return moe_in(LayerParts{}); }
+    int experts_beside(const LayerParts &) { return moe_in(LayerParts{}); }
     int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, b.x, rows, p.cfg.dim, lw.layer_scalar); }
 };
 

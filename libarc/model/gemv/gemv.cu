@@ -340,7 +340,7 @@ int gemv_glu(arc_context *ctx, const char *who, const uint16_t *w_gate_up, const
 // count segments, summed. io.bias: the experts' biases (gemv_finish_task), or null.
 int launch_gemv_routed(arc_context *ctx, const char *who, const uint16_t *w, const GemvIo &io, bool gated,
                        const GemvRoute &rt) {
-    const GemvArgs a{w, io.x, io.rows, io.cols, io.bias, io.norm_weight, io.eps, gated ? io.act : 1,
+    const GemvArgs a{w, io.x, io.rows, io.cols, io.bias, io.norm_weight, io.eps, gated ? io.act : io.accumulate,
                      io.y, nullptr, io.norm_add, &rt};
     return gated ? launch_gemv<true>(ctx, who, a) : launch_gemv<false>(ctx, who, a);
 }

@@ -24,10 +24,14 @@
 //            gemm           the shared expert's down
 //            moe_combine_kernel x += sum_j weight_j y[row of (t, j)] (+ sigmoid * shared), in order
 //                           of choice: what a row gets does not depend on the others in its chunk.
+// Beside a dense FFN (Gemma 4, arc_model_config.experts_beside) the router reads its own norm of x
+// and the experts another, and the experts' sum is normed with the dense FFN's output before the
+// residual add: moe_decode_beside, moe_prefill_beside.
 #include <stdint.h>
 
 #include "model/gemm/gemm.cuh"
 #include "model/gemv/head_argmax.cuh"
+#include "model/norms.cuh"
 #include "model/products.cuh"
 #include "moe.cuh"
 
@@ -37,12 +41,15 @@ enum { ROUTE_THREADS = 256, SORT_THREADS = 1024, COMBINE_THREADS = 256 };
 // expert's gate) routed: ids (k a row) and weights (k + 1 a row: the experts', then the shared
 // expert's sigmoid). Top k by value, ties to the lower expert (head_argmax.cuh's key order, one
 // distinct key an expert); SOFTMAX_TOPK ranks softmax(p), its weights those probabilities (over
-// their sum with norm); TOPK_SOFTMAX ranks p, its weights the softmax of the k chosen logits.
+// their sum with norm); TOPK_SOFTMAX ranks p, its weights the softmax of the k chosen logits. The
+// experts' logits are p times `scale` (1 but beside a dense FFN), and with expert_scale (bf16, one
+// an expert) each chosen expert's weight is times its own.
 // Each thread ranks its experts against every key at once (no round per choice), and the k
 // weights are added in order of choice.
 __global__ void __launch_bounds__(ROUTE_THREADS)
 route_kernel(const float *__restrict__ logits, int stride, int n_experts, int k, int routing, int norm, int shared,
-             int32_t *__restrict__ ids, float *__restrict__ weights) {
+             float scale, const uint16_t *__restrict__ expert_scale, int32_t *__restrict__ ids,
+             float *__restrict__ weights) {
     __shared__ float v[MOE_MAX_EXPERTS];
     __shared__ unsigned long long key[MOE_MAX_EXPERTS];
     __shared__ float red[ROUTE_THREADS / 32];
@@ -53,7 +60,7 @@ route_kernel(const float *__restrict__ logits, int stride, int n_experts, int k,
     const float *p = logits + (size_t)row * stride;
     float m = -INFINITY;
     for (int i = tid; i < n_experts; i += ROUTE_THREADS) {
-        v[i] = p[i];
+        v[i] = p[i] * scale;
         m = fmaxf(m, v[i]);
     }
     if (routing == ARC_ROUTE_SOFTMAX_TOPK) {  // v = softmax(p): exp(p - max) over their sum
@@ -85,7 +92,8 @@ route_kernel(const float *__restrict__ logits, int stride, int n_experts, int k,
     const bool divide = routing == ARC_ROUTE_TOPK_SOFTMAX || norm;
     for (int j = 0; j < k; ++j) {
         ids[(size_t)row * k + j] = chosen[j];
-        weights[(size_t)row * (k + 1) + j] = divide ? w[j] / sum : w[j];
+        const float wj = divide ? w[j] / sum : w[j];
+        weights[(size_t)row * (k + 1) + j] = expert_scale ? wj * bf16_to_f32(expert_scale[chosen[j]]) : wj;
     }
     weights[(size_t)row * (k + 1) + k] = shared ? 1.0f / (1.0f + expf(-p[n_experts])) : 0.0f;
 }
@@ -123,10 +131,10 @@ sort_kernel(const int32_t *__restrict__ ids, int entries, int k, int n_experts, 
 }
 
 // x[t] += sum_j weights[t, j] y[slot_row[t, j]] (+ weights[t, k] sy[t]), the sum in order of
-// choice, as the reference adds it; one block a row t.
+// choice, as the reference adds it; one block a row t. With store, x[t] = the sum instead.
 __global__ void __launch_bounds__(COMBINE_THREADS)
 moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y, const int32_t *__restrict__ slot_row,
-               const float *__restrict__ weights, int k, int dim, const float *__restrict__ sy) {
+               const float *__restrict__ weights, int k, int dim, const float *__restrict__ sy, int store) {
     pdl_launch_dependents();
     pdl_wait();
     const int t = blockIdx.x;
@@ -136,7 +144,10 @@ moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y, const int
         float out = y[(size_t)rows[0] * dim + d] * w[0];
         for (int j = 1; j < k; ++j) out = out + y[(size_t)rows[j] * dim + d] * w[j];
         if (sy) out = out + w[k] * sy[(size_t)t * dim + d];
-        x[(size_t)t * dim + d] += out;
+        if (store)
+            x[(size_t)t * dim + d] = out;
+        else
+            x[(size_t)t * dim + d] += out;
     }
 }
 
@@ -155,11 +166,15 @@ int check_moe_limits(const arc_model_config &c, const char *who) {
     return ARC_OK;
 }
 
-static int launch_route(arc_context *ctx, const float *logits, int rows, const arc_model_config &c, int32_t *ids,
-                        float *weights) {
+// Beside a dense FFN the router's logits are scaled by 1 / sqrt(dim) and the weights by each
+// expert's factor (arc_model_config: experts_beside).
+static int launch_route(arc_context *ctx, const float *logits, int rows, const arc_model_config &c,
+                        const LayerParts &lw, int32_t *ids, float *weights) {
     const int shared = c.shared_ffn_dim > 0, stride = c.n_experts + shared;
+    const float scale = c.experts_beside ? (float)(1.0 / sqrt((double)c.dim)) : 1.0f;
     return arc_launch_pdl(ctx, "route_kernel", route_kernel, dim3(rows), dim3(ROUTE_THREADS), 0, logits, stride,
-                          c.n_experts, c.n_experts_used, c.routing, c.norm_topk, shared, ids, weights);
+                          c.n_experts, c.n_experts_used, c.routing, c.norm_topk, shared, scale,
+                          (const uint16_t *)lw.expert_scale, ids, weights);
 }
 
 // ---- The decode ------------------------------------------------------------------------------
@@ -171,7 +186,7 @@ int moe_decode_in(const ModelParts &p, const LayerParts &lw) {
     ARC_TRY(gemv_weight(p.ctx, lw.router,
                         {.x = p.x, .rows = c.n_experts + (s > 0), .cols = c.dim, .bias = lw.router_bias,
                          .norm_weight = lw.mlp_norm, .eps = eps, .norm_add = add, .y = p.router}));
-    ARC_TRY(launch_route(p.ctx, p.router, 1, c, p.route_ids, p.route_w));
+    ARC_TRY(launch_route(p.ctx, p.router, 1, c, lw, p.route_ids, p.route_w));
     const GemvRoute experts{p.route_ids, p.route_w, k, f, c.n_experts * f};
     ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up,
                                {.x = p.x, .rows = k * f, .cols = c.dim, .bias = lw.e_gate_up_bias,
@@ -192,11 +207,37 @@ int moe_decode_out(const ModelParts &p, const LayerParts &lw) {
     // The experts' down biases, each times its expert's weight (h is already weighted).
     const GemvRoute experts{p.route_ids, lw.e_down_bias ? p.route_w : nullptr, k, f, 0};
     ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, {.x = p.h, .rows = c.dim, .cols = k * f, .bias = lw.e_down_bias,
-                                                  .y = p.x},
+                                                  .accumulate = 1, .y = p.x},
                                /*gated=*/false, experts));
     if (s == 0) return ARC_OK;
     return gemv_weight(p.ctx, lw.s_down,
                        {.x = p.h + (size_t)k * f, .rows = c.dim, .cols = s, .accumulate = 1, .y = p.x});
+}
+
+// The experts beside the dense FFN, whose GLU FFN_IN left in h:
+//   gemv           t = Wdown @ h
+//   gemv           logits = ROUTER @ (rmsnorm(x) * ROUTER_SCALE)
+//   route_kernel   softmax of the logits / sqrt(dim), top k, each weight times its EXPERT_SCALE
+//   gemv<routed>   h[j] = weight_j * act(Wgate_e @ n) * (Wup_e @ n), n = rmsnorm(x, MOE_NORM)
+//   gemv<routed>   e = sum_j Wdown_e @ h[j]
+//   add_norm_pair  x += rmsnorm(rmsnorm(t, FFN_OUT_NORM) + rmsnorm(e, MOE_OUT_NORM), POST_FFN_NORM)
+int moe_decode_beside(const ModelParts &p, const LayerParts &lw) {
+    const arc_model_config &c = p.cfg;
+    const int k = c.n_experts_used, f = c.expert_ffn_dim;
+    const float eps = c.rms_eps, add = norm_offset(c);
+    ARC_TRY(gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = c.dim, .cols = c.ffn_dim, .y = p.t},
+                        ffn_handoff(lw.w_gate_up, lw.w_down, c.ffn_dim)));
+    ARC_TRY(gemv_weight(p.ctx, lw.router,
+                        {.x = p.x, .rows = c.n_experts, .cols = c.dim, .norm_weight = lw.router_scale, .eps = eps,
+                         .y = p.router}));
+    ARC_TRY(launch_route(p.ctx, p.router, 1, c, lw, p.route_ids, p.route_w));
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_gate_up,
+                               {.x = p.x, .rows = k * f, .cols = c.dim, .norm_weight = lw.moe_norm, .eps = eps,
+                                .norm_add = add, .act = c.activation, .y = p.h},
+                               /*gated=*/true, {p.route_ids, p.route_w, k, f, c.n_experts * f}));
+    ARC_TRY(gemv_routed_weight(p.ctx, lw.e_down, {.x = p.h, .rows = c.dim, .cols = k * f, .y = p.e},
+                               /*gated=*/false, {p.route_ids, nullptr, k, f, 0}));
+    return launch_add_norm_pair_rows(p.ctx, p.x, p.t, p.e, 1, c.dim, beside_norms(c, lw));
 }
 
 // ---- The prefill -----------------------------------------------------------------------------
@@ -209,9 +250,10 @@ void moe_rows_release(MoeRows *m) {
 int moe_rows_reserve(arc_context *ctx, const arc_model_config &c, int32_t rows, MoeRows *m) {
     if (c.n_experts == 0 || rows <= m->rows) return ARC_OK;
     const uint64_t r = (uint64_t)rows, k = c.n_experts_used, e = c.n_experts;
+    const bool sum_rows = c.shared_ffn_dim || c.experts_beside;  // sy: the shared expert's, or the experts' sum
     const uint64_t sizes[10] = {r * (e + 1) * 4, r * k * 4, r * (k + 1) * 4, (e + 1) * 4, r * k * 4, r * k * 4,
                                 r * k * c.expert_ffn_dim * 2, r * k * c.dim * 4, r * c.shared_ffn_dim * 2,
-                                c.shared_ffn_dim ? r * c.dim * 4 : 0};
+                                sum_rows ? r * c.dim * 4 : 0};
     uint64_t off[10], at = 0;
     for (int i = 0; i < 10; ++i) {
         off[i] = at;
@@ -233,7 +275,7 @@ int moe_rows_reserve(arc_context *ctx, const arc_model_config &c, int32_t rows, 
     m->h = (uint16_t *)(base + off[6]);
     m->y = (float *)(base + off[7]);
     m->sh = c.shared_ffn_dim ? (uint16_t *)(base + off[8]) : nullptr;
-    m->sy = c.shared_ffn_dim ? (float *)(base + off[9]) : nullptr;
+    m->sy = sum_rows ? (float *)(base + off[9]) : nullptr;
     return ARC_OK;
 }
 
@@ -248,18 +290,25 @@ static GemmArgs grouped(const MoeRows &m, Weight w, int n, int out, int cols, in
     return g;
 }
 
-int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
+int moe_prefill_route(const ModelParts &p, const LayerParts &lw, int n) {
     const arc_model_config &c = p.cfg;
     const PrefillBuffers &b = *p.prefill;
     const MoeRows &m = b.moe;
-    const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
-    const char *who = "arc_model_prefill";
-    ARC_TRY(gemm_weight(p.ctx, who, lw.router,
+    const int e = c.n_experts, k = c.n_experts_used, s = c.shared_ffn_dim;
+    ARC_TRY(gemm_weight(p.ctx, "arc_model_prefill", lw.router,
                         {.a = b.xn, .m = n, .n = e + (s > 0), .k = c.dim, .bias = lw.router_bias, .c = m.logits,
                          .ldc = e + (s > 0)}));
-    ARC_TRY(launch_route(p.ctx, m.logits, n, c, m.ids, m.weights));
-    ARC_TRY(arc_launch_pdl(p.ctx, "sort_kernel", sort_kernel, dim3(1), dim3(SORT_THREADS), 0, (const int32_t *)m.ids,
-                           n * k, k, e, m.offsets, m.order, m.slot_row));
+    ARC_TRY(launch_route(p.ctx, m.logits, n, c, lw, m.ids, m.weights));
+    return arc_launch_pdl(p.ctx, "sort_kernel", sort_kernel, dim3(1), dim3(SORT_THREADS), 0, (const int32_t *)m.ids,
+                          n * k, k, e, m.offsets, m.order, m.slot_row);
+}
+
+// The chosen experts' GLUs of the rows in xn, sorted by expert, into moe.h.
+static int prefill_experts_in(const ModelParts &p, const LayerParts &lw, int n) {
+    const arc_model_config &c = p.cfg;
+    const PrefillBuffers &b = *p.prefill;
+    const MoeRows &m = b.moe;
+    const int e = c.n_experts, f = c.expert_ffn_dim;
     GemmArgs g = grouped(m, lw.e_gate_up, n, f, c.dim, f, e);
     g.a = b.xn;
     g.a_rows = m.order;
@@ -269,27 +318,58 @@ int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
     g.bias = lw.e_gate_up_bias;  // expert z's gate biases at z f, its up biases e f further
     g.bias_step = f;
     g.up_bias = e * f;
-    ARC_TRY(gemm_grouped(p.ctx, who, lw.e_gate_up.format, g, EPI_SWIGLU));
+    return gemm_grouped(p.ctx, "arc_model_prefill", lw.e_gate_up.format, g, EPI_SWIGLU);
+}
+
+// Their down products into moe.y (sorted rows), each with its expert's bias.
+static int prefill_experts_out(const ModelParts &p, const LayerParts &lw, int n) {
+    const arc_model_config &c = p.cfg;
+    const MoeRows &m = p.prefill->moe;
+    GemmArgs g = grouped(m, lw.e_down, n, c.dim, c.expert_ffn_dim, c.dim, c.n_experts);
+    g.a = m.h;
+    g.c = m.y;
+    g.bias = lw.e_down_bias;  // y = h Wdown^T + the expert's bias, before moe_combine_kernel's weight
+    g.bias_step = c.dim;
+    return gemm_grouped(p.ctx, "arc_model_prefill", lw.e_down.format, g, EPI_STORE);
+}
+
+// out[t] (+)= the weighted sum of row t's experts (+ the shared expert's with sy): stored or added.
+static int launch_combine(const ModelParts &p, int n, float *out, const float *sy, bool store) {
+    const MoeRows &m = p.prefill->moe;
+    return arc_launch_pdl(p.ctx, "moe_combine_kernel", moe_combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, out,
+                          (const float *)m.y, (const int32_t *)m.slot_row, (const float *)m.weights,
+                          p.cfg.n_experts_used, p.cfg.dim, sy, (int)store);
+}
+
+int moe_prefill_in(const ModelParts &p, const LayerParts &lw, int n) {
+    const arc_model_config &c = p.cfg;
+    const PrefillBuffers &b = *p.prefill;
+    const int s = c.shared_ffn_dim;
+    ARC_TRY(moe_prefill_route(p, lw, n));
+    ARC_TRY(prefill_experts_in(p, lw, n));
     if (s == 0) return ARC_OK;
-    return gemm_glu_weight(p.ctx, who, lw.s_gate_up,
-                           {.a = b.xn, .m = n, .n = s, .k = c.dim, .act = c.activation, .h = m.sh});
+    return gemm_glu_weight(p.ctx, "arc_model_prefill", lw.s_gate_up,
+                           {.a = b.xn, .m = n, .n = s, .k = c.dim, .act = c.activation, .h = b.moe.sh});
 }
 
 int moe_prefill_out(const ModelParts &p, const LayerParts &lw, int n) {
     const arc_model_config &c = p.cfg;
     const PrefillBuffers &b = *p.prefill;
     const MoeRows &m = b.moe;
-    const int e = c.n_experts, k = c.n_experts_used, f = c.expert_ffn_dim, s = c.shared_ffn_dim;
-    const char *who = "arc_model_prefill";
-    GemmArgs g = grouped(m, lw.e_down, n, c.dim, f, c.dim, e);
-    g.a = m.h;
-    g.c = m.y;
-    g.bias = lw.e_down_bias;  // y = h Wdown^T + the expert's bias, before moe_combine_kernel's weight
-    g.bias_step = c.dim;
-    ARC_TRY(gemm_grouped(p.ctx, who, lw.e_down.format, g, EPI_STORE));
+    const int s = c.shared_ffn_dim;
+    ARC_TRY(prefill_experts_out(p, lw, n));
     if (s > 0)
-        ARC_TRY(gemm_weight(p.ctx, who, lw.s_down, {.a = m.sh, .m = n, .n = c.dim, .k = s, .c = m.sy, .ldc = c.dim}));
-    return arc_launch_pdl(p.ctx, "moe_combine_kernel", moe_combine_kernel, dim3(n), dim3(COMBINE_THREADS), 0, b.x,
-                          (const float *)m.y, (const int32_t *)m.slot_row, (const float *)m.weights, k, c.dim,
-                          (const float *)(s > 0 ? m.sy : nullptr));
+        ARC_TRY(gemm_weight(p.ctx, "arc_model_prefill", lw.s_down,
+                            {.a = m.sh, .m = n, .n = c.dim, .k = s, .c = m.sy, .ldc = c.dim}));
+    return launch_combine(p, n, b.x, s > 0 ? m.sy : nullptr, /*store=*/false);
+}
+
+// The prefill's experts beside the dense FFN (moe_decode_beside's, over rows): the dense FFN's
+// output already in t, the rows routed (moe_prefill_route) and normed by MOE_NORM into xn.
+int moe_prefill_beside(const ModelParts &p, const LayerParts &lw, int n) {
+    const PrefillBuffers &b = *p.prefill;
+    ARC_TRY(prefill_experts_in(p, lw, n));
+    ARC_TRY(prefill_experts_out(p, lw, n));
+    ARC_TRY(launch_combine(p, n, b.moe.sy, nullptr, /*store=*/true));
+    return launch_add_norm_pair_rows(p.ctx, b.x, b.t, b.moe.sy, n, p.cfg.dim, beside_norms(p.cfg, lw));
 }

@@ -207,7 +207,7 @@ int gemv_routed_weight(arc_context *ctx, Weight w, const GemvIo &io, bool gated,
         return launch_gemv_routed(ctx, "gemv_routed_weight", (const uint16_t *)w.p, io, gated, rt);
     return launch_qgemv(ctx, "gemv_routed_weight",
                         QgemvArgs{w.format, (const uint8_t *)w.p, io.x, io.rows, io.cols, io.bias, io.norm_weight,
-                                  io.eps, gated ? io.act : 1, io.y, nullptr, io.norm_add, &rt},
+                                  io.eps, gated ? io.act : io.accumulate, io.y, nullptr, io.norm_add, &rt},
                         gated);
 }
 
