@@ -31,9 +31,9 @@ typedef enum arc_tensor {
                                        layers */
     ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim), absent on DeltaNet layers */
     ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
-    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers */
-    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers */
-    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers */
+    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside) */
+    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside) */
+    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers (but with experts_beside) */
     ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
     ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
     ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32, absent on DeltaNet layers: the layer's RoPE */
@@ -72,12 +72,12 @@ typedef enum arc_tensor {
     ARC_TENSOR_MOE_DOWN_BIAS = 43,  /* per layer (n_experts * dim), only on MoE layers, only with expert_bias */
     /* Gemma 4's (arc_model_config: layer_scalar). */
     ARC_TENSOR_LAYER_SCALAR = 44,   /* per layer (1), only with layer_scalar: the layer's output factor */
-    /* Gemma 4's experts beside the dense FFN (arc_model_config: experts_beside), only on MoE layers with it. */
-    ARC_TENSOR_MOE_NORM = 45,       /* per layer (dim): the experts' input norm */
-    ARC_TENSOR_FFN_OUT_NORM = 46,   /* per layer (dim): the dense FFN's output norm */
-    ARC_TENSOR_MOE_OUT_NORM = 47,   /* per layer (dim): the experts' output norm */
-    ARC_TENSOR_ROUTER_SCALE = 48,   /* per layer (dim): the router's input factors */
-    ARC_TENSOR_EXPERT_SCALE = 49,   /* per layer (n_experts): each expert's weight's factor */
+    /* Gemma 4's experts beside the dense FFN (arc_model_config: experts_beside), on its MoE layers. */
+    ARC_TENSOR_MOE_NORM = 45,       /* per layer (dim), only with experts_beside: the experts' input norm */
+    ARC_TENSOR_FFN_OUT_NORM = 46,   /* per layer (dim), only with experts_beside: the dense FFN's output norm */
+    ARC_TENSOR_MOE_OUT_NORM = 47,   /* per layer (dim), only with experts_beside: the experts' output norm */
+    ARC_TENSOR_ROUTER_SCALE = 48,   /* per layer (dim), only with experts_beside: the router's input factors */
+    ARC_TENSOR_EXPERT_SCALE = 49,   /* per layer (n_experts), only with experts_beside: each expert's weight's factor */
     ARC_TENSOR_COUNT = 50
 } arc_tensor;
 /* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT

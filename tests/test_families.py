@@ -96,7 +96,8 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
                    "with a shared expert": cfg.shared_expert_ffn_dim > 0, "only with attn_gate": cfg.attn_output_gate,
                    "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn,
                    "only with attn_sinks": cfg.attn_sinks, "only with o_bias": cfg.o_bias,
-                   "only with expert_bias": cfg.expert_bias, "only with layer_scalar": cfg.gemma4_layer}
+                   "only with expert_bias": cfg.expert_bias, "only with layer_scalar": cfg.gemma4_layer,
+                   "only with experts_beside": cfg.gemma4_layer and moe}
         out[name] = None if any(k in doc and not v for k, v in present.items()) else shape
     return out
 
