@@ -60,6 +60,18 @@ int launch_head_norm(arc_context *ctx, const HeadNormArgs &a) {
 
 enum { ADDNORM_THREADS = 256 };
 
+// x[0..1] (8 floats) += (a, b) * inv * (add + w), w the 8 bf16 weights of g: a normed row's
+// elements added to the residual stream.
+__device__ __forceinline__ void add_normed8(float4 *x, float4 a, float4 b, uint4 g, float inv, float add) {
+    float4 xa = x[0], xb = x[1];
+    xa.x += a.x * inv * (add + bf16_lo(g.x)); xa.y += a.y * inv * (add + bf16_hi(g.x));
+    xa.z += a.z * inv * (add + bf16_lo(g.y)); xa.w += a.w * inv * (add + bf16_hi(g.y));
+    xb.x += b.x * inv * (add + bf16_lo(g.z)); xb.y += b.y * inv * (add + bf16_hi(g.z));
+    xb.z += b.z * inv * (add + bf16_lo(g.w)); xb.w += b.w * inv * (add + bf16_hi(g.w));
+    x[0] = xa;
+    x[1] = xb;
+}
+
 // x[r] += t[r] * rsqrt(mean(t[r]^2) + eps) * w, one block a row r (dim floats): the output of the
 // attention's or the FFN's last product normed before its residual add. The squares are summed in
 // add_sq8's order. Limits: dim % 8 == 0; x, t and w 16-byte aligned.
@@ -78,15 +90,7 @@ add_norm_rows_kernel(float *__restrict__ x, const float *__restrict__ t, int dim
     const float inv = rsqrtf(ss / (float)dim + eps);
     const uint4 *wv = reinterpret_cast<const uint4 *>(w);
     for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
-        const float4 a = row[2 * v], b = row[2 * v + 1];
-        const uint4 g = wv[v];
-        float4 xa = out[2 * v], xb = out[2 * v + 1];
-        xa.x += a.x * inv * (add + bf16_lo(g.x)); xa.y += a.y * inv * (add + bf16_hi(g.x));
-        xa.z += a.z * inv * (add + bf16_lo(g.y)); xa.w += a.w * inv * (add + bf16_hi(g.y));
-        xb.x += b.x * inv * (add + bf16_lo(g.z)); xb.y += b.y * inv * (add + bf16_hi(g.z));
-        xb.z += b.z * inv * (add + bf16_lo(g.w)); xb.w += b.w * inv * (add + bf16_hi(g.w));
-        out[2 * v] = xa;
-        out[2 * v + 1] = xb;
+        add_normed8(out + 2 * v, row[2 * v], row[2 * v + 1], wv[v], inv, add);
     }
 }
 
@@ -153,14 +157,7 @@ add_norm_pair_rows_kernel(float *__restrict__ x, const float *__restrict__ a, co
     for (int v = threadIdx.x; v < nvec; v += ADDNORM_THREADS) {
         float4 lo, hi;
         beside_sum8(ra, rb, ga, gb, v, ia, ib, add, lo, hi);
-        const uint4 g = wv[v];
-        float4 xa = out[2 * v], xb = out[2 * v + 1];
-        xa.x += lo.x * inv * (add + bf16_lo(g.x)); xa.y += lo.y * inv * (add + bf16_hi(g.x));
-        xa.z += lo.z * inv * (add + bf16_lo(g.y)); xa.w += lo.w * inv * (add + bf16_hi(g.y));
-        xb.x += hi.x * inv * (add + bf16_lo(g.z)); xb.y += hi.y * inv * (add + bf16_hi(g.z));
-        xb.z += hi.z * inv * (add + bf16_lo(g.w)); xb.w += hi.w * inv * (add + bf16_hi(g.w));
-        out[2 * v] = xa;
-        out[2 * v + 1] = xb;
+        add_normed8(out + 2 * v, lo, hi, wv[v], inv, add);
     }
 }
 
