@@ -135,8 +135,8 @@ class Gemma4Rows(_RowOps):
         normed, summed, normed, added to the residual stream."""
         c, x = self.cfg, self.x
         dense = rmsnorm(linear(self.h, L.w_down), L.dense_out_norm, c.rms_eps)
-        n = rmsnorm(x, F32(1.0), c.rms_eps) * L.router_scale * F32(c.dim ** -0.5)
-        logits = linear(self.r(n), L.router)
+        # dim^-1/2 after the product, as libarc applies it (the product's input rounded without it)
+        logits = linear(self.r(rmsnorm(x, L.router_scale, c.rms_eps)), L.router) * F32(c.dim ** -0.5)
         self.chosen, self.weights = route(logits, c.n_experts_used, "softmax_topk", True)
         self.weights = self.weights * L.expert_scale[self.chosen]
         self.record_routing(li, logits)
