@@ -76,6 +76,8 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
     uint16_t *q_hi = smem + dec_tile_bytes(D, Q8) / 2, *q_lo = q_hi + DEC_HEADS * D;
     float *cos_t = reinterpret_cast<float *>(q_lo + DEC_HEADS * D), *sin_t = cos_t + D / 2;
     uint16_t *scales = reinterpret_cast<uint16_t *>(sin_t + D / 2);  // Q8: [stage][k | v][64][hd / 32]
+    // Q8: the current tile's scales as floats, [k | v][64][hd / 32], each converted once a tile
+    float *fscales = reinterpret_cast<float *>(scales + (size_t)NST * 2 * ATTN_TILE * SB);
     uint16_t *const k_bf = static_cast<uint16_t *>(k_cache), *const v_bf = static_cast<uint16_t *>(v_cache);
     int8_t *const k_q8 = static_cast<int8_t *>(k_cache), *const v_q8 = static_cast<int8_t *>(v_cache);
     __shared__ float wm[DEC_WARPS][DEC_HEADS], wl[DEC_WARPS][DEC_HEADS], wa[DEC_HEADS][DEC_WARPS], wsum[DEC_HEADS];
@@ -202,7 +204,12 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
         __syncthreads();
         uint16_t *kt = kv + (size_t)buf * 2 * ATTN_TILE * D, *vt = kt + ATTN_TILE * D;  // bf16's
         int8_t *kc = codes + (size_t)buf * 2 * ATTN_TILE * D, *vc = kc + ATTN_TILE * D;  // Q8's
-        uint16_t *sk = scales + (size_t)buf * 2 * ATTN_TILE * SB, *sv = sk + ATTN_TILE * SB;
+        float *fk = fscales, *fv = fscales + ATTN_TILE * SB;
+        if constexpr (Q8) {  // the tile's scales widened once here, not by every thread that uses one
+            const uint16_t *sk = scales + (size_t)buf * 2 * ATTN_TILE * SB, *sv = sk + ATTN_TILE * SB;
+            for (int i = tid; i < ATTN_TILE * nb; i += ATTN_TILE_THREADS) fk[i] = q8_scale(sk[i]), fv[i] = q8_scale(sv[i]);
+            __syncthreads();
+        }
         if (!ROWS && j == ns - 1) {
             // The new position's row, as the cache will hold it; the block of the kv head's first
             // heads stores it there for later steps. Q8: each warp quantizes a block of 32 (hd % 32
@@ -218,7 +225,7 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
                     const int8_t kq = q8_quantize_warp(kx, &kd), vq = q8_quantize_warp(vx, &vd);
                     kc[code_offset<D>(tr, d)] = kq, vc[code_offset<D>(tr, d)] = vq;
                     const int si = d / KV_Q8_BLOCK;
-                    if (d % KV_Q8_BLOCK == 0) sk[tr * nb + si] = kd, sv[tr * nb + si] = vd;
+                    if (d % KV_Q8_BLOCK == 0) fk[tr * nb + si] = q8_scale(kd), fv[tr * nb + si] = q8_scale(vd);
                     if (store) {
                         k_q8[at + d] = kq, v_q8[at + d] = vq;
                         if (d % KV_Q8_BLOCK == 0) {
@@ -237,7 +244,7 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
         }
 
         float s[2][4];
-        tile_scores<D, QREG, Q8>(s, Q8 ? (const void *)kc : kt, qh, ql, q_hi, q_lo, sk, nb, warp, lane);
+        tile_scores<D, QREG, Q8>(s, Q8 ? (const void *)kc : kt, qh, ql, q_hi, q_lo, fk, nb, warp, lane);
         // Scale to log2 units; positions past pos (and, windowed, before lo) score -inf.
         const int k0 = j * ATTN_TILE + warp * 16;
 #pragma unroll
@@ -272,7 +279,7 @@ decode_attention_kernel(const float *__restrict__ qkv, const RopeArgs rope, void
                 o[dt][2 * r + 1] *= alpha;
             }
         }
-        tile_weighted_sum<D, Q8>(o, s, Q8 ? (const void *)vc : vt, sv, nb, j * ATTN_TILE, pos, warp, lane);
+        tile_weighted_sum<D, Q8>(o, s, Q8 ? (const void *)vc : vt, fv, nb, j * ATTN_TILE, pos, warp, lane);
         __syncthreads();  // every warp is done with this tile's buffers before they are refilled
     }
 

@@ -24,11 +24,11 @@ __device__ __forceinline__ uint32_t code_matrices(const int8_t *ct, int warp, in
 // Q8: kt holds codes (code_offset) and q's tiles hold each 16 elements in q8_k_slot's order, the
 // order in which one ldmatrix of a row's 16 codes hands a thread its codes (4t..4t + 3, as the
 // pairs (4t, 4t + 2) and (4t + 1, 4t + 3)); each block of 32 elements' sums times its key's scale
-// of the block (sk: [64][nb] float16 bits), the blocks added in order.
+// of the block (sk: [64][nb] floats), the blocks added in order.
 template <int D, bool QREG, bool Q8>
 __device__ __forceinline__ void tile_scores(float (&s)[2][4], const void *kt, const uint32_t (&qh)[QREG ? D / 16 : 1][4],
                                             const uint32_t (&ql)[QREG ? D / 16 : 1][4], const uint16_t *q_hi,
-                                            const uint16_t *q_lo, const uint16_t *sk, int nb, int warp, int lane) {
+                                            const uint16_t *q_lo, const float *sk, int nb, int warp, int lane) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -67,7 +67,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[2][4], const void *kt, co
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(a[nt][e], q8_scale(sk[tile_row(warp, lane, nt, e) * nb + b]), s[nt][e]);
+                for (int e = 0; e < 4; ++e) s[nt][e] = fmaf(a[nt][e], sk[tile_row(warp, lane, nt, e) * nb + b], s[nt][e]);
         }
     } else {
         const uint16_t *bt = static_cast<const uint16_t *>(kt);
@@ -93,11 +93,11 @@ __device__ __forceinline__ int q8_out_element(int nt, int t, int e) { return 16 
 // o += P V over the warp's 16 positions of the tile vt (swizzled [64][D]): p, the softmax's
 // weights, in the scores' layout, which is an A fragment's; p as hi + lo bf16 parts. Q8: vt holds
 // codes (code_offset) and o's elements lie as q8_out_element says; 32 output elements at a time,
-// each weight times its value's scale of the block (sv: [64][nb] float16 bits), and 0 for a
+// each weight times its value's scale of the block (sv: [64][nb] floats), and 0 for a
 // position past `pos` (first: the tile's first position), whose row may hold any scale.
 template <int D, bool Q8>
 __device__ __forceinline__ void tile_weighted_sum(float (&o)[D / 8][4], const float (&p)[2][4], const void *vt,
-                                                  const uint16_t *sv, int nb, int first, int pos, int warp, int lane) {
+                                                  const float *sv, int nb, int first, int pos, int warp, int lane) {
     auto split = [](const float (&w)[2][4], uint32_t (&ph)[4], uint32_t (&pl)[4]) {
         split_bf16x2(w[0][0], w[0][1], ph[0], pl[0]);
         split_bf16x2(w[0][2], w[0][3], ph[1], pl[1]);
@@ -116,7 +116,7 @@ __device__ __forceinline__ void tile_weighted_sum(float (&o)[D / 8][4], const fl
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = tile_row(warp, lane, nt, e);
-                    w[nt][e] = first + r <= pos ? p[nt][e] * q8_scale(sv[r * nb + b]) : 0.0f;
+                    w[nt][e] = first + r <= pos ? p[nt][e] * sv[r * nb + b] : 0.0f;
                 }
             split(w, ph, pl);
             // Each word's pairs are the even and the odd elements' operands.

@@ -18,10 +18,13 @@ static constexpr size_t dec_tile_bytes(int D, bool q8) {
               : (size_t)2 * 2 * ATTN_TILE * D * 2;
 }
 // Dynamic shared memory of the kernel for D: the tiles, q as hi and lo tiles, the rotation's
-// cosines and sines; a q8_0 cache's scales, each stage's k's and v's, after them.
+// cosines and sines; a q8_0 cache's scales after them, each stage's k's and v's (float16), then
+// the current tile's k's and v's as floats.
 static constexpr size_t dec_smem_bytes(int D, bool q8) {
     return dec_tile_bytes(D, q8) + (size_t)2 * DEC_HEADS * D * 2 + (size_t)D * 4 +
-           (q8 ? (size_t)DEC_Q8_STAGES * 2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 2 : 0);
+           (q8 ? (size_t)DEC_Q8_STAGES * 2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 2 +
+                     (size_t)2 * ATTN_TILE * (D / KV_Q8_BLOCK) * 4
+               : 0);
 }
 // The tiles' buffers hold, after the walk, the warps' outputs and then the merge's weights.
 static_assert(DEC_WARPS * DEC_HEADS * 4 <= 2 * 2 * ATTN_TILE * 2, "the warps' outputs fit the tiles");
