@@ -22,23 +22,26 @@ typedef enum arc_tensor {
     ARC_TENSOR_EMBED = 0,           /* (vocab, dim) */
     ARC_TENSOR_ATTN_NORM = 1,       /* per layer (dim) */
     ARC_TENSOR_WQ = 2,              /* per layer (n_heads * head_dim, dim), absent on DeltaNet layers */
-    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
-    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet layers */
+    ARC_TENSOR_WK = 3,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet and shared layers */
+    ARC_TENSOR_WV = 4,              /* per layer (n_kv_heads * head_dim, dim), absent on DeltaNet and shared layers */
     ARC_TENSOR_BQ = 5,              /* per layer (n_heads * head_dim), only with qkv_bias, absent on DeltaNet layers */
     ARC_TENSOR_BK = 6,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
-                                       layers */
+                                       and shared layers */
     ARC_TENSOR_BV = 7,              /* per layer (n_kv_heads * head_dim), only with qkv_bias, absent on DeltaNet
-                                       layers */
+                                       and shared layers */
     ARC_TENSOR_WO = 8,              /* per layer (dim, n_heads * head_dim), absent on DeltaNet layers */
     ARC_TENSOR_MLP_NORM = 9,        /* per layer (dim) */
-    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside) */
-    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside) */
-    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers (but with experts_beside) */
+    ARC_TENSOR_W_GATE = 10,         /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside);
+                                       2 ffn_dim on a shared layer with double_wide_ffn */
+    ARC_TENSOR_W_UP = 11,           /* per layer (ffn_dim, dim), absent on MoE layers (but with experts_beside);
+                                       2 ffn_dim on a shared layer with double_wide_ffn */
+    ARC_TENSOR_W_DOWN = 12,         /* per layer (dim, ffn_dim), absent on MoE layers (but with experts_beside);
+                                       2 ffn_dim on a shared layer with double_wide_ffn */
     ARC_TENSOR_FINAL_NORM = 13,     /* (dim) */
     ARC_TENSOR_LM_HEAD = 14,        /* (vocab, dim), absent when tied to the embedding */
     ARC_TENSOR_ROPE_INV_FREQ = 15,  /* per layer (rope_dim / 2) float32, absent on DeltaNet layers: the layer's RoPE */
     ARC_TENSOR_Q_NORM = 16,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
-    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet layers */
+    ARC_TENSOR_K_NORM = 17,         /* per layer (head_dim), only with qk_norm, absent on DeltaNet and shared layers */
     ARC_TENSOR_POST_ATTN_NORM = 18, /* per layer (dim), only with post_norms */
     ARC_TENSOR_POST_FFN_NORM = 19,  /* per layer (dim), only with post_norms */
     ARC_TENSOR_MOE_ROUTER = 20,     /* per layer (n_experts, dim), only on MoE layers */
@@ -78,7 +81,14 @@ typedef enum arc_tensor {
     ARC_TENSOR_MOE_OUT_NORM = 47,   /* per layer (dim), only with experts_beside: the experts' output norm */
     ARC_TENSOR_ROUTER_SCALE = 48,   /* per layer (dim), only with experts_beside: the router's input factors */
     ARC_TENSOR_EXPERT_SCALE = 49,   /* per layer (n_experts), only with experts_beside: each expert's weight's factor */
-    ARC_TENSOR_COUNT = 50
+    /* Gemma 4's per-layer embeddings (arc_model_config: ple_dim). */
+    ARC_TENSOR_PLE_EMBED = 50,      /* (ple_vocab, n_layers * ple_dim), only with ple_dim: each token's rows */
+    ARC_TENSOR_PLE_PROJECTION = 51, /* (n_layers * ple_dim, dim), only with ple_dim */
+    ARC_TENSOR_PLE_NORM = 52,       /* (ple_dim), only with ple_dim */
+    ARC_TENSOR_PLE_GATE = 53,       /* per layer (ple_dim, dim), only with ple_dim */
+    ARC_TENSOR_PLE_OUT = 54,        /* per layer (dim, ple_dim), only with ple_dim */
+    ARC_TENSOR_PLE_POST_NORM = 55,  /* per layer (dim), only with ple_dim */
+    ARC_TENSOR_COUNT = 56
 } arc_tensor;
 /* The GLU act(g) * u: SILU g * sigmoid(g); GELU_TANH 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); SWIGLU_LIMIT
  * (gpt-oss's) g' * sigmoid(1.702 g') * (u' + 1) with g' = min(g, 7) and u' = u clamped to [-7, 7]. */
@@ -147,6 +157,15 @@ typedef struct arc_model_config {
      * FFN_OUT_NORM) + rmsnorm(experts, MOE_OUT_NORM), POST_FFN_NORM), dense = Wdown @ h and experts their weighted
      * sum. */
     int32_t experts_beside;
+    /* Gemma 4's per-layer embeddings (ple_dim 0: none; ple_vocab rows): before the layers, a token's PLE_EMBED row
+     * times sqrt(ple_dim), plus rmsnorm(PLE_PROJECTION @ x * dim^-1/2, PLE_NORM) of the scaled embedding x, each
+     * layer's ple_dim slice normed alone, the sum times 2^-1/2: layer l's slice p_l. ARC_OP_PER_LAYER_INPUT: x +=
+     * rmsnorm(PLE_OUT @ (gelu_tanh(PLE_GATE @ x) * p_l), PLE_POST_NORM). kv_shared_layers: the last ones of the
+     * layers compute no k or v ("shared layers": no WK, WV, BK, BV, K_NORM, no cache rows of their own); each
+     * attends the cache of the last layer before them of its kind (windowed or not), which must exist.
+     * double_wide_ffn (0 or 1, with kv_shared_layers): a shared layer's W_GATE, W_UP and W_DOWN take 2 ffn_dim.
+     * arc_model_create does not take per-layer embeddings or shared layers yet. */
+    int32_t ple_dim, ple_vocab, kv_shared_layers, double_wide_ffn;
 } arc_model_config;
 /* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16
  * scales, a block of 32 elements each: d = amax / 127 (float32), code = round(x * (1 / d)) (halves away from zero;
@@ -178,7 +197,8 @@ typedef enum arc_layer_op {
     ARC_OP_DN_STEP = 12,    /* the DeltaNet's convolution and state update at the token's position -> att */
     ARC_OP_DN_OUT = 13,     /* x += DN_OUT @ att */
     ARC_OP_LAYER_SCALAR = 14,  /* x *= LAYER_SCALAR (the layer's last op) */
-    ARC_OP_EXPERTS_BESIDE = 15  /* after FFN_IN (h): x += the dense FFN's and the experts' outputs (experts_beside) */
+    ARC_OP_EXPERTS_BESIDE = 15,  /* after FFN_IN (h): x += the dense FFN's and the experts' outputs (experts_beside) */
+    ARC_OP_PER_LAYER_INPUT = 16  /* x += the layer's per-layer input (ple_dim), before LAYER_SCALAR */
 } arc_layer_op;
 int arc_layer_program(const arc_model_config *config, int32_t layer, int32_t *ops, int32_t *count);
 

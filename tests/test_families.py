@@ -47,6 +47,7 @@ from arcpy.model import (
     save_model,
     save_safetensors,
 )
+from arcpy.model import gemma4
 from arcpy.model.hybrid import is_hybrid
 from arcpy.model.native import describe, expected_tensors, layer_program, place
 
@@ -83,8 +84,10 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
              "expert_ffn_dim": cfg.expert_ffn_dim, "shared_ffn_dim": cfg.shared_expert_ffn_dim,
              "dn_v_heads": cfg.linear_n_v_heads, "dn_head_dim": cfg.linear_k_head_dim,
              "dn_conv_kernel": cfg.linear_conv_kernel, "V": cfg.linear_n_v_heads * cfg.linear_v_head_dim,
+             "ple_dim": cfg.ple_dim, "ple_vocab": cfg.ple_vocab, "n_layers": cfg.n_layers,
              "conv": 2 * cfg.linear_n_k_heads * cfg.linear_k_head_dim + cfg.linear_n_v_heads * cfg.linear_v_head_dim}
     moe, dn = cfg.is_moe_layer(layer), cfg.is_linear_layer(layer)
+    shared = cfg.gemma4_layer and gemma4.kv_source(cfg, layer) != layer
     out = {}
     for name, doc in re.findall(r"ARC_TENSOR_(\w+) = \d+,\s*/\* (.*?) \*/", text, re.S):
         doc = " ".join(doc.split())
@@ -95,6 +98,7 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
                    "only on MoE layers": moe, "absent on MoE layers": not moe,
                    "with a shared expert": cfg.shared_expert_ffn_dim > 0, "only with attn_gate": cfg.attn_output_gate,
                    "only on DeltaNet layers": dn, "absent on DeltaNet layers": not dn,
+                   "absent on DeltaNet and shared layers": not dn and not shared, "only with ple_dim": cfg.ple_dim > 0,
                    "only with attn_sinks": cfg.attn_sinks, "only with o_bias": cfg.o_bias,
                    "only with expert_bias": cfg.expert_bias, "only with layer_scalar": cfg.gemma4_layer,
                    "only with experts_beside": cfg.gemma4_layer and moe}
@@ -102,7 +106,7 @@ def arc_h_shapes(cfg, layer: int = 0) -> dict[str, tuple[int, ...] | None]:
     return out
 
 
-_GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD")
+_GLOBAL_KEYS = ("EMBED", "FINAL_NORM", "LM_HEAD", "PLE_EMBED", "PLE_PROJECTION", "PLE_NORM")  # arc.h's global tensors
 
 
 # A hybrid's files hold a gated q_proj whole and the convolution as (channels, 1, kernel):

@@ -599,7 +599,7 @@ def test_the_device_model_gets_a_format_per_tensor_and_layer():
     model = synthetic_model("tiny-quant")
     table = CudaModel._formats(SimpleNamespace(lib=lib, ffi=ffi), model)
     L = model.config.n_layers
-    assert len(table) == lib.ARC_TENSOR_COUNT * L == 50 * 2
+    assert len(table) == lib.ARC_TENSOR_COUNT * L == 56 * 2
     at = [table[getattr(lib, f"ARC_TENSOR_{name}") * L + layer]
           for name, layer in [("WQ", 0), ("WK", 0), ("WV", 0), ("WO", 0), ("W_GATE", 0), ("W_UP", 0), ("W_DOWN", 0),
                               ("WQ", 1), ("WO", 1), ("W_DOWN", 1), ("LM_HEAD", 0), ("EMBED", 0), ("ATTN_NORM", 1)]]

@@ -118,6 +118,10 @@ BESIDE = {**MOE, "experts_beside": 1, "post_norms": 1, "norm_topk": 1}  # Gemma 
     (dict(experts_beside=2), "experts_beside must be 0 or 1"), ({**BESIDE, "post_norms": 0}, "experts_beside takes"),
     ({**BESIDE, "routing": 1}, "experts_beside takes"), ({**BESIDE, "norm_topk": 0}, "experts_beside takes"),
     ({**BESIDE, "shared_ffn_dim": 8}, "experts_beside takes"), ({**BESIDE, "expert_bias": 1}, "experts_beside takes"),
+    (dict(ple_dim=-8, ple_vocab=16), "ple_dim and ple_vocab"), (dict(ple_dim=8), "ple_dim and ple_vocab"),
+    (dict(kv_shared_layers=6), "kv_shared_layers must be in"), (dict(kv_shared_layers=-1), "kv_shared_layers"),
+    (dict(sliding_window=4, window_pattern=2, kv_shared_layers=5), "shared layer 1 has no earlier layer"),
+    (dict(double_wide_ffn=1), "double_wide_ffn"), (dict(kv_shared_layers=2, double_wide_ffn=2), "double_wide_ffn"),
 ])
 def test_the_python_tables_refuse_what_libarc_refuses_in_its_words(change, says):
     values = {**config_values(SHAPES["stories15M"]), **change}

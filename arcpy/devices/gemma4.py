@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arcpy.codes import OP_EXPERTS_BESIDE, OP_LAYER_SCALAR
+from arcpy.codes import OP_EXPERTS_BESIDE, OP_LAYER_SCALAR, OP_PER_LAYER_INPUT
 from arcpy.devices.reference_layer import Layer, norm_factors, weights_f32
 from arcpy.devices.reference_ops import (
     GLUS,
@@ -94,7 +94,7 @@ class Gemma4Rows(_RowOps):
         self.ple = m.per_layer_inputs.rows(tokens, self.x, r) if m.per_layer_inputs is not None else None
 
     def _dispatch(self):
-        own = {OP_EXPERTS_BESIDE: self.experts_beside, g4.OP_PER_LAYER_INPUT: self.per_layer_input,
+        own = {OP_EXPERTS_BESIDE: self.experts_beside, OP_PER_LAYER_INPUT: self.per_layer_input,
                OP_LAYER_SCALAR: self.layer_scalar}
         shared = super()._dispatch()
 

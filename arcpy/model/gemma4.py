@@ -30,14 +30,15 @@ whose factors are their weights as stored (never 1 + w), and:
   dense GLU is 2 x ffn_dim wide.
 - the logits capped: final_softcap * tanh(logits / final_softcap).
 
-libarc's layer program and tensor table hold the dense layer and the experts beside it
-(arc_model_config's global_head_dim, global_n_kv_heads, v_norm, layer_scalar, final_softcap and
-experts_beside: native_fields, over native_base's Gemma 3 layer; OP_EXPERTS_BESIDE and the tensors
-of MOE_IDS); a global layer with k_eq_v is given its k_proj as libarc's WV too (one more product
-of k's rows, v's values exact). arcpy.model.native asks libarc for them and extends them here with
-what only the NumPy reference runs: per-layer embeddings (OP_PER_LAYER_INPUT), K/V shared across
-layers and the shared layers' wider FFN. The CUDA backend refuses those in one line (cuda_refusal),
-and the rest too until libarc's layer has passed its GPU tests (CUDA_LAYER_CHECKED).
+libarc's layer program and tensor table hold every form of the layer (arc_model_config's
+global_head_dim, global_n_kv_heads, v_norm, layer_scalar, final_softcap, experts_beside, ple_dim,
+ple_vocab, kv_shared_layers and double_wide_ffn: native_fields, over native_base's Gemma 3 layer;
+OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT and the tensors of MOE_IDS, PLE_GLOBAL_IDS and PLE_IDS); a
+global layer with k_eq_v is given its k_proj as libarc's WV too (one more product of k's rows, v's
+values exact), so its files' tensors are the table's less that v_proj (tensors). libarc's kernels
+run the dense layer and the experts beside it, not yet per-layer embeddings nor shared K/V: the
+CUDA backend refuses those in one line (cuda_refusal), and the rest too until libarc's layer has
+passed its GPU tests (CUDA_LAYER_CHECKED); the NumPy reference runs every form.
 """
 
 from __future__ import annotations
@@ -48,11 +49,6 @@ import math
 from arcpy.checks import is_finite_real, is_int, quoted, require
 from arcpy.codes import ROUTINGS
 from arcpy.model.moe import EXPERT_SUFFIXES
-
-# The op of the NumPy reference alone (libarc's arc_layer_op numbers stop well below it): the
-# per-layer input (before the layer's scalar, libarc's OP_LAYER_SCALAR).
-OP_PER_LAYER_INPUT = 111
-OP_NAMES = {OP_PER_LAYER_INPUT: "PER_LAYER_INPUT"}
 
 # The tensors outside the layers (per-layer embeddings), and a layer's beyond Gemma 3's, under
 # their Hugging Face names (a layer's after its prefix).
@@ -75,6 +71,13 @@ MOE_IDS = tuple(zip(EXPERT_NORMS + (ROUTER, ROUTER_SCALE, EXPERT_SCALE) + _EXPER
                     ("ARC_TENSOR_MOE_NORM", "ARC_TENSOR_FFN_OUT_NORM", "ARC_TENSOR_MOE_OUT_NORM",
                      "ARC_TENSOR_MOE_ROUTER", "ARC_TENSOR_ROUTER_SCALE", "ARC_TENSOR_EXPERT_SCALE",
                      "ARC_TENSOR_MOE_GATE", "ARC_TENSOR_MOE_UP", "ARC_TENSOR_MOE_DOWN")))
+# The per-layer embeddings' tensors: the global ones (name, arc_tensor name), a layer's (suffix,
+# arc_tensor name), in file order, and those of them held as matrices (rank 2).
+PLE_GLOBAL_IDS = ((PLE_EMBED, "ARC_TENSOR_PLE_EMBED"), (PLE_PROJECTION, "ARC_TENSOR_PLE_PROJECTION"),
+                  (PLE_NORM, "ARC_TENSOR_PLE_NORM"))
+PLE_IDS = ((PLE_GATE, "ARC_TENSOR_PLE_GATE"), (PLE_LAYER_PROJECTION, "ARC_TENSOR_PLE_OUT"),
+           (PLE_POST_NORM, "ARC_TENSOR_PLE_POST_NORM"))
+PLE_MATRICES = (PLE_GATE, PLE_LAYER_PROJECTION)
 _FIELDS = ("global_head_dim", "global_n_kv_heads", "global_rope_dim", "ple_dim", "ple_vocab", "kv_shared_layers")
 
 
@@ -204,14 +207,17 @@ def native_base(cfg):
 
 def native_fields(cfg) -> dict:
     """arc_model_config's Gemma 4 fields of cfg: the global layers' dims, v norms, layer scalars, the
-    logits' cap, and in a mixture of experts the experts beside the dense FFN (softmax over every
-    expert, the top k renormalized, whatever the config's routing fields say)."""
+    logits' cap, in a mixture of experts the experts beside the dense FFN (softmax over every
+    expert, the top k renormalized, whatever the config's routing fields say), the per-layer
+    embeddings, the layers sharing K/V and their FFN's width."""
     gh, gkv = global_dims(cfg)
     fields = dict(global_head_dim=gh, global_n_kv_heads=gkv, v_norm=1, layer_scalar=1,
                   final_softcap=float(cfg.final_softcap))
     if cfg.n_experts:
         fields.update(n_experts=cfg.n_experts, n_experts_used=cfg.n_experts_used, expert_ffn_dim=cfg.expert_ffn_dim,
                       experts_beside=1, routing=ROUTINGS.index("softmax_topk"), norm_topk=1)
+    fields.update(ple_dim=cfg.ple_dim, ple_vocab=cfg.ple_vocab, kv_shared_layers=cfg.kv_shared_layers,
+                  double_wide_ffn=int(cfg.double_wide_mlp))
     return fields
 
 
@@ -223,55 +229,15 @@ def shares_values(cfg, name: str) -> bool:
     return layer.isdigit() and values_are_keys(cfg, int(layer))
 
 
-def _layer_shape(cfg, layer: int, suffix: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """A tensor of a Gemma 4 layer as its files hold it, from libarc's `shape`: None where the layer
-    has none in its files (a shared layer's k and v, a k_eq_v layer's v), the dense FFN twice as
-    wide on a shared layer with double_wide_mlp."""
-    if kv_source(cfg, layer) != layer and suffix in SHARED_UNREAD:
-        return None
-    if suffix == "self_attn.v_proj.weight" and values_are_keys(cfg, layer):
-        return None
-    f = ffn_width(cfg, layer)
-    return {"mlp.gate_proj.weight": (f, cfg.dim), "mlp.up_proj.weight": (f, cfg.dim),
-            "mlp.down_proj.weight": (cfg.dim, f)}.get(suffix, shape)
-
-
-def _layer_extras(cfg, prefix: str):
-    """The tensors a Gemma 4 layer holds past libarc's table (the per-layer input's), (name, shape),
-    in the files' order."""
-    d = cfg.dim
-    if cfg.ple_dim:
-        yield prefix + PLE_GATE, (cfg.ple_dim, d)
-        yield prefix + PLE_LAYER_PROJECTION, (d, cfg.ple_dim)
-        yield prefix + PLE_POST_NORM, (d,)
-
-
 def tensors(cfg, base):
-    """A Gemma 4 config's tensors, (name, shape) in a fixed order, from `base`: libarc's table of its
-    layer under the Hugging Face names (arcpy.model.native.iter_tensors), each layer's extras before
-    its scalar (its last tensor)."""
+    """A Gemma 4 config's tensors, (name, shape) in a fixed order, from `base`: libarc's table under
+    the Hugging Face names (arcpy.model.native.iter_tensors), less the v_proj of a layer whose v is
+    its k's, which its files do not hold (libarc is given its k_proj as WV)."""
     for name, shape in base:
-        if name.startswith("model.layers."):
-            i = int(name.split(".")[2])
-            prefix = f"model.layers.{i}."
-            if name == prefix + LAYER_SCALAR:
-                yield from _layer_extras(cfg, prefix)
-            shape = _layer_shape(cfg, i, name[len(prefix):], shape)
-            if shape is not None:
-                yield name, shape
-            continue
+        if name.endswith(".self_attn.v_proj.weight") and name.startswith("model.layers."):
+            if values_are_keys(cfg, int(name.split(".")[2])):
+                continue
         yield name, shape
-        if name == "model.embed_tokens.weight" and cfg.ple_dim:
-            width = cfg.n_layers * cfg.ple_dim
-            yield PLE_EMBED, (cfg.ple_vocab, width)
-            yield PLE_PROJECTION, (width, cfg.dim)
-            yield PLE_NORM, (cfg.ple_dim,)
-
-
-def program(base: list[int], cfg) -> list[int]:
-    """A layer's program: libarc's (`base`, ending in its scalar), and the per-layer input before
-    the scalar where the config has them."""
-    return base[:-1] + ([OP_PER_LAYER_INPUT] if cfg.ple_dim else []) + base[-1:]
 
 
 def row_tables(cfg) -> tuple[str, ...]:

@@ -28,7 +28,8 @@ LM_HEAD = "lm_head.weight"
 
 # arc_tensor ids by Hugging Face name: the global tensors, and a layer's by the suffix after
 # layer_prefix, in the order files list them (the norms after attention are norm_names').
-_GLOBAL_IDS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD"}
+_GLOBAL_IDS = {EMBED: "ARC_TENSOR_EMBED", FINAL_NORM: "ARC_TENSOR_FINAL_NORM", LM_HEAD: "ARC_TENSOR_LM_HEAD",
+               **dict(gemma4.PLE_GLOBAL_IDS)}
 _ATTENTION_IDS = (
     ("input_layernorm.weight", "ARC_TENSOR_ATTN_NORM"),
     ("self_attn.q_norm.weight", "ARC_TENSOR_Q_NORM"),
@@ -85,7 +86,7 @@ ROUTERS = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", gemma4.ROUTER)  #
 _DN_MATRICES = ("ARC_TENSOR_DN_QKV", "ARC_TENSOR_DN_Z", "ARC_TENSOR_DN_B", "ARC_TENSOR_DN_A", "ARC_TENSOR_DN_OUT")
 _MATRIX_SUFFIXES = (tuple(suffix for suffix, _ in _ATTENTION_IDS + _FFN_IDS if suffix.endswith("proj.weight"))
                     + tuple(suffix for suffix, tensor in _DELTANET_IDS if tensor in _DN_MATRICES))
-_RANK2_SUFFIXES = _MATRIX_SUFFIXES + ROUTERS
+_RANK2_SUFFIXES = _MATRIX_SUFFIXES + ROUTERS + gemma4.PLE_MATRICES
 
 
 def layer_prefix(i: int) -> str:
@@ -109,7 +110,8 @@ _LAYER_SCALAR_ID = (("layer_scalar", "ARC_TENSOR_LAYER_SCALAR"),)  # Gemma 4's, 
 def _layer_ids(cfg) -> tuple[tuple[str, str], ...]:
     """(suffix, arc_tensor name) of every tensor a layer may hold, in file order."""
     norms = tuple((name, _NORM_IDS[role]) for role, name in norm_names(cfg).items())
-    ffn = _FFN_IDS[:3] + gemma4.MOE_IDS if cfg.gemma4_layer else _FFN_IDS  # Gemma 4's experts beside its FFN
+    # Gemma 4's experts beside its FFN, and its per-layer input
+    ffn = _FFN_IDS[:3] + gemma4.MOE_IDS + gemma4.PLE_IDS if cfg.gemma4_layer else _FFN_IDS
     return _ATTENTION_IDS[:1] + _DELTANET_IDS + _ATTENTION_IDS[1:] + norms + ffn + _LAYER_SCALAR_ID
 
 
@@ -146,7 +148,8 @@ def config_values(cfg, max_seq: int | None = None) -> dict:
         attn_gate=int(cfg.attn_output_gate), dn_k_heads=cfg.linear_n_k_heads, dn_v_heads=cfg.linear_n_v_heads,
         dn_head_dim=cfg.linear_k_head_dim, dn_conv_kernel=cfg.linear_conv_kernel, dn_layers=linear,
         attn_sinks=int(cfg.attn_sinks), o_bias=int(cfg.o_bias), expert_bias=int(cfg.expert_bias),
-        global_head_dim=0, global_n_kv_heads=0, v_norm=0, layer_scalar=0, final_softcap=0.0, experts_beside=0)
+        global_head_dim=0, global_n_kv_heads=0, v_norm=0, layer_scalar=0, final_softcap=0.0, experts_beside=0,
+        ple_dim=0, ple_vocab=0, kv_shared_layers=0, double_wide_ffn=0)
 
 
 def native_config(ffi, cfg, max_seq: int | None = None, kv_cache: int = 0):
@@ -190,8 +193,8 @@ def iter_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     under the Hugging Face names.
 
     A generator, so a reader can stop at the first tensor a file lacks instead of first listing
-    all of them for a config that claims a billion layers. A Gemma 4 config's: libarc's table of
-    its layer, extended by what only the NumPy reference runs (arcpy.model.gemma4).
+    all of them for a config that claims a billion layers. A Gemma 4 config's: libarc's table less
+    what its files do not hold (arcpy.model.gemma4.tensors).
     """
     if cfg.gemma4_layer:
         yield from gemma4.tensors(cfg, _table_tensors(cfg))
@@ -203,6 +206,10 @@ def _table_tensors(cfg) -> Iterator[tuple[str, tuple[int, ...]]]:
     """libarc's table of cfg under the Hugging Face names."""
     table = _Table(cfg)
     yield EMBED, table.shape(_GLOBAL_IDS[EMBED], 0, True)
+    for name, tensor in gemma4.PLE_GLOBAL_IDS:  # Gemma 4's per-layer embeddings
+        shape = table.shape(tensor, 0, name != gemma4.PLE_NORM)
+        if shape is not None:
+            yield name, shape
     layer_ids = _layer_ids(cfg)
     for i in range(cfg.n_layers):
         p = layer_prefix(i)
@@ -240,12 +247,6 @@ def place(name: str, cfg) -> tuple[str, int]:
 
 def layer_program(cfg, layer: int) -> list[int]:
     """The ops (arc_layer_op ids) that layer `layer` of a model of cfg runs, in order."""
-    if cfg.gemma4_layer:  # libarc's program of its layer, extended by the reference's own ops
-        return gemma4.program(_native_program(cfg, layer), cfg)
-    return _native_program(cfg, layer)
-
-
-def _native_program(cfg, layer: int) -> list[int]:
     if _lib.not_built():
         return table.layer_program(config_values(cfg), layer)
     ffi, lib = _lib.load()
@@ -256,4 +257,4 @@ def _native_program(cfg, layer: int) -> list[int]:
 
 def describe(program: list[int]) -> str:
     """The program's op names, as arc.h spells them without the ARC_OP_ prefix."""
-    return " ".join({**OP_NAMES, **gemma4.OP_NAMES}.get(op, f"op{op}") for op in program)
+    return " ".join(OP_NAMES.get(op, f"op{op}") for op in program)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from arcpy.codes import (OP_ATTEND, OP_ATTN_GATE, OP_ATTN_IN, OP_ATTN_OUT, OP_ATTN_OUT_NORM, OP_DN_IN, OP_DN_OUT,
                          OP_DN_STEP, OP_EXPERTS_BESIDE, OP_FFN_IN, OP_FFN_OUT, OP_FFN_OUT_NORM, OP_LAYER_SCALAR,
-                         OP_MOE_IN, OP_MOE_OUT, OP_QK_NORM)
+                         OP_MOE_IN, OP_MOE_OUT, OP_PER_LAYER_INPUT, OP_QK_NORM)
 from arcpy.errors import InvalidArgumentError
 
 # arc.h's arc_tensor, by id.
@@ -21,12 +21,13 @@ TENSORS = ("EMBED", "ATTN_NORM", "WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "MLP_
            "MOE_ROUTER", "MOE_GATE", "MOE_UP", "MOE_DOWN", "SHARED_GATE", "SHARED_UP", "SHARED_DOWN",
            "SHARED_ROUTER", "WQ_GATE", "DN_QKV", "DN_Z", "DN_B", "DN_A", "DN_CONV", "DN_A_LOG", "DN_DT_BIAS",
            "DN_NORM", "DN_OUT", "SINKS", "BO", "MOE_ROUTER_BIAS", "MOE_GATE_BIAS", "MOE_UP_BIAS", "MOE_DOWN_BIAS",
-           "LAYER_SCALAR", "MOE_NORM", "FFN_OUT_NORM", "MOE_OUT_NORM", "ROUTER_SCALE", "EXPERT_SCALE")
+           "LAYER_SCALAR", "MOE_NORM", "FFN_OUT_NORM", "MOE_OUT_NORM", "ROUTER_SCALE", "EXPERT_SCALE", "PLE_EMBED",
+           "PLE_PROJECTION", "PLE_NORM", "PLE_GATE", "PLE_OUT", "PLE_POST_NORM")
 # The tensors of the experts beside a dense FFN (Gemma 4: experts_beside).
 _BESIDE = ("MOE_NORM", "FFN_OUT_NORM", "MOE_OUT_NORM", "ROUTER_SCALE", "EXPERT_SCALE")
 # The attention's tensors, which a DeltaNet layer has none of.
 _ATTENTION = ("WQ", "WK", "WV", "BQ", "BK", "BV", "WO", "Q_NORM", "K_NORM", "ROPE_INV_FREQ", "WQ_GATE", "SINKS", "BO")
-_GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD")
+_GLOBAL = ("EMBED", "FINAL_NORM", "LM_HEAD", "PLE_EMBED", "PLE_PROJECTION", "PLE_NORM")
 ROUTE_SOFTMAX_TOPK, ROUTE_TOPK_SOFTMAX = 0, 1
 
 
@@ -91,12 +92,35 @@ def _check_gemma4(c: dict, who: str) -> None:
     gkv = c["global_n_kv_heads"] or c["n_kv_heads"]
     _require(c["n_heads"] % gkv == 0, who,
              f"config.n_heads ({c['n_heads']}) must be a multiple of global_n_kv_heads ({gkv})")
+    _require(c["ple_dim"] >= 0 and c["ple_vocab"] >= 0 and (c["ple_dim"] == 0) == (c["ple_vocab"] == 0), who,
+             f"config.ple_dim and ple_vocab must be both positive or both 0, got {c['ple_dim']} and {c['ple_vocab']}")
+    shared = c["kv_shared_layers"]
+    _require(0 <= shared < c["n_layers"], who,
+             f"config.kv_shared_layers must be in [0, n_layers {c['n_layers']}), got {shared}")
+    for layer in range(c["n_layers"] - shared, c["n_layers"]):
+        _require(_kv_source(c, layer) >= 0, who,
+                 f"config: shared layer {layer} has no earlier layer of its kind to read the K/V of")
+    _require(c["double_wide_ffn"] == 0 or (c["double_wide_ffn"] == 1 and shared > 0), who,
+             f"config.double_wide_ffn must be 0, or 1 with kv_shared_layers, got {c['double_wide_ffn']}")
 
 
 def _layer_global(c: dict, layer: int) -> bool:
     """A layer that attends every position (libarc's layer_global)."""
     n = c["window_pattern"]
     return c["sliding_window"] <= 0 or (n > 0 and layer % n == n - 1)
+
+
+def _kv_source(c: dict, layer: int) -> int:
+    """The layer whose cache layer `layer` attends (libarc's layer_kv_source; -1: none)."""
+    first = c["n_layers"] - c["kv_shared_layers"]
+    if layer < first:
+        return layer
+    return next((i for i in range(first - 1, -1, -1) if _layer_global(c, i) == _layer_global(c, layer)), -1)
+
+
+def _layer_ffn(c: dict, layer: int) -> int:
+    """The FFN's width of layer `layer` (libarc's layer_ffn)."""
+    return 2 * c["ffn_dim"] if c["double_wide_ffn"] and _kv_source(c, layer) != layer else c["ffn_dim"]
 
 
 def _layer_dims(c: dict, layer: int) -> tuple[int, int]:
@@ -137,7 +161,8 @@ def layer_program(c: dict, layer: int) -> list[int]:
     if moe and not c["experts_beside"]:
         return ops + [OP_MOE_IN, OP_MOE_OUT]
     out = OP_EXPERTS_BESIDE if moe else OP_FFN_OUT_NORM if c["post_norms"] else OP_FFN_OUT
-    return ops + [OP_FFN_IN, out] + ([OP_LAYER_SCALAR] if c["layer_scalar"] else [])
+    return ops + [OP_FFN_IN, out] + ([OP_PER_LAYER_INPUT] if c["ple_dim"] else []) + \
+        ([OP_LAYER_SCALAR] if c["layer_scalar"] else [])
 
 
 def _moe_shape(c: dict, t: str, layer: int) -> tuple[int, int]:
@@ -170,20 +195,26 @@ def _shape(c: dict, t: str, layer: int) -> tuple[int, int]:
         return _dn_shape(c, t, layer)
     if t.startswith(("MOE_", "SHARED_")) or t in _BESIDE:
         return _moe_shape(c, t, layer)
-    dim, ffn, vocab = c["dim"], c["ffn_dim"], c["vocab"]
+    dim, vocab, ple, layers = c["dim"], c["vocab"], c["ple_dim"], c["n_layers"]
+    ffn = _layer_ffn(c, layer if t not in _GLOBAL else 0)
+    shared = t not in _GLOBAL and _kv_source(c, layer) != layer  # no k or v of its own
     moe = t not in _GLOBAL and _layer_moe(c, layer) and not c["experts_beside"]  # no dense FFN
     hd, n_kv = _layer_dims(c, layer if t not in _GLOBAL else 0)
     q, kv = c["n_heads"] * hd, n_kv * hd
     rope = c["rope_dim"] or hd
     r, k, present = {
         "EMBED": (vocab, dim, True), "LM_HEAD": (vocab, dim, not c["tied_embeddings"]), "WQ": (q, dim, True),
-        "WK": (kv, dim, True), "WV": (kv, dim, True), "BQ": (1, q, c["qkv_bias"]), "BK": (1, kv, c["qkv_bias"]),
-        "BV": (1, kv, c["qkv_bias"]), "WO": (dim, q, True), "W_GATE": (ffn, dim, not moe),
+        "WK": (kv, dim, not shared), "WV": (kv, dim, not shared), "BQ": (1, q, c["qkv_bias"]),
+        "BK": (1, kv, c["qkv_bias"] and not shared), "BV": (1, kv, c["qkv_bias"] and not shared),
+        "WO": (dim, q, True), "W_GATE": (ffn, dim, not moe),
         "W_UP": (ffn, dim, not moe), "W_DOWN": (dim, ffn, not moe), "ROPE_INV_FREQ": (1, rope // 2, True),
-        "Q_NORM": (1, hd, c["qk_norm"]), "K_NORM": (1, hd, c["qk_norm"]),
+        "Q_NORM": (1, hd, c["qk_norm"]), "K_NORM": (1, hd, c["qk_norm"] and not shared),
         "POST_ATTN_NORM": (1, dim, c["post_norms"]), "POST_FFN_NORM": (1, dim, c["post_norms"]),
         "WQ_GATE": (q, dim, c["attn_gate"]), "SINKS": (1, c["n_heads"], c["attn_sinks"]), "BO": (1, dim, c["o_bias"]),
         "LAYER_SCALAR": (1, 1, c["layer_scalar"]),
+        "PLE_EMBED": (c["ple_vocab"], layers * ple, ple > 0), "PLE_PROJECTION": (layers * ple, dim, ple > 0),
+        "PLE_NORM": (1, ple, ple > 0), "PLE_GATE": (ple, dim, ple > 0), "PLE_OUT": (dim, ple, ple > 0),
+        "PLE_POST_NORM": (1, dim, ple > 0),
     }.get(t, (1, dim, True))  # ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     if t in _ATTENTION and _layer_dn(c, layer):
         present = False

@@ -58,6 +58,8 @@ int check_config(const arc_model_config *c) {
                 "a q8_0 KV cache holds whole blocks of 32: head_dim must be a multiple of 32, got %d", c->head_dim);
     if (const int st = check_gemma4_fields(*c, "arc_model_create")) return st;
     ARC_REQUIRE(!c->v_norm || c->qk_norm, "config: v_norm needs qk_norm (QK_NORM norms v)");
+    ARC_REQUIRE(c->ple_dim == 0 && c->kv_shared_layers == 0,
+                "config: per-layer embeddings and shared K/V layers do not run on the GPU yet");
     for (int l = 0; l < c->n_layers; ++l) {  // Gemma 4's global layers: their own heads
         const AttnDims d = layer_dims(*c, l);
         if (d.hd == c->head_dim && d.n_kv == c->n_kv_heads) continue;

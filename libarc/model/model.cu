@@ -81,7 +81,8 @@ static void build_size_table(arc_model *m) {
     const arc_model_config &c = m->cfg;
     struct Place { int tensor; bool follows; };
     static const Place GLOBAL[] = {{ARC_TENSOR_EMBED, false}, {ARC_TENSOR_FINAL_NORM, false},
-                                   {ARC_TENSOR_LM_HEAD, false}};
+                                   {ARC_TENSOR_LM_HEAD, false}, {ARC_TENSOR_PLE_EMBED, false},
+                                   {ARC_TENSOR_PLE_PROJECTION, false}, {ARC_TENSOR_PLE_NORM, false}};
     static const Place LAYER[] = {
         {ARC_TENSOR_ROPE_INV_FREQ, false}, {ARC_TENSOR_Q_NORM, false},  {ARC_TENSOR_K_NORM, false},
         {ARC_TENSOR_ATTN_NORM, false},     {ARC_TENSOR_WQ, false},      {ARC_TENSOR_WK, true},
@@ -98,6 +99,7 @@ static void build_size_table(arc_model *m) {
         {ARC_TENSOR_MOE_ROUTER_BIAS, false}, {ARC_TENSOR_MOE_GATE_BIAS, false}, {ARC_TENSOR_MOE_UP_BIAS, true},
         {ARC_TENSOR_MOE_DOWN_BIAS, false}, {ARC_TENSOR_MOE_NORM, false}, {ARC_TENSOR_FFN_OUT_NORM, false},
         {ARC_TENSOR_MOE_OUT_NORM, false}, {ARC_TENSOR_ROUTER_SCALE, false}, {ARC_TENSOR_EXPERT_SCALE, false},
+        {ARC_TENSOR_PLE_GATE, false}, {ARC_TENSOR_PLE_OUT, false}, {ARC_TENSOR_PLE_POST_NORM, false},
         {ARC_TENSOR_LAYER_SCALAR, false}};
     uint64_t at = 0;
     auto put = [&](const Place &p, int l) {

@@ -17,10 +17,13 @@ static const char *const TENSOR_NAMES[ARC_TENSOR_COUNT] = {
     "ARC_TENSOR_SINKS", "ARC_TENSOR_BO", "ARC_TENSOR_MOE_ROUTER_BIAS", "ARC_TENSOR_MOE_GATE_BIAS",
     "ARC_TENSOR_MOE_UP_BIAS", "ARC_TENSOR_MOE_DOWN_BIAS", "ARC_TENSOR_LAYER_SCALAR", "ARC_TENSOR_MOE_NORM",
     "ARC_TENSOR_FFN_OUT_NORM", "ARC_TENSOR_MOE_OUT_NORM", "ARC_TENSOR_ROUTER_SCALE", "ARC_TENSOR_EXPERT_SCALE",
+    "ARC_TENSOR_PLE_EMBED", "ARC_TENSOR_PLE_PROJECTION", "ARC_TENSOR_PLE_NORM", "ARC_TENSOR_PLE_GATE",
+    "ARC_TENSOR_PLE_OUT", "ARC_TENSOR_PLE_POST_NORM",
 };
 
 bool tensor_per_layer(int t) {
-    return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD;
+    return t != ARC_TENSOR_EMBED && t != ARC_TENSOR_FINAL_NORM && t != ARC_TENSOR_LM_HEAD && t != ARC_TENSOR_PLE_EMBED &&
+           t != ARC_TENSOR_PLE_PROJECTION && t != ARC_TENSOR_PLE_NORM;
 }
 const char *tensor_name(int t) { return TENSOR_NAMES[t]; }
 
@@ -34,7 +37,10 @@ void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, ui
         (t >= ARC_TENSOR_MOE_NORM && t <= ARC_TENSOR_EXPERT_SCALE))
         return moe_table_shape(c, t, layer, rows, cols);
     if (t >= ARC_TENSOR_DN_QKV && t <= ARC_TENSOR_DN_OUT) return dn_table_shape(c, t, layer, rows, cols);
-    const uint64_t dim = c.dim, ffn = c.ffn_dim, vocab = c.vocab;
+    const uint64_t dim = c.dim, vocab = c.vocab, ple = c.ple_dim, layers = c.n_layers;
+    const bool per_layer = tensor_per_layer(t);
+    const uint64_t ffn = (uint64_t)layer_ffn(c, per_layer ? layer : 0);
+    const bool shared = per_layer && layer_shared(c, layer);  // no k or v of its own
     // A MoE layer has no dense FFN, but where its experts run beside one (Gemma 4)
     const bool moe = tensor_per_layer(t) && layer_moe(c, layer) && !c.experts_beside;
     const AttnDims ad = layer_dims(c, tensor_per_layer(t) ? layer : 0);
@@ -46,18 +52,26 @@ void table_shape(const arc_model_config &c, int t, int layer, uint64_t *rows, ui
     case ARC_TENSOR_LM_HEAD: r = vocab; present = !c.tied_embeddings; break;
     case ARC_TENSOR_WQ: r = q; break;
     case ARC_TENSOR_WQ_GATE: r = q; present = c.attn_gate; break;
-    case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; break;
+    case ARC_TENSOR_WK: case ARC_TENSOR_WV: r = kv; present = !shared; break;
     case ARC_TENSOR_BQ: k = q; present = c.qkv_bias; break;
-    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias; break;
+    case ARC_TENSOR_BK: case ARC_TENSOR_BV: k = kv; present = c.qkv_bias && !shared; break;
     case ARC_TENSOR_WO: r = dim; k = q; break;
     case ARC_TENSOR_W_GATE: case ARC_TENSOR_W_UP: r = ffn; present = !moe; break;
     case ARC_TENSOR_W_DOWN: r = dim; k = ffn; present = !moe; break;
     case ARC_TENSOR_ROPE_INV_FREQ: k = (uint64_t)(c.rope_dim ? c.rope_dim : ad.hd) / 2; break;
-    case ARC_TENSOR_Q_NORM: case ARC_TENSOR_K_NORM: k = ad.hd; present = c.qk_norm; break;
+    case ARC_TENSOR_Q_NORM: k = ad.hd; present = c.qk_norm; break;
+    case ARC_TENSOR_K_NORM: k = ad.hd; present = c.qk_norm && !shared; break;
     case ARC_TENSOR_POST_ATTN_NORM: case ARC_TENSOR_POST_FFN_NORM: present = c.post_norms; break;
     case ARC_TENSOR_SINKS: k = c.n_heads; present = c.attn_sinks; break;
     case ARC_TENSOR_BO: present = c.o_bias; break;
     case ARC_TENSOR_LAYER_SCALAR: k = 1; present = c.layer_scalar; break;
+    // Gemma 4's per-layer embeddings: a table, a projection and its norm; each layer's gate, out and norm
+    case ARC_TENSOR_PLE_EMBED: r = c.ple_vocab; k = layers * ple; present = ple > 0; break;
+    case ARC_TENSOR_PLE_PROJECTION: r = layers * ple; present = ple > 0; break;
+    case ARC_TENSOR_PLE_NORM: k = ple; present = ple > 0; break;
+    case ARC_TENSOR_PLE_GATE: r = ple; present = ple > 0; break;
+    case ARC_TENSOR_PLE_OUT: r = dim; k = ple; present = ple > 0; break;
+    case ARC_TENSOR_PLE_POST_NORM: present = ple > 0; break;
     default: break;  // ATTN_NORM, MLP_NORM, FINAL_NORM: (dim)
     }
     *rows = present ? r : 0;

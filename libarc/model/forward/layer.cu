@@ -30,11 +30,26 @@ int layer_program(const arc_model_config &c, int layer, int32_t *ops) {
         ops[n++] = ARC_OP_EXPERTS_BESIDE;
     else
         ops[n++] = c.post_norms ? ARC_OP_FFN_OUT_NORM : ARC_OP_FFN_OUT;
+    if (c.ple_dim) ops[n++] = ARC_OP_PER_LAYER_INPUT;
     if (c.layer_scalar) ops[n++] = ARC_OP_LAYER_SCALAR;
     return n;
 }
 
 bool layer_global(const arc_model_config &c, int layer) { return layer_window(c, layer) == 0; }
+
+int layer_kv_source(const arc_model_config &c, int layer) {
+    const int first = c.n_layers - c.kv_shared_layers;
+    if (layer < first) return layer;
+    for (int i = first - 1; i >= 0; --i)
+        if (layer_global(c, i) == layer_global(c, layer)) return i;
+    return -1;
+}
+
+bool layer_shared(const arc_model_config &c, int layer) { return layer_kv_source(c, layer) != layer; }
+
+int32_t layer_ffn(const arc_model_config &c, int layer) {
+    return c.double_wide_ffn && layer_shared(c, layer) ? 2 * c.ffn_dim : c.ffn_dim;
+}
 
 static AttnDims dims_of(const arc_model_config &c, int32_t hd, int32_t n_kv) {
     const int32_t q = c.n_heads * hd, kv = n_kv * hd;
@@ -76,6 +91,16 @@ int check_gemma4_fields(const arc_model_config &c, const char *who) {
     const int32_t gkv = c.global_n_kv_heads > 0 ? c.global_n_kv_heads : c.n_kv_heads;
     ARC_REQUIRE_AS(who, c.n_heads % gkv == 0, "config.n_heads (%d) must be a multiple of global_n_kv_heads (%d)",
                    c.n_heads, gkv);
+    ARC_REQUIRE_AS(who, c.ple_dim >= 0 && c.ple_vocab >= 0 && (c.ple_dim == 0) == (c.ple_vocab == 0),
+                   "config.ple_dim and ple_vocab must be both positive or both 0, got %d and %d", c.ple_dim,
+                   c.ple_vocab);
+    ARC_REQUIRE_AS(who, c.kv_shared_layers >= 0 && c.kv_shared_layers < c.n_layers,
+                   "config.kv_shared_layers must be in [0, n_layers %d), got %d", c.n_layers, c.kv_shared_layers);
+    for (int l = c.n_layers - c.kv_shared_layers; l < c.n_layers; ++l)
+        ARC_REQUIRE_AS(who, layer_kv_source(c, l) >= 0,
+                       "config: shared layer %d has no earlier layer of its kind to read the K/V of", l);
+    ARC_REQUIRE_AS(who, c.double_wide_ffn == 0 || (c.double_wide_ffn == 1 && c.kv_shared_layers > 0),
+                   "config.double_wide_ffn must be 0, or 1 with kv_shared_layers, got %d", c.double_wide_ffn);
     return ARC_OK;
 }
 

@@ -19,6 +19,12 @@ int layer_window(const arc_model_config &c, int layer);
 AttnDims layer_dims(const arc_model_config &c, int layer);
 // Whether layer `layer` takes the global dims (attends every position).
 bool layer_global(const arc_model_config &c, int layer);
+// The layer whose cache layer `layer` attends (itself, or for a shared layer the last earlier one
+// of its kind; -1: none), whether it is a shared layer, and its FFN's width (arc_model_config:
+// kv_shared_layers, double_wide_ffn).
+int layer_kv_source(const arc_model_config &c, int layer);
+bool layer_shared(const arc_model_config &c, int layer);
+int32_t layer_ffn(const arc_model_config &c, int layer);
 // The largest of every layer's dims (each field its own maximum): what the buffers hold.
 AttnDims max_layer_dims(const arc_model_config &c);
 // Whether layer `layer` is a mixture-of-experts layer (arc.h: arc_model_config's n_experts..), and
@@ -33,7 +39,7 @@ bool tensor_per_layer(int t);
 bool tensor_is_matrix(int t);  // a matrix: what a quantized format may hold
 const char *tensor_name(int t);
 int check_moe(const arc_model_config &c, const char *who);
-// The checks of Gemma 4's fields (arc_model_config: global_head_dim..final_softcap).
+// The checks of Gemma 4's fields (arc_model_config: global_head_dim..final_softcap, ple_dim..).
 int check_gemma4_fields(const arc_model_config &c, const char *who);
 // arc_model_create's checks of a config: everything its kernels take (config.cu).
 int check_config(const arc_model_config *c);
