@@ -193,6 +193,19 @@ def test_the_real_dims_presets():
     assert [dense.window(i) for i in range(6)] == [1024] * 5 + [0] and dense.window(59) == 0
 
 
+def test_the_26B_bench_preset_takes_llama_cpps_fallbacks_where_rows_are_not_whole_super_blocks():
+    """Q4_K_M on Gemma-4-26B-A4B: the down matrices' rows (2,112 and 704 weights) are no whole
+    number of 256-weight blocks, so Q4_K falls back to Q5_0 and Q6_K to Q8_0 there, as llama.cpp's
+    quantizer does; every other matrix keeps the mix's Q4_K or Q6_K (rows of 2,816 and 4,096)."""
+    from arcpy.codes import FORMAT_Q4_K, FORMAT_Q5_0, FORMAT_Q6_K, FORMAT_Q8_0
+    from arcpy.model.presets import preset_formats
+    formats = preset_formats("gemma4-26B-A4B-q4km")
+    down = {f for name, f in formats.items() if name.endswith("down_proj.weight")}
+    rest = {f for name, f in formats.items() if not name.endswith("down_proj.weight")}
+    assert down == {FORMAT_Q5_0, FORMAT_Q8_0} and rest == {FORMAT_Q4_K, FORMAT_Q6_K}
+    assert sum(name.endswith("experts.down_proj.weight") for name in formats) == 30
+
+
 def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(monkeypatch):
     """The CUDA backend runs Gemma 4's dense and mixture-of-experts layers (libarc's table and program
     hold them) and refuses, in one line naming each, per-layer embeddings and shared K/V."""
