@@ -164,7 +164,7 @@ typedef struct arc_model_config {
      * layers compute no k or v ("shared layers": no WK, WV, BK, BV, K_NORM, no cache rows of their own); each
      * attends the cache of the last layer before them of its kind (windowed or not), which must exist.
      * double_wide_ffn (0 or 1, with kv_shared_layers): a shared layer's W_GATE, W_UP and W_DOWN take 2 ffn_dim.
-     * arc_model_create does not take per-layer embeddings or shared layers yet. */
+     * arc_model_create takes ple_dim % 8 == 0 and shared layers without attn_gate. */
     int32_t ple_dim, ple_vocab, kv_shared_layers, double_wide_ffn;
 } arc_model_config;
 /* A KV row's form. BF16: hd bf16 elements, each rounded to nearest even. Q8_0: hd int8 codes and hd / 32 float16

@@ -206,9 +206,19 @@ def test_the_26B_bench_preset_takes_llama_cpps_fallbacks_where_rows_are_not_whol
     assert sum(name.endswith("experts.down_proj.weight") for name in formats) == 30
 
 
-def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(monkeypatch):
-    """The CUDA backend runs Gemma 4's dense and mixture-of-experts layers (libarc's table and program
-    hold them) and refuses, in one line naming each, per-layer embeddings and shared K/V."""
+def test_the_cuda_cache_keeps_no_rows_for_a_layer_that_shares_kv():
+    """A shared layer attends its source's rows (libarc's kv_planes_layer): the cache's runs of heads
+    are the other layers' alone, each in its own kind's width."""
+    from arcpy.devices.cuda_model import kv_heads
+    cfg = SHAPES["gemma4-ple-tiny"]
+    assert [kv_source(cfg, i) for i in range(6)] == [0, 1, 2, 3, 2, 3]
+    assert kv_heads(cfg) == [32, 32, 64, 32, 32, 64]  # layers 0..3: two sliding of 2 heads, two global of 1
+    assert kv_heads(dataclasses.replace(cfg, kv_shared_layers=0, double_wide_mlp=False)) == [32, 32, 64] * 3
+
+
+def test_cuda_refuses_every_gemma4_until_its_gpu_tests_pass_before_allocating_anything(monkeypatch):
+    """The CUDA backend holds every Gemma 4 form (libarc's table, program and kernels) and refuses
+    them in one line until their GPU tests have passed (CUDA_LAYER_CHECKED)."""
     import arcpy.devices.cuda as cuda
     from arcpy.devices.cuda_model import check_supported
 
@@ -220,12 +230,9 @@ def test_cuda_refuses_what_only_the_reference_runs_before_allocating_anything(mo
         cuda.open_cuda_device(model)
     message = str(e.value)
     assert message == cuda_refusal(model.config) and "\n" not in message and "--backend numpy" in message
-    for part in ("per-layer embeddings", "K/V shared across layers"):
-        assert part in message
-    ple_only = dataclasses.replace(SHAPES["gemma4-dense-tiny"], ple_dim=16, ple_vocab=1024)
-    assert "per-layer embeddings" in cuda_refusal(ple_only) and "K/V" not in cuda_refusal(ple_only)
     # libarc's layers: refused until their kernels have passed their GPU tests, then run.
-    dense = ("gemma4-dense-tiny", "gemma4-wide-test", "gemma4-moe-tiny", "gemma4-31B", "gemma4-26B-A4B")
+    dense = ("gemma4-tiny", "gemma4-dense-tiny", "gemma4-wide-test", "gemma4-moe-tiny", "gemma4-ple-tiny", "gemma4-31B",
+             "gemma4-26B-A4B")
     for name in dense:
         message = cuda_refusal(SHAPES[name])
         assert ("await their GPU tests" in message and "\n" not in message) if not gemma4.CUDA_LAYER_CHECKED \

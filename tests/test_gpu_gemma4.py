@@ -5,8 +5,8 @@ unscaled scores, layer scalars and the logits' soft cap (arcpy/model/gemma4.py).
 eight query heads over one kv head), against the NumPy reference: the decode step at positions past
 the windows, the replayed graph, greedy steps, the prefill (in one chunk or several), the verify's
 rows as the decode's bits, the device loop as the host path; a soft cap small enough to change every
-logit; and what only the reference runs (per-layer embeddings, shared K/V) refused in one line, the
-numpy backend running it. The experts beside the FFN: tests/test_gpu_gemma4_moe.py."""
+logit; and gemma4-ple-tiny's per-layer embeddings and its last two layers sharing K/V (one of each
+kind) with their FFN twice as wide. The experts beside the FFN: tests/test_gpu_gemma4_moe.py."""
 
 import dataclasses
 
@@ -40,7 +40,7 @@ def layer_checked():
         mp.setattr(gemma4, "CUDA_LAYER_CHECKED", True)
         yield
 
-SHAPES = ["gemma4-dense-tiny", "gemma4-wide-test"]
+SHAPES = ["gemma4-dense-tiny", "gemma4-wide-test", "gemma4-ple-tiny"]
 MAX_SEQ = 2048
 CHECK_POSITIONS = (0, 1, 100, 1500)  # past the windows of 16, several tiles of 64 into the global layers
 
@@ -137,12 +137,14 @@ def test_verify_rows_are_the_decode_forwards_logits(shape):
         dev.close()
 
 
-def test_what_only_the_reference_runs_is_refused_in_one_line_and_the_numpy_backend_runs_it():
+def test_unchecked_the_layer_is_refused_in_one_line_and_the_numpy_backend_runs_it(monkeypatch):
     model = synthetic_model("gemma4-tiny", max_seq=64)
+    monkeypatch.setattr(gemma4, "CUDA_LAYER_CHECKED", False)
     with pytest.raises(InvalidArgumentError) as e:
         open_engine(model, "auto")
     assert str(e.value) == cuda_refusal(model.config) and "--backend numpy" in str(e.value)
     with open_engine(model, "numpy") as engine:
         assert len(list(engine.generate([1, 2, 3], max_new_tokens=4))) == 4
-    with open_cuda_device(synthetic_model("gemma4-dense-tiny", max_seq=64), use_graph=False) as dev:
-        assert dev is not None  # the dense layer runs, and the GPU is free as before
+    monkeypatch.setattr(gemma4, "CUDA_LAYER_CHECKED", True)
+    with open_cuda_device(model, use_graph=False) as dev:  # every form at once: experts, per-layer inputs, shared K/V
+        assert dev is not None

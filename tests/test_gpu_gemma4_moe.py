@@ -1,6 +1,7 @@
 """GPU tier: Gemma 4's mixture of experts on libarc (marker `gpu`): the experts beside the dense FFN
 (ARC_OP_EXPERTS_BESIDE; libarc/model/moe/moe.cu's moe_decode_beside and moe_prefill_beside), on
-gemma4-moe-tiny, whose every layer runs 2 of 8 experts beside its GLU. Its routers' weights are
+gemma4-moe-tiny, whose every layer runs 2 of 8 experts beside its GLU, and gemma4-tiny, which adds
+per-layer embeddings and K/V shared by its last two layers. Their routers' weights are
 scaled 256 times (a power of two, exact in bf16) so that most rows are routed with a clear lead
 (on the CPU: every one of 48 greedy steps, and prompts of up to 64 rows among the first three drawn);
 against the NumPy reference the logits are compared where every layer's routing is decided, as
@@ -30,9 +31,9 @@ def scaled_router(model, factor: float = 256.0):
     return model
 
 
-@pytest.fixture(scope="module")
-def pair():
-    model = scaled_router(synthetic_model(SHAPE, seed=5))
+@pytest.fixture(scope="module", params=[SHAPE, "gemma4-tiny"])
+def pair(request):
+    model = scaled_router(synthetic_model(request.param, seed=5))
     dev = open_cuda_device(model, max_seq=1024)  # the graph test's positions reach 511
     yield model, dev
     dev.close()

@@ -35,9 +35,10 @@ def check_supported(cfg) -> None:
 
 
 def kv_heads(cfg) -> list[int]:
-    """The head_dim of each kv head of each attention layer, in the cache's order (arc_model_kv_planes:
-    a Gemma 4 global layer's heads are wider): each a run of rows in every plane."""
-    return [hd for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer)
+    """The head_dim of each kv head of each attention layer that keeps rows (not a Gemma 4 layer
+    sharing an earlier one's), in the cache's order (arc_model_kv_planes: a Gemma 4 global layer's
+    heads are wider): each a run of rows in every plane."""
+    return [hd for layer in range(cfg.n_layers) if not cfg.is_linear_layer(layer) and gemma4.kv_source(cfg, layer) == layer
             for hd, n in [gemma4.layer_dims(cfg, layer)] for _ in range(n)]
 
 

@@ -36,9 +36,9 @@ ple_vocab, kv_shared_layers and double_wide_ffn: native_fields, over native_base
 OP_EXPERTS_BESIDE, OP_PER_LAYER_INPUT and the tensors of MOE_IDS, PLE_GLOBAL_IDS and PLE_IDS); a
 global layer with k_eq_v is given its k_proj as libarc's WV too (one more product of k's rows, v's
 values exact), so its files' tensors are the table's less that v_proj (tensors). libarc's kernels
-run the dense layer and the experts beside it, not yet per-layer embeddings nor shared K/V: the
-CUDA backend refuses those in one line (cuda_refusal), and the rest too until libarc's layer has
-passed its GPU tests (CUDA_LAYER_CHECKED); the NumPy reference runs every form.
+run every form (libarc/model/ple.cu: the per-layer inputs; a shared layer attends its source's
+rows without storing any); the CUDA backend refuses every Gemma 4 model in one line until they
+have passed their GPU tests (cuda_refusal, CUDA_LAYER_CHECKED); the NumPy reference runs them all.
 """
 
 from __future__ import annotations
@@ -178,23 +178,18 @@ def inv_freq_exponents(cfg, layer: int) -> tuple[int, int] | None:
     return (cfg.global_rope_dim or gh) // 2, gh
 
 
-# Whether libarc's Gemma 4 layer and its wide-head attention have passed their GPU tests
-# (tests/test_gpu_gemma4.py, tests/test_gpu_attention_wide.py): until they have, the CUDA backend
+# Whether libarc's Gemma 4 layers and its wide-head attention have passed their GPU tests
+# (tests/test_gpu_gemma4.py, tests/test_gpu_gemma4_moe.py, tests/test_gpu_attention_wide.py): until they have, the CUDA backend
 # refuses every Gemma 4 model, and the GPU tests set this to run them.
 CUDA_LAYER_CHECKED = False
 
 
 def cuda_refusal(cfg) -> str:
     """Why the CUDA backend cannot run this Gemma 4 config (one line), or "" where it can."""
-    lacks = [what for what, has in (("per-layer embeddings", cfg.ple_dim),
-                                    ("K/V shared across layers", cfg.kv_shared_layers)) if has]
-    if not lacks and not CUDA_LAYER_CHECKED:
-        return ("Gemma 4 runs on the numpy backend only so far (libarc's kernels for its layer await their GPU "
-                "tests): use --backend numpy")
-    if not lacks:
+    if CUDA_LAYER_CHECKED:
         return ""
-    return (f"Gemma 4 with {' and '.join(lacks)} runs on the numpy backend only so far (libarc runs its dense "
-            "and mixture-of-experts layers alone): use --backend numpy")
+    return ("Gemma 4 runs on the numpy backend only so far (libarc's kernels for its layer await their GPU "
+            "tests): use --backend numpy")
 
 
 def native_base(cfg):

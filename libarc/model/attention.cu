@@ -444,5 +444,6 @@ int attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &spec, co
     const TilesArgs a{qkv, rope, kv, n_heads, n_kv_heads, head_dim, max_seq, splits, pos,
                      (float)(1.4426950408889634 * spec.scale), spec.window, spec.sinks, scratch,
                      reinterpret_cast<float2 *>(scratch + part), rows.count > 1 ? rows.done : ctx->attn_done, out, rows};
-    return rows.count > 1 ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
+    // The verify's form for rows already cached: its rows, or a shared layer's one
+    return rows.count > 1 || spec.cached ? launch_tiles_hd<true>(ctx, a) : launch_tiles_hd<false>(ctx, a);
 }

@@ -50,6 +50,10 @@ struct AttnSpec {
     // place of the scores' maximum m: no exponent is positive, so a sink far above the scores gives
     // an output that underflows to 0, never inf or NaN. Null: no sink, the plain softmax's bits.
     const uint16_t *sinks = nullptr;
+    // A shared layer's (arc_model_config: kv_shared_layers): its rows are in the cache already, put
+    // there by its source layer in the same forward; it stores none and reads no k or v from qkv,
+    // whose rows hold q alone.
+    bool cached = false;
 };
 
 // The cosine and sine of pair i at position pos, the factor applied, as the reference computes

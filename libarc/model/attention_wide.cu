@@ -356,7 +356,8 @@ int wide_decode_attention(arc_context *ctx, const float *qkv, const AttnSpec &sp
     ARC_REQUIRE(hd > ATTN_TILE_MAX_HEAD_DIM && hd <= ATTN_MAX_HEAD_DIM && hd % 8 == 0 && !kv.q8(),
                 "head_dim %d: the wide kernel takes a multiple of 8 in (%d, %d] and a bf16 cache", hd,
                 ATTN_TILE_MAX_HEAD_DIM, ATTN_MAX_HEAD_DIM);
-    if (rows.count == 1) ARC_TRY(launch_kv_store(ctx, qkv, 1, 0, pos, spec.rope, kv, n_heads, n_kv_heads, hd, max_seq));
+    if (rows.count == 1 && !spec.cached)
+        ARC_TRY(launch_kv_store(ctx, qkv, 1, 0, pos, spec.rope, kv, n_heads, n_kv_heads, hd, max_seq));
     const int splits = tiles_splits(max_seq), group = n_heads / n_kv_heads, ht = (group + DEC_HEADS - 1) / DEC_HEADS;
     const size_t part = (size_t)rows.count * n_heads * splits * hd;  // the partials of every row
     WideArgs a{};

@@ -41,6 +41,8 @@ struct PrefillBuffers {
     float *t;       // with post_norms: a product's output before its norm (max_chunk, dim) float32
     float *attn_part;  uint64_t attn_part_n;  // the attention's partials (prefill_attention.cu), floats
     MoeRows moe;    // a mixture of experts' (its own allocation; none for a dense model)
+    float *ple, *pg;  // with ple_dim: the rows' per-layer inputs (max_chunk, n_layers * ple_dim), a gate's (max_chunk, ple_dim)
+    uint16_t *pgb;    // with ple_dim: the gate's rows as the next product's bf16 input (max_chunk, ple_dim)
 };
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);
@@ -63,5 +65,6 @@ struct SpecBuffers {
     int32_t *tokens;   // the rows' tokens (rows), then the number of drafts
     int32_t *positions;  // (rows)
     unsigned long long *keys;  // each row's argmax key (head_argmax.cuh's argmax_key), then each row's ~low key
+    float *ple, *pg;   // with ple_dim: the rows' per-layer inputs (rows, n_layers * ple_dim), a gate's (rows, ple_dim)
 };
 void spec_buffers_release(SpecBuffers *b);

@@ -58,8 +58,11 @@ int check_config(const arc_model_config *c) {
                 "a q8_0 KV cache holds whole blocks of 32: head_dim must be a multiple of 32, got %d", c->head_dim);
     if (const int st = check_gemma4_fields(*c, "arc_model_create")) return st;
     ARC_REQUIRE(!c->v_norm || c->qk_norm, "config: v_norm needs qk_norm (QK_NORM norms v)");
-    ARC_REQUIRE(c->ple_dim == 0 && c->kv_shared_layers == 0,
-                "config: per-layer embeddings and shared K/V layers do not run on the GPU yet");
+    ARC_REQUIRE(c->ple_dim % 8 == 0 && c->ple_dim <= GEMV_MAX_COLS,
+                "config.ple_dim must be a multiple of 8 up to %d, got %d", GEMV_MAX_COLS, c->ple_dim);
+    ARC_REQUIRE(!(c->kv_shared_layers && c->attn_gate), "config: kv_shared_layers and attn_gate do not combine");
+    ARC_REQUIRE(!c->double_wide_ffn || 2 * c->ffn_dim <= GEMV_MAX_COLS,
+                "config: double_wide_ffn takes 2 ffn_dim up to %d, got %d", GEMV_MAX_COLS, 2 * c->ffn_dim);
     for (int l = 0; l < c->n_layers; ++l) {  // Gemma 4's global layers: their own heads
         const AttnDims d = layer_dims(*c, l);
         if (d.hd == c->head_dim && d.n_kv == c->n_kv_heads) continue;

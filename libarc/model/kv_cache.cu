@@ -40,11 +40,12 @@ static uint64_t head_bytes(const KvPlanes &kv, int i, int hd) {
     return kv.rows[i] * (kv.row_bytes[i] * (uint64_t)hd / (uint64_t)kv.head_dim);
 }
 
-// Bytes of plane i that the attention layers before `layer` hold (every one of them: n_layers).
+// Bytes of plane i that the attention layers before `layer` hold (every one of them: n_layers); a
+// shared layer holds none (it attends its source layer's rows).
 static uint64_t layers_bytes(const KvPlanes &kv, const arc_model_config &c, int i, int layer) {
     uint64_t n = 0;
     for (int l = 0; l < layer; ++l) {
-        if (layer_dn(c, l)) continue;
+        if (layer_dn(c, l) || layer_shared(c, l)) continue;
         const AttnDims d = layer_dims(c, l);
         n += (uint64_t)d.n_kv * head_bytes(kv, i, d.hd);
     }
@@ -85,6 +86,7 @@ void kv_planes_release(KvPlanes *kv) {
 }
 
 KvCache kv_planes_layer(const KvPlanes &kv, const arc_model_config &c, int layer) {
+    layer = layer_kv_source(c, layer);  // a shared layer's rows are its source's
     void *plane[ARC_KV_MAX_PLANES] = {};
     for (int i = 0; i < kv.count; ++i) plane[i] = kv.base + kv.at[i] + layers_bytes(kv, c, i, layer);
     return KvCache{plane[0], plane[1], (uint16_t *)plane[2], (uint16_t *)plane[3], kv.wide};

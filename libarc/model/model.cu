@@ -24,6 +24,7 @@ struct arc_model {
     arc_context *ctx;
     arc_model_config cfg;
     AttnDims most;    // each field the largest of every layer's attention dims
+    int32_t most_ffn;  // the widest layer's FFN
     DeltaNetDims dn;  // the DeltaNet layers' sizes (all 0 without them)
     // The size table, [TENSOR_COUNT][n_layers] (global tensors at layer 0): each tensor's format,
     // its bytes (0 when this configuration has none) and its offset in `weights`.
@@ -45,6 +46,7 @@ struct arc_model {
     float *h;        // swiglu output (ffn_dim)
     float *t;        // a product's output before its post-norm (dim)
     float *e;        // the experts' sum beside the dense FFN, before its norm (dim; experts_beside)
+    float *ple, *pg;  // the per-layer inputs (n_layers * ple_dim) and a gate's output (ple_dim), with ple_dim
     float *logits;   // (vocab)
     float *scratch;  // attention partials
     float *router, *route_w;  // MoE: the router's logits (n_experts + 1); the weights (n_experts_used + 1)
@@ -118,9 +120,10 @@ static void build_size_table(arc_model *m) {
     // together, or Wdown.
     uint64_t most = 0;
     auto quantized = [&](int t, int l) { return m->format[slot(m, t, l)] != ARC_FORMAT_BF16; };
-    const uint64_t dim = c.dim, ffn = c.ffn_dim;
+    const uint64_t dim = c.dim;
     for (int l = 0; l < c.n_layers; ++l) {
         const AttnDims d = layer_dims(c, l);
+        const uint64_t ffn = (uint64_t)layer_ffn(c, l);
         uint64_t n = 0;
         if (quantized(ARC_TENSOR_WQ, l) || quantized(ARC_TENSOR_WK, l) || quantized(ARC_TENSOR_WV, l))
             n = (uint64_t)d.qkv_rows * dim;
@@ -209,21 +212,23 @@ static int model_init(arc_model *m, const int32_t *formats) {
     build_size_table(m);
     ARC_CUDA(ctx, cudaMalloc(&m->weights, m->weight_bytes));
 
-    // Only the attention layers keep KV rows: a DeltaNet layer's state is its own (dn_state).
-    m->kv_layers = c.n_layers - dn_layer_count(c);
+    // Only the attention layers keep KV rows (not a shared one: it reads its source's); a DeltaNet
+    // layer's state is its own (dn_state).
+    m->kv_layers = c.n_layers - dn_layer_count(c) - c.kv_shared_layers;
     // (A model of DeltaNet layers alone still holds one layer's rows: no pointer is null.)
     if (const int st = kv_planes_create(ctx, c, &m->kv)) return st;
 
     // h holds the GLU's output, or a mixture of experts' k GLUs and the shared expert's after them.
     const uint64_t routed = (uint64_t)c.n_experts_used * c.expert_ffn_dim + c.shared_ffn_dim;
-    const uint64_t h = routed > (uint64_t)c.ffn_dim ? routed : (uint64_t)c.ffn_dim;
+    const uint64_t h = routed > (uint64_t)m->most_ffn ? routed : (uint64_t)m->most_ffn;
     const uint64_t experts = c.n_experts ? (uint64_t)c.n_experts + 1 : 0, used = c.n_experts ? c.n_experts_used : 0;
-    uint64_t at = 0, off[11];
-    const uint64_t sizes[11] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
+    uint64_t at = 0, off[13];
+    const uint64_t sizes[13] = {(uint64_t)c.dim * 4, (uint64_t)m->dn.qkv_alloc * 4, (uint64_t)m->dn.att_dim * 4, h * 4,
                                 (uint64_t)c.vocab * 4, arc_attention_scratch_bytes(c.n_heads, m->most.hd, c.max_seq),
                                 c.post_norms ? (uint64_t)c.dim * 4 : 0, experts * 4, used * 4, (used + 1) * 4,
-                                c.experts_beside ? (uint64_t)c.dim * 4 : 0};
-    for (int i = 0; i < 11; ++i) {
+                                c.experts_beside ? (uint64_t)c.dim * 4 : 0, (uint64_t)c.n_layers * c.ple_dim * 4,
+                                (uint64_t)c.ple_dim * 4};
+    for (int i = 0; i < 13; ++i) {
         off[i] = at;
         at = align_up(at + sizes[i]);
     }
@@ -235,6 +240,7 @@ static int model_init(arc_model *m, const int32_t *formats) {
     for (int i = 0; i < 7; ++i) *parts[i] = (float *)(base + off[i]);
     m->router = (float *)(base + off[7]), m->route_ids = (int32_t *)(base + off[8]), m->route_w = (float *)(base + off[9]);
     m->e = (float *)(base + off[10]);
+    m->ple = c.ple_dim ? (float *)(base + off[11]) : nullptr, m->pg = c.ple_dim ? (float *)(base + off[12]) : nullptr;
 
     // The DeltaNet states: a slot is read only at positions after 0, each after the step that wrote it.
     m->dn_state_bytes = (uint64_t)dn_layer_count(c) * DN_SLOTS * m->dn.slot_floats * sizeof(float);
@@ -257,6 +263,9 @@ extern "C" int arc_model_create_formats(arc_context *ctx, const arc_model_config
     m->ctx = ctx;
     m->cfg = *config;
     m->most = max_layer_dims(*config);
+    m->most_ffn = config->ffn_dim;
+    for (int l = 0; l < config->n_layers; ++l)
+        m->most_ffn = layer_ffn(*config, l) > m->most_ffn ? layer_ffn(*config, l) : m->most_ffn;
     m->dn = dn_dims(*config, m->most.q_dim, m->most.qkv_rows);
     st = formats ? check_formats(m, formats) : ARC_OK;
     if (st == ARC_OK) st = model_init(m, formats);
@@ -331,6 +340,9 @@ int model_check_uploaded(const arc_model *m, const char *who) {
 LayerParts model_layer(const arc_model *m, int l) {
     LayerParts p;
     p.dims = layer_dims(m->cfg, l);
+    p.layer = l;
+    p.ffn = layer_ffn(m->cfg, l);
+    p.shared = layer_shared(m->cfg, l);
     p.attn_norm = bf16_at(m, ARC_TENSOR_ATTN_NORM, l);
     p.bqkv = m->cfg.qkv_bias ? bf16_at(m, ARC_TENSOR_BQ, l) : nullptr;
     p.mlp_norm = bf16_at(m, ARC_TENSOR_MLP_NORM, l);
@@ -361,6 +373,9 @@ LayerParts model_layer(const arc_model *m, int l) {
     p.moe_out_norm = beside ? bf16_at(m, ARC_TENSOR_MOE_OUT_NORM, l) : nullptr;
     p.router_scale = beside ? bf16_at(m, ARC_TENSOR_ROUTER_SCALE, l) : nullptr;
     p.expert_scale = beside ? bf16_at(m, ARC_TENSOR_EXPERT_SCALE, l) : nullptr;
+    const bool ple = m->cfg.ple_dim > 0;
+    p.ple_gate = weight_at(m, ARC_TENSOR_PLE_GATE, l), p.ple_out = weight_at(m, ARC_TENSOR_PLE_OUT, l);
+    p.ple_post_norm = ple ? bf16_at(m, ARC_TENSOR_PLE_POST_NORM, l) : nullptr;
     p.e_gate_up_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_GATE_BIAS, l) : nullptr;
     p.e_down_bias = eb ? bf16_at(m, ARC_TENSOR_MOE_DOWN_BIAS, l) : nullptr;
     p.dn = layer_dn(m->cfg, l);
@@ -381,10 +396,14 @@ ModelParts model_parts(arc_model *m) {
     p.ctx = m->ctx;
     p.cfg = c;
     p.most = m->most;
+    p.most_ffn = m->most_ffn;
     p.dn = m->dn;
     p.embed = bf16_at(m, ARC_TENSOR_EMBED, 0);
     p.final_norm = bf16_at(m, ARC_TENSOR_FINAL_NORM, 0);
     p.lm_head = weight_at(m, c.tied_embeddings ? ARC_TENSOR_EMBED : ARC_TENSOR_LM_HEAD, 0);
+    p.ple_embed = c.ple_dim ? bf16_at(m, ARC_TENSOR_PLE_EMBED, 0) : nullptr;
+    p.ple_norm = c.ple_dim ? bf16_at(m, ARC_TENSOR_PLE_NORM, 0) : nullptr;
+    p.ple_projection = weight_at(m, ARC_TENSOR_PLE_PROJECTION, 0);
     p.x = m->x;
     p.qkv = m->qkv;
     p.att = m->att;
@@ -392,6 +411,7 @@ ModelParts model_parts(arc_model *m) {
     p.scratch = m->scratch;
     p.t = m->t;
     p.e = m->e;
+    p.ple = m->ple, p.pg = m->pg;
     p.router = m->router, p.route_ids = m->route_ids, p.route_w = m->route_w;
     p.logits = m->logits;
     p.prefill = &m->prefill;

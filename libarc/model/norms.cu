@@ -46,9 +46,10 @@ head_norm_kernel(float *__restrict__ qkv, int rows, int stride, int n_heads, int
 
 int launch_head_norm(arc_context *ctx, const HeadNormArgs &a) {
     const int32_t rows = a.rows, n_heads = a.n_heads, n_kv_heads = a.n_kv_heads, head_dim = a.head_dim;
-    ARC_REQUIRE(a.qkv && a.q_norm && a.k_norm, "null pointer (qkv, q_norm and k_norm are required)");
-    ARC_REQUIRE(rows > 0 && n_heads > 0 && n_kv_heads > 0, "rows %d, n_heads %d, n_kv_heads %d must be positive",
-                rows, n_heads, n_kv_heads);
+    ARC_REQUIRE(a.qkv && a.q_norm && (a.k_norm || n_kv_heads == 0),
+                "null pointer (qkv, q_norm and, with kv heads, k_norm are required)");
+    ARC_REQUIRE(rows > 0 && n_heads > 0 && n_kv_heads >= 0, "rows %d and n_heads %d must be positive, n_kv_heads %d not "
+                "negative", rows, n_heads, n_kv_heads);
     ARC_REQUIRE(head_dim > 0 && head_dim <= ATTN_MAX_HEAD_DIM, "head_dim must be in [1, %d], got %d",
                 ATTN_MAX_HEAD_DIM, head_dim);
     const int64_t tasks = (int64_t)rows * (n_heads + n_kv_heads + (a.v_norm ? n_kv_heads : 0));

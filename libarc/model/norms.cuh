@@ -34,7 +34,8 @@ int launch_add_norm_pair_rows(arc_context *ctx, float *x, const float *a, const 
 // QK_NORM's arguments for layer lw of a model of config c over `rows` rows of qkv, each the layer's
 // qkv_rows floats apart: its dims, its norms, and the v heads' with v_norm.
 inline HeadNormArgs head_norm_args(const arc_model_config &c, const LayerParts &lw, float *qkv, int32_t rows) {
-    return {.qkv = qkv, .rows = rows, .stride = lw.dims.qkv_rows, .n_heads = c.n_heads, .n_kv_heads = lw.dims.n_kv,
+    return {.qkv = qkv, .rows = rows, .stride = lw.dims.qkv_rows, .n_heads = c.n_heads,
+            .n_kv_heads = lw.shared ? 0 : lw.dims.n_kv,  // a shared layer's rows hold q alone
             .head_dim = lw.dims.hd, .q_norm = lw.q_norm, .k_norm = lw.k_norm, .eps = c.rms_eps,
             .norm_add = norm_offset(c), .v_norm = c.v_norm != 0};
 }

@@ -37,6 +37,9 @@ struct AttnDims {
 
 struct LayerParts {
     AttnDims dims;                    // the attention's (a DeltaNet layer: the config's)
+    int32_t layer;                    // its index
+    int32_t ffn;                      // the dense FFN's width (layer_ffn: twice ffn_dim on a double-wide shared layer)
+    bool shared;                      // a shared layer: no k or v of its own, kv the source layer's rows
     const uint16_t *attn_norm, *bqkv, *mlp_norm;
     const uint16_t *q_norm, *k_norm;  // (dims.hd) each, with qk_norm; else null
     const float *inv_freq;            // the layer's RoPE frequencies (rope_dim or dims.hd, halved)
@@ -56,6 +59,9 @@ struct LayerParts {
     // dense FFN's and the experts' output norms, the router's input factors (dim each), each
     // expert's weight's factor (n_experts).
     const uint16_t *moe_norm, *ffn_out_norm, *moe_out_norm, *router_scale, *expert_scale;
+    // The per-layer input's (ple_dim), null elsewhere: its gate, its out product, its norm.
+    Weight ple_gate, ple_out;
+    const uint16_t *ple_post_norm;
     // A gated DeltaNet layer (deltanet.cuh): DN_QKV, DN_Z, DN_B, DN_A one after the other; the out
     // projection; the convolution, the decay's log rate, dt's bias and the gated norm (bf16); the
     // layer's DN_SLOTS state slots.
@@ -95,12 +101,17 @@ struct ModelParts {
     arc_context *ctx;
     arc_model_config cfg;
     AttnDims most;  // each field the largest of every layer's (the buffers' sizes)
+    int32_t most_ffn;  // the widest layer's FFN (the buffers' sizes)
     DeltaNetDims dn;
     const uint16_t *embed, *final_norm;
     Weight lm_head;  // the embedding when tied
+    // The per-layer embeddings' (ple_dim), null elsewhere: the table, the projection, its norm.
+    const uint16_t *ple_embed, *ple_norm;
+    Weight ple_projection;
     float *x, *qkv, *att, *h, *scratch;  // the decode's activations (dim, most.qkv_rows, att_dim, ffn_dim)
     float *t;                            // with post_norms: a product's output before its norm (dim)
     float *e;                            // with experts_beside: the experts' sum before its norm (dim)
+    float *ple, *pg;                     // with ple_dim: the token's per-layer inputs (n_layers * ple_dim), a gate (ple_dim)
     float *router;                       // MoE: the router's logits (n_experts + 1)
     int32_t *route_ids;                  // MoE: the chosen experts (n_experts_used), then their
     float *route_w;                      // weights and the shared expert's (n_experts_used + 1)

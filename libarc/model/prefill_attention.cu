@@ -357,10 +357,12 @@ int prefill_attention_layer(arc_context *ctx, const float *qkv, const AttnSpec &
     ARC_REQUIRE(rope.half >= 1 && 2 * rope.half <= head_dim, "RoPE of %d pairs in a head of %d", rope.half, head_dim);
     ARC_REQUIRE(spec.window >= 0 && spec.scale > 0.0 && isfinite(spec.scale), "window %d, scale %g", spec.window,
                 spec.scale);
-    const int32_t stride = qkv_stride ? qkv_stride : (n_heads + 2 * n_kv_heads) * head_dim;
-    ARC_REQUIRE(stride >= (n_heads + 2 * n_kv_heads) * head_dim, "qkv rows of %d floats hold no q, k and v", stride);
+    // A shared layer's rows hold q alone, and it stores no k or v (rope_kv's kv heads: none)
+    const int32_t stored = spec.cached ? 0 : n_kv_heads;
+    const int32_t stride = qkv_stride ? qkv_stride : (n_heads + 2 * stored) * head_dim;
+    ARC_REQUIRE(stride >= (n_heads + 2 * stored) * head_dim, "qkv rows of %d floats hold no q, k and v", stride);
     ARC_TRY(arc_launch_pdl(ctx, "rope_kv_kernel", rope_kv_kernel, dim3(n), dim3(ROPE_THREADS), 0, qkv, rope, kv,
-                           n_heads, n_kv_heads, head_dim, max_seq, start, q_scratch, (int)stride));
+                           n_heads, stored, head_dim, max_seq, start, q_scratch, (int)stride));
     if (head_dim > ATTN_TILE_MAX_HEAD_DIM)  // attention_wide.cu: each query alone over the cache
         return wide_prefill_attention(ctx, q_scratch, spec, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq,
                                       n, start, out);

@@ -56,7 +56,8 @@ int launch_verify_attention(arc_context *ctx, const float *qkv, int rows, int st
                             int hd, int max_seq, float *scratch, unsigned *done, float *out) {
     ARC_REQUIRE(hd <= ATTN_TILE_MAX_HEAD_DIM || (!kv.q8() && hd % 8 == 0),
                 "head_dim %d past %d takes a bf16 cache and a multiple of 8", hd, ATTN_TILE_MAX_HEAD_DIM);
-    ARC_TRY(launch_kv_store(ctx, qkv, rows, stride, positions, spec.rope, kv, n_heads, n_kv_heads, hd, max_seq));
+    if (!spec.cached)
+        ARC_TRY(launch_kv_store(ctx, qkv, rows, stride, positions, spec.rope, kv, n_heads, n_kv_heads, hd, max_seq));
     return attention_layer(ctx, qkv, spec, kv, n_heads, n_kv_heads, hd, max_seq, positions, scratch, out,
                            AttnRows{rows, stride, done});
 }

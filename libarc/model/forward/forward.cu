@@ -19,6 +19,8 @@
 //   MOE_IN, MOE_OUT  a mixture of experts' router, routing and chosen experts (moe.cu)
 //   EXPERTS_BESIDE   the dense FFN's down product and the experts beside it, each normed, summed,
 //                    normed and added (moe.cu: moe_decode_beside)
+//   PER_LAYER_INPUT  gemv, ple_gate, gemv, add_norm_rows: the layer's per-layer input (ple.cu),
+//                    the token's inputs made after the embedding (PLE_PROJECTION @ x, ple_inputs)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // and logits = lm_head @ rmsnorm(x, final_norm) after (in the greedy step graph with the argmax
 // and its commit in the same kernel: arc_model_forward_commit; with final_softcap the logits
@@ -32,6 +34,7 @@
 #include "model/embedding.cuh"
 #include "model/moe/moe.cuh"
 #include "model/norms.cuh"
+#include "model/ple.cuh"
 #include "model/products.cuh"
 #include "model/scales.cuh"
 
@@ -79,17 +82,17 @@ struct DecodeOps {
         return comm_sum(p.ctx, p.x, p.cfg.dim);
     }
     // h reaches the down GEMV already quantized where both matrices are (quant.cu: ffn_handoff).
-    bool hand(const LayerParts &lw) const { return ffn_handoff(lw.w_gate_up, lw.w_down, p.cfg.ffn_dim); }
+    bool hand(const LayerParts &lw) const { return ffn_handoff(lw.w_gate_up, lw.w_down, lw.ffn); }
     int ffn_in(const LayerParts &lw) {
         return gemv_swiglu_weight(p.ctx, lw.w_gate_up,
-                                  {.x = p.x, .rows = p.cfg.ffn_dim, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
+                                  {.x = p.x, .rows = lw.ffn, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
                                    .eps = p.cfg.rms_eps, .norm_add = norm_offset(p.cfg), .act = p.cfg.activation,
                                    .y = p.h},
                                   hand(lw));
     }
     int ffn_out(const LayerParts &lw) {
         ARC_TRY(gemv_weight(p.ctx, lw.w_down,
-                            {.x = p.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .accumulate = comm_rank(p.ctx) == 0,
+                            {.x = p.h, .rows = p.cfg.dim, .cols = lw.ffn, .accumulate = comm_rank(p.ctx) == 0,
                              .y = p.x},
                             hand(lw)));
         return comm_sum(p.ctx, p.x, p.cfg.dim);
@@ -101,13 +104,21 @@ struct DecodeOps {
     }
     int ffn_out_norm(const LayerParts &lw) {
         ARC_TRY(
-            gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .y = p.t}, hand(lw)));
+            gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = p.cfg.dim, .cols = lw.ffn, .y = p.t}, hand(lw)));
         ARC_TRY(comm_sum(p.ctx, p.t, p.cfg.dim));
         return launch_add_norm_rows(p.ctx, p.x, p.t, 1, p.cfg.dim, model_norm(p.cfg, lw.post_ffn_norm));
     }
     int moe_in(const LayerParts &lw) { return moe_decode_in(p, lw); }
     int moe_out(const LayerParts &lw) { return moe_decode_out(p, lw); }
     int experts_beside(const LayerParts &lw) { return moe_decode_beside(p, lw); }
+    // x += rmsnorm(PLE_OUT @ (gelu_tanh(PLE_GATE @ x) * the layer's input), PLE_POST_NORM)
+    int per_layer_input(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        ARC_TRY(gemv_weight(p.ctx, lw.ple_gate, {.x = p.x, .rows = c.ple_dim, .cols = c.dim, .y = p.pg}));
+        ARC_TRY(launch_ple_gate(p, p.pg, p.ple, 1, lw.layer, nullptr));
+        ARC_TRY(gemv_weight(p.ctx, lw.ple_out, {.x = p.pg, .rows = c.dim, .cols = c.ple_dim, .y = p.t}));
+        return launch_add_norm_rows(p.ctx, p.x, p.t, 1, c.dim, model_norm(c, lw.ple_post_norm));
+    }
     int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, p.x, 1, p.cfg.dim, lw.layer_scalar); }
 };
 
@@ -132,6 +143,11 @@ static int forward(arc_model *model, arc_loop *loop, bool commit, const char *wh
     // x = embed[token]
     ARC_TRY(embedding_scaled(ctx, {.table = parts.embed, .vocab = c.vocab, .dim = c.dim, .scale = embed_scale(c)},
                              token, parts.x));
+    if (c.ple_dim) {  // the token's per-layer inputs: PLE_PROJECTION @ x, then ple.cu's
+        ARC_TRY(gemv_weight(ctx, parts.ple_projection,
+                            {.x = parts.x, .rows = c.n_layers * c.ple_dim, .cols = c.dim, .y = parts.ple}));
+        ARC_TRY(launch_ple_inputs(parts, parts.ple, reinterpret_cast<const int32_t *>(token), 1));
+    }
     DecodeOps ops{parts, pos};
     ARC_TRY(run_layers(model, parts, ops));
     // logits = lm_head @ rmsnorm(x, final_norm); with commit, their argmax -> the loop

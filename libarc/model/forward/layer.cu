@@ -57,9 +57,12 @@ static AttnDims dims_of(const arc_model_config &c, int32_t hd, int32_t n_kv) {
 }
 
 AttnDims layer_dims(const arc_model_config &c, int layer) {
-    if (!layer_global(c, layer)) return dims_of(c, c.head_dim, c.n_kv_heads);
-    return dims_of(c, c.global_head_dim > 0 ? c.global_head_dim : c.head_dim,
-                   c.global_n_kv_heads > 0 ? c.global_n_kv_heads : c.n_kv_heads);
+    AttnDims d = !layer_global(c, layer)
+                     ? dims_of(c, c.head_dim, c.n_kv_heads)
+                     : dims_of(c, c.global_head_dim > 0 ? c.global_head_dim : c.head_dim,
+                               c.global_n_kv_heads > 0 ? c.global_n_kv_heads : c.n_kv_heads);
+    if (layer_shared(c, layer)) d.qkv_rows = d.q_dim + (c.attn_gate ? d.q_dim : 0);  // q alone: no k or v rows
+    return d;
 }
 
 AttnDims max_layer_dims(const arc_model_config &c) {

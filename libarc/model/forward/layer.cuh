@@ -53,12 +53,14 @@ inline AttnSpec layer_attn(const arc_model_config &c, const LayerParts &lw) {
     const RopeArgs rope{lw.inv_freq, (c.rope_dim ? c.rope_dim : lw.dims.hd) / 2,
                         c.rope_factor > 0.0f ? c.rope_factor : 1.0f};
     const double scale = c.attn_scale > 0.0f ? (double)c.attn_scale : 1.0 / sqrt((double)lw.dims.hd);
-    return AttnSpec{rope, scale, lw.window, lw.sinks};
+    return AttnSpec{rope, scale, lw.window, lw.sinks, lw.shared};
 }
 
 // The parts of ATTN_IN's and DN_IN's products (parts.cuh's InParts).
+// A shared layer's is q alone (kv_shared_layers takes no attn_gate).
 inline InParts attn_in_parts(const arc_model_config &c, const LayerParts &lw) {
     const AttnDims &d = lw.dims;
+    if (lw.shared) return {{lw.wq}, {d.q_dim}, 1};
     return {{lw.wq, lw.wk, lw.wv, lw.wq_gate}, {d.q_dim, d.kv_dim, d.kv_dim, d.q_dim}, c.attn_gate ? 4 : 3};
 }
 inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw) {
@@ -69,7 +71,7 @@ inline InParts dn_in_parts(const arc_model_config &c, const DeltaNetDims &d, con
 
 // Runs every layer's program on `exec`: an object with one member per op (attn_in, qk_norm,
 // attend, attn_out, ffn_in, ffn_out, attn_out_norm, ffn_out_norm, moe_in, moe_out, attn_gate,
-// dn_in, dn_step, dn_out, layer_scalar, experts_beside), each taking the layer's parts and enqueuing the op.
+// dn_in, dn_step, dn_out, layer_scalar, experts_beside, per_layer_input), each taking the layer's parts and enqueuing the op.
 template <class Exec>
 int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
     int32_t ops[ARC_MAX_LAYER_OPS];
@@ -95,6 +97,7 @@ int run_layers(arc_model *model, const ModelParts &mp, Exec &exec) {
             case ARC_OP_DN_OUT: st = exec.dn_out(lw); break;
             case ARC_OP_LAYER_SCALAR: st = exec.layer_scalar(lw); break;
             case ARC_OP_EXPERTS_BESIDE: st = exec.experts_beside(lw); break;
+            case ARC_OP_PER_LAYER_INPUT: st = exec.per_layer_input(lw); break;
             default: st = arc_fail(ARC_INVALID_ARGUMENT, "run_layers", "layer %d: unknown op %d", l, ops[i]);
             }
             if (st != ARC_OK) return st;

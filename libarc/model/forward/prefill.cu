@@ -12,7 +12,7 @@
 //             flash_prefill  att = causal attention over the cache                 (c, q_dim) bf16
 //   ATTN_OUT  gemm           x += att Wo^T
 //   FFN_IN    rmsnorm_rows   xn = bf16(rmsnorm(x, mlp_norm))
-//             gemm_swiglu    h = bf16(act(xn Wg^T) * (xn Wu^T))                    (c, ffn_dim)
+//             gemm_swiglu    h = bf16(act(xn Wg^T) * (xn Wu^T))                    (c, the layer's ffn)
 //                            (on an sm_90 GPU: the product in float32, then swiglu_rows; gemm.cu)
 //   FFN_OUT   gemm           x += h Wdown^T
 //   ATTN_OUT_NORM, FFN_OUT_NORM  the product to t (c, dim) f32, then add_norm_rows: x += rmsnorm(t)
@@ -21,6 +21,8 @@
 //   MOE_OUT   the experts' down products, summed into x by each row's weights (moe.cu)
 //   EXPERTS_BESIDE  the dense FFN's down product to t; the router's rows normed by ROUTER_SCALE, the
 //             experts' by MOE_NORM; the experts' products and sum, then add_norm_pair_rows (moe.cu)
+//   PER_LAYER_INPUT round_rows, gemm, ple_gate (bf16 rows), gemm, add_norm_rows; the rows' inputs made
+//             after the embedding (round_rows, gemm, ple_inputs: ple.cu)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // (q_dim, kv_dim: the layer's own, layer_dims) and after the last chunk the decode's GEMV for the
 // last position only: logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps
@@ -40,6 +42,7 @@
 #include "model/gemm/gemm_sm90.cuh"
 #include "model/moe/moe.cuh"
 #include "model/norms.cuh"
+#include "model/ple.cuh"
 #include "model/products.cuh"
 #include "model/scales.cuh"
 #include "model/tensor_core.cuh"
@@ -117,7 +120,7 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     // of 128, at least one), no more than a chunk has.
     int32_t gu_rows = 0;
     if (gemm_sm90_available(ctx)) {
-        const uint64_t fit = GU_BYTES / (8ull * (uint64_t)c.ffn_dim) / 128 * 128;
+        const uint64_t fit = GU_BYTES / (8ull * (uint64_t)mp.most_ffn) / 128 * 128;
         const uint64_t want = fit < 128 ? 128 : fit;
         gu_rows = (int32_t)(want < rows ? want : rows);
     }
@@ -130,13 +133,14 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     }
     uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
     part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
-    const uint64_t sizes[10] = {
+    const uint64_t sizes[13] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.dn.qkv_alloc * 4 > score_bytes ? rows * mp.dn.qkv_alloc * 4 : score_bytes,
-        rows * mp.most.q_dim * 2, rows * mp.dn.att_dim * 2, rows * c.ffn_dim * 2, mp.dequant_elems * 2,
-        (uint64_t)gu_rows * c.ffn_dim * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
+        rows * mp.most.q_dim * 2, rows * mp.dn.att_dim * 2, rows * mp.most_ffn * 2, mp.dequant_elems * 2,
+        (uint64_t)gu_rows * mp.most_ffn * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
+        rows * c.n_layers * c.ple_dim * 4, rows * c.ple_dim * 4, rows * c.ple_dim * 2,
     };
-    uint64_t off[10], at = 0;
-    for (int i = 0; i < 10; ++i) {
+    uint64_t off[13], at = 0;
+    for (int i = 0; i < 13; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -161,6 +165,9 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->score_rows = score_rows;
     b->attn_part = part_rows ? (float *)(base + off[9]) : nullptr;
     b->attn_part_n = part_rows * per_query;
+    b->ple = c.ple_dim ? (float *)(base + off[10]) : nullptr;
+    b->pg = c.ple_dim ? (float *)(base + off[11]) : nullptr;
+    b->pgb = c.ple_dim ? (uint16_t *)(base + off[12]) : nullptr;
     return ARC_OK;
 }
 
@@ -168,6 +175,20 @@ static int launch_rmsnorm_rows(arc_context *ctx, const float *x, int rows, int d
                                uint16_t *xn) {
     return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x,
                           norm.w, dim, norm.eps, norm.add, xn);
+}
+
+// xn[i] = bf16(x[i]) (nearest even), rows of dim floats, one block a row: a product's input that
+// no norm precedes (the per-layer inputs').
+__global__ void __launch_bounds__(ROWS_THREADS)
+round_rows_kernel(const float *__restrict__ x, int dim, uint16_t *__restrict__ xn) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const size_t r = blockIdx.x;
+    for (int d = threadIdx.x; d < dim; d += ROWS_THREADS) xn[r * dim + d] = f32_to_bf16(x[r * dim + d]);
+}
+
+static int launch_round_rows(arc_context *ctx, const float *x, int rows, int dim, uint16_t *xn) {
+    return arc_launch_pdl(ctx, "round_rows_kernel", round_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, dim, xn);
 }
 
 // One of the prefill's products: c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count`
@@ -294,7 +315,7 @@ struct PrefillOps {
     }
     int ffn_in(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim, gate_up_rows = 2 * ffn;
+        const int dim = p.cfg.dim, ffn = lw.ffn, gate_up_rows = 2 * ffn;
         const uint16_t *w;
         ARC_TRY(launch_rmsnorm_rows(p.ctx, b.x, n, dim, model_norm(p.cfg, lw.mlp_norm), b.xn));
         if (lw.w_gate_up.format != ARC_FORMAT_BF16 && n <= QUANT_DIRECT_ROWS)
@@ -308,7 +329,7 @@ struct PrefillOps {
     }
     int ffn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        const int dim = p.cfg.dim, ffn = lw.ffn;
         return product(p.ctx,
                        {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .accumulate = 1,
                         .c = b.x},
@@ -324,7 +345,7 @@ struct PrefillOps {
     }
     int ffn_out_norm(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        const int dim = p.cfg.dim, ffn = lw.ffn;
         ARC_TRY(product(p.ctx, {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .c = b.t},
                         b.wdq));
         return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.post_ffn_norm));
@@ -337,7 +358,7 @@ struct PrefillOps {
     int moe_out(const LayerParts &lw) { return moe_prefill_out(p, lw, n); }
     int experts_beside(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        const int dim = p.cfg.dim, ffn = p.cfg.ffn_dim;
+        const int dim = p.cfg.dim, ffn = lw.ffn;
         ARC_TRY(product(p.ctx, {.a = b.h, .parts = &lw.w_down, .rows = &dim, .count = 1, .n = n, .k = ffn, .c = b.t},
                         b.wdq));
         // the router's input rmsnorm(x) * ROUTER_SCALE (factors, never 1 + w), then the experts'
@@ -349,6 +370,17 @@ struct PrefillOps {
     int layer_scalar(const LayerParts &lw) {
         return launch_scale_rows(p.ctx, p.prefill->x, n, p.cfg.dim, lw.layer_scalar);
     }
+    int per_layer_input(const LayerParts &lw) {
+        const PrefillBuffers &b = *p.prefill;
+        const int dim = p.cfg.dim, pd = p.cfg.ple_dim;
+        ARC_TRY(launch_round_rows(p.ctx, b.x, n, dim, b.xn));
+        ARC_TRY(product(p.ctx, {.a = b.xn, .parts = &lw.ple_gate, .rows = &pd, .count = 1, .n = n, .k = dim, .c = b.pg},
+                        b.wdq));
+        ARC_TRY(launch_ple_gate(p, b.pg, b.ple, n, lw.layer, b.pgb));
+        ARC_TRY(product(p.ctx, {.a = b.pgb, .parts = &lw.ple_out, .rows = &dim, .count = 1, .n = n, .k = pd, .c = b.t},
+                        b.wdq));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.ple_post_norm));
+    }
 };
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
@@ -357,6 +389,16 @@ static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *
     const arc_model_config &c = mp.cfg;
     ARC_TRY(arc_launch_pdl(mp.ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
                            c.vocab, c.dim, tokens, embed_scale(c), mp.prefill->x));
+    if (c.ple_dim) {  // the rows' per-layer inputs: PLE_PROJECTION @ bf16(x), then ple.cu's
+        const PrefillBuffers &b = *mp.prefill;
+        const int width = c.n_layers * c.ple_dim;
+        ARC_TRY(launch_round_rows(mp.ctx, b.x, n, c.dim, b.xn));
+        ARC_TRY(product(mp.ctx,
+                        {.a = b.xn, .parts = &mp.ple_projection, .rows = &width, .count = 1, .n = n, .k = c.dim,
+                         .c = b.ple},
+                        b.wdq));
+        ARC_TRY(launch_ple_inputs(mp, b.ple, tokens, n));
+    }
     PrefillOps ops{mp, n, start};
     return run_layers(model, mp, ops);
 }

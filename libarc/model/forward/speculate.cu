@@ -32,6 +32,7 @@
 #include "model/embedding.cuh"
 #include "model/gemv/head_argmax.cuh"
 #include "model/norms.cuh"
+#include "model/ple.cuh"
 #include "model/products.cuh"
 #include "model/scales.cuh"
 #include "sample.cuh"
@@ -175,14 +176,14 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     ARC_REQUIRE(c.n_experts == 0, "speculative steps do not route a mixture of experts' rows yet");
     ARC_REQUIRE(!ctx->comm, "speculative steps do not run on a split model yet (tensor parallelism)");
     const uint64_t rows = (uint64_t)k + 1;
-    enum { N = 12 };
+    enum { N = 14 };
     static_assert(SPEC_MAX_K + 1 < DN_SLOTS, "a DeltaNet layer keeps a state for each verify row");
-    const uint64_t widest = (uint64_t)std::max({c.dim, mp.dn.att_dim, c.ffn_dim});  // a product's input
-    const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * c.ffn_dim * 4, rows * mp.dn.qkv_alloc * 4,
+    const uint64_t widest = (uint64_t)std::max({c.dim, mp.dn.att_dim, mp.most_ffn});  // a product's input
+    const uint64_t sizes[N] = {rows * c.dim * 4, rows * widest * 4, rows * mp.most_ffn * 4, rows * mp.dn.qkv_alloc * 4,
                                rows * mp.dn.att_dim * 4, rows * c.vocab * 4, (rows + 1) * 4, rows * 4, rows * 16,
                                c.post_norms ? rows * c.dim * 4 : 0,
                                rows * arc_attention_scratch_bytes(c.n_heads, mp.most.hd, c.max_seq),
-                               rows * c.n_heads * 4};
+                               rows * c.n_heads * 4, rows * c.n_layers * c.ple_dim * 4, rows * c.ple_dim * 4};
     uint64_t off[N], at = 0;
     for (int i = 0; i < N; ++i) {
         off[i] = at;
@@ -207,6 +208,8 @@ extern "C" int arc_model_speculate_reserve(arc_model *model, int32_t k) {
     b->t = c.post_norms ? (float *)(base + off[9]) : nullptr;
     b->attn_scratch = (float *)(base + off[10]);
     b->attn_done = (unsigned *)(base + off[11]);
+    b->ple = c.ple_dim ? (float *)(base + off[12]) : nullptr;
+    b->pg = c.ple_dim ? (float *)(base + off[13]) : nullptr;
     ARC_CUDA(ctx, cudaMemsetAsync(mem, 0, at, ctx->stream));
     return ARC_OK;
 }
@@ -268,19 +271,19 @@ struct VerifyOps {
     }
     int ffn_in(const LayerParts &lw) {
         return product(lw.w_gate_up,
-                       {.x = b.x, .rows = p.cfg.ffn_dim, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
+                       {.x = b.x, .rows = lw.ffn, .cols = p.cfg.dim, .norm_weight = lw.mlp_norm,
                         .act = p.cfg.activation, .y = b.h},
                        /*gated=*/true);
     }
     int ffn_out(const LayerParts &lw) {
-        return product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .accumulate = 1, .y = b.x});
+        return product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = lw.ffn, .accumulate = 1, .y = b.x});
     }
     int attn_out_norm(const LayerParts &lw) {
         ARC_TRY(product(lw.wo, {.x = b.att, .rows = p.cfg.dim, .cols = lw.dims.q_dim, .y = b.t}));
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, model_norm(p.cfg, lw.post_attn_norm));
     }
     int ffn_out_norm(const LayerParts &lw) {
-        ARC_TRY(product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = p.cfg.ffn_dim, .y = b.t}));
+        ARC_TRY(product(lw.w_down, {.x = b.h, .rows = p.cfg.dim, .cols = lw.ffn, .y = b.t}));
         return launch_add_norm_rows(p.ctx, b.x, b.t, rows, p.cfg.dim, model_norm(p.cfg, lw.post_ffn_norm));
     }
     // A mixture of experts has no speculative buffers (arc_model_speculate_reserve refuses it).
@@ -288,6 +291,13 @@ struct VerifyOps {
     int moe_out(const LayerParts &) { return moe_in(LayerParts{}); }
     int experts_beside(const LayerParts &) { return moe_in(LayerParts{}); }
     int layer_scalar(const LayerParts &lw) { return launch_scale_rows(p.ctx, b.x, rows, p.cfg.dim, lw.layer_scalar); }
+    int per_layer_input(const LayerParts &lw) {
+        const arc_model_config &c = p.cfg;
+        ARC_TRY(product(lw.ple_gate, {.x = b.x, .rows = c.ple_dim, .cols = c.dim, .y = b.pg}));
+        ARC_TRY(launch_ple_gate(p, b.pg, b.ple, rows, lw.layer, nullptr));
+        ARC_TRY(product(lw.ple_out, {.x = b.pg, .rows = c.dim, .cols = c.ple_dim, .y = b.t}));
+        return launch_add_norm_rows(p.ctx, b.x, b.t, rows, c.dim, model_norm(c, lw.ple_post_norm));
+    }
 };
 
 // The verify forward over the rows the draft wrote: logits (rows, vocab).
@@ -297,6 +307,10 @@ static int verify_forward(arc_model *model, const ModelParts &mp, const SpecBuff
     ARC_TRY(arc_launch_pdl(ctx, "verify_embed_kernel", verify_embed_kernel, dim3(rows), dim3(256), 0, mp.embed,
                            c.vocab, c.dim, (const int32_t *)b.tokens, embed_scale(c), b.x));
     VerifyOps ops{mp, b, rows};
+    if (c.ple_dim) {  // the rows' per-layer inputs, as the decode makes its row's
+        ARC_TRY(ops.product(mp.ple_projection, {.x = b.x, .rows = c.n_layers * c.ple_dim, .cols = c.dim, .y = b.ple}));
+        ARC_TRY(launch_ple_inputs(mp, b.ple, b.tokens, rows));
+    }
     ARC_TRY(run_layers(model, mp, ops));
     ARC_TRY(ops.product(mp.lm_head,
                         {.x = b.x, .rows = c.vocab, .cols = c.dim, .norm_weight = mp.final_norm, .y = b.logits}));

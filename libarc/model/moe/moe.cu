@@ -225,8 +225,8 @@ int moe_decode_beside(const ModelParts &p, const LayerParts &lw) {
     const arc_model_config &c = p.cfg;
     const int k = c.n_experts_used, f = c.expert_ffn_dim;
     const float eps = c.rms_eps, add = norm_offset(c);
-    ARC_TRY(gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = c.dim, .cols = c.ffn_dim, .y = p.t},
-                        ffn_handoff(lw.w_gate_up, lw.w_down, c.ffn_dim)));
+    ARC_TRY(gemv_weight(p.ctx, lw.w_down, {.x = p.h, .rows = c.dim, .cols = lw.ffn, .y = p.t},
+                        ffn_handoff(lw.w_gate_up, lw.w_down, lw.ffn)));
     ARC_TRY(gemv_weight(p.ctx, lw.router,
                         {.x = p.x, .rows = c.n_experts, .cols = c.dim, .norm_weight = lw.router_scale, .eps = eps,
                          .y = p.router}));
