@@ -6,6 +6,8 @@
 
 #include "device_math.cuh"
 #include "launch.cuh"
+#include "model/buffers.cuh"
+#include "model/norms.cuh"
 
 enum { PLE_THREADS = 256 };
 
@@ -72,4 +74,37 @@ int launch_ple_gate(const ModelParts &p, float *g, const float *ple, int32_t row
     const unsigned blocks = (unsigned)((c.ple_dim + PLE_THREADS - 1) / PLE_THREADS);
     return arc_launch_pdl(p.ctx, "ple_gate_kernel", ple_gate_kernel, dim3(blocks, rows), dim3(PLE_THREADS), 0, g, ple,
                           (int)c.ple_dim, (int)(c.n_layers * c.ple_dim), (int)layer, gb);
+}
+
+// xn[r] = bf16(x[r]) (nearest even), rows of dim floats, one block a row.
+__global__ void __launch_bounds__(PLE_THREADS)
+round_rows_kernel(const float *__restrict__ x, int dim, uint16_t *__restrict__ xn) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const size_t r = blockIdx.x;
+    for (int d = threadIdx.x; d < dim; d += PLE_THREADS) xn[r * dim + d] = f32_to_bf16(x[r * dim + d]);
+}
+
+static int round_rows(const ModelParts &p, int32_t n, uint16_t *xn) {
+    return arc_launch_pdl(p.ctx, "round_rows_kernel", round_rows_kernel, dim3(n), dim3(PLE_THREADS), 0,
+                          (const float *)p.prefill->x, (int)p.cfg.dim, xn);
+}
+
+int ple_prefill_inputs(const ModelParts &p, const int32_t *tokens, int32_t n) {
+    const PrefillBuffers &b = *p.prefill;
+    const arc_model_config &c = p.cfg;
+    ARC_TRY(round_rows(p, n, b.xn));
+    ARC_TRY(arc_op_gemm_bf16(p.ctx, b.xn, (const uint16_t *)p.ple_projection.p, n, c.n_layers * c.ple_dim, c.dim,
+                             nullptr, 0, b.ple));
+    return launch_ple_inputs(p, b.ple, tokens, n);
+}
+
+int ple_prefill_layer(const ModelParts &p, const LayerParts &lw, int32_t n) {
+    const PrefillBuffers &b = *p.prefill;
+    const arc_model_config &c = p.cfg;
+    ARC_TRY(round_rows(p, n, b.xn));
+    ARC_TRY(arc_op_gemm_bf16(p.ctx, b.xn, (const uint16_t *)lw.ple_gate.p, n, c.ple_dim, c.dim, nullptr, 0, b.pg));
+    ARC_TRY(launch_ple_gate(p, b.pg, b.ple, n, lw.layer, b.pgb));
+    ARC_TRY(arc_op_gemm_bf16(p.ctx, b.pgb, (const uint16_t *)lw.ple_out.p, n, c.dim, c.ple_dim, nullptr, 0, b.t));
+    return launch_add_norm_rows(p.ctx, b.x, b.t, n, c.dim, model_norm(c, lw.ple_post_norm));
 }

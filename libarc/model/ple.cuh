@@ -13,3 +13,8 @@ int launch_ple_inputs(const ModelParts &p, float *ple, const int32_t *tokens, in
 // g[r] = gelu_tanh(g[r]) * ple[r]'s slice of `layer` for rows r of ple_dim floats (g: PLE_GATE's
 // output); with gb, written as bf16 there instead (the prefill's product input).
 int launch_ple_gate(const ModelParts &p, float *g, const float *ple, int32_t rows, int32_t layer, uint16_t *gb);
+// The prefill's forms over a chunk of n rows (prefill->x): the rows' inputs into prefill->ple
+// (after the embedding), and layer lw's ARC_OP_PER_LAYER_INPUT. The products' inputs are the rows
+// rounded to bf16; their matrices are bf16 (never a quantized format: arc.h).
+int ple_prefill_inputs(const ModelParts &p, const int32_t *tokens, int32_t n);
+int ple_prefill_layer(const ModelParts &p, const LayerParts &lw, int32_t n);

@@ -21,8 +21,7 @@
 //   MOE_OUT   the experts' down products, summed into x by each row's weights (moe.cu)
 //   EXPERTS_BESIDE  the dense FFN's down product to t; the router's rows normed by ROUTER_SCALE, the
 //             experts' by MOE_NORM; the experts' products and sum, then add_norm_pair_rows (moe.cu)
-//   PER_LAYER_INPUT round_rows, gemm, ple_gate (bf16 rows), gemm, add_norm_rows; the rows' inputs made
-//             after the embedding (round_rows, gemm, ple_inputs: ple.cu)
+//   PER_LAYER_INPUT the layer's per-layer input, the rows' inputs made after the embedding (ple.cu)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
 // (q_dim, kv_dim: the layer's own, layer_dims) and after the last chunk the decode's GEMV for the
 // last position only: logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps
@@ -175,20 +174,6 @@ static int launch_rmsnorm_rows(arc_context *ctx, const float *x, int rows, int d
                                uint16_t *xn) {
     return arc_launch_pdl(ctx, "rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x,
                           norm.w, dim, norm.eps, norm.add, xn);
-}
-
-// xn[i] = bf16(x[i]) (nearest even), rows of dim floats, one block a row: a product's input that
-// no norm precedes (the per-layer inputs').
-__global__ void __launch_bounds__(ROWS_THREADS)
-round_rows_kernel(const float *__restrict__ x, int dim, uint16_t *__restrict__ xn) {
-    pdl_launch_dependents();
-    pdl_wait();
-    const size_t r = blockIdx.x;
-    for (int d = threadIdx.x; d < dim; d += ROWS_THREADS) xn[r * dim + d] = f32_to_bf16(x[r * dim + d]);
-}
-
-static int launch_round_rows(arc_context *ctx, const float *x, int rows, int dim, uint16_t *xn) {
-    return arc_launch_pdl(ctx, "round_rows_kernel", round_rows_kernel, dim3(rows), dim3(ROWS_THREADS), 0, x, dim, xn);
 }
 
 // One of the prefill's products: c (n, sum of rows) = a W^T (+ bias) (+ c) for W made of `count`
@@ -370,17 +355,7 @@ struct PrefillOps {
     int layer_scalar(const LayerParts &lw) {
         return launch_scale_rows(p.ctx, p.prefill->x, n, p.cfg.dim, lw.layer_scalar);
     }
-    int per_layer_input(const LayerParts &lw) {
-        const PrefillBuffers &b = *p.prefill;
-        const int dim = p.cfg.dim, pd = p.cfg.ple_dim;
-        ARC_TRY(launch_round_rows(p.ctx, b.x, n, dim, b.xn));
-        ARC_TRY(product(p.ctx, {.a = b.xn, .parts = &lw.ple_gate, .rows = &pd, .count = 1, .n = n, .k = dim, .c = b.pg},
-                        b.wdq));
-        ARC_TRY(launch_ple_gate(p, b.pg, b.ple, n, lw.layer, b.pgb));
-        ARC_TRY(product(p.ctx, {.a = b.pgb, .parts = &lw.ple_out, .rows = &dim, .count = 1, .n = n, .k = pd, .c = b.t},
-                        b.wdq));
-        return launch_add_norm_rows(p.ctx, b.x, b.t, n, dim, model_norm(p.cfg, lw.ple_post_norm));
-    }
+    int per_layer_input(const LayerParts &lw) { return ple_prefill_layer(p, lw, n); }
 };
 
 // One chunk of n tokens at positions start..start + n - 1 through every layer; x holds their
@@ -389,16 +364,7 @@ static int prefill_chunk(arc_model *model, const ModelParts &mp, const int32_t *
     const arc_model_config &c = mp.cfg;
     ARC_TRY(arc_launch_pdl(mp.ctx, "embed_rows_kernel", embed_rows_kernel, dim3(n), dim3(ROWS_THREADS), 0, mp.embed,
                            c.vocab, c.dim, tokens, embed_scale(c), mp.prefill->x));
-    if (c.ple_dim) {  // the rows' per-layer inputs: PLE_PROJECTION @ bf16(x), then ple.cu's
-        const PrefillBuffers &b = *mp.prefill;
-        const int width = c.n_layers * c.ple_dim;
-        ARC_TRY(launch_round_rows(mp.ctx, b.x, n, c.dim, b.xn));
-        ARC_TRY(product(mp.ctx,
-                        {.a = b.xn, .parts = &mp.ple_projection, .rows = &width, .count = 1, .n = n, .k = c.dim,
-                         .c = b.ple},
-                        b.wdq));
-        ARC_TRY(launch_ple_inputs(mp, b.ple, tokens, n));
-    }
+    if (c.ple_dim) ARC_TRY(ple_prefill_inputs(mp, tokens, n));  // the rows' per-layer inputs
     PrefillOps ops{mp, n, start};
     return run_layers(model, mp, ops);
 }
