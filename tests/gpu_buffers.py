@@ -165,13 +165,16 @@ def kv_cache_rows(dev, n: int | None = None, host: np.ndarray | None = None) -> 
 def kv_planes(dev, n: int | None = None) -> list[np.ndarray]:
     """Every plane of the device's KV cache in any form (arc_model_kv_planes: a bf16 cache's k and
     v values, a q8_0 cache's k and v codes then their scales), rows 0..n-1 (all with n None) of
-    each (attention layer, kv head): bytes, (layers * kv heads, n, row bytes) each."""
+    each (attention layer, kv head): bytes, (layers * kv heads, n, row bytes) each. Every head of
+    the cache of the same width (not a Gemma 4 model's wider global heads)."""
+    runs = dev.forward.kv_runs
+    assert set(runs) == {dev.forward.kv_head_dim}, "the cache's heads differ in width"
     out = []
     for base, row, rows in dev.forward.kv_planes:
-        host, _ = dev.ctx.pinned((dev.forward.kv_runs * rows * row,), np.uint8)
+        host, _ = dev.ctx.pinned((len(runs) * rows * row,), np.uint8)
         dev.ctx.download_async(host, base)
         dev.ctx.wait_idle()
-        out.append(host.reshape(dev.forward.kv_runs, rows, row)[:, :n].copy())
+        out.append(host.reshape(len(runs), rows, row)[:, :n].copy())
     return out
 
 

@@ -62,9 +62,8 @@ def pair(request):
 def test_the_decode_matches_the_reference_at_positions_past_the_windows(pair, cap):
     model, dev = pair
     if cap is not None:  # a cap of 2 moves every logit far: a device that skipped it would be far off
-        dev.close()
         model = capped(model, cap)
-        dev = open_cuda_device(model, max_seq=MAX_SEQ)
+        dev = open_cuda_device(model, max_seq=MAX_SEQ)  # its own: the module's device stays open
     try:
         ref = ReferenceModel(model, max_seq=MAX_SEQ)
         tokens = np.random.default_rng(11).integers(0, model.config.vocab, size=max(CHECK_POSITIONS) + 1)

@@ -185,15 +185,15 @@ SHAPES.update({
     # The dense layer alone: gemma4-tiny's attention and FFN, and a shape whose
     # global layers have heads of 512 (libarc's widest), 8 query heads over one kv head.
     "gemma4-dense-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
-                                 vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2),
+                                 vocab=1024, max_seq=2048, sliding_window=16, window_pattern=2),
     # The experts beside the dense FFN (libarc's mixture-of-experts layer) over gemma4-dense-tiny.
     "gemma4-moe-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
-                               vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, n_experts=8,
+                               vocab=1024, max_seq=2048, sliding_window=16, window_pattern=2, n_experts=8,
                                n_experts_used=2, expert_ffn_dim=32, norm_topk_prob=True),
     # The E2B/E4B's forms over gemma4-dense-tiny: per-layer embeddings of 16, the last two layers
     # sharing K/V (one of each kind), their FFN twice as wide.
     "gemma4-ple-tiny": _gemma4(128, 32, 64, n_layers=6, n_heads=4, n_kv_heads=2, global_n_kv_heads=1, ffn_dim=128,
-                               vocab=1024, max_seq=1024, sliding_window=16, window_pattern=2, ple_dim=16, ple_vocab=1024,
+                               vocab=1024, max_seq=2048, sliding_window=16, window_pattern=2, ple_dim=16, ple_vocab=1024,
                                kv_shared_layers=2, double_wide_mlp=True),
     "gemma4-wide-test": _gemma4(128, 32, 512, n_layers=4, n_heads=8, n_kv_heads=4, global_n_kv_heads=1, ffn_dim=128,
                                 vocab=1024, max_seq=4096, sliding_window=16, window_pattern=2),
