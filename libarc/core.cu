@@ -8,7 +8,7 @@
 
 #include "internal.cuh"
 
-enum { ARC_ABI_VERSION = 17 };
+enum { ARC_ABI_VERSION = 18 };
 
 static thread_local char t_last_error[1024];
 

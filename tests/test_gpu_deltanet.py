@@ -1,7 +1,8 @@
 """GPU tier: the gated DeltaNet step alone (arc_op_deltanet_step, the decode's launcher, which the
 bench's `deltanet step alone` row times) against the NumPy reference's step (arcpy/devices/deltanet.py)
 over positions 0..15 of one state: its slots by position, the convolution's inputs and every value
-head's S, and the gated norm's output (marker `gpu`)."""
+head's S, and the gated norm's output; the prefill's form (arc_op_deltanet_rows) against the step's bits
+(marker `gpu`)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,64 @@ def test_a_deltanet_step_of_unsupported_heads_is_refused_in_one_line(gpu):
                                           *(u16p(gpu, buf) for _ in range(4)), f32p(gpu, buf), f32p(gpu, buf))
     message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
     assert status != 0 and "dn_head_dim must be 128" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
+@pytest.mark.parametrize("start,rows", [(0, 40), (5, 18), (23, 16)])
+def test_the_prefills_form_gives_each_row_and_the_state_the_steps_bits(gpu, shape, start, rows):
+    """arc_op_deltanet_rows (the prefill's form, deltanet_rows.cu) against arc_op_deltanet_step run on the same
+    rows one after another: every output and the state at the chunk's end bit for bit; the slots it must not
+    write untouched. 18 rows from position 5 end in the slot they start from."""
+    cfg = SHAPES[shape]
+    model = random_model(cfg, seed=3)
+    layer = next(i for i in range(cfg.n_layers) if cfg.is_linear_layer(i))
+    prefix = f"model.layers.{layer}.linear_attn."
+    weights = [gpu.upload(np.ascontiguousarray(model.tensors[prefix + n]).ravel())
+               for n in ("conv1d.weight", "A_log", "dt_bias", "norm.weight")]
+    nv, hd, ch = cfg.linear_n_v_heads, cfg.linear_v_head_dim, conv_dim(cfg)
+    width = ch + nv * hd + 2 * nv
+    slot = ch * (cfg.linear_conv_kernel - 1) + nv * hd * hd
+    c = native_config(gpu.ffi, cfg)
+    rng = np.random.default_rng(start + rows)
+    u = rng.standard_normal((start + rows, width)).astype(np.float32)
+    u[:, ch + nv * hd:] *= 2.0  # b and a: betas and decays across their range
+    stepped, formed = (gpu.upload(np.full(SLOTS * slot, np.nan, np.float32)) for _ in range(2))
+    u_dev, out, pos = gpu.alloc(width * 4), gpu.alloc(nv * hd * 4), gpu.alloc(4)
+
+    def step(states, p):
+        gpu.put(u_dev, u[p])
+        gpu.put(pos, np.array([p], np.int32))
+        _lib.check(gpu.lib.arc_op_deltanet_step(gpu.ctx, c, f32p(gpu, u_dev), gpu.ffi.cast("int32_t *", pos),
+                                                *(u16p(gpu, w) for w in weights), f32p(gpu, states), f32p(gpu, out)))
+        return gpu.read(out, np.float32, nv * hd)
+
+    for p in range(start):  # the state the chunk starts from, in both
+        step(stepped, p), step(formed, p)
+    before = gpu.read(formed, np.float32, SLOTS * slot).reshape(SLOTS, slot)
+    want = np.stack([step(stepped, p) for p in range(start, start + rows)])
+    rows_dev = gpu.upload(np.ascontiguousarray(u[start:]).ravel())
+    scratch_row = (ch + 2 * nv + 3) // 4 * 4
+    scratch = gpu.upload(np.full(rows * scratch_row, np.nan, np.float32))
+    outs = gpu.alloc(rows * nv * hd * 4)
+    _lib.check(gpu.lib.arc_op_deltanet_rows(gpu.ctx, c, f32p(gpu, rows_dev), rows, start,
+                                            *(u16p(gpu, w) for w in weights), f32p(gpu, formed), f32p(gpu, scratch),
+                                            f32p(gpu, outs)))
+    got = gpu.read(outs, np.float32, rows * nv * hd).reshape(rows, nv * hd)
+    bad = np.argwhere(got.view(np.uint32) != want.view(np.uint32))
+    assert not len(bad), (f"{len(bad)} outputs differ from the step's bits, the first at row {bad[0][0]}: "
+                          f"{got[tuple(bad[0])]!r} against {want[tuple(bad[0])]!r}")
+    after = gpu.read(formed, np.float32, SLOTS * slot).reshape(SLOTS, slot)
+    end = (start + rows) % SLOTS
+    ref = gpu.read(stepped, np.float32, SLOTS * slot).reshape(SLOTS, slot)[end]
+    assert np.array_equal(after[end].view(np.uint32), ref.view(np.uint32)), "the state at the chunk's end differs"
+    others = [i for i in range(SLOTS) if i != end]
+    assert np.array_equal(after[others].view(np.uint32), before[others].view(np.uint32)), "another slot was written"
+
+
+def test_the_prefills_form_refuses_short_chunks_in_one_line(gpu):
+    c = native_config(gpu.ffi, SHAPES["qwen3.5-tiny"])
+    buf = gpu.alloc(1 << 20)
+    status = gpu.lib.arc_op_deltanet_rows(gpu.ctx, c, f32p(gpu, buf), 15, 0, *(u16p(gpu, buf) for _ in range(4)),
+                                          f32p(gpu, buf), f32p(gpu, buf), f32p(gpu, buf))
+    message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
+    assert status != 0 and "rows must be 16 or more" in message and "\n" not in message

@@ -2,7 +2,8 @@
 kernel table (kernels.py) times the other kernels: a graph of one launch per DeltaNet layer, each
 over its own layer's weights and state slots, replayed back to back. Its figure is the rate at
 which one launch reads and writes its layer's state against the copy bandwidth: the state (2 to 3
-MiB a layer at the real dims) is what such a layer streams a token besides its weights."""
+MiB a layer at the real dims) is what such a layer streams a token besides its weights. Beside it,
+the prefill's form (arc_op_deltanet_rows) over one chunk of one layer."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ from arcpy.model.hybrid import STATE_SLOTS, state_bytes_per_token
 from arcpy.model.native import native_config
 
 
+CHUNK_ROWS = 2048  # the prefill's chunk (cuda_model.PREFILL_CHUNK)
+
+
 def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
     """A hybrid's DeltaNet step alone (arc_op_deltanet_step, the decode's launcher): a graph of one
     launch per DeltaNet layer, each over its own layer's weights and state slots, at position 1 (a
     state read and written, as at any later position). `state_bytes` is what one launch reads and
     writes of its state (hybrid.state_bytes_per_token's share of a layer), the figure held to the
-    copy bandwidth; `us` the median µs a launch."""
+    copy bandwidth; `us` the median µs a launch; `chunk_us` the median µs of the prefill's form
+    (arc_op_deltanet_rows) over CHUNK_ROWS rows of one layer."""
     layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
     if not layers:
         raise ArcError(f"{cfg.n_layers} layers, none of them a DeltaNet layer")
@@ -54,10 +59,21 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
                                                 u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
                                                 f32(states) + l * STATE_SLOTS * slot, out)
 
+            # The prefill's form (arc_op_deltanet_rows) over a chunk of CHUNK_ROWS rows of one layer.
+            u_rows = f32(buf.upload(buf.rng.standard_normal(CHUNK_ROWS * u_floats, dtype=np.float32)))
+            scratch = f32(buf.floats(CHUNK_ROWS * ((channels + 2 * nv + 3) // 4 * 4)))
+            outs = f32(buf.floats(CHUNK_ROWS * nv * hd))
+
+            def chunk() -> int:
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
+                                                u16(dt_bias), u16(norm), f32(states), scratch, outs)
+
             ctx.wait_idle()
             us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)
+            chunk_us = time_launches(ctx, [lambda: _lib.check(chunk())], replays)
             return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
-                    "runs_us": [round(x, 3) for x in us]}
+                    "runs_us": [round(x, 3) for x in us], "chunk_rows": CHUNK_ROWS,
+                    "chunk_us": statistics.median(chunk_us), "chunk_runs_us": [round(x, 2) for x in chunk_us]}
         finally:
             buf.free()
 
@@ -72,4 +88,6 @@ def format_deltanet(shape: dict, bandwidth_gbps: float) -> list[str]:
     gbps = d["state_bytes"] / d["us"] / 1e3
     return [f"deltanet step alone, {shape['shape']}: {d['us']:.2f} us a launch x {d['layers']} layers, state "
             f"{d['state_bytes'] / 1e6:.2f} MB read and written a launch: {gbps:.0f} GB/s, {gbps / bandwidth_gbps:.1%} "
-            "of copy bandwidth"]
+            "of copy bandwidth"] + ([
+        f"deltanet prefill form, {shape['shape']}: {d['chunk_us']:.1f} us a layer for {d['chunk_rows']} rows "
+        f"({d['chunk_us'] / d['chunk_rows']:.3f} us a row)"] if "chunk_us" in d else [])

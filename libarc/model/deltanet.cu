@@ -9,15 +9,16 @@
 //     and v: the taps over the kernel - 1 inputs before it and its own, then SiLU;
 //   q and k L2-normalized (q times 1 / sqrt(128)); beta = sigmoid(b_h), e = exp(g_h);
 //   S <- e S; kv_j = sum_k S[k][j] k_k; delta_j = beta (v_j - kv_j); S[k][j] += k_k delta_j;
-//     o_j = sum_k S[k][j] q_k: each sum over k in four partial sums of 32 (the groups'), added in
-//     group order, so that every form (decode, verify, prefill) gives a row the same bits;
+//     o_j = sum_k S[k][j] q_k, the groups' parts added through shared memory;
 //   att_j = o_j rsqrt(mean(o^2) + eps) w_j silu(z_j).
+// The arithmetic is deltanet_math.cuh's, which the prefill's form (deltanet_rows.cu) shares: a row
+// gets the same bits in the decode, the verify and the prefill.
 #include "deltanet.cuh"
 
-#include "device_math.cuh"
+#include "deltanet_math.cuh"
 #include "launch.cuh"
 
-enum { DN_THREADS = 512, DN_GROUPS = DN_THREADS / DN_HEAD_DIM, DN_PER = DN_HEAD_DIM / DN_GROUPS };
+enum { DN_THREADS = DN_GROUPS * DN_HEAD_DIM };
 
 int dn_layer_count(const arc_model_config &c) {
     int n = 0;
@@ -93,6 +94,7 @@ DeltaNetDims dn_dims(const arc_model_config &c, int32_t q_dim, int32_t qkv_rows)
     d.rows = d.conv_dim + d.v_dim + 2 * c.dn_v_heads;
     d.att_dim = d.v_dim > q_dim ? d.v_dim : q_dim;
     d.qkv_alloc = d.rows > qkv_rows ? d.rows : qkv_rows;
+    d.scratch_row = (d.conv_dim + 2 * c.dn_v_heads + 3) / 4 * 4;
     d.slot_floats = (uint64_t)d.conv_dim * (c.dn_conv_kernel - 1) +
                     (uint64_t)c.dn_v_heads * c.dn_head_dim * c.dn_head_dim;
     return d;
@@ -112,10 +114,6 @@ struct DnArgs {
     uint16_t *out_bf16;
 };
 
-__device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-// log(1 + exp(x)), x itself above 20.
-__device__ __forceinline__ float dn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 // Launch: v_heads blocks of DN_THREADS. K: the convolution's taps (2..DN_MAX_KERNEL).
 template <int K>
 __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
@@ -134,7 +132,6 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
     float w[K];
 #pragma unroll
     for (int i = 0; i < K; ++i) w[i] = ch >= 0 ? bf16_to_f32(a.conv_w[(size_t)ch * K + i]) : 0.0f;
-    const float rate = -expf(bf16_to_f32(a.a_log[h])), dt_bias = bf16_to_f32(a.dt_bias[h]);
     const float nw = bf16_to_f32(a.norm[j]);
     const size_t conv_floats = (size_t)a.conv_dim * (K - 1);
 
@@ -156,78 +153,47 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
     pdl_wait();  // u is the projection's output
     if (!a.early) load_state();
 
-    const float q_scale = rsqrtf((float)D);
+    // The four groups' parts of a sum over k, through shared memory (red is written again after).
+    auto combine = [&](float part) {
+        red[g][j] = part;
+        __syncthreads();
+        const float sum = (red[0][j] + red[1][j]) + (red[2][j] + red[3][j]);
+        __syncthreads();
+        return sum;
+    };
     for (int r = 0; r < a.rows; ++r) {
         const float *u = a.u + (size_t)r * a.u_stride;
         float x = 0.0f;
         if (ch >= 0) {
             const float now = u[ch];
-            float acc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < K - 1; ++i) acc = fmaf(w[i], hist[i], acc);
-            acc = fmaf(w[K - 1], now, acc);
+            x = dn_conv<K>(w, hist, now);
 #pragma unroll
             for (int i = 0; i + 1 < K - 1; ++i) hist[i] = hist[i + 1];
             hist[K - 2] = now;
-            x = silu(acc);
         }
-        // The squares of q (warps 0..3) and of k (warps 4..7), summed in warp order.
-        const float sq = warp_sum(tid < 2 * D ? x * x : 0.0f);
+        // The squares of q (warps 0..3) and of k (warps 4..7).
+        const float sq = warp_sum(tid < 2 * D ? dn_square(x) : 0.0f);
         if (lane == 0) sums[0][warp] = sq;
         __syncthreads();
         if (tid < D) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int i = 0; i < D / 32; ++i) ss += sums[0][i];
-            qs[tid] = x / sqrtf(ss + 1e-6f) * q_scale;
+            qs[tid] = dn_unit(x, dn_sum4(&sums[0][0]), DN_Q_SCALE);
         } else if (tid < 2 * D) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int i = D / 32; i < 2 * D / 32; ++i) ss += sums[0][i];
-            ks[tid - D] = x / sqrtf(ss + 1e-6f);
+            ks[tid - D] = dn_unit(x, dn_sum4(&sums[0][D / 32]), 1.0f);
         } else if (tid < 3 * D) {
             vs[tid - 2 * D] = x;
         } else if (tid == 3 * D) {
             const float *bu = u + a.conv_dim + a.v_dim;
-            gates[0] = dn_sigmoid(bu[h]);
-            gates[1] = expf(rate * dn_softplus(bu[a.v_heads + h] + dt_bias));
+            gates[0] = dn_beta(bu[h]);
+            gates[1] = dn_decay(bu[a.v_heads + h], a.a_log[h], a.dt_bias[h]);
         }
         __syncthreads();
-        const float beta = gates[0], decay = gates[1];
-        float part = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DN_PER; ++i) {
-            s[i] *= decay;
-            part = fmaf(s[i], ks[g * DN_PER + i], part);
-        }
-        red[g][j] = part;
-        __syncthreads();
-        float kv = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DN_GROUPS; ++i) kv += red[i][j];
-        const float delta = beta * (vs[j] - kv);
-        __syncthreads();  // red is written again below
-        part = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DN_PER; ++i) {
-            s[i] = fmaf(ks[g * DN_PER + i], delta, s[i]);
-            part = fmaf(s[i], qs[g * DN_PER + i], part);
-        }
-        red[g][j] = part;
-        __syncthreads();
-        float o = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DN_GROUPS; ++i) o += red[i][j];
+        const float o = dn_update(s, ks + g * DN_PER, qs + g * DN_PER, vs[j], gates[0], gates[1], combine);
         // The gated norm over the head's outputs (group 0's threads, warps 0..3).
-        const float oo = warp_sum(g == 0 ? o * o : 0.0f);
+        const float oo = warp_sum(g == 0 ? dn_square(o) : 0.0f);
         if (lane == 0) sums[1][warp] = oo;
         __syncthreads();
         if (g == 0) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int i = 0; i < D / 32; ++i) ss += sums[1][i];
-            const float z = u[a.conv_dim + h * D + j];
-            const float y = o * rsqrtf(ss / (float)D + a.eps) * nw * silu(z);
+            const float y = dn_gated_norm(o, dn_sum4(&sums[1][0]), a.eps, nw, u[a.conv_dim + h * D + j]);
             const size_t at = (size_t)r * a.v_dim + (size_t)h * D + j;
             if (a.out_bf16) a.out_bf16[at] = f32_to_bf16(y);
             else a.out[at] = y;
@@ -250,6 +216,9 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     ARC_REQUIRE(io.u && (io.out || io.out_bf16) && io.rows > 0, "null buffer or no rows");
     ARC_REQUIRE(!io.every_state || io.rows < DN_SLOTS, "%d rows keep their states in %d slots", io.rows, DN_SLOTS);
     ARC_REQUIRE(c.dn_head_dim == DN_HEAD_DIM, "dn_head_dim must be %d, got %d", DN_HEAD_DIM, c.dn_head_dim);
+    ARC_REQUIRE(c.dn_conv_kernel >= 2 && c.dn_conv_kernel <= DN_MAX_KERNEL, "dn_conv_kernel must be in [2, %d], got %d",
+                DN_MAX_KERNEL, c.dn_conv_kernel);
+    if (io.scratch && !io.every_state && io.rows >= DN_ROWS_MIN) return deltanet_rows(ctx, c, d, lw, io);
     const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0,
                    lw.dn_conv, lw.dn_a_log, lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
                    c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.rms_eps, io.out, io.out_bf16};
@@ -257,24 +226,42 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     switch (c.dn_conv_kernel) {
     case 2: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<2>, grid, block, 0, a);
     case 3: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<3>, grid, block, 0, a);
-    case 4: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<4>, grid, block, 0, a);
-    default:
-        return arc_fail(ARC_INVALID_ARGUMENT, "deltanet_layer", "dn_conv_kernel must be in [2, %d], got %d",
-                        DN_MAX_KERNEL, c.dn_conv_kernel);
+    default: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<4>, grid, block, 0, a);
     }
+}
+
+// The ops' layer (arc_op_deltanet_step, arc_op_deltanet_rows): one layer's weights and slots.
+static int op_layer(const char *who, const arc_model_config &c, const uint16_t *conv, const uint16_t *a_log,
+                    const uint16_t *dt_bias, const uint16_t *norm, float *state, LayerParts *lw) {
+    ARC_REQUIRE_AS(who, c.dn_k_heads > 0 && c.dn_v_heads > 0 && c.dn_v_heads % c.dn_k_heads == 0,
+                   "config: dn_v_heads (%d) must be a positive multiple of dn_k_heads (%d)", c.dn_v_heads,
+                   c.dn_k_heads);
+    *lw = LayerParts{};
+    lw->dn = true;
+    lw->dn_conv = conv, lw->dn_a_log = a_log, lw->dn_dt_bias = dt_bias, lw->dn_norm = norm, lw->dn_state = state;
+    return ARC_OK;
 }
 
 extern "C" int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const float *u,
                                     const int32_t *pos, const uint16_t *conv, const uint16_t *a_log,
                                     const uint16_t *dt_bias, const uint16_t *norm, float *state, float *out) {
     ARC_REQUIRE(ctx && config && u && pos && conv && a_log && dt_bias && norm && state && out, "null argument");
-    const arc_model_config &c = *config;
-    ARC_REQUIRE(c.dn_k_heads > 0 && c.dn_v_heads > 0 && c.dn_v_heads % c.dn_k_heads == 0,
-                "config: dn_v_heads (%d) must be a positive multiple of dn_k_heads (%d)", c.dn_v_heads, c.dn_k_heads);
-    LayerParts lw{};
-    lw.dn = true;
-    lw.dn_conv = conv, lw.dn_a_log = a_log, lw.dn_dt_bias = dt_bias, lw.dn_norm = norm, lw.dn_state = state;
-    return deltanet_layer(ctx, c, dn_dims(c, 0, 0), lw, {.u = u, .rows = 1, .pos = pos, .early = true, .out = out});
+    LayerParts lw;
+    ARC_TRY(op_layer(__func__, *config, conv, a_log, dt_bias, norm, state, &lw));
+    return deltanet_layer(ctx, *config, dn_dims(*config, 0, 0), lw,
+                          {.u = u, .rows = 1, .pos = pos, .early = true, .out = out});
+}
+
+extern "C" int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows,
+                                    int32_t pos, const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias,
+                                    const uint16_t *norm, float *state, float *scratch, float *out) {
+    ARC_REQUIRE(ctx && config && u && conv && a_log && dt_bias && norm && state && scratch && out, "null argument");
+    ARC_REQUIRE(rows >= DN_ROWS_MIN && pos >= 0, "rows must be %d or more and pos not negative, got %d and %d",
+                DN_ROWS_MIN, rows, pos);
+    LayerParts lw;
+    ARC_TRY(op_layer(__func__, *config, conv, a_log, dt_bias, norm, state, &lw));
+    return deltanet_layer(ctx, *config, dn_dims(*config, 0, 0), lw,
+                          {.u = u, .rows = rows, .pos_add = pos, .out = out, .scratch = scratch});
 }
 
 enum { GATE_THREADS = 256 };

@@ -46,9 +46,16 @@ struct DeltaNetIo {
     bool early = false;
     float *out = nullptr;      // att rows (rows, v_dim) float32; or
     uint16_t *out_bf16 = nullptr;  // the same in bf16 (the prefill's product input)
+    // (rows, dims.scratch_row) floats: with DN_ROWS_MIN rows or more and one state kept, the rows
+    // run in the prefill's form (deltanet_rows.cu), the same bits in fewer microseconds a row.
+    float *scratch = nullptr;
 };
+enum { DN_ROWS_MIN = 16 };
 int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,
                    const DeltaNetIo &io);
+// The prefill's form alone (io.scratch given, io.every_state false; deltanet_layer's checks made).
+int deltanet_rows(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,
+                  const DeltaNetIo &io);
 
 // att[r] *= sigmoid(gate[r]) for rows r, n elements each: gate rows `gate_stride` floats apart,
 // att rows n apart, float32 or (att_bf16) bf16 rounded once after the product.

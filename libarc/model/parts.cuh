@@ -26,6 +26,7 @@ struct DeltaNetDims {
     int32_t att_dim;                 // an output row, either kind: max(q_dim, v_dim)
     int32_t qkv_alloc;               // an input row, either kind: max(qkv_rows, rows)
     uint64_t slot_floats;            // one state slot: conv_dim (kernel - 1) + dn_v_heads head_dim^2
+    int32_t scratch_row;             // a row of the prefill's scratch: conv_dim + 2 dn_v_heads, rounded up to 4
 };
 
 // A layer's attention dims (arc_model_config: Gemma 4's global layers take their own): heads of hd
