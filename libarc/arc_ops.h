@@ -183,12 +183,12 @@ int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const
                          const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
                          float *state, float *out);
 
-/* The same layer over `rows` consecutive tokens (16 or more) at positions pos..pos + rows - 1, in the form the
- * prefill takes for a chunk: u, rows of DN_IN's output as above, one after another; the step's weights and slots, the
- * launch reading slot pos % 9 and writing slot (pos + rows) % 9 alone; scratch: rows * S floats, S the
- * convolution's channels plus 2 dn_v_heads, rounded up to a multiple of 4; out: the rows' outputs (rows,
- * dn_v_heads * dn_head_dim) float32. Each row's output and the state at the end are the bits arc_op_deltanet_step
- * gives the same rows one after another. */
+/* The same layer over `rows` consecutive tokens at positions pos..pos + rows - 1, as the prefill runs a chunk: u,
+ * rows of DN_IN's output as above, one after another; the step's weights and slots, the launch reading slot pos % 9
+ * and writing slot (pos + rows) % 9 alone; out: the rows' outputs (rows, dn_v_heads * dn_head_dim) float32. With a
+ * scratch (rows * S floats, S the convolution's channels plus 2 dn_v_heads, rounded up to a multiple of 4; 16 rows
+ * or more) the rows run in the prefill's form; without one (NULL), in the step's, one launch. Either form gives each
+ * row's output and the state at the end the bits arc_op_deltanet_step gives the same rows one after another. */
 int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows, int32_t pos,
                          const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
                          float *state, float *scratch, float *out);

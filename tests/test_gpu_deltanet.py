@@ -66,10 +66,12 @@ def test_a_deltanet_step_of_unsupported_heads_is_refused_in_one_line(gpu):
 
 @pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
 @pytest.mark.parametrize("start,rows", [(0, 40), (5, 18), (23, 16)])
-def test_the_prefills_form_gives_each_row_and_the_state_the_steps_bits(gpu, shape, start, rows):
-    """arc_op_deltanet_rows (the prefill's form, deltanet_rows.cu) against arc_op_deltanet_step run on the same
-    rows one after another: every output and the state at the chunk's end bit for bit; the slots it must not
-    write untouched. 18 rows from position 5 end in the slot they start from."""
+@pytest.mark.parametrize("form", ["prefill", "step"])
+def test_a_chunk_gives_each_row_and_the_state_the_steps_bits(gpu, shape, start, rows, form):
+    """arc_op_deltanet_rows, in the prefill's form (a scratch: deltanet_rows.cu) and in the step's (one launch over
+    the rows), against arc_op_deltanet_step run on the same rows one at a time: every output and the state at the
+    chunk's end bit for bit; the slots it must not write untouched. 18 rows from position 5 end in the slot they
+    start from."""
     cfg = SHAPES[shape]
     model = random_model(cfg, seed=3)
     layer = next(i for i in range(cfg.n_layers) if cfg.is_linear_layer(i))
@@ -99,10 +101,11 @@ def test_the_prefills_form_gives_each_row_and_the_state_the_steps_bits(gpu, shap
     want = np.stack([step(stepped, p) for p in range(start, start + rows)])
     rows_dev = gpu.upload(np.ascontiguousarray(u[start:]).ravel())
     scratch_row = (ch + 2 * nv + 3) // 4 * 4
-    scratch = gpu.upload(np.full(rows * scratch_row, np.nan, np.float32))
+    scratch = (f32p(gpu, gpu.upload(np.full(rows * scratch_row, np.nan, np.float32))) if form == "prefill"
+               else gpu.ffi.NULL)
     outs = gpu.alloc(rows * nv * hd * 4)
     _lib.check(gpu.lib.arc_op_deltanet_rows(gpu.ctx, c, f32p(gpu, rows_dev), rows, start,
-                                            *(u16p(gpu, w) for w in weights), f32p(gpu, formed), f32p(gpu, scratch),
+                                            *(u16p(gpu, w) for w in weights), f32p(gpu, formed), scratch,
                                             f32p(gpu, outs)))
     got = gpu.read(outs, np.float32, rows * nv * hd).reshape(rows, nv * hd)
     bad = np.argwhere(got.view(np.uint32) != want.view(np.uint32))
@@ -122,4 +125,4 @@ def test_the_prefills_form_refuses_short_chunks_in_one_line(gpu):
     status = gpu.lib.arc_op_deltanet_rows(gpu.ctx, c, f32p(gpu, buf), 15, 0, *(u16p(gpu, buf) for _ in range(4)),
                                           f32p(gpu, buf), f32p(gpu, buf), f32p(gpu, buf))
     message = gpu.ffi.string(gpu.lib.arc_last_error()).decode()
-    assert status != 0 and "rows must be 16 or more" in message and "\n" not in message
+    assert status != 0 and "(16 or more with a scratch)" in message and "\n" not in message

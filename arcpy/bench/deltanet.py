@@ -28,8 +28,9 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
     launch per DeltaNet layer, each over its own layer's weights and state slots, at position 1 (a
     state read and written, as at any later position). `state_bytes` is what one launch reads and
     writes of its state (hybrid.state_bytes_per_token's share of a layer), the figure held to the
-    copy bandwidth; `us` the median µs a launch; `chunk_us` the median µs of the prefill's form
-    (arc_op_deltanet_rows) over CHUNK_ROWS rows of one layer."""
+    copy bandwidth; `us` the median µs a launch; `chunk_us` and `chunk_step_form_us` the median µs
+    of arc_op_deltanet_rows over CHUNK_ROWS rows of one layer, in the prefill's form and in the
+    step's."""
     layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
     if not layers:
         raise ArcError(f"{cfg.n_layers} layers, none of them a DeltaNet layer")
@@ -64,16 +65,18 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
             scratch = f32(buf.floats(CHUNK_ROWS * ((channels + 2 * nv + 3) // 4 * 4)))
             outs = f32(buf.floats(CHUNK_ROWS * nv * hd))
 
-            def chunk() -> int:
+            def chunk(form_scratch) -> int:
                 return lib.arc_op_deltanet_rows(ctx.ptr, c, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
-                                                u16(dt_bias), u16(norm), f32(states), scratch, outs)
+                                                u16(dt_bias), u16(norm), f32(states), form_scratch, outs)
 
             ctx.wait_idle()
             us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)
-            chunk_us = time_launches(ctx, [lambda: _lib.check(chunk())], replays)
+            chunk_us = time_launches(ctx, [lambda: _lib.check(chunk(scratch))], replays)
+            step_us = time_launches(ctx, [lambda: _lib.check(chunk(ffi.NULL))], max(1, replays // 2))
             return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
                     "runs_us": [round(x, 3) for x in us], "chunk_rows": CHUNK_ROWS,
-                    "chunk_us": statistics.median(chunk_us), "chunk_runs_us": [round(x, 2) for x in chunk_us]}
+                    "chunk_us": statistics.median(chunk_us), "chunk_runs_us": [round(x, 2) for x in chunk_us],
+                    "chunk_step_form_us": statistics.median(step_us)}
         finally:
             buf.free()
 
@@ -89,5 +92,6 @@ def format_deltanet(shape: dict, bandwidth_gbps: float) -> list[str]:
     return [f"deltanet step alone, {shape['shape']}: {d['us']:.2f} us a launch x {d['layers']} layers, state "
             f"{d['state_bytes'] / 1e6:.2f} MB read and written a launch: {gbps:.0f} GB/s, {gbps / bandwidth_gbps:.1%} "
             "of copy bandwidth"] + ([
-        f"deltanet prefill form, {shape['shape']}: {d['chunk_us']:.1f} us a layer for {d['chunk_rows']} rows "
-        f"({d['chunk_us'] / d['chunk_rows']:.3f} us a row)"] if "chunk_us" in d else [])
+        f"deltanet chunk of {d['chunk_rows']} rows, {shape['shape']}: the prefill's form {d['chunk_us']:.1f} us a "
+        f"layer ({d['chunk_us'] / d['chunk_rows']:.3f} us a row), the step's form {d['chunk_step_form_us']:.1f} us "
+        f"({d['chunk_step_form_us'] / d['chunk_rows']:.3f} us a row)"] if "chunk_us" in d else [])

@@ -255,9 +255,10 @@ extern "C" int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *co
 extern "C" int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows,
                                     int32_t pos, const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias,
                                     const uint16_t *norm, float *state, float *scratch, float *out) {
-    ARC_REQUIRE(ctx && config && u && conv && a_log && dt_bias && norm && state && scratch && out, "null argument");
-    ARC_REQUIRE(rows >= DN_ROWS_MIN && pos >= 0, "rows must be %d or more and pos not negative, got %d and %d",
-                DN_ROWS_MIN, rows, pos);
+    ARC_REQUIRE(ctx && config && u && conv && a_log && dt_bias && norm && state && out, "null argument");
+    ARC_REQUIRE(pos >= 0 && rows > 0 && (rows >= DN_ROWS_MIN || !scratch),
+                "pos must not be negative and rows positive (%d or more with a scratch), got %d and %d", DN_ROWS_MIN,
+                pos, rows);
     LayerParts lw;
     ARC_TRY(op_layer(__func__, *config, conv, a_log, dt_bias, norm, state, &lw));
     return deltanet_layer(ctx, *config, dn_dims(*config, 0, 0), lw,
