@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
     constexpr int D = DN_HEAD_DIM;
     const int h = blockIdx.x, kh = h / a.group, tid = threadIdx.x, j = tid % D, g = tid / D;
     const int lane = tid % 32, warp = tid / 32;
-    __shared__ float qs[D], ks[D], vs[D], red[DN_GROUPS][D], sums[2][DN_THREADS / 32], gates[2];
+    __shared__ float qs[D], ks[D], vs[D], red[2][DN_GROUPS][D], sums[2][DN_THREADS / 32], gates[2];
     // The convolution channel of this thread: q, k of key head kh, v of value head h (-1: none).
     int ch = -1;
     if (tid < D) ch = kh * D + tid;
@@ -153,13 +153,15 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
     pdl_wait();  // u is the projection's output
     if (!a.early) load_state();
 
-    // The four groups' parts of a sum over k, through shared memory (red is written again after).
+    // The four groups' parts of a sum over k, through shared memory: a row's two sums in two buffers,
+    // each read before barriers that come ahead of its next row's write.
+    int use = 0;
     auto combine = [&](float part) {
-        red[g][j] = part;
+        float(*parts)[D] = red[use];
+        use ^= 1;
+        parts[g][j] = part;
         __syncthreads();
-        const float sum = (red[0][j] + red[1][j]) + (red[2][j] + red[3][j]);
-        __syncthreads();
-        return sum;
+        return (parts[0][j] + parts[1][j]) + (parts[2][j] + parts[3][j]);
     };
     for (int r = 0; r < a.rows; ++r) {
         const float *u = a.u + (size_t)r * a.u_stride;
