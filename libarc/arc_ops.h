@@ -187,8 +187,9 @@ int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const
  * rows of DN_IN's output as above, one after another; the step's weights and slots, the launch reading slot pos % 9
  * and writing slot (pos + rows) % 9 alone; out: the rows' outputs (rows, dn_v_heads * dn_head_dim) float32. With a
  * scratch (rows * S floats, S the convolution's channels plus 2 dn_v_heads, rounded up to a multiple of 4; 16 rows
- * or more) the rows run in the prefill's form; without one (NULL), in the step's, one launch. Either form gives each
- * row's output and the state at the end the bits arc_op_deltanet_step gives the same rows one after another. */
+ * or more) the rows run in the prefill's form; without one (NULL), in the form of one block a value head, the step's
+ * form before compute capability 9.0 (from 9.0 on the step takes four blocks a head in a cluster). Every form gives
+ * each row's output and the state at the end the bits arc_op_deltanet_step gives the same rows one at a time. */
 int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows, int32_t pos,
                          const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
                          float *state, float *scratch, float *out);

@@ -1,8 +1,8 @@
 """GPU tier: the gated DeltaNet step alone (arc_op_deltanet_step, the decode's launcher, which the
 bench's `deltanet step alone` row times) against the NumPy reference's step (arcpy/devices/deltanet.py)
 over positions 0..15 of one state: its slots by position, the convolution's inputs and every value
-head's S, and the gated norm's output; the prefill's form (arc_op_deltanet_rows) against the step's bits
-(marker `gpu`)."""
+head's S, and the gated norm's output; a chunk's rows in each other form (arc_op_deltanet_rows) against the
+step's bits (marker `gpu`)."""
 
 from __future__ import annotations
 
@@ -66,12 +66,12 @@ def test_a_deltanet_step_of_unsupported_heads_is_refused_in_one_line(gpu):
 
 @pytest.mark.parametrize("shape", ["qwen3.5-tiny", "qwen3.5moe-tiny"])
 @pytest.mark.parametrize("start,rows", [(0, 40), (5, 18), (23, 16)])
-@pytest.mark.parametrize("form", ["prefill", "step"])
+@pytest.mark.parametrize("form", ["prefill", "head block"])
 def test_a_chunk_gives_each_row_and_the_state_the_steps_bits(gpu, shape, start, rows, form):
-    """arc_op_deltanet_rows, in the prefill's form (a scratch: deltanet_rows.cu) and in the step's (one launch over
-    the rows), against arc_op_deltanet_step run on the same rows one at a time: every output and the state at the
-    chunk's end bit for bit; the slots it must not write untouched. 18 rows from position 5 end in the slot they
-    start from."""
+    """arc_op_deltanet_rows, in the prefill's form (a scratch: deltanet_rows.cu) and in the form of a block a head
+    (deltanet.cu: the step's before compute capability 9.0), against arc_op_deltanet_step (from 9.0 on the clusters'
+    form, deltanet_cluster.cu) run on the same rows one at a time: every output and the state at the chunk's end bit
+    for bit; the slots it must not write untouched. 18 rows from position 5 end in the slot they start from."""
     cfg = SHAPES[shape]
     model = random_model(cfg, seed=3)
     layer = next(i for i in range(cfg.n_layers) if cfg.is_linear_layer(i))

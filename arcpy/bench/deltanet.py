@@ -28,9 +28,11 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
     launch per DeltaNet layer, each over its own layer's weights and state slots, at position 1 (a
     state read and written, as at any later position). `state_bytes` is what one launch reads and
     writes of its state (hybrid.state_bytes_per_token's share of a layer), the figure held to the
-    copy bandwidth; `us` the median µs a launch; `chunk_us` and `chunk_step_form_us` the median µs
+    copy bandwidth; `us` the median µs a launch (`head_block_us`: the same step in the form of a
+    block a head, arc_op_deltanet_rows without a scratch); `chunk_us` and `chunk_step_form_us` the median µs
     of arc_op_deltanet_rows over CHUNK_ROWS rows of one layer, in the prefill's form and in the
-    step's."""
+    form of a block a head (the step's form before compute capability 9.0, and the prefill's
+    before the rows' form)."""
     layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
     if not layers:
         raise ArcError(f"{cfg.n_layers} layers, none of them a DeltaNet layer")
@@ -69,12 +71,19 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
                 return lib.arc_op_deltanet_rows(ctx.ptr, c, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
                                                 u16(dt_bias), u16(norm), f32(states), form_scratch, outs)
 
+            def head_block(l: int) -> int:  # the same step in the form of a block a head
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, u, 1, 1, u16(conv) + l * channels * kernel,
+                                                u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
+                                                f32(states) + l * STATE_SLOTS * slot, ffi.NULL, out)
+
             ctx.wait_idle()
             us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)
+            head_us = time_launches(ctx, [lambda l=l: _lib.check(head_block(l)) for l in range(layers)], replays)
             chunk_us = time_launches(ctx, [lambda: _lib.check(chunk(scratch))], replays)
             step_us = time_launches(ctx, [lambda: _lib.check(chunk(ffi.NULL))], max(1, replays // 2))
             return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
-                    "runs_us": [round(x, 3) for x in us], "chunk_rows": CHUNK_ROWS,
+                    "runs_us": [round(x, 3) for x in us], "head_block_us": statistics.median(head_us),
+                    "chunk_rows": CHUNK_ROWS,
                     "chunk_us": statistics.median(chunk_us), "chunk_runs_us": [round(x, 2) for x in chunk_us],
                     "chunk_step_form_us": statistics.median(step_us)}
         finally:
@@ -91,7 +100,8 @@ def format_deltanet(shape: dict, bandwidth_gbps: float) -> list[str]:
     gbps = d["state_bytes"] / d["us"] / 1e3
     return [f"deltanet step alone, {shape['shape']}: {d['us']:.2f} us a launch x {d['layers']} layers, state "
             f"{d['state_bytes'] / 1e6:.2f} MB read and written a launch: {gbps:.0f} GB/s, {gbps / bandwidth_gbps:.1%} "
-            "of copy bandwidth"] + ([
+            "of copy bandwidth" + (f"; in the form of a block a head {d['head_block_us']:.2f} us"
+                                    if "head_block_us" in d else "")] + ([
         f"deltanet chunk of {d['chunk_rows']} rows, {shape['shape']}: the prefill's form {d['chunk_us']:.1f} us a "
-        f"layer ({d['chunk_us'] / d['chunk_rows']:.3f} us a row), the step's form {d['chunk_step_form_us']:.1f} us "
+        f"layer ({d['chunk_us'] / d['chunk_rows']:.3f} us a row), a block a head {d['chunk_step_form_us']:.1f} us "
         f"({d['chunk_step_form_us'] / d['chunk_rows']:.3f} us a row)"] if "chunk_us" in d else [])

@@ -11,8 +11,10 @@
 //   S <- e S; kv_j = sum_k S[k][j] k_k; delta_j = beta (v_j - kv_j); S[k][j] += k_k delta_j;
 //     o_j = sum_k S[k][j] q_k, the groups' parts added through shared memory;
 //   att_j = o_j rsqrt(mean(o^2) + eps) w_j silu(z_j).
-// The arithmetic is deltanet_math.cuh's, which the prefill's form (deltanet_rows.cu) shares: a row
-// gets the same bits in the decode, the verify and the prefill.
+// This form runs on GPUs before compute capability 9.0 (and through arc_op_deltanet_rows); from
+// 9.0 on the decode and the verify take deltanet_cluster.cu's, four blocks a head. The arithmetic
+// is deltanet_math.cuh's, which every form shares (the prefill's too, deltanet_rows.cu): a row gets
+// the same bits in the decode, the verify and the prefill.
 #include "deltanet.cuh"
 
 #include "deltanet_math.cuh"
@@ -99,20 +101,6 @@ DeltaNetDims dn_dims(const arc_model_config &c, int32_t q_dim, int32_t qkv_rows)
                     (uint64_t)c.dn_v_heads * c.dn_head_dim * c.dn_head_dim;
     return d;
 }
-
-struct DnArgs {
-    const float *u;
-    int32_t u_stride, rows;
-    const int32_t *pos;
-    int32_t pos_add, every_state, early;
-    const uint16_t *conv_w, *a_log, *dt_bias, *norm;
-    float *state;
-    uint64_t slot_floats;
-    int32_t v_heads, group, k_dim, v_dim, conv_dim;
-    float eps;
-    float *out;
-    uint16_t *out_bf16;
-};
 
 // Launch: v_heads blocks of DN_THREADS. K: the convolution's taps (2..DN_MAX_KERNEL).
 template <int K>
@@ -224,6 +212,7 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0,
                    lw.dn_conv, lw.dn_a_log, lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
                    c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.rms_eps, io.out, io.out_bf16};
+    if (ctx->cc_major >= 9 && !io.head_block) return deltanet_cluster(ctx, c.dn_conv_kernel, a);
     const dim3 grid(c.dn_v_heads), block(DN_THREADS);
     switch (c.dn_conv_kernel) {
     case 2: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<2>, grid, block, 0, a);
@@ -264,7 +253,7 @@ extern "C" int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *co
     LayerParts lw;
     ARC_TRY(op_layer(__func__, *config, conv, a_log, dt_bias, norm, state, &lw));
     return deltanet_layer(ctx, *config, dn_dims(*config, 0, 0), lw,
-                          {.u = u, .rows = rows, .pos_add = pos, .out = out, .scratch = scratch});
+                          {.u = u, .rows = rows, .pos_add = pos, .out = out, .scratch = scratch, .head_block = true});
 }
 
 enum { GATE_THREADS = 256 };

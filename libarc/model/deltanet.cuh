@@ -49,6 +49,9 @@ struct DeltaNetIo {
     // (rows, dims.scratch_row) floats: with DN_ROWS_MIN rows or more and one state kept, the rows
     // run in the prefill's form (deltanet_rows.cu), the same bits in fewer microseconds a row.
     float *scratch = nullptr;
+    // Without a scratch: the form of a block a head (deltanet.cu) where the GPU would take the
+    // clusters' (deltanet_cluster.cu), as the GPUs before compute capability 9.0 take it.
+    bool head_block = false;
 };
 enum { DN_ROWS_MIN = 16 };
 int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,

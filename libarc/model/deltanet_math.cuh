@@ -15,6 +15,23 @@
 
 enum { DN_GROUPS = 4, DN_PER = DN_HEAD_DIM / DN_GROUPS };
 
+// What a launch of the step takes (deltanet_kernel in deltanet.cu, dn_cluster_kernel in
+// deltanet_cluster.cu): DeltaNetIo's rows and the layer's weights and slots.
+struct DnArgs {
+    const float *u;
+    int32_t u_stride, rows;
+    const int32_t *pos;
+    int32_t pos_add, every_state, early;
+    const uint16_t *conv_w, *a_log, *dt_bias, *norm;
+    float *state;
+    uint64_t slot_floats;
+    int32_t v_heads, group, k_dim, v_dim, conv_dim;
+    float eps;
+    float *out;
+    uint16_t *out_bf16;
+};
+// The step in clusters of four blocks a head (deltanet_cluster.cu; compute capability 9.0 or more).
+int deltanet_cluster(arc_context *ctx, int conv_kernel, const DnArgs &a);
 constexpr float DN_Q_SCALE = 0.08838834764831845f;  // 1 / sqrt(128): q's factor after its norm
 
 __device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
