@@ -183,16 +183,17 @@ int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *config, const
                          const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
                          float *state, float *out);
 
-/* The same layer over `rows` consecutive tokens at positions pos..pos + rows - 1, as the prefill runs a chunk: u,
+/* The same layer over `rows` consecutive tokens at positions pos..pos + rows - 1, in one of the step's forms: u,
  * rows of DN_IN's output as above, one after another; the step's weights and slots, the launch reading slot pos % 9
- * and writing slot (pos + rows) % 9 alone; out: the rows' outputs (rows, dn_v_heads * dn_head_dim) float32. With a
- * scratch (rows * S floats, S the convolution's channels plus 2 dn_v_heads, rounded up to a multiple of 4; 16 rows
- * or more) the rows run in the prefill's form; without one (NULL), in the form of one block a value head, the step's
- * form before compute capability 9.0 (from 9.0 on the step takes four blocks a head in a cluster). Every form gives
- * each row's output and the state at the end the bits arc_op_deltanet_step gives the same rows one at a time. */
-int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows, int32_t pos,
-                         const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias, const uint16_t *norm,
-                         float *state, float *scratch, float *out);
+ * and writing slot (pos + rows) % 9 alone; out: the rows' outputs (rows, dn_v_heads * dn_head_dim) float32. form 0:
+ * a block a value head, the rows one after another (the forwards' form); 1: four blocks a head in a cluster
+ * (compute capability 9.0 or more); 2: every row's inputs at once, then the rows through the state, then every
+ * row's norm (16 rows or more; scratch: rows * S floats, S the convolution's channels plus 2 dn_v_heads, rounded up
+ * to a multiple of 4; NULL for the other forms). Every form gives each row's output and the state at the end the
+ * bits arc_op_deltanet_step gives the same rows one at a time. */
+int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, int32_t form, const float *u, int32_t rows,
+                         int32_t pos, const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias,
+                         const uint16_t *norm, float *state, float *scratch, float *out);
 
 /* arc-cdef-end */
 

@@ -3,7 +3,7 @@ kernel table (kernels.py) times the other kernels: a graph of one launch per Del
 over its own layer's weights and state slots, replayed back to back. Its figure is the rate at
 which one launch reads and writes its layer's state against the copy bandwidth: the state (2 to 3
 MiB a layer at the real dims) is what such a layer streams a token besides its weights. Beside it,
-the prefill's form (arc_op_deltanet_rows) over one chunk of one layer."""
+the step in its other forms (arc_op_deltanet_rows): in clusters, and over one chunk of one layer."""
 
 from __future__ import annotations
 
@@ -28,11 +28,10 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
     launch per DeltaNet layer, each over its own layer's weights and state slots, at position 1 (a
     state read and written, as at any later position). `state_bytes` is what one launch reads and
     writes of its state (hybrid.state_bytes_per_token's share of a layer), the figure held to the
-    copy bandwidth; `us` the median µs a launch (`head_block_us`: the same step in the form of a
-    block a head, arc_op_deltanet_rows without a scratch); `chunk_us` and `chunk_step_form_us` the median µs
-    of arc_op_deltanet_rows over CHUNK_ROWS rows of one layer, in the prefill's form and in the
-    form of a block a head (the step's form before compute capability 9.0, and the prefill's
-    before the rows' form)."""
+    copy bandwidth; `us` the median µs a launch (`cluster_us`: the same step in the clusters' form,
+    arc_op_deltanet_rows' 1); `chunk_us` and `chunk_step_form_us` the median µs of
+    arc_op_deltanet_rows over CHUNK_ROWS rows of one layer, in the rows' form (2) and in the
+    forwards' (0)."""
     layers = sum(cfg.is_linear_layer(i) for i in range(cfg.n_layers))
     if not layers:
         raise ArcError(f"{cfg.n_layers} layers, none of them a DeltaNet layer")
@@ -67,22 +66,23 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
             scratch = f32(buf.floats(CHUNK_ROWS * ((channels + 2 * nv + 3) // 4 * 4)))
             outs = f32(buf.floats(CHUNK_ROWS * nv * hd))
 
-            def chunk(form_scratch) -> int:
-                return lib.arc_op_deltanet_rows(ctx.ptr, c, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
-                                                u16(dt_bias), u16(norm), f32(states), form_scratch, outs)
+            def chunk(form: int) -> int:  # arc_op_deltanet_rows' 0 (the forwards' form) or 2 (the rows')
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, form, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
+                                                u16(dt_bias), u16(norm), f32(states), scratch if form == 2 else ffi.NULL,
+                                                outs)
 
-            def head_block(l: int) -> int:  # the same step in the form of a block a head
-                return lib.arc_op_deltanet_rows(ctx.ptr, c, u, 1, 1, u16(conv) + l * channels * kernel,
+            def in_clusters(l: int) -> int:  # the same step in the clusters' form (arc_op_deltanet_rows' 1)
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, 1, u, 1, 1, u16(conv) + l * channels * kernel,
                                                 u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
                                                 f32(states) + l * STATE_SLOTS * slot, ffi.NULL, out)
 
             ctx.wait_idle()
             us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)
-            head_us = time_launches(ctx, [lambda l=l: _lib.check(head_block(l)) for l in range(layers)], replays)
-            chunk_us = time_launches(ctx, [lambda: _lib.check(chunk(scratch))], replays)
-            step_us = time_launches(ctx, [lambda: _lib.check(chunk(ffi.NULL))], max(1, replays // 2))
+            cluster_us = time_launches(ctx, [lambda l=l: _lib.check(in_clusters(l)) for l in range(layers)], replays)
+            chunk_us = time_launches(ctx, [lambda: _lib.check(chunk(2))], replays)
+            step_us = time_launches(ctx, [lambda: _lib.check(chunk(0))], max(1, replays // 2))
             return {"layers": layers, "state_bytes": state, "us": statistics.median(us),
-                    "runs_us": [round(x, 3) for x in us], "head_block_us": statistics.median(head_us),
+                    "runs_us": [round(x, 3) for x in us], "cluster_us": statistics.median(cluster_us),
                     "chunk_rows": CHUNK_ROWS,
                     "chunk_us": statistics.median(chunk_us), "chunk_runs_us": [round(x, 2) for x in chunk_us],
                     "chunk_step_form_us": statistics.median(step_us)}
@@ -100,8 +100,9 @@ def format_deltanet(shape: dict, bandwidth_gbps: float) -> list[str]:
     gbps = d["state_bytes"] / d["us"] / 1e3
     return [f"deltanet step alone, {shape['shape']}: {d['us']:.2f} us a launch x {d['layers']} layers, state "
             f"{d['state_bytes'] / 1e6:.2f} MB read and written a launch: {gbps:.0f} GB/s, {gbps / bandwidth_gbps:.1%} "
-            "of copy bandwidth" + (f"; in the form of a block a head {d['head_block_us']:.2f} us"
-                                    if "head_block_us" in d else "")] + ([
-        f"deltanet chunk of {d['chunk_rows']} rows, {shape['shape']}: the prefill's form {d['chunk_us']:.1f} us a "
-        f"layer ({d['chunk_us'] / d['chunk_rows']:.3f} us a row), a block a head {d['chunk_step_form_us']:.1f} us "
+            "of copy bandwidth" + (f"; in the clusters' form {d['cluster_us']:.2f} us ("
+                                    f"{d['state_bytes'] / d['cluster_us'] / 1e3 / bandwidth_gbps:.1%})"
+                                    if "cluster_us" in d else "")] + ([
+        f"deltanet chunk of {d['chunk_rows']} rows, {shape['shape']}: the rows' form {d['chunk_us']:.1f} us a "
+        f"layer ({d['chunk_us'] / d['chunk_rows']:.3f} us a row), the forwards' {d['chunk_step_form_us']:.1f} us "
         f"({d['chunk_step_form_us'] / d['chunk_rows']:.3f} us a row)"] if "chunk_us" in d else [])

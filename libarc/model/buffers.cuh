@@ -43,7 +43,6 @@ struct PrefillBuffers {
     MoeRows moe;    // a mixture of experts' (its own allocation; none for a dense model)
     float *ple, *pg;  // with ple_dim: the rows' per-layer inputs (max_chunk, n_layers * ple_dim), a gate's (max_chunk, ple_dim)
     uint16_t *pgb;    // with ple_dim: the gate's rows as the next product's bf16 input (max_chunk, ple_dim)
-    float *dn;        // with DeltaNet layers: their scratch (max_chunk, dn.scratch_row)
 };
 // Frees what arc_model_prefill_reserve allocated (cudaFree waits: teardown and reserve only).
 void prefill_buffers_release(PrefillBuffers *b);

@@ -11,10 +11,8 @@
 //   S <- e S; kv_j = sum_k S[k][j] k_k; delta_j = beta (v_j - kv_j); S[k][j] += k_k delta_j;
 //     o_j = sum_k S[k][j] q_k, the groups' parts added through shared memory;
 //   att_j = o_j rsqrt(mean(o^2) + eps) w_j silu(z_j).
-// This form runs on GPUs before compute capability 9.0 (and through arc_op_deltanet_rows); from
-// 9.0 on the decode and the verify take deltanet_cluster.cu's, four blocks a head. The arithmetic
-// is deltanet_math.cuh's, which every form shares (the prefill's too, deltanet_rows.cu): a row gets
-// the same bits in the decode, the verify and the prefill.
+// This form (DN_HEAD_BLOCK) is the forwards'; deltanet.cuh names the others. The arithmetic is
+// deltanet_math.cuh's, which every form shares: a row gets the same bits in each.
 #include "deltanet.cuh"
 
 #include "deltanet_math.cuh"
@@ -208,11 +206,14 @@ int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDi
     ARC_REQUIRE(c.dn_head_dim == DN_HEAD_DIM, "dn_head_dim must be %d, got %d", DN_HEAD_DIM, c.dn_head_dim);
     ARC_REQUIRE(c.dn_conv_kernel >= 2 && c.dn_conv_kernel <= DN_MAX_KERNEL, "dn_conv_kernel must be in [2, %d], got %d",
                 DN_MAX_KERNEL, c.dn_conv_kernel);
-    if (io.scratch && !io.every_state && io.rows >= DN_ROWS_MIN) return deltanet_rows(ctx, c, d, lw, io);
+    ARC_REQUIRE(io.form >= DN_HEAD_BLOCK && io.form <= DN_ROWS, "form must be 0, 1 or 2, got %d", (int)io.form);
+    ARC_REQUIRE(io.form != DN_CLUSTER || ctx->cc_major >= 9, "the clusters' form needs compute capability 9.0 or "
+                "more, the device has %d.x", ctx->cc_major);
+    if (io.form == DN_ROWS) return deltanet_rows(ctx, c, d, lw, io);
     const DnArgs a{io.u, d.rows, io.rows, io.pos, io.pos_add, io.every_state ? 1 : 0, io.early ? 1 : 0,
                    lw.dn_conv, lw.dn_a_log, lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_v_heads,
                    c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.rms_eps, io.out, io.out_bf16};
-    if (ctx->cc_major >= 9 && !io.head_block) return deltanet_cluster(ctx, c.dn_conv_kernel, a);
+    if (io.form == DN_CLUSTER) return deltanet_cluster(ctx, c.dn_conv_kernel, a);
     const dim3 grid(c.dn_v_heads), block(DN_THREADS);
     switch (c.dn_conv_kernel) {
     case 2: return arc_launch_pdl(ctx, "deltanet_kernel", deltanet_kernel<2>, grid, block, 0, a);
@@ -243,17 +244,19 @@ extern "C" int arc_op_deltanet_step(arc_context *ctx, const arc_model_config *co
                           {.u = u, .rows = 1, .pos = pos, .early = true, .out = out});
 }
 
-extern "C" int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, const float *u, int32_t rows,
-                                    int32_t pos, const uint16_t *conv, const uint16_t *a_log, const uint16_t *dt_bias,
-                                    const uint16_t *norm, float *state, float *scratch, float *out) {
+extern "C" int arc_op_deltanet_rows(arc_context *ctx, const arc_model_config *config, int32_t form, const float *u,
+                                    int32_t rows, int32_t pos, const uint16_t *conv, const uint16_t *a_log,
+                                    const uint16_t *dt_bias, const uint16_t *norm, float *state, float *scratch,
+                                    float *out) {
     ARC_REQUIRE(ctx && config && u && conv && a_log && dt_bias && norm && state && out, "null argument");
-    ARC_REQUIRE(pos >= 0 && rows > 0 && (rows >= DN_ROWS_MIN || !scratch),
-                "pos must not be negative and rows positive (%d or more with a scratch), got %d and %d", DN_ROWS_MIN,
-                pos, rows);
+    ARC_REQUIRE(form != DN_ROWS || scratch, "the rows' form (2) takes a scratch");
+    ARC_REQUIRE(pos >= 0 && rows > 0 && (rows >= DN_ROWS_MIN || form != DN_ROWS),
+                "pos must not be negative and rows positive (%d or more in the rows' form), got %d and %d",
+                DN_ROWS_MIN, pos, rows);
     LayerParts lw;
     ARC_TRY(op_layer(__func__, *config, conv, a_log, dt_bias, norm, state, &lw));
     return deltanet_layer(ctx, *config, dn_dims(*config, 0, 0), lw,
-                          {.u = u, .rows = rows, .pos_add = pos, .out = out, .scratch = scratch, .head_block = true});
+                          {.u = u, .rows = rows, .pos_add = pos, .out = out, .form = (DnForm)form, .scratch = scratch});
 }
 
 enum { GATE_THREADS = 256 };

@@ -33,6 +33,19 @@ bool dn_replaces(int t);  // an attention tensor a DeltaNet layer does not have
 // The sizes that follow from a config: see parts.cuh's DeltaNetDims.
 DeltaNetDims dn_dims(const arc_model_config &c, int32_t q_dim, int32_t qkv_rows);
 
+// The kernels that run the step (arc_ops.h: arc_op_deltanet_rows's form), each row getting the same
+// bits from each (deltanet_math.cuh):
+//   DN_HEAD_BLOCK  a block a value head, the rows one after another (deltanet.cu): the forwards'
+//   DN_CLUSTER     four blocks a head in a cluster, 32 columns a block (deltanet_cluster.cu;
+//                  compute capability 9.0 or more)
+//   DN_ROWS        every row's inputs at once, then the rows through S by warps without a barrier,
+//                  then every row's norm (deltanet_rows.cu; a scratch, DN_ROWS_MIN rows or more, one
+//                  state kept, the position from the host)
+// The forwards take DN_HEAD_BLOCK alone until the other two have passed their GPU tests
+// (tests/test_gpu_deltanet.py compares the three).
+enum DnForm { DN_HEAD_BLOCK = 0, DN_CLUSTER = 1, DN_ROWS = 2 };
+enum { DN_ROWS_MIN = 16 };
+
 // One launch of the DeltaNet step over `rows` consecutive tokens of one sequence (the decode: 1;
 // the verify: its rows; the prefill: a chunk), each row r at position (pos ? *pos : 0) + pos_add + r.
 struct DeltaNetIo {
@@ -46,17 +59,12 @@ struct DeltaNetIo {
     bool early = false;
     float *out = nullptr;      // att rows (rows, v_dim) float32; or
     uint16_t *out_bf16 = nullptr;  // the same in bf16 (the prefill's product input)
-    // (rows, dims.scratch_row) floats: with DN_ROWS_MIN rows or more and one state kept, the rows
-    // run in the prefill's form (deltanet_rows.cu), the same bits in fewer microseconds a row.
-    float *scratch = nullptr;
-    // Without a scratch: the form of a block a head (deltanet.cu) where the GPU would take the
-    // clusters' (deltanet_cluster.cu), as the GPUs before compute capability 9.0 take it.
-    bool head_block = false;
+    DnForm form = DN_HEAD_BLOCK;
+    float *scratch = nullptr;  // DN_ROWS: (rows, dims.scratch_row) floats
 };
-enum { DN_ROWS_MIN = 16 };
 int deltanet_layer(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,
                    const DeltaNetIo &io);
-// The prefill's form alone (io.scratch given, io.every_state false; deltanet_layer's checks made).
+// DN_ROWS (deltanet_layer's checks made).
 int deltanet_rows(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,
                   const DeltaNetIo &io);
 

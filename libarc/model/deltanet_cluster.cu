@@ -1,8 +1,8 @@
-// deltanet_cluster.cu -- the DeltaNet step of the decode and the verify on a GPU of compute
-// capability 9.0 or more: a value head's S over the four blocks of one cluster, 32 columns a block,
-// so that four times as many multiprocessors stream the state as with deltanet_kernel's block a
-// head (deltanet.cu), which runs elsewhere. The arithmetic is deltanet_math.cuh's, so a row's bits
-// are the other forms':
+// deltanet_cluster.cu -- the DeltaNet step in the form DN_CLUSTER (deltanet.cuh; compute capability
+// 9.0 or more), made for the decode and the verify: a value head's S over the four blocks of one
+// cluster, 32 columns a block, so that four times as many multiprocessors stream the state as with
+// deltanet_kernel's block a head (deltanet.cu). The arithmetic is deltanet_math.cuh's, so a row's
+// bits are the other forms':
 //   each block makes the row's q and k of its key head (thread t: element t) and the v of its 32
 //   columns; its four warps hold 8 columns of S each for the four groups of k (lane l: column
 //   8 w + l % 8, group l / 8), the groups' parts added by shuffles;

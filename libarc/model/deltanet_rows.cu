@@ -1,6 +1,6 @@
-// deltanet_rows.cu -- a DeltaNet layer over a prefill chunk's rows (deltanet_layer's form for
-// DN_ROWS_MIN rows or more where a scratch is given: deltanet.cuh), in three launches whose
-// arithmetic is the step's (deltanet_math.cuh), so that every row gets the bits the step gives it:
+// deltanet_rows.cu -- a DeltaNet layer over a chunk's rows in the form DN_ROWS (deltanet.cuh), made
+// for the prefill: three launches whose arithmetic is the step's (deltanet_math.cuh), so that every
+// row gets the bits the step gives it:
 //   dn_prep_kernel, a block a (row, key head): the convolution of the key head's q and k channels and
 //     of its value heads' v channels over the chunk's inputs (the slot's, for the inputs before the
 //     chunk), q and k normalized, each value head's beta and decay: the row of the scratch;
@@ -165,8 +165,8 @@ int launch_rows(arc_context *ctx, const RowsArgs &a) {
 
 int deltanet_rows(arc_context *ctx, const arc_model_config &c, const DeltaNetDims &d, const LayerParts &lw,
                   const DeltaNetIo &io) {
-    ARC_REQUIRE(io.scratch && !io.pos && !io.every_state, "the rows' form takes a scratch, a position from the host "
-                "and keeps one state");
+    ARC_REQUIRE(io.scratch && !io.pos && !io.every_state && io.rows >= DN_ROWS_MIN, "the rows' form takes a scratch, "
+                "%d rows or more, a position from the host and keeps one state", DN_ROWS_MIN);
     const RowsArgs a{io.u, io.scratch, d.rows, d.scratch_row, io.rows, io.pos_add, lw.dn_conv, lw.dn_a_log,
                      lw.dn_dt_bias, lw.dn_norm, lw.dn_state, d.slot_floats, c.dn_k_heads, c.dn_v_heads,
                      c.dn_v_heads / c.dn_k_heads, d.k_dim, d.v_dim, d.conv_dim, c.dn_conv_kernel, c.rms_eps,

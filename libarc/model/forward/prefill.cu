@@ -23,7 +23,7 @@
 //             experts' by MOE_NORM; the experts' products and sum, then add_norm_pair_rows (moe.cu)
 //   PER_LAYER_INPUT the layer's per-layer input, the rows' inputs made after the embedding (ple.cu)
 //   LAYER_SCALAR scale_rows  x *= the layer's scalar
-//   DN_STEP   a DeltaNet layer's rows through its state (deltanet_rows.cu from DN_ROWS_MIN rows)
+//   DN_STEP   a DeltaNet layer's rows one after another through its state (deltanet.cu)
 // (q_dim, kv_dim: the layer's own, layer_dims) and after the last chunk the decode's GEMV for the
 // last position only: logits = lm_head @ rmsnorm(x, final_norm), soft-capped where the config caps
 // them. To score a prompt, each row goes through that GEMV too, its logits ranked as the loop's
@@ -129,15 +129,14 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     }
     uint64_t part_rows = per_query ? (16ull << 20) / per_query / 64 * 64 : 0;
     part_rows = per_query ? (part_rows < 64 ? 64 : part_rows < rows ? part_rows : rows) : 0;
-    const uint64_t sizes[14] = {
+    const uint64_t sizes[13] = {
         rows * c.dim * 4, rows * c.dim * 2, rows * mp.dn.qkv_alloc * 4 > score_bytes ? rows * mp.dn.qkv_alloc * 4 : score_bytes,
         rows * mp.most.q_dim * 2, rows * mp.dn.att_dim * 2, rows * mp.most_ffn * 2, mp.dequant_elems * 2,
         (uint64_t)gu_rows * mp.most_ffn * 8, c.post_norms ? rows * c.dim * 4 : 0, part_rows * per_query * 4,
         rows * c.n_layers * c.ple_dim * 4, rows * c.ple_dim * 4, rows * c.ple_dim * 2,
-        dn_layer_count(c) ? rows * mp.dn.scratch_row * 4 : 0,
     };
-    uint64_t off[14], at = 0;
-    for (int i = 0; i < 14; ++i) {
+    uint64_t off[13], at = 0;
+    for (int i = 0; i < 13; ++i) {
         off[i] = at;
         at = (at + sizes[i] + 255) / 256 * 256;
     }
@@ -165,7 +164,6 @@ extern "C" int arc_model_prefill_reserve(arc_model *model, int32_t max_chunk) {
     b->ple = c.ple_dim ? (float *)(base + off[10]) : nullptr;
     b->pg = c.ple_dim ? (float *)(base + off[11]) : nullptr;
     b->pgb = c.ple_dim ? (uint16_t *)(base + off[12]) : nullptr;
-    b->dn = dn_layer_count(c) ? (float *)(base + off[13]) : nullptr;
     return ARC_OK;
 }
 
@@ -268,11 +266,10 @@ struct PrefillOps {
         return launch_attn_gate(p.ctx, nullptr, b.att, b.qkv + d.q_dim + 2 * d.kv_dim, d.qkv_rows, n, d.q_dim);
     }
     int dn_in(const LayerParts &lw) { return in_product(dn_in_parts(p.cfg, p.dn, lw), lw, nullptr); }
-    // The chunk's rows through the layer's state, the last row's state kept.
+    // The chunk's rows one after another through the layer's state, the last row's state kept.
     int dn_step(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
-        return deltanet_layer(p.ctx, p.cfg, p.dn, lw,
-                              {.u = b.qkv, .rows = n, .pos_add = start, .out_bf16 = b.att, .scratch = b.dn});
+        return deltanet_layer(p.ctx, p.cfg, p.dn, lw, {.u = b.qkv, .rows = n, .pos_add = start, .out_bf16 = b.att});
     }
     int dn_out(const LayerParts &lw) {
         const PrefillBuffers &b = *p.prefill;
