@@ -56,10 +56,12 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
             pos = ffi.cast("int32_t *", buf.scalar(1, np.int32))
             out = f32(buf.floats(nv * hd))
 
+            def layer(l: int) -> tuple:  # layer l's weights and slots, as both ops take them
+                return (u16(conv) + l * channels * kernel, u16(a_log) + l * nv, u16(dt_bias) + l * nv,
+                        u16(norm) + l * hd, f32(states) + l * STATE_SLOTS * slot)
+
             def op(l: int) -> int:
-                return lib.arc_op_deltanet_step(ctx.ptr, c, u, pos, u16(conv) + l * channels * kernel,
-                                                u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
-                                                f32(states) + l * STATE_SLOTS * slot, out)
+                return lib.arc_op_deltanet_step(ctx.ptr, c, u, pos, *layer(l), out)
 
             # The prefill's form (arc_op_deltanet_rows) over a chunk of CHUNK_ROWS rows of one layer.
             u_rows = f32(buf.upload(buf.rng.standard_normal(CHUNK_ROWS * u_floats, dtype=np.float32)))
@@ -67,14 +69,11 @@ def bench_deltanet(cfg: ModelConfig, replays: int = 5) -> dict:
             outs = f32(buf.floats(CHUNK_ROWS * nv * hd))
 
             def chunk(form: int) -> int:  # arc_op_deltanet_rows' 0 (the forwards' form) or 2 (the rows')
-                return lib.arc_op_deltanet_rows(ctx.ptr, c, form, u_rows, CHUNK_ROWS, 1, u16(conv), u16(a_log),
-                                                u16(dt_bias), u16(norm), f32(states), scratch if form == 2 else ffi.NULL,
-                                                outs)
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, form, u_rows, CHUNK_ROWS, 1, *layer(0),
+                                                scratch if form == 2 else ffi.NULL, outs)
 
             def in_clusters(l: int) -> int:  # the same step in the clusters' form (arc_op_deltanet_rows' 1)
-                return lib.arc_op_deltanet_rows(ctx.ptr, c, 1, u, 1, 1, u16(conv) + l * channels * kernel,
-                                                u16(a_log) + l * nv, u16(dt_bias) + l * nv, u16(norm) + l * hd,
-                                                f32(states) + l * STATE_SLOTS * slot, ffi.NULL, out)
+                return lib.arc_op_deltanet_rows(ctx.ptr, c, 1, u, 1, 1, *layer(l), ffi.NULL, out)
 
             ctx.wait_idle()
             us = time_launches(ctx, [lambda l=l: _lib.check(op(l)) for l in range(layers)], replays)

@@ -155,9 +155,7 @@ __global__ void __launch_bounds__(DN_THREADS, 1) deltanet_kernel(DnArgs a) {
         if (ch >= 0) {
             const float now = u[ch];
             x = dn_conv<K>(w, hist, now);
-#pragma unroll
-            for (int i = 0; i + 1 < K - 1; ++i) hist[i] = hist[i + 1];
-            hist[K - 2] = now;
+            dn_push<K>(hist, now);
         }
         // The squares of q (warps 0..3) and of k (warps 4..7).
         const float sq = warp_sum(tid < 2 * D ? dn_square(x) : 0.0f);

@@ -19,13 +19,6 @@ namespace {
 
 constexpr int D = DN_HEAD_DIM, COLS = 32, PARTS = D / COLS;
 
-template <int K>
-__device__ __forceinline__ void push(float (&hist)[K - 1], float now) {
-#pragma unroll
-    for (int i = 0; i + 1 < K - 1; ++i) hist[i] = hist[i + 1];
-    hist[K - 2] = now;
-}
-
 // Launch: v_heads * PARTS blocks of D threads in clusters of PARTS (block x: head x / PARTS, its
 // columns 32 (x % PARTS) ..).
 template <int K>
@@ -73,7 +66,7 @@ __global__ void __launch_bounds__(D) dn_cluster_kernel(DnArgs a) {
         const float *u = a.u + (size_t)r * a.u_stride;
         const float nq = u[cq], nk = u[ck], nv = has_v ? u[cv] : 0.0f;
         const float xq = dn_conv<K>(wq, hq, nq), xk = dn_conv<K>(wk, hk, nk), xv = dn_conv<K>(wv, hv, nv);
-        push<K>(hq, nq), push<K>(hk, nk), push<K>(hv, nv);
+        dn_push<K>(hq, nq), dn_push<K>(hk, nk), dn_push<K>(hv, nv);
         const float sq = warp_sum(dn_square(xq)), sk = warp_sum(dn_square(xk));
         if (lane == 0) sums[0][warp] = sq, sums[1][warp] = sk;
         __syncthreads();

@@ -47,6 +47,14 @@ __device__ __forceinline__ float dn_conv(const float (&w)[K], const float (&hist
     return silu(fmaf(w[K - 1], now, acc));
 }
 
+// The inputs a channel keeps after `now`: the oldest dropped.
+template <int K>
+__device__ __forceinline__ void dn_push(float (&hist)[K - 1], float now) {
+#pragma unroll
+    for (int i = 0; i + 1 < K - 1; ++i) hist[i] = hist[i + 1];
+    hist[K - 2] = now;
+}
+
 __device__ __forceinline__ float dn_square(float x) { return __fmul_rn(x, x); }
 __device__ __forceinline__ float dn_sum4(const float *p) { return (p[0] + p[1]) + (p[2] + p[3]); }
 // q or k normalized by its head's sum of squares ss (q: times DN_Q_SCALE, k: times 1).
